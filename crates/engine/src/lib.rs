@@ -1,0 +1,1 @@
+//! Reference engine (being built).

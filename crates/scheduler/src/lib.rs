@@ -1,0 +1,1 @@
+//! Allocation DSL and placement (being built).

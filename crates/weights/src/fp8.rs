@@ -1,0 +1,1 @@
+//! FP8 block-wise codec (being built).

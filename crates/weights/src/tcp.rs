@@ -1,0 +1,1 @@
+//! TCP weight transport (being built).
