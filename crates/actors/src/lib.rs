@@ -1,1 +1,28 @@
-//! troupe-actors
+//! The actor host runtime.
+//!
+//! An actor host is one process per node. It spawns actors by registered kind name, runs each
+//! under a ractor supervisor with a restart policy, delivers calls in order, reports lifecycle
+//! events and heartbeats on a stream, and exposes all of it as the `ActorHost` gRPC service.
+//!
+//! - [`actor`]: the traits actor authors implement ([`Actor`], [`Message`], [`Handler`]).
+//! - [`registry`]: kind name → factory.
+//! - [`host`]: the transport-free host core.
+//! - [`service`]: the gRPC face of the core.
+//! - [`process`]: child processes that take their process tree with them.
+//! - [`builtin`]: kinds every host offers.
+
+pub mod actor;
+pub mod builtin;
+pub mod error;
+mod events;
+pub mod host;
+mod hosted;
+pub mod process;
+pub mod registry;
+pub mod service;
+
+pub use actor::{Actor, ActorContext, Handler, Message, Methods};
+pub use error::{ActorError, CallError};
+pub use host::{HostConfig, HostCore, RestartPolicy};
+pub use registry::Registry;
+pub use service::{HostService, serve};

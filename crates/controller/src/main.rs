@@ -1,1 +1,67 @@
-fn main() {}
+//! `troupe`: the one binary. Subcommands run an actor host, benchmarks, and (as they land) the
+//! engine, the allocation planner and the main jobs.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use troupe_controller::{bench, hostcmd};
+
+#[derive(Parser)]
+#[command(name = "troupe", version, about = "Actor-based single-controller runtime for LLM RL post-training")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run an actor host (one per node) until SIGTERM/SIGINT.
+    Host(hostcmd::HostArgs),
+    /// Benchmarks; each prints one line per figure.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Actor call cost: raw ractor, in-process host, host subprocess over gRPC.
+    Rpc(bench::rpc::RpcArgs),
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TROUPE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn fail(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {msg}");
+    ExitCode::FAILURE
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+    };
+    rt.block_on(async move {
+        match cli.cmd {
+            Cmd::Host(a) => match hostcmd::run(a).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            },
+            Cmd::Bench(BenchCmd::Rpc(a)) => match bench::rpc::run(&a).await {
+                Ok(figs) => {
+                    bench::print_figures(&figs, a.json);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            },
+        }
+    })
+}

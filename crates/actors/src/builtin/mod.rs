@@ -1,0 +1,16 @@
+//! Actor kinds every `troupe host` can spawn.
+//!
+//! - [`diag::Diag`] (`troupe.diag`): echo and sleep, for health checks, latency benchmarks and
+//!   checking call ordering through any transport.
+//! - [`process::Process`] (`troupe.process`): runs a command on the host and owns it.
+
+pub mod diag;
+pub mod process;
+
+use crate::registry::Registry;
+
+/// Registers the built-in kinds.
+pub(crate) fn register(r: &mut Registry) {
+    r.register::<diag::Diag>();
+    r.register::<process::Process>();
+}

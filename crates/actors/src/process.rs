@@ -1,0 +1,100 @@
+//! A child process that takes its whole process tree with it.
+//!
+//! Inference servers fork workers of their own (SGLang's scheduler and detokenizer, TP ranks).
+//! Killing only the direct child leaves those holding GPUs and ports, so every child starts as
+//! the leader of its own process group and is stopped by signalling the group.
+
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+/// A running child process in its own process group; killed (whole group) on drop.
+#[derive(Debug)]
+pub struct ChildProcess {
+    child: Child,
+    pid: u32,
+    done: Option<ExitStatus>,
+}
+
+impl ChildProcess {
+    /// Spawns `cmd` as a new process-group leader. With `log`, stdout and stderr go to that file
+    /// (appended); otherwise they are inherited.
+    pub fn spawn(mut cmd: Command, log: Option<&Path>) -> std::io::Result<ChildProcess> {
+        cmd.process_group(0).stdin(Stdio::null());
+        if let Some(p) = log {
+            let f = std::fs::OpenOptions::new().create(true).append(true).open(p)?;
+            cmd.stdout(f.try_clone()?).stderr(f);
+        }
+        let child = cmd.spawn()?;
+        let pid = child
+            .id()
+            .ok_or_else(|| std::io::Error::other("child exited before its pid was read"))?;
+        Ok(ChildProcess {
+            child,
+            pid,
+            done: None,
+        })
+    }
+
+    /// Takes the child's stdout pipe, if it was spawned with `Stdio::piped()`.
+    pub fn take_stdout(&mut self) -> Option<tokio::process::ChildStdout> {
+        self.child.stdout.take()
+    }
+
+    /// The child's pid (also its process-group id).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Exit status if the child has exited, without waiting.
+    pub fn try_status(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        if self.done.is_none() {
+            self.done = self.child.try_wait()?;
+        }
+        Ok(self.done)
+    }
+
+    /// Waits for the child to exit on its own.
+    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        if let Some(s) = self.done {
+            return Ok(s);
+        }
+        let s = self.child.wait().await?;
+        self.done = Some(s);
+        Ok(s)
+    }
+
+    /// Sends `sig` to the whole process group.
+    pub fn signal(&self, sig: Signal) -> nix::Result<()> {
+        killpg(Pid::from_raw(self.pid as i32), sig)
+    }
+
+    /// SIGTERM to the group, up to `grace` to exit, then SIGKILL to the group.
+    pub async fn terminate(&mut self, grace: Duration) -> std::io::Result<ExitStatus> {
+        if let Some(s) = self.try_status()? {
+            let _ = self.signal(Signal::SIGKILL); // stragglers of an exited leader
+            return Ok(s);
+        }
+        let _ = self.signal(Signal::SIGTERM);
+        if let Ok(r) = tokio::time::timeout(grace, self.child.wait()).await {
+            let s = r?;
+            self.done = Some(s);
+            let _ = self.signal(Signal::SIGKILL);
+            return Ok(s);
+        }
+        let _ = self.signal(Signal::SIGKILL);
+        self.wait().await
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        // Whatever path got us here (kill, panic, shutdown), leave no process behind.
+        let _ = self.signal(Signal::SIGKILL);
+        let _ = self.child.start_kill();
+    }
+}

@@ -1,0 +1,120 @@
+//! The registry of actor kinds a host can spawn.
+//!
+//! Spawning by kind name (not by shipping code) is what lets a controller start actors on a
+//! host in another process: both sides are built from the same crates and agree on the names.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::actor::{Actor, ActorContext, BoxFuture, Methods};
+use crate::error::{ActorError, CallError};
+
+/// A live actor with its type erased, as the host's supervisor holds it.
+pub(crate) trait DynActor: Send {
+    fn dispatch<'a>(
+        &'a mut self,
+        method: &'a str,
+        payload: &'a [u8],
+        ctx: &'a ActorContext,
+    ) -> BoxFuture<'a, Result<Vec<u8>, CallError>>;
+    fn stopping<'a>(&'a mut self, ctx: &'a ActorContext) -> BoxFuture<'a, ()>;
+}
+
+struct Typed<A: Actor> {
+    actor: A,
+    methods: Arc<Methods<A>>,
+}
+
+impl<A: Actor> DynActor for Typed<A> {
+    fn dispatch<'a>(
+        &'a mut self,
+        method: &'a str,
+        payload: &'a [u8],
+        ctx: &'a ActorContext,
+    ) -> BoxFuture<'a, Result<Vec<u8>, CallError>> {
+        match self.methods.get(method) {
+            Some(f) => f(&mut self.actor, payload, ctx),
+            None => {
+                let err = CallError::UnknownMethod(format!(
+                    "{method:?} for actor kind {:?}; known methods: {}",
+                    A::KIND,
+                    self.methods.names()
+                ));
+                Box::pin(async move { Err(err) })
+            }
+        }
+    }
+
+    fn stopping<'a>(&'a mut self, ctx: &'a ActorContext) -> BoxFuture<'a, ()> {
+        Box::pin(self.actor.stopping(ctx))
+    }
+}
+
+/// Starts a type-erased actor of one kind from encoded arguments.
+pub(crate) type Factory = Arc<
+    dyn for<'a> Fn(&'a [u8], &'a ActorContext) -> BoxFuture<'a, Result<Box<dyn DynActor>, CallError>>
+        + Send
+        + Sync,
+>;
+
+/// Kind name → factory. Cloning is cheap (the factories are shared).
+#[derive(Clone, Default)]
+pub struct Registry {
+    kinds: BTreeMap<String, Factory>,
+}
+
+impl Registry {
+    /// An empty registry (no kinds at all).
+    pub fn empty() -> Self {
+        Registry::default()
+    }
+
+    /// The kinds every `troupe host` offers: see [`crate::builtin`].
+    pub fn builtin() -> Self {
+        let mut r = Registry::empty();
+        crate::builtin::register(&mut r);
+        r
+    }
+
+    /// Registers actor kind `A` under [`Actor::KIND`] (replacing any previous one of that name).
+    pub fn register<A: Actor>(&mut self) -> &mut Self {
+        let methods = Methods::<A>::of();
+        let f: Factory = Arc::new(move |args, ctx| {
+            let methods = methods.clone();
+            Box::pin(async move {
+                let args: A::Args = troupe_wire::decode(args).map_err(|e| {
+                    CallError::BadPayload(format!("spawn args for kind {}: {e}", A::KIND))
+                })?;
+                let actor = A::start(args, ctx)
+                    .await
+                    .map_err(|ActorError(m)| CallError::ActorFailed(format!("start failed: {m}")))?;
+                Ok(Box::new(Typed { actor, methods }) as Box<dyn DynActor>)
+            })
+        });
+        self.kinds.insert(A::KIND.to_string(), f);
+        self
+    }
+
+    /// Builder-style [`Registry::register`].
+    pub fn with<A: Actor>(mut self) -> Self {
+        self.register::<A>();
+        self
+    }
+
+    pub(crate) fn factory(&self, kind: &str) -> Result<Factory, CallError> {
+        self.kinds
+            .get(kind)
+            .cloned()
+            .ok_or_else(|| {
+                CallError::UnknownKind(format!(
+                    "{kind:?}; this host can spawn: {}",
+                    self.kind_names().join(", ")
+                ))
+            })
+    }
+
+    /// Names of all registered kinds, sorted.
+    pub fn kind_names(&self) -> Vec<String> {
+        self.kinds.keys().cloned().collect()
+    }
+}

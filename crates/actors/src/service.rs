@@ -1,0 +1,220 @@
+//! The `ActorHost` gRPC service: a thin translation between protobuf and [`HostCore`].
+//!
+//! Spawn and Stop report typed errors as a gRPC status carrying the Troupe error code in the
+//! `troupe-error-code` metadata key; Call carries them inside the reply, so one failing call on a
+//! stream never tears down the stream.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::{BroadcastStream, ReceiverStream};
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status, Streaming};
+use troupe_wire::v1::actor_host_server::{ActorHost, ActorHostServer};
+use troupe_wire::v1::{self, call_reply};
+
+use crate::error::CallError;
+use crate::host::{HostCore, RestartPolicy};
+
+/// Metadata key that carries a [`CallError`]'s wire code on a failed Spawn or Stop.
+pub const ERROR_CODE_KEY: &str = "troupe-error-code";
+
+/// Encodes a typed error as a gRPC status.
+pub fn status_of(e: &CallError) -> Status {
+    let code = match e {
+        CallError::UnknownActor(_) | CallError::UnknownKind(_) => tonic::Code::NotFound,
+        CallError::BadPayload(_) | CallError::BadRequest(_) | CallError::UnknownMethod(_) => {
+            tonic::Code::InvalidArgument
+        }
+        CallError::MessageTooLarge { .. } => tonic::Code::ResourceExhausted,
+        CallError::DeadlineExceeded(_) => tonic::Code::DeadlineExceeded,
+        CallError::HostShuttingDown | CallError::HostLost(_) | CallError::Transport(_) => {
+            tonic::Code::Unavailable
+        }
+        CallError::ActorFailed(_) | CallError::Handler(_) => tonic::Code::Aborted,
+    };
+    let mut s = Status::new(code, e.to_wire().message);
+    if let Ok(v) = (e.code() as i32).to_string().parse() {
+        s.metadata_mut().insert(ERROR_CODE_KEY, v);
+    }
+    s
+}
+
+fn deadline(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+fn reply(call_id: u64, r: Result<Vec<u8>, CallError>) -> v1::CallReply {
+    v1::CallReply {
+        call_id,
+        result: Some(match r {
+            Ok(p) => call_reply::Result::Payload(p),
+            Err(e) => call_reply::Result::Error(e.to_wire()),
+        }),
+    }
+}
+
+/// The gRPC face of one host.
+#[derive(Clone)]
+pub struct HostService {
+    core: HostCore,
+}
+
+impl HostService {
+    /// Wraps a host core.
+    pub fn new(core: HostCore) -> Self {
+        HostService { core }
+    }
+
+    /// The tonic server for this service, with the host's message-size limits applied.
+    pub fn into_server(self) -> ActorHostServer<HostService> {
+        // Leave headroom for the envelope around the payload.
+        let limit = (self.core.config().max_message_bytes as usize).saturating_add(64 << 10);
+        ActorHostServer::new(self)
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit)
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl ActorHost for HostService {
+    async fn describe(
+        &self,
+        _req: Request<v1::DescribeRequest>,
+    ) -> Result<Response<v1::HostDescription>, Status> {
+        Ok(Response::new(self.core.describe()))
+    }
+
+    async fn spawn(
+        &self,
+        req: Request<v1::SpawnRequest>,
+    ) -> Result<Response<v1::SpawnReply>, Status> {
+        let r = req.into_inner();
+        let policy = r
+            .restart
+            .map(|p| RestartPolicy {
+                max_restarts: p.max_restarts,
+                backoff: Duration::from_millis(p.backoff_ms),
+            })
+            .unwrap_or_default();
+        match self.core.spawn(&r.kind, &r.name, r.args, policy).await {
+            Ok(actor_id) => Ok(Response::new(v1::SpawnReply { actor_id })),
+            Err(e) => Err(status_of(&e)),
+        }
+    }
+
+    async fn call(&self, req: Request<v1::CallRequest>) -> Result<Response<v1::CallReply>, Status> {
+        let r = req.into_inner();
+        let out = self
+            .core
+            .call(&r.actor_id, r.method, r.payload, deadline(r.deadline_ms))
+            .await;
+        Ok(Response::new(reply(r.call_id, out)))
+    }
+
+    type CallStreamStream = BoxStream<v1::CallReply>;
+
+    async fn call_stream(
+        &self,
+        req: Request<Streaming<v1::CallRequest>>,
+    ) -> Result<Response<Self::CallStreamStream>, Status> {
+        let mut inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel::<Result<v1::CallReply, Status>>(1024);
+        let core = self.core.clone();
+        let stop = core.stopped();
+        tokio::spawn(async move {
+            // One task per stream: requests are dispatched in arrival order (keeping each
+            // caller's order per actor), replies are sent as they complete.
+            let mut inflight = FuturesUnordered::new();
+            let mut open = true;
+            while open || !inflight.is_empty() {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    msg = inbound.message(), if open => match msg {
+                        Ok(Some(r)) => match core.dispatch(&r.actor_id, r.method, r.payload) {
+                            Ok(rx) => {
+                                let core = core.clone();
+                                let id = r.call_id;
+                                let d = deadline(r.deadline_ms);
+                                inflight.push(async move { reply(id, core.await_reply(rx, d).await) });
+                            }
+                            Err(e) => {
+                                if tx.send(Ok(reply(r.call_id, Err(e)))).await.is_err() {
+                                    break;
+                                }
+                            }
+                        },
+                        Ok(None) | Err(_) => open = false,
+                    },
+                    Some(rep) = inflight.next(), if !inflight.is_empty() => {
+                        if tx.send(Ok(rep)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn stop(&self, req: Request<v1::StopRequest>) -> Result<Response<v1::StopReply>, Status> {
+        let r = req.into_inner();
+        match self
+            .core
+            .stop(&r.actor_id, Duration::from_millis(r.grace_ms))
+            .await
+        {
+            Ok(graceful) => Ok(Response::new(v1::StopReply { graceful })),
+            Err(e) => Err(status_of(&e)),
+        }
+    }
+
+    type WatchStream = BoxStream<v1::HostEvent>;
+
+    async fn watch(
+        &self,
+        _req: Request<v1::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let first = futures::stream::iter([Ok(self.core.heartbeat_now())]);
+        let rest = BroadcastStream::new(self.core.watch()).filter_map(|e| async move { e.ok().map(Ok) });
+        let stop = self.core.stopped();
+        let s = first
+            .chain(rest)
+            .take_until(async move { stop.cancelled().await });
+        Ok(Response::new(Box::pin(s)))
+    }
+}
+
+/// Serves `core` on `listener` until `shutdown` resolves or the host shuts down.
+///
+/// TCP_NODELAY is set on every accepted socket: without it each small call stalls on Nagle.
+pub async fn serve(
+    core: HostCore,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    if let Ok(a) = listener.local_addr()
+        && core.describe().address.is_empty()
+    {
+        core.set_address(a.to_string());
+    }
+    let stop = core.stopped();
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_adaptive_window(Some(true))
+        .add_service(HostService::new(core).into_server())
+        .serve_with_incoming_shutdown(incoming, async move {
+            tokio::select! {
+                _ = shutdown => {}
+                _ = stop.cancelled() => {}
+            }
+        })
+        .await
+}

@@ -1,0 +1,309 @@
+//! A cluster: the set of actor hosts one controller drives.
+//!
+//! Three ways to get hosts, one API afterwards: hosts inside this process (tests, laptops),
+//! `troupe host` child processes on this machine, or hosts already running elsewhere.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use troupe_actors::{CallError, HostConfig, HostCore, Registry};
+
+use crate::conn::HostConn;
+use crate::handle::HostHandle;
+use crate::local::{self, LocalHost};
+use crate::membership::{ClusterEvent, watch_host};
+
+/// How in-process hosts are reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InProcessTransport {
+    /// Call the host core directly (fastest; the default).
+    #[default]
+    Direct,
+    /// Serve each host on a loopback gRPC port and go through the network stack.
+    Grpc,
+}
+
+/// Errors bringing a cluster up.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A host could not be started or reached.
+    #[error("host {index}: {source}")]
+    Host {
+        /// Which host.
+        index: usize,
+        /// What went wrong.
+        source: CallError,
+    },
+    /// A `troupe host` process could not be launched or did not come up.
+    #[error("{0}")]
+    Launch(String),
+    /// Bad arguments.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Settings for building a cluster.
+#[derive(Clone)]
+pub struct ClusterBuilder {
+    registry: Registry,
+    heartbeat: Duration,
+    lost_after: Duration,
+    transport: InProcessTransport,
+    max_message_bytes: u64,
+    binary: Option<PathBuf>,
+    startup_timeout: Duration,
+}
+
+impl Default for ClusterBuilder {
+    fn default() -> Self {
+        ClusterBuilder {
+            registry: Registry::builtin(),
+            heartbeat: Duration::from_millis(250),
+            lost_after: Duration::from_secs(2),
+            transport: InProcessTransport::Direct,
+            max_message_bytes: 64 << 20,
+            binary: None,
+            startup_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ClusterBuilder {
+    /// Actor kinds in-process hosts can spawn (default: the built-in kinds).
+    pub fn registry(mut self, r: Registry) -> Self {
+        self.registry = r;
+        self
+    }
+
+    /// Heartbeat interval of hosts this builder starts.
+    pub fn heartbeat(mut self, d: Duration) -> Self {
+        self.heartbeat = d;
+        self
+    }
+
+    /// How long without a heartbeat before a host is declared lost (default 2 s).
+    pub fn lost_after(mut self, d: Duration) -> Self {
+        self.lost_after = d;
+        self
+    }
+
+    /// Transport for in-process hosts.
+    pub fn transport(mut self, t: InProcessTransport) -> Self {
+        self.transport = t;
+        self
+    }
+
+    /// Largest call payload hosts accept.
+    pub fn max_message_bytes(mut self, n: u64) -> Self {
+        self.max_message_bytes = n;
+        self
+    }
+
+    /// Path of the `troupe` binary for [`ClusterBuilder::local_processes`].
+    pub fn binary(mut self, p: impl Into<PathBuf>) -> Self {
+        self.binary = Some(p.into());
+        self
+    }
+
+    /// How long a launched host may take to report its address.
+    pub fn startup_timeout(mut self, d: Duration) -> Self {
+        self.startup_timeout = d;
+        self
+    }
+
+    /// `n` hosts inside this process, each advertising `gpus_per_host` GPUs.
+    pub async fn in_process(self, n: usize, gpus_per_host: u32) -> Result<Cluster, ClusterError> {
+        let mut conns = Vec::with_capacity(n);
+        let mut owned = Vec::with_capacity(n);
+        for i in 0..n {
+            let cfg = HostConfig {
+                host_id: format!("host-{i}"),
+                gpu_ids: (0..gpus_per_host).collect(),
+                heartbeat_interval: self.heartbeat,
+                max_message_bytes: self.max_message_bytes,
+                ..HostConfig::default()
+            };
+            let core = HostCore::start(cfg, self.registry.clone())
+                .await
+                .map_err(|source| ClusterError::Host { index: i, source })?;
+            let conn = match self.transport {
+                InProcessTransport::Direct => {
+                    core.set_address(format!("inproc://host-{i}"));
+                    let d = core.describe();
+                    (HostConn::direct(core.clone()), d)
+                }
+                InProcessTransport::Grpc => {
+                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                        .await
+                        .map_err(|e| ClusterError::Launch(format!("cannot bind loopback: {e}")))?;
+                    let addr = listener
+                        .local_addr()
+                        .map_err(|e| ClusterError::Launch(e.to_string()))?;
+                    core.set_address(addr.to_string());
+                    tokio::spawn(troupe_actors::serve(
+                        core.clone(),
+                        listener,
+                        std::future::pending(),
+                    ));
+                    HostConn::grpc(&addr.to_string(), self.startup_timeout)
+                        .await
+                        .map_err(|source| ClusterError::Host { index: i, source })?
+                }
+            };
+            conns.push(conn);
+            owned.push(Owned::Core(core));
+        }
+        Ok(Cluster::assemble(conns, owned, self.lost_after).await)
+    }
+
+    /// `n` `troupe host` child processes on this machine, each advertising `gpus_per_host` GPUs
+    /// (host i gets ids `i*g .. (i+1)*g`, as if each were a node with its own cards).
+    pub async fn local_processes(
+        self,
+        n: usize,
+        gpus_per_host: u32,
+    ) -> Result<Cluster, ClusterError> {
+        let bin = match &self.binary {
+            Some(b) => b.clone(),
+            None => local::troupe_binary().map_err(ClusterError::Launch)?,
+        };
+        let launches = (0..n).map(|i| {
+            let gpus: Vec<u32> = (0..gpus_per_host).collect();
+            LocalHost::launch(
+                &bin,
+                format!("host-{i}"),
+                gpus,
+                self.heartbeat,
+                self.max_message_bytes,
+                self.startup_timeout,
+            )
+        });
+        let hosts = futures::future::join_all(launches).await;
+        let mut conns = Vec::new();
+        let mut owned = Vec::new();
+        for (i, h) in hosts.into_iter().enumerate() {
+            let h = h.map_err(ClusterError::Launch)?;
+            let c = HostConn::grpc(&h.addr, self.startup_timeout)
+                .await
+                .map_err(|source| ClusterError::Host { index: i, source })?;
+            conns.push(c);
+            owned.push(Owned::Process(h));
+        }
+        Ok(Cluster::assemble(conns, owned, self.lost_after).await)
+    }
+
+    /// Hosts already running at `addrs` (host:port each).
+    pub async fn connect(self, addrs: &[String]) -> Result<Cluster, ClusterError> {
+        let tries = addrs
+            .iter()
+            .map(|a| HostConn::grpc(a, self.startup_timeout));
+        let mut conns = Vec::new();
+        for (i, c) in futures::future::join_all(tries).await.into_iter().enumerate() {
+            conns.push(c.map_err(|source| ClusterError::Host { index: i, source })?);
+        }
+        Ok(Cluster::assemble(conns, Vec::new(), self.lost_after).await)
+    }
+}
+
+enum Owned {
+    Core(HostCore),
+    Process(LocalHost),
+}
+
+/// The hosts one controller drives, and the events they report.
+pub struct Cluster {
+    hosts: Vec<HostHandle>,
+    events: broadcast::Sender<ClusterEvent>,
+    owned: Vec<Owned>,
+    closing: Arc<AtomicBool>,
+}
+
+impl Cluster {
+    /// Settings for a new cluster.
+    pub fn builder() -> ClusterBuilder {
+        ClusterBuilder::default()
+    }
+
+    /// `n` in-process hosts with the built-in actor kinds.
+    pub async fn in_process(n: usize, gpus_per_host: u32) -> Result<Cluster, ClusterError> {
+        Cluster::builder().in_process(n, gpus_per_host).await
+    }
+
+    /// `n` `troupe host` child processes with default settings.
+    pub async fn local_processes(n: usize, gpus_per_host: u32) -> Result<Cluster, ClusterError> {
+        Cluster::builder().local_processes(n, gpus_per_host).await
+    }
+
+    /// Hosts already running at `addrs`.
+    pub async fn connect(addrs: &[String]) -> Result<Cluster, ClusterError> {
+        Cluster::builder().connect(addrs).await
+    }
+
+    async fn assemble(
+        conns: Vec<(Arc<HostConn>, troupe_wire::v1::HostDescription)>,
+        owned: Vec<Owned>,
+        lost_after: Duration,
+    ) -> Cluster {
+        let (events, _) = broadcast::channel(4096);
+        let closing = Arc::new(AtomicBool::new(false));
+        let streams = futures::future::join_all(
+            conns
+                .iter()
+                .map(|(c, _)| async move { c.watch().await.map_err(|e| e.to_string()) }),
+        )
+        .await;
+        let hosts = conns
+            .into_iter()
+            .zip(streams)
+            .enumerate()
+            .map(|(index, ((conn, desc), opened))| {
+                tokio::spawn(watch_host(
+                    index,
+                    conn.clone(),
+                    opened,
+                    events.clone(),
+                    lost_after,
+                    closing.clone(),
+                ));
+                HostHandle { index, conn, desc }
+            })
+            .collect();
+        Cluster {
+            hosts,
+            events,
+            owned,
+            closing,
+        }
+    }
+
+    /// All hosts, in order.
+    pub fn hosts(&self) -> &[HostHandle] {
+        &self.hosts
+    }
+
+    /// Host `i`. Panics if out of range, like slice indexing (the caller chose `i`).
+    pub fn host(&self, i: usize) -> &HostHandle {
+        &self.hosts[i]
+    }
+
+    /// Subscribes to cluster events (host lost, actor lifecycle).
+    pub fn events(&self) -> broadcast::Receiver<ClusterEvent> {
+        self.events.subscribe()
+    }
+
+    /// Stops everything this cluster started: in-process hosts shut down their actors, host
+    /// processes get SIGTERM (then SIGKILL). Connected hosts are left running.
+    pub async fn shutdown(self) {
+        self.closing.store(true, Ordering::Release);
+        let stops = self.owned.into_iter().map(|o| async move {
+            match o {
+                Owned::Core(c) => c.shutdown().await,
+                Owned::Process(mut p) => p.terminate(Duration::from_secs(10)).await,
+            }
+        });
+        futures::future::join_all(stops).await;
+    }
+}

@@ -1,0 +1,399 @@
+//! A connection to one actor host, over whichever transport reaches it.
+//!
+//! `Direct` calls the host core in this process; `Grpc` speaks the `ActorHost` service. Both
+//! enqueue a call synchronously when it is made (so one caller's calls keep their order) and
+//! both fail every pending call with [`CallError::HostLost`] the moment the host is lost.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::transport::Channel;
+use troupe_actors::service::ERROR_CODE_KEY;
+use troupe_actors::{CallError, HostCore};
+use troupe_wire::v1::{self, actor_host_client::ActorHostClient, call_reply};
+
+type Reply = Result<Vec<u8>, CallError>;
+
+/// A call's reply, whichever transport carries it.
+pub(crate) type CallFuture = Pin<Box<dyn Future<Output = Reply> + Send>>;
+
+/// Converts a gRPC status from Spawn/Stop/Describe back into a typed error.
+pub(crate) fn from_status(s: &tonic::Status) -> CallError {
+    if let Some(code) = s
+        .metadata()
+        .get(ERROR_CODE_KEY)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok())
+    {
+        return CallError::from_wire(&v1::CallError {
+            code,
+            message: s.message().to_string(),
+        });
+    }
+    match s.code() {
+        tonic::Code::Unavailable => CallError::HostLost(s.message().to_string()),
+        tonic::Code::ResourceExhausted | tonic::Code::OutOfRange => CallError::MessageTooLarge {
+            size: 0,
+            limit: 0,
+        },
+        tonic::Code::DeadlineExceeded => CallError::DeadlineExceeded(Duration::ZERO),
+        _ => CallError::Transport(format!("{:?}: {}", s.code(), s.message())),
+    }
+}
+
+struct Session {
+    epoch: u64,
+    tx: mpsc::UnboundedSender<v1::CallRequest>,
+}
+
+struct Grpc {
+    client: ActorHostClient<Channel>,
+    session: Mutex<Option<Session>>,
+    pending: Mutex<HashMap<u64, (u64, oneshot::Sender<Reply>)>>,
+    epochs: AtomicU64,
+}
+
+enum Transport {
+    Direct(HostCore),
+    Grpc(Grpc),
+}
+
+/// One host, as the controller sees it.
+pub(crate) struct HostConn {
+    pub host_id: String,
+    pub address: String,
+    pub max_message_bytes: u64,
+    transport: Transport,
+    lost: Mutex<Option<String>>,
+    next_call: AtomicU64,
+}
+
+impl HostConn {
+    pub fn direct(core: HostCore) -> Arc<Self> {
+        let d = core.describe();
+        Arc::new(HostConn {
+            host_id: d.host_id,
+            address: d.address,
+            max_message_bytes: d.max_message_bytes,
+            transport: Transport::Direct(core),
+            lost: Mutex::new(None),
+            next_call: AtomicU64::new(1),
+        })
+    }
+
+    /// Connects to `addr` (host:port) and reads the host's description.
+    pub async fn grpc(
+        addr: &str,
+        connect_timeout: Duration,
+    ) -> Result<(Arc<Self>, v1::HostDescription), CallError> {
+        let bad = |e: &dyn std::fmt::Display| {
+            CallError::HostLost(format!("cannot connect to actor host at {addr}: {e}"))
+        };
+        let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| CallError::BadRequest(format!("bad host address {addr:?}: {e}")))?
+            .tcp_nodelay(true)
+            .connect_timeout(connect_timeout)
+            .initial_stream_window_size(Some(8 << 20))
+            .initial_connection_window_size(Some(16 << 20));
+        let channel = tokio::time::timeout(connect_timeout, ep.connect())
+            .await
+            .map_err(|_| bad(&"timed out"))?
+            .map_err(|e| bad(&e))?;
+        let mut client = ActorHostClient::new(channel)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        let d = client
+            .describe(v1::DescribeRequest {})
+            .await
+            .map_err(|s| bad(&s))?
+            .into_inner();
+        let conn = Arc::new(HostConn {
+            host_id: d.host_id.clone(),
+            address: if d.address.is_empty() {
+                addr.to_string()
+            } else {
+                d.address.clone()
+            },
+            max_message_bytes: d.max_message_bytes,
+            transport: Transport::Grpc(Grpc {
+                client,
+                session: Mutex::new(None),
+                pending: Mutex::new(HashMap::new()),
+                epochs: AtomicU64::new(0),
+            }),
+            lost: Mutex::new(None),
+            next_call: AtomicU64::new(1),
+        });
+        Ok((conn, d))
+    }
+
+    /// Why the host is lost, if it is.
+    pub fn lost_reason(&self) -> Option<String> {
+        self.lost.lock().clone()
+    }
+
+    /// Marks the host lost and fails every pending call with `HostLost`.
+    pub fn mark_lost(&self, reason: &str) -> bool {
+        {
+            let mut l = self.lost.lock();
+            if l.is_some() {
+                return false;
+            }
+            *l = Some(reason.to_string());
+        }
+        if let Transport::Grpc(g) = &self.transport {
+            g.session.lock().take();
+            let drained: Vec<_> = g.pending.lock().drain().collect();
+            for (_, (_, tx)) in drained {
+                let _ = tx.send(Err(CallError::HostLost(reason.to_string())));
+            }
+        }
+        true
+    }
+
+    fn host_lost(&self) -> Option<CallError> {
+        self.lost
+            .lock()
+            .as_ref()
+            .map(|r| CallError::HostLost(format!("host {}: {r}", self.host_id)))
+    }
+
+    /// Enqueues a call now and returns a future of its reply.
+    pub fn call(
+        self: &Arc<Self>,
+        actor_id: &str,
+        method: &str,
+        payload: Vec<u8>,
+        deadline: Option<Duration>,
+    ) -> CallFuture {
+        if let Some(e) = self.host_lost() {
+            return Box::pin(async move { Err(e) });
+        }
+        if payload.len() as u64 > self.max_message_bytes {
+            let e = CallError::MessageTooLarge {
+                size: payload.len() as u64,
+                limit: self.max_message_bytes,
+            };
+            return Box::pin(async move { Err(e) });
+        }
+        match &self.transport {
+            Transport::Direct(core) => match core.dispatch(actor_id, method.to_string(), payload) {
+                Ok(rx) => {
+                    let core = core.clone();
+                    Box::pin(async move { core.await_reply(rx, deadline).await })
+                }
+                Err(e) => Box::pin(async move { Err(e) }),
+            },
+            Transport::Grpc(g) => self.grpc_call(g, actor_id, method, payload, deadline),
+        }
+    }
+
+    fn grpc_call(
+        self: &Arc<Self>,
+        g: &Grpc,
+        actor_id: &str,
+        method: &str,
+        payload: Vec<u8>,
+        deadline: Option<Duration>,
+    ) -> CallFuture {
+        let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let req = v1::CallRequest {
+            actor_id: actor_id.to_string(),
+            method: method.to_string(),
+            payload,
+            call_id,
+            deadline_ms: deadline.map(|d| d.as_millis().max(1) as u64).unwrap_or(0),
+        };
+        {
+            let mut session = g.session.lock();
+            let s = match session.as_ref() {
+                Some(s) if !s.tx.is_closed() => s,
+                _ => session.insert(self.open_session(g)),
+            };
+            g.pending.lock().insert(call_id, (s.epoch, tx));
+            if let Err(mpsc::error::SendError(_)) = s.tx.send(req) {
+                g.pending.lock().remove(&call_id);
+                return Box::pin(async { Err(CallError::Transport("call stream closed".into())) });
+            }
+        }
+        let me = self.clone();
+        Box::pin(async move {
+            let died = || CallError::HostLost("call stream ended before the reply".into());
+            match deadline {
+                None => rx.await.map_err(|_| died())?,
+                // The host enforces the deadline; ours is a backstop against a silent host.
+                Some(d) => match tokio::time::timeout(d + Duration::from_millis(250), rx).await {
+                    Ok(r) => r.map_err(|_| died())?,
+                    Err(_) => {
+                        if let Transport::Grpc(g) = &me.transport {
+                            g.pending.lock().remove(&call_id);
+                        }
+                        Err(CallError::DeadlineExceeded(d))
+                    }
+                },
+            }
+        })
+    }
+
+    fn open_session(self: &Arc<Self>, g: &Grpc) -> Session {
+        let epoch = g.epochs.fetch_add(1, Ordering::Relaxed) + 1;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut client = g.client.clone();
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let why = match client.call_stream(UnboundedReceiverStream::new(rx)).await {
+                Err(s) => format!("cannot open call stream: {s}"),
+                Ok(resp) => {
+                    let mut replies = resp.into_inner();
+                    loop {
+                        match replies.message().await {
+                            Ok(Some(r)) => {
+                                let Some(me) = me.upgrade() else { return };
+                                let Transport::Grpc(g) = &me.transport else { return };
+                                let waiter = g.pending.lock().remove(&r.call_id);
+                                if let Some((_, tx)) = waiter {
+                                    let _ = tx.send(match r.result {
+                                        Some(call_reply::Result::Payload(p)) => Ok(p),
+                                        Some(call_reply::Result::Error(e)) => {
+                                            Err(CallError::from_wire(&e))
+                                        }
+                                        None => Err(CallError::Transport("empty reply".into())),
+                                    });
+                                }
+                            }
+                            Ok(None) => break "call stream closed by the host".to_string(),
+                            Err(s) => break format!("call stream failed: {s}"),
+                        }
+                    }
+                }
+            };
+            // Everything sent on this session is lost with it.
+            let Some(me) = me.upgrade() else { return };
+            let Transport::Grpc(g) = &me.transport else { return };
+            {
+                let mut s = g.session.lock();
+                if s.as_ref().is_some_and(|s| s.epoch == epoch) {
+                    s.take();
+                }
+            }
+            let failed: Vec<_> = {
+                let mut p = g.pending.lock();
+                let ids: Vec<u64> = p
+                    .iter()
+                    .filter(|(_, (e, _))| *e == epoch)
+                    .map(|(id, _)| *id)
+                    .collect();
+                ids.into_iter().filter_map(|id| p.remove(&id)).collect()
+            };
+            let reason = me.lost_reason().unwrap_or(why);
+            for (_, tx) in failed {
+                let _ = tx.send(Err(CallError::HostLost(format!(
+                    "host {}: {reason}",
+                    me.host_id
+                ))));
+            }
+        });
+        Session { epoch, tx }
+    }
+
+    /// Reads the host's current description.
+    pub async fn describe(&self) -> Result<v1::HostDescription, CallError> {
+        if let Some(e) = self.host_lost() {
+            return Err(e);
+        }
+        match &self.transport {
+            Transport::Direct(core) => Ok(core.describe()),
+            Transport::Grpc(g) => g
+                .client
+                .clone()
+                .describe(v1::DescribeRequest {})
+                .await
+                .map(|r| r.into_inner())
+                .map_err(|s| from_status(&s)),
+        }
+    }
+
+    /// Spawns an actor; returns its id.
+    pub async fn spawn(&self, req: v1::SpawnRequest) -> Result<String, CallError> {
+        if let Some(e) = self.host_lost() {
+            return Err(e);
+        }
+        if req.args.len() as u64 > self.max_message_bytes {
+            return Err(CallError::MessageTooLarge {
+                size: req.args.len() as u64,
+                limit: self.max_message_bytes,
+            });
+        }
+        match &self.transport {
+            Transport::Direct(core) => {
+                let p = req.restart.unwrap_or_default();
+                let policy = troupe_actors::RestartPolicy {
+                    max_restarts: p.max_restarts,
+                    backoff: Duration::from_millis(p.backoff_ms),
+                };
+                core.spawn(&req.kind, &req.name, req.args, policy).await
+            }
+            Transport::Grpc(g) => g
+                .client
+                .clone()
+                .spawn(req)
+                .await
+                .map(|r| r.into_inner().actor_id)
+                .map_err(|s| from_status(&s)),
+        }
+    }
+
+    /// Stops an actor; returns whether it stopped within the grace period.
+    pub async fn stop(&self, actor_id: &str, grace: Duration) -> Result<bool, CallError> {
+        if let Some(e) = self.host_lost() {
+            return Err(e);
+        }
+        match &self.transport {
+            Transport::Direct(core) => core.stop(actor_id, grace).await,
+            Transport::Grpc(g) => g
+                .client
+                .clone()
+                .stop(v1::StopRequest {
+                    actor_id: actor_id.to_string(),
+                    grace_ms: grace.as_millis() as u64,
+                })
+                .await
+                .map(|r| r.into_inner().graceful)
+                .map_err(|s| from_status(&s)),
+        }
+    }
+
+    /// Opens the host's event stream.
+    pub async fn watch(&self) -> Result<crate::membership::EventStream, CallError> {
+        use futures::StreamExt;
+        match &self.transport {
+            Transport::Direct(core) => {
+                let stop = core.stopped();
+                let first = futures::stream::iter([Ok(core.heartbeat_now())]);
+                let rest = tokio_stream::wrappers::BroadcastStream::new(core.watch())
+                    .filter_map(|e| async move { e.ok().map(Ok) });
+                Ok(Box::pin(
+                    first.chain(rest).take_until(async move { stop.cancelled().await }),
+                ))
+            }
+            Transport::Grpc(g) => {
+                let s = g
+                    .client
+                    .clone()
+                    .watch(v1::WatchRequest {})
+                    .await
+                    .map_err(|s| from_status(&s))?
+                    .into_inner();
+                Ok(Box::pin(s.map(|r| r.map_err(|s| s.to_string()))))
+            }
+        }
+    }
+}

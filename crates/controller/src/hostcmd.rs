@@ -1,0 +1,143 @@
+//! `troupe host`: run an actor host in this process until SIGTERM or SIGINT.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use troupe_actors::{HostConfig, HostCore, Registry};
+
+use crate::local::READY_PREFIX;
+
+/// Flags of `troupe host`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HostArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// GPU ids this host offers, comma-separated (e.g. 0,1,2,3).
+    #[arg(long, value_delimiter = ',')]
+    pub gpus: Vec<u32>,
+    /// CPU cores this host offers (default: all of this machine's).
+    #[arg(long)]
+    pub cpus: Option<u32>,
+    /// Memory this host offers, in GiB.
+    #[arg(long, default_value_t = 0.0)]
+    pub memory_gb: f64,
+    /// Stable id of this host (default: a fresh uuid).
+    #[arg(long)]
+    pub host_id: Option<String>,
+    /// Interval between heartbeats, in milliseconds.
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub heartbeat_ms: u64,
+    /// Largest call payload accepted, in MiB.
+    #[arg(long, default_value_t = 64.0)]
+    pub max_message_mb: f64,
+    /// Seconds each actor gets to stop on shutdown before it is killed.
+    #[arg(long, default_value_t = 5.0)]
+    pub shutdown_grace_s: f64,
+}
+
+/// Errors of `troupe host`.
+#[derive(Debug, thiserror::Error)]
+pub enum HostCmdError {
+    /// A flag value is out of range.
+    #[error("{0}")]
+    Flag(String),
+    /// The host could not start or serve.
+    #[error("{0}")]
+    Run(String),
+}
+
+fn positive(name: &str, v: f64) -> Result<f64, HostCmdError> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(HostCmdError::Flag(format!(
+            "--{name} must be a non-negative number, got {v}"
+        )))
+    }
+}
+
+impl HostArgs {
+    /// The host configuration these flags describe.
+    pub fn config(&self) -> Result<HostConfig, HostCmdError> {
+        let max_mb = positive("max-message-mb", self.max_message_mb)?;
+        if max_mb == 0.0 {
+            return Err(HostCmdError::Flag(
+                "--max-message-mb must be above 0, e.g. --max-message-mb 64".into(),
+            ));
+        }
+        let mut cfg = HostConfig {
+            gpu_ids: self.gpus.clone(),
+            memory_bytes: (positive("memory-gb", self.memory_gb)? * (1u64 << 30) as f64) as u64,
+            heartbeat_interval: Duration::from_millis(self.heartbeat_ms),
+            max_message_bytes: (max_mb * 1048576.0) as u64,
+            shutdown_grace: Duration::from_secs_f64(positive(
+                "shutdown-grace-s",
+                self.shutdown_grace_s,
+            )?),
+            ..HostConfig::default()
+        };
+        if let Some(c) = self.cpus {
+            cfg.cpus = c;
+        }
+        if let Some(id) = &self.host_id {
+            if id.trim().is_empty() {
+                return Err(HostCmdError::Flag("--host-id must not be empty".into()));
+            }
+            cfg.host_id = id.clone();
+        }
+        Ok(cfg)
+    }
+}
+
+/// Runs a host with the built-in actor kinds until SIGTERM or SIGINT, then stops every actor
+/// (killing their process trees) and exits.
+pub async fn run(args: HostArgs) -> Result<(), HostCmdError> {
+    run_with(args, Registry::builtin()).await
+}
+
+/// [`run`] with a custom registry (for binaries that embed extra actor kinds).
+pub async fn run_with(args: HostArgs, registry: Registry) -> Result<(), HostCmdError> {
+    let cfg = args.config()?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| HostCmdError::Run(format!("cannot listen on {}: {e}", args.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| HostCmdError::Run(e.to_string()))?;
+    let core = HostCore::start(cfg, registry)
+        .await
+        .map_err(|e| HostCmdError::Run(e.to_string()))?;
+    core.set_address(addr.to_string());
+    let server = tokio::spawn(troupe_actors::serve(
+        core.clone(),
+        listener,
+        std::future::pending(),
+    ));
+    println!("{READY_PREFIX}{addr}");
+    tracing::info!(host = core.host_id(), %addr, "actor host ready");
+    shutdown_signal().await;
+    tracing::info!("shutting down: stopping actors");
+    core.shutdown().await;
+    match server.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(HostCmdError::Run(format!("gRPC server failed: {e}"))),
+        Err(e) => Err(HostCmdError::Run(format!("gRPC server task failed: {e}"))),
+    }
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => {}
+                _ = i.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! `troupe host` child processes on this machine.
+//!
+//! The controller starts each with `--listen 127.0.0.1:0` and learns its address from the one
+//! line the host prints when it is ready, so no port is ever guessed.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+use troupe_actors::process::ChildProcess;
+
+/// The line a ready host prints on stdout, followed by its address.
+pub const READY_PREFIX: &str = "host listening on ";
+
+/// Finds the `troupe` binary: `$TROUPE_BIN`, this executable if it is `troupe`, or a `troupe`
+/// next to (or one directory above) this executable, which is where cargo puts it for tests.
+pub fn troupe_binary() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("TROUPE_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
+    if exe.file_stem().is_some_and(|s| s == "troupe") {
+        return Ok(exe);
+    }
+    let mut dir = exe.parent();
+    for _ in 0..2 {
+        if let Some(d) = dir {
+            let cand = d.join("troupe");
+            if cand.is_file() {
+                return Ok(cand);
+            }
+            dir = d.parent();
+        }
+    }
+    Err("cannot find the `troupe` binary: build it (`cargo build`) or set TROUPE_BIN".into())
+}
+
+/// A `troupe host` process this controller started.
+pub(crate) struct LocalHost {
+    pub addr: String,
+    child: ChildProcess,
+}
+
+impl LocalHost {
+    pub async fn launch(
+        bin: &Path,
+        host_id: String,
+        gpus: Vec<u32>,
+        heartbeat: Duration,
+        max_message_bytes: u64,
+        timeout: Duration,
+    ) -> Result<LocalHost, String> {
+        let mut cmd = Command::new(bin);
+        cmd.arg("host")
+            .args(["--listen", "127.0.0.1:0", "--host-id", &host_id])
+            .args(["--heartbeat-ms", &heartbeat.as_millis().to_string()])
+            .args(["--max-message-mb", &(max_message_bytes as f64 / 1048576.0).to_string()])
+            .stdout(Stdio::piped());
+        if !gpus.is_empty() {
+            let g: Vec<String> = gpus.iter().map(|g| g.to_string()).collect();
+            cmd.args(["--gpus", &g.join(",")]);
+        }
+        let mut child = ChildProcess::spawn(cmd, None)
+            .map_err(|e| format!("cannot start {} host: {e}", bin.display()))?;
+        let out = child
+            .take_stdout()
+            .ok_or_else(|| "host stdout was not captured".to_string())?;
+        let mut lines = BufReader::new(out).lines();
+        let wait = async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(a) = line.strip_prefix(READY_PREFIX) {
+                    return Ok(a.trim().to_string());
+                }
+            }
+            Err(format!("{host_id} exited before it was ready (see its stderr above)"))
+        };
+        let addr = tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| format!("{host_id} did not report ready within {timeout:?}"))??;
+        // Keep draining stdout so the host never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(LocalHost { addr, child })
+    }
+
+    pub async fn terminate(&mut self, grace: Duration) {
+        let _ = self.child.terminate(grace).await;
+    }
+}

@@ -1,0 +1,326 @@
+//! Command-line flags of `troupe engine`, spelled like SGLang's `launch_server` so one
+//! launch-command builder serves both engines.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::core::LatencyModel;
+use crate::error::EngineError;
+use crate::model::ModelConfig;
+
+/// Flags of the reference engine. Harmless SGLang-only flags (`--mem-fraction-static`,
+/// `--base-gpu-id`, `--trust-remote-code`, ...) are accepted and ignored so a command line
+/// built for SGLang also starts this engine.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineArgs {
+    /// Address to serve HTTP on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// HTTP port (0 picks a free one).
+    #[arg(long, default_value_t = 30000)]
+    pub port: u16,
+    /// Model size preset: `tiny` or `small`.
+    #[arg(long, default_value = "tiny")]
+    pub model: String,
+    /// Optional safetensors file (or directory holding `model.safetensors`) to load instead of
+    /// the seeded initialisation. Reported as `model_path`.
+    #[arg(long)]
+    pub model_path: Option<PathBuf>,
+    /// Tensor-parallel size: reported, and the number of weight-update ranks this engine
+    /// covers; the forward pass runs on CPU threads regardless.
+    #[arg(long, default_value_t = 1)]
+    pub tp_size: u32,
+    /// Data-parallel size (only 1 is supported).
+    #[arg(long, default_value_t = 1)]
+    pub dp_size: u32,
+    /// `null` (regular), `prefill` or `decode`.
+    #[arg(long, default_value = "null")]
+    pub disaggregation_mode: String,
+    /// Prefill: port of the KV bootstrap listener (0 picks a free one). Decode: the port used
+    /// when a request's `bootstrap_port` is null.
+    #[arg(long, default_value_t = 8998)]
+    pub disaggregation_bootstrap_port: u16,
+    /// KV transfer backend; only `tcp` exists here.
+    #[arg(long, default_value = "tcp")]
+    pub disaggregation_transfer_backend: String,
+    /// Decode: how long to wait for a prefill's KV before giving up on a request (seconds).
+    #[arg(long, default_value_t = 300.0)]
+    pub disaggregation_kv_timeout_s: f64,
+    /// Prefill: how long an unfetched room's KV is kept (seconds).
+    #[arg(long, default_value_t = 300.0)]
+    pub disaggregation_prefill_keep_s: f64,
+    /// Most requests in the running batch.
+    #[arg(long, default_value_t = 64)]
+    pub max_running_requests: usize,
+    /// Seed for weight initialisation and for requests without `sampling_seed`.
+    #[arg(long, default_value_t = 0)]
+    pub random_seed: u64,
+    /// Bearer key required on every endpoint except health and metrics.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Bearer key required on control-plane endpoints (pause, weights, memory, flush).
+    #[arg(long)]
+    pub admin_api_key: Option<String>,
+    /// Accept `/release_memory_occupation` and `/resume_memory_occupation`.
+    #[arg(long)]
+    pub enable_memory_saver: bool,
+    /// Latency model: prefill throughput in tokens/s (off by default).
+    #[arg(long)]
+    pub sim_prefill_tokens_per_s: Option<f64>,
+    /// Latency model: fixed decode step time in ms (off by default).
+    #[arg(long)]
+    pub sim_decode_step_ms: Option<f64>,
+    /// Latency model: extra decode step time per running request in ms.
+    #[arg(long, default_value_t = 0.0)]
+    pub sim_decode_per_seq_ms: f64,
+    /// Name reported by `/v1/models` (defaults to `troupe-<model>`).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Initial weight version label.
+    #[arg(long, default_value = "default")]
+    pub weight_version: String,
+    /// Timeout for joining a weight-update group and for each bucket (seconds).
+    #[arg(long, default_value_t = 120.0)]
+    pub weights_update_timeout_s: f64,
+    /// Ignored (SGLang GPU memory fraction).
+    #[arg(long, hide = true)]
+    pub mem_fraction_static: Option<f64>,
+    /// Ignored (SGLang first GPU id).
+    #[arg(long, hide = true)]
+    pub base_gpu_id: Option<u32>,
+    /// Ignored.
+    #[arg(long, hide = true)]
+    pub trust_remote_code: bool,
+    /// Ignored.
+    #[arg(long, hide = true)]
+    pub skip_server_warmup: bool,
+    /// Ignored (log level comes from RUST_LOG).
+    #[arg(long, hide = true)]
+    pub log_level: Option<String>,
+    /// Ignored (multi-node flags; the reference engine is one process).
+    #[arg(long, hide = true)]
+    pub dist_init_addr: Option<String>,
+    /// Ignored.
+    #[arg(long, hide = true)]
+    pub nnodes: Option<u32>,
+    /// Ignored.
+    #[arg(long, hide = true)]
+    pub node_rank: Option<u32>,
+    /// Ignored (SGLang context length; the model preset fixes it).
+    #[arg(long, hide = true)]
+    pub context_length: Option<usize>,
+    /// Quantization: only `none` for now (FP8 weights come with the FP8 codec issue).
+    #[arg(long)]
+    pub quantization: Option<String>,
+}
+
+impl Default for EngineArgs {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 30000,
+            model: "tiny".into(),
+            model_path: None,
+            tp_size: 1,
+            dp_size: 1,
+            disaggregation_mode: "null".into(),
+            disaggregation_bootstrap_port: 8998,
+            disaggregation_transfer_backend: "tcp".into(),
+            disaggregation_kv_timeout_s: 300.0,
+            disaggregation_prefill_keep_s: 300.0,
+            max_running_requests: 64,
+            random_seed: 0,
+            api_key: None,
+            admin_api_key: None,
+            enable_memory_saver: false,
+            sim_prefill_tokens_per_s: None,
+            sim_decode_step_ms: None,
+            sim_decode_per_seq_ms: 0.0,
+            served_model_name: None,
+            weight_version: "default".into(),
+            weights_update_timeout_s: 120.0,
+            mem_fraction_static: None,
+            base_gpu_id: None,
+            trust_remote_code: false,
+            skip_server_warmup: false,
+            log_level: None,
+            dist_init_addr: None,
+            nnodes: None,
+            node_rank: None,
+            context_length: None,
+            quantization: None,
+        }
+    }
+}
+
+/// Serving role (`--disaggregation-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DisaggMode {
+    /// Regular server.
+    Null,
+    /// PD prefill server.
+    Prefill,
+    /// PD decode server.
+    Decode,
+}
+
+impl DisaggMode {
+    /// SGLang's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Null => "null",
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+        }
+    }
+}
+
+fn secs(v: f64, flag: &str) -> Result<Duration, EngineError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        Err(EngineError::Config(format!("{flag} must be a positive number of seconds, got {v}")))
+    }
+}
+
+/// Flags after validation.
+#[derive(Debug, Clone)]
+pub struct Validated {
+    /// Model architecture.
+    pub config: ModelConfig,
+    /// Serving role.
+    pub mode: DisaggMode,
+    /// Latency model.
+    pub latency: LatencyModel,
+    /// Decode KV wait.
+    pub kv_timeout: Duration,
+    /// Prefill room keep time.
+    pub prefill_keep: Duration,
+    /// Weight-update join/bucket timeout.
+    pub weights_timeout: Duration,
+}
+
+impl EngineArgs {
+    /// Checks every flag; errors name the flag and the accepted values.
+    pub fn validate(&self) -> Result<Validated, EngineError> {
+        let config = ModelConfig::by_name(&self.model).ok_or_else(|| {
+            EngineError::Config(format!("--model {:?} is not a preset; use --model tiny or --model small", self.model))
+        })?;
+        let mode = match self.disaggregation_mode.as_str() {
+            "null" | "none" | "" => DisaggMode::Null,
+            "prefill" => DisaggMode::Prefill,
+            "decode" => DisaggMode::Decode,
+            other => {
+                return Err(EngineError::Config(format!(
+                    "--disaggregation-mode {other:?} is invalid; use null, prefill or decode"
+                )));
+            }
+        };
+        if self.disaggregation_transfer_backend != "tcp" {
+            return Err(EngineError::Config(format!(
+                "--disaggregation-transfer-backend {:?} is not available in the reference engine; use tcp",
+                self.disaggregation_transfer_backend
+            )));
+        }
+        if self.tp_size == 0 {
+            return Err(EngineError::Config("--tp-size must be at least 1".into()));
+        }
+        if self.dp_size != 1 {
+            return Err(EngineError::Config(format!(
+                "--dp-size {} is not supported; run several engines instead (--dp-size 1)",
+                self.dp_size
+            )));
+        }
+        if self.max_running_requests == 0 {
+            return Err(EngineError::Config("--max-running-requests must be at least 1".into()));
+        }
+        if let Some(q) = &self.quantization
+            && q != "none"
+        {
+            return Err(EngineError::Config(format!(
+                "--quantization {q} is not supported by the reference engine yet; omit it"
+            )));
+        }
+        for (v, flag) in [
+            (self.sim_prefill_tokens_per_s, "--sim-prefill-tokens-per-s"),
+            (self.sim_decode_step_ms, "--sim-decode-step-ms"),
+        ] {
+            if let Some(v) = v
+                && !(v.is_finite() && v >= 0.0)
+            {
+                return Err(EngineError::Config(format!("{flag} must be a non-negative number, got {v}")));
+            }
+        }
+        if !(self.sim_decode_per_seq_ms.is_finite() && self.sim_decode_per_seq_ms >= 0.0) {
+            return Err(EngineError::Config("--sim-decode-per-seq-ms must be a non-negative number".into()));
+        }
+        if let Some(p) = &self.model_path
+            && !p.exists()
+        {
+            return Err(EngineError::Config(format!(
+                "--model-path {} does not exist; give a local safetensors file or directory (or omit it for seeded weights)",
+                p.display()
+            )));
+        }
+        Ok(Validated {
+            config,
+            mode,
+            latency: LatencyModel {
+                prefill_tokens_per_s: self.sim_prefill_tokens_per_s.filter(|v| *v > 0.0),
+                decode_step_ms: self.sim_decode_step_ms,
+                decode_per_seq_ms: self.sim_decode_per_seq_ms,
+            },
+            kv_timeout: secs(self.disaggregation_kv_timeout_s, "--disaggregation-kv-timeout-s")?,
+            prefill_keep: secs(self.disaggregation_prefill_keep_s, "--disaggregation-prefill-keep-s")?,
+            weights_timeout: secs(self.weights_update_timeout_s, "--weights-update-timeout-s")?,
+        })
+    }
+
+    /// The name `/v1/models` reports.
+    pub fn served_name(&self) -> String {
+        self.served_model_name
+            .clone()
+            .unwrap_or_else(|| format!("troupe-{}", self.model))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: EngineArgs,
+    }
+
+    #[test]
+    fn parses_sglang_style_flags() {
+        let cli = Cli::try_parse_from([
+            "x", "--port", "0", "--model", "small", "--disaggregation-mode", "prefill",
+            "--disaggregation-bootstrap-port", "9000", "--mem-fraction-static", "0.8",
+            "--base-gpu-id", "2", "--tp-size", "2", "--trust-remote-code",
+        ])
+        .unwrap();
+        let v = cli.args.validate().unwrap();
+        assert_eq!(v.mode, DisaggMode::Prefill);
+        assert_eq!(v.config.name, "small");
+        assert_eq!(cli.args.disaggregation_bootstrap_port, 9000);
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        for (flag, val) in [
+            ("--model", "huge"),
+            ("--disaggregation-mode", "both"),
+            ("--disaggregation-transfer-backend", "mooncake"),
+            ("--max-running-requests", "0"),
+            ("--model-path", "/definitely/not/here"),
+        ] {
+            let cli = Cli::try_parse_from(["x", flag, val]).unwrap();
+            let err = cli.args.validate().unwrap_err().to_string();
+            assert!(err.contains(flag), "{err}");
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! The engine core: requests, their lifecycle events, and the continuous-batching scheduler
+//! that runs the model on its own thread.
+//!
+//! - [`request`]: what the HTTP layer submits and what it gets back.
+//! - [`sequence`]: one running request: tokens so far, KV cache, stop checks.
+//! - [`latency`]: the optional latency model that makes a CPU engine pace like a GPU server.
+//! - [`scheduler`]: the loop (admit, prefill, decode step, commands between steps).
+
+pub mod latency;
+pub mod request;
+pub mod scheduler;
+pub mod sequence;
+
+pub use latency::LatencyModel;
+pub use request::{Command, FinishReason, Matched, PauseMode, SeqEvent, SeqKind, SeqRequest};
+pub use scheduler::{EngineCore, EngineStatus, SchedulerConfig};

@@ -1,0 +1,116 @@
+//! Byte format of a KV handoff on the bootstrap connection.
+//!
+//! Request (decode → prefill): `b"TRKV"`, `u8 version (=1)`, `u64 room`.
+//! Response: `u8 status`; status 1 is followed by `u32 len` + UTF-8 error. Status 0 is followed
+//! by `u32 len` + a JSON header (`input_ids`, `first_token`, `first_logprob`, `kv_len`,
+//! `num_layers`, `kv_dim`, `weight_version`) and then, per layer, the keys then the values as
+//! little-endian f32 (`kv_len × kv_dim` each).
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::KvHandoff;
+use crate::model::forward::{KvCache, LayerKv};
+
+/// Request magic.
+pub const MAGIC: &[u8; 4] = b"TRKV";
+/// Protocol version.
+pub const VERSION: u8 = 1;
+const MAX_HEADER: usize = 64 << 20;
+const MAX_KV_FLOATS: usize = 1 << 32;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    input_ids: Vec<u32>,
+    first_token: u32,
+    first_logprob: f32,
+    kv_len: usize,
+    num_layers: usize,
+    kv_dim: usize,
+    weight_version: String,
+}
+
+/// Writes a successful handoff.
+pub async fn write_handoff<W: AsyncWrite + Unpin>(w: &mut W, h: &KvHandoff) -> std::io::Result<()> {
+    let kv_dim = if h.cache.len == 0 {
+        0
+    } else {
+        h.cache.layers.first().map_or(0, |l| l.k.len() / h.cache.len)
+    };
+    let header = Header {
+        input_ids: h.input_ids.clone(),
+        first_token: h.first_token,
+        first_logprob: h.first_logprob,
+        kv_len: h.cache.len,
+        num_layers: h.cache.layers.len(),
+        kv_dim,
+        weight_version: h.weight_version.clone(),
+    };
+    let json = serde_json::to_vec(&header).map_err(std::io::Error::other)?;
+    let mut buf = Vec::with_capacity(5 + json.len() + h.cache.bytes());
+    buf.push(0);
+    buf.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&json);
+    for layer in &h.cache.layers {
+        for v in layer.k.iter().chain(&layer.v) {
+            buf.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    w.write_all(&buf).await?;
+    w.flush().await
+}
+
+/// Writes a failure.
+pub async fn write_error<W: AsyncWrite + Unpin>(w: &mut W, msg: &str) -> std::io::Result<()> {
+    let mut buf = vec![1u8];
+    buf.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+    buf.extend_from_slice(msg.as_bytes());
+    w.write_all(&buf).await?;
+    w.flush().await
+}
+
+/// Reads a handoff (or the prefill's error message).
+pub async fn read_handoff<R: AsyncRead + Unpin>(r: &mut R) -> Result<KvHandoff, String> {
+    let io = |e: std::io::Error| format!("bootstrap connection failed: {e}");
+    let status = r.read_u8().await.map_err(io)?;
+    let len = r.read_u32_le().await.map_err(io)? as usize;
+    if len > MAX_HEADER {
+        return Err(format!("bootstrap header of {len} bytes"));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await.map_err(io)?;
+    if status != 0 {
+        return Err(format!("prefill reported: {}", String::from_utf8_lossy(&body)));
+    }
+    let h: Header =
+        serde_json::from_slice(&body).map_err(|e| format!("bad bootstrap header: {e}"))?;
+    let per = h.kv_len.checked_mul(h.kv_dim).filter(|&n| n.saturating_mul(h.num_layers * 2) <= MAX_KV_FLOATS);
+    let Some(per) = per else {
+        return Err("bootstrap KV too large".into());
+    };
+    let mut cache = KvCache {
+        layers: Vec::with_capacity(h.num_layers),
+        len: h.kv_len,
+    };
+    let mut raw = vec![0u8; per * 4];
+    for _ in 0..h.num_layers {
+        r.read_exact(&mut raw).await.map_err(io)?;
+        let k = floats(&raw);
+        r.read_exact(&mut raw).await.map_err(io)?;
+        let v = floats(&raw);
+        cache.layers.push(LayerKv { k, v });
+    }
+    Ok(KvHandoff {
+        input_ids: h.input_ids,
+        first_token: h.first_token,
+        first_logprob: h.first_logprob,
+        cache,
+        weight_version: h.weight_version,
+    })
+}
+
+fn floats(raw: &[u8]) -> Vec<f32> {
+    raw.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}

@@ -1,0 +1,152 @@
+//! The HTTP server: SGLang's endpoints over axum.
+//!
+//! - [`generate`]: `/generate` (single, batch, stream, logprobs, PD).
+//! - [`openai`]: `/v1/completions`, `/v1/chat/completions`.
+//! - [`control`]: pause / continue / abort / flush / memory / weight version.
+//! - [`weights_api`]: weight-update groups and `/update_weights_from_disk`.
+//! - [`info`]: health, server and model info, loads, metrics.
+//! - [`parse`], [`error`]: request parsing and SGLang-style errors.
+
+pub mod control;
+pub mod error;
+pub mod generate;
+pub mod info;
+pub mod openai;
+pub mod parse;
+pub mod weights_api;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use troupe_weights::tcp::WeightReceiver;
+
+use crate::cli::{DisaggMode, EngineArgs};
+use crate::core::EngineCore;
+use crate::model::ModelConfig;
+use crate::pd::RoomStore;
+use error::ApiError;
+
+/// Shared state of all handlers.
+#[derive(Debug)]
+pub struct AppState {
+    /// Flags as given.
+    pub args: EngineArgs,
+    /// Model architecture.
+    pub config: ModelConfig,
+    /// Serving role.
+    pub mode: DisaggMode,
+    /// The scheduler.
+    pub core: EngineCore,
+    /// Request counter for server-chosen seeds.
+    pub counter: AtomicU64,
+    /// Decode: how long to wait for KV.
+    pub kv_timeout: Duration,
+    /// Weight-update join / bucket timeout.
+    pub weights_timeout: Duration,
+    /// Prefill: the bound bootstrap port.
+    pub bootstrap_port: Option<u16>,
+    /// Prefill: rooms awaiting pickup.
+    pub rooms: Option<Arc<RoomStore>>,
+    /// Joined weight-update groups by name.
+    pub groups: tokio::sync::Mutex<HashMap<String, WeightReceiver>>,
+    /// The HTTP address.
+    pub addr: SocketAddr,
+}
+
+/// Endpoints that need the admin key (control plane).
+const ADMIN_PATHS: &[&str] = &[
+    "/pause_generation",
+    "/continue_generation",
+    "/flush_cache",
+    "/release_memory_occupation",
+    "/resume_memory_occupation",
+    "/init_weights_update_group",
+    "/update_weights_from_distributed",
+    "/destroy_weights_update_group",
+    "/update_weights_from_disk",
+    "/update_weight_version",
+];
+
+fn bearer(req: &Request) -> Option<&str> {
+    req.headers()
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+}
+
+async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let open = path.starts_with("/health") || path == "/metrics" || path == "/ready";
+    let given = bearer(&req);
+    if ADMIN_PATHS.contains(&path) {
+        let want = state.args.admin_api_key.as_deref().or(state.args.api_key.as_deref());
+        if let Some(key) = want
+            && given != Some(key)
+        {
+            return ApiError::unauthorized(format!(
+                "{path} is a control-plane endpoint: send Authorization: Bearer <admin api key>"
+            ))
+            .control()
+            .into_response();
+        }
+    } else if !open
+        && let Some(key) = state.args.api_key.as_deref()
+        && given != Some(key)
+        && given != state.args.admin_api_key.as_deref()
+    {
+        return ApiError::unauthorized("missing or wrong API key: send Authorization: Bearer <api key>")
+            .into_response();
+    }
+    next.run(req).await
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError {
+        status: axum::http::StatusCode::NOT_FOUND,
+        message: format!("no endpoint {} {}", req.method(), req.uri().path()),
+        control: false,
+    }
+}
+
+/// Builds the router with every endpoint.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(info::health))
+        .route("/health_generate", get(info::health_generate))
+        .route("/ready", get(info::ready))
+        .route("/server_info", get(info::server_info))
+        .route("/get_server_info", get(info::server_info))
+        .route("/model_info", get(info::model_info))
+        .route("/get_model_info", get(info::model_info))
+        .route("/v1/models", get(info::models))
+        .route("/get_load", get(info::get_load))
+        .route("/v1/loads", get(info::loads))
+        .route("/metrics", get(info::metrics))
+        .route("/get_weight_version", get(info::weight_version))
+        .route("/generate", post(generate::generate).put(generate::generate))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/abort_request", post(control::abort_request))
+        .route("/flush_cache", post(control::flush_cache).get(control::flush_cache))
+        .route("/pause_generation", post(control::pause_generation))
+        .route("/continue_generation", post(control::continue_generation))
+        .route("/release_memory_occupation", post(control::release_memory))
+        .route("/resume_memory_occupation", post(control::resume_memory))
+        .route("/update_weight_version", post(control::update_weight_version))
+        .route("/init_weights_update_group", post(weights_api::init_group))
+        .route("/update_weights_from_distributed", post(weights_api::update_from_distributed))
+        .route("/destroy_weights_update_group", post(weights_api::destroy_group))
+        .route("/update_weights_from_disk", post(weights_api::update_from_disk))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .with_state(state)
+}

@@ -1,0 +1,215 @@
+//! Weight updates: joining a `tcp` weight-update group, receiving buckets from rank 0, and
+//! reloading from a safetensors file. Tensors are validated in full before anything changes,
+//! and swapped in by the scheduler between batches.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use half::bf16;
+use serde_json::{Map, Value, json};
+use troupe_weights::tcp::{OwnedTensor, TensorSpec, WeightReceiver, WireDtype};
+
+use super::AppState;
+use super::error::{ApiError, parse_object};
+use crate::core::Command;
+use crate::model::Weights;
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError::bad_request(msg).control()
+}
+
+fn ok(message: impl Into<String>) -> Response {
+    axum::Json(json!({"success": true, "message": message.into()})).into_response()
+}
+
+fn str_field<'a>(obj: &'a Map<String, Value>, key: &str, example: &str) -> Result<&'a str, ApiError> {
+    obj.get(key)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| bad(format!("{key} (a non-empty string, e.g. {example:?}) is required")))
+}
+
+fn uint_field(obj: &Map<String, Value>, key: &str) -> Result<u64, ApiError> {
+    obj.get(key)
+        .and_then(Value::as_u64)
+        .ok_or_else(|| bad(format!("{key} (a non-negative integer) is required")))
+}
+
+/// `POST /init_weights_update_group {master_address, master_port, rank_offset, world_size,
+/// group_name, backend}`: connects to rank 0 covering ranks `rank_offset..rank_offset+tp_size`.
+pub async fn init_group(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    let obj = parse_object(&body).map_err(ApiError::control)?;
+    let addr = str_field(&obj, "master_address", "127.0.0.1")?.to_string();
+    let port = u16::try_from(uint_field(&obj, "master_port")?)
+        .map_err(|_| bad("master_port must be a port number (1-65535)"))?;
+    let rank_offset = uint_field(&obj, "rank_offset")?;
+    let world_size = uint_field(&obj, "world_size")?;
+    let group = str_field(&obj, "group_name", "weight_sync")?.to_string();
+    let backend = obj.get("backend").and_then(Value::as_str).unwrap_or("tcp");
+    if backend != "tcp" {
+        return Err(bad(format!(
+            "backend {backend:?} is not available in the reference engine; use \"tcp\" (rank 0 is a troupe_weights::tcp::WeightSender)"
+        )));
+    }
+    let tp = u64::from(state.args.tp_size);
+    if rank_offset == 0 || rank_offset + tp > world_size {
+        return Err(bad(format!(
+            "rank_offset {rank_offset} with this engine's {tp} ranks does not fit world_size {world_size}: rank 0 is the trainer, so need 1 <= rank_offset and rank_offset + {tp} <= world_size"
+        )));
+    }
+    let mut groups = state.groups.lock().await;
+    if groups.contains_key(&group) {
+        return Err(bad(format!(
+            "group {group:?} is already joined; call /destroy_weights_update_group first or use another group_name"
+        )));
+    }
+    let host = if addr.contains(':') && !addr.starts_with('[') { format!("[{addr}]") } else { addr };
+    let target = format!("{host}:{port}");
+    let rx = WeightReceiver::connect(&target, &group, rank_offset as u32, tp as u32, state.weights_timeout)
+        .await
+        .map_err(|e| bad(format!("could not join weight-update group {group:?} at {target}: {e}")))?;
+    groups.insert(group.clone(), rx);
+    Ok(ok(format!("Succeeded to initialize custom process group {group:?} as ranks {rank_offset}..{}.", rank_offset + tp)))
+}
+
+/// `POST /destroy_weights_update_group {group_name}`.
+pub async fn destroy_group(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    let obj = parse_object(&body).map_err(ApiError::control)?;
+    let group = str_field(&obj, "group_name", "weight_sync")?;
+    match state.groups.lock().await.remove(group) {
+        Some(_) => Ok(ok(format!("Succeeded to destroy custom process group {group:?}."))),
+        None => Err(bad(format!("no weight-update group named {group:?} is joined"))),
+    }
+}
+
+fn list<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<&'a Vec<Value>, ApiError> {
+    obj.get(key)
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad(format!("{key} (a list, one entry per tensor) is required")))
+}
+
+/// Parses and checks `names`, `dtypes`, `shapes` against the model.
+fn specs(state: &AppState, obj: &Map<String, Value>) -> Result<Vec<TensorSpec>, ApiError> {
+    let (names, dtypes, shapes) = (list(obj, "names")?, list(obj, "dtypes")?, list(obj, "shapes")?);
+    if names.len() != dtypes.len() || names.len() != shapes.len() {
+        return Err(bad(format!(
+            "names, dtypes and shapes must have the same length (got {}, {}, {})",
+            names.len(),
+            dtypes.len(),
+            shapes.len()
+        )));
+    }
+    if names.is_empty() {
+        return Err(bad("names is empty; send at least one tensor"));
+    }
+    let known: std::collections::HashMap<String, Vec<usize>> = state.config.tensor_shapes().into_iter().collect();
+    let mut out = Vec::with_capacity(names.len());
+    for ((n, d), s) in names.iter().zip(dtypes).zip(shapes) {
+        let name = n.as_str().ok_or_else(|| bad(format!("names must be strings, found {n}")))?;
+        let dstr = d.as_str().ok_or_else(|| bad(format!("dtypes must be strings, found {d}")))?;
+        let dtype = WireDtype::parse(dstr)
+            .ok_or_else(|| bad(format!("dtype {dstr:?} of {name} is not supported; use bfloat16 or float32")))?;
+        if dtype == WireDtype::F8E4M3 {
+            return Err(bad(format!(
+                "{name}: float8_e4m3fn updates need FP8 support, which the reference engine does not have yet; send bfloat16 or float32"
+            )));
+        }
+        let shape = s
+            .as_array()
+            .and_then(|a| a.iter().map(|x| x.as_u64().map(|x| x as usize)).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| bad(format!("shape of {name} must be a list of integers, found {s}")))?;
+        match known.get(name) {
+            None => {
+                return Err(bad(format!(
+                    "unknown parameter {name:?}; names look like model.layers.0.self_attn.q_proj.weight"
+                )));
+            }
+            Some(want) if *want != shape => {
+                return Err(bad(format!("parameter {name} has shape {want:?}, update has {shape:?}")));
+            }
+            Some(_) => {}
+        }
+        out.push(TensorSpec { name: name.to_string(), dtype, shape });
+    }
+    Ok(out)
+}
+
+fn to_f32(t: &OwnedTensor) -> Vec<f32> {
+    match t.dtype {
+        WireDtype::F32 => t
+            .bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        WireDtype::Bf16 => t
+            .bytes
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        WireDtype::F8E4M3 => Vec::new(),
+    }
+}
+
+fn version_of(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+    match obj.get("weight_version") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(bad(format!("weight_version must be a string, got {v}"))),
+    }
+}
+
+/// `POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache,
+/// weight_version}`: reads exactly these tensors from rank 0 and swaps them in. A transport
+/// error or mismatch leaves the weights unchanged and leaves the group (it must be re-joined).
+pub async fn update_from_distributed(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    let obj = parse_object(&body).map_err(ApiError::control)?;
+    let group = str_field(&obj, "group_name", "weight_sync")?.to_string();
+    let version = version_of(&obj)?;
+    let specs = specs(&state, &obj)?;
+    // Take the receiver out while reading, so two updates on one group cannot interleave.
+    let mut rx = state
+        .groups
+        .lock()
+        .await
+        .remove(&group)
+        .ok_or_else(|| bad(format!("no weight-update group named {group:?}; call /init_weights_update_group first")))?;
+    let got = match rx.recv_bucket(&specs, state.weights_timeout).await {
+        Ok(t) => t,
+        Err(e) => {
+            return Err(bad(format!(
+                "weight bucket failed, weights unchanged and group {group:?} left (re-join it): {e}"
+            )));
+        }
+    };
+    state.groups.lock().await.insert(group, rx);
+    let tensors: Vec<(String, Vec<f32>)> = got.iter().map(|t| (t.name.clone(), to_f32(t))).collect();
+    match state.core.call(|reply| Command::UpdateTensors { tensors, version, reply }).await? {
+        Ok(m) => Ok(ok(m)),
+        Err(m) => Err(bad(m)),
+    }
+}
+
+/// `POST /update_weights_from_disk {model_path, weight_version, abort_all_requests}`: loads a
+/// safetensors file for this model and replaces all weights.
+pub async fn update_from_disk(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    let obj = parse_object(&body).map_err(ApiError::control)?;
+    let path = PathBuf::from(str_field(&obj, "model_path", "/path/to/model.safetensors")?);
+    let version = version_of(&obj)?;
+    let abort_all = obj.get("abort_all_requests").and_then(Value::as_bool).unwrap_or(false);
+    let config = state.config.clone();
+    let loaded = tokio::task::spawn_blocking(move || Weights::load_safetensors(&config, &path))
+        .await
+        .map_err(|e| bad(format!("loader failed: {e}")))?
+        .map_err(|e| bad(format!("{e}; weights unchanged")))?;
+    match state
+        .core
+        .call(|reply| Command::ReplaceWeights { weights: Box::new(loaded), version, abort_all, reply })
+        .await?
+    {
+        Ok(m) => Ok(axum::Json(json!({"success": true, "message": m, "num_paused_requests": 0})).into_response()),
+        Err(m) => Err(bad(m)),
+    }
+}

@@ -1,0 +1,148 @@
+//! Shared helpers for the engine's integration tests: start engines in-process on real
+//! sockets, talk HTTP to them, and run the PD flow the way a router does.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use troupe_engine::{EngineArgs, EngineHandle, start};
+
+/// Every test body runs under this deadline.
+pub async fn within<F: Future>(secs: u64, f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(secs), f)
+        .await
+        .expect("test exceeded its deadline")
+}
+
+/// Engine flags for tests: free ports, tiny model.
+pub fn args(mode: &str) -> EngineArgs {
+    EngineArgs {
+        port: 0,
+        disaggregation_mode: mode.into(),
+        disaggregation_bootstrap_port: 0,
+        random_seed: 7,
+        ..Default::default()
+    }
+}
+
+/// Starts an engine in this process.
+pub async fn engine(a: EngineArgs) -> EngineHandle {
+    start(a).await.expect("engine starts")
+}
+
+/// A plain HTTP client.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+/// POST JSON, return (status, body as JSON or as a string value).
+pub async fn post(url: &str, body: &Value) -> (u16, Value) {
+    let r = client().post(url).json(body).send().await.expect("request sent");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("body");
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+/// POST raw bytes.
+pub async fn post_raw(url: &str, body: &str) -> (u16, Value) {
+    let r = client()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("request sent");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("body");
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+/// GET, return (status, JSON or string).
+pub async fn get(url: &str) -> (u16, Value) {
+    let r = client().get(url).send().await.expect("request sent");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("body");
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+/// POST and parse an SSE body into its JSON events; asserts the stream ends with `[DONE]`.
+pub async fn post_stream(url: &str, body: &Value) -> Vec<Value> {
+    let r = client().post(url).json(body).send().await.expect("request sent");
+    assert_eq!(r.status().as_u16(), 200, "stream status");
+    let text = r.text().await.expect("body");
+    let events: Vec<&str> = text
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| e.strip_prefix("data: ").expect("SSE data line"))
+        .collect();
+    assert_eq!(events.last().copied(), Some("[DONE]"), "stream must end with [DONE]: {text}");
+    events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("event is JSON"))
+        .collect()
+}
+
+/// Adds bootstrap fields (one room per item for batches) to a body.
+pub fn with_bootstrap(body: &Value, port: Option<u16>, rooms: &[u64]) -> Value {
+    let mut b = body.clone();
+    if rooms.len() == 1 && !is_batch(body) {
+        b["bootstrap_room"] = json!(rooms[0]);
+        b["bootstrap_host"] = json!("127.0.0.1");
+        b["bootstrap_port"] = json!(port);
+    } else {
+        b["bootstrap_room"] = json!(rooms);
+        b["bootstrap_host"] = json!(vec!["127.0.0.1"; rooms.len()]);
+        b["bootstrap_port"] = json!(vec![port; rooms.len()]);
+    }
+    b
+}
+
+fn is_batch(body: &Value) -> bool {
+    body["text"].is_array() || body["input_ids"].get(0).is_some_and(Value::is_array)
+}
+
+/// Sends `body` to prefill and decode concurrently, as SGLang's router does, and merges
+/// prefill's input logprobs into decode's answer.
+pub async fn pd_generate(prefill: &str, decode: &str, body: &Value, port: Option<u16>, rooms: &[u64]) -> Value {
+    let b = with_bootstrap(body, port, rooms);
+    let (p, d) = tokio::join!(post(&format!("{prefill}/generate"), &b), post(&format!("{decode}/generate"), &b));
+    assert_eq!(p.0, 200, "prefill: {}", p.1);
+    assert_eq!(d.0, 200, "decode: {}", d.1);
+    let mut out = d.1;
+    let merge = |dec: &mut Value, pre: &Value| {
+        assert_eq!(pre["meta_info"]["finish_reason"], json!({"type": "length", "length": 0}));
+        if let Some(pl) = pre["meta_info"]["input_token_logprobs"].as_array() {
+            let mut merged = pl.clone();
+            merged.extend(dec["meta_info"]["input_token_logprobs"].as_array().cloned().unwrap_or_default());
+            dec["meta_info"]["input_token_logprobs"] = json!(merged);
+        }
+    };
+    if let Some(arr) = out.as_array_mut() {
+        for (d, p) in arr.iter_mut().zip(p.1.as_array().expect("prefill batch")) {
+            merge(d, p);
+        }
+    } else {
+        merge(&mut out, &p.1);
+    }
+    out
+}
+
+/// Strips fields that legitimately differ between servers (timing, ids).
+pub fn comparable(v: &Value) -> Value {
+    let mut v = v.clone();
+    let strip = |x: &mut Value| {
+        if let Some(m) = x["meta_info"].as_object_mut() {
+            m.remove("e2e_latency");
+            m.remove("id");
+        }
+    };
+    match v.as_array_mut() {
+        Some(a) => a.iter_mut().for_each(strip),
+        None => strip(&mut v),
+    }
+    v
+}

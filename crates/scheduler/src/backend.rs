@@ -1,0 +1,142 @@
+//! Backends, roles and worker types: the small closed vocabularies of the allocation language.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The engine a component runs on.
+///
+/// It exists because the backend decides which parallel dimensions are legal (inference engines
+/// take only d, t, p; FSDP rejects p and e) and whether prefill/decode groups are possible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// SGLang inference servers (PD capable).
+    Sglang,
+    /// vLLM inference servers.
+    Vllm,
+    /// Troupe's reference engine, speaking SGLang's protocol (PD capable).
+    Troupe,
+    /// PyTorch FSDP training.
+    Fsdp,
+    /// Megatron-LM training (pipeline and expert parallel).
+    Megatron,
+    /// Archon training (Megatron-like dimensions).
+    Archon,
+}
+
+impl Backend {
+    /// Every backend, inference first, in the order used by help texts.
+    pub const ALL: [Backend; 6] = [
+        Backend::Sglang,
+        Backend::Vllm,
+        Backend::Troupe,
+        Backend::Fsdp,
+        Backend::Megatron,
+        Backend::Archon,
+    ];
+
+    /// The spelling used in allocation modes and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Sglang => "sglang",
+            Backend::Vllm => "vllm",
+            Backend::Troupe => "troupe",
+            Backend::Fsdp => "fsdp",
+            Backend::Megatron => "megatron",
+            Backend::Archon => "archon",
+        }
+    }
+
+    /// Looks a backend up by its exact (lowercase) name.
+    pub fn from_name(name: &str) -> Option<Backend> {
+        Backend::ALL.into_iter().find(|b| b.as_str() == name)
+    }
+
+    /// Whether the component serves rollouts or trains the policy.
+    pub fn role(self) -> Role {
+        match self {
+            Backend::Sglang | Backend::Vllm | Backend::Troupe => Role::Inference,
+            Backend::Fsdp | Backend::Megatron | Backend::Archon => Role::Training,
+        }
+    }
+
+    /// Whether the backend can run prefill/decode disaggregated groups.
+    pub fn supports_pd(self) -> bool {
+        matches!(self, Backend::Sglang | Backend::Troupe)
+    }
+
+    /// Whether the backend accepts the MoE hybrid `(attn:…|ffn:…)` form.
+    pub fn supports_hybrid(self) -> bool {
+        matches!(self, Backend::Megatron | Backend::Archon)
+    }
+
+    /// Comma-separated list of all backend names, for error messages.
+    pub fn names() -> String {
+        Backend::ALL.map(Backend::as_str).join(", ")
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a component is for; decides how its GPUs are split into instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Inference servers: `d` instances of `t·p` GPUs each.
+    Inference,
+    /// Training ranks: `d·t·p·c` ranks of one GPU each.
+    Training,
+}
+
+impl Role {
+    /// The spelling used in tables and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Inference => "inference",
+            Role::Training => "training",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The kind of worker a group's instances are; the launcher and router branch on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerType {
+    /// A plain inference server doing both prefill and decode.
+    Regular,
+    /// A PD prefill server (owns a bootstrap port).
+    Prefill,
+    /// A PD decode server.
+    Decode,
+    /// A training rank.
+    Train,
+}
+
+impl WorkerType {
+    /// The spelling used in allocation modes, tables and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerType::Regular => "regular",
+            WorkerType::Prefill => "prefill",
+            WorkerType::Decode => "decode",
+            WorkerType::Train => "train",
+        }
+    }
+}
+
+impl fmt::Display for WorkerType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

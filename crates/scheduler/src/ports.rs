@@ -1,0 +1,225 @@
+//! The port cursor relay: per host, a cursor over a port range that only moves forward.
+//!
+//! Each instance takes its ports from its host's cursor (HTTP, dist-init, and a bootstrap port
+//! for prefill servers); the next instance and the next group continue where the last stopped, so
+//! ports never collide across groups and the result is deterministic. Before a port is handed out
+//! it is checked with a [`PortProbe`]; taken ports are skipped. A launcher that still hits
+//! `EADDRINUSE` asks [`PortAllocator::replace`] for fresh ones.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{Ipv4Addr, TcpListener};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::SchedulerError;
+use crate::hosts::HostResources;
+
+/// An inclusive range of TCP ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortRange {
+    /// First port handed out.
+    pub start: u16,
+    /// Last port handed out (inclusive).
+    pub end: u16,
+}
+
+impl Default for PortRange {
+    /// 10000–32767: below Linux's ephemeral range, so the OS rarely hands these out itself.
+    fn default() -> Self {
+        PortRange {
+            start: 10000,
+            end: 32767,
+        }
+    }
+}
+
+impl PortRange {
+    /// A checked range: `0 < start <= end`.
+    pub fn new(start: u16, end: u16) -> Result<PortRange, SchedulerError> {
+        if start == 0 {
+            return Err(SchedulerError::PortRange {
+                start,
+                end,
+                message: "port 0 means \"any port\" and cannot be handed out".into(),
+            });
+        }
+        if start > end {
+            return Err(SchedulerError::PortRange {
+                start,
+                end,
+                message: "the start is after the end".into(),
+            });
+        }
+        Ok(PortRange { start, end })
+    }
+}
+
+/// Tells whether a port is free on a host before it is handed out.
+///
+/// It exists because only the machine that owns a port can really probe it: the controller
+/// probes hosts on its own machine with [`LocalBindProbe`], previews and remote hosts use
+/// [`AssumeFree`] (the remote launcher then reports `EADDRINUSE` and calls
+/// [`PortAllocator::replace`]), and tests plug in their own.
+pub trait PortProbe: Send + Sync + fmt::Debug {
+    /// Whether `port` can be bound on `host` right now.
+    fn is_free(&self, host: &HostResources, port: u16) -> bool;
+}
+
+/// Assumes every port is free: for plan previews (`troupe alloc`) and hosts probed remotely.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AssumeFree;
+
+impl PortProbe for AssumeFree {
+    fn is_free(&self, _host: &HostResources, _port: u16) -> bool {
+        true
+    }
+}
+
+/// Probes by binding `0.0.0.0:port` on this machine (and releasing it at once); use it for hosts
+/// that run on the same machine as the caller.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LocalBindProbe;
+
+impl PortProbe for LocalBindProbe {
+    fn is_free(&self, _host: &HostResources, port: u16) -> bool {
+        TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).is_ok()
+    }
+}
+
+/// Which ports one instance needs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortNeeds {
+    /// The server's HTTP port.
+    pub http: bool,
+    /// The dist-init (NCCL / torch.distributed rendezvous) port.
+    pub dist: bool,
+    /// The PD bootstrap port (prefill servers).
+    pub bootstrap: bool,
+}
+
+/// The ports one instance was given; absent fields were not needed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct InstancePorts {
+    /// HTTP port of the server.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub http: Option<u16>,
+    /// Dist-init port (head node / rank 0 only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub dist: Option<u16>,
+    /// PD bootstrap port (prefill only, unless decode bootstrap ports are asked for).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub bootstrap: Option<u16>,
+}
+
+impl InstancePorts {
+    /// The ports that are set, in `http, dist, bootstrap` order.
+    pub fn all(&self) -> Vec<u16> {
+        [self.http, self.dist, self.bootstrap]
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// Which ports these are, so a replacement has the same shape.
+    pub fn needs(&self) -> PortNeeds {
+        PortNeeds {
+            http: self.http.is_some(),
+            dist: self.dist.is_some(),
+            bootstrap: self.bootstrap.is_some(),
+        }
+    }
+}
+
+/// Per-host port cursors over one range, with a probe.
+///
+/// It exists so that every port decision (initial placement and relaunch after `EADDRINUSE`)
+/// goes through one forward-only cursor per host: a port is never handed out twice.
+#[derive(Debug, Clone)]
+pub struct PortAllocator {
+    range: PortRange,
+    probe: Arc<dyn PortProbe>,
+    cursors: BTreeMap<usize, u32>,
+}
+
+impl PortAllocator {
+    /// An allocator whose cursors all start at `range.start`.
+    pub fn new(range: PortRange, probe: Arc<dyn PortProbe>) -> Self {
+        PortAllocator {
+            range,
+            probe,
+            cursors: BTreeMap::new(),
+        }
+    }
+
+    /// The default range 10000–32767 with no probing (previews, tests).
+    pub fn preview() -> Self {
+        PortAllocator::new(PortRange::default(), Arc::new(AssumeFree))
+    }
+
+    /// The range ports come from.
+    pub fn range(&self) -> PortRange {
+        self.range
+    }
+
+    /// The next port the cursor of `host` will consider.
+    pub fn cursor(&self, host: usize) -> u32 {
+        self.cursors
+            .get(&host)
+            .copied()
+            .unwrap_or(u32::from(self.range.start))
+    }
+
+    /// Hands out the next free port of `host`, skipping ports the probe reports as taken.
+    pub fn take(&mut self, host: &HostResources) -> Result<u16, SchedulerError> {
+        let mut next = self.cursor(host.index);
+        let end = u32::from(self.range.end);
+        while next <= end {
+            let candidate = u16::try_from(next).unwrap_or(u16::MAX);
+            next += 1;
+            if self.probe.is_free(host, candidate) {
+                self.cursors.insert(host.index, next);
+                return Ok(candidate);
+            }
+        }
+        Err(SchedulerError::PortsExhausted {
+            host: host.index,
+            start: self.range.start,
+            end: self.range.end,
+        })
+    }
+
+    /// Hands out the ports of one instance in `http, dist, bootstrap` order; all or nothing.
+    pub fn take_ports(
+        &mut self,
+        host: &HostResources,
+        needs: PortNeeds,
+    ) -> Result<InstancePorts, SchedulerError> {
+        let mut trial = self.clone();
+        let mut take = |wanted: bool| -> Result<Option<u16>, SchedulerError> {
+            if wanted {
+                trial.take(host).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let ports = InstancePorts {
+            http: take(needs.http)?,
+            dist: take(needs.dist)?,
+            bootstrap: take(needs.bootstrap)?,
+        };
+        *self = trial;
+        Ok(ports)
+    }
+
+    /// Fresh ports of the same shape as `old`, for a launcher that hit `EADDRINUSE` on `host`.
+    /// The old ports stay behind the cursor and are never handed out again.
+    pub fn replace(
+        &mut self,
+        host: &HostResources,
+        old: &InstancePorts,
+    ) -> Result<InstancePorts, SchedulerError> {
+        self.take_ports(host, old.needs())
+    }
+}
