@@ -6,6 +6,9 @@
 
 use std::sync::Arc;
 
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
 use parking_lot::Mutex;
 use ractor::{ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::{mpsc, oneshot};
@@ -67,9 +70,21 @@ impl ractor::Actor for Hosted {
             // The caller gave up (deadline, host lost): don't spend the actor's time on it.
             return Ok(());
         }
-        let r = st.actor.dispatch(&msg.method, &msg.payload, &st.ctx).await;
-        let _ = msg.reply.send(r);
-        Ok(())
+        let call = st.actor.dispatch(&msg.method, &msg.payload, &st.ctx);
+        match AssertUnwindSafe(call).catch_unwind().await {
+            Ok(r) => {
+                let _ = msg.reply.send(r);
+                Ok(())
+            }
+            Err(panic) => {
+                // Tell the caller why, then let the panic continue so the supervisor sees it.
+                let why = panic_text(&*panic);
+                let _ = msg
+                    .reply
+                    .send(Err(CallError::ActorFailed(format!("actor panicked: {why}"))));
+                std::panic::resume_unwind(panic)
+            }
+        }
     }
 
     async fn post_stop(
@@ -79,6 +94,16 @@ impl ractor::Actor for Hosted {
     ) -> Result<(), ActorProcessingErr> {
         st.actor.stopping(&st.ctx).await;
         Ok(())
+    }
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".into()
     }
 }
 

@@ -55,6 +55,7 @@ pub struct ClusterBuilder {
     max_message_bytes: u64,
     binary: Option<PathBuf>,
     startup_timeout: Duration,
+    shutdown_grace: Duration,
 }
 
 impl Default for ClusterBuilder {
@@ -67,6 +68,7 @@ impl Default for ClusterBuilder {
             max_message_bytes: 64 << 20,
             binary: None,
             startup_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(5),
         }
     }
 }
@@ -114,6 +116,12 @@ impl ClusterBuilder {
         self
     }
 
+    /// Grace each actor gets to stop when its host shuts down (default 5 s).
+    pub fn shutdown_grace(mut self, d: Duration) -> Self {
+        self.shutdown_grace = d;
+        self
+    }
+
     /// `n` hosts inside this process, each advertising `gpus_per_host` GPUs.
     pub async fn in_process(self, n: usize, gpus_per_host: u32) -> Result<Cluster, ClusterError> {
         let mut conns = Vec::with_capacity(n);
@@ -124,6 +132,7 @@ impl ClusterBuilder {
                 gpu_ids: (0..gpus_per_host).collect(),
                 heartbeat_interval: self.heartbeat,
                 max_message_bytes: self.max_message_bytes,
+                shutdown_grace: self.shutdown_grace,
                 ..HostConfig::default()
             };
             let core = HostCore::start(cfg, self.registry.clone())
@@ -178,6 +187,7 @@ impl ClusterBuilder {
                 gpus,
                 self.heartbeat,
                 self.max_message_bytes,
+                self.shutdown_grace,
                 self.startup_timeout,
             )
         });

@@ -50,6 +50,7 @@ impl LocalHost {
         gpus: Vec<u32>,
         heartbeat: Duration,
         max_message_bytes: u64,
+        shutdown_grace: Duration,
         timeout: Duration,
     ) -> Result<LocalHost, String> {
         let mut cmd = Command::new(bin);
@@ -57,6 +58,7 @@ impl LocalHost {
             .args(["--listen", "127.0.0.1:0", "--host-id", &host_id])
             .args(["--heartbeat-ms", &heartbeat.as_millis().to_string()])
             .args(["--max-message-mb", &(max_message_bytes as f64 / 1048576.0).to_string()])
+            .args(["--shutdown-grace-s", &shutdown_grace.as_secs_f64().to_string()])
             .stdout(Stdio::piped());
         if !gpus.is_empty() {
             let g: Vec<String> = gpus.iter().map(|g| g.to_string()).collect();

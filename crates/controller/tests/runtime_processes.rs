@@ -221,6 +221,20 @@ async fn a_hung_host_is_declared_lost_when_heartbeats_stop() {
         let pid = nix::unistd::Pid::from_raw(c.host(0).pid() as i32);
         // Frozen, not dead: the TCP connection stays open, only heartbeats stop.
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        within(10, async {
+            // Signal delivery is asynchronous: wait until the kernel reports it stopped.
+            while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_default()
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('T')
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
         let pending = a.call(Info);
         let e = wait_event(&mut ev, 10, |e| matches!(e, ClusterEvent::HostLost { .. })).await;
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
