@@ -6,7 +6,10 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use troupe::{Actor, ActorContext, ActorError, Cluster, ClusterEvent, Handler, Message, Methods, Registry, SpawnOptions};
+use troupe::{
+    Actor, ActorContext, ActorError, Cluster, ClusterEvent, Handler, Message, Methods, Registry,
+    SpawnOptions,
+};
 
 /// A counter that starts at a given value.
 struct Counter {
@@ -77,7 +80,10 @@ async fn main() -> anyhow::Result<()> {
             break;
         }
     }
-    println!("after restart: 100 + 1 = {}", counters[0].call(Add(1)).await?);
+    println!(
+        "after restart: 100 + 1 = {}",
+        counters[0].call(Add(1)).await?
+    );
     cluster.shutdown().await;
     Ok(())
 }

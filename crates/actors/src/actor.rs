@@ -75,7 +75,11 @@ pub trait Handler<M: Message>: Actor {
 }
 
 type MethodFn<A> = Box<
-    dyn for<'a> Fn(&'a mut A, &'a [u8], &'a ActorContext) -> BoxFuture<'a, Result<Vec<u8>, CallError>>
+    dyn for<'a> Fn(
+            &'a mut A,
+            &'a [u8],
+            &'a ActorContext,
+        ) -> BoxFuture<'a, Result<Vec<u8>, CallError>>
         + Send
         + Sync,
 >;

@@ -30,7 +30,9 @@ pub enum CallError {
     #[error("unknown actor kind {0}")]
     UnknownKind(String),
     /// The request or reply is larger than the host accepts.
-    #[error("message of {size} bytes exceeds the limit of {limit} bytes; send less per call or raise --max-message-mb")]
+    #[error(
+        "message of {size} bytes exceeds the limit of {limit} bytes; send less per call or raise --max-message-mb"
+    )]
     MessageTooLarge {
         /// Size of the offending message.
         size: u64,

@@ -155,7 +155,11 @@ impl HostCore {
         let weak = Arc::downgrade(&core.inner);
         core.inner.events.spawn_heartbeats(
             core.inner.cfg.heartbeat_interval,
-            move || weak.upgrade().map(|i| i.actors.read().len() as u32).unwrap_or(0),
+            move || {
+                weak.upgrade()
+                    .map(|i| i.actors.read().len() as u32)
+                    .unwrap_or(0)
+            },
             core.inner.stop.clone(),
         );
         tokio::spawn(core.clone().supervise(rx));
@@ -474,7 +478,10 @@ impl HostCore {
             };
             match attempt {
                 Some((count, delay, factory, args, name)) => {
-                    tokio::spawn(self.clone().restart(id, count, delay, factory, args, name, reason));
+                    tokio::spawn(
+                        self.clone()
+                            .restart(id, count, delay, factory, args, name, reason),
+                    );
                 }
                 None => self.fail(&id, reason, true),
             }

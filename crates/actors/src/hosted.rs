@@ -79,9 +79,9 @@ impl ractor::Actor for Hosted {
             Err(panic) => {
                 // Tell the caller why, then let the panic continue so the supervisor sees it.
                 let why = panic_text(&*panic);
-                let _ = msg
-                    .reply
-                    .send(Err(CallError::ActorFailed(format!("actor panicked: {why}"))));
+                let _ = msg.reply.send(Err(CallError::ActorFailed(format!(
+                    "actor panicked: {why}"
+                ))));
                 std::panic::resume_unwind(panic)
             }
         }

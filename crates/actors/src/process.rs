@@ -26,7 +26,10 @@ impl ChildProcess {
     pub fn spawn(mut cmd: Command, log: Option<&Path>) -> std::io::Result<ChildProcess> {
         cmd.process_group(0).stdin(Stdio::null());
         if let Some(p) = log {
-            let f = std::fs::OpenOptions::new().create(true).append(true).open(p)?;
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)?;
             cmd.stdout(f.try_clone()?).stderr(f);
         }
         let child = cmd.spawn()?;

@@ -52,7 +52,10 @@ impl<A: Actor> DynActor for Typed<A> {
 
 /// Starts a type-erased actor of one kind from encoded arguments.
 pub(crate) type Factory = Arc<
-    dyn for<'a> Fn(&'a [u8], &'a ActorContext) -> BoxFuture<'a, Result<Box<dyn DynActor>, CallError>>
+    dyn for<'a> Fn(
+            &'a [u8],
+            &'a ActorContext,
+        ) -> BoxFuture<'a, Result<Box<dyn DynActor>, CallError>>
         + Send
         + Sync,
 >;
@@ -85,9 +88,9 @@ impl Registry {
                 let args: A::Args = troupe_wire::decode(args).map_err(|e| {
                     CallError::BadPayload(format!("spawn args for kind {}: {e}", A::KIND))
                 })?;
-                let actor = A::start(args, ctx)
-                    .await
-                    .map_err(|ActorError(m)| CallError::ActorFailed(format!("start failed: {m}")))?;
+                let actor = A::start(args, ctx).await.map_err(|ActorError(m)| {
+                    CallError::ActorFailed(format!("start failed: {m}"))
+                })?;
                 Ok(Box::new(Typed { actor, methods }) as Box<dyn DynActor>)
             })
         });
@@ -102,15 +105,12 @@ impl Registry {
     }
 
     pub(crate) fn factory(&self, kind: &str) -> Result<Factory, CallError> {
-        self.kinds
-            .get(kind)
-            .cloned()
-            .ok_or_else(|| {
-                CallError::UnknownKind(format!(
-                    "{kind:?}; this host can spawn: {}",
-                    self.kind_names().join(", ")
-                ))
-            })
+        self.kinds.get(kind).cloned().ok_or_else(|| {
+            CallError::UnknownKind(format!(
+                "{kind:?}; this host can spawn: {}",
+                self.kind_names().join(", ")
+            ))
+        })
     }
 
     /// Names of all registered kinds, sorted.

@@ -182,7 +182,8 @@ impl ActorHost for HostService {
         _req: Request<v1::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let first = futures::stream::iter([Ok(self.core.heartbeat_now())]);
-        let rest = BroadcastStream::new(self.core.watch()).filter_map(|e| async move { e.ok().map(Ok) });
+        let rest =
+            BroadcastStream::new(self.core.watch()).filter_map(|e| async move { e.ok().map(Ok) });
         let stop = self.core.stopped();
         let s = first
             .chain(rest)

@@ -200,7 +200,7 @@ impl ClusterBuilder {
                 .await
                 .map_err(|source| ClusterError::Host { index: i, source })?;
             conns.push(c);
-            owned.push(Owned::Process(h));
+            owned.push(Owned::Process(Box::new(h)));
         }
         Ok(Cluster::assemble(conns, owned, self.lost_after).await)
     }
@@ -211,7 +211,11 @@ impl ClusterBuilder {
             .iter()
             .map(|a| HostConn::grpc(a, self.startup_timeout));
         let mut conns = Vec::new();
-        for (i, c) in futures::future::join_all(tries).await.into_iter().enumerate() {
+        for (i, c) in futures::future::join_all(tries)
+            .await
+            .into_iter()
+            .enumerate()
+        {
             conns.push(c.map_err(|source| ClusterError::Host { index: i, source })?);
         }
         Ok(Cluster::assemble(conns, Vec::new(), self.lost_after).await)
@@ -220,7 +224,7 @@ impl ClusterBuilder {
 
 enum Owned {
     Core(HostCore),
-    Process(LocalHost),
+    Process(Box<LocalHost>),
 }
 
 /// The hosts one controller drives, and the events they report.

@@ -39,10 +39,9 @@ pub(crate) fn from_status(s: &tonic::Status) -> CallError {
     }
     match s.code() {
         tonic::Code::Unavailable => CallError::HostLost(s.message().to_string()),
-        tonic::Code::ResourceExhausted | tonic::Code::OutOfRange => CallError::MessageTooLarge {
-            size: 0,
-            limit: 0,
-        },
+        tonic::Code::ResourceExhausted | tonic::Code::OutOfRange => {
+            CallError::MessageTooLarge { size: 0, limit: 0 }
+        }
         tonic::Code::DeadlineExceeded => CallError::DeadlineExceeded(Duration::ZERO),
         _ => CallError::Transport(format!("{:?}: {}", s.code(), s.message())),
     }
@@ -62,7 +61,7 @@ struct Grpc {
 
 enum Transport {
     Direct(HostCore),
-    Grpc(Grpc),
+    Grpc(Box<Grpc>),
 }
 
 /// One host, as the controller sees it.
@@ -122,12 +121,12 @@ impl HostConn {
                 d.address.clone()
             },
             max_message_bytes: d.max_message_bytes,
-            transport: Transport::Grpc(Grpc {
+            transport: Transport::Grpc(Box::new(Grpc {
                 client,
                 session: Mutex::new(None),
                 pending: Mutex::new(HashMap::new()),
                 epochs: AtomicU64::new(0),
-            }),
+            })),
             lost: Mutex::new(None),
             next_call: AtomicU64::new(1),
         });
@@ -257,7 +256,9 @@ impl HostConn {
                         match replies.message().await {
                             Ok(Some(r)) => {
                                 let Some(me) = me.upgrade() else { return };
-                                let Transport::Grpc(g) = &me.transport else { return };
+                                let Transport::Grpc(g) = &me.transport else {
+                                    return;
+                                };
                                 let waiter = g.pending.lock().remove(&r.call_id);
                                 if let Some((_, tx)) = waiter {
                                     let _ = tx.send(match r.result {
@@ -277,7 +278,9 @@ impl HostConn {
             };
             // Everything sent on this session is lost with it.
             let Some(me) = me.upgrade() else { return };
-            let Transport::Grpc(g) = &me.transport else { return };
+            let Transport::Grpc(g) = &me.transport else {
+                return;
+            };
             {
                 let mut s = g.session.lock();
                 if s.as_ref().is_some_and(|s| s.epoch == epoch) {
@@ -381,7 +384,9 @@ impl HostConn {
                 let rest = tokio_stream::wrappers::BroadcastStream::new(core.watch())
                     .filter_map(|e| async move { e.ok().map(Ok) });
                 Ok(Box::pin(
-                    first.chain(rest).take_until(async move { stop.cancelled().await }),
+                    first
+                        .chain(rest)
+                        .take_until(async move { stop.cancelled().await }),
                 ))
             }
             Transport::Grpc(g) => {

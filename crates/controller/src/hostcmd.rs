@@ -129,7 +129,10 @@ pub async fn run_with(args: HostArgs, registry: Registry) -> Result<(), HostCmdE
 /// Resolves on the first SIGTERM or SIGINT.
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut t), Ok(mut i)) => {
             tokio::select! {
                 _ = t.recv() => {}

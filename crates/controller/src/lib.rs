@@ -15,4 +15,6 @@ pub mod membership;
 pub use cluster::{Cluster, ClusterBuilder, ClusterError, InProcessTransport};
 pub use handle::{ActorHandle, HostHandle, SpawnOptions};
 pub use membership::ClusterEvent;
-pub use troupe_actors::{Actor, ActorContext, ActorError, CallError, Handler, Message, Methods, Registry, RestartPolicy};
+pub use troupe_actors::{
+    Actor, ActorContext, ActorError, CallError, Handler, Message, Methods, Registry, RestartPolicy,
+};

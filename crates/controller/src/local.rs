@@ -57,8 +57,14 @@ impl LocalHost {
         cmd.arg("host")
             .args(["--listen", "127.0.0.1:0", "--host-id", &host_id])
             .args(["--heartbeat-ms", &heartbeat.as_millis().to_string()])
-            .args(["--max-message-mb", &(max_message_bytes as f64 / 1048576.0).to_string()])
-            .args(["--shutdown-grace-s", &shutdown_grace.as_secs_f64().to_string()])
+            .args([
+                "--max-message-mb",
+                &(max_message_bytes as f64 / 1048576.0).to_string(),
+            ])
+            .args([
+                "--shutdown-grace-s",
+                &shutdown_grace.as_secs_f64().to_string(),
+            ])
             .stdout(Stdio::piped());
         if !gpus.is_empty() {
             let g: Vec<String> = gpus.iter().map(|g| g.to_string()).collect();
@@ -76,7 +82,9 @@ impl LocalHost {
                     return Ok(a.trim().to_string());
                 }
             }
-            Err(format!("{host_id} exited before it was ready (see its stderr above)"))
+            Err(format!(
+                "{host_id} exited before it was ready (see its stderr above)"
+            ))
         };
         let addr = tokio::time::timeout(timeout, wait)
             .await

@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 use troupe_controller::{bench, hostcmd};
 
 #[derive(Parser)]
-#[command(name = "troupe", version, about = "Actor-based single-controller runtime for LLM RL post-training")]
+#[command(
+    name = "troupe",
+    version,
+    about = "Actor-based single-controller runtime for LLM RL post-training"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -45,7 +49,10 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
     };

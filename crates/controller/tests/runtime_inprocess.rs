@@ -33,14 +33,27 @@ async fn spawn_call_stop_across_hosts() {
                 handles.push(h.spawn::<Diag>("d", &DiagArgs {}).await.unwrap());
             }
             for (i, a) in handles.iter().enumerate() {
-                let r = a.call(Echo { seq: 7, body: format!("hi {i}") }).await.unwrap();
+                let r = a
+                    .call(Echo {
+                        seq: 7,
+                        body: format!("hi {i}"),
+                    })
+                    .await
+                    .unwrap();
                 assert_eq!(r.body, format!("hi {i}"));
                 let info = a.call(Info).await.unwrap();
                 assert_eq!(info.host_id, c.host(i).id());
                 let d = c.host(i).describe().await.unwrap();
-                assert!(d.actors.iter().any(|x| x.actor_id == a.id() && x.kind == "troupe.diag"));
+                assert!(
+                    d.actors
+                        .iter()
+                        .any(|x| x.actor_id == a.id() && x.kind == "troupe.diag")
+                );
             }
-            assert!(handles[0].stop(Duration::from_secs(1)).await.unwrap(), "graceful stop");
+            assert!(
+                handles[0].stop(Duration::from_secs(1)).await.unwrap(),
+                "graceful stop"
+            );
             let e = handles[0].call(Info).await.unwrap_err();
             assert!(matches!(e, CallError::UnknownActor(_)), "{t:?}: {e}");
             // The other host's actor is untouched.
@@ -56,16 +69,29 @@ async fn ten_thousand_calls_from_one_caller_arrive_in_order() {
     within(60, async {
         for t in BOTH {
             let c = cluster(t, 1).await;
-            let a = c.host(0).spawn::<Diag>("order", &DiagArgs {}).await.unwrap();
+            let a = c
+                .host(0)
+                .spawn::<Diag>("order", &DiagArgs {})
+                .await
+                .unwrap();
             // All 10,000 are sent before any is awaited: order must come from the runtime.
             let futs: Vec<_> = (1..=10_000u64)
-                .map(|seq| a.call(Echo { seq, body: String::new() }))
+                .map(|seq| {
+                    a.call(Echo {
+                        seq,
+                        body: String::new(),
+                    })
+                })
                 .collect();
             let replies = futures::future::join_all(futs).await;
             for (i, r) in replies.into_iter().enumerate() {
                 let r = r.unwrap();
                 assert_eq!(r.seq, i as u64 + 1);
-                assert_eq!(r.prev_seq, i as u64, "{t:?}: call {} overtook another", r.seq);
+                assert_eq!(
+                    r.prev_seq, i as u64,
+                    "{t:?}: call {} overtook another",
+                    r.seq
+                );
             }
             c.shutdown().await;
         }
@@ -78,14 +104,24 @@ async fn many_concurrent_callers() {
     within(60, async {
         for t in BOTH {
             let c = cluster(t, 1).await;
-            let a = c.host(0).spawn::<Diag>("shared", &DiagArgs {}).await.unwrap();
+            let a = c
+                .host(0)
+                .spawn::<Diag>("shared", &DiagArgs {})
+                .await
+                .unwrap();
             let tasks: Vec<_> = (0..16u64)
                 .map(|caller| {
                     let a = a.clone();
                     tokio::spawn(async move {
                         for k in 0..200u64 {
                             let body = format!("{caller}:{k}");
-                            let r = a.call(Echo { seq: k, body: body.clone() }).await.unwrap();
+                            let r = a
+                                .call(Echo {
+                                    seq: k,
+                                    body: body.clone(),
+                                })
+                                .await
+                                .unwrap();
                             assert_eq!(r.body, body);
                         }
                     })
@@ -111,17 +147,38 @@ async fn panicking_actor_is_restarted_then_reported_failed() {
                 .host(0)
                 .spawn_with::<Flaky>(
                     "flaky",
-                    &FlakyArgs { fail_start_after: None },
+                    &FlakyArgs {
+                        fail_start_after: None,
+                    },
                     SpawnOptions::restarts(2, Duration::from_millis(10)),
                 )
                 .await
                 .unwrap();
-            wait_event(&mut ev, 5, |e| matches!(e, ClusterEvent::ActorStarted { actor_id, .. } if actor_id == a.id())).await;
+            wait_event(
+                &mut ev,
+                5,
+                |e| matches!(e, ClusterEvent::ActorStarted { actor_id, .. } if actor_id == a.id()),
+            )
+            .await;
             for round in 1..=2u32 {
                 let e = a.call(Boom).await.unwrap_err();
-                assert!(matches!(&e, CallError::ActorFailed(m) if m.contains("boom requested")), "{e}");
-                let ev = wait_event(&mut ev, 5, |e| matches!(e, ClusterEvent::ActorRestarted { .. })).await;
-                let ClusterEvent::ActorRestarted { actor_id, count, reason, .. } = ev else { unreachable!() };
+                assert!(
+                    matches!(&e, CallError::ActorFailed(m) if m.contains("boom requested")),
+                    "{e}"
+                );
+                let ev = wait_event(&mut ev, 5, |e| {
+                    matches!(e, ClusterEvent::ActorRestarted { .. })
+                })
+                .await;
+                let ClusterEvent::ActorRestarted {
+                    actor_id,
+                    count,
+                    reason,
+                    ..
+                } = ev
+                else {
+                    unreachable!()
+                };
                 assert_eq!((actor_id.as_str(), count), (a.id(), round));
                 assert!(reason.contains("boom requested"), "{reason}");
                 // Restarted with the same id and args; the context knows its restart count.
@@ -133,8 +190,13 @@ async fn panicking_actor_is_restarted_then_reported_failed() {
             assert_eq!(a.call(Restarts).await.unwrap(), 2);
             // Third panic: over budget.
             a.call(Boom).await.unwrap_err();
-            let ev = wait_event(&mut ev, 5, |e| matches!(e, ClusterEvent::ActorFailed { .. })).await;
-            let ClusterEvent::ActorFailed { reason, .. } = ev else { unreachable!() };
+            let ev = wait_event(&mut ev, 5, |e| {
+                matches!(e, ClusterEvent::ActorFailed { .. })
+            })
+            .await;
+            let ClusterEvent::ActorFailed { reason, .. } = ev else {
+                unreachable!()
+            };
             assert!(reason.contains("budget"), "{reason}");
             let e = a.call(Restarts).await.unwrap_err();
             assert!(matches!(e, CallError::ActorFailed(_)), "{t:?}: {e}");
@@ -153,14 +215,21 @@ async fn a_restart_that_fails_to_start_reports_the_actor_failed() {
             .host(0)
             .spawn_with::<Flaky>(
                 "once",
-                &FlakyArgs { fail_start_after: Some(1) },
+                &FlakyArgs {
+                    fail_start_after: Some(1),
+                },
                 SpawnOptions::restarts(5, Duration::from_millis(1)),
             )
             .await
             .unwrap();
         a.call(Boom).await.unwrap_err();
-        let ev = wait_event(&mut ev, 5, |e| matches!(e, ClusterEvent::ActorFailed { .. })).await;
-        let ClusterEvent::ActorFailed { reason, .. } = ev else { unreachable!() };
+        let ev = wait_event(&mut ev, 5, |e| {
+            matches!(e, ClusterEvent::ActorFailed { .. })
+        })
+        .await;
+        let ClusterEvent::ActorFailed { reason, .. } = ev else {
+            unreachable!()
+        };
         assert!(reason.contains("refusing to start again"), "{reason}");
         c.shutdown().await;
     })
@@ -174,7 +243,12 @@ async fn calls_queued_behind_a_dying_actor_fail_promptly() {
             let c = cluster(t, 1).await;
             let a = c
                 .host(0)
-                .spawn::<Flaky>("dies", &FlakyArgs { fail_start_after: None })
+                .spawn::<Flaky>(
+                    "dies",
+                    &FlakyArgs {
+                        fail_start_after: None,
+                    },
+                )
                 .await
                 .unwrap();
             let boom = a.call(Boom);
@@ -238,21 +312,42 @@ async fn bad_input_gets_typed_errors_and_the_host_keeps_serving() {
             let h = c.host(0);
             let a = h.spawn::<Diag>("ok", &DiagArgs {}).await.unwrap();
 
-            let e = h.spawn_raw("no.such.kind", "x", vec![], SpawnOptions::default()).await.unwrap_err();
+            let e = h
+                .spawn_raw("no.such.kind", "x", vec![], SpawnOptions::default())
+                .await
+                .unwrap_err();
             assert!(matches!(e, CallError::UnknownKind(_)), "{e}");
-            assert!(e.to_string().contains("troupe.diag"), "error lists known kinds: {e}");
+            assert!(
+                e.to_string().contains("troupe.diag"),
+                "error lists known kinds: {e}"
+            );
 
-            let e = h.call_raw("not-an-actor", "echo", vec![], None).await.unwrap_err();
+            let e = h
+                .call_raw("not-an-actor", "echo", vec![], None)
+                .await
+                .unwrap_err();
             assert!(matches!(e, CallError::UnknownActor(_)), "{e}");
 
-            let e = h.call_raw(a.id(), "no_such_method", vec![], None).await.unwrap_err();
+            let e = h
+                .call_raw(a.id(), "no_such_method", vec![], None)
+                .await
+                .unwrap_err();
             assert!(matches!(e, CallError::UnknownMethod(_)), "{e}");
-            assert!(e.to_string().contains("echo"), "error lists known methods: {e}");
+            assert!(
+                e.to_string().contains("echo"),
+                "error lists known methods: {e}"
+            );
 
-            let e = h.call_raw(a.id(), "echo", vec![0xc1, 0xff, 0x00], None).await.unwrap_err();
+            let e = h
+                .call_raw(a.id(), "echo", vec![0xc1, 0xff, 0x00], None)
+                .await
+                .unwrap_err();
             assert!(matches!(e, CallError::BadPayload(_)), "{e}");
 
-            let e = h.spawn_raw("troupe.diag", "x", vec![0xc1], SpawnOptions::default()).await.unwrap_err();
+            let e = h
+                .spawn_raw("troupe.diag", "x", vec![0xc1], SpawnOptions::default())
+                .await
+                .unwrap_err();
             assert!(matches!(e, CallError::BadPayload(_)), "{e}");
 
             let big = "x".repeat(2 << 20);
@@ -260,7 +355,13 @@ async fn bad_input_gets_typed_errors_and_the_host_keeps_serving() {
             assert!(matches!(e, CallError::MessageTooLarge { .. }), "{e}");
 
             // Nothing above disturbed the host or the actor.
-            let r = a.call(Echo { seq: 2, body: "still here".into() }).await.unwrap();
+            let r = a
+                .call(Echo {
+                    seq: 2,
+                    body: "still here".into(),
+                })
+                .await
+                .unwrap();
             assert_eq!(r.body, "still here");
             assert_eq!(h.describe().await.unwrap().actors.len(), 1);
             c.shutdown().await;

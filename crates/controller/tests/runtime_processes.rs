@@ -16,13 +16,22 @@ use troupe_wire::v1::{self, actor_host_client::ActorHostClient};
 const BIN: &str = env!("CARGO_BIN_EXE_troupe");
 
 async fn hosts(n: usize) -> Cluster {
-    Cluster::builder().binary(BIN).local_processes(n, 2).await.unwrap()
+    Cluster::builder()
+        .binary(BIN)
+        .local_processes(n, 2)
+        .await
+        .unwrap()
 }
 
 /// True while `pid` exists and is not a zombie.
 fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
         Err(_) => false,
     }
 }
@@ -40,19 +49,41 @@ async fn wait_dead(pid: u32, secs: u64) {
 async fn spawn_call_stop_and_ordering_across_host_processes() {
     within(60, async {
         let c = hosts(2).await;
-        assert_ne!(c.host(0).pid(), std::process::id(), "hosts are separate processes");
+        assert_ne!(
+            c.host(0).pid(),
+            std::process::id(),
+            "hosts are separate processes"
+        );
         assert_ne!(c.host(0).pid(), c.host(1).pid());
         let a = c.host(0).spawn::<Diag>("a", &DiagArgs {}).await.unwrap();
         let b = c.host(1).spawn::<Diag>("b", &DiagArgs {}).await.unwrap();
         assert_eq!(a.call(Info).await.unwrap().pid, c.host(0).pid());
         assert_eq!(b.call(Info).await.unwrap().pid, c.host(1).pid());
 
-        let futs: Vec<_> = (1..=10_000u64).map(|seq| a.call(Echo { seq, body: String::new() })).collect();
-        for (i, r) in futures::future::join_all(futs).await.into_iter().enumerate() {
-            assert_eq!(r.unwrap().prev_seq, i as u64, "calls overtook each other on the wire");
+        let futs: Vec<_> = (1..=10_000u64)
+            .map(|seq| {
+                a.call(Echo {
+                    seq,
+                    body: String::new(),
+                })
+            })
+            .collect();
+        for (i, r) in futures::future::join_all(futs)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(
+                r.unwrap().prev_seq,
+                i as u64,
+                "calls overtook each other on the wire"
+            );
         }
         assert!(a.stop(Duration::from_secs(1)).await.unwrap());
-        assert!(matches!(a.call(Info).await.unwrap_err(), CallError::UnknownActor(_)));
+        assert!(matches!(
+            a.call(Info).await.unwrap_err(),
+            CallError::UnknownActor(_)
+        ));
         b.call(Info).await.unwrap();
         c.shutdown().await;
     })
@@ -69,24 +100,46 @@ async fn killed_host_is_reported_and_its_pending_calls_fail_host_lost() {
             .await
             .unwrap();
         let mut ev = c.events();
-        let doomed = c.host(0).spawn::<Diag>("doomed", &DiagArgs {}).await.unwrap();
-        let other = c.host(1).spawn::<Diag>("other", &DiagArgs {}).await.unwrap();
+        let doomed = c
+            .host(0)
+            .spawn::<Diag>("doomed", &DiagArgs {})
+            .await
+            .unwrap();
+        let other = c
+            .host(1)
+            .spawn::<Diag>("other", &DiagArgs {})
+            .await
+            .unwrap();
         let pending: Vec<_> = (0..5).map(|_| doomed.call(Sleep { ms: 60_000 })).collect();
         let queued = doomed.call(Info); // queued behind the sleeps: also pending
         let pid = c.host(0).pid();
         let killed = Instant::now();
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
 
         let e = wait_event(&mut ev, 10, |e| matches!(e, ClusterEvent::HostLost { .. })).await;
         let noticed = killed.elapsed();
-        let ClusterEvent::HostLost { host, host_id, reason } = e else { unreachable!() };
+        let ClusterEvent::HostLost {
+            host,
+            host_id,
+            reason,
+        } = e
+        else {
+            unreachable!()
+        };
         assert_eq!((host, host_id.as_str()), (0, c.host(0).id()));
         eprintln!("host loss noticed after {noticed:?}: {reason}");
         for r in futures::future::join_all(pending).await {
             assert!(matches!(r.unwrap_err(), CallError::HostLost(_)));
         }
         assert!(matches!(queued.await.unwrap_err(), CallError::HostLost(_)));
-        assert!(matches!(doomed.call(Info).await.unwrap_err(), CallError::HostLost(_)));
+        assert!(matches!(
+            doomed.call(Info).await.unwrap_err(),
+            CallError::HostLost(_)
+        ));
         assert!(c.host(0).lost().is_some());
         // The surviving host is unaffected.
         other.call(Info).await.unwrap();
@@ -107,7 +160,11 @@ async fn stopping_a_host_kills_the_process_trees_its_actors_own() {
             .host(0)
             .spawn::<Process>(
                 "tree",
-                &ProcessArgs { program: "sh".into(), args: vec!["-c".into(), script], ..Default::default() },
+                &ProcessArgs {
+                    program: "sh".into(),
+                    args: vec!["-c".into(), script],
+                    ..Default::default()
+                },
             )
             .await
             .unwrap();
@@ -170,18 +227,33 @@ async fn oversize_messages_are_refused_by_the_host_and_it_keeps_serving() {
 async fn host_cli_reports_ready_and_exits_cleanly_on_sigterm() {
     within(30, async {
         let mut child = tokio::process::Command::new(BIN)
-            .args(["host", "--listen", "127.0.0.1:0", "--gpus", "0,1,2", "--host-id", "cli-test"])
+            .args([
+                "host",
+                "--listen",
+                "127.0.0.1:0",
+                "--gpus",
+                "0,1,2",
+                "--host-id",
+                "cli-test",
+            ])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let line = lines.next_line().await.unwrap().unwrap();
-        let addr = line.strip_prefix("host listening on ").expect("ready line").to_string();
+        let addr = line
+            .strip_prefix("host listening on ")
+            .expect("ready line")
+            .to_string();
         let c = Cluster::connect(&[addr]).await.unwrap();
         assert_eq!(c.host(0).id(), "cli-test");
         assert_eq!(c.host(0).gpu_ids(), &[0, 1, 2]);
         let pid = child.id().unwrap() as i32;
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM).unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
         let status = child.wait().await.unwrap();
         assert!(status.success(), "exit status {status}");
     })
@@ -197,10 +269,17 @@ async fn host_cli_rejects_bad_flags_with_a_clear_message() {
             (vec!["host", "--max-message-mb", "0"], "--max-message-mb"),
             (vec!["host", "--heartbeat-ms", "1"], "--heartbeat-ms"),
         ] {
-            let out = tokio::process::Command::new(BIN).args(&args).output().await.unwrap();
+            let out = tokio::process::Command::new(BIN)
+                .args(&args)
+                .output()
+                .await
+                .unwrap();
             assert!(!out.status.success(), "{args:?} must fail");
             let err = String::from_utf8_lossy(&out.stderr);
-            assert!(err.contains(needle), "{args:?}: stderr should name {needle}: {err}");
+            assert!(
+                err.contains(needle),
+                "{args:?}: stderr should name {needle}: {err}"
+            );
         }
     })
     .await
@@ -238,7 +317,9 @@ async fn a_hung_host_is_declared_lost_when_heartbeats_stop() {
         let pending = a.call(Info);
         let e = wait_event(&mut ev, 10, |e| matches!(e, ClusterEvent::HostLost { .. })).await;
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-        let ClusterEvent::HostLost { reason, .. } = e else { unreachable!() };
+        let ClusterEvent::HostLost { reason, .. } = e else {
+            unreachable!()
+        };
         assert!(reason.contains("no heartbeat"), "{reason}");
         assert!(matches!(pending.await.unwrap_err(), CallError::HostLost(_)));
         c.shutdown().await;

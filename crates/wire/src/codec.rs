@@ -48,7 +48,10 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let v = Ping { n: 7, s: "x".into() };
+        let v = Ping {
+            n: 7,
+            s: "x".into(),
+        };
         let b = encode(&v).unwrap();
         assert_eq!(decode::<Ping>(&b).unwrap(), v);
     }

@@ -122,7 +122,11 @@ impl Handler<Pid> for Process {
 }
 
 impl Handler<Status> for Process {
-    async fn handle(&mut self, _m: Status, _ctx: &ActorContext) -> Result<ProcessStatus, ActorError> {
+    async fn handle(
+        &mut self,
+        _m: Status,
+        _ctx: &ActorContext,
+    ) -> Result<ProcessStatus, ActorError> {
         let s = self.child.try_status()?;
         Ok(ProcessStatus {
             running: s.is_none(),

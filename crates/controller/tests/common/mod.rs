@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
-use troupe_controller::{Actor, ActorContext, ActorError, ClusterEvent, Handler, Message, Methods, Registry};
+use troupe_controller::{
+    Actor, ActorContext, ActorError, ClusterEvent, Handler, Message, Methods, Registry,
+};
 
 /// Runs a future with a deadline; a test that hangs fails instead.
 pub async fn within<T>(secs: u64, f: impl std::future::Future<Output = T>) -> T {
