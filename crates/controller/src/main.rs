@@ -21,6 +21,8 @@ struct Cli {
 enum Cmd {
     /// Run an actor host (one per node) until SIGTERM/SIGINT.
     Host(hostcmd::HostArgs),
+    /// Parse an allocation mode and print the plan (and, with --hosts, the placement).
+    Alloc(troupe_scheduler::cli::AllocArgs),
     /// Benchmarks; each prints one line per figure.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -56,12 +58,26 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
     };
+    if let Cmd::Alloc(a) = &cli.cmd {
+        // Pure computation: no runtime. An invalid mode is a usage error (exit 2).
+        return match troupe_scheduler::cli::run_alloc(a) {
+            Ok(out) => {
+                println!("{out}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     rt.block_on(async move {
         match cli.cmd {
             Cmd::Host(a) => match hostcmd::run(a).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
             },
+            Cmd::Alloc(_) => ExitCode::SUCCESS, // handled above
             Cmd::Bench(BenchCmd::Rpc(a)) => match bench::rpc::run(&a).await {
                 Ok(figs) => {
                     bench::print_figures(&figs, a.json);

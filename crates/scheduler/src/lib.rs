@@ -4,6 +4,26 @@
 //! The flow is `mode string | YAML config` → [`AllocationPlan`] (validated) → [`place`] on
 //! [`HostResources`] with a [`PortAllocator`] → [`Placement`] (host, GPUs, ports per instance).
 //! The `troupe alloc` subcommand is [`cli::run_alloc`].
+//!
+//! ```
+//! use troupe_scheduler::{
+//!     AllocationPlan, HostResources, PlacementOptions, PortAllocator, WorkerType, place,
+//! };
+//!
+//! let plan = AllocationPlan::parse("sglang:(prefill:d2t2|decode:d4t1)+fsdp:d8")?;
+//! assert_eq!(plan.world_size(), 16);
+//!
+//! let hosts = HostResources::uniform(2, 8);
+//! let mut ports = PortAllocator::preview(); // or PortAllocator::new(range, Arc::new(LocalBindProbe))
+//! let placement = place(&plan, &hosts, &mut ports, &PlacementOptions::default())?;
+//! let first = &placement.instances[0];
+//! assert_eq!(first.worker_type, WorkerType::Prefill);
+//! assert_eq!(first.gpus, vec![0, 1]);
+//! assert_eq!(first.ports.bootstrap, Some(10002));
+//! # Ok::<(), troupe_scheduler::SchedulerError>(())
+//! ```
+
+#![warn(missing_docs)]
 
 mod backend;
 pub mod cli;

@@ -196,21 +196,29 @@ impl PortAllocator {
         host: &HostResources,
         needs: PortNeeds,
     ) -> Result<InstancePorts, SchedulerError> {
-        let mut trial = self.clone();
+        // Only this host's cursor moves; put it back if any port cannot be had.
+        let saved = self.cursors.get(&host.index).copied();
         let mut take = |wanted: bool| -> Result<Option<u16>, SchedulerError> {
             if wanted {
-                trial.take(host).map(Some)
+                self.take(host).map(Some)
             } else {
                 Ok(None)
             }
         };
-        let ports = InstancePorts {
-            http: take(needs.http)?,
-            dist: take(needs.dist)?,
-            bootstrap: take(needs.bootstrap)?,
-        };
-        *self = trial;
-        Ok(ports)
+        let result = (|| {
+            Ok(InstancePorts {
+                http: take(needs.http)?,
+                dist: take(needs.dist)?,
+                bootstrap: take(needs.bootstrap)?,
+            })
+        })();
+        if result.is_err() {
+            match saved {
+                Some(cursor) => self.cursors.insert(host.index, cursor),
+                None => self.cursors.remove(&host.index),
+            };
+        }
+        result
     }
 
     /// Fresh ports of the same shape as `old`, for a launcher that hit `EADDRINUSE` on `host`.

@@ -377,7 +377,11 @@ fn check_colocation(plan: &AllocationPlan) -> Result<(), Violation> {
                      every member with the component that owns the GPUs"
                 ),
                 fixed(plan, |p| {
-                    p.components[i].colocate_with = anchor.colocate_with.clone();
+                    p.components[i].colocate_with = if t == i {
+                        None
+                    } else {
+                        anchor.colocate_with.clone()
+                    };
                 }),
             ));
         }
