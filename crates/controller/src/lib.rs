@@ -11,6 +11,7 @@ pub mod handle;
 pub mod hostcmd;
 pub mod local;
 pub mod membership;
+pub mod quantize;
 
 pub use cluster::{Cluster, ClusterBuilder, ClusterError, InProcessTransport};
 pub use handle::{ActorHandle, HostHandle, SpawnOptions};

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use troupe_controller::{bench, hostcmd};
+use troupe_controller::{bench, hostcmd, quantize};
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +23,8 @@ enum Cmd {
     Host(hostcmd::HostArgs),
     /// Parse an allocation mode and print the plan (and, with --hosts, the placement).
     Alloc(troupe_scheduler::cli::AllocArgs),
+    /// Convert a BF16/F32 safetensors checkpoint to FP8 (e4m3, block-wise scales).
+    Quantize(quantize::QuantizeArgs),
     /// Benchmarks; each prints one line per figure.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -32,6 +34,12 @@ enum Cmd {
 enum BenchCmd {
     /// Actor call cost: raw ractor, in-process host, host subprocess over gRPC.
     Rpc(bench::rpc::RpcArgs),
+    /// FP8 block quantization throughput of a 4096x14336 bf16 matrix, beside memcpy.
+    Fp8 {
+        /// Print one JSON object instead of one line per figure.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn init_tracing() {
@@ -58,6 +66,22 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
     };
+    match &cli.cmd {
+        Cmd::Quantize(a) => {
+            return match quantize::run(a) {
+                Ok(summary) => {
+                    println!("{summary}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            };
+        }
+        Cmd::Bench(BenchCmd::Fp8 { json }) => {
+            bench::print_figures(&troupe_weights::bench::bench_fp8(), *json);
+            return ExitCode::SUCCESS;
+        }
+        _ => {}
+    }
     if let Cmd::Alloc(a) = &cli.cmd {
         // Pure computation: no runtime. An invalid mode is a usage error (exit 2).
         return match troupe_scheduler::cli::run_alloc(a) {
@@ -77,7 +101,9 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
             },
-            Cmd::Alloc(_) => ExitCode::SUCCESS, // handled above
+            Cmd::Alloc(_) | Cmd::Quantize(_) | Cmd::Bench(BenchCmd::Fp8 { .. }) => {
+                ExitCode::SUCCESS // handled above, without a runtime
+            }
             Cmd::Bench(BenchCmd::Rpc(a)) => match bench::rpc::run(&a).await {
                 Ok(figs) => {
                     bench::print_figures(&figs, a.json);

@@ -1,6 +1,11 @@
 //! Weight movement from the trainer to inference engines.
 //!
-//! - [`fp8`]: FP8 (e4m3) block-wise quantization codec, DeepSeek / Hugging Face convention.
+//! - [`fp8`]: FP8 (e4m3) block-wise quantization codec, DeepSeek / Hugging Face convention, and
+//!   the rule for which weights are quantized.
+//! - [`plan`]: ranks of the weight-update group(s): `world_size`, per-engine `rank_offset`.
+//! - [`bucket`]: tensors packed into byte-bounded buckets (FP8 weights with their scales).
+//! - [`quantize_file`]: offline BF16 -> FP8 conversion of a safetensors checkpoint.
+//! - [`bench`](mod@bench): FP8 quantizer throughput beside memcpy bandwidth.
 //! - [`tcp`]: the `tcp` weight-update transport used by the reference engine (rank 0 sends, every
 //!   engine receives the same tensors in the same order).
 

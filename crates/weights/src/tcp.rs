@@ -168,7 +168,10 @@ fn expected_len(shape: &[usize], dtype: WireDtype) -> Option<usize> {
 /// Encodes one bucket (tensor frames plus the end marker) into a single buffer, so it is built
 /// once and written to every receiver.
 fn encode_bucket(tensors: &[TensorRef<'_>]) -> Result<Bytes, TcpError> {
-    let total: usize = tensors.iter().map(|t| t.bytes.len() + 64 + t.name.len()).sum();
+    let total: usize = tensors
+        .iter()
+        .map(|t| t.bytes.len() + 64 + t.name.len())
+        .sum();
     let mut buf = BytesMut::with_capacity(total + 8);
     for t in tensors {
         let want = expected_len(t.shape, t.dtype).ok_or_else(|| {
@@ -360,14 +363,20 @@ impl WeightSender {
         Ok(())
     }
 
-    fn check_join(&self, rank: u32, n_ranks: u32, group: &str, covered: &[bool]) -> Result<(), String> {
+    fn check_join(
+        &self,
+        rank: u32,
+        n_ranks: u32,
+        group: &str,
+        covered: &[bool],
+    ) -> Result<(), String> {
         if group != self.group_name {
             return Err(format!(
                 "group name {group:?} does not match this group {:?}",
                 self.group_name
             ));
         }
-        let end = rank.checked_add(n_ranks).unwrap_or(u32::MAX);
+        let end = rank.saturating_add(n_ranks);
         if rank == 0 || n_ranks == 0 || end > self.world_size {
             return Err(format!(
                 "ranks {rank}..{end} are outside 1..{} (world_size {})",
@@ -406,8 +415,8 @@ impl WeightSender {
         let mut back = Vec::new();
         let mut first_err = None;
         while let Some(joined) = tasks.join_next().await {
-            let (idx, peer, res) = joined
-                .map_err(|e| TcpError::Protocol(format!("sender task failed: {e}")))?;
+            let (idx, peer, res) =
+                joined.map_err(|e| TcpError::Protocol(format!("sender task failed: {e}")))?;
             match res {
                 Ok(Ok(())) => back.push((idx, peer)),
                 Ok(Err(reason)) => {
@@ -576,26 +585,8 @@ impl WeightReceiver {
             let kind = self.stream.read_u8().await?;
             match kind {
                 FRAME_TENSOR => {
-                    let t = self.read_tensor().await?;
                     let idx = out.len();
-                    let Some(spec) = expected.get(idx) else {
-                        return Err(TcpError::Protocol(format!(
-                            "sender sent tensor {} beyond the {} expected",
-                            t.name,
-                            expected.len()
-                        )));
-                    };
-                    if spec.name != t.name || spec.dtype != t.dtype || spec.shape != t.shape {
-                        return Err(TcpError::Protocol(format!(
-                            "tensor #{idx}: expected {} {} {:?}, sender sent {} {} {:?}",
-                            spec.name,
-                            spec.dtype.as_str(),
-                            spec.shape,
-                            t.name,
-                            t.dtype.as_str(),
-                            t.shape
-                        )));
-                    }
+                    let t = self.read_tensor(expected.get(idx), idx).await?;
                     out.push(t);
                 }
                 FRAME_BUCKET_END => {
@@ -619,19 +610,28 @@ impl WeightReceiver {
         }
     }
 
-    async fn read_tensor(&mut self) -> Result<OwnedTensor, TcpError> {
+    /// Reads one tensor frame, checking its header against `spec` before reading (and
+    /// allocating for) the payload.
+    async fn read_tensor(
+        &mut self,
+        spec: Option<&TensorSpec>,
+        idx: usize,
+    ) -> Result<OwnedTensor, TcpError> {
         let s = &mut self.stream;
         let name_len = s.read_u16_le().await? as usize;
         let mut name = vec![0u8; name_len];
         s.read_exact(&mut name).await?;
-        let name =
-            String::from_utf8(name).map_err(|_| TcpError::Protocol("tensor name not UTF-8".into()))?;
+        let name = String::from_utf8(name)
+            .map_err(|_| TcpError::Protocol("tensor name not UTF-8".into()))?;
         let code = s.read_u8().await?;
-        let dtype = WireDtype::from_code(code)
-            .ok_or_else(|| TcpError::Protocol(format!("tensor {name}: unknown dtype code {code}")))?;
+        let dtype = WireDtype::from_code(code).ok_or_else(|| {
+            TcpError::Protocol(format!("tensor {name}: unknown dtype code {code}"))
+        })?;
         let ndim = s.read_u8().await?;
         if ndim > MAX_NDIM {
-            return Err(TcpError::Protocol(format!("tensor {name}: {ndim} dimensions")));
+            return Err(TcpError::Protocol(format!(
+                "tensor {name}: {ndim} dimensions"
+            )));
         }
         let mut shape = Vec::with_capacity(ndim as usize);
         for _ in 0..ndim {
@@ -646,6 +646,20 @@ impl WeightReceiver {
             return Err(TcpError::Protocol(format!(
                 "tensor {name}: {byte_len} bytes for shape {shape:?} of {}",
                 dtype.as_str()
+            )));
+        }
+        let Some(spec) = spec else {
+            return Err(TcpError::Protocol(format!(
+                "sender sent tensor {name} beyond the {idx} expected"
+            )));
+        };
+        if spec.name != name || spec.dtype != dtype || spec.shape != shape {
+            return Err(TcpError::Protocol(format!(
+                "tensor #{idx}: expected {} {} {:?}, sender sent {name} {} {shape:?}",
+                spec.name,
+                spec.dtype.as_str(),
+                spec.shape,
+                dtype.as_str(),
             )));
         }
         let mut bytes = vec![0u8; byte_len as usize];
@@ -743,14 +757,19 @@ mod tests {
             let addr = sender.local_addr().unwrap().to_string();
             let bad = tokio::spawn({
                 let addr = addr.clone();
-                async move { WeightReceiver::connect(&addr, "wrong", 1, 1, Duration::from_secs(5)).await }
+                async move {
+                    WeightReceiver::connect(&addr, "wrong", 1, 1, Duration::from_secs(5)).await
+                }
             });
             let accept = tokio::spawn(async move {
                 let r = sender.accept_all(Duration::from_secs(5)).await;
                 (sender, r)
             });
             let err = bad.await.unwrap().unwrap_err();
-            assert!(matches!(err, TcpError::Rejected(ref m) if m.contains("wrong")), "{err}");
+            assert!(
+                matches!(err, TcpError::Rejected(ref m) if m.contains("wrong")),
+                "{err}"
+            );
             let out_of_range =
                 WeightReceiver::connect(&addr, "right", 1, 5, Duration::from_secs(5)).await;
             assert!(matches!(out_of_range, Err(TcpError::Rejected(_))));
@@ -780,7 +799,12 @@ mod tests {
             });
             let bytes = [0u8; 8];
             let sent = sender
-                .send_bucket(&[TensorRef { name: "b", dtype: WireDtype::F32, shape: &[2], bytes: &bytes }])
+                .send_bucket(&[TensorRef {
+                    name: "b",
+                    dtype: WireDtype::F32,
+                    shape: &[2],
+                    bytes: &bytes,
+                }])
                 .await;
             assert!(matches!(sent, Err(TcpError::Rejected(_))), "{sent:?}");
             assert!(matches!(recv.await.unwrap(), Err(TcpError::Protocol(_))));
@@ -796,7 +820,12 @@ mod tests {
                 Err(TcpError::InvalidArgument(_))
             ));
             let bytes = [0u8; 3];
-            let err = encode_bucket(&[TensorRef { name: "x", dtype: WireDtype::Bf16, shape: &[2], bytes: &bytes }]);
+            let err = encode_bucket(&[TensorRef {
+                name: "x",
+                dtype: WireDtype::Bf16,
+                shape: &[2],
+                bytes: &bytes,
+            }]);
             assert!(matches!(err, Err(TcpError::InvalidArgument(_))));
             let mut sender = WeightSender::bind("127.0.0.1:0", 2, "g").await.unwrap();
             let t = sender.accept_all(Duration::from_millis(100)).await;

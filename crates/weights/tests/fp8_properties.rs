@@ -32,7 +32,7 @@ fn matrix(seed: u64, len: usize, exp: i32, spread: bool) -> Vec<f32> {
     (0..len)
         .map(|_| {
             let v = rng.unit() * base;
-            if rng.next() % 17 == 0 {
+            if rng.next().is_multiple_of(17) {
                 0.0
             } else if spread {
                 v * 10f32.powf(-8.0 * (rng.unit() * 0.5 + 0.5))

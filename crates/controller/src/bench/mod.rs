@@ -8,12 +8,18 @@ pub fn print_figures(figures: &[(String, f64)], json: bool) {
     if json {
         let m: serde_json::Map<String, serde_json::Value> = figures
             .iter()
-            .map(|(k, v)| (k.clone(), serde_json::json!((v * 10.0).round() / 10.0)))
+            .map(|(k, v)| (k.clone(), serde_json::json!(rounded(*v))))
             .collect();
         println!("{}", serde_json::Value::Object(m));
     } else {
         for (k, v) in figures {
-            println!("{k} {v:.1}");
+            println!("{k} {}", rounded(*v));
         }
     }
+}
+
+/// One decimal for large figures, three significant-ish decimals for small ones (ratios, GB/s).
+fn rounded(v: f64) -> f64 {
+    let scale = if v.abs() >= 100.0 { 10.0 } else { 1000.0 };
+    (v * scale).round() / scale
 }

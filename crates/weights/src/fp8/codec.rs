@@ -1,6 +1,7 @@
 //! Quantize a 2-D weight to e4m3fn with block (or per-tensor) scales, and dequantize it back.
 
 use half::bf16;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::e4m3::{DECODE, is_nan_byte};
@@ -387,22 +388,21 @@ pub fn dequantize_f32(
     if cols == 0 {
         return Ok(out);
     }
-    for (r, (q_row, out_row)) in data
-        .chunks_exact(cols)
-        .zip(out.chunks_exact_mut(cols))
+    data.par_chunks_exact(cols)
+        .zip(out.par_chunks_exact_mut(cols))
         .enumerate()
-    {
-        let row_scales = &scales[(r / block_rows) * scale_cols..][..scale_cols];
-        for ((q, o), &s) in q_row
-            .chunks(block_cols)
-            .zip(out_row.chunks_mut(block_cols))
-            .zip(row_scales)
-        {
-            for (&b, v) in q.iter().zip(o.iter_mut()) {
-                *v = DECODE[b as usize] * s;
+        .for_each(|(r, (q_row, out_row))| {
+            let row_scales = &scales[(r / block_rows) * scale_cols..][..scale_cols];
+            for ((q, o), &s) in q_row
+                .chunks(block_cols)
+                .zip(out_row.chunks_mut(block_cols))
+                .zip(row_scales)
+            {
+                for (&b, v) in q.iter().zip(o.iter_mut()) {
+                    *v = DECODE[b as usize] * s;
+                }
             }
-        }
-    }
+        });
     Ok(out)
 }
 
