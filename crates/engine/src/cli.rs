@@ -109,6 +109,16 @@ pub struct EngineArgs {
     /// Ignored (SGLang context length; the model preset fixes it).
     #[arg(long, hide = true)]
     pub context_length: Option<usize>,
+    /// Ignored (SGLang's NCCL port; the reference engine runs its TP ranks in one process).
+    #[arg(long, hide = true)]
+    pub nccl_port: Option<u16>,
+    /// Pipeline parallel size: reported only, like --tp-size.
+    #[arg(long, default_value_t = 1, hide = true)]
+    pub pp_size: u32,
+    /// SGLang's model-config overrides as JSON; must parse as a JSON object (the FP8
+    /// `quantization_config` travels here).
+    #[arg(long, hide = true)]
+    pub json_model_override_args: Option<String>,
     /// Quantization: only `none` for now (FP8 weights come with the FP8 codec issue).
     #[arg(long)]
     pub quantization: Option<String>,
@@ -148,6 +158,9 @@ impl Default for EngineArgs {
             nnodes: None,
             node_rank: None,
             context_length: None,
+            nccl_port: None,
+            pp_size: 1,
+            json_model_override_args: None,
             quantization: None,
         }
     }
@@ -179,7 +192,9 @@ fn secs(v: f64, flag: &str) -> Result<Duration, EngineError> {
     if v.is_finite() && v > 0.0 {
         Ok(Duration::from_secs_f64(v))
     } else {
-        Err(EngineError::Config(format!("{flag} must be a positive number of seconds, got {v}")))
+        Err(EngineError::Config(format!(
+            "{flag} must be a positive number of seconds, got {v}"
+        )))
     }
 }
 
@@ -203,8 +218,21 @@ pub struct Validated {
 impl EngineArgs {
     /// Checks every flag; errors name the flag and the accepted values.
     pub fn validate(&self) -> Result<Validated, EngineError> {
+        if let Some(j) = &self.json_model_override_args
+            && !matches!(serde_json::from_str::<serde_json::Value>(j), Ok(serde_json::Value::Object(_)))
+        {
+            return Err(EngineError::Config(format!(
+                "--json-model-override-args must be a JSON object, e.g. '{{\"quantization_config\": {{...}}}}'; got {j:?}"
+            )));
+        }
+        if self.pp_size == 0 {
+            return Err(EngineError::Config("--pp-size must be at least 1".into()));
+        }
         let config = ModelConfig::by_name(&self.model).ok_or_else(|| {
-            EngineError::Config(format!("--model {:?} is not a preset; use --model tiny or --model small", self.model))
+            EngineError::Config(format!(
+                "--model {:?} is not a preset; use --model tiny or --model small",
+                self.model
+            ))
         })?;
         let mode = match self.disaggregation_mode.as_str() {
             "null" | "none" | "" => DisaggMode::Null,
@@ -232,7 +260,9 @@ impl EngineArgs {
             )));
         }
         if self.max_running_requests == 0 {
-            return Err(EngineError::Config("--max-running-requests must be at least 1".into()));
+            return Err(EngineError::Config(
+                "--max-running-requests must be at least 1".into(),
+            ));
         }
         if let Some(q) = &self.quantization
             && q != "none"
@@ -248,11 +278,15 @@ impl EngineArgs {
             if let Some(v) = v
                 && !(v.is_finite() && v >= 0.0)
             {
-                return Err(EngineError::Config(format!("{flag} must be a non-negative number, got {v}")));
+                return Err(EngineError::Config(format!(
+                    "{flag} must be a non-negative number, got {v}"
+                )));
             }
         }
         if !(self.sim_decode_per_seq_ms.is_finite() && self.sim_decode_per_seq_ms >= 0.0) {
-            return Err(EngineError::Config("--sim-decode-per-seq-ms must be a non-negative number".into()));
+            return Err(EngineError::Config(
+                "--sim-decode-per-seq-ms must be a non-negative number".into(),
+            ));
         }
         if let Some(p) = &self.model_path
             && !p.exists()
@@ -270,8 +304,14 @@ impl EngineArgs {
                 decode_step_ms: self.sim_decode_step_ms,
                 decode_per_seq_ms: self.sim_decode_per_seq_ms,
             },
-            kv_timeout: secs(self.disaggregation_kv_timeout_s, "--disaggregation-kv-timeout-s")?,
-            prefill_keep: secs(self.disaggregation_prefill_keep_s, "--disaggregation-prefill-keep-s")?,
+            kv_timeout: secs(
+                self.disaggregation_kv_timeout_s,
+                "--disaggregation-kv-timeout-s",
+            )?,
+            prefill_keep: secs(
+                self.disaggregation_prefill_keep_s,
+                "--disaggregation-prefill-keep-s",
+            )?,
             weights_timeout: secs(self.weights_update_timeout_s, "--weights-update-timeout-s")?,
         })
     }
@@ -298,9 +338,22 @@ mod tests {
     #[test]
     fn parses_sglang_style_flags() {
         let cli = Cli::try_parse_from([
-            "x", "--port", "0", "--model", "small", "--disaggregation-mode", "prefill",
-            "--disaggregation-bootstrap-port", "9000", "--mem-fraction-static", "0.8",
-            "--base-gpu-id", "2", "--tp-size", "2", "--trust-remote-code",
+            "x",
+            "--port",
+            "0",
+            "--model",
+            "small",
+            "--disaggregation-mode",
+            "prefill",
+            "--disaggregation-bootstrap-port",
+            "9000",
+            "--mem-fraction-static",
+            "0.8",
+            "--base-gpu-id",
+            "2",
+            "--tp-size",
+            "2",
+            "--trust-remote-code",
         ])
         .unwrap();
         let v = cli.args.validate().unwrap();

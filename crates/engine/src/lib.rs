@@ -12,6 +12,8 @@
 //!
 //! Entry points: [`serve`] for the binary, [`start`] for in-process use (tests, embedded runs).
 
+#![warn(missing_docs)]
+
 pub mod cli;
 pub mod core;
 pub mod error;
@@ -76,7 +78,10 @@ impl EngineHandle {
         self.bootstrap = None;
         match self.server.await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(source)) => Err(EngineError::Serve { addr: self.addr, source }),
+            Ok(Err(source)) => Err(EngineError::Serve {
+                addr: self.addr,
+                source,
+            }),
             Err(e) => Err(EngineError::Io(std::io::Error::other(e))),
         }
     }

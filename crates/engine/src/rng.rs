@@ -58,14 +58,18 @@ mod tests {
 
     #[test]
     fn is_reproducible_and_uniformish() {
-        let a: Vec<u64> = (0..4).map({
-            let mut r = SplitMix64::new(7);
-            move |_| r.next_u64()
-        }).collect();
-        let b: Vec<u64> = (0..4).map({
-            let mut r = SplitMix64::new(7);
-            move |_| r.next_u64()
-        }).collect();
+        let a: Vec<u64> = (0..4)
+            .map({
+                let mut r = SplitMix64::new(7);
+                move |_| r.next_u64()
+            })
+            .collect();
+        let b: Vec<u64> = (0..4)
+            .map({
+                let mut r = SplitMix64::new(7);
+                move |_| r.next_u64()
+            })
+            .collect();
         assert_eq!(a, b);
         let mut r = SplitMix64::new(1);
         let mean: f64 = (0..10_000).map(|_| r.next_f64()).sum::<f64>() / 10_000.0;

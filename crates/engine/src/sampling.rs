@@ -77,7 +77,13 @@ const HARMLESS_KEYS: &[&str] = &[
     "logit_bias",
 ];
 /// Constrained-decoding keys: accepted only when null.
-const UNSUPPORTED_KEYS: &[&str] = &["json_schema", "regex", "ebnf", "structural_tag", "stop_regex"];
+const UNSUPPORTED_KEYS: &[&str] = &[
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "stop_regex",
+];
 
 fn num(v: &Value, key: &str) -> Result<f64, String> {
     v.as_f64()
@@ -168,19 +174,31 @@ impl SamplingParams {
 
     /// Range checks, with the valid range in the message.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.temperature >= 0.0) {
-            return Err(format!("sampling_params.temperature must be >= 0, got {}", self.temperature));
+        if self.temperature.is_nan() || self.temperature < 0.0 {
+            return Err(format!(
+                "sampling_params.temperature must be >= 0, got {}",
+                self.temperature
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("sampling_params.top_p must be in (0, 1], got {}", self.top_p));
+            return Err(format!(
+                "sampling_params.top_p must be in (0, 1], got {}",
+                self.top_p
+            ));
         }
         if self.top_k < -1 {
-            return Err(format!("sampling_params.top_k must be -1 (all) or >= 1, got {}", self.top_k));
+            return Err(format!(
+                "sampling_params.top_k must be -1 (all) or >= 1, got {}",
+                self.top_k
+            ));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(format!("sampling_params.min_p must be in [0, 1], got {}", self.min_p));
+            return Err(format!(
+                "sampling_params.min_p must be in [0, 1], got {}",
+                self.min_p
+            ));
         }
-        if !(self.repetition_penalty > 0.0) {
+        if self.repetition_penalty.is_nan() || self.repetition_penalty <= 0.0 {
             return Err(format!(
                 "sampling_params.repetition_penalty must be > 0, got {}",
                 self.repetition_penalty
@@ -215,7 +233,11 @@ fn penalise(logits: &mut [f32], p: &SamplingParams, prompt: &[u32], output: &[u3
         }
         for (l, s) in logits.iter_mut().zip(seen) {
             if s {
-                *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                *l = if *l > 0.0 {
+                    *l / p.repetition_penalty
+                } else {
+                    *l * p.repetition_penalty
+                };
             }
         }
     }
@@ -272,8 +294,12 @@ pub fn sample(
     // Candidates by probability, ties broken by token id, so the order is fully determined.
     let mut order: Vec<usize> = (0..l.len()).filter(|&i| lp[i].is_finite()).collect();
     order.sort_by(|&a, &b| lp[b].total_cmp(&lp[a]).then(a.cmp(&b)));
+    if order.is_empty() {
+        // Non-finite logits (e.g. weights updated with NaNs): nothing to sample from.
+        return (0, f32::NAN);
+    }
     if p.top_k > 0 {
-        order.truncate(p.top_k as usize);
+        order.truncate(usize::try_from(p.top_k).unwrap_or(usize::MAX));
     }
     let probs: Vec<f64> = order.iter().map(|&i| f64::from(lp[i]).exp()).collect();
     let mut keep = probs.len();
@@ -315,7 +341,9 @@ mod tests {
     use serde_json::json;
 
     fn logits() -> Vec<f32> {
-        (0..VOCAB_SIZE).map(|i| ((i * 37) % 11) as f32 * 0.3).collect()
+        (0..VOCAB_SIZE)
+            .map(|i| ((i * 37) % 11) as f32 * 0.3)
+            .collect()
     }
 
     #[test]
@@ -325,7 +353,10 @@ mod tests {
             "sampling_seed": 9, "skip_special_tokens": true, "regex": null
         })))
         .unwrap();
-        assert_eq!((p.max_new_tokens, p.top_k, p.sampling_seed), (5, 3, Some(9)));
+        assert_eq!(
+            (p.max_new_tokens, p.top_k, p.sampling_seed),
+            (5, 3, Some(9))
+        );
         assert_eq!(p.stop, vec!["x".to_string()]);
         for bad in [
             json!({"temperature": -1}),
@@ -344,30 +375,50 @@ mod tests {
     #[test]
     fn greedy_is_argmax_and_seeded_sampling_is_reproducible() {
         let l = logits();
-        let g = SamplingParams { temperature: 0.0, ..Default::default() };
+        let g = SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        };
         let (t, lp) = sample(&l, &g, &[], &[], 1);
         assert_eq!(l[t as usize], l.iter().copied().fold(f32::MIN, f32::max));
         assert!(lp < 0.0);
-        let p = SamplingParams { temperature: 1.0, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        };
         let a: Vec<u32> = (0..20).map(|s| sample(&l, &p, &[], &[], s).0).collect();
         let b: Vec<u32> = (0..20).map(|s| sample(&l, &p, &[], &[], s).0).collect();
         assert_eq!(a, b);
-        assert!(a.iter().any(|t| *t != a[0]), "different seeds should differ");
+        assert!(
+            a.iter().any(|t| *t != a[0]),
+            "different seeds should differ"
+        );
     }
 
     #[test]
     fn top_k_one_and_min_p_restrict_choices() {
         let l = logits();
-        let p = SamplingParams { top_k: 2, temperature: 1.0, ..Default::default() };
+        let p = SamplingParams {
+            top_k: 2,
+            temperature: 1.0,
+            ..Default::default()
+        };
         let mut top: Vec<usize> = (0..l.len()).collect();
         top.sort_by(|&a, &b| l[b].total_cmp(&l[a]).then(a.cmp(&b)));
         for s in 0..50 {
             let (t, _) = sample(&l, &p, &[], &[], s);
             assert!(top[..2].contains(&(t as usize)));
         }
-        let m = SamplingParams { min_p: 1.0, temperature: 1.0, ..Default::default() };
+        // min_p = 1 keeps only tokens as likely as the best one (a unique max here).
+        let mut unique = l.clone();
+        unique[top[0]] += 1.0;
+        let m = SamplingParams {
+            min_p: 1.0,
+            temperature: 1.0,
+            ..Default::default()
+        };
         for s in 0..20 {
-            assert_eq!(sample(&l, &m, &[], &[], s).0 as usize, top[0]);
+            assert_eq!(sample(&unique, &m, &[], &[], s).0 as usize, top[0]);
         }
     }
 
@@ -375,7 +426,11 @@ mod tests {
     fn min_new_tokens_masks_eos() {
         let mut l = vec![0.0; VOCAB_SIZE];
         l[EOS_TOKEN as usize] = 100.0;
-        let p = SamplingParams { temperature: 0.0, min_new_tokens: 1, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 0.0,
+            min_new_tokens: 1,
+            ..Default::default()
+        };
         assert_ne!(sample(&l, &p, &[], &[], 0).0, EOS_TOKEN);
         assert_eq!(sample(&l, &p, &[], &[5], 0).0, EOS_TOKEN);
     }

@@ -99,10 +99,8 @@ async fn pd_stream_equals_regular_stream_and_non_stream() {
             let want = post_stream(&format!("{r}/generate"), &body).await;
             let rooms: Vec<u64> = if batch { vec![70 + i as u64, 80] } else { vec![60] };
             let b = with_bootstrap(&body, None, &rooms);
-            let (pre, got) = tokio::join!(
-                post_stream(&format!("{p}/generate"), &b),
-                post_stream(&format!("{d}/generate"), &b)
-            );
+            let (pu, du) = (format!("{p}/generate"), format!("{d}/generate"));
+            let (pre, got) = tokio::join!(post_stream(&pu, &b), post_stream(&du, &b));
             assert!(!pre.is_empty());
             let n_items = rooms.len();
             for idx in 0..n_items {
@@ -150,14 +148,18 @@ async fn decode_requires_room_waits_for_late_prefill_and_gives_up_on_timeout() {
         let decode = engine(da).await;
         let port = prefill.bootstrap_port();
         let (p, d) = (prefill.url(), decode.url());
-        let body = json!({"text": "late", "sampling_params": {"max_new_tokens": 5, "temperature": 0}});
+        let body =
+            json!({"text": "late", "sampling_params": {"max_new_tokens": 5, "temperature": 0}});
 
         // Missing room: SGLang-style 400 envelope.
         let (status, err) = post(&format!("{d}/generate"), &body).await;
         assert_eq!(status, 400);
         assert_eq!(err["object"], "error");
         assert_eq!(err["code"], 400);
-        assert!(err["message"].as_str().unwrap().contains("bootstrap_room"), "{err}");
+        assert!(
+            err["message"].as_str().unwrap().contains("bootstrap_room"),
+            "{err}"
+        );
         let (status, _) = post(&format!("{p}/generate"), &body).await;
         assert_eq!(status, 400, "prefill also needs a room");
 
@@ -166,7 +168,12 @@ async fn decode_requires_room_waits_for_late_prefill_and_gives_up_on_timeout() {
         let (status, out) = post(&format!("{d}/generate"), &lonely).await;
         assert_eq!(status, 200);
         assert_eq!(out["meta_info"]["finish_reason"]["type"], "abort", "{out}");
-        assert!(out["meta_info"]["finish_reason"]["message"].as_str().unwrap().contains("KV transfer failed"));
+        assert!(
+            out["meta_info"]["finish_reason"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("KV transfer failed")
+        );
 
         // Decode arrives first and waits; the prefill comes later; tokens flow.
         let mut da = args("decode");
@@ -181,10 +188,13 @@ async fn decode_requires_room_waits_for_late_prefill_and_gives_up_on_timeout() {
         // Poll (with the test deadline) until the decode side is parked on the room.
         loop {
             let (_, m) = get(&format!("{p}/metrics")).await;
-            if m.as_str().unwrap_or("").contains("troupe_engine_pd_rooms{model_name=\"troupe-tiny\"} 1") {
+            if m.as_str()
+                .unwrap_or("")
+                .contains("troupe_engine_pd_rooms{model_name=\"troupe-tiny\"} 1")
+            {
                 break;
             }
-            tokio::task::yield_now().await;
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         let (status, pre) = post(&format!("{p}/generate"), &b).await;
         assert_eq!(status, 200, "{pre}");

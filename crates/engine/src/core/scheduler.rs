@@ -112,7 +112,10 @@ impl EngineCore {
     }
 
     /// Sends a command carrying a reply channel and awaits the answer.
-    pub async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, EngineError> {
+    pub async fn call<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, EngineError> {
         let (tx, rx) = oneshot::channel();
         self.send(make(tx))?;
         rx.await.map_err(|_| EngineError::SchedulerStopped)
@@ -120,7 +123,10 @@ impl EngineCore {
 
     /// The latest status snapshot.
     pub fn status(&self) -> EngineStatus {
-        self.status.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Stops the thread (requests in flight are aborted).
@@ -191,6 +197,7 @@ impl Scheduler {
             Command::Submit(req) => self.submit(*req),
             Command::Abort(rid, reply) => {
                 let n = self.abort_matching(rid.as_deref(), "aborted by /abort_request");
+                self.publish();
                 let _ = reply.send(n);
             }
             Command::Pause(mode, reply) => {
@@ -207,10 +214,12 @@ impl Scheduler {
                     PauseMode::InPlace => self.running.len(),
                 };
                 self.paused = Some(mode);
+                self.publish();
                 let _ = reply.send(n);
             }
             Command::Continue(reply) => {
                 self.paused = None;
+                self.publish();
                 let _ = reply.send(());
             }
             Command::Flush(reply) => {
@@ -224,10 +233,19 @@ impl Scheduler {
                 };
                 let _ = reply.send(r);
             }
-            Command::UpdateTensors { tensors, version, reply } => {
+            Command::UpdateTensors {
+                tensors,
+                version,
+                reply,
+            } => {
                 let _ = reply.send(self.update_tensors(tensors, version));
             }
-            Command::ReplaceWeights { weights, version, abort_all, reply } => {
+            Command::ReplaceWeights {
+                weights,
+                version,
+                abort_all,
+                reply,
+            } => {
                 let r = if self.weights.is_none() {
                     Err(released_msg())
                 } else {
@@ -236,27 +254,48 @@ impl Scheduler {
                     }
                     self.weights = Some(*weights);
                     self.bump_version(version);
-                    Ok(format!("Succeeded to update model weights (version {}).", self.weight_version))
+                    Ok(format!(
+                        "Succeeded to update model weights (version {}).",
+                        self.weight_version
+                    ))
                 };
                 let _ = reply.send(r);
             }
-            Command::SetVersion { version, abort_all, reply } => {
+            Command::SetVersion {
+                version,
+                abort_all,
+                reply,
+            } => {
                 if abort_all {
                     self.abort_matching(None, "aborted by update_weight_version");
                 }
                 self.weight_version = version;
-                let _ = reply.send(Ok(format!("Weight version updated to {}", self.weight_version)));
+                let _ = reply.send(Ok(format!(
+                    "Weight version updated to {}",
+                    self.weight_version
+                )));
             }
-            Command::Release { weights, kv_cache, reply } => {
-                let _ = reply.send(self.release(weights, kv_cache));
+            Command::Release {
+                weights,
+                kv_cache,
+                reply,
+            } => {
+                let r = self.release(weights, kv_cache);
+                self.publish();
+                let _ = reply.send(r);
             }
-            Command::Resume { weights, kv_cache, reply } => {
+            Command::Resume {
+                weights,
+                kv_cache,
+                reply,
+            } => {
                 if weights && let Some(w) = self.backup.take() {
                     self.weights = Some(w);
                 }
                 if kv_cache {
                     self.kv_released = false;
                 }
+                self.publish();
                 let _ = reply.send(Ok("Memory resumed.".into()));
             }
             Command::Shutdown => return false,
@@ -275,15 +314,25 @@ impl Scheduler {
         self.counters.weight_updates_total += 1;
     }
 
-    fn update_tensors(&mut self, tensors: Vec<(String, Vec<f32>)>, version: Option<String>) -> Result<String, String> {
+    fn update_tensors(
+        &mut self,
+        tensors: Vec<(String, Vec<f32>)>,
+        version: Option<String>,
+    ) -> Result<String, String> {
         let Some(w) = self.weights.as_mut() else {
             return Err(released_msg());
         };
         // Validate everything first so a bad update changes nothing.
         for (name, data) in &tensors {
-            let t = w.get(name).ok_or_else(|| format!("unknown parameter {name:?}"))?;
+            let t = w
+                .get(name)
+                .ok_or_else(|| format!("unknown parameter {name:?}"))?;
             if t.numel() != data.len() {
-                return Err(format!("parameter {name}: {} values for {} elements", data.len(), t.numel()));
+                return Err(format!(
+                    "parameter {name}: {} values for {} elements",
+                    data.len(),
+                    t.numel()
+                ));
             }
         }
         let n = tensors.len();
@@ -291,7 +340,10 @@ impl Scheduler {
             w.set(&name, data)?;
         }
         self.bump_version(version);
-        Ok(format!("Succeeded to update {n} parameters online (version {}).", self.weight_version))
+        Ok(format!(
+            "Succeeded to update {n} parameters online (version {}).",
+            self.weight_version
+        ))
     }
 
     fn release(&mut self, weights: bool, kv_cache: bool) -> Result<String, String> {
@@ -425,7 +477,9 @@ impl Scheduler {
             .unwrap_or_else(|| FinishReason::Abort("finished without a reason".into()));
         if let FinishReason::Abort(msg) = &reason {
             self.counters.requests_aborted_total += 1;
-            if let (crate::core::SeqKind::Prefill { room }, Some(store)) = (&s.req.kind, &self.rooms) {
+            if let (crate::core::SeqKind::Prefill { room }, Some(store)) =
+                (&s.req.kind, &self.rooms)
+            {
                 store.deposit(*room, RoomState::Failed(format!("prefill aborted: {msg}")));
             }
         }

@@ -96,7 +96,10 @@ impl Sequence {
             .collect();
         let n = tokens.len();
         let want_input = self.req.return_logprob && !resumed && !self.reported_input;
-        let start = self.req.logprob_start.min(self.req.input_ids.len().saturating_sub(1));
+        let start = self
+            .req
+            .logprob_start
+            .min(self.req.input_ids.len().saturating_sub(1));
         let mut cache = KvCache::new(&w.config);
         let mut input_lps: Vec<(Option<f32>, u32)> = Vec::new();
         if want_input && n > 0 {
@@ -168,15 +171,13 @@ impl Sequence {
         let p = &self.req.params;
         let n = self.output.len();
         let may_stop = n > p.min_new_tokens || n == p.max_new_tokens;
-        let reason = if may_stop && !p.ignore_eos && token == EOS_TOKEN {
-            Some(FinishReason::Stop(Matched::Token(token)))
-        } else if may_stop && p.stop_token_ids.contains(&token) {
+        let stop_token = may_stop
+            && ((!p.ignore_eos && token == EOS_TOKEN) || p.stop_token_ids.contains(&token));
+        let reason = if stop_token {
             Some(FinishReason::Stop(Matched::Token(token)))
         } else if let Some(s) = self.matched_stop_string() {
             Some(FinishReason::Stop(Matched::Str(s)))
-        } else if n >= p.max_new_tokens {
-            Some(FinishReason::Length(n))
-        } else if self.req.input_ids.len() + n >= self.max_context {
+        } else if n >= p.max_new_tokens || self.req.input_ids.len() + n >= self.max_context {
             Some(FinishReason::Length(n))
         } else {
             None

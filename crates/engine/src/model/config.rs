@@ -95,7 +95,10 @@ impl ModelConfig {
             self.q_dim(),
             self.kv_dim(),
         );
-        let mut out = vec![("model.embed_tokens.weight".to_string(), vec![self.vocab_size, h])];
+        let mut out = vec![(
+            "model.embed_tokens.weight".to_string(),
+            vec![self.vocab_size, h],
+        )];
         for l in 0..self.num_hidden_layers {
             let p = format!("model.layers.{l}");
             out.push((format!("{p}.input_layernorm.weight"), vec![h]));

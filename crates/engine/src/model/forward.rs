@@ -47,7 +47,10 @@ impl KvCache {
     pub fn matches(&self, config: &ModelConfig) -> bool {
         let want = self.len * config.kv_dim();
         self.layers.len() == config.num_hidden_layers
-            && self.layers.iter().all(|l| l.k.len() == want && l.v.len() == want)
+            && self
+                .layers
+                .iter()
+                .all(|l| l.k.len() == want && l.v.len() == want)
     }
 }
 
@@ -100,7 +103,12 @@ fn silu(x: f32) -> f32 {
 /// Runs one token at position `cache.len`, appends its keys and values to `cache`, and returns
 /// the next-token logits if `want_logits` (prefill skips them for all but the positions it
 /// needs). Token ids must be `< vocab_size` (callers validate input).
-pub fn forward_token(w: &Weights, cache: &mut KvCache, token: u32, want_logits: bool) -> Option<Vec<f32>> {
+pub fn forward_token(
+    w: &Weights,
+    cache: &mut KvCache,
+    token: u32,
+    want_logits: bool,
+) -> Option<Vec<f32>> {
     let c = &w.config;
     let (h, hd, kv_dim) = (c.hidden_size, c.head_dim, c.kv_dim());
     let pos = cache.len;
@@ -167,7 +175,12 @@ pub fn forward_token(w: &Weights, cache: &mut KvCache, token: u32, want_logits: 
             *a += b;
         }
 
-        rms_norm(&x, &layer.post_attention_layernorm.data, c.rms_norm_eps, &mut normed);
+        rms_norm(
+            &x,
+            &layer.post_attention_layernorm.data,
+            c.rms_norm_eps,
+            &mut normed,
+        );
         matvec(&layer.gate_proj, &normed, &mut gate);
         matvec(&layer.up_proj, &normed, &mut up);
         for (g, u) in gate.iter_mut().zip(&up) {

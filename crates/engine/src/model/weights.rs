@@ -114,7 +114,8 @@ impl Weights {
                 (name, t)
             })
             .collect();
-        Self::from_map(config, &mut map).unwrap_or_else(|e| unreachable!("init covers every tensor: {e}"))
+        Self::from_map(config, &mut map)
+            .unwrap_or_else(|e| unreachable!("init covers every tensor: {e}"))
     }
 
     fn from_map(config: &ModelConfig, map: &mut HashMap<String, Tensor>) -> Result<Self, String> {
@@ -210,7 +211,9 @@ impl Weights {
     /// validate a whole update before applying any of it.
     pub fn check_shape(&self, name: &str, shape: &[usize]) -> Result<(), String> {
         let t = self.get(name).ok_or_else(|| {
-            format!("unknown parameter {name:?}; names look like model.layers.0.self_attn.q_proj.weight")
+            format!(
+                "unknown parameter {name:?}; names look like model.layers.0.self_attn.q_proj.weight"
+            )
         })?;
         if t.shape != shape {
             return Err(format!(
@@ -294,12 +297,22 @@ impl Weights {
             }
             let data = decode_floats(view.dtype(), view.data())
                 .map_err(|e| EngineError::Weights(format!("tensor {name}: {e}")))?;
-            map.insert(name.clone(), Tensor { shape: shape.clone(), data });
+            map.insert(
+                name.clone(),
+                Tensor {
+                    shape: shape.clone(),
+                    data,
+                },
+            );
         }
         if st.len() != expected.len() {
             let known: std::collections::HashSet<&str> =
                 expected.iter().map(|(n, _)| n.as_str()).collect();
-            let extra: Vec<&str> = st.names().into_iter().filter(|n| !known.contains(n)).collect();
+            let extra: Vec<&str> = st
+                .names()
+                .into_iter()
+                .filter(|n| !known.contains(n))
+                .collect();
             return Err(EngineError::Weights(format!(
                 "unexpected tensors {extra:?} for the `{}` model",
                 config.name
@@ -342,7 +355,9 @@ pub fn decode_floats(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, String> {
             .chunks_exact(2)
             .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect()),
-        other => Err(format!("dtype {other:?} is not supported (use F32, BF16 or F16)")),
+        other => Err(format!(
+            "dtype {other:?} is not supported (use F32, BF16 or F16)"
+        )),
     }
 }
 

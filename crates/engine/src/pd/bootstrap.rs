@@ -8,9 +8,9 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
+use super::KvHandoff;
 use super::room::RoomStore;
 use super::wire::{self, MAGIC, VERSION};
-use super::KvHandoff;
 
 /// A running bootstrap listener.
 #[derive(Debug)]
@@ -22,7 +22,11 @@ pub struct BootstrapServer {
 
 impl BootstrapServer {
     /// Serves rooms from `store` on `listener`; each fetch waits up to `wait` for its room.
-    pub fn spawn(listener: TcpListener, store: Arc<RoomStore>, wait: Duration) -> std::io::Result<Self> {
+    pub fn spawn(
+        listener: TcpListener,
+        store: Arc<RoomStore>,
+        wait: Duration,
+    ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let sweep_store = store.clone();
         let sweeper = tokio::spawn(async move {
@@ -31,7 +35,10 @@ impl BootstrapServer {
                 tick.tick().await;
                 let dropped = sweep_store.sweep();
                 if dropped > 0 {
-                    tracing::warn!(dropped, "dropped KV rooms that no decode server fetched in time");
+                    tracing::warn!(
+                        dropped,
+                        "dropped KV rooms that no decode server fetched in time"
+                    );
                 }
             }
         });
@@ -48,7 +55,11 @@ impl BootstrapServer {
                 });
             }
         });
-        Ok(Self { addr, task, sweeper })
+        Ok(Self {
+            addr,
+            task,
+            sweeper,
+        })
     }
 
     /// The bound address.
@@ -64,16 +75,27 @@ impl Drop for BootstrapServer {
     }
 }
 
-async fn serve_one(mut stream: TcpStream, store: Arc<RoomStore>, wait: Duration) -> std::io::Result<()> {
+async fn serve_one(
+    mut stream: TcpStream,
+    store: Arc<RoomStore>,
+    wait: Duration,
+) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let mut magic = [0u8; 4];
     stream.read_exact(&mut magic).await?;
     let version = stream.read_u8().await?;
     if &magic != MAGIC || version != VERSION {
-        return wire::write_error(&mut stream, "not a troupe KV bootstrap request (version 1)").await;
+        return wire::write_error(&mut stream, "not a troupe KV bootstrap request (version 1)")
+            .await;
     }
     let room = stream.read_u64_le().await?;
-    match store.take(room, wait).await {
+    // Stop waiting if the decode side hangs up (it has its own timeout).
+    let mut probe = [0u8; 1];
+    let taken = tokio::select! {
+        r = store.take(room, wait) => r,
+        _ = stream.read(&mut probe) => return Ok(()),
+    };
+    match taken {
         Ok(h) => wire::write_handoff(&mut stream, &h).await,
         Err(msg) => wire::write_error(&mut stream, &msg).await,
     }
@@ -81,7 +103,12 @@ async fn serve_one(mut stream: TcpStream, store: Arc<RoomStore>, wait: Duration)
 
 /// Fetches `room` from the prefill server's bootstrap listener at `host:port`, waiting at most
 /// `timeout` overall (connect, the prefill finishing, and the transfer).
-pub async fn fetch_kv(host: &str, port: u16, room: u64, timeout: Duration) -> Result<KvHandoff, String> {
+pub async fn fetch_kv(
+    host: &str,
+    port: u16,
+    room: u64,
+    timeout: Duration,
+) -> Result<KvHandoff, String> {
     let addr = if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
     } else {

@@ -73,8 +73,10 @@ impl RoomStore {
     }
 
     /// Waits until the room is ready (or failed) and removes it. Errors say what happened.
+    /// If the waiter goes away (the decode side disconnected) a still-pending room is removed.
     pub async fn take(&self, room: u64, timeout: Duration) -> Result<Arc<KvHandoff>, String> {
         let mut rx = self.slot_rx(room);
+        let _guard = PendingGuard { store: self, room };
         let waited = tokio::time::timeout(timeout, async {
             loop {
                 let state = rx.borrow_and_update().clone();
@@ -99,6 +101,16 @@ impl RoomStore {
         }
     }
 
+    fn remove_if_pending(&self, room: u64) {
+        let mut slots = self.lock();
+        if slots
+            .get(&room)
+            .is_some_and(|s| matches!(*s.tx.borrow(), RoomState::Pending))
+        {
+            slots.remove(&room);
+        }
+    }
+
     /// Drops rooms older than the keep timeout; returns how many were dropped.
     pub fn sweep(&self) -> usize {
         let keep = self.keep;
@@ -116,5 +128,77 @@ impl RoomStore {
     /// Whether no rooms are held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Removes a room that is still pending when its waiter is dropped.
+struct PendingGuard<'a> {
+    store: &'a RoomStore,
+    room: u64,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.store.remove_if_pending(self.room);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{KvCache, ModelConfig};
+
+    fn handoff() -> KvHandoff {
+        KvHandoff {
+            input_ids: vec![1, 2],
+            first_token: 3,
+            first_logprob: -0.5,
+            cache: KvCache::new(&ModelConfig::tiny()),
+            weight_version: "v".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn either_side_may_come_first_and_rooms_expire() {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            let store = RoomStore::new(Duration::from_secs(60));
+            store.deposit(1, RoomState::Ready(Arc::new(handoff())));
+            assert_eq!(
+                store
+                    .take(1, Duration::from_secs(1))
+                    .await
+                    .unwrap()
+                    .first_token,
+                3
+            );
+            assert!(store.is_empty(), "a fetched room is gone");
+
+            let waiter = {
+                let store = store.clone();
+                tokio::spawn(async move { store.take(2, Duration::from_secs(5)).await })
+            };
+            while store.is_empty() {
+                tokio::task::yield_now().await;
+            }
+            store.deposit(2, RoomState::Failed("prefill aborted".into()));
+            assert_eq!(waiter.await.unwrap().unwrap_err(), "prefill aborted");
+
+            let err = store.take(3, Duration::from_millis(20)).await.unwrap_err();
+            assert!(err.contains("did not deliver"), "{err}");
+            assert!(
+                store.is_empty(),
+                "a timed-out waiter leaves no pending room"
+            );
+
+            let short = RoomStore::new(Duration::ZERO);
+            short.deposit(4, RoomState::Ready(Arc::new(handoff())));
+            assert_eq!(
+                short.sweep(),
+                1,
+                "unfetched rooms are dropped after the keep time"
+            );
+        })
+        .await
+        .unwrap();
     }
 }

@@ -18,6 +18,7 @@ pub const MAGIC: &[u8; 4] = b"TRKV";
 pub const VERSION: u8 = 1;
 const MAX_HEADER: usize = 64 << 20;
 const MAX_KV_FLOATS: usize = 1 << 32;
+const MAX_LAYERS: usize = 1024;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Header {
@@ -35,7 +36,10 @@ pub async fn write_handoff<W: AsyncWrite + Unpin>(w: &mut W, h: &KvHandoff) -> s
     let kv_dim = if h.cache.len == 0 {
         0
     } else {
-        h.cache.layers.first().map_or(0, |l| l.k.len() / h.cache.len)
+        h.cache
+            .layers
+            .first()
+            .map_or(0, |l| l.k.len() / h.cache.len)
     };
     let header = Header {
         input_ids: h.input_ids.clone(),
@@ -80,11 +84,20 @@ pub async fn read_handoff<R: AsyncRead + Unpin>(r: &mut R) -> Result<KvHandoff, 
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).await.map_err(io)?;
     if status != 0 {
-        return Err(format!("prefill reported: {}", String::from_utf8_lossy(&body)));
+        return Err(format!(
+            "prefill reported: {}",
+            String::from_utf8_lossy(&body)
+        ));
     }
     let h: Header =
         serde_json::from_slice(&body).map_err(|e| format!("bad bootstrap header: {e}"))?;
-    let per = h.kv_len.checked_mul(h.kv_dim).filter(|&n| n.saturating_mul(h.num_layers * 2) <= MAX_KV_FLOATS);
+    if h.num_layers > MAX_LAYERS {
+        return Err(format!("bootstrap header claims {} layers", h.num_layers));
+    }
+    let per = h
+        .kv_len
+        .checked_mul(h.kv_dim)
+        .filter(|&n| n.saturating_mul(h.num_layers.saturating_mul(2)) <= MAX_KV_FLOATS);
     let Some(per) = per else {
         return Err("bootstrap KV too large".into());
     };
@@ -113,4 +126,42 @@ fn floats(raw: &[u8]) -> Vec<f32> {
     raw.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ModelConfig, Weights, forward_token};
+
+    #[tokio::test]
+    async fn handoff_round_trips_and_errors_carry_the_message() {
+        let c = ModelConfig::tiny();
+        let w = Weights::init(&c, 1);
+        let mut cache = KvCache::new(&c);
+        for t in [5u32, 6, 7] {
+            forward_token(&w, &mut cache, t, false);
+        }
+        let h = KvHandoff {
+            input_ids: vec![5, 6, 7],
+            first_token: 9,
+            first_logprob: -1.25,
+            cache,
+            weight_version: "v1".into(),
+        };
+        let (mut a, mut b) = tokio::io::duplex(1 << 20);
+        write_handoff(&mut a, &h).await.unwrap();
+        assert_eq!(read_handoff(&mut b).await.unwrap(), h);
+        write_error(&mut a, "room expired").await.unwrap();
+        assert!(
+            read_handoff(&mut b)
+                .await
+                .unwrap_err()
+                .contains("room expired")
+        );
+        drop(a);
+        assert!(
+            read_handoff(&mut b).await.is_err(),
+            "a closed connection is an error, not a hang"
+        );
+    }
 }

@@ -17,20 +17,33 @@ fn ok(message: impl Into<String>) -> Response {
 }
 
 /// `POST /abort_request {rid, abort_all}`.
-pub async fn abort_request(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn abort_request(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let obj = parse_object(&body)?;
     let abort_all = match obj.get("abort_all") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
-        Some(v) => return Err(ApiError::bad_request(format!("abort_all must be true or false, got {v}"))),
+        Some(v) => {
+            return Err(ApiError::bad_request(format!(
+                "abort_all must be true or false, got {v}"
+            )));
+        }
     };
     let rid = match obj.get("rid") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
-        Some(v) => return Err(ApiError::bad_request(format!("rid must be a string, got {v}"))),
+        Some(v) => {
+            return Err(ApiError::bad_request(format!(
+                "rid must be a string, got {v}"
+            )));
+        }
     };
     if rid.is_none() && !abort_all {
-        return Err(ApiError::bad_request("give rid (a request id) or abort_all: true"));
+        return Err(ApiError::bad_request(
+            "give rid (a request id) or abort_all: true",
+        ));
     }
     let target = if abort_all { None } else { rid };
     let n = state.core.call(|tx| Command::Abort(target, tx)).await?;
@@ -46,13 +59,18 @@ pub async fn flush_cache(State(state): State<Arc<AppState>>) -> Result<Response,
 }
 
 /// `POST /pause_generation {mode: "abort" | "retract" | "in_place"}` (default `abort`).
-pub async fn pause_generation(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn pause_generation(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let obj = parse_object(&body).map_err(ApiError::control)?;
     let mode = match obj.get("mode") {
         None | Some(Value::Null) => PauseMode::Abort,
         Some(Value::String(s)) => PauseMode::parse(s).ok_or_else(|| {
-            ApiError::bad_request(format!("unknown pause mode {s:?}; use \"abort\", \"retract\" or \"in_place\""))
-                .control()
+            ApiError::bad_request(format!(
+                "unknown pause mode {s:?}; use \"abort\", \"retract\" or \"in_place\""
+            ))
+            .control()
         })?,
         Some(v) => {
             return Err(ApiError::bad_request(format!("mode must be a string, got {v}")).control());
@@ -69,8 +87,10 @@ pub async fn pause_generation(State(state): State<Arc<AppState>>, body: Bytes) -
 /// `POST /continue_generation`.
 pub async fn continue_generation(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     state.core.call(Command::Continue).await?;
-    Ok(axum::Json(json!({"success": true, "status": "ok", "message": "Generation continued successfully."}))
-        .into_response())
+    Ok(axum::Json(
+        json!({"success": true, "status": "ok", "message": "Generation continued successfully."}),
+    )
+    .into_response())
 }
 
 fn tags(obj: &serde_json::Map<String, Value>) -> Result<(bool, bool), ApiError> {
@@ -92,7 +112,10 @@ fn tags(obj: &serde_json::Map<String, Value>) -> Result<(bool, bool), ApiError> 
             }
             Ok((w, kv))
         }
-        Some(v) => Err(ApiError::bad_request(format!("tags must be a list like [\"weights\", \"kv_cache\"], got {v}")).control()),
+        Some(v) => Err(ApiError::bad_request(format!(
+            "tags must be a list like [\"weights\", \"kv_cache\"], got {v}"
+        ))
+        .control()),
     }
 }
 
@@ -100,44 +123,88 @@ fn require_saver(state: &AppState) -> Result<(), ApiError> {
     if state.args.enable_memory_saver {
         Ok(())
     } else {
-        Err(ApiError::bad_request("memory release needs the server started with --enable-memory-saver").control())
+        Err(ApiError::bad_request(
+            "memory release needs the server started with --enable-memory-saver",
+        )
+        .control())
     }
 }
 
 /// `POST /release_memory_occupation {tags}`.
-pub async fn release_memory(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn release_memory(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let obj = parse_object(&body).map_err(ApiError::control)?;
     let (weights, kv_cache) = tags(&obj)?;
     require_saver(&state)?;
-    match state.core.call(|reply| Command::Release { weights, kv_cache, reply }).await? {
+    match state
+        .core
+        .call(|reply| Command::Release {
+            weights,
+            kv_cache,
+            reply,
+        })
+        .await?
+    {
         Ok(m) => Ok(ok(m)),
         Err(m) => Err(ApiError::bad_request(m).control()),
     }
 }
 
 /// `POST /resume_memory_occupation {tags}`.
-pub async fn resume_memory(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn resume_memory(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let obj = parse_object(&body).map_err(ApiError::control)?;
     let (weights, kv_cache) = tags(&obj)?;
     require_saver(&state)?;
-    match state.core.call(|reply| Command::Resume { weights, kv_cache, reply }).await? {
+    match state
+        .core
+        .call(|reply| Command::Resume {
+            weights,
+            kv_cache,
+            reply,
+        })
+        .await?
+    {
         Ok(m) => Ok(ok(m)),
         Err(m) => Err(ApiError::bad_request(m).control()),
     }
 }
 
 /// `POST /update_weight_version {new_version, abort_all_requests}`.
-pub async fn update_weight_version(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn update_weight_version(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let obj = parse_object(&body).map_err(ApiError::control)?;
     let version = obj
         .get("new_version")
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
-        .ok_or_else(|| ApiError::bad_request("new_version (a non-empty string) is required").control())?
+        .ok_or_else(|| {
+            ApiError::bad_request("new_version (a non-empty string) is required").control()
+        })?
         .to_string();
-    let abort_all = obj.get("abort_all_requests").and_then(Value::as_bool).unwrap_or(false);
-    match state.core.call(|reply| Command::SetVersion { version: version.clone(), abort_all, reply }).await? {
-        Ok(m) => Ok(axum::Json(json!({"success": true, "message": m, "new_version": version})).into_response()),
+    let abort_all = obj
+        .get("abort_all_requests")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    match state
+        .core
+        .call(|reply| Command::SetVersion {
+            version: version.clone(),
+            abort_all,
+            reply,
+        })
+        .await?
+    {
+        Ok(m) => Ok(
+            axum::Json(json!({"success": true, "message": m, "new_version": version}))
+                .into_response(),
+        ),
         Err(m) => Err(ApiError::bad_request(m).control()),
     }
 }

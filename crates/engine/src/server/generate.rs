@@ -29,7 +29,9 @@ use crate::tokenizer;
 /// Checks an item against this server's role and model before anything is submitted.
 pub fn check_item(state: &AppState, item: &GenItem) -> Result<(), ApiError> {
     if item.input_ids.is_empty() {
-        return Err(ApiError::bad_request("the prompt is empty; send at least one token"));
+        return Err(ApiError::bad_request(
+            "the prompt is empty; send at least one token",
+        ));
     }
     let ctx = state.config.max_position_embeddings;
     if item.input_ids.len() >= ctx {
@@ -66,13 +68,18 @@ pub fn start_item(state: &Arc<AppState>, item: &GenItem) -> mpsc::UnboundedRecei
     } else {
         (item.logprob_start_len as usize).min(n - 1)
     };
-    let seed = item.params.sampling_seed.unwrap_or_else(|| match item.bootstrap.room {
-        Some(room) => mix(state.args.random_seed, room),
-        None => mix(
-            state.args.random_seed,
-            state.counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-        ),
-    });
+    let seed = item
+        .params
+        .sampling_seed
+        .unwrap_or_else(|| match item.bootstrap.room {
+            Some(room) => mix(state.args.random_seed, room),
+            None => mix(
+                state.args.random_seed,
+                state
+                    .counter
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            ),
+        });
     let mut req = SeqRequest {
         rid: item.rid.clone(),
         input_ids: item.input_ids.clone(),
@@ -89,8 +96,15 @@ pub fn start_item(state: &Arc<AppState>, item: &GenItem) -> mpsc::UnboundedRecei
             submit(state, req, &tx);
         }
         (DisaggMode::Decode, Some(room)) => {
-            let host = item.bootstrap.host.clone().unwrap_or_else(|| "127.0.0.1".into());
-            let port = item.bootstrap.port.unwrap_or(state.args.disaggregation_bootstrap_port);
+            let host = item
+                .bootstrap
+                .host
+                .clone()
+                .unwrap_or_else(|| "127.0.0.1".into());
+            let port = item
+                .bootstrap
+                .port
+                .unwrap_or(state.args.disaggregation_bootstrap_port);
             let state = state.clone();
             tokio::spawn(async move {
                 let fetched = tokio::select! {
@@ -175,7 +189,10 @@ impl ItemState {
         match ev {
             SeqEvent::InputLogprobs(l) => self.input_lps = l,
             SeqEvent::Tokens(t) => self.output.extend(t),
-            SeqEvent::Finished { reason, weight_version } => {
+            SeqEvent::Finished {
+                reason,
+                weight_version,
+            } => {
                 self.finish = Some(reason);
                 self.weight_version = weight_version;
             }
@@ -189,7 +206,11 @@ impl ItemState {
 
     /// Output text as SGLang returns it (stop trimming applied at the end).
     pub fn text(&self) -> String {
-        output_text(&self.ids(), self.finish.as_ref(), self.item.params.no_stop_trim)
+        output_text(
+            &self.ids(),
+            self.finish.as_ref(),
+            self.item.params.no_stop_trim,
+        )
     }
 
     fn lp_entry(&self, lp: Option<f32>, id: u32) -> Value {
@@ -203,7 +224,11 @@ impl ItemState {
 
     /// `meta_info` as SGLang renders it.
     pub fn meta_info(&self, version_now: &str) -> Value {
-        let version = if self.weight_version.is_empty() { version_now } else { &self.weight_version };
+        let version = if self.weight_version.is_empty() {
+            version_now
+        } else {
+            &self.weight_version
+        };
         let mut m = json!({
             "id": self.item.rid,
             "finish_reason": self.finish.as_ref().map(FinishReason::to_json),
@@ -214,10 +239,18 @@ impl ItemState {
             "e2e_latency": self.started.elapsed().as_secs_f64(),
         });
         if self.item.return_logprob {
-            m["input_token_logprobs"] =
-                Value::Array(self.input_lps.iter().map(|(lp, id)| self.lp_entry(*lp, *id)).collect());
-            m["output_token_logprobs"] =
-                Value::Array(self.output.iter().map(|(id, lp)| self.lp_entry(Some(*lp), *id)).collect());
+            m["input_token_logprobs"] = Value::Array(
+                self.input_lps
+                    .iter()
+                    .map(|(lp, id)| self.lp_entry(*lp, *id))
+                    .collect(),
+            );
+            m["output_token_logprobs"] = Value::Array(
+                self.output
+                    .iter()
+                    .map(|(id, lp)| self.lp_entry(Some(*lp), *id))
+                    .collect(),
+            );
         }
         m
     }
@@ -268,7 +301,11 @@ where
             st.apply(ev);
         }
         let out = render(&mut st);
-        let next = if st.finish.is_some() { None } else { Some((st, rx, render)) };
+        let next = if st.finish.is_some() {
+            None
+        } else {
+            Some((st, rx, render))
+        };
         Some((out, next))
     })
 }
@@ -277,7 +314,9 @@ where
 pub fn sse(stream: impl Stream<Item = Value> + Send + 'static) -> Response {
     let body = stream
         .map(|v| Ok::<_, std::convert::Infallible>(Bytes::from(format!("data: {v}\n\n"))))
-        .chain(futures::stream::once(async { Ok(Bytes::from_static(b"data: [DONE]\n\n")) }));
+        .chain(futures::stream::once(async {
+            Ok(Bytes::from_static(b"data: [DONE]\n\n"))
+        }));
     (
         [
             (header::CONTENT_TYPE, "text/event-stream"),
@@ -289,7 +328,10 @@ pub fn sse(stream: impl Stream<Item = Value> + Send + 'static) -> Response {
 }
 
 /// `POST /generate`.
-pub async fn generate(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn generate(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let obj = parse_object(&body)?;
     let req = parse_generate(&obj)?;
     for item in &req.items {
@@ -321,6 +363,10 @@ pub async fn generate(State(state): State<Arc<AppState>>, body: Bytes) -> Result
     let version = state.core.status().weight_version;
     let done = futures::future::join_all(started.into_iter().map(|(st, rx)| collect(st, rx))).await;
     let out: Vec<Value> = done.iter().map(|s| s.to_json(&version)).collect();
-    Ok(axum::Json(if req.is_batch { Value::Array(out) } else { out.into_iter().next().unwrap_or(Value::Null) })
-        .into_response())
+    Ok(axum::Json(if req.is_batch {
+        Value::Array(out)
+    } else {
+        out.into_iter().next().unwrap_or(Value::Null)
+    })
+    .into_response())
 }

@@ -191,20 +191,77 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let label = format!("{{model_name=\"{}\"}}", state.args.served_name());
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, value: String| {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{label} {value}\n"));
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{label} {value}\n"
+        ));
     };
-    metric("sglang:num_running_reqs", "gauge", "Requests in the running batch.", st.num_running_reqs.to_string());
-    metric("sglang:num_queue_reqs", "gauge", "Requests waiting.", st.num_waiting_reqs.to_string());
-    metric("sglang:num_used_tokens", "gauge", "KV positions in use.", st.num_used_tokens.to_string());
-    metric("sglang:gen_throughput", "gauge", "Decode throughput of the last step (tokens/s).", st.last_gen_throughput.to_string());
-    metric("sglang:prompt_tokens_total", "counter", "Prompt tokens prefilled.", st.prompt_tokens_total.to_string());
-    metric("sglang:generation_tokens_total", "counter", "Tokens generated.", st.generation_tokens_total.to_string());
-    metric("sglang:num_requests_total", "counter", "Requests finished.", st.requests_finished_total.to_string());
-    metric("sglang:num_aborted_requests_total", "counter", "Requests aborted.", st.requests_aborted_total.to_string());
-    metric("troupe_engine_weight_updates_total", "counter", "Weight updates applied.", st.weight_updates_total.to_string());
-    metric("troupe_engine_paused", "gauge", "1 while generation is paused.", u8::from(st.paused.is_some()).to_string());
+    metric(
+        "sglang:num_running_reqs",
+        "gauge",
+        "Requests in the running batch.",
+        st.num_running_reqs.to_string(),
+    );
+    metric(
+        "sglang:num_queue_reqs",
+        "gauge",
+        "Requests waiting.",
+        st.num_waiting_reqs.to_string(),
+    );
+    metric(
+        "sglang:num_used_tokens",
+        "gauge",
+        "KV positions in use.",
+        st.num_used_tokens.to_string(),
+    );
+    metric(
+        "sglang:gen_throughput",
+        "gauge",
+        "Decode throughput of the last step (tokens/s).",
+        st.last_gen_throughput.to_string(),
+    );
+    metric(
+        "sglang:prompt_tokens_total",
+        "counter",
+        "Prompt tokens prefilled.",
+        st.prompt_tokens_total.to_string(),
+    );
+    metric(
+        "sglang:generation_tokens_total",
+        "counter",
+        "Tokens generated.",
+        st.generation_tokens_total.to_string(),
+    );
+    metric(
+        "sglang:num_requests_total",
+        "counter",
+        "Requests finished.",
+        st.requests_finished_total.to_string(),
+    );
+    metric(
+        "sglang:num_aborted_requests_total",
+        "counter",
+        "Requests aborted.",
+        st.requests_aborted_total.to_string(),
+    );
+    metric(
+        "troupe_engine_weight_updates_total",
+        "counter",
+        "Weight updates applied.",
+        st.weight_updates_total.to_string(),
+    );
+    metric(
+        "troupe_engine_paused",
+        "gauge",
+        "1 while generation is paused.",
+        u8::from(st.paused.is_some()).to_string(),
+    );
     if let Some(rooms) = &state.rooms {
-        metric("troupe_engine_pd_rooms", "gauge", "KV rooms awaiting pickup.", rooms.len().to_string());
+        metric(
+            "troupe_engine_pd_rooms",
+            "gauge",
+            "KV rooms awaiting pickup.",
+            rooms.len().to_string(),
+        );
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }

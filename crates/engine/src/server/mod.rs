@@ -88,7 +88,11 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
     let open = path.starts_with("/health") || path == "/metrics" || path == "/ready";
     let given = bearer(&req);
     if ADMIN_PATHS.contains(&path) {
-        let want = state.args.admin_api_key.as_deref().or(state.args.api_key.as_deref());
+        let want = state
+            .args
+            .admin_api_key
+            .as_deref()
+            .or(state.args.api_key.as_deref());
         if let Some(key) = want
             && given != Some(key)
         {
@@ -103,8 +107,10 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
         && given != Some(key)
         && given != state.args.admin_api_key.as_deref()
     {
-        return ApiError::unauthorized("missing or wrong API key: send Authorization: Bearer <api key>")
-            .into_response();
+        return ApiError::unauthorized(
+            "missing or wrong API key: send Authorization: Bearer <api key>",
+        )
+        .into_response();
     }
     next.run(req).await
 }
@@ -132,20 +138,38 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/loads", get(info::loads))
         .route("/metrics", get(info::metrics))
         .route("/get_weight_version", get(info::weight_version))
-        .route("/generate", post(generate::generate).put(generate::generate))
+        .route(
+            "/generate",
+            post(generate::generate).put(generate::generate),
+        )
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/abort_request", post(control::abort_request))
-        .route("/flush_cache", post(control::flush_cache).get(control::flush_cache))
+        .route(
+            "/flush_cache",
+            post(control::flush_cache).get(control::flush_cache),
+        )
         .route("/pause_generation", post(control::pause_generation))
         .route("/continue_generation", post(control::continue_generation))
         .route("/release_memory_occupation", post(control::release_memory))
         .route("/resume_memory_occupation", post(control::resume_memory))
-        .route("/update_weight_version", post(control::update_weight_version))
+        .route(
+            "/update_weight_version",
+            post(control::update_weight_version),
+        )
         .route("/init_weights_update_group", post(weights_api::init_group))
-        .route("/update_weights_from_distributed", post(weights_api::update_from_distributed))
-        .route("/destroy_weights_update_group", post(weights_api::destroy_group))
-        .route("/update_weights_from_disk", post(weights_api::update_from_disk))
+        .route(
+            "/update_weights_from_distributed",
+            post(weights_api::update_from_distributed),
+        )
+        .route(
+            "/destroy_weights_update_group",
+            post(weights_api::destroy_group),
+        )
+        .route(
+            "/update_weights_from_disk",
+            post(weights_api::update_from_disk),
+        )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .with_state(state)

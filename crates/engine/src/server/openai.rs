@@ -54,27 +54,37 @@ fn sampling(obj: &Map<String, Value>, default_max: u64) -> Result<SamplingParams
 
 fn bootstrap(obj: &Map<String, Value>) -> Result<Bootstrap, ApiError> {
     Ok(Bootstrap {
-        host: obj.get("bootstrap_host").and_then(Value::as_str).map(str::to_string),
+        host: obj
+            .get("bootstrap_host")
+            .and_then(Value::as_str)
+            .map(str::to_string),
         port: match obj.get("bootstrap_port") {
             None | Some(Value::Null) => None,
             Some(v) => Some(
                 v.as_u64()
                     .and_then(|p| u16::try_from(p).ok())
-                    .ok_or_else(|| ApiError::bad_request(format!("bootstrap_port must be a port number, got {v}")))?,
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "bootstrap_port must be a port number, got {v}"
+                        ))
+                    })?,
             ),
         },
         room: match obj.get("bootstrap_room") {
             None | Some(Value::Null) => None,
-            Some(v) => Some(
-                v.as_u64()
-                    .ok_or_else(|| ApiError::bad_request(format!("bootstrap_room must be a non-negative integer, got {v}")))?,
-            ),
+            Some(v) => Some(v.as_u64().ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "bootstrap_room must be a non-negative integer, got {v}"
+                ))
+            })?),
         },
     })
 }
 
 fn created() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn usage(states: &[ItemState]) -> Value {
@@ -101,7 +111,12 @@ fn emit_text(s: &ItemState) -> String {
     if s.finish.is_some() {
         return s.text();
     }
-    let bytes: Vec<u8> = s.ids().into_iter().filter(|&t| !tokenizer::is_special(t)).map(|t| t as u8).collect();
+    let bytes: Vec<u8> = s
+        .ids()
+        .into_iter()
+        .filter(|&t| !tokenizer::is_special(t))
+        .map(|t| t as u8)
+        .collect();
     match std::str::from_utf8(&bytes) {
         Ok(t) => t.to_string(),
         Err(e) => String::from_utf8_lossy(&bytes[..e.valid_up_to()]).into_owned(),
@@ -118,7 +133,13 @@ fn delta(s: &ItemState, sent: &mut usize) -> String {
 async fn run(
     state: &Arc<AppState>,
     items: Vec<GenItem>,
-) -> Result<Vec<(ItemState, tokio::sync::mpsc::UnboundedReceiver<crate::core::SeqEvent>)>, ApiError> {
+) -> Result<
+    Vec<(
+        ItemState,
+        tokio::sync::mpsc::UnboundedReceiver<crate::core::SeqEvent>,
+    )>,
+    ApiError,
+> {
     for item in &items {
         check_item(state, item)?;
     }
@@ -136,15 +157,22 @@ fn logprobs_flag(obj: &Map<String, Value>) -> Result<bool, ApiError> {
         None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(false),
         Some(Value::Bool(true)) => Ok(true),
         Some(v) if v.as_u64().is_some() => Ok(true),
-        Some(v) => Err(ApiError::bad_request(format!("logprobs must be a boolean or an integer, got {v}"))),
+        Some(v) => Err(ApiError::bad_request(format!(
+            "logprobs must be a boolean or an integer, got {v}"
+        ))),
     }
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let obj = parse_object(&body)?;
     if obj.get("echo").and_then(Value::as_bool) == Some(true) {
-        return Err(ApiError::bad_request("echo is not supported by the reference engine; remove it"));
+        return Err(ApiError::bad_request(
+            "echo is not supported by the reference engine; remove it",
+        ));
     }
     let (prompts, _) = prompts(&obj, "prompt")?;
     let params = sampling(&obj, 16)?;
@@ -152,7 +180,11 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Res
     let boot = bootstrap(&obj)?;
     let rid = obj.get("rid").and_then(Value::as_str).map(str::to_string);
     let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let include_usage = obj["stream_options"]["include_usage"].as_bool().unwrap_or(false);
+    let include_usage = obj
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let items = prompts
         .into_iter()
         .enumerate()
@@ -228,7 +260,11 @@ fn messages(obj: &Map<String, Value>) -> Result<Vec<(String, String)>, ApiError>
         .get("messages")
         .and_then(Value::as_array)
         .filter(|a| !a.is_empty())
-        .ok_or_else(|| ApiError::bad_request("messages (a non-empty list of {\"role\", \"content\"}) is required"))?;
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "messages (a non-empty list of {\"role\", \"content\"}) is required",
+            )
+        })?;
     list.iter()
         .enumerate()
         .map(|(i, m)| {
@@ -260,18 +296,33 @@ fn messages(obj: &Map<String, Value>) -> Result<Vec<(String, String)>, ApiError>
 }
 
 /// `POST /v1/chat/completions`.
-pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let obj = parse_object(&body)?;
-    if obj.get("tools").is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty())) {
-        return Err(ApiError::bad_request("tools are not supported by the reference engine; remove them"));
+    if obj
+        .get("tools")
+        .is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()))
+    {
+        return Err(ApiError::bad_request(
+            "tools are not supported by the reference engine; remove them",
+        ));
     }
     let msgs = messages(&obj)?;
     let params = sampling(&obj, 128)?;
     let want_lp = logprobs_flag(&obj)?;
     let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let include_usage = obj["stream_options"]["include_usage"].as_bool().unwrap_or(false);
+    let include_usage = obj
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let item = GenItem {
-        rid: obj.get("rid").and_then(Value::as_str).map_or_else(|| uuid::Uuid::new_v4().simple().to_string(), str::to_string),
+        rid: obj
+            .get("rid")
+            .and_then(Value::as_str)
+            .map_or_else(|| uuid::Uuid::new_v4().simple().to_string(), str::to_string),
         input_ids: tokenizer::encode(&tokenizer::apply_chat_template(&msgs)),
         params,
         return_logprob: want_lp,

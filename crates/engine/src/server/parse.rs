@@ -53,7 +53,12 @@ pub struct GenerateBody {
 }
 
 /// Either one value for every item, or a list with one per item.
-fn per_item<'a>(obj: &'a Map<String, Value>, key: &str, n: usize, is_batch: bool) -> Result<Vec<Option<&'a Value>>, ApiError> {
+fn per_item<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+    n: usize,
+    is_batch: bool,
+) -> Result<Vec<Option<&'a Value>>, ApiError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(vec![None; n]),
         Some(Value::Array(a)) if is_batch => {
@@ -63,7 +68,7 @@ fn per_item<'a>(obj: &'a Map<String, Value>, key: &str, n: usize, is_batch: bool
                     a.len()
                 )));
             }
-            Ok(a.iter().map(Some).collect())
+            Ok(a.iter().map(|v| Some(v).filter(|v| !v.is_null())).collect())
         }
         Some(v) => Ok(vec![Some(v); n]),
     }
@@ -89,7 +94,10 @@ fn token_list(v: &Value, what: &str) -> Result<Vec<u32>, ApiError> {
 
 /// Prompts from `text` / `input_ids` (exactly one of them). Returns the prompts and whether the
 /// body is a batch.
-pub fn prompts(obj: &Map<String, Value>, text_key: &str) -> Result<(Vec<Vec<u32>>, bool), ApiError> {
+pub fn prompts(
+    obj: &Map<String, Value>,
+    text_key: &str,
+) -> Result<(Vec<Vec<u32>>, bool), ApiError> {
     let text = obj.get(text_key).filter(|v| !v.is_null());
     let ids = obj.get("input_ids").filter(|v| !v.is_null());
     match (text, ids) {
@@ -102,13 +110,18 @@ pub fn prompts(obj: &Map<String, Value>, text_key: &str) -> Result<(Vec<Vec<u32>
         (Some(Value::String(s)), None) => Ok((vec![tokenizer::encode(s)], false)),
         (Some(Value::Array(a)), None) => {
             if a.is_empty() {
-                return Err(ApiError::bad_request(format!("{text_key} is an empty list; give at least one prompt")));
+                return Err(ApiError::bad_request(format!(
+                    "{text_key} is an empty list; give at least one prompt"
+                )));
             }
             let all = a
                 .iter()
                 .map(|s| {
                     s.as_str().map(tokenizer::encode).ok_or_else(|| {
-                        ApiError::bad_request(format!("{text_key} must be a string or a list of strings, found {}", type_name(s)))
+                        ApiError::bad_request(format!(
+                            "{text_key} must be a string or a list of strings, found {}",
+                            type_name(s)
+                        ))
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -127,7 +140,10 @@ pub fn prompts(obj: &Map<String, Value>, text_key: &str) -> Result<(Vec<Vec<u32>
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok((all, true))
             } else {
-                Ok((vec![token_list(&Value::Array(a.clone()), "input_ids")?], false))
+                Ok((
+                    vec![token_list(&Value::Array(a.clone()), "input_ids")?],
+                    false,
+                ))
             }
         }
         (None, Some(other)) => Err(ApiError::bad_request(format!(
@@ -141,20 +157,33 @@ fn as_bool(v: Option<&Value>, key: &str) -> Result<bool, ApiError> {
     match v {
         None => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(other) => Err(ApiError::bad_request(format!("{key} must be true or false, got {other}"))),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "{key} must be true or false, got {other}"
+        ))),
     }
 }
 
 /// Parses a whole `/generate` body.
 pub fn parse_generate(obj: &Map<String, Value>) -> Result<GenerateBody, ApiError> {
-    for key in ["image_data", "audio_data", "video_data", "input_embeds", "lora_path"] {
+    for key in [
+        "image_data",
+        "audio_data",
+        "video_data",
+        "input_embeds",
+        "lora_path",
+    ] {
         if obj.get(key).is_some_and(|v| !v.is_null()) {
             return Err(ApiError::bad_request(format!(
                 "{key} is not supported by the reference engine (text only); remove it"
             )));
         }
     }
-    if obj.get("top_logprobs_num").and_then(Value::as_u64).unwrap_or(0) > 0 {
+    if obj
+        .get("top_logprobs_num")
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+        > 0
+    {
         return Err(ApiError::bad_request(
             "top_logprobs_num is not supported by the reference engine; use return_logprob for per-token logprobs",
         ));
@@ -169,9 +198,14 @@ pub fn parse_generate(obj: &Map<String, Value>) -> Result<GenerateBody, ApiError
     let host = per_item(obj, "bootstrap_host", n, is_batch)?;
     let port = per_item(obj, "bootstrap_port", n, is_batch)?;
     let room = per_item(obj, "bootstrap_room", n, is_batch)?;
-    let text_in_lp = as_bool(obj.get("return_text_in_logprobs"), "return_text_in_logprobs")?;
+    let text_in_lp = as_bool(
+        obj.get("return_text_in_logprobs"),
+        "return_text_in_logprobs",
+    )?;
     if !is_batch && obj.get("rid").is_some_and(Value::is_array) {
-        return Err(ApiError::bad_request("rid is a list but the prompt is not a batch; send a single string"));
+        return Err(ApiError::bad_request(
+            "rid is a list but the prompt is not a batch; send a single string",
+        ));
     }
     let mut items = Vec::with_capacity(n);
     for (i, input_ids) in prompts.into_iter().enumerate() {
@@ -179,30 +213,46 @@ pub fn parse_generate(obj: &Map<String, Value>) -> Result<GenerateBody, ApiError
         let rid = match rid[i] {
             None => uuid::Uuid::new_v4().simple().to_string(),
             Some(Value::String(s)) => s.clone(),
-            Some(other) => return Err(ApiError::bad_request(format!("rid must be a string, got {other}"))),
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "rid must be a string, got {other}"
+                )));
+            }
         };
         let logprob_start_len = match start[i] {
             None => -1,
             Some(v) => v.as_i64().filter(|&s| s >= -1).ok_or_else(|| {
-                ApiError::bad_request(format!("logprob_start_len must be an integer >= -1, got {v}"))
+                ApiError::bad_request(format!(
+                    "logprob_start_len must be an integer >= -1, got {v}"
+                ))
             })?,
         };
         let bootstrap = Bootstrap {
             host: match host[i] {
                 None => None,
                 Some(Value::String(s)) => Some(s.clone()),
-                Some(other) => return Err(ApiError::bad_request(format!("bootstrap_host must be a string, got {other}"))),
+                Some(other) => {
+                    return Err(ApiError::bad_request(format!(
+                        "bootstrap_host must be a string, got {other}"
+                    )));
+                }
             },
             port: match port[i] {
                 None => None,
-                Some(v) => Some(v.as_u64().and_then(|p| u16::try_from(p).ok()).ok_or_else(|| {
-                    ApiError::bad_request(format!("bootstrap_port must be a port number (0-65535) or null, got {v}"))
-                })?),
+                Some(v) => Some(v.as_u64().and_then(|p| u16::try_from(p).ok()).ok_or_else(
+                    || {
+                        ApiError::bad_request(format!(
+                            "bootstrap_port must be a port number (0-65535) or null, got {v}"
+                        ))
+                    },
+                )?),
             },
             room: match room[i] {
                 None => None,
                 Some(v) => Some(v.as_u64().ok_or_else(|| {
-                    ApiError::bad_request(format!("bootstrap_room must be a non-negative integer, got {v}"))
+                    ApiError::bad_request(format!(
+                        "bootstrap_room must be a non-negative integer, got {v}"
+                    ))
                 })?),
             },
         };
@@ -216,7 +266,11 @@ pub fn parse_generate(obj: &Map<String, Value>) -> Result<GenerateBody, ApiError
             bootstrap,
         });
     }
-    Ok(GenerateBody { items, is_batch, stream })
+    Ok(GenerateBody {
+        items,
+        is_batch,
+        stream,
+    })
 }
 
 #[cfg(test)]
@@ -230,7 +284,10 @@ mod tests {
 
     #[test]
     fn single_and_batch_forms() {
-        let b = parse_generate(&obj(json!({"text": "hi", "sampling_params": {"max_new_tokens": 3}}))).unwrap();
+        let b = parse_generate(&obj(
+            json!({"text": "hi", "sampling_params": {"max_new_tokens": 3}}),
+        ))
+        .unwrap();
         assert!(!b.is_batch);
         assert_eq!(b.items[0].input_ids, vec![104, 105]);
         let b = parse_generate(&obj(json!({

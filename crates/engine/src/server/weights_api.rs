@@ -25,11 +25,19 @@ fn ok(message: impl Into<String>) -> Response {
     axum::Json(json!({"success": true, "message": message.into()})).into_response()
 }
 
-fn str_field<'a>(obj: &'a Map<String, Value>, key: &str, example: &str) -> Result<&'a str, ApiError> {
+fn str_field<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+    example: &str,
+) -> Result<&'a str, ApiError> {
     obj.get(key)
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
-        .ok_or_else(|| bad(format!("{key} (a non-empty string, e.g. {example:?}) is required")))
+        .ok_or_else(|| {
+            bad(format!(
+                "{key} (a non-empty string, e.g. {example:?}) is required"
+            ))
+        })
 }
 
 fn uint_field(obj: &Map<String, Value>, key: &str) -> Result<u64, ApiError> {
@@ -40,7 +48,10 @@ fn uint_field(obj: &Map<String, Value>, key: &str) -> Result<u64, ApiError> {
 
 /// `POST /init_weights_update_group {master_address, master_port, rank_offset, world_size,
 /// group_name, backend}`: connects to rank 0 covering ranks `rank_offset..rank_offset+tp_size`.
-pub async fn init_group(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn init_group(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let obj = parse_object(&body).map_err(ApiError::control)?;
     let addr = str_field(&obj, "master_address", "127.0.0.1")?.to_string();
     let port = u16::try_from(uint_field(&obj, "master_port")?)
@@ -55,7 +66,10 @@ pub async fn init_group(State(state): State<Arc<AppState>>, body: Bytes) -> Resu
         )));
     }
     let tp = u64::from(state.args.tp_size);
-    if rank_offset == 0 || rank_offset + tp > world_size {
+    let fits = rank_offset
+        .checked_add(tp)
+        .is_some_and(|end| end <= world_size && u32::try_from(end).is_ok());
+    if rank_offset == 0 || !fits {
         return Err(bad(format!(
             "rank_offset {rank_offset} with this engine's {tp} ranks does not fit world_size {world_size}: rank 0 is the trainer, so need 1 <= rank_offset and rank_offset + {tp} <= world_size"
         )));
@@ -66,22 +80,46 @@ pub async fn init_group(State(state): State<Arc<AppState>>, body: Bytes) -> Resu
             "group {group:?} is already joined; call /destroy_weights_update_group first or use another group_name"
         )));
     }
-    let host = if addr.contains(':') && !addr.starts_with('[') { format!("[{addr}]") } else { addr };
+    let host = if addr.contains(':') && !addr.starts_with('[') {
+        format!("[{addr}]")
+    } else {
+        addr
+    };
     let target = format!("{host}:{port}");
-    let rx = WeightReceiver::connect(&target, &group, rank_offset as u32, tp as u32, state.weights_timeout)
-        .await
-        .map_err(|e| bad(format!("could not join weight-update group {group:?} at {target}: {e}")))?;
+    let rx = WeightReceiver::connect(
+        &target,
+        &group,
+        rank_offset as u32,
+        state.args.tp_size,
+        state.weights_timeout,
+    )
+    .await
+    .map_err(|e| {
+        bad(format!(
+            "could not join weight-update group {group:?} at {target}: {e}"
+        ))
+    })?;
     groups.insert(group.clone(), rx);
-    Ok(ok(format!("Succeeded to initialize custom process group {group:?} as ranks {rank_offset}..{}.", rank_offset + tp)))
+    Ok(ok(format!(
+        "Succeeded to initialize custom process group {group:?} as ranks {rank_offset}..{}.",
+        rank_offset + tp
+    )))
 }
 
 /// `POST /destroy_weights_update_group {group_name}`.
-pub async fn destroy_group(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn destroy_group(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let obj = parse_object(&body).map_err(ApiError::control)?;
     let group = str_field(&obj, "group_name", "weight_sync")?;
     match state.groups.lock().await.remove(group) {
-        Some(_) => Ok(ok(format!("Succeeded to destroy custom process group {group:?}."))),
-        None => Err(bad(format!("no weight-update group named {group:?} is joined"))),
+        Some(_) => Ok(ok(format!(
+            "Succeeded to destroy custom process group {group:?}."
+        ))),
+        None => Err(bad(format!(
+            "no weight-update group named {group:?} is joined"
+        ))),
     }
 }
 
@@ -93,7 +131,11 @@ fn list<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<&'a Vec<Value>, Ap
 
 /// Parses and checks `names`, `dtypes`, `shapes` against the model.
 fn specs(state: &AppState, obj: &Map<String, Value>) -> Result<Vec<TensorSpec>, ApiError> {
-    let (names, dtypes, shapes) = (list(obj, "names")?, list(obj, "dtypes")?, list(obj, "shapes")?);
+    let (names, dtypes, shapes) = (
+        list(obj, "names")?,
+        list(obj, "dtypes")?,
+        list(obj, "shapes")?,
+    );
     if names.len() != dtypes.len() || names.len() != shapes.len() {
         return Err(bad(format!(
             "names, dtypes and shapes must have the same length (got {}, {}, {})",
@@ -105,13 +147,21 @@ fn specs(state: &AppState, obj: &Map<String, Value>) -> Result<Vec<TensorSpec>, 
     if names.is_empty() {
         return Err(bad("names is empty; send at least one tensor"));
     }
-    let known: std::collections::HashMap<String, Vec<usize>> = state.config.tensor_shapes().into_iter().collect();
+    let known: std::collections::HashMap<String, Vec<usize>> =
+        state.config.tensor_shapes().into_iter().collect();
     let mut out = Vec::with_capacity(names.len());
     for ((n, d), s) in names.iter().zip(dtypes).zip(shapes) {
-        let name = n.as_str().ok_or_else(|| bad(format!("names must be strings, found {n}")))?;
-        let dstr = d.as_str().ok_or_else(|| bad(format!("dtypes must be strings, found {d}")))?;
-        let dtype = WireDtype::parse(dstr)
-            .ok_or_else(|| bad(format!("dtype {dstr:?} of {name} is not supported; use bfloat16 or float32")))?;
+        let name = n
+            .as_str()
+            .ok_or_else(|| bad(format!("names must be strings, found {n}")))?;
+        let dstr = d
+            .as_str()
+            .ok_or_else(|| bad(format!("dtypes must be strings, found {d}")))?;
+        let dtype = WireDtype::parse(dstr).ok_or_else(|| {
+            bad(format!(
+                "dtype {dstr:?} of {name} is not supported; use bfloat16 or float32"
+            ))
+        })?;
         if dtype == WireDtype::F8E4M3 {
             return Err(bad(format!(
                 "{name}: float8_e4m3fn updates need FP8 support, which the reference engine does not have yet; send bfloat16 or float32"
@@ -119,8 +169,16 @@ fn specs(state: &AppState, obj: &Map<String, Value>) -> Result<Vec<TensorSpec>, 
         }
         let shape = s
             .as_array()
-            .and_then(|a| a.iter().map(|x| x.as_u64().map(|x| x as usize)).collect::<Option<Vec<_>>>())
-            .ok_or_else(|| bad(format!("shape of {name} must be a list of integers, found {s}")))?;
+            .and_then(|a| {
+                a.iter()
+                    .map(|x| x.as_u64().map(|x| x as usize))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .ok_or_else(|| {
+                bad(format!(
+                    "shape of {name} must be a list of integers, found {s}"
+                ))
+            })?;
         match known.get(name) {
             None => {
                 return Err(bad(format!(
@@ -128,11 +186,17 @@ fn specs(state: &AppState, obj: &Map<String, Value>) -> Result<Vec<TensorSpec>, 
                 )));
             }
             Some(want) if *want != shape => {
-                return Err(bad(format!("parameter {name} has shape {want:?}, update has {shape:?}")));
+                return Err(bad(format!(
+                    "parameter {name} has shape {want:?}, update has {shape:?}"
+                )));
             }
             Some(_) => {}
         }
-        out.push(TensorSpec { name: name.to_string(), dtype, shape });
+        out.push(TensorSpec {
+            name: name.to_string(),
+            dtype,
+            shape,
+        });
     }
     Ok(out)
 }
@@ -164,18 +228,20 @@ fn version_of(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
 /// `POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache,
 /// weight_version}`: reads exactly these tensors from rank 0 and swaps them in. A transport
 /// error or mismatch leaves the weights unchanged and leaves the group (it must be re-joined).
-pub async fn update_from_distributed(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn update_from_distributed(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let obj = parse_object(&body).map_err(ApiError::control)?;
     let group = str_field(&obj, "group_name", "weight_sync")?.to_string();
     let version = version_of(&obj)?;
     let specs = specs(&state, &obj)?;
     // Take the receiver out while reading, so two updates on one group cannot interleave.
-    let mut rx = state
-        .groups
-        .lock()
-        .await
-        .remove(&group)
-        .ok_or_else(|| bad(format!("no weight-update group named {group:?}; call /init_weights_update_group first")))?;
+    let mut rx = state.groups.lock().await.remove(&group).ok_or_else(|| {
+        bad(format!(
+            "no weight-update group named {group:?}; call /init_weights_update_group first"
+        ))
+    })?;
     let got = match rx.recv_bucket(&specs, state.weights_timeout).await {
         Ok(t) => t,
         Err(e) => {
@@ -185,8 +251,17 @@ pub async fn update_from_distributed(State(state): State<Arc<AppState>>, body: B
         }
     };
     state.groups.lock().await.insert(group, rx);
-    let tensors: Vec<(String, Vec<f32>)> = got.iter().map(|t| (t.name.clone(), to_f32(t))).collect();
-    match state.core.call(|reply| Command::UpdateTensors { tensors, version, reply }).await? {
+    let tensors: Vec<(String, Vec<f32>)> =
+        got.iter().map(|t| (t.name.clone(), to_f32(t))).collect();
+    match state
+        .core
+        .call(|reply| Command::UpdateTensors {
+            tensors,
+            version,
+            reply,
+        })
+        .await?
+    {
         Ok(m) => Ok(ok(m)),
         Err(m) => Err(bad(m)),
     }
@@ -194,11 +269,17 @@ pub async fn update_from_distributed(State(state): State<Arc<AppState>>, body: B
 
 /// `POST /update_weights_from_disk {model_path, weight_version, abort_all_requests}`: loads a
 /// safetensors file for this model and replaces all weights.
-pub async fn update_from_disk(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn update_from_disk(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let obj = parse_object(&body).map_err(ApiError::control)?;
     let path = PathBuf::from(str_field(&obj, "model_path", "/path/to/model.safetensors")?);
     let version = version_of(&obj)?;
-    let abort_all = obj.get("abort_all_requests").and_then(Value::as_bool).unwrap_or(false);
+    let abort_all = obj
+        .get("abort_all_requests")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let config = state.config.clone();
     let loaded = tokio::task::spawn_blocking(move || Weights::load_safetensors(&config, &path))
         .await
@@ -206,10 +287,18 @@ pub async fn update_from_disk(State(state): State<Arc<AppState>>, body: Bytes) -
         .map_err(|e| bad(format!("{e}; weights unchanged")))?;
     match state
         .core
-        .call(|reply| Command::ReplaceWeights { weights: Box::new(loaded), version, abort_all, reply })
+        .call(|reply| Command::ReplaceWeights {
+            weights: Box::new(loaded),
+            version,
+            abort_all,
+            reply,
+        })
         .await?
     {
-        Ok(m) => Ok(axum::Json(json!({"success": true, "message": m, "num_paused_requests": 0})).into_response()),
+        Ok(m) => Ok(
+            axum::Json(json!({"success": true, "message": m, "num_paused_requests": 0}))
+                .into_response(),
+        ),
         Err(m) => Err(bad(m)),
     }
 }

@@ -41,10 +41,18 @@ pub fn client() -> reqwest::Client {
 
 /// POST JSON, return (status, body as JSON or as a string value).
 pub async fn post(url: &str, body: &Value) -> (u16, Value) {
-    let r = client().post(url).json(body).send().await.expect("request sent");
+    let r = client()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
     let status = r.status().as_u16();
     let text = r.text().await.expect("body");
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 /// POST raw bytes.
@@ -58,7 +66,10 @@ pub async fn post_raw(url: &str, body: &str) -> (u16, Value) {
         .expect("request sent");
     let status = r.status().as_u16();
     let text = r.text().await.expect("body");
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 /// GET, return (status, JSON or string).
@@ -66,20 +77,33 @@ pub async fn get(url: &str) -> (u16, Value) {
     let r = client().get(url).send().await.expect("request sent");
     let status = r.status().as_u16();
     let text = r.text().await.expect("body");
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 /// POST and parse an SSE body into its JSON events; asserts the stream ends with `[DONE]`.
 pub async fn post_stream(url: &str, body: &Value) -> Vec<Value> {
-    let r = client().post(url).json(body).send().await.expect("request sent");
-    assert_eq!(r.status().as_u16(), 200, "stream status");
+    let r = client()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    let status = r.status().as_u16();
     let text = r.text().await.expect("body");
+    assert_eq!(status, 200, "stream status: {text}");
     let events: Vec<&str> = text
         .split("\n\n")
         .filter(|e| !e.trim().is_empty())
         .map(|e| e.strip_prefix("data: ").expect("SSE data line"))
         .collect();
-    assert_eq!(events.last().copied(), Some("[DONE]"), "stream must end with [DONE]: {text}");
+    assert_eq!(
+        events.last().copied(),
+        Some("[DONE]"),
+        "stream must end with [DONE]: {text}"
+    );
     events[..events.len() - 1]
         .iter()
         .map(|e| serde_json::from_str(e).expect("event is JSON"))
@@ -107,17 +131,32 @@ fn is_batch(body: &Value) -> bool {
 
 /// Sends `body` to prefill and decode concurrently, as SGLang's router does, and merges
 /// prefill's input logprobs into decode's answer.
-pub async fn pd_generate(prefill: &str, decode: &str, body: &Value, port: Option<u16>, rooms: &[u64]) -> Value {
+pub async fn pd_generate(
+    prefill: &str,
+    decode: &str,
+    body: &Value,
+    port: Option<u16>,
+    rooms: &[u64],
+) -> Value {
     let b = with_bootstrap(body, port, rooms);
-    let (p, d) = tokio::join!(post(&format!("{prefill}/generate"), &b), post(&format!("{decode}/generate"), &b));
+    let (pu, du) = (format!("{prefill}/generate"), format!("{decode}/generate"));
+    let (p, d) = tokio::join!(post(&pu, &b), post(&du, &b));
     assert_eq!(p.0, 200, "prefill: {}", p.1);
     assert_eq!(d.0, 200, "decode: {}", d.1);
     let mut out = d.1;
     let merge = |dec: &mut Value, pre: &Value| {
-        assert_eq!(pre["meta_info"]["finish_reason"], json!({"type": "length", "length": 0}));
+        assert_eq!(
+            pre["meta_info"]["finish_reason"],
+            json!({"type": "length", "length": 0})
+        );
         if let Some(pl) = pre["meta_info"]["input_token_logprobs"].as_array() {
             let mut merged = pl.clone();
-            merged.extend(dec["meta_info"]["input_token_logprobs"].as_array().cloned().unwrap_or_default());
+            merged.extend(
+                dec["meta_info"]["input_token_logprobs"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+            );
             dec["meta_info"]["input_token_logprobs"] = json!(merged);
         }
     };
