@@ -10,6 +10,7 @@
 //! - [`service`]: the gRPC face of the core.
 //! - [`process`]: child processes that take their process tree with them.
 //! - [`builtin`]: kinds every host offers.
+//! - [`inference`]: the InferenceServer actor and server command builders.
 
 pub mod actor;
 pub mod builtin;
@@ -17,9 +18,11 @@ pub mod error;
 mod events;
 pub mod host;
 mod hosted;
+pub mod inference;
 pub mod process;
 pub mod registry;
 pub mod service;
+pub mod serving;
 
 pub use actor::{Actor, ActorContext, Handler, Message, Methods};
 pub use error::{ActorError, CallError};

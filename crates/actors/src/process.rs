@@ -4,7 +4,7 @@
 //! Killing only the direct child leaves those holding GPUs and ports, so every child starts as
 //! the leader of its own process group and is stopped by signalling the group.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -100,4 +100,30 @@ impl Drop for ChildProcess {
         let _ = self.signal(Signal::SIGKILL);
         let _ = self.child.start_kill();
     }
+}
+
+/// Finds the `troupe` binary: `$TROUPE_BIN`, this executable if it is `troupe`, or a `troupe`
+/// next to (or one directory above) this executable, which is where cargo puts it for tests.
+///
+/// Hosts and InferenceServers start `troupe host` / `troupe engine` children; inside a test
+/// binary the current executable is not `troupe`, so this is how they find the real one.
+pub fn troupe_binary() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("TROUPE_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
+    if exe.file_stem().is_some_and(|s| s == "troupe") {
+        return Ok(exe);
+    }
+    let mut dir = exe.parent();
+    for _ in 0..2 {
+        if let Some(d) = dir {
+            let cand = d.join("troupe");
+            if cand.is_file() {
+                return Ok(cand);
+            }
+            dir = d.parent();
+        }
+    }
+    Err("cannot find the `troupe` binary: build it (`cargo build`) or set TROUPE_BIN".into())
 }

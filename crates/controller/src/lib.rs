@@ -12,6 +12,7 @@ pub mod hostcmd;
 pub mod local;
 pub mod membership;
 pub mod quantize;
+pub mod serve;
 
 pub use cluster::{Cluster, ClusterBuilder, ClusterError, InProcessTransport};
 pub use handle::{ActorHandle, HostHandle, SpawnOptions};

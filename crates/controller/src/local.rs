@@ -3,7 +3,7 @@
 //! The controller starts each with `--listen 127.0.0.1:0` and learns its address from the one
 //! line the host prints when it is ready, so no port is ever guessed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -14,28 +14,7 @@ use troupe_actors::process::ChildProcess;
 /// The line a ready host prints on stdout, followed by its address.
 pub const READY_PREFIX: &str = "host listening on ";
 
-/// Finds the `troupe` binary: `$TROUPE_BIN`, this executable if it is `troupe`, or a `troupe`
-/// next to (or one directory above) this executable, which is where cargo puts it for tests.
-pub fn troupe_binary() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os("TROUPE_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
-    if exe.file_stem().is_some_and(|s| s == "troupe") {
-        return Ok(exe);
-    }
-    let mut dir = exe.parent();
-    for _ in 0..2 {
-        if let Some(d) = dir {
-            let cand = d.join("troupe");
-            if cand.is_file() {
-                return Ok(cand);
-            }
-            dir = d.parent();
-        }
-    }
-    Err("cannot find the `troupe` binary: build it (`cargo build`) or set TROUPE_BIN".into())
-}
+pub use troupe_actors::process::troupe_binary;
 
 /// A `troupe host` process this controller started.
 pub(crate) struct LocalHost {

@@ -25,6 +25,10 @@ enum Cmd {
     Alloc(troupe_scheduler::cli::AllocArgs),
     /// Convert a BF16/F32 safetensors checkpoint to FP8 (e4m3, block-wise scales).
     Quantize(quantize::QuantizeArgs),
+    /// Run the reference inference engine (speaks SGLang's HTTP protocol, PD included).
+    Engine(troupe_engine::cli::EngineArgs),
+    /// Bring up rollout serving from a YAML config and print the gateway address.
+    Serve(troupe_controller::serve::cmd::ServeArgs),
     /// Benchmarks; each prints one line per figure.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -104,6 +108,14 @@ fn main() -> ExitCode {
             Cmd::Alloc(_) | Cmd::Quantize(_) | Cmd::Bench(BenchCmd::Fp8 { .. }) => {
                 ExitCode::SUCCESS // handled above, without a runtime
             }
+            Cmd::Engine(a) => match troupe_engine::serve(a).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            },
+            Cmd::Serve(a) => match troupe_controller::serve::cmd::run(&a).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            },
             Cmd::Bench(BenchCmd::Rpc(a)) => match bench::rpc::run(&a).await {
                 Ok(figs) => {
                     bench::print_figures(&figs, a.json);

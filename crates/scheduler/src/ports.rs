@@ -136,11 +136,14 @@ impl InstancePorts {
 ///
 /// It exists so that every port decision (initial placement and relaunch after `EADDRINUSE`)
 /// goes through one forward-only cursor per host: a port is never handed out twice.
+///
+/// Hosts that share a network address share one cursor: several actor hosts on one machine (a
+/// laptop, a CI box, in-process test clusters) share that machine's port space.
 #[derive(Debug, Clone)]
 pub struct PortAllocator {
     range: PortRange,
     probe: Arc<dyn PortProbe>,
-    cursors: BTreeMap<usize, u32>,
+    cursors: BTreeMap<String, u32>,
 }
 
 impl PortAllocator {
@@ -164,22 +167,22 @@ impl PortAllocator {
     }
 
     /// The next port the cursor of `host` will consider.
-    pub fn cursor(&self, host: usize) -> u32 {
+    pub fn cursor(&self, host: &HostResources) -> u32 {
         self.cursors
-            .get(&host)
+            .get(&port_space(host))
             .copied()
             .unwrap_or(u32::from(self.range.start))
     }
 
     /// Hands out the next free port of `host`, skipping ports the probe reports as taken.
     pub fn take(&mut self, host: &HostResources) -> Result<u16, SchedulerError> {
-        let mut next = self.cursor(host.index);
+        let mut next = self.cursor(host);
         let end = u32::from(self.range.end);
         while next <= end {
             let candidate = u16::try_from(next).unwrap_or(u16::MAX);
             next += 1;
             if self.probe.is_free(host, candidate) {
-                self.cursors.insert(host.index, next);
+                self.cursors.insert(port_space(host), next);
                 return Ok(candidate);
             }
         }
@@ -197,7 +200,8 @@ impl PortAllocator {
         needs: PortNeeds,
     ) -> Result<InstancePorts, SchedulerError> {
         // Only this host's cursor moves; put it back if any port cannot be had.
-        let saved = self.cursors.get(&host.index).copied();
+        let key = port_space(host);
+        let saved = self.cursors.get(&key).copied();
         let mut take = |wanted: bool| -> Result<Option<u16>, SchedulerError> {
             if wanted {
                 self.take(host).map(Some)
@@ -214,8 +218,8 @@ impl PortAllocator {
         })();
         if result.is_err() {
             match saved {
-                Some(cursor) => self.cursors.insert(host.index, cursor),
-                None => self.cursors.remove(&host.index),
+                Some(cursor) => self.cursors.insert(key, cursor),
+                None => self.cursors.remove(&key),
             };
         }
         result
@@ -229,5 +233,21 @@ impl PortAllocator {
         old: &InstancePorts,
     ) -> Result<InstancePorts, SchedulerError> {
         self.take_ports(host, old.needs())
+    }
+}
+
+/// The port space a host draws from: its network address without any port, or its index when
+/// it has no address.
+fn port_space(host: &HostResources) -> String {
+    let a = host.address.trim();
+    if a.is_empty() {
+        return format!("#{}", host.index);
+    }
+    // "10.0.0.1:7000" and "[::1]:7000" name a machine plus a port; keep only the machine.
+    match a.rsplit_once(':') {
+        Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) && !h.is_empty() => {
+            h.trim_start_matches('[').trim_end_matches(']').to_string()
+        }
+        _ => a.to_string(),
     }
 }

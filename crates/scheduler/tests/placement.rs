@@ -278,7 +278,7 @@ fn probed_ports_that_are_taken_are_skipped() {
         ports(Some(10000), Some(10002), Some(10003))
     );
     assert_eq!(p.instances[1].ports, ports(Some(10005), Some(10006), None));
-    assert_eq!(alloc.cursor(0), 10007);
+    assert_eq!(alloc.cursor(&HostResources::uniform(1, 2)[0]), 10007);
 }
 
 #[test]
@@ -319,7 +319,7 @@ fn exhausted_ports_fail_and_change_nothing() {
     );
     assert!(err.to_string().contains("10000-10002"), "{err}");
     assert_eq!(
-        alloc.cursor(0),
+        alloc.cursor(&HostResources::uniform(1, 2)[0]),
         10000,
         "a failed placement must not move the cursor"
     );
@@ -422,4 +422,23 @@ fn local_bind_probe_skips_a_port_in_use() {
     assert_ne!(port, busy);
     assert!(port > busy && port <= end);
     drop(listener);
+}
+
+#[test]
+fn hosts_sharing_an_address_share_one_port_cursor() {
+    // Two actor hosts on one machine: their servers must never get the same port.
+    let hosts = vec![
+        HostResources::new(0, "127.0.0.1", vec![0, 1]),
+        HostResources::new(1, "127.0.0.1:9000", vec![0, 1]),
+    ];
+    let plan = AllocationPlan::parse("troupe:(prefill:d2t1|decode:d2t1)").unwrap();
+    let mut alloc = PortAllocator::preview();
+    let p = place(&plan, &hosts, &mut alloc, &PlacementOptions::default()).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for i in &p.instances {
+        for port in [i.ports.http, i.ports.dist, i.ports.bootstrap].into_iter().flatten() {
+            assert!(seen.insert(port), "port {port} handed out twice on one machine");
+        }
+    }
+    assert!(p.instances.iter().any(|i| i.host == 1), "both hosts are used");
 }

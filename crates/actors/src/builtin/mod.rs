@@ -3,6 +3,7 @@
 //! - [`diag::Diag`] (`troupe.diag`): echo and sleep, for health checks, latency benchmarks and
 //!   checking call ordering through any transport.
 //! - [`process::Process`] (`troupe.process`): runs a command on the host and owns it.
+//! - [`crate::inference::InferenceServer`] (`troupe.inference`): owns one inference server.
 
 pub mod diag;
 pub mod process;
@@ -13,4 +14,7 @@ use crate::registry::Registry;
 pub(crate) fn register(r: &mut Registry) {
     r.register::<diag::Diag>();
     r.register::<process::Process>();
+    r.register::<crate::inference::InferenceServer>();
+    r.register::<crate::serving::actors::GatewayActor>();
+    r.register::<crate::serving::actors::ProxyActor>();
 }

@@ -1,0 +1,264 @@
+//! The gateway: one HTTP server that routes SGLang and OpenAI requests to workers.
+//!
+//! - Inference: `/generate`, `/v1/completions`, `/v1/chat/completions` (regular or PD, stream or
+//!   not, with retries), `/v1/models`.
+//! - Health and metrics: `/health` (liveness), `/readiness`, `/metrics` (Prometheus text).
+//! - Admin (SGLang router compatible, admin key required when configured): `POST /workers`,
+//!   `GET /workers`, `GET /workers/{id}`, `DELETE /workers/{id}`.
+//!
+//! [`start`] runs it in-process and returns a [`GatewayHandle`]; the `troupe.gateway` actor
+//! wraps the same call.
+
+mod admin;
+mod forward;
+mod stream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::client;
+use super::error::{ApiError, ServingError};
+use super::metrics::Metrics;
+use super::router::{Router, RouterConfig};
+use super::worker::{WorkerSpec, WorkerType};
+
+/// Everything the gateway is started from.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// `host:port` to listen on (port 0 picks a free one).
+    pub listen: String,
+    /// PD mode: route every request to a (prefill, decode) pair; otherwise to one regular worker.
+    pub pd: bool,
+    /// Router settings: policies, health probing, circuit breaker.
+    pub router: RouterConfig,
+    /// Bearer key the admin endpoints require (`None`: open).
+    pub admin_key: Option<String>,
+    /// Bearer key sent to workers (their `--api-key`).
+    pub worker_api_key: Option<String>,
+    /// Retries after the first attempt (each on a newly routed worker / pair, new rooms).
+    pub max_retries: u32,
+    /// Backoff before the first retry; doubles per retry, capped at one second.
+    pub retry_backoff: Duration,
+    /// Upper bound on one non-stream attempt (decode waits up to its KV timeout for a prefill).
+    pub request_timeout: Duration,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Workers registered at start.
+    pub workers: Vec<WorkerSpec>,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:0".into(),
+            pd: false,
+            router: RouterConfig::default(),
+            admin_key: None,
+            worker_api_key: None,
+            max_retries: 3,
+            retry_backoff: Duration::from_millis(5),
+            request_timeout: Duration::from_secs(600),
+            max_body_bytes: 64 << 20,
+            workers: Vec::new(),
+        }
+    }
+}
+
+/// Shared state of the handlers.
+#[derive(Debug)]
+pub(crate) struct GatewayState {
+    pub(crate) cfg: GatewayConfig,
+    pub(crate) router: Arc<Router>,
+    pub(crate) client: reqwest::Client,
+    pub(crate) metrics: Metrics,
+}
+
+impl GatewayState {
+    /// Whether `ty` may be registered on this gateway.
+    fn accepts(&self, ty: WorkerType) -> Result<(), ServingError> {
+        match (self.cfg.pd, ty) {
+            (true, WorkerType::Regular) => Err(ServingError::InvalidWorker(
+                "this gateway runs in PD mode; register prefill and decode workers".into(),
+            )),
+            (false, WorkerType::Prefill | WorkerType::Decode) => {
+                Err(ServingError::InvalidWorker(format!(
+                    "this gateway is not in PD mode; {ty} workers need a gateway started with pd = true"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Registers a worker after checking it fits the mode.
+    pub(crate) fn register(&self, spec: &WorkerSpec) -> Result<super::WorkerInfo, ServingError> {
+        self.accepts(spec.worker_type)?;
+        self.router.add_worker(spec)
+    }
+}
+
+/// A running gateway.
+#[derive(Debug)]
+pub struct GatewayHandle {
+    addr: SocketAddr,
+    state: Arc<GatewayState>,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: JoinHandle<std::io::Result<()>>,
+    health: Option<JoinHandle<()>>,
+}
+
+impl GatewayHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://host:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The router, to register workers programmatically.
+    pub fn router(&self) -> &Arc<Router> {
+        &self.state.router
+    }
+
+    /// Registers a worker (checked against the PD mode, like `POST /workers`).
+    pub fn add_worker(&self, spec: &WorkerSpec) -> Result<super::WorkerInfo, ServingError> {
+        self.state.register(spec)
+    }
+
+    /// Retries performed so far.
+    pub fn retries(&self) -> u64 {
+        self.state.metrics.retries()
+    }
+
+    /// Stops accepting, lets open responses finish, stops health probing.
+    pub async fn shutdown(mut self) -> Result<(), ServingError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(h) = self.health.take() {
+            h.abort();
+        }
+        match (&mut self.server).await {
+            Ok(r) => r.map_err(ServingError::Io),
+            Err(e) => Err(ServingError::Io(std::io::Error::other(e))),
+        }
+    }
+}
+
+impl Drop for GatewayHandle {
+    fn drop(&mut self) {
+        if let Some(h) = self.health.take() {
+            h.abort();
+        }
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Starts a gateway: registers `cfg.workers`, binds, starts health probing and serving.
+pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
+    if cfg.max_body_bytes == 0 {
+        return Err(ServingError::Config(
+            "max_body_bytes must be positive".into(),
+        ));
+    }
+    let router = Router::new(cfg.router.clone());
+    let client = client::build()?;
+    let state = Arc::new(GatewayState {
+        router: router.clone(),
+        client: client.clone(),
+        metrics: Metrics::default(),
+        cfg,
+    });
+    for spec in &state.cfg.workers {
+        state.register(spec)?;
+    }
+    let listener = client::bind(&state.cfg.listen).await?;
+    let addr = listener.local_addr()?;
+    let app = app(state.clone());
+    let (tx, rx) = oneshot::channel::<()>();
+    let server = tokio::spawn(client::serve(listener, app, async {
+        let _ = rx.await;
+    }));
+    let health = super::health::spawn(router, client);
+    tracing::info!(%addr, pd = state.cfg.pd, "gateway started");
+    Ok(GatewayHandle {
+        addr,
+        state,
+        shutdown: Some(tx),
+        server,
+        health,
+    })
+}
+
+fn app(state: Arc<GatewayState>) -> axum::Router {
+    axum::Router::new()
+        .route("/generate", post(forward::generate))
+        .route("/v1/completions", post(forward::completions))
+        .route("/v1/chat/completions", post(forward::chat_completions))
+        .route("/v1/models", get(forward::models))
+        .route("/health", get(health))
+        .route("/liveness", get(health))
+        .route("/readiness", get(readiness))
+        .route("/metrics", get(metrics))
+        .route("/workers", post(admin::add).get(admin::list))
+        .route("/workers/{id}", get(admin::get_one).delete(admin::remove))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
+        .with_state(state)
+}
+
+async fn health(axum::extract::State(state): axum::extract::State<Arc<GatewayState>>) -> Response {
+    let ws = state.router.list();
+    let healthy = ws.iter().filter(|w| w.is_healthy).count();
+    axum::Json(serde_json::json!({"status": "ok", "workers": ws.len(), "healthy_workers": healthy}))
+        .into_response()
+}
+
+async fn readiness(
+    axum::extract::State(state): axum::extract::State<Arc<GatewayState>>,
+) -> Response {
+    let ctx = super::policy::RouteContext::default();
+    let ready = if state.cfg.pd {
+        state.router.route_pd(&ctx, &[]).map(|_| ())
+    } else {
+        state
+            .router
+            .route(WorkerType::Regular, &ctx, &[])
+            .map(|_| ())
+    };
+    match ready {
+        Ok(()) => axum::Json(serde_json::json!({"status": "ready"})).into_response(),
+        Err(e) => ApiError::unavailable(format!("not ready: {e}")).into_response(),
+    }
+}
+
+async fn metrics(axum::extract::State(state): axum::extract::State<Arc<GatewayState>>) -> Response {
+    (
+        StatusCode::OK,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        state.metrics.render(&state.router),
+    )
+        .into_response()
+}
+
+async fn not_found(req: axum::extract::Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no endpoint {} {}", req.method(), req.uri().path()),
+    )
+}

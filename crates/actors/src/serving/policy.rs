@@ -1,0 +1,175 @@
+//! Load-balancing policies.
+//!
+//! A [`Policy`] picks one worker out of the *available* workers of one type (the router filters
+//! out unhealthy ones and open circuits first). Prefill and decode each get their own policy
+//! instance, so e.g. prefill can balance by load while decode pins sessions.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use super::error::ServingError;
+use super::worker::Worker;
+
+/// Facts about the request a policy may use.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RouteContext<'a> {
+    /// The session key (header `X-Session-ID`), if the client sent one.
+    pub session: Option<&'a str>,
+}
+
+/// Picks a worker.
+pub trait Policy: Send + Sync + fmt::Debug {
+    /// The policy's name as configured.
+    fn name(&self) -> &'static str;
+    /// Index into `workers` (never empty) of the chosen worker.
+    fn pick(&self, workers: &[Arc<dyn Worker>], ctx: &RouteContext<'_>) -> usize;
+    /// Forgets state about a removed worker.
+    fn forget(&self, _worker_id: &str) {}
+}
+
+/// The configurable policies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Cycle through workers in order.
+    RoundRobin,
+    /// Uniformly at random.
+    Random,
+    /// Sample two, take the one with fewer requests in flight.
+    #[default]
+    PowerOfTwo,
+    /// Pin each `X-Session-ID` to one worker while it stays available; balance by load
+    /// otherwise.
+    Sticky,
+}
+
+impl PolicyKind {
+    /// Parses the configured name.
+    pub fn parse(s: &str) -> Result<Self, ServingError> {
+        match s {
+            "round_robin" => Ok(PolicyKind::RoundRobin),
+            "random" => Ok(PolicyKind::Random),
+            "power_of_two" => Ok(PolicyKind::PowerOfTwo),
+            "sticky" => Ok(PolicyKind::Sticky),
+            other => Err(ServingError::Config(format!(
+                "unknown policy {other:?}; use round_robin, random, power_of_two or sticky"
+            ))),
+        }
+    }
+
+    /// Builds a fresh policy of this kind.
+    pub fn build(self) -> Arc<dyn Policy> {
+        match self {
+            PolicyKind::RoundRobin => Arc::new(RoundRobin::default()),
+            PolicyKind::Random => Arc::new(Random),
+            PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo),
+            PolicyKind::Sticky => Arc::new(Sticky::default()),
+        }
+    }
+}
+
+/// Cycles through the workers.
+#[derive(Debug, Default)]
+pub struct RoundRobin {
+    next: AtomicUsize,
+}
+
+impl Policy for RoundRobin {
+    fn name(&self) -> &'static str {
+        "round_robin"
+    }
+    fn pick(&self, workers: &[Arc<dyn Worker>], _ctx: &RouteContext<'_>) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % workers.len()
+    }
+}
+
+/// Uniformly random.
+#[derive(Debug, Default)]
+pub struct Random;
+
+impl Policy for Random {
+    fn name(&self) -> &'static str {
+        "random"
+    }
+    fn pick(&self, workers: &[Arc<dyn Worker>], _ctx: &RouteContext<'_>) -> usize {
+        rand::rng().random_range(0..workers.len())
+    }
+}
+
+/// Power of two choices on in-flight load.
+#[derive(Debug, Default)]
+pub struct PowerOfTwo;
+
+impl Policy for PowerOfTwo {
+    fn name(&self) -> &'static str {
+        "power_of_two"
+    }
+    fn pick(&self, workers: &[Arc<dyn Worker>], _ctx: &RouteContext<'_>) -> usize {
+        let n = workers.len();
+        if n == 1 {
+            return 0;
+        }
+        let mut rng = rand::rng();
+        let a = rng.random_range(0..n);
+        let b = (a + rng.random_range(1..n)) % n;
+        if workers[b].load() < workers[a].load() {
+            b
+        } else {
+            a
+        }
+    }
+}
+
+/// Most sessions a sticky policy remembers; beyond it the table starts over (a trajectory
+/// then lands on the least loaded worker and is pinned again).
+const MAX_SESSIONS: usize = 1 << 20;
+
+/// Session affinity with load balancing for new sessions.
+#[derive(Debug, Default)]
+pub struct Sticky {
+    pins: Mutex<HashMap<String, String>>,
+}
+
+impl Sticky {
+    fn least_loaded(workers: &[Arc<dyn Worker>]) -> usize {
+        // Ties go to the first, so equal loads spread by order of arrival through the loads
+        // themselves rather than by chance.
+        workers
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, w)| w.load())
+            .map_or(0, |(i, _)| i)
+    }
+}
+
+impl Policy for Sticky {
+    fn name(&self) -> &'static str {
+        "sticky"
+    }
+    fn pick(&self, workers: &[Arc<dyn Worker>], ctx: &RouteContext<'_>) -> usize {
+        let Some(session) = ctx.session else {
+            return Self::least_loaded(workers);
+        };
+        let mut pins = self.pins.lock();
+        if let Some(id) = pins.get(session)
+            && let Some(i) = workers.iter().position(|w| w.id() == id)
+        {
+            return i;
+        }
+        let i = Self::least_loaded(workers);
+        if pins.len() >= MAX_SESSIONS {
+            pins.clear();
+        }
+        pins.insert(session.to_string(), workers[i].id().to_string());
+        i
+    }
+    fn forget(&self, worker_id: &str) {
+        self.pins.lock().retain(|_, w| w != worker_id);
+    }
+}

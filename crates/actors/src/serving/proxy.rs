@@ -1,0 +1,437 @@
+//! The DataProxy: an HTTP server in front of one inference server (or, by override, a list of
+//! backend addresses, used round-robin).
+//!
+//! Everything is forwarded unchanged, except that a single, non-stream `/generate` runs the
+//! pause-aware **abort → resubmit** loop rollouts rely on: when the backend answers with
+//! `meta_info.finish_reason.type == "abort"` (a weight update paused generation with mode
+//! `abort`), the proxy waits until the backend is no longer paused (polling `/server_info`'s
+//! `internal_states[].paused`), then resubmits the prompt plus the tokens generated so far
+//! (`input_ids` = prompt ids + output ids; for a `text` prompt, `text` = prompt + output text)
+//! with the remaining `max_new_tokens` (and `min_new_tokens`) budget, and stitches the pieces
+//! into one response.
+//!
+//! The stitched response is the backend's last answer with `output_ids`, `text`,
+//! `meta_info.completion_tokens`, `meta_info.output_token_logprobs` covering all pieces,
+//! `meta_info.prompt_tokens` / `input_token_logprobs` of the original prompt, and two added
+//! fields:
+//! - `meta_info.output_token_weight_versions`: one entry per output token, the
+//!   `weight_version` of the backend answer that produced it (a piece's tokens all come from
+//!   the weights in force when that piece ended: pauses land between scheduler steps);
+//! - `meta_info.proxy_resubmits`: how many times the request was resubmitted.
+//!
+//! Streams and batches are forwarded unchanged (no resubmit).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Map, Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::client;
+use super::error::{ApiError, ServingError};
+use super::pd;
+use super::worker::parse_url;
+
+/// SGLang's default `max_new_tokens` when a request gives none.
+const DEFAULT_MAX_NEW_TOKENS: u64 = 128;
+
+/// What a DataProxy is started from.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// `host:port` to listen on (port 0 picks a free one).
+    pub listen: String,
+    /// Backend base URLs (`http://host:port`), used round-robin. Usually one: the server this
+    /// proxy fronts.
+    pub backends: Vec<String>,
+    /// Most resubmissions of one request.
+    pub max_resubmits: u32,
+    /// How often a paused backend is polled.
+    pub pause_poll: Duration,
+    /// Longest wait for a paused backend before answering with the partial output.
+    pub pause_wait: Duration,
+    /// Bearer key sent to the backend when the client sent none.
+    pub backend_api_key: Option<String>,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:0".into(),
+            backends: Vec::new(),
+            max_resubmits: 64,
+            pause_poll: Duration::from_millis(20),
+            pause_wait: Duration::from_secs(600),
+            backend_api_key: None,
+            max_body_bytes: 64 << 20,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ProxyState {
+    cfg: ProxyConfig,
+    backends: Vec<String>,
+    next: AtomicUsize,
+    resubmits: AtomicU64,
+    client: reqwest::Client,
+}
+
+impl ProxyState {
+    fn backend(&self) -> &str {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.backends.len();
+        &self.backends[i]
+    }
+
+    fn auth(
+        &self,
+        mut req: reqwest::RequestBuilder,
+        headers: &HeaderMap,
+    ) -> reqwest::RequestBuilder {
+        if let Some(a) = headers.get(header::AUTHORIZATION) {
+            req = req.header(header::AUTHORIZATION, a.clone());
+        } else if let Some(k) = &self.cfg.backend_api_key {
+            req = req.bearer_auth(k);
+        }
+        req
+    }
+}
+
+/// A running DataProxy.
+#[derive(Debug)]
+pub struct ProxyHandle {
+    addr: SocketAddr,
+    state: Arc<ProxyState>,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: JoinHandle<std::io::Result<()>>,
+}
+
+impl ProxyHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://host:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Resubmissions performed so far.
+    pub fn resubmits(&self) -> u64 {
+        self.state.resubmits.load(Ordering::Relaxed)
+    }
+
+    /// Stops accepting and lets open responses finish.
+    pub async fn shutdown(mut self) -> Result<(), ServingError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match (&mut self.server).await {
+            Ok(r) => r.map_err(ServingError::Io),
+            Err(e) => Err(ServingError::Io(std::io::Error::other(e))),
+        }
+    }
+}
+
+impl Drop for ProxyHandle {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Starts a DataProxy.
+pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle, ServingError> {
+    if cfg.backends.is_empty() {
+        return Err(ServingError::Config(
+            "a DataProxy needs at least one backend address, e.g. backends = [\"http://127.0.0.1:30000\"]".into(),
+        ));
+    }
+    let backends = cfg
+        .backends
+        .iter()
+        .map(|b| {
+            parse_url(b)
+                .map(|(u, _)| u)
+                .map_err(|e| ServingError::Config(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let state = Arc::new(ProxyState {
+        backends,
+        next: AtomicUsize::new(0),
+        resubmits: AtomicU64::new(0),
+        client: client::build()?,
+        cfg,
+    });
+    let listener = client::bind(&state.cfg.listen).await?;
+    let addr = listener.local_addr()?;
+    let app = axum::Router::new()
+        .route("/generate", post(generate))
+        .fallback(forward)
+        .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
+        .with_state(state.clone());
+    let (tx, rx) = oneshot::channel::<()>();
+    let server = tokio::spawn(client::serve(listener, app, async {
+        let _ = rx.await;
+    }));
+    tracing::info!(%addr, backends = ?state.backends, "data proxy started");
+    Ok(ProxyHandle {
+        addr,
+        state,
+        shutdown: Some(tx),
+        server,
+    })
+}
+
+fn upstream_error(backend: &str, e: impl std::fmt::Display) -> Response {
+    ApiError::bad_gateway(format!("backend {backend}: {e}")).into_response()
+}
+
+/// Any request other than a resubmittable `/generate`: forwarded as is, response streamed back.
+async fn forward(State(state): State<Arc<ProxyState>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = match axum::body::to_bytes(body, state.cfg.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => {
+            return ApiError::bad_request(format!("cannot read the request body: {e}"))
+                .into_response();
+        }
+    };
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    pass(&state, parts.method, path, &parts.headers, body).await
+}
+
+async fn pass(
+    state: &ProxyState,
+    method: axum::http::Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response {
+    let backend = state.backend();
+    let mut req = state
+        .client
+        .request(method, format!("{backend}{path}"))
+        .body(body);
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        req = req.header(header::CONTENT_TYPE, ct.clone());
+    }
+    req = state.auth(req, headers);
+    match req.send().await {
+        Ok(r) => {
+            let mut out = Response::builder().status(r.status());
+            if let Some(ct) = r.headers().get(header::CONTENT_TYPE) {
+                out = out.header(header::CONTENT_TYPE, ct.clone());
+            }
+            out.body(Body::from_stream(r.bytes_stream()))
+                .unwrap_or_else(|e| upstream_error(backend, e))
+        }
+        Err(e) => upstream_error(backend, e),
+    }
+}
+
+/// The prompt of a single request, as the resubmission needs it.
+enum Prompt {
+    Ids(Vec<Value>),
+    Text(String),
+}
+
+async fn generate(
+    State(state): State<Arc<ProxyState>>,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Response {
+    let obj = match pd::parse_object(&raw) {
+        Ok(o) => o,
+        Err(e) => return e.into_response(),
+    };
+    let streaming = obj.get("stream").and_then(Value::as_bool) == Some(true);
+    let prompt = match (obj.get("text"), obj.get("input_ids")) {
+        (Some(Value::String(t)), None) => Some(Prompt::Text(t.clone())),
+        (None, Some(Value::Array(ids))) if ids.iter().all(Value::is_u64) => {
+            Some(Prompt::Ids(ids.clone()))
+        }
+        _ => None,
+    };
+    match prompt {
+        Some(p) if !streaming && pd::batch_size(&obj).is_none() => {
+            resubmit_loop(&state, &headers, obj, raw, p).await
+        }
+        _ => pass(&state, axum::http::Method::POST, "/generate", &headers, raw).await,
+    }
+}
+
+/// Waits until no `internal_states[].paused` is set on `backend` (or its `/server_info` stops
+/// answering with them). False when `pause_wait` ran out.
+async fn wait_until_serving(state: &ProxyState, backend: &str, headers: &HeaderMap) -> bool {
+    let deadline = tokio::time::Instant::now() + state.cfg.pause_wait;
+    while tokio::time::Instant::now() < deadline {
+        let req = state.auth(state.client.get(format!("{backend}/server_info")), headers);
+        if let Ok(r) = req.timeout(Duration::from_secs(5)).send().await
+            && r.status().is_success()
+            && let Ok(v) = r.json::<Value>().await
+        {
+            let paused = v
+                .get("internal_states")
+                .and_then(Value::as_array)
+                .is_some_and(|s| s.iter().any(|st| matches!(st.get("paused"), Some(p) if !p.is_null() && *p != json!(false))));
+            if !paused {
+                return true;
+            }
+        }
+        tokio::time::sleep(state.cfg.pause_poll).await;
+    }
+    false
+}
+
+fn budget(sp: Option<&Map<String, Value>>, key: &str, default: u64) -> u64 {
+    sp.and_then(|m| m.get(key))
+        .and_then(Value::as_u64)
+        .unwrap_or(default)
+}
+
+async fn resubmit_loop(
+    state: &ProxyState,
+    headers: &HeaderMap,
+    obj: Map<String, Value>,
+    raw: Bytes,
+    prompt: Prompt,
+) -> Response {
+    let backend = state.backend().to_string();
+    let sp = obj.get("sampling_params").and_then(Value::as_object);
+    let max_new = budget(sp, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS);
+    let min_new = budget(sp, "min_new_tokens", 0);
+    let mut ids: Vec<Value> = Vec::new();
+    let mut text = String::new();
+    let mut out_lps: Vec<Value> = Vec::new();
+    let mut versions: Vec<Value> = Vec::new();
+    let mut first_meta: Option<Value> = None;
+    let mut resubmits = 0u32;
+    let mut body = raw;
+    let mut last = loop {
+        let mut req = state
+            .client
+            .post(format!("{backend}/generate"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.clone());
+        req = state.auth(req, headers);
+        let resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) => return upstream_error(&backend, e),
+        };
+        let status = resp.status();
+        let bytes = match resp.bytes().await {
+            Ok(b) => b,
+            Err(e) => return upstream_error(&backend, e),
+        };
+        let Ok(v @ Value::Object(_)) = serde_json::from_slice::<Value>(&bytes) else {
+            return (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response();
+        };
+        if !status.is_success() {
+            return (status, axum::Json(v)).into_response();
+        }
+        let piece: Vec<Value> = v
+            .get("output_ids")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let version = v
+            .pointer("/meta_info/weight_version")
+            .cloned()
+            .unwrap_or(Value::Null);
+        versions.extend(std::iter::repeat_n(version, piece.len()));
+        ids.extend(piece);
+        text.push_str(v.get("text").and_then(Value::as_str).unwrap_or(""));
+        if let Some(Value::Array(l)) = v.pointer("/meta_info/output_token_logprobs") {
+            out_lps.extend(l.iter().cloned());
+        }
+        if first_meta.is_none() {
+            first_meta = v.get("meta_info").cloned();
+        }
+        let aborted = v
+            .pointer("/meta_info/finish_reason/type")
+            .and_then(Value::as_str)
+            == Some("abort");
+        let done = ids.len() as u64;
+        if !aborted || done >= max_new || resubmits >= state.cfg.max_resubmits {
+            break v;
+        }
+        if !wait_until_serving(state, &backend, headers).await {
+            break v;
+        }
+        resubmits += 1;
+        state.resubmits.fetch_add(1, Ordering::Relaxed);
+        let mut next = obj.clone();
+        match &prompt {
+            Prompt::Ids(p) => {
+                next.insert(
+                    "input_ids".into(),
+                    Value::Array(p.iter().chain(&ids).cloned().collect()),
+                );
+            }
+            Prompt::Text(t) => {
+                next.insert("text".into(), Value::String(format!("{t}{text}")));
+            }
+        }
+        let mut sp = next
+            .get("sampling_params")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        sp.insert("max_new_tokens".into(), json!(max_new - done));
+        if min_new > 0 {
+            sp.insert("min_new_tokens".into(), json!(min_new.saturating_sub(done)));
+        }
+        next.insert("sampling_params".into(), Value::Object(sp));
+        tracing::info!(
+            resubmits,
+            done,
+            "generation aborted by the backend; resubmitting"
+        );
+        body = Bytes::from(Value::Object(next).to_string());
+    };
+    let n = ids.len();
+    let aborted_at_budget = last
+        .pointer("/meta_info/finish_reason/type")
+        .and_then(Value::as_str)
+        == Some("abort")
+        && n as u64 >= max_new;
+    last["output_ids"] = Value::Array(ids);
+    last["text"] = Value::String(text);
+    if let Some(meta) = last.get_mut("meta_info").and_then(Value::as_object_mut) {
+        meta.insert("completion_tokens".into(), json!(n));
+        meta.insert(
+            "output_token_weight_versions".into(),
+            Value::Array(versions),
+        );
+        meta.insert("proxy_resubmits".into(), json!(resubmits));
+        if meta.contains_key("output_token_logprobs") {
+            meta.insert("output_token_logprobs".into(), Value::Array(out_lps));
+        }
+        if let Some(first) = first_meta.as_ref().and_then(Value::as_object) {
+            for key in ["prompt_tokens", "input_token_logprobs"] {
+                if let Some(v) = first.get(key) {
+                    meta.insert(key.into(), v.clone());
+                }
+            }
+        }
+        if aborted_at_budget {
+            meta.insert(
+                "finish_reason".into(),
+                json!({"type": "length", "length": max_new}),
+            );
+        }
+    }
+    (StatusCode::OK, axum::Json(last)).into_response()
+}

@@ -1,0 +1,205 @@
+//! The router: a typed worker registry with routing.
+//!
+//! Workers are kept per type (`regular`, `prefill`, `decode`), each type with its own
+//! [`Policy`]. [`Router::route`] picks one available worker of a type; [`Router::route_pd`] picks
+//! a (prefill, decode) pair and a fresh `bootstrap_room`, the key under which the prefill parks
+//! the KV cache for the decode to fetch. Rooms are uniform in `0..2^63`, so concurrent requests
+//! (and retries) never collide in practice.
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use super::breaker::BreakerConfig;
+use super::error::ServingError;
+use super::health::HealthConfig;
+use super::policy::{Policy, PolicyKind, RouteContext};
+use super::worker::{HttpWorker, Worker, WorkerInfo, WorkerSpec, WorkerType, parse_url};
+
+/// Router settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouterConfig {
+    /// Policy among regular workers.
+    pub policy: PolicyKind,
+    /// Policy among prefill workers.
+    pub prefill_policy: PolicyKind,
+    /// Policy among decode workers.
+    pub decode_policy: PolicyKind,
+    /// Background `/health` probing.
+    pub health: HealthConfig,
+    /// Per-worker circuit breaker.
+    pub breaker: BreakerConfig,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            policy: PolicyKind::PowerOfTwo,
+            prefill_policy: PolicyKind::PowerOfTwo,
+            decode_policy: PolicyKind::PowerOfTwo,
+            health: HealthConfig::default(),
+            breaker: BreakerConfig::default(),
+        }
+    }
+}
+
+/// A routed PD pair.
+#[derive(Debug, Clone)]
+pub struct PdPair {
+    /// The prefill server.
+    pub prefill: Arc<dyn Worker>,
+    /// The decode server.
+    pub decode: Arc<dyn Worker>,
+    /// A fresh bootstrap room, uniform in `0..2^63`.
+    pub room: u64,
+}
+
+/// A fresh bootstrap room: uniform in `0..2^63` (SGLang's range; fits a signed 64-bit int).
+pub fn fresh_room() -> u64 {
+    rand::rng().random_range(0..1u64 << 63)
+}
+
+/// The worker registry and routing.
+#[derive(Debug)]
+pub struct Router {
+    cfg: RouterConfig,
+    workers: RwLock<Vec<Arc<dyn Worker>>>,
+    regular: Arc<dyn Policy>,
+    prefill: Arc<dyn Policy>,
+    decode: Arc<dyn Policy>,
+}
+
+impl Router {
+    /// An empty router.
+    pub fn new(cfg: RouterConfig) -> Arc<Self> {
+        Arc::new(Self {
+            regular: cfg.policy.build(),
+            prefill: cfg.prefill_policy.build(),
+            decode: cfg.decode_policy.build(),
+            workers: RwLock::new(Vec::new()),
+            cfg,
+        })
+    }
+
+    /// The settings it was built with.
+    pub fn config(&self) -> &RouterConfig {
+        &self.cfg
+    }
+
+    fn policy(&self, ty: WorkerType) -> &Arc<dyn Policy> {
+        match ty {
+            WorkerType::Regular => &self.regular,
+            WorkerType::Prefill => &self.prefill,
+            WorkerType::Decode => &self.decode,
+        }
+    }
+
+    /// Registers an HTTP worker. A URL can be registered once per type.
+    pub fn add_worker(&self, spec: &WorkerSpec) -> Result<WorkerInfo, ServingError> {
+        let w = HttpWorker::new(spec, self.cfg.breaker)?;
+        self.add(w)
+    }
+
+    /// Registers any [`Worker`] implementation.
+    pub fn add(&self, worker: Arc<dyn Worker>) -> Result<WorkerInfo, ServingError> {
+        let mut ws = self.workers.write();
+        if ws
+            .iter()
+            .any(|w| w.url() == worker.url() && w.worker_type() == worker.worker_type())
+        {
+            return Err(ServingError::InvalidWorker(format!(
+                "{} is already registered as a {} worker; DELETE /workers/{{id}} first to change it",
+                worker.url(),
+                worker.worker_type()
+            )));
+        }
+        let info = worker.info();
+        tracing::info!(id = %info.id, url = %info.url, worker_type = %info.worker_type, "worker added");
+        ws.push(worker);
+        Ok(info)
+    }
+
+    /// Finds a worker by id or by URL (URL matches are only unique within a type; the first
+    /// registered wins).
+    pub fn get(&self, id_or_url: &str) -> Option<Arc<dyn Worker>> {
+        let url = parse_url(id_or_url).ok().map(|(u, _)| u);
+        self.workers
+            .read()
+            .iter()
+            .find(|w| w.id() == id_or_url || url.as_deref() == Some(w.url()))
+            .cloned()
+    }
+
+    /// Removes a worker by id or URL. Requests already on it finish normally.
+    pub fn remove_worker(&self, id_or_url: &str) -> Result<WorkerInfo, ServingError> {
+        let w = self
+            .get(id_or_url)
+            .ok_or_else(|| ServingError::UnknownWorker(format!("{id_or_url:?}")))?;
+        self.workers.write().retain(|x| x.id() != w.id());
+        self.policy(w.worker_type()).forget(w.id());
+        tracing::info!(id = %w.id(), url = %w.url(), "worker removed");
+        Ok(w.info())
+    }
+
+    /// Marks a worker unhealthy now (until health probes see it up again).
+    pub fn mark_unhealthy(&self, id_or_url: &str) -> Result<WorkerInfo, ServingError> {
+        let w = self
+            .get(id_or_url)
+            .ok_or_else(|| ServingError::UnknownWorker(format!("{id_or_url:?}")))?;
+        w.set_healthy(false);
+        Ok(w.info())
+    }
+
+    /// Every registered worker, in registration order.
+    pub fn workers(&self) -> Vec<Arc<dyn Worker>> {
+        self.workers.read().clone()
+    }
+
+    /// The admin API's view of every worker.
+    pub fn list(&self) -> Vec<WorkerInfo> {
+        self.workers.read().iter().map(|w| w.info()).collect()
+    }
+
+    /// Picks an available worker of type `ty`, preferring ones not in `avoid` (workers that
+    /// already failed this request); falls back to them when nothing else is available.
+    pub fn route(
+        &self,
+        ty: WorkerType,
+        ctx: &RouteContext<'_>,
+        avoid: &[String],
+    ) -> Result<Arc<dyn Worker>, ServingError> {
+        let mut fresh = Vec::new();
+        let mut tried = Vec::new();
+        for w in self.workers.read().iter() {
+            if w.worker_type() != ty || !w.is_available() {
+                continue;
+            }
+            if avoid.iter().any(|a| a == w.id()) {
+                tried.push(w.clone());
+            } else {
+                fresh.push(w.clone());
+            }
+        }
+        let pool = if fresh.is_empty() { tried } else { fresh };
+        if pool.is_empty() {
+            return Err(ServingError::NoWorker(ty.as_str()));
+        }
+        let i = self.policy(ty).pick(&pool, ctx).min(pool.len() - 1);
+        Ok(pool[i].clone())
+    }
+
+    /// Picks a prefill, a decode and a fresh bootstrap room.
+    pub fn route_pd(
+        &self,
+        ctx: &RouteContext<'_>,
+        avoid: &[String],
+    ) -> Result<PdPair, ServingError> {
+        Ok(PdPair {
+            prefill: self.route(WorkerType::Prefill, ctx, avoid)?,
+            decode: self.route(WorkerType::Decode, ctx, avoid)?,
+            room: fresh_room(),
+        })
+    }
+}

@@ -1,0 +1,99 @@
+//! `troupe serve CONFIG [key.path=value ...]`: bring up what the config describes, print the
+//! gateway address, serve until SIGINT/SIGTERM, then tear everything down.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use troupe_scheduler::AllocationPlan;
+
+use super::config::{SchedulerType, ServeConfig};
+use super::fork::{ForkOptions, InferenceService};
+use crate::cluster::Cluster;
+
+/// Flags of `troupe serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// YAML config (see examples/configs/pd-local.yaml).
+    pub config: PathBuf,
+    /// Overrides as dotted.key=value, e.g. rollout.max_concurrent_rollouts=64.
+    pub overrides: Vec<String>,
+}
+
+/// Fork options from a config.
+pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: bool) -> ForkOptions {
+    let g = &cfg.gateway;
+    ForkOptions {
+        model: cfg.sglang.model_path.clone(),
+        python: cfg.sglang.python.clone(),
+        quantization: (!cfg.sglang.quantization.is_empty()).then(|| cfg.sglang.quantization.clone()),
+        transfer_backend: cfg.sglang.disaggregation_transfer_backend.clone(),
+        extra_args: cfg.sglang.extra_args.clone(),
+        ready_timeout: Duration::from_secs_f64(cfg.sglang.ready_timeout_s),
+        admin_key: Some(admin_key),
+        gateway_listen: g.listen.clone(),
+        policies: (
+            g.policy.clone(),
+            g.prefill_policy.clone().unwrap_or_else(|| g.policy.clone()),
+            g.decode_policy.clone().unwrap_or_else(|| g.policy.clone()),
+        ),
+        max_retries: g.max_retries,
+        progress,
+    }
+}
+
+/// The cluster a config asks for.
+pub async fn cluster_for(cfg: &ServeConfig) -> Result<Cluster, String> {
+    let (n, g) = (cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node);
+    match cfg.scheduler.kind {
+        SchedulerType::Inprocess => Cluster::in_process(n, g).await,
+        SchedulerType::Local => Cluster::local_processes(n, g).await,
+    }
+    .map_err(|e| format!("cannot start the cluster: {e}"))
+}
+
+/// The admin key: the config's, else `$TROUPE_ADMIN_KEY`, else a fresh random one.
+pub fn admin_key(cfg: &ServeConfig) -> String {
+    cfg.admin_key
+        .clone()
+        .or_else(|| std::env::var("TROUPE_ADMIN_KEY").ok())
+        .filter(|k| !k.is_empty())
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string())
+}
+
+/// Runs `troupe serve`.
+pub async fn run(a: &ServeArgs) -> Result<(), String> {
+    let cfg = ServeConfig::load(&a.config, &a.overrides).map_err(|e| e.to_string())?;
+    let plan = AllocationPlan::parse(&cfg.allocation_mode)
+        .map_err(|e| format!("allocation_mode: {e}"))?;
+    let key = admin_key(&cfg);
+    let cluster = cluster_for(&cfg).await?;
+    let svc = match InferenceService::fork(&cluster, &plan, &fork_options(&cfg, key.clone(), true)).await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            cluster.shutdown().await;
+            return Err(e.to_string());
+        }
+    };
+    println!("gateway: {}", svc.gateway_url);
+    eprintln!(
+        "{} servers up in {:.2} s ({}); admin key: {key}",
+        svc.inf_addrs.len(),
+        svc.bring_up.as_secs_f64(),
+        plan
+    );
+    for s in svc.servers.iter() {
+        eprintln!(
+            "  {:<8} {}  (host {}, log {})",
+            s.info.worker_type.as_str(),
+            s.info.url,
+            s.host,
+            s.info.log_path
+        );
+    }
+    crate::hostcmd::shutdown_signal().await;
+    eprintln!("shutting down");
+    svc.teardown().await;
+    cluster.shutdown().await;
+    Ok(())
+}

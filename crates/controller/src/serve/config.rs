@@ -1,0 +1,337 @@
+//! The YAML config of `troupe serve` (and later `troupe run`), with dotted overrides.
+//!
+//! Keys follow AReaL's where one exists (`allocation_mode`, `cluster.n_nodes`,
+//! `cluster.n_gpus_per_node`, `sglang.*`, `rollout.*`), so an AReaL user reads it at a glance.
+//! Unknown keys are errors that name the key: a typo must not silently fall back to a default.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_yaml_ng::Value;
+
+/// Why a config could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// YAML syntax or a value of the wrong shape.
+    #[error("invalid config {origin}: {message}")]
+    Invalid {
+        /// File name (or "overrides").
+        origin: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A `key.path=value` override is malformed.
+    #[error("bad override {0:?}: write it as dotted.key=value, e.g. rollout.max_concurrent_rollouts=64")]
+    Override(String),
+}
+
+/// Where actor hosts come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedulerType {
+    /// Hosts inside the controller process (laptops, CI).
+    #[default]
+    Inprocess,
+    /// `troupe host` child processes on this machine.
+    Local,
+}
+
+/// `scheduler.*`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerConfig {
+    /// `inprocess` or `local`.
+    #[serde(rename = "type", default)]
+    pub kind: SchedulerType,
+}
+
+/// `cluster.*` (AReaL names).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Number of actor hosts (nodes).
+    #[serde(default = "one")]
+    pub n_nodes: usize,
+    /// GPUs each host offers (CPU-only reference engines still count "GPU" slots for placement).
+    #[serde(default = "eight")]
+    pub n_gpus_per_node: u32,
+}
+
+fn one() -> usize {
+    1
+}
+fn eight() -> u32 {
+    8
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            n_nodes: 1,
+            n_gpus_per_node: 8,
+        }
+    }
+}
+
+/// `sglang.*`: how inference servers are launched (applies to the troupe engine too).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SglangConfig {
+    /// Model path; for the troupe backend also `tiny` or `small`.
+    #[serde(default = "tiny")]
+    pub model_path: String,
+    /// Python interpreter for sglang / vllm.
+    #[serde(default = "python")]
+    pub python: String,
+    /// Empty (default) or `fp8`.
+    #[serde(default)]
+    pub quantization: String,
+    /// PD KV transfer backend (`mooncake`, `nixl`; `tcp` for troupe). Default: `tcp` for the
+    /// troupe backend, SGLang's default otherwise.
+    #[serde(default)]
+    pub disaggregation_transfer_backend: Option<String>,
+    /// Extra server flags appended verbatim.
+    #[serde(default)]
+    pub extra_args: Vec<String>,
+    /// Seconds a server may take to become ready.
+    #[serde(default = "ready_timeout")]
+    pub ready_timeout_s: f64,
+}
+
+fn tiny() -> String {
+    "tiny".into()
+}
+fn python() -> String {
+    "python3".into()
+}
+fn ready_timeout() -> f64 {
+    600.0
+}
+
+impl Default for SglangConfig {
+    fn default() -> Self {
+        SglangConfig {
+            model_path: tiny(),
+            python: python(),
+            quantization: String::new(),
+            disaggregation_transfer_backend: None,
+            extra_args: Vec::new(),
+            ready_timeout_s: ready_timeout(),
+        }
+    }
+}
+
+/// `gateway.*`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Address the gateway listens on.
+    #[serde(default = "listen")]
+    pub listen: String,
+    /// Policy for regular workers, and the default for prefill / decode.
+    #[serde(default = "round_robin")]
+    pub policy: String,
+    /// Policy for prefill workers (default: `policy`).
+    #[serde(default)]
+    pub prefill_policy: Option<String>,
+    /// Policy for decode workers (default: `policy`).
+    #[serde(default)]
+    pub decode_policy: Option<String>,
+    /// Retries of a failed request on another worker.
+    #[serde(default = "retries")]
+    pub max_retries: u32,
+}
+
+fn listen() -> String {
+    "127.0.0.1:0".into()
+}
+fn round_robin() -> String {
+    "round_robin".into()
+}
+fn retries() -> u32 {
+    3
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            listen: listen(),
+            policy: round_robin(),
+            prefill_policy: None,
+            decode_policy: None,
+            max_retries: retries(),
+        }
+    }
+}
+
+/// `rollout.*` (AReaL names; used by `troupe run`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutConfig {
+    /// Most rollouts in flight at once.
+    #[serde(default = "max_concurrent")]
+    pub max_concurrent_rollouts: usize,
+    /// Most versions a trajectory may lag the trainer (0 = synchronous RL).
+    #[serde(default = "staleness")]
+    pub max_head_offpolicyness: u64,
+}
+
+fn max_concurrent() -> usize {
+    128
+}
+fn staleness() -> u64 {
+    1
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        RolloutConfig {
+            max_concurrent_rollouts: max_concurrent(),
+            max_head_offpolicyness: staleness(),
+        }
+    }
+}
+
+/// The whole config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeConfig {
+    /// The allocation mode, e.g. `troupe:(prefill:d2t1|decode:d2t1)`.
+    pub allocation_mode: String,
+    /// Hosts.
+    #[serde(default)]
+    pub cluster: ClusterConfig,
+    /// Where hosts come from.
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
+    /// Server launch settings.
+    #[serde(default)]
+    pub sglang: SglangConfig,
+    /// Gateway settings.
+    #[serde(default)]
+    pub gateway: GatewayConfig,
+    /// Rollout settings.
+    #[serde(default)]
+    pub rollout: RolloutConfig,
+    /// Admin key for control endpoints of servers, router and gateway (default: a fresh random
+    /// key, so control endpoints are never open by accident).
+    #[serde(default)]
+    pub admin_key: Option<String>,
+}
+
+/// Sets `a.b.c = value` in a YAML mapping, creating intermediate mappings.
+fn set_dotted(root: &mut Value, key: &str, value: Value) -> Result<(), String> {
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(format!("empty segment in key {key:?}"));
+    }
+    let mut cur = root;
+    for (i, p) in parts.iter().enumerate() {
+        let Value::Mapping(m) = cur else {
+            return Err(format!("{} is not a mapping", parts[..i].join(".")));
+        };
+        let k = Value::String((*p).to_string());
+        if i + 1 == parts.len() {
+            m.insert(k, value);
+            return Ok(());
+        }
+        cur = m.entry(k).or_insert_with(|| Value::Mapping(Default::default()));
+    }
+    Ok(())
+}
+
+impl ServeConfig {
+    /// Parses YAML text and applies `key.path=value` overrides (values parsed as YAML scalars).
+    pub fn from_yaml(text: &str, origin: &str, overrides: &[String]) -> Result<Self, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            origin: origin.to_string(),
+            message,
+        };
+        let mut v: Value = serde_yaml_ng::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        if matches!(v, Value::Null) {
+            v = Value::Mapping(Default::default());
+        }
+        for o in overrides {
+            let (k, val) = o
+                .split_once('=')
+                .ok_or_else(|| ConfigError::Override(o.clone()))?;
+            let val: Value =
+                serde_yaml_ng::from_str(val).unwrap_or_else(|_| Value::String(val.to_string()));
+            set_dotted(&mut v, k.trim(), val).map_err(|m| {
+                ConfigError::Invalid {
+                    origin: format!("override {o:?}"),
+                    message: m,
+                }
+            })?;
+        }
+        let cfg: ServeConfig = serde_yaml_ng::from_value(v).map_err(|e| invalid(e.to_string()))?;
+        cfg.check().map_err(invalid)?;
+        Ok(cfg)
+    }
+
+    /// Reads a config file and applies overrides.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_yaml(&text, &path.display().to_string(), overrides)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.cluster.n_nodes == 0 {
+            return Err("cluster.n_nodes must be at least 1".into());
+        }
+        if !matches!(self.sglang.quantization.as_str(), "" | "fp8") {
+            return Err(format!(
+                "sglang.quantization must be empty or \"fp8\", got {:?}",
+                self.sglang.quantization
+            ));
+        }
+        if !(self.sglang.ready_timeout_s > 0.0) {
+            return Err("sglang.ready_timeout_s must be positive".into());
+        }
+        if self.rollout.max_concurrent_rollouts == 0 {
+            return Err("rollout.max_concurrent_rollouts must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_set_nested_keys_with_typed_values() {
+        let c = ServeConfig::from_yaml(
+            "allocation_mode: 'troupe:d1'\nrollout:\n  max_concurrent_rollouts: 8\n",
+            "t.yaml",
+            &["rollout.max_concurrent_rollouts=64".into(), "sglang.quantization=fp8".into(), "cluster.n_nodes=2".into()],
+        )
+        .unwrap();
+        assert_eq!(c.rollout.max_concurrent_rollouts, 64);
+        assert_eq!(c.sglang.quantization, "fp8");
+        assert_eq!(c.cluster.n_nodes, 2);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_overrides_are_named() {
+        let e = ServeConfig::from_yaml("allocation_mode: x\nrolout: {}\n", "t.yaml", &[]).unwrap_err();
+        assert!(e.to_string().contains("rolout"), "{e}");
+        let e = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &["nokey".into()]).unwrap_err();
+        assert!(e.to_string().contains("dotted.key=value"), "{e}");
+        let e = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &["sglang.quantization=int4".into()]).unwrap_err();
+        assert!(e.to_string().contains("fp8"), "{e}");
+        let e = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &["allocation_mode.x=1".into()]).unwrap_err();
+        assert!(e.to_string().contains("not a mapping"), "{e}");
+    }
+}

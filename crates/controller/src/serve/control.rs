@@ -1,0 +1,136 @@
+//! The inference control plane: pause, resume, flush, memory, server info — sent to every
+//! server directly and concurrently, never through the router (a paused router must not stand
+//! between the controller and a server it needs to resume).
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+/// How `/pause_generation` treats requests in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseMode {
+    /// Abort them (clients see `finish_reason.type == "abort"` and may resubmit).
+    Abort,
+    /// Retract them to the queue; they continue after resume.
+    Retract,
+    /// Freeze them where they are; they continue after resume.
+    InPlace,
+}
+
+/// One server's outcome of a fanned-out control call.
+#[derive(Debug, Clone)]
+pub struct ServerResult<T> {
+    /// The server.
+    pub url: String,
+    /// What it answered, or why it failed.
+    pub result: Result<T, String>,
+}
+
+/// Control-plane client for a fixed set of servers.
+#[derive(Clone)]
+pub struct InferenceControl {
+    urls: Vec<String>,
+    admin_key: Option<String>,
+    client: reqwest::Client,
+}
+
+/// Turns per-server results into one error naming every server that failed, if any did.
+pub fn all_ok<T>(results: &[ServerResult<T>]) -> Result<(), String> {
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|r| r.result.as_ref().err().map(|e| format!("{}: {e}", r.url)))
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
+impl InferenceControl {
+    /// A control client for `urls` (`http://host:port` each).
+    pub fn new(urls: Vec<String>, admin_key: Option<String>) -> Self {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .tcp_nodelay(true)
+            .timeout(Duration::from_secs(120))
+            .build()
+            .unwrap_or_default();
+        InferenceControl {
+            urls,
+            admin_key,
+            client,
+        }
+    }
+
+    /// The servers this handle controls, in group order.
+    pub fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    async fn one(&self, url: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
+        let mut req = match body {
+            Some(b) => self.client.post(format!("{url}{path}")).json(b),
+            None => self.client.get(format!("{url}{path}")),
+        };
+        if let Some(k) = &self.admin_key {
+            req = req.bearer_auth(k);
+        }
+        let resp = req.send().await.map_err(|e| format!("{path}: {e}"))?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| format!("{path}: {e}"))?;
+        if !status.is_success() {
+            return Err(format!("{path}: HTTP {status}: {text}"));
+        }
+        Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// Sends `path` (POST with `body`, or GET without) to every server at once.
+    pub async fn fan_out(&self, path: &str, body: Option<Value>) -> Vec<ServerResult<Value>> {
+        let calls = self.urls.iter().map(|u| {
+            let body = body.as_ref();
+            async move {
+                ServerResult {
+                    url: u.clone(),
+                    result: self.one(u, path, body).await,
+                }
+            }
+        });
+        futures::future::join_all(calls).await
+    }
+
+    /// `/pause_generation` on every server.
+    pub async fn pause(&self, mode: PauseMode) -> Vec<ServerResult<Value>> {
+        self.fan_out("/pause_generation", Some(json!({ "mode": mode })))
+            .await
+    }
+
+    /// `/continue_generation` on every server.
+    pub async fn resume(&self) -> Vec<ServerResult<Value>> {
+        self.fan_out("/continue_generation", Some(json!({}))).await
+    }
+
+    /// `/flush_cache` on every server.
+    pub async fn flush_cache(&self) -> Vec<ServerResult<Value>> {
+        self.fan_out("/flush_cache", Some(json!({}))).await
+    }
+
+    /// `/release_memory_occupation` with `tags` (e.g. `weights`, `kv_cache`) on every server.
+    pub async fn release_memory(&self, tags: &[&str]) -> Vec<ServerResult<Value>> {
+        self.fan_out("/release_memory_occupation", Some(json!({ "tags": tags })))
+            .await
+    }
+
+    /// `/resume_memory_occupation` with `tags` on every server.
+    pub async fn resume_memory(&self, tags: &[&str]) -> Vec<ServerResult<Value>> {
+        self.fan_out("/resume_memory_occupation", Some(json!({ "tags": tags })))
+            .await
+    }
+
+    /// `/server_info` of every server.
+    pub async fn server_info(&self) -> Vec<ServerResult<Value>> {
+        self.fan_out("/server_info", None).await
+    }
+}

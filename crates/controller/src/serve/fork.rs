@@ -1,0 +1,442 @@
+//! Forking inference groups: from an allocation plan to running, routed servers.
+//!
+//! Every server of every group is launched at once (bring-up takes as long as the slowest
+//! server, not the sum); then one DataProxy per server, then the gateway with each worker
+//! registered by type (prefill with its bootstrap host and port).
+
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use troupe_actors::inference::{
+    Backend, InferenceServer, LaunchSpec, MultiNode, ServerInfo, WorkerType,
+};
+use troupe_actors::serving::actors::{GatewayActor, GatewayArgs, GetUrl, ProxyActor, ProxyArgs};
+use troupe_actors::serving::worker::WorkerSpec;
+use troupe_scheduler::{
+    AllocationPlan, HostResources, PlacedInstance, PlacementOptions, PortAllocator, PortRange,
+};
+
+use super::control::InferenceControl;
+use crate::cluster::Cluster;
+use crate::handle::ActorHandle;
+
+/// Why inference serving could not be brought up.
+#[derive(Debug, thiserror::Error)]
+pub enum ForkError {
+    /// The plan does not fit the cluster, or has no inference component.
+    #[error("placement: {0}")]
+    Placement(String),
+    /// Servers failed to start (all of them are listed).
+    #[error("{failed} of {total} servers failed to start:\n{details}")]
+    Servers {
+        /// How many failed.
+        failed: usize,
+        /// How many were launched.
+        total: usize,
+        /// One paragraph per failure, with the server's log tail.
+        details: String,
+    },
+    /// The gateway or a proxy failed to start.
+    #[error("{0}")]
+    Serving(String),
+}
+
+/// How servers are launched (the parts of a config the plan does not say).
+#[derive(Debug, Clone)]
+pub struct ForkOptions {
+    /// Model path (for the troupe backend also `tiny` / `small`).
+    pub model: String,
+    /// Python interpreter for sglang / vllm.
+    pub python: String,
+    /// `fp8` or none.
+    pub quantization: Option<String>,
+    /// PD transfer backend.
+    pub transfer_backend: Option<String>,
+    /// Extra server flags.
+    pub extra_args: Vec<String>,
+    /// Readiness timeout per server.
+    pub ready_timeout: Duration,
+    /// Admin key for servers, proxies and gateway.
+    pub admin_key: Option<String>,
+    /// Gateway listen address.
+    pub gateway_listen: String,
+    /// Gateway policies: regular, prefill, decode.
+    pub policies: (String, String, String),
+    /// Gateway retries.
+    pub max_retries: u32,
+    /// Show a progress bar on stderr.
+    pub progress: bool,
+}
+
+impl Default for ForkOptions {
+    fn default() -> Self {
+        ForkOptions {
+            model: "tiny".into(),
+            python: "python3".into(),
+            quantization: None,
+            transfer_backend: None,
+            extra_args: Vec::new(),
+            ready_timeout: Duration::from_secs(600),
+            admin_key: None,
+            gateway_listen: "127.0.0.1:0".into(),
+            policies: (
+                "round_robin".into(),
+                "round_robin".into(),
+                "round_robin".into(),
+            ),
+            max_retries: 3,
+            progress: false,
+        }
+    }
+}
+
+/// One running server.
+#[derive(Clone)]
+pub struct ServerEntry {
+    /// Component index in the plan.
+    pub component: usize,
+    /// Group index within the component.
+    pub group: usize,
+    /// Instance index within the group.
+    pub instance: usize,
+    /// Node rank within a multi-node instance (0 = head, which serves HTTP).
+    pub node_rank: u32,
+    /// Cluster host it runs on.
+    pub host: usize,
+    /// What the server reported when it came up.
+    pub info: ServerInfo,
+    /// The actor that owns the server process.
+    pub actor: ActorHandle<InferenceServer>,
+    /// The DataProxy in front of it (heads only).
+    pub proxy_url: Option<String>,
+}
+
+/// Running, routed inference serving.
+pub struct InferenceService {
+    /// Every server process (heads and other nodes), in group order.
+    pub servers: Vec<ServerEntry>,
+    /// `host:port` of every serving head, in group order (flat list for older callers).
+    pub inf_addrs: Vec<String>,
+    /// The gateway clients send generation requests to.
+    pub gateway_url: String,
+    /// Control plane over every serving head.
+    pub control: InferenceControl,
+    /// How long bring-up took (launch of the first server to gateway ready).
+    pub bring_up: Duration,
+    gateway: ActorHandle<GatewayActor>,
+    proxies: Vec<ActorHandle<ProxyActor>>,
+}
+
+fn machine(addr: &str) -> String {
+    if addr.starts_with("inproc://") {
+        return "127.0.0.1".into();
+    }
+    match addr.rsplit_once(':') {
+        Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => {
+            h.trim_start_matches('[').trim_end_matches(']').to_string()
+        }
+        _ => addr.to_string(),
+    }
+}
+
+fn backend_of(b: troupe_scheduler::Backend) -> Option<Backend> {
+    match b {
+        troupe_scheduler::Backend::Sglang => Some(Backend::Sglang),
+        troupe_scheduler::Backend::Vllm => Some(Backend::Vllm),
+        troupe_scheduler::Backend::Troupe => Some(Backend::Troupe),
+        _ => None,
+    }
+}
+
+fn worker_type_of(w: troupe_scheduler::WorkerType) -> WorkerType {
+    match w {
+        troupe_scheduler::WorkerType::Prefill => WorkerType::Prefill,
+        troupe_scheduler::WorkerType::Decode => WorkerType::Decode,
+        _ => WorkerType::Regular,
+    }
+}
+
+fn spec_for(
+    p: &PlacedInstance,
+    head: &PlacedInstance,
+    backend: Backend,
+    tp: u32,
+    pp: u32,
+    opts: &ForkOptions,
+) -> LaunchSpec {
+    let wt = worker_type_of(p.worker_type);
+    let host = machine(&head.address);
+    let loopback = host == "127.0.0.1" || host == "localhost" || host == "::1";
+    LaunchSpec {
+        backend,
+        worker_type: wt,
+        model: opts.model.clone(),
+        tp,
+        pp,
+        gpus: p.gpus.clone(),
+        host: if loopback { host.clone() } else { "0.0.0.0".into() },
+        advertise_host: host,
+        port: head.ports.http.unwrap_or(0),
+        dist_port: head.ports.dist,
+        bootstrap_port: head.ports.bootstrap,
+        transfer_backend: match (&opts.transfer_backend, backend, wt) {
+            (_, _, WorkerType::Regular) => None,
+            (Some(t), _, _) => Some(t.clone()),
+            (None, Backend::Troupe, _) => Some("tcp".into()),
+            (None, _, _) => None,
+        },
+        multi_node: (p.nnodes > 1).then(|| MultiNode {
+            nnodes: p.nnodes,
+            node_rank: p.node_rank,
+            dist_init_addr: p.dist_init_addr.clone().unwrap_or_default(),
+        }),
+        quantization: opts.quantization.clone(),
+        extra_args: opts.extra_args.clone(),
+        env: Default::default(),
+        python: opts.python.clone(),
+        troupe_bin: None,
+        log_path: None,
+        ready_timeout_s: opts.ready_timeout.as_secs_f64(),
+        admin_api_key: opts.admin_key.clone(),
+        wait_ready: p.node_rank == 0,
+    }
+}
+
+impl InferenceService {
+    /// Places the plan's inference components on `cluster` and brings everything up.
+    pub async fn fork(
+        cluster: &Cluster,
+        plan: &AllocationPlan,
+        opts: &ForkOptions,
+    ) -> Result<InferenceService, ForkError> {
+        let started = Instant::now();
+        let hosts: Vec<HostResources> = cluster
+            .hosts()
+            .iter()
+            .map(|h| HostResources::new(h.index(), machine(h.address()), h.gpu_ids().to_vec()))
+            .collect();
+        let all_local = hosts.iter().all(|h| h.address == "127.0.0.1");
+        let probe: std::sync::Arc<dyn troupe_scheduler::PortProbe> = if all_local {
+            std::sync::Arc::new(troupe_scheduler::LocalBindProbe)
+        } else {
+            std::sync::Arc::new(troupe_scheduler::AssumeFree)
+        };
+        let mut ports = PortAllocator::new(PortRange::default(), probe);
+        let placement = troupe_scheduler::place(
+            plan,
+            &hosts,
+            &mut ports,
+            &PlacementOptions {
+                decode_bootstrap_port: true,
+            },
+        )
+        .map_err(|e| ForkError::Placement(e.to_string()))?;
+
+        // Every server process of every inference group.
+        let mut launches = Vec::new();
+        for p in &placement.instances {
+            let comp = &plan.components[p.component];
+            let Some(backend) = backend_of(comp.backend) else {
+                continue; // training ranks are not servers
+            };
+            let g = &comp.groups[p.group];
+            let head = placement
+                .instance(p.component, p.group, p.instance)
+                .find(|e| e.node_rank == 0)
+                .unwrap_or(p);
+            let spec = spec_for(p, head, backend, g.parallel.tp, g.parallel.pp, opts);
+            launches.push((p.clone(), spec));
+        }
+        if launches.is_empty() {
+            return Err(ForkError::Placement(format!(
+                "allocation mode {plan} has no inference component to serve"
+            )));
+        }
+
+        let bar = if opts.progress {
+            ProgressBar::new(launches.len() as u64)
+        } else {
+            ProgressBar::hidden()
+        };
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} servers ready {pos}/{len} [{elapsed}] {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        let total = launches.len();
+        let results = futures::future::join_all(launches.into_iter().map(|(p, spec)| {
+            let host = cluster.host(p.host).clone();
+            let bar = bar.clone();
+            async move {
+                let name = format!(
+                    "{}-c{}g{}i{}n{}",
+                    spec.worker_type.as_str(),
+                    p.component,
+                    p.group,
+                    p.instance,
+                    p.node_rank
+                );
+                let r = async {
+                    let actor = host.spawn::<InferenceServer>(&name, &spec).await?;
+                    let info = actor.call(troupe_actors::inference::server::GetInfo).await?;
+                    Ok::<_, troupe_actors::CallError>((actor, info))
+                }
+                .await;
+                bar.inc(1);
+                (p, name, r)
+            }
+        }))
+        .await;
+        bar.finish_and_clear();
+
+        let mut servers = Vec::new();
+        let mut failures = Vec::new();
+        for (p, name, r) in results {
+            match r {
+                Ok((actor, info)) => servers.push(ServerEntry {
+                    component: p.component,
+                    group: p.group,
+                    instance: p.instance,
+                    node_rank: p.node_rank,
+                    host: p.host,
+                    info,
+                    actor,
+                    proxy_url: None,
+                }),
+                Err(e) => failures.push(format!("{name} on host {}: {e}", p.host)),
+            }
+        }
+        if !failures.is_empty() {
+            stop_servers(&servers).await;
+            return Err(ForkError::Servers {
+                failed: failures.len(),
+                total,
+                details: failures.join("\n\n"),
+            });
+        }
+
+        match Self::route(cluster, servers, opts).await {
+            Ok(mut svc) => {
+                svc.bring_up = started.elapsed();
+                Ok(svc)
+            }
+            Err((servers, e)) => {
+                stop_servers(&servers).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Proxies and gateway in front of the servers.
+    async fn route(
+        cluster: &Cluster,
+        mut servers: Vec<ServerEntry>,
+        opts: &ForkOptions,
+    ) -> Result<InferenceService, (Vec<ServerEntry>, ForkError)> {
+        let serving = |e: &dyn std::fmt::Display| ForkError::Serving(e.to_string());
+        let mut proxies = Vec::new();
+        let proxy_starts = servers.iter().filter(|s| s.node_rank == 0).map(|s| {
+            let host = cluster.host(s.host).clone();
+            let args = ProxyArgs {
+                listen: format!("{}:0", machine(&s.info.addr)),
+                backends: vec![s.info.url.clone()],
+                ..ProxyArgs::default()
+            };
+            async move {
+                let a = host.spawn::<ProxyActor>("proxy", &args).await?;
+                let url = a.call(GetUrl).await?;
+                Ok::<_, troupe_actors::CallError>((a, url))
+            }
+        });
+        let started = futures::future::join_all(proxy_starts).await;
+        let mut urls = Vec::new();
+        let mut first_err = None;
+        for r in started {
+            match r {
+                Ok((a, u)) => {
+                    proxies.push(a);
+                    urls.push(u);
+                }
+                Err(e) => first_err = first_err.or(Some(e)),
+            }
+        }
+        if let Some(e) = first_err {
+            for p in &proxies {
+                let _ = p.stop(Duration::from_secs(2)).await;
+            }
+            return Err((servers, serving(&format!("a data proxy failed to start: {e}"))));
+        }
+        let mut workers = Vec::new();
+        let mut heads = servers.iter_mut().filter(|s| s.node_rank == 0);
+        for url in &urls {
+            let Some(s) = heads.next() else { break };
+            s.proxy_url = Some(url.clone());
+            // Only a prefill's bootstrap address travels in requests (decode reads from it).
+            let prefill = s.info.worker_type == WorkerType::Prefill;
+            workers.push(WorkerSpec {
+                url: url.clone(),
+                worker_type: s.info.worker_type,
+                bootstrap_port: if prefill { s.info.bootstrap_port } else { None },
+                bootstrap_host: if prefill { s.info.bootstrap_host.clone() } else { None },
+            });
+        }
+        let pd = workers
+            .iter()
+            .any(|w| w.worker_type != WorkerType::Regular);
+        let args = GatewayArgs {
+            listen: opts.gateway_listen.clone(),
+            pd,
+            policy: opts.policies.0.clone(),
+            prefill_policy: opts.policies.1.clone(),
+            decode_policy: opts.policies.2.clone(),
+            admin_key: opts.admin_key.clone(),
+            max_retries: opts.max_retries,
+            workers,
+            ..GatewayArgs::default()
+        };
+        let gateway = match cluster.host(0).spawn::<GatewayActor>("gateway", &args).await {
+            Ok(g) => g,
+            Err(e) => {
+                for p in &proxies {
+                    let _ = p.stop(Duration::from_secs(2)).await;
+                }
+                return Err((servers, serving(&format!("the gateway failed to start: {e}"))));
+            }
+        };
+        let gateway_url = match gateway.call(GetUrl).await {
+            Ok(u) => u,
+            Err(e) => return Err((servers, serving(&e))),
+        };
+        let heads: Vec<&ServerEntry> = servers.iter().filter(|s| s.node_rank == 0).collect();
+        let inf_addrs = heads.iter().map(|s| s.info.addr.clone()).collect();
+        let control = InferenceControl::new(
+            heads.iter().map(|s| s.info.url.clone()).collect(),
+            opts.admin_key.clone(),
+        );
+        Ok(InferenceService {
+            servers,
+            inf_addrs,
+            gateway_url,
+            control,
+            bring_up: Duration::ZERO,
+            gateway,
+            proxies,
+        })
+    }
+
+    /// Stops everything in reverse order of bring-up: gateway, proxies, servers.
+    pub async fn teardown(self) {
+        let _ = self.gateway.stop(Duration::from_secs(5)).await;
+        futures::future::join_all(self.proxies.iter().map(|p| p.stop(Duration::from_secs(5))))
+            .await;
+        stop_servers(&self.servers).await;
+    }
+}
+
+async fn stop_servers(servers: &[ServerEntry]) {
+    futures::future::join_all(
+        servers
+            .iter()
+            .map(|s| s.actor.stop(Duration::from_secs(15))),
+    )
+    .await;
+}

@@ -1,0 +1,11 @@
+//! Rollout serving: the `troupe serve` config, forking inference groups behind the gateway, and
+//! the control plane over every server.
+
+pub mod config;
+pub mod control;
+pub mod cmd;
+pub mod fork;
+
+pub use config::{ConfigError, ServeConfig};
+pub use control::{InferenceControl, PauseMode, ServerResult};
+pub use fork::{ForkError, ForkOptions, InferenceService, ServerEntry};
