@@ -13,6 +13,7 @@ pub mod local;
 pub mod membership;
 pub mod quantize;
 pub mod serve;
+pub mod weight_sync;
 
 pub use cluster::{Cluster, ClusterBuilder, ClusterError, InProcessTransport};
 pub use handle::{ActorHandle, HostHandle, SpawnOptions};

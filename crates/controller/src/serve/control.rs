@@ -70,6 +70,11 @@ impl InferenceControl {
         &self.urls
     }
 
+    /// POSTs `body` to one server's `path` with the admin key; the JSON answer or why not.
+    pub async fn post(&self, url: &str, path: &str, body: &Value) -> Result<Value, String> {
+        self.one(url, path, Some(body)).await
+    }
+
     async fn one(&self, url: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
         let mut req = match body {
             Some(b) => self.client.post(format!("{url}{path}")).json(b),

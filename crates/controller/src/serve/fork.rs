@@ -127,6 +127,38 @@ pub struct InferenceService {
     proxies: Vec<ActorHandle<ProxyActor>>,
 }
 
+/// Ports this process has handed to servers, per machine address. A port is claimed the moment
+/// the allocator takes it, so two forks running at once in one process never pick the same port
+/// even before either server has bound it (a bind probe alone cannot see that).
+static CLAIMED: std::sync::Mutex<std::collections::BTreeSet<(String, u16)>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// Bind probe plus this process's claims.
+#[derive(Debug)]
+struct ClaimingProbe(std::sync::Arc<dyn troupe_scheduler::PortProbe>);
+
+impl troupe_scheduler::PortProbe for ClaimingProbe {
+    fn is_free(&self, host: &HostResources, port: u16) -> bool {
+        let Ok(mut claimed) = CLAIMED.lock() else {
+            return false;
+        };
+        let key = (host.address.clone(), port);
+        if claimed.contains(&key) || !self.0.is_free(host, port) {
+            return false;
+        }
+        claimed.insert(key);
+        true
+    }
+}
+
+/// How many times a server that hit EADDRINUSE is relaunched on fresh ports.
+const PORT_RETRIES: usize = 3;
+
+fn port_in_use(e: &troupe_actors::CallError) -> bool {
+    let m = e.to_string();
+    m.contains("Address already in use") || m.contains("EADDRINUSE") || m.contains("os error 98")
+}
+
 fn machine(addr: &str) -> String {
     if addr.starts_with("inproc://") {
         return "127.0.0.1".into();
@@ -221,8 +253,8 @@ impl InferenceService {
         } else {
             std::sync::Arc::new(troupe_scheduler::AssumeFree)
         };
-        let mut ports = PortAllocator::new(PortRange::default(), probe);
-        let placement = troupe_scheduler::place(
+        let mut ports = PortAllocator::new(PortRange::default(), std::sync::Arc::new(ClaimingProbe(probe)));
+        let mut placement = troupe_scheduler::place(
             plan,
             &hosts,
             &mut ports,
@@ -233,28 +265,20 @@ impl InferenceService {
         .map_err(|e| ForkError::Placement(e.to_string()))?;
 
         // Every server process of every inference group.
-        let mut launches = Vec::new();
-        for p in &placement.instances {
-            let comp = &plan.components[p.component];
-            let Some(backend) = backend_of(comp.backend) else {
-                continue; // training ranks are not servers
-            };
-            let g = &comp.groups[p.group];
-            let head = placement
-                .instance(p.component, p.group, p.instance)
-                .find(|e| e.node_rank == 0)
-                .unwrap_or(p);
-            let spec = spec_for(p, head, backend, g.parallel.tp, g.parallel.pp, opts);
-            launches.push((p.clone(), spec));
-        }
-        if launches.is_empty() {
+        let mut pending: Vec<PlacedInstance> = placement
+            .instances
+            .iter()
+            .filter(|p| backend_of(plan.components[p.component].backend).is_some())
+            .cloned()
+            .collect();
+        if pending.is_empty() {
             return Err(ForkError::Placement(format!(
                 "allocation mode {plan} has no inference component to serve"
             )));
         }
-
+        let total = pending.len();
         let bar = if opts.progress {
-            ProgressBar::new(launches.len() as u64)
+            ProgressBar::new(total as u64)
         } else {
             ProgressBar::hidden()
         };
@@ -262,49 +286,79 @@ impl InferenceService {
             ProgressStyle::with_template("{spinner} servers ready {pos}/{len} [{elapsed}] {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
-        let total = launches.len();
-        let results = futures::future::join_all(launches.into_iter().map(|(p, spec)| {
-            let host = cluster.host(p.host).clone();
-            let bar = bar.clone();
-            async move {
-                let name = format!(
-                    "{}-c{}g{}i{}n{}",
-                    spec.worker_type.as_str(),
-                    p.component,
-                    p.group,
-                    p.instance,
-                    p.node_rank
-                );
-                let r = async {
-                    let actor = host.spawn::<InferenceServer>(&name, &spec).await?;
-                    let info = actor.call(troupe_actors::inference::server::GetInfo).await?;
-                    Ok::<_, troupe_actors::CallError>((actor, info))
-                }
-                .await;
-                bar.inc(1);
-                (p, name, r)
-            }
-        }))
-        .await;
-        bar.finish_and_clear();
-
         let mut servers = Vec::new();
         let mut failures = Vec::new();
-        for (p, name, r) in results {
-            match r {
-                Ok((actor, info)) => servers.push(ServerEntry {
-                    component: p.component,
-                    group: p.group,
-                    instance: p.instance,
-                    node_rank: p.node_rank,
-                    host: p.host,
-                    info,
-                    actor,
-                    proxy_url: None,
-                }),
-                Err(e) => failures.push(format!("{name} on host {}: {e}", p.host)),
+        for attempt in 0..=PORT_RETRIES {
+            let launches: Vec<(PlacedInstance, LaunchSpec)> = pending
+                .drain(..)
+                .map(|p| {
+                    let comp = &plan.components[p.component];
+                    let g = &comp.groups[p.group];
+                    let head = placement
+                        .instance(p.component, p.group, p.instance)
+                        .find(|e| e.node_rank == 0)
+                        .unwrap_or(&p);
+                    let backend = backend_of(comp.backend).unwrap_or(Backend::Troupe);
+                    let spec = spec_for(&p, head, backend, g.parallel.tp, g.parallel.pp, opts);
+                    (p, spec)
+                })
+                .collect();
+            let results = futures::future::join_all(launches.into_iter().map(|(p, spec)| {
+                let host = cluster.host(p.host).clone();
+                async move {
+                    let name = format!(
+                        "{}-c{}g{}i{}n{}",
+                        spec.worker_type.as_str(),
+                        p.component,
+                        p.group,
+                        p.instance,
+                        p.node_rank
+                    );
+                    let r = async {
+                        let actor = host.spawn::<InferenceServer>(&name, &spec).await?;
+                        let info = actor.call(troupe_actors::inference::server::GetInfo).await?;
+                        Ok::<_, troupe_actors::CallError>((actor, info))
+                    }
+                    .await;
+                    (p, name, r)
+                }
+            }))
+            .await;
+            for (p, name, r) in results {
+                match r {
+                    Ok((actor, info)) => {
+                        bar.inc(1);
+                        servers.push(ServerEntry {
+                            component: p.component,
+                            group: p.group,
+                            instance: p.instance,
+                            node_rank: p.node_rank,
+                            host: p.host,
+                            info,
+                            actor,
+                            proxy_url: None,
+                        })
+                    }
+                    Err(e) if attempt < PORT_RETRIES && port_in_use(&e) => {
+                        tracing::warn!(server = %name, "port in use; relaunching on fresh ports");
+                        match placement.reassign_ports(p.component, p.group, p.instance, &hosts, &mut ports) {
+                            Ok(_) => pending.extend(
+                                placement
+                                    .instance(p.component, p.group, p.instance)
+                                    .filter(|e| e.node_rank == p.node_rank)
+                                    .cloned(),
+                            ),
+                            Err(re) => failures.push(format!("{name} on host {}: {e}; no fresh ports: {re}", p.host)),
+                        }
+                    }
+                    Err(e) => failures.push(format!("{name} on host {}: {e}", p.host)),
+                }
+            }
+            if pending.is_empty() {
+                break;
             }
         }
+        bar.finish_and_clear();
         if !failures.is_empty() {
             stop_servers(&servers).await;
             return Err(ForkError::Servers {
@@ -313,6 +367,8 @@ impl InferenceService {
                 details: failures.join("\n\n"),
             });
         }
+        // Group order, whatever order the servers came up (or were relaunched) in.
+        servers.sort_by_key(|s| (s.component, s.group, s.instance, s.node_rank));
 
         match Self::route(cluster, servers, opts).await {
             Ok(mut svc) => {

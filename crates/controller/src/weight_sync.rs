@@ -1,0 +1,368 @@
+//! Weight synchronization from the trainer (rank 0, this process) to every inference engine,
+//! prefill and decode alike, in BF16 or FP8 block-quantized form.
+//!
+//! Order of one update: pause every server → (re)build the broadcast group if the server set
+//! changed → for each bucket, tell every engine what is coming and send it, concurrently →
+//! resume every server. Prefill and decode are paused before and resumed after, so no request
+//! is ever served by a prefill and a decode on different weight versions.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use half::bf16;
+use serde_json::json;
+use troupe_weights::bucket::{Bucket, TensorMeta, pack_buckets};
+use troupe_weights::fp8::{self, Fp8Options, Weights};
+use troupe_weights::plan::{EngineGpus, WeightSyncPlan};
+use troupe_weights::tcp::{TensorRef, WeightSender, WireDtype};
+
+use crate::serve::control::{InferenceControl, PauseMode, all_ok};
+
+/// A trainer tensor in f32, named as the engines name it (Hugging Face names).
+#[derive(Debug, Clone)]
+pub struct HostTensor {
+    /// Parameter name.
+    pub name: String,
+    /// Dimensions, row-major.
+    pub shape: Vec<usize>,
+    /// Values.
+    pub data: Vec<f32>,
+}
+
+/// Settings of weight sync.
+#[derive(Debug, Clone)]
+pub struct WeightSyncOptions {
+    /// Name of the broadcast group on every engine.
+    pub group_name: String,
+    /// Address engines reach this process at (the broadcast master).
+    pub master_host: String,
+    /// Most bytes per bucket.
+    pub bucket_bytes: u64,
+    /// Quantize 2-D projection weights to FP8 (e4m3, 128×128 blocks) on the way.
+    pub fp8: bool,
+    /// How generation in flight is paused.
+    pub pause_mode: PauseMode,
+    /// Flush engines' prefix caches with the last bucket.
+    pub flush_cache: bool,
+    /// How long engines may take to join the group.
+    pub join_timeout: Duration,
+}
+
+impl Default for WeightSyncOptions {
+    fn default() -> Self {
+        WeightSyncOptions {
+            group_name: "troupe-weights".into(),
+            master_host: "127.0.0.1".into(),
+            bucket_bytes: troupe_weights::bucket::DEFAULT_BUCKET_BYTES,
+            fp8: false,
+            pause_mode: PauseMode::Abort,
+            flush_cache: true,
+            join_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why an update failed; names the engine where one is to blame.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightSyncError {
+    /// A tensor could not be encoded (NaN/inf, bad shape).
+    #[error("encoding weights: {0}")]
+    Encode(String),
+    /// Pausing or resuming failed on some servers.
+    #[error("control plane: {0}")]
+    Control(String),
+    /// Building the group failed.
+    #[error("weight group: {0}")]
+    Group(String),
+    /// A bucket failed; `resumed` says whether serving continued (on one consistent version).
+    #[error("weight update to version {version} failed: {reason}; {after}")]
+    Update {
+        /// Target version.
+        version: String,
+        /// Which engine failed and why.
+        reason: String,
+        /// What state serving was left in.
+        after: String,
+    },
+}
+
+/// What one update did.
+#[derive(Debug, Clone)]
+pub struct UpdateReport {
+    /// The version every engine now serves.
+    pub version: String,
+    /// Wall time from pause to resume.
+    pub seconds: f64,
+    /// Buckets sent.
+    pub buckets: usize,
+    /// Bytes on the wire per receiver.
+    pub bytes: u64,
+    /// Tensors sent as FP8.
+    pub fp8_tensors: usize,
+}
+
+struct Group {
+    sender: WeightSender,
+    members: Vec<String>,
+}
+
+/// Rank 0 of the weight broadcast, and the orchestration around it.
+pub struct WeightSync {
+    opts: WeightSyncOptions,
+    group: Option<Group>,
+}
+
+type Encoded = (Vec<TensorMeta>, HashMap<String, Vec<u8>>, usize);
+
+fn encode(tensors: &[HostTensor], fp8_on: bool) -> Result<Encoded, WeightSyncError> {
+    let mut metas = Vec::new();
+    let mut bytes = HashMap::new();
+    let mut n_fp8 = 0;
+    for t in tensors {
+        let numel: usize = t.shape.iter().product();
+        if numel != t.data.len() {
+            return Err(WeightSyncError::Encode(format!(
+                "{}: shape {:?} has {numel} elements but {} values were given",
+                t.name,
+                t.shape,
+                t.data.len()
+            )));
+        }
+        if fp8_on && t.shape.len() == 2 && fp8::should_quantize(&t.name, &t.shape) {
+            let q = fp8::quantize(
+                &t.name,
+                t.shape[0],
+                t.shape[1],
+                Weights::F32(&t.data),
+                &Fp8Options::default(),
+            )
+            .map_err(|e| WeightSyncError::Encode(e.to_string()))?;
+            let (wm, sm) = TensorMeta::for_quantized(&t.name, &q)
+                .map_err(|e| WeightSyncError::Encode(e.to_string()))?;
+            bytes.insert(sm.name.clone(), q.scales.to_le_bytes());
+            bytes.insert(wm.name.clone(), q.data);
+            metas.push(wm);
+            metas.push(sm);
+            n_fp8 += 1;
+        } else {
+            let b: Vec<u8> = t
+                .data
+                .iter()
+                .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                .collect();
+            metas.push(
+                TensorMeta::new(&t.name, WireDtype::Bf16, t.shape.clone())
+                    .map_err(|e| WeightSyncError::Encode(e.to_string()))?,
+            );
+            bytes.insert(t.name.clone(), b);
+        }
+    }
+    Ok((metas, bytes, n_fp8))
+}
+
+impl WeightSync {
+    /// A weight sync with no group yet (the first update builds it).
+    pub fn new(opts: WeightSyncOptions) -> Self {
+        WeightSync { opts, group: None }
+    }
+
+    /// Pushes `tensors` as `version` to every engine behind `control` (engines given as
+    /// `(url, gpu count)` in the same order as `control.urls()`).
+    pub async fn update_weights(
+        &mut self,
+        control: &InferenceControl,
+        engines: &[(String, u32)],
+        version: &str,
+        tensors: &[HostTensor],
+    ) -> Result<UpdateReport, WeightSyncError> {
+        let t0 = Instant::now();
+        let (metas, bytes, fp8_tensors) = encode(tensors, self.opts.fp8)?;
+        let total: u64 = metas.iter().map(|m| m.bytes).sum();
+        let buckets =
+            pack_buckets(metas, self.opts.bucket_bytes).map_err(|e| WeightSyncError::Encode(e.to_string()))?;
+
+        all_ok(&control.pause(self.opts.pause_mode).await).map_err(|e| {
+            WeightSyncError::Control(format!("pause failed on {e}; servers that did pause stay paused until the next successful update"))
+        })?;
+        let sent = async {
+            self.ensure_group(control, engines).await?;
+            let n = buckets.len();
+            for (k, b) in buckets.iter().enumerate() {
+                let flush = self.opts.flush_cache && k + 1 == n;
+                self.send_bucket(control, engines, b, &bytes, version, flush)
+                    .await?;
+            }
+            Ok::<_, String>(n)
+        }
+        .await;
+        match sent {
+            Ok(n) => {
+                all_ok(&control.resume().await).map_err(|e| {
+                    WeightSyncError::Control(format!("resume failed on {e}"))
+                })?;
+                Ok(UpdateReport {
+                    version: version.to_string(),
+                    seconds: t0.elapsed().as_secs_f64(),
+                    buckets: n,
+                    bytes: total,
+                    fp8_tensors,
+                })
+            }
+            Err(reason) => {
+                // The group is suspect now: rebuild it next time.
+                self.group = None;
+                let after = self.recover(control).await;
+                Err(WeightSyncError::Update {
+                    version: version.to_string(),
+                    reason,
+                    after,
+                })
+            }
+        }
+    }
+
+    /// After a failed update: resume only if every reachable engine serves one version.
+    async fn recover(&self, control: &InferenceControl) -> String {
+        let versions = control.fan_out("/get_weight_version", None).await;
+        let mut seen: Vec<String> = Vec::new();
+        let mut unreachable = Vec::new();
+        for r in &versions {
+            match &r.result {
+                Ok(v) => {
+                    let s = v
+                        .get("weight_version")
+                        .map(|x| x.to_string())
+                        .unwrap_or_else(|| v.to_string());
+                    if !seen.contains(&s) {
+                        seen.push(s);
+                    }
+                }
+                Err(_) => unreachable.push(r.url.clone()),
+            }
+        }
+        if seen.len() <= 1 {
+            let resumed = control.resume().await;
+            let ok = resumed.iter().filter(|r| r.result.is_ok()).count();
+            format!(
+                "{ok} reachable servers resumed on one weight version {}; unreachable: {unreachable:?}",
+                seen.first().cloned().unwrap_or_default()
+            )
+        } else {
+            format!(
+                "servers hold different weight versions {seen:?}, so they stay paused; call update_weights again to bring every server to one version and resume"
+            )
+        }
+    }
+
+    async fn ensure_group(
+        &mut self,
+        control: &InferenceControl,
+        engines: &[(String, u32)],
+    ) -> Result<(), String> {
+        let members: Vec<String> = engines.iter().map(|(u, _)| u.clone()).collect();
+        if self.group.as_ref().is_some_and(|g| g.members == members) {
+            return Ok(());
+        }
+        let name = self.opts.group_name.clone();
+        if let Some(old) = self.group.take() {
+            let body = json!({ "group_name": name });
+            futures::future::join_all(
+                old.members
+                    .iter()
+                    .map(|u| control.post(u, "/destroy_weights_update_group", &body)),
+            )
+            .await;
+        }
+        let plan = WeightSyncPlan::new(
+            &name,
+            &engines
+                .iter()
+                .map(|(u, g)| EngineGpus {
+                    engine: u.clone(),
+                    gpus: *g,
+                })
+                .collect::<Vec<_>>(),
+            1,
+        )
+        .map_err(|e| e.to_string())?;
+        let world = plan.world_size();
+        let mut sender = WeightSender::bind(&format!("{}:0", self.opts.master_host), world as usize, &name)
+            .await
+            .map_err(|e| format!("cannot open the broadcast master: {e}"))?;
+        let port = sender.local_addr().map_err(|e| e.to_string())?.port();
+        let joins = engines.iter().enumerate().map(|(i, (u, _))| {
+            let body = json!({
+                "master_address": self.opts.master_host,
+                "master_port": port,
+                "rank_offset": plan.rank_offset(i).unwrap_or(0),
+                "world_size": world,
+                "group_name": name,
+                "backend": "tcp",
+            });
+            async move {
+                control
+                    .post(u, "/init_weights_update_group", &body)
+                    .await
+                    .map_err(|e| format!("{u}: {e}"))
+            }
+        });
+        let (accepted, joined) = tokio::join!(
+            sender.accept_all(self.opts.join_timeout),
+            futures::future::join_all(joins)
+        );
+        let errs: Vec<String> = joined.into_iter().filter_map(Result::err).collect();
+        if !errs.is_empty() {
+            return Err(format!("engines failed to join the weight group: {}", errs.join("; ")));
+        }
+        accepted.map_err(|e| format!("engines did not connect to the broadcast master: {e}"))?;
+        self.group = Some(Group { sender, members });
+        Ok(())
+    }
+
+    async fn send_bucket(
+        &mut self,
+        control: &InferenceControl,
+        engines: &[(String, u32)],
+        b: &Bucket,
+        bytes: &HashMap<String, Vec<u8>>,
+        version: &str,
+        flush: bool,
+    ) -> Result<(), String> {
+        let group = self.group.as_mut().ok_or("no weight group")?;
+        let body = json!({
+            "names": b.names(),
+            "dtypes": b.dtypes(),
+            "shapes": b.shapes(),
+            "group_name": self.opts.group_name,
+            "flush_cache": flush,
+            "weight_version": version,
+        });
+        let mut refs = Vec::with_capacity(b.tensors.len());
+        for t in &b.tensors {
+            let data = bytes
+                .get(&t.name)
+                .ok_or_else(|| format!("internal: no bytes for {}", t.name))?;
+            refs.push(TensorRef {
+                name: &t.name,
+                dtype: t.dtype,
+                shape: &t.shape,
+                bytes: data,
+            });
+        }
+        let http = futures::future::join_all(engines.iter().map(|(u, _)| {
+            let body = &body;
+            async move {
+                control
+                    .post(u, "/update_weights_from_distributed", body)
+                    .await
+                    .map_err(|e| format!("{u}: {e}"))
+            }
+        }));
+        let (sent, answers) = tokio::join!(group.sender.send_bucket(&refs), http);
+        let errs: Vec<String> = answers.into_iter().filter_map(Result::err).collect();
+        if !errs.is_empty() {
+            return Err(errs.join("; "));
+        }
+        sent.map_err(|e| format!("broadcast failed: {e}"))
+    }
+}
