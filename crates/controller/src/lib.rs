@@ -12,6 +12,7 @@ pub mod hostcmd;
 pub mod local;
 pub mod membership;
 pub mod quantize;
+pub mod rollout;
 pub mod serve;
 pub mod weight_sync;
 

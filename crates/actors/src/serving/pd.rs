@@ -160,9 +160,24 @@ pub fn merge_event(event: &mut Value, prefill: &Value) {
     }
 }
 
-/// The abort message of the first item that finished with `finish_reason.type == "abort"`.
+/// The abort message of the first item that finished with `finish_reason.type == "abort"`
+/// before producing any token: such an abort is worth retrying elsewhere (nothing is lost).
+///
+/// An abort after some tokens (a weight update's `pause_generation`) is not: retrying from
+/// scratch would throw the tokens away. It goes back to the caller, whose resubmit loop
+/// continues from prompt + tokens so far, each token keeping the version that produced it.
 pub fn abort_message(v: &Value) -> Option<String> {
     let one = |x: &Value| -> Option<String> {
+        let produced = x
+            .get("output_ids")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+            || x.get("text")
+                .and_then(Value::as_str)
+                .is_some_and(|t| !t.is_empty() && x.get("output_ids").is_none());
+        if produced {
+            return None;
+        }
         let fr = x.pointer("/meta_info/finish_reason")?;
         (fr.get("type")?.as_str()? == "abort").then(|| {
             fr.get("message")

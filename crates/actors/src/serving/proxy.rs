@@ -265,7 +265,13 @@ async fn generate(
         _ => None,
     };
     match prompt {
-        Some(p) if !streaming && pd::batch_size(&obj).is_none() => {
+        // A PD half (it carries a bootstrap room) cannot be resubmitted alone: its KV came from
+        // a prefill. It passes through, and the client resubmits a fresh prefill/decode pair.
+        Some(p)
+            if !streaming
+                && pd::batch_size(&obj).is_none()
+                && !obj.contains_key("bootstrap_room") =>
+        {
             resubmit_loop(&state, &headers, obj, raw, p).await
         }
         _ => pass(&state, axum::http::Method::POST, "/generate", &headers, raw).await,
