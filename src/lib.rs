@@ -3,10 +3,16 @@
 //! This facade re-exports the workspace's crates so examples and scripts need one dependency:
 //! - [`wire`]: the gRPC protocol and payload codec;
 //! - [`actors`]: the actor host runtime and built-in actor kinds;
-//! - [`controller`]: clusters, typed handles, and the `troupe` binary's commands.
+//! - [`controller`]: clusters, typed handles, serving, weight sync, rollouts, the `troupe` binary;
+//! - [`scheduler`]: allocation modes and placement;
+//! - [`engine`]: the reference inference engine (and its trainer);
+//! - [`weights`]: FP8 codec, buckets, weight transport.
 
 pub use troupe_actors as actors;
 pub use troupe_controller as controller;
+pub use troupe_engine as engine;
+pub use troupe_scheduler as scheduler;
+pub use troupe_weights as weights;
 pub use troupe_wire as wire;
 
 pub use troupe_controller::{

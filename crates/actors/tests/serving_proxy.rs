@@ -69,7 +69,7 @@ mod resubmit {
             assert_eq!(st, 200, "{v}");
             assert_eq!(v["output_ids"], json!([97, 98, 99, 100, 101]));
             assert_eq!(v["text"], "abcde");
-            assert_eq!(v["meta_info"]["finish_reason"], json!({"type": "length", "length": 2}));
+            assert_eq!(v["meta_info"]["finish_reason"], json!({"type": "length", "length": 5}));
             assert_eq!(v["meta_info"]["completion_tokens"], 5);
             assert_eq!(v["meta_info"]["prompt_tokens"], 3);
             assert_eq!(v["meta_info"]["output_token_weight_versions"], json!(["v1", "v1", "v1", "v2", "v2"]));

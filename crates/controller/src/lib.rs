@@ -13,6 +13,7 @@ pub mod local;
 pub mod membership;
 pub mod quantize;
 pub mod rollout;
+pub mod run;
 pub mod serve;
 pub mod weight_sync;
 

@@ -27,6 +27,8 @@ enum Cmd {
     Quantize(quantize::QuantizeArgs),
     /// Run the reference inference engine (speaks SGLang's HTTP protocol, PD included).
     Engine(troupe_engine::cli::EngineArgs),
+    /// The main job: asynchronous GRPO through PD rollout serving with weight sync every step.
+    Run(troupe_controller::run::RunArgs),
     /// Bring up rollout serving from a YAML config and print the gateway address.
     Serve(troupe_controller::serve::cmd::ServeArgs),
     /// Benchmarks; each prints one line per figure.
@@ -110,6 +112,16 @@ fn main() -> ExitCode {
             }
             Cmd::Engine(a) => match troupe_engine::serve(a).await {
                 Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            },
+            Cmd::Run(a) => match troupe_controller::run::run(&a).await {
+                Ok(s) => {
+                    println!(
+                        "done: {} steps in {:.1} s; reward {:.3} -> {:.3}; max staleness {}",
+                        s.steps, s.total_seconds, s.baseline_reward, s.final_reward, s.max_staleness_seen
+                    );
+                    ExitCode::SUCCESS
+                }
                 Err(e) => fail(e),
             },
             Cmd::Serve(a) => match troupe_controller::serve::cmd::run(&a).await {

@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use troupe_weights::fp8::BlockSize;
+
 use crate::core::LatencyModel;
 use crate::error::EngineError;
 use crate::model::ModelConfig;
@@ -119,7 +121,10 @@ pub struct EngineArgs {
     /// `quantization_config` travels here).
     #[arg(long, hide = true)]
     pub json_model_override_args: Option<String>,
-    /// Quantization: only `none` for now (FP8 weights come with the FP8 codec issue).
+    /// Quantization: `fp8` (or `none`). The reference engine computes in f32 either way; FP8
+    /// weight updates (`float8_e4m3fn` plus their scales) are accepted and dequantized on load,
+    /// and `quantization_config.weight_block_size` from `--json-model-override-args` (default
+    /// `[128, 128]`) says how block scales tile a weight.
     #[arg(long)]
     pub quantization: Option<String>,
 }
@@ -219,7 +224,10 @@ impl EngineArgs {
     /// Checks every flag; errors name the flag and the accepted values.
     pub fn validate(&self) -> Result<Validated, EngineError> {
         if let Some(j) = &self.json_model_override_args
-            && !matches!(serde_json::from_str::<serde_json::Value>(j), Ok(serde_json::Value::Object(_)))
+            && !matches!(
+                serde_json::from_str::<serde_json::Value>(j),
+                Ok(serde_json::Value::Object(_))
+            )
         {
             return Err(EngineError::Config(format!(
                 "--json-model-override-args must be a JSON object, e.g. '{{\"quantization_config\": {{...}}}}'; got {j:?}"
@@ -266,11 +274,13 @@ impl EngineArgs {
         }
         if let Some(q) = &self.quantization
             && q != "none"
+            && q != "fp8"
         {
             return Err(EngineError::Config(format!(
-                "--quantization {q} is not supported by the reference engine yet; omit it"
+                "--quantization {q} is not supported by the reference engine; use --quantization fp8 or omit it"
             )));
         }
+        self.fp8_block_size()?;
         for (v, flag) in [
             (self.sim_prefill_tokens_per_s, "--sim-prefill-tokens-per-s"),
             (self.sim_decode_step_ms, "--sim-decode-step-ms"),
@@ -313,6 +323,42 @@ impl EngineArgs {
                 "--disaggregation-prefill-keep-s",
             )?,
             weights_timeout: secs(self.weights_update_timeout_s, "--weights-update-timeout-s")?,
+        })
+    }
+
+    /// Block size of FP8 block scales (`<name>.weight_scale_inv`) in weight updates: SGLang's
+    /// `quantization_config.weight_block_size` from `--json-model-override-args`, else the
+    /// DeepSeek / Hugging Face default of 128x128. Without it the engine could not tell how a
+    /// scale grid maps onto a weight (several block sizes give the same grid shape).
+    pub fn fp8_block_size(&self) -> Result<BlockSize, EngineError> {
+        let flag = "--json-model-override-args";
+        let Some(j) = &self.json_model_override_args else {
+            return Ok(BlockSize::DEFAULT);
+        };
+        let v: serde_json::Value = serde_json::from_str(j)
+            .map_err(|e| EngineError::Config(format!("{flag} must be a JSON object: {e}")))?;
+        let Some(qc) = v.get("quantization_config") else {
+            return Ok(BlockSize::DEFAULT);
+        };
+        if let Some(m) = qc.get("quant_method")
+            && m.as_str() != Some("fp8")
+        {
+            return Err(EngineError::Config(format!(
+                "{flag}: quantization_config.quant_method {m} is not supported; use \"fp8\""
+            )));
+        }
+        let Some(b) = qc.get("weight_block_size") else {
+            return Ok(BlockSize::DEFAULT);
+        };
+        let dims = b.as_array().filter(|a| a.len() == 2).and_then(|a| {
+            let r = a[0].as_u64().and_then(|x| usize::try_from(x).ok())?;
+            let c = a[1].as_u64().and_then(|x| usize::try_from(x).ok())?;
+            BlockSize::new(r, c).ok()
+        });
+        dims.ok_or_else(|| {
+            EngineError::Config(format!(
+                "{flag}: quantization_config.weight_block_size must be two positive integers like [128, 128], got {b}"
+            ))
         })
     }
 
@@ -363,6 +409,36 @@ mod tests {
     }
 
     #[test]
+    fn fp8_quantization_and_block_size() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "--quantization",
+            "fp8",
+            "--json-model-override-args",
+            r#"{"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [64, 32]}}"#,
+        ])
+        .unwrap();
+        cli.args.validate().unwrap();
+        assert_eq!(
+            cli.args.fp8_block_size().unwrap(),
+            BlockSize::new(64, 32).unwrap()
+        );
+        assert_eq!(
+            EngineArgs::default().fp8_block_size().unwrap(),
+            BlockSize::DEFAULT
+        );
+        for bad in [
+            r#"{"quantization_config": {"weight_block_size": [0, 128]}}"#,
+            r#"{"quantization_config": {"weight_block_size": 128}}"#,
+            r#"{"quantization_config": {"quant_method": "awq"}}"#,
+        ] {
+            let cli = Cli::try_parse_from(["x", "--json-model-override-args", bad]).unwrap();
+            let err = cli.args.validate().unwrap_err().to_string();
+            assert!(err.contains("--json-model-override-args"), "{err}");
+        }
+    }
+
+    #[test]
     fn bad_values_name_the_flag() {
         for (flag, val) in [
             ("--model", "huge"),
@@ -370,6 +446,7 @@ mod tests {
             ("--disaggregation-transfer-backend", "mooncake"),
             ("--max-running-requests", "0"),
             ("--model-path", "/definitely/not/here"),
+            ("--quantization", "awq"),
         ] {
             let cli = Cli::try_parse_from(["x", flag, val]).unwrap();
             let err = cli.args.validate().unwrap_err().to_string();

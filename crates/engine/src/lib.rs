@@ -9,6 +9,7 @@
 //! - [`pd`]: the bootstrap listener, room store and KV wire format.
 //! - [`server`]: the HTTP endpoints.
 //! - [`cli`]: `troupe engine` flags.
+//! - [`train`]: a GRPO trainer for the reference model (full backprop, Adam).
 //!
 //! Entry points: [`serve`] for the binary, [`start`] for in-process use (tests, embedded runs).
 
@@ -23,6 +24,7 @@ pub mod rng;
 pub mod sampling;
 pub mod server;
 pub mod tokenizer;
+pub mod train;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

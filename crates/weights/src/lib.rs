@@ -6,10 +6,12 @@
 //! - [`bucket`]: tensors packed into byte-bounded buckets (FP8 weights with their scales).
 //! - [`quantize_file`]: offline BF16 -> FP8 conversion of a safetensors checkpoint.
 //! - [`bench`](mod@bench): FP8 quantizer throughput beside memcpy bandwidth.
+//! - [`broadcast_bench`]: chain-broadcast time as the number of receivers grows.
 //! - [`tcp`]: the `tcp` weight-update transport used by the reference engine (rank 0 sends, every
-//!   engine receives the same tensors in the same order).
+//!   engine receives the same tensors in the same order), a pipelined chain like NCCL's ring.
 
 pub mod bench;
+pub mod broadcast_bench;
 pub mod bucket;
 pub mod fp8;
 pub mod plan;

@@ -1,45 +1,82 @@
 //! The `tcp` weight-update transport: rank 0 (the trainer) sends named tensors, every engine
-//! receives the same tensors in the same order.
+//! receives the same tensors in the same order, through a pipelined chain broadcast.
 //!
 //! This is the reference engine's stand-in for an NCCL broadcast group. The shape of the API
 //! mirrors SGLang's: engines *join* a group named `group_name` of `world_size` ranks, where rank 0
 //! is the sender and each engine covers `n_ranks` consecutive ranks starting at its
 //! `rank_offset` (one per tensor-parallel GPU, so heterogeneous TP needs nothing special).
 //!
+//! # Topology: a chain, like NCCL's ring
+//!
+//! Sending every byte from rank 0 to each engine makes a sync take `receivers x size / bandwidth`.
+//! Instead the engines form a chain in ascending `rank_offset` order, `0 -> r1 -> r2 -> ...`, and
+//! each one forwards every chunk (up to [`CHUNK_BYTES`]) to its successor as soon as it has read
+//! it, so a bucket takes about `size / bandwidth + hops x chunk / bandwidth`: nearly flat in the
+//! number of engines. An engine with tensor parallelism `k` covers ranks
+//! `rank_offset..rank_offset + k` but is **one** hop: its ranks live in one process, so only its
+//! first rank is a chain member (the others are bookkeeping that keeps `world_size` and the
+//! offsets identical to an NCCL group).
+//!
+//! Every engine also keeps a *control* connection to rank 0. That is how the chain is wired and
+//! how failures are reported: rank 0 learns each engine's listening address in the handshake and,
+//! once every rank has joined, tells each engine its predecessor's rank and its successor's
+//! address. A bucket is committed only when every engine has confirmed it over its control
+//! connection; any failure (a dead engine, a mismatched bucket, a broken link) is reported to rank
+//! 0, which tells every engine which rank failed, and the group is then unusable (re-create it).
+//!
 //! # Wire format (all integers little-endian)
 //!
-//! Handshake, receiver → sender: `b"TRWU"`, `u16 version (=1)`, `u32 rank`, `u32 n_ranks`,
-//! `u16 len` + group name bytes. Sender → receiver: `u8 status` (0 = accepted, 1 = rejected, then
-//! `u32 len` + UTF-8 reason).
+//! Control connection (engine -> rank 0), handshake: `b"TRWU"`, `u16 version (=2)`, `u32 rank`,
+//! `u32 n_ranks`, `u16 len` + group name, `u16 len` + the engine's data address (`ip:port`).
+//! Reply: `u8 status` (0 = accepted, 1 = rejected, then `u32 len` + UTF-8 reason). A malformed
+//! or older handshake is answered with a rejection saying what was wrong.
 //!
-//! Frames, sender → receiver, each starting with a `u8` kind:
-//! - `1` tensor: `u16 len` + name, `u8 dtype` ([`WireDtype`]), `u8 ndim`, `ndim × u64` dims,
+//! Control messages, rank 0 -> engine: `10` topology (`u32 predecessor rank`, `u8 has_successor`
+//! [, `u32 successor rank`, `u16 len` + address], `u64 token`), `11` group ready, `12` bucket
+//! committed, `13` failed (`u32 rank`, `u32 len` + reason), `3` close. Engine -> rank 0: `20`
+//! ready, `21` bucket received, `22` error (`u8` whose fault: 0 mine, 1 my predecessor's, 2 my
+//! successor's; `u32 rank`, `u32 len` + reason).
+//!
+//! Data link (predecessor -> successor, rank 0 -> first engine): hello `b"TRWD"`, `u16 version`,
+//! `u64 token`, `u32 from rank`, `u32 to rank`, answered with a status byte as above; then per
+//! bucket, frames each starting with a `u8` kind:
+//! - `1` tensor: `u16 len` + name, `u8 dtype` ([`WireDtype`]), `u8 ndim`, `ndim x u64` dims,
 //!   `u64 byte_len`, then the raw bytes (row-major, little-endian elements).
-//! - `2` end of bucket: `u32 tensor_count`. The receiver answers with `u8 status` (0 = ok,
-//!   1 = error + `u32 len` + reason) so the sender knows every engine holds the bucket.
-//! - `3` close: the group is being torn down.
+//! - `2` end of bucket: `u32 tensor_count`.
 //!
-//! The frame kind byte and the handshake version leave room for a later pipelined chain
-//! broadcast (a receiver forwarding frames to the next one) without changing the tensor frame.
+//! The engine knows the exact byte length of a bucket from the names, dtypes and shapes it was
+//! given, so data links carry nothing but bucket bytes and need no extra framing.
 
+mod assemble;
+mod control;
 mod frame;
+mod link;
 mod receiver;
 mod sender;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_chain;
 
 pub use receiver::WeightReceiver;
 pub use sender::WeightSender;
 
 pub(crate) const MAGIC: &[u8; 4] = b"TRWU";
-pub(crate) const VERSION: u16 = 1;
+pub(crate) const DATA_MAGIC: &[u8; 4] = b"TRWD";
+pub(crate) const VERSION: u16 = 2;
 pub(crate) const FRAME_TENSOR: u8 = 1;
 pub(crate) const FRAME_BUCKET_END: u8 = 2;
-pub(crate) const FRAME_CLOSE: u8 = 3;
 /// Upper bound on one tensor's byte length, so a corrupt header cannot make a receiver allocate
 /// without limit (64 GiB is far above any single projection matrix).
 pub(crate) const MAX_TENSOR_BYTES: u64 = 64 << 30;
 pub(crate) const MAX_NDIM: u8 = 8;
+/// Most bytes an engine reads before forwarding them to its successor. Small enough that the
+/// pipeline fills quickly (8 hops add ~8 MiB of latency), large enough that per-chunk overhead
+/// (one channel send, one write call) is negligible.
+pub const CHUNK_BYTES: usize = 1 << 20;
+/// How long rank 0 waits, by default, for every engine to confirm a bucket
+/// ([`WeightSender::set_bucket_timeout`]).
+pub const DEFAULT_BUCKET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Everything that can go wrong moving weights over TCP.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +94,16 @@ pub enum TcpError {
     /// The other side refused: wrong group name, rank out of range, duplicate rank, bad bucket.
     #[error("weight transport rejected: {0}")]
     Rejected(String),
+    /// A member of the group failed (died, refused the bucket, lost a link); every party reports
+    /// the same rank, so the operator knows which engine to look at. The group is unusable
+    /// afterwards: destroy it and create a new one.
+    #[error("weight-update group failed at rank {rank}: {reason}")]
+    RankFailed {
+        /// The first rank of the engine that failed.
+        rank: u32,
+        /// What happened there.
+        reason: String,
+    },
     /// The caller passed something inconsistent (byte length that does not match the shape,
     /// world size of zero, ...). Nothing was sent.
     #[error("invalid weight transport argument: {0}")]
@@ -106,7 +153,7 @@ impl WireDtype {
         }
     }
 
-    fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         match self {
             Self::Bf16 => 1,
             Self::F32 => 2,
@@ -114,7 +161,7 @@ impl WireDtype {
         }
     }
 
-    fn from_code(c: u8) -> Option<Self> {
+    pub(crate) fn from_code(c: u8) -> Option<Self> {
         match c {
             1 => Some(Self::Bf16),
             2 => Some(Self::F32),

@@ -166,8 +166,14 @@ pub fn merge_event(event: &mut Value, prefill: &Value) {
 /// An abort after some tokens (a weight update's `pause_generation`) is not: retrying from
 /// scratch would throw the tokens away. It goes back to the caller, whose resubmit loop
 /// continues from prompt + tokens so far, each token keeping the version that produced it.
+/// The exception is a server that is going away (see [`server_failure`]): its partial output
+/// can never be continued there, so the request is retried from scratch on another worker.
 pub fn abort_message(v: &Value) -> Option<String> {
     let one = |x: &Value| -> Option<String> {
+        let message = x
+            .pointer("/meta_info/finish_reason/message")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         let produced = x
             .get("output_ids")
             .and_then(Value::as_array)
@@ -175,7 +181,7 @@ pub fn abort_message(v: &Value) -> Option<String> {
             || x.get("text")
                 .and_then(Value::as_str)
                 .is_some_and(|t| !t.is_empty() && x.get("output_ids").is_none());
-        if produced {
+        if produced && !server_failure(message) {
             return None;
         }
         let fr = x.pointer("/meta_info/finish_reason")?;
@@ -196,6 +202,14 @@ pub fn abort_message(v: &Value) -> Option<String> {
         Value::Array(a) => a.iter().find_map(one),
         x => one(x),
     }
+}
+
+/// Whether an abort message says the server itself failed (it is shutting down, its
+/// scheduler stopped, or a KV handoff failed), as opposed to a deliberate pause or abort.
+pub fn server_failure(message: &str) -> bool {
+    ["shutting down", "engine stopped", "KV transfer failed"]
+        .iter()
+        .any(|m| message.contains(m))
 }
 
 /// Cheap pre-check before parsing a response: could it contain an abort at all?
@@ -288,6 +302,17 @@ mod tests {
         assert_eq!(
             abort_message(&json!({"meta_info": {"finish_reason": null}})),
             None
+        );
+        let paused = json!({"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "abort", "message": "aborted by pause_generation"}}});
+        assert_eq!(
+            abort_message(&paused),
+            None,
+            "partial output of a pause goes back to the caller"
+        );
+        let dying = json!({"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "abort", "message": "engine shutting down"}}});
+        assert_eq!(
+            abort_message(&dying).as_deref(),
+            Some("engine shutting down")
         );
     }
 }

@@ -11,7 +11,8 @@
 //! into one response.
 //!
 //! The stitched response is the backend's last answer with `output_ids`, `text`,
-//! `meta_info.completion_tokens`, `meta_info.output_token_logprobs` covering all pieces,
+//! `meta_info.completion_tokens`, `meta_info.output_token_logprobs` covering all pieces (and a
+//! `length` finish counting all of them),
 //! `meta_info.prompt_tokens` / `input_token_logprobs` of the original prompt, and two added
 //! fields:
 //! - `meta_info.output_token_weight_versions`: one entry per output token, the
@@ -431,6 +432,18 @@ async fn resubmit_loop(
                     meta.insert(key.into(), v.clone());
                 }
             }
+        }
+        let length_finish = meta
+            .get("finish_reason")
+            .and_then(|f| f.get("type"))
+            .and_then(Value::as_str)
+            == Some("length");
+        if resubmits > 0 && length_finish {
+            // The last piece counted only its own tokens.
+            meta.insert(
+                "finish_reason".into(),
+                json!({"type": "length", "length": n}),
+            );
         }
         if aborted_at_budget {
             meta.insert(

@@ -14,6 +14,9 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use parking_lot::Mutex;
 use serde_json::Value;
+use troupe_actors::serving::gateway::{self, GatewayConfig, GatewayHandle};
+use troupe_actors::serving::health::HealthConfig;
+use troupe_actors::serving::{RouterConfig, WorkerSpec};
 
 /// Every test body runs under this deadline.
 pub async fn within<F: Future>(secs: u64, f: F) -> F::Output {
@@ -231,4 +234,24 @@ pub fn assert_envelope(v: &Value, code: u16) {
     assert!(o["param"].is_null());
     assert!(o["type"].is_string());
     assert!(!o["message"].as_str().unwrap_or("").is_empty());
+}
+
+/// A gateway over `workers` with probing off and no retry backoff.
+pub async fn gw(pd: bool, workers: Vec<WorkerSpec>, max_retries: u32) -> GatewayHandle {
+    gateway::start(GatewayConfig {
+        pd,
+        workers,
+        max_retries,
+        retry_backoff: Duration::ZERO,
+        router: RouterConfig {
+            health: HealthConfig {
+                interval: Duration::ZERO,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await
+    .expect("gateway starts")
 }

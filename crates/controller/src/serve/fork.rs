@@ -123,6 +123,8 @@ pub struct InferenceService {
     pub control: InferenceControl,
     /// How long bring-up took (launch of the first server to gateway ready).
     pub bring_up: Duration,
+    /// Where every server and training rank was placed.
+    pub placement: troupe_scheduler::Placement,
     gateway: ActorHandle<GatewayActor>,
     proxies: Vec<ActorHandle<ProxyActor>>,
 }
@@ -373,6 +375,7 @@ impl InferenceService {
         match Self::route(cluster, servers, opts).await {
             Ok(mut svc) => {
                 svc.bring_up = started.elapsed();
+                svc.placement = placement;
                 Ok(svc)
             }
             Err((servers, e)) => {
@@ -474,9 +477,19 @@ impl InferenceService {
             gateway_url,
             control,
             bring_up: Duration::ZERO,
+            placement: troupe_scheduler::Placement { instances: Vec::new() },
             gateway,
             proxies,
         })
+    }
+
+    /// The host of training rank 0, if the plan has a training component.
+    pub fn train_host(&self) -> Option<usize> {
+        self.placement
+            .instances
+            .iter()
+            .find(|p| p.worker_type == troupe_scheduler::WorkerType::Train)
+            .map(|p| p.host)
     }
 
     /// Stops everything in reverse order of bring-up: gateway, proxies, servers.

@@ -1,6 +1,9 @@
 //! Weight updates: joining a `tcp` weight-update group, receiving buckets from rank 0, and
 //! reloading from a safetensors file. Tensors are validated in full before anything changes,
-//! and swapped in by the scheduler between batches.
+//! and swapped in by the scheduler between batches. FP8 updates (`float8_e4m3fn` weights with
+//! their scales in the same bucket) are dequantized to f32 on load (see the `convert` submodule).
+
+mod convert;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,9 +11,8 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use half::bf16;
 use serde_json::{Map, Value, json};
-use troupe_weights::tcp::{OwnedTensor, TensorSpec, WeightReceiver, WireDtype};
+use troupe_weights::tcp::{TensorSpec, WeightReceiver, WireDtype};
 
 use super::AppState;
 use super::error::{ApiError, parse_object};
@@ -129,8 +131,12 @@ fn list<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<&'a Vec<Value>, Ap
         .ok_or_else(|| bad(format!("{key} (a list, one entry per tensor) is required")))
 }
 
-/// Parses and checks `names`, `dtypes`, `shapes` against the model.
-fn specs(state: &AppState, obj: &Map<String, Value>) -> Result<Vec<TensorSpec>, ApiError> {
+/// Parses and checks `names`, `dtypes`, `shapes` against the model, pairing FP8 weights with
+/// their scales.
+fn specs(
+    state: &AppState,
+    obj: &Map<String, Value>,
+) -> Result<(Vec<TensorSpec>, convert::Fp8Pairs), ApiError> {
     let (names, dtypes, shapes) = (
         list(obj, "names")?,
         list(obj, "dtypes")?,
@@ -159,14 +165,9 @@ fn specs(state: &AppState, obj: &Map<String, Value>) -> Result<Vec<TensorSpec>, 
             .ok_or_else(|| bad(format!("dtypes must be strings, found {d}")))?;
         let dtype = WireDtype::parse(dstr).ok_or_else(|| {
             bad(format!(
-                "dtype {dstr:?} of {name} is not supported; use bfloat16 or float32"
+                "dtype {dstr:?} of {name} is not supported; use bfloat16, float32 or float8_e4m3fn (with its scale)"
             ))
         })?;
-        if dtype == WireDtype::F8E4M3 {
-            return Err(bad(format!(
-                "{name}: float8_e4m3fn updates need FP8 support, which the reference engine does not have yet; send bfloat16 or float32"
-            )));
-        }
         let shape = s
             .as_array()
             .and_then(|a| {
@@ -180,6 +181,8 @@ fn specs(state: &AppState, obj: &Map<String, Value>) -> Result<Vec<TensorSpec>, 
                 ))
             })?;
         match known.get(name) {
+            // Scales are checked against their weight by `pair_fp8`.
+            None if convert::is_scale_name(name) => {}
             None => {
                 return Err(bad(format!(
                     "unknown parameter {name:?}; names look like model.layers.0.self_attn.q_proj.weight"
@@ -198,23 +201,12 @@ fn specs(state: &AppState, obj: &Map<String, Value>) -> Result<Vec<TensorSpec>, 
             shape,
         });
     }
-    Ok(out)
-}
-
-fn to_f32(t: &OwnedTensor) -> Vec<f32> {
-    match t.dtype {
-        WireDtype::F32 => t
-            .bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        WireDtype::Bf16 => t
-            .bytes
-            .chunks_exact(2)
-            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        WireDtype::F8E4M3 => Vec::new(),
-    }
+    let block = state
+        .args
+        .fp8_block_size()
+        .map_err(|e| bad(e.to_string()))?;
+    let pairs = convert::pair_fp8(&out, block).map_err(bad)?;
+    Ok((out, pairs))
 }
 
 fn version_of(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
@@ -226,8 +218,12 @@ fn version_of(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
 }
 
 /// `POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache,
-/// weight_version}`: reads exactly these tensors from rank 0 and swaps them in. A transport
-/// error or mismatch leaves the weights unchanged and leaves the group (it must be re-joined).
+/// weight_version}`: reads exactly these tensors from rank 0 and swaps them in, all at once,
+/// once every engine of the group holds the bucket. `float8_e4m3fn` weights must come with
+/// their `.weight_scale_inv` (block, tiled by `weight_block_size`) or `.weight_scale`
+/// (per-tensor) in the same bucket and are dequantized to f32. A malformed request is refused
+/// before anything is read (the group stays joined); a transport error or mismatch leaves the
+/// weights unchanged and leaves the group (it must be re-joined).
 pub async fn update_from_distributed(
     State(state): State<Arc<AppState>>,
     body: Bytes,
@@ -235,7 +231,7 @@ pub async fn update_from_distributed(
     let obj = parse_object(&body).map_err(ApiError::control)?;
     let group = str_field(&obj, "group_name", "weight_sync")?.to_string();
     let version = version_of(&obj)?;
-    let specs = specs(&state, &obj)?;
+    let (specs, pairs) = specs(&state, &obj)?;
     // Take the receiver out while reading, so two updates on one group cannot interleave.
     let mut rx = state.groups.lock().await.remove(&group).ok_or_else(|| {
         bad(format!(
@@ -251,8 +247,11 @@ pub async fn update_from_distributed(
         }
     };
     state.groups.lock().await.insert(group, rx);
-    let tensors: Vec<(String, Vec<f32>)> =
-        got.iter().map(|t| (t.name.clone(), to_f32(t))).collect();
+    // Dequantizing is CPU work (rayon inside); keep it off the async workers.
+    let tensors = tokio::task::spawn_blocking(move || convert::to_parameters(&got, &pairs))
+        .await
+        .map_err(|e| bad(format!("weight conversion failed: {e}")))?
+        .map_err(|e| bad(format!("{e}; weights unchanged")))?;
     match state
         .core
         .call(|reply| Command::UpdateTensors {

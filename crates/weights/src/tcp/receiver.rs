@@ -1,29 +1,86 @@
-//! An engine's side: join a group, read buckets.
+//! An engine's side: join a group (a control connection to rank 0 plus data links to its chain
+//! neighbours), read buckets while forwarding them to the next engine.
 
 use std::time::Duration;
 
+use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
-use super::frame::{expected_len, read_status, write_status};
-use super::{
-    FRAME_BUCKET_END, FRAME_CLOSE, FRAME_TENSOR, MAGIC, MAX_NDIM, MAX_TENSOR_BYTES, OwnedTensor,
-    TcpError, TensorSpec, VERSION, WireDtype,
+use super::assemble::Assembler;
+use super::control::{
+    Fault, FromEngine, ToEngine, read_to_engine, read_to_engine_rest, write_from_engine,
 };
+use super::frame::{bucket_len, put_short_str, read_status};
+use super::link::{accept_link, connect_link};
+use super::{CHUNK_BYTES, MAGIC, OwnedTensor, TcpError, TensorSpec, VERSION};
 
-/// An engine's end of a weight-update group: one connection to rank 0 covering ranks
-/// `rank..rank + n_ranks`.
+/// Chunks queued between reading and forwarding: lets the read of chunk k+1 overlap the write
+/// of chunk k (on another thread) without holding much memory.
+const FORWARD_DEPTH: usize = 4;
+/// How long an engine whose neighbour failed waits for rank 0 to say which rank it was.
+const VERDICT_GRACE: Duration = Duration::from_secs(10);
+
+/// Why a bucket transfer stopped.
+#[derive(Debug)]
+enum Failure {
+    /// This engine refused the bytes (they do not match what it was told to expect).
+    Mine(String),
+    /// The predecessor's data link broke.
+    Upstream(String),
+    /// The successor's data link broke.
+    Downstream(String),
+    /// Rank 0 declared the bucket failed at `rank`.
+    Verdict(u32, String),
+    /// Rank 0 closed the group.
+    Closed,
+    /// The control connection to rank 0 broke.
+    Lost(String),
+    /// The deadline passed.
+    Timeout(String),
+    /// Test hook: stop as if the process died.
+    #[cfg(test)]
+    Died,
+}
+
+/// Aborts the forwarding task if the transfer is abandoned (the successor then sees its data
+/// link close, which is how the failure travels down the chain).
+struct AbortOnDrop(JoinHandle<(TcpStream, std::io::Result<()>)>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// An engine's end of a weight-update group, covering ranks `rank..rank + n_ranks`. Only `rank`
+/// is a hop of the chain: an engine's tensor-parallel ranks share one process and one copy.
 #[derive(Debug)]
 pub struct WeightReceiver {
-    stream: TcpStream,
+    control: TcpStream,
+    upstream: TcpStream,
+    downstream: Option<TcpStream>,
     rank: u32,
     n_ranks: u32,
+    pred_rank: u32,
+    succ_rank: Option<u32>,
     group_name: String,
+    /// Set by the first failure: `(rank, reason)`; the receiver is unusable afterwards.
+    broken: Option<(u32, String)>,
+    /// Test hook: after this many bucket bytes, drop out as if killed.
+    #[cfg(test)]
+    pub(crate) die_after: Option<u64>,
 }
 
 impl WeightReceiver {
-    /// Connects to rank 0 at `addr`, retrying refused connections until `timeout` (the trainer
-    /// may bind a moment after telling engines to join), then performs the handshake.
+    /// Connects to rank 0 at `addr` (retrying refused connections until `timeout`: the trainer
+    /// may bind a moment after telling engines to join), performs the handshake, and waits
+    /// until the whole group has joined and this engine's chain links are up, like NCCL's
+    /// `init_process_group`. Its own data listener is bound on the interface that reaches rank
+    /// 0, on an ephemeral port that is sent to rank 0 in the handshake.
     pub async fn connect(
         addr: &str,
         group_name: &str,
@@ -31,11 +88,11 @@ impl WeightReceiver {
         n_ranks: u32,
         timeout: Duration,
     ) -> Result<Self, TcpError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut stream = loop {
+        let deadline = Instant::now() + timeout;
+        let mut control = loop {
             match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
                 Ok(Ok(s)) => break s,
-                Ok(Err(e)) if tokio::time::Instant::now() < deadline => {
+                Ok(Err(e)) if Instant::now() < deadline => {
                     tracing::debug!(error = %e, addr, "weight sender not reachable yet");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -47,18 +104,18 @@ impl WeightReceiver {
                 }
             }
         };
-        stream.set_nodelay(true)?;
-        let name_len = u16::try_from(group_name.len())
-            .map_err(|_| TcpError::InvalidArgument("group name too long".into()))?;
-        let mut hello = Vec::with_capacity(16 + group_name.len());
+        control.set_nodelay(true)?;
+        let listener = TcpListener::bind((control.local_addr()?.ip(), 0)).await?;
+        let data_addr = listener.local_addr()?.to_string();
+        let mut hello = Vec::with_capacity(40 + group_name.len());
         hello.extend_from_slice(MAGIC);
         hello.extend_from_slice(&VERSION.to_le_bytes());
         hello.extend_from_slice(&rank.to_le_bytes());
         hello.extend_from_slice(&n_ranks.to_le_bytes());
-        hello.extend_from_slice(&name_len.to_le_bytes());
-        hello.extend_from_slice(group_name.as_bytes());
-        stream.write_all(&hello).await?;
-        match tokio::time::timeout_at(deadline, read_status(&mut stream)).await {
+        put_short_str(&mut hello, group_name)?;
+        put_short_str(&mut hello, &data_addr)?;
+        control.write_all(&hello).await?;
+        match tokio::time::timeout_at(deadline, read_status(&mut control)).await {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(reason))) => return Err(TcpError::Rejected(reason)),
             Ok(Err(e)) => return Err(e),
@@ -68,15 +125,56 @@ impl WeightReceiver {
                 )));
             }
         }
+        let topo = match read_control(&mut control, deadline, "the chain topology").await? {
+            ToEngine::Topology(t) => t,
+            other => return Err(unexpected(other, "the chain topology")),
+        };
+        let succ_rank = topo.succ.as_ref().map(|(r, _)| *r);
+        let (up, down) = tokio::join!(
+            accept_link(&listener, topo.token, topo.pred_rank, rank, deadline),
+            async {
+                match &topo.succ {
+                    Some((succ, a)) => connect_link(a, topo.token, rank, *succ, deadline)
+                        .await
+                        .map(Some),
+                    None => Ok(None),
+                }
+            }
+        );
+        let report = match (&up, &down) {
+            (Err(e), _) => FromEngine::Error {
+                fault: Fault::Upstream,
+                rank: topo.pred_rank,
+                reason: e.to_string(),
+            },
+            (_, Err(e)) => FromEngine::Error {
+                fault: Fault::Downstream,
+                rank: succ_rank.unwrap_or(rank),
+                reason: e.to_string(),
+            },
+            _ => FromEngine::Ready,
+        };
+        write_from_engine(&mut control, &report).await?;
+        match read_control(&mut control, deadline, "the group to form").await? {
+            ToEngine::GroupReady => {}
+            other => return Err(unexpected(other, "the group to form")),
+        }
         Ok(Self {
-            stream,
+            control,
+            upstream: up?,
+            downstream: down?,
             rank,
             n_ranks,
+            pred_rank: topo.pred_rank,
+            succ_rank,
             group_name: group_name.to_string(),
+            broken: None,
+            #[cfg(test)]
+            die_after: None,
         })
     }
 
-    /// First rank this receiver covers.
+    /// First rank this receiver covers (its place in the chain).
     pub fn rank(&self) -> u32 {
         self.rank
     }
@@ -91,125 +189,263 @@ impl WeightReceiver {
         &self.group_name
     }
 
-    /// Reads one bucket and checks that it holds exactly `expected`, in order (name, dtype and
-    /// shape). On success the sender is told the bucket arrived; on a mismatch it is told why and
-    /// the error is returned (the caller should then drop this receiver: the stream position is
-    /// no longer trustworthy).
+    /// Rank this engine receives data from (0 for the first engine of the chain).
+    pub fn predecessor_rank(&self) -> u32 {
+        self.pred_rank
+    }
+
+    /// First rank of the engine this one forwards to (`None` for the last of the chain).
+    pub fn successor_rank(&self) -> Option<u32> {
+        self.succ_rank
+    }
+
+    /// Reads one bucket, forwarding its bytes to the successor as they arrive, and checks that
+    /// it holds exactly `expected`, in order (name, dtype and shape). Returns the tensors only
+    /// once rank 0 confirms that *every* engine holds the bucket, so engines swap weights all
+    /// or none. On a mismatch this engine's error names it; when anything else fails the error
+    /// is [`TcpError::RankFailed`] naming the rank at fault. After any error the receiver is
+    /// unusable (the group must be re-created).
     pub async fn recv_bucket(
         &mut self,
         expected: &[TensorSpec],
         timeout: Duration,
     ) -> Result<Vec<OwnedTensor>, TcpError> {
-        let res = tokio::time::timeout(timeout, self.read_bucket(expected)).await;
-        let res = match res {
-            Ok(r) => r,
-            Err(_) => {
-                return Err(TcpError::Timeout(format!(
-                    "bucket of {} tensors did not arrive in {timeout:?}",
+        if let Some((rank, reason)) = &self.broken {
+            return Err(TcpError::RankFailed {
+                rank: *rank,
+                reason: format!("the group failed earlier ({reason}); re-join a new group"),
+            });
+        }
+        let total = bucket_len(expected)?;
+        let deadline = Instant::now() + timeout;
+        let failure = match self.transfer(expected, total, deadline).await {
+            Ok(tensors) => {
+                write_from_engine(&mut self.control, &FromEngine::Ack).await?;
+                match read_control(&mut self.control, deadline, "the bucket verdict").await {
+                    Ok(ToEngine::Commit) => return Ok(tensors),
+                    Err(TcpError::RankFailed { rank, reason }) => Failure::Verdict(rank, reason),
+                    Ok(ToEngine::Close) => Failure::Closed,
+                    Ok(other) => Failure::Lost(format!("unexpected {other:?}")),
+                    Err(TcpError::Timeout(m)) => Failure::Timeout(m),
+                    Err(e) => Failure::Lost(e.to_string()),
+                }
+            }
+            Err(f) => f,
+        };
+        Err(self.fail(failure).await)
+    }
+
+    /// Reports `failure` to rank 0 where that helps, waits for the verdict naming the rank at
+    /// fault where this engine cannot know it, and turns it into the caller's error.
+    async fn fail(&mut self, failure: Failure) -> TcpError {
+        let me = self.rank;
+        let (report, err) = match failure {
+            Failure::Mine(m) => (
+                Some((Fault::Mine, me, m.clone())),
+                TcpError::Protocol(format!("rank {me} refused the bucket: {m}")),
+            ),
+            Failure::Upstream(m) => (
+                Some((Fault::Upstream, self.pred_rank, m.clone())),
+                TcpError::RankFailed {
+                    rank: self.pred_rank,
+                    reason: m,
+                },
+            ),
+            Failure::Downstream(m) => {
+                let succ = self.succ_rank.unwrap_or(me);
+                (
+                    Some((Fault::Downstream, succ, m.clone())),
+                    TcpError::RankFailed {
+                        rank: succ,
+                        reason: m,
+                    },
+                )
+            }
+            Failure::Verdict(rank, reason) => (None, TcpError::RankFailed { rank, reason }),
+            Failure::Closed => (None, TcpError::Rejected("sender closed the group".into())),
+            Failure::Lost(m) => (
+                None,
+                TcpError::RankFailed {
+                    rank: 0,
+                    reason: format!("control connection to rank 0 lost: {m}"),
+                },
+            ),
+            Failure::Timeout(m) => (
+                Some((Fault::Upstream, self.pred_rank, m.clone())),
+                TcpError::Timeout(m),
+            ),
+            #[cfg(test)]
+            Failure::Died => (None, TcpError::Protocol(format!("rank {me} died (test)"))),
+        };
+        let neighbour = matches!(&report, Some((Fault::Upstream | Fault::Downstream, ..)))
+            && !matches!(err, TcpError::Timeout(_));
+        let err = match report {
+            Some((fault, rank, reason)) => {
+                let msg = FromEngine::Error {
+                    fault,
+                    rank,
+                    reason,
+                };
+                let sent = write_from_engine(&mut self.control, &msg).await.is_ok();
+                if sent && neighbour {
+                    let by = Instant::now() + VERDICT_GRACE;
+                    match read_control(&mut self.control, by, "the failure verdict").await {
+                        Err(verdict @ TcpError::RankFailed { .. }) => verdict,
+                        _ => err,
+                    }
+                } else {
+                    err
+                }
+            }
+            None => err,
+        };
+        let (rank, reason) = match &err {
+            TcpError::RankFailed { rank, reason } => (*rank, reason.clone()),
+            other => (me, other.to_string()),
+        };
+        self.broken = Some((rank, reason));
+        err
+    }
+
+    /// Reads the bucket from the predecessor, forwarding each chunk to the successor as soon
+    /// as it is read; watches the control connection for rank 0 calling the bucket off.
+    async fn transfer(
+        &mut self,
+        expected: &[TensorSpec],
+        total: u64,
+        deadline: Instant,
+    ) -> Result<Vec<OwnedTensor>, Failure> {
+        let (tx, mut fwd) = match self.downstream.take() {
+            Some(d) => {
+                let (tx, rx) = mpsc::channel::<Bytes>(FORWARD_DEPTH);
+                (Some(tx), Some(AbortOnDrop(tokio::spawn(forward(d, rx)))))
+            }
+            None => (None, None),
+        };
+        let pred = self.pred_rank;
+        #[cfg(test)]
+        let die_after = self.die_after;
+        let upstream = &mut self.upstream;
+        let control = &mut self.control;
+        let mut asm = Assembler::new(expected);
+        let read = async {
+            let mut buf = BytesMut::with_capacity(CHUNK_BYTES);
+            let mut got = 0u64;
+            while got < total {
+                #[cfg(test)]
+                if die_after.is_some_and(|n| got >= n) {
+                    return Err(Failure::Died);
+                }
+                buf.reserve(CHUNK_BYTES);
+                let want = (total - got).min(CHUNK_BYTES as u64) as usize;
+                let n = upstream
+                    .read_buf(&mut (&mut buf).limit(want))
+                    .await
+                    .map_err(|e| {
+                        Failure::Upstream(format!(
+                            "data link from rank {pred} failed after {got} of {total} bytes: {e}"
+                        ))
+                    })?;
+                if n == 0 {
+                    return Err(Failure::Upstream(format!(
+                        "rank {pred} closed the data link after {got} of {total} bytes"
+                    )));
+                }
+                got += n as u64;
+                let chunk = buf.split().freeze();
+                if let Some(tx) = &tx {
+                    // A closed channel means the forwarder failed; its error is collected below
+                    // and this engine still reads its own copy to the end.
+                    let _ = tx.send(chunk.clone()).await;
+                }
+                asm.feed(&chunk).map_err(Failure::Mine)?;
+            }
+            Ok(())
+        };
+        let watch = async {
+            let kind = control.read_u8().await;
+            match kind {
+                Ok(k) => match read_to_engine_rest(control, k).await {
+                    Ok(ToEngine::Failed { rank, reason }) => Failure::Verdict(rank, reason),
+                    Ok(ToEngine::Close) => Failure::Closed,
+                    Ok(other) => Failure::Lost(format!("unexpected {other:?} during a bucket")),
+                    Err(e) => Failure::Lost(e.to_string()),
+                },
+                Err(e) => Failure::Lost(e.to_string()),
+            }
+        };
+        tokio::select! {
+            r = read => r?,
+            f = watch => return Err(f),
+            _ = tokio::time::sleep_until(deadline) => {
+                return Err(Failure::Timeout(format!(
+                    "bucket of {} tensors ({total} bytes) did not arrive from rank {pred} in time",
                     expected.len()
                 )));
             }
-        };
-        match &res {
-            Ok(_) => write_status(&mut self.stream, Ok(())).await?,
-            Err(TcpError::Protocol(msg)) => {
-                let _ = write_status(&mut self.stream, Err(msg)).await;
-            }
-            Err(_) => {}
         }
-        res
-    }
-
-    async fn read_bucket(&mut self, expected: &[TensorSpec]) -> Result<Vec<OwnedTensor>, TcpError> {
-        let mut out = Vec::with_capacity(expected.len());
-        loop {
-            let kind = self.stream.read_u8().await?;
-            match kind {
-                FRAME_TENSOR => {
-                    let idx = out.len();
-                    let t = self.read_tensor(expected.get(idx), idx).await?;
-                    out.push(t);
+        if !asm.is_done() {
+            return Err(Failure::Mine("bucket incomplete".into()));
+        }
+        drop(tx);
+        if let Some(mut h) = fwd.take() {
+            let succ = self.succ_rank.unwrap_or(self.rank);
+            match tokio::time::timeout_at(deadline, &mut h.0).await {
+                Ok(Ok((down, Ok(())))) => self.downstream = Some(down),
+                Ok(Ok((_, Err(e)))) => {
+                    return Err(Failure::Downstream(format!(
+                        "forwarding to rank {succ} failed: {e}"
+                    )));
                 }
-                FRAME_BUCKET_END => {
-                    let count = self.stream.read_u32_le().await? as usize;
-                    if count != out.len() || count != expected.len() {
-                        return Err(TcpError::Protocol(format!(
-                            "bucket ended after {} tensors (sender counted {count}), expected {}",
-                            out.len(),
-                            expected.len()
-                        )));
-                    }
-                    return Ok(out);
-                }
-                FRAME_CLOSE => {
-                    return Err(TcpError::Rejected("sender closed the group".into()));
-                }
-                other => {
-                    return Err(TcpError::Protocol(format!("unknown frame kind {other}")));
+                Ok(Err(e)) => return Err(Failure::Downstream(format!("forwarder: {e}"))),
+                Err(_) => {
+                    return Err(Failure::Timeout(format!(
+                        "rank {succ} did not take the bucket in time"
+                    )));
                 }
             }
         }
+        Ok(asm.into_tensors())
     }
+}
 
-    /// Reads one tensor frame, checking its header against `spec` before reading (and
-    /// allocating for) the payload.
-    async fn read_tensor(
-        &mut self,
-        spec: Option<&TensorSpec>,
-        idx: usize,
-    ) -> Result<OwnedTensor, TcpError> {
-        let s = &mut self.stream;
-        let name_len = s.read_u16_le().await? as usize;
-        let mut name = vec![0u8; name_len];
-        s.read_exact(&mut name).await?;
-        let name = String::from_utf8(name)
-            .map_err(|_| TcpError::Protocol("tensor name not UTF-8".into()))?;
-        let code = s.read_u8().await?;
-        let dtype = WireDtype::from_code(code).ok_or_else(|| {
-            TcpError::Protocol(format!("tensor {name}: unknown dtype code {code}"))
-        })?;
-        let ndim = s.read_u8().await?;
-        if ndim > MAX_NDIM {
-            return Err(TcpError::Protocol(format!(
-                "tensor {name}: {ndim} dimensions"
-            )));
+/// Writes every chunk to the successor, in order.
+async fn forward(
+    mut down: TcpStream,
+    mut rx: mpsc::Receiver<Bytes>,
+) -> (TcpStream, std::io::Result<()>) {
+    let r = async {
+        while let Some(c) = rx.recv().await {
+            down.write_all(&c).await?;
         }
-        let mut shape = Vec::with_capacity(ndim as usize);
-        for _ in 0..ndim {
-            let d = s.read_u64_le().await?;
-            shape.push(usize::try_from(d).map_err(|_| {
-                TcpError::Protocol(format!("tensor {name}: dimension {d} too large"))
-            })?);
-        }
-        let byte_len = s.read_u64_le().await?;
-        let want = expected_len(&shape, dtype).map(|w| w as u64);
-        if byte_len > MAX_TENSOR_BYTES || want != Some(byte_len) {
-            return Err(TcpError::Protocol(format!(
-                "tensor {name}: {byte_len} bytes for shape {shape:?} of {}",
-                dtype.as_str()
-            )));
-        }
-        let Some(spec) = spec else {
-            return Err(TcpError::Protocol(format!(
-                "sender sent tensor {name} beyond the {idx} expected"
-            )));
-        };
-        if spec.name != name || spec.dtype != dtype || spec.shape != shape {
-            return Err(TcpError::Protocol(format!(
-                "tensor #{idx}: expected {} {} {:?}, sender sent {name} {} {shape:?}",
-                spec.name,
-                spec.dtype.as_str(),
-                spec.shape,
-                dtype.as_str(),
-            )));
-        }
-        let mut bytes = vec![0u8; byte_len as usize];
-        s.read_exact(&mut bytes).await?;
-        Ok(OwnedTensor {
-            name,
-            dtype,
-            shape,
-            bytes,
-        })
+        down.flush().await
+    }
+    .await;
+    (down, r)
+}
+
+/// Reads one control message from rank 0 by `deadline`, turning a failure verdict into
+/// [`TcpError::RankFailed`].
+async fn read_control(
+    control: &mut TcpStream,
+    deadline: Instant,
+    waiting_for: &str,
+) -> Result<ToEngine, TcpError> {
+    match tokio::time::timeout_at(deadline, read_to_engine(control)).await {
+        Ok(Ok(ToEngine::Failed { rank, reason })) => Err(TcpError::RankFailed { rank, reason }),
+        Ok(Ok(m)) => Ok(m),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(TcpError::Timeout(format!(
+            "rank 0 sent nothing while waiting for {waiting_for}"
+        ))),
+    }
+}
+
+fn unexpected(m: ToEngine, waiting_for: &str) -> TcpError {
+    match m {
+        ToEngine::Close => TcpError::Rejected("sender closed the group".into()),
+        other => TcpError::Protocol(format!(
+            "rank 0 sent {other:?} while this engine waited for {waiting_for}"
+        )),
     }
 }

@@ -1,6 +1,6 @@
 //! Transport tests over real loopback sockets.
 
-use super::frame::encode_bucket;
+use super::frame::encode_header;
 use super::*;
 use std::time::Duration;
 
@@ -148,8 +148,15 @@ async fn mismatched_bucket_is_refused_on_both_sides() {
                 bytes: &bytes,
             }])
             .await;
-        assert!(matches!(sent, Err(TcpError::Rejected(_))), "{sent:?}");
-        assert!(matches!(recv.await.unwrap(), Err(TcpError::Protocol(_))));
+        assert!(
+            matches!(sent, Err(TcpError::RankFailed { rank: 1, ref reason }) if reason.contains("expected a")),
+            "{sent:?}"
+        );
+        let got = recv.await.unwrap();
+        assert!(
+            matches!(got, Err(TcpError::Protocol(ref m)) if m.contains("rank 1") && m.contains("sender sent b")),
+            "{got:?}"
+        );
     })
     .await;
 }
@@ -162,12 +169,12 @@ async fn bad_arguments_send_nothing() {
             Err(TcpError::InvalidArgument(_))
         ));
         let bytes = [0u8; 3];
-        let err = encode_bucket(&[TensorRef {
+        let err = encode_header(&TensorRef {
             name: "x",
             dtype: WireDtype::Bf16,
             shape: &[2],
             bytes: &bytes,
-        }]);
+        });
         assert!(matches!(err, Err(TcpError::InvalidArgument(_))));
         let mut sender = WeightSender::bind("127.0.0.1:0", 2, "g").await.unwrap();
         let t = sender.accept_all(Duration::from_millis(100)).await;

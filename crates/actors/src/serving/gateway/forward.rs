@@ -102,7 +102,7 @@ pub(crate) enum Fail {
         culprits: Vec<Arc<dyn Worker>>,
     },
     /// Answer the client with this.
-    Final(Response),
+    Final(Box<Response>),
 }
 
 impl Fail {
@@ -116,7 +116,7 @@ impl Fail {
 
 impl From<ApiError> for Fail {
     fn from(e: ApiError) -> Self {
-        Fail::Final(e.into_response())
+        Fail::Final(Box::new(e.into_response()))
     }
 }
 
@@ -175,9 +175,10 @@ pub(crate) async fn send(
     if let Some(ct) = ct {
         r = r.header(header::CONTENT_TYPE, ct);
     }
-    Err(Fail::Final(r.body(Body::from(text)).unwrap_or_else(|_| {
+    let passed = r.body(Body::from(text)).unwrap_or_else(|_| {
         ApiError::bad_gateway("upstream answered an unrepresentable response").into_response()
-    })))
+    });
+    Err(Fail::Final(Box::new(passed)))
 }
 
 /// [`send`] and read the whole body.
@@ -350,7 +351,8 @@ async fn run(state: &GatewayState, req: &InferReq) -> Response {
     for i in 0..attempts {
         let last = i + 1 == attempts;
         match attempt(state, req, &avoid, last).await {
-            Ok(r) | Err(Fail::Final(r)) => return r,
+            Ok(r) => return r,
+            Err(Fail::Final(r)) => return *r,
             Err(Fail::Retry {
                 reason: why,
                 culprits,

@@ -1,0 +1,298 @@
+//! Incremental decoding of a bucket from arbitrary chunks of the data stream, checking every
+//! header against what the engine was told to expect *before* allocating for its payload.
+
+use super::frame::expected_len;
+use super::{
+    FRAME_BUCKET_END, FRAME_TENSOR, MAX_NDIM, MAX_TENSOR_BYTES, OwnedTensor, TensorSpec, WireDtype,
+};
+
+/// What the decoder is waiting for.
+#[derive(Debug)]
+enum Stage {
+    /// A frame kind byte.
+    Kind,
+    /// `u16` name length.
+    NameLen,
+    /// Name bytes, dtype byte, ndim byte.
+    Name { name_len: usize },
+    /// `ndim` dims and `byte_len`.
+    Dims {
+        name: String,
+        dtype: WireDtype,
+        ndim: usize,
+    },
+    /// Payload bytes of the tensor being filled.
+    Payload { remaining: usize },
+    /// `u32` tensor count of the end frame.
+    Count,
+    /// The end frame was read and matched.
+    Done,
+}
+
+/// Turns the bytes of one bucket, fed in any chunking, into [`OwnedTensor`]s.
+#[derive(Debug)]
+pub(crate) struct Assembler<'a> {
+    expected: &'a [TensorSpec],
+    out: Vec<OwnedTensor>,
+    current: Option<OwnedTensor>,
+    stage: Stage,
+    pending: Vec<u8>,
+}
+
+impl<'a> Assembler<'a> {
+    pub(crate) fn new(expected: &'a [TensorSpec]) -> Self {
+        Self {
+            expected,
+            out: Vec::with_capacity(expected.len()),
+            current: None,
+            stage: Stage::Kind,
+            pending: Vec::with_capacity(64),
+        }
+    }
+
+    /// Whether the whole bucket, end frame included, has been decoded.
+    pub(crate) fn is_done(&self) -> bool {
+        matches!(self.stage, Stage::Done)
+    }
+
+    /// The decoded tensors; only meaningful once [`is_done`](Self::is_done).
+    pub(crate) fn into_tensors(self) -> Vec<OwnedTensor> {
+        self.out
+    }
+
+    fn want(&self) -> usize {
+        match &self.stage {
+            Stage::Kind => 1,
+            Stage::NameLen => 2,
+            Stage::Name { name_len } => name_len + 2,
+            Stage::Dims { ndim, .. } => ndim * 8 + 8,
+            Stage::Count => 4,
+            Stage::Payload { .. } | Stage::Done => 0,
+        }
+    }
+
+    /// Consumes `input`; an error describes the first byte that does not match expectations.
+    pub(crate) fn feed(&mut self, mut input: &[u8]) -> Result<(), String> {
+        while !input.is_empty() {
+            match &mut self.stage {
+                Stage::Done => {
+                    return Err(format!("{} bytes after the end of the bucket", input.len()));
+                }
+                Stage::Payload { remaining } => {
+                    let take = (*remaining).min(input.len());
+                    if let Some(t) = self.current.as_mut() {
+                        t.bytes.extend_from_slice(&input[..take]);
+                    }
+                    *remaining -= take;
+                    input = &input[take..];
+                    if *remaining == 0 {
+                        self.finish_tensor();
+                    }
+                }
+                _ => {
+                    let want = self.want();
+                    let take = (want - self.pending.len()).min(input.len());
+                    self.pending.extend_from_slice(&input[..take]);
+                    input = &input[take..];
+                    if self.pending.len() == want {
+                        let header = std::mem::take(&mut self.pending);
+                        self.advance(&header)?;
+                        self.pending = header;
+                        self.pending.clear();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_tensor(&mut self) {
+        if let Some(t) = self.current.take() {
+            self.out.push(t);
+        }
+        self.stage = Stage::Kind;
+    }
+
+    /// Moves past a complete header piece `h`.
+    fn advance(&mut self, h: &[u8]) -> Result<(), String> {
+        let idx = self.out.len();
+        let stage = std::mem::replace(&mut self.stage, Stage::Kind);
+        self.stage = match stage {
+            Stage::Kind => match h[0] {
+                FRAME_TENSOR => Stage::NameLen,
+                FRAME_BUCKET_END => Stage::Count,
+                other => return Err(format!("unknown frame kind {other} at tensor #{idx}")),
+            },
+            Stage::NameLen => Stage::Name {
+                name_len: usize::from(u16::from_le_bytes([h[0], h[1]])),
+            },
+            Stage::Name { name_len } => {
+                let name = String::from_utf8(h[..name_len].to_vec())
+                    .map_err(|_| format!("tensor #{idx}: name is not UTF-8"))?;
+                let code = h[name_len];
+                let dtype = WireDtype::from_code(code)
+                    .ok_or_else(|| format!("tensor {name}: unknown dtype code {code}"))?;
+                let ndim = h[name_len + 1];
+                if ndim > MAX_NDIM {
+                    return Err(format!("tensor {name}: {ndim} dimensions"));
+                }
+                Stage::Dims {
+                    name,
+                    dtype,
+                    ndim: usize::from(ndim),
+                }
+            }
+            Stage::Dims { name, dtype, ndim } => self.start_tensor(h, name, dtype, ndim)?,
+            Stage::Count => {
+                let count = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+                if count != idx || count != self.expected.len() {
+                    return Err(format!(
+                        "bucket ended after {idx} tensors (sender counted {count}), expected {}",
+                        self.expected.len()
+                    ));
+                }
+                Stage::Done
+            }
+            Stage::Payload { .. } | Stage::Done => stage,
+        };
+        Ok(())
+    }
+
+    /// Checks a complete header against the spec of tensor #`out.len()`, then allocates.
+    fn start_tensor(
+        &mut self,
+        h: &[u8],
+        name: String,
+        dtype: WireDtype,
+        ndim: usize,
+    ) -> Result<Stage, String> {
+        let idx = self.out.len();
+        let word = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&h[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(b)
+        };
+        let mut shape = Vec::with_capacity(ndim);
+        for i in 0..ndim {
+            let d = word(i);
+            shape.push(
+                usize::try_from(d)
+                    .map_err(|_| format!("tensor {name}: dimension {d} too large"))?,
+            );
+        }
+        let byte_len = word(ndim);
+        let want = expected_len(&shape, dtype).map(|w| w as u64);
+        if byte_len > MAX_TENSOR_BYTES || want != Some(byte_len) {
+            return Err(format!(
+                "tensor {name}: {byte_len} bytes for shape {shape:?} of {}",
+                dtype.as_str()
+            ));
+        }
+        let Some(spec) = self.expected.get(idx) else {
+            return Err(format!(
+                "sender sent tensor {name} beyond the {idx} expected"
+            ));
+        };
+        if spec.name != name || spec.dtype != dtype || spec.shape != shape {
+            return Err(format!(
+                "tensor #{idx}: expected {} {} {:?}, sender sent {name} {} {shape:?}",
+                spec.name,
+                spec.dtype.as_str(),
+                spec.shape,
+                dtype.as_str(),
+            ));
+        }
+        // Checked against MAX_TENSOR_BYTES above, so this fits in usize on 64-bit targets.
+        let len = usize::try_from(byte_len).map_err(|_| format!("tensor {name} too large"))?;
+        self.current = Some(OwnedTensor {
+            name,
+            dtype,
+            shape,
+            bytes: Vec::with_capacity(len),
+        });
+        if len == 0 {
+            self.finish_tensor();
+            return Ok(Stage::Kind);
+        }
+        Ok(Stage::Payload { remaining: len })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tcp::TensorRef;
+    use crate::tcp::frame::{encode_end, encode_header};
+
+    fn bucket() -> (Vec<TensorSpec>, Vec<u8>) {
+        let a: Vec<u8> = (0..40).collect();
+        let specs = vec![
+            TensorSpec {
+                name: "a".into(),
+                dtype: WireDtype::F32,
+                shape: vec![2, 5],
+            },
+            TensorSpec {
+                name: "empty".into(),
+                dtype: WireDtype::Bf16,
+                shape: vec![0, 3],
+            },
+        ];
+        let mut wire = Vec::new();
+        for (s, bytes) in specs.iter().zip([&a[..], &[][..]]) {
+            let t = TensorRef {
+                name: &s.name,
+                dtype: s.dtype,
+                shape: &s.shape,
+                bytes,
+            };
+            wire.extend(encode_header(&t).unwrap());
+            wire.extend_from_slice(bytes);
+        }
+        wire.extend(encode_end(2).unwrap());
+        (specs, wire)
+    }
+
+    #[test]
+    fn any_chunking_decodes_the_same() {
+        let (specs, wire) = bucket();
+        assert_eq!(
+            crate::tcp::frame::bucket_len(&specs).unwrap(),
+            wire.len() as u64
+        );
+        for chunk in 1..=wire.len() {
+            let mut asm = Assembler::new(&specs);
+            for c in wire.chunks(chunk) {
+                asm.feed(c).unwrap();
+            }
+            assert!(asm.is_done(), "chunk {chunk}");
+            let out = asm.into_tensors();
+            assert_eq!(out.len(), 2);
+            assert_eq!(out[0].bytes, (0..40).collect::<Vec<u8>>());
+            assert_eq!(out[1].shape, vec![0, 3]);
+            assert!(out[1].bytes.is_empty());
+        }
+    }
+
+    #[test]
+    fn mismatches_are_named() {
+        let (mut specs, wire) = bucket();
+        specs[0].shape = vec![5, 2];
+        let err = Assembler::new(&specs).feed(&wire).unwrap_err();
+        assert!(
+            err.contains("expected a float32 [5, 2]") && err.contains("[2, 5]"),
+            "{err}"
+        );
+        let (specs, mut wire) = bucket();
+        wire[0] = 9;
+        let err = Assembler::new(&specs).feed(&wire).unwrap_err();
+        assert!(err.contains("unknown frame kind 9"), "{err}");
+        let (specs, wire) = bucket();
+        let mut extra = wire.clone();
+        extra.push(0);
+        let err = Assembler::new(&specs).feed(&extra).unwrap_err();
+        assert!(err.contains("after the end"), "{err}");
+        let err = Assembler::new(&specs[..1]).feed(&wire).unwrap_err();
+        assert!(err.contains("beyond the 1 expected"), "{err}");
+    }
+}

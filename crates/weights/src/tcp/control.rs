@@ -1,0 +1,195 @@
+//! Messages on the control connection between rank 0 and each engine: chain wiring, bucket
+//! confirmations, and failure reports naming the rank at fault.
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::TcpError;
+use super::frame::{put_message, put_short_str, read_message, read_short_str};
+
+const TOPOLOGY: u8 = 10;
+const GROUP_READY: u8 = 11;
+const COMMIT: u8 = 12;
+const FAILED: u8 = 13;
+const CLOSE: u8 = 3;
+const READY: u8 = 20;
+const ACK: u8 = 21;
+const ERROR: u8 = 22;
+
+/// Where an engine sits in the chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Topology {
+    /// Rank that sends this engine its data (0 for the first engine).
+    pub pred_rank: u32,
+    /// The next engine's first rank and data address, if this engine is not the last.
+    pub succ: Option<(u32, String)>,
+    /// Group secret that data-link hellos must carry, so a stray connection (an old group, a
+    /// port scanner) is told apart from the real predecessor.
+    pub token: u64,
+}
+
+/// Rank 0 -> engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ToEngine {
+    Topology(Topology),
+    GroupReady,
+    Commit,
+    Failed { rank: u32, reason: String },
+    Close,
+}
+
+/// Whose fault an engine's error is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// The engine itself refused (mismatched bucket, bad data).
+    Mine,
+    /// Its predecessor's link broke or stalled.
+    Upstream,
+    /// Its successor's link broke.
+    Downstream,
+}
+
+/// Engine -> rank 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FromEngine {
+    Ready,
+    Ack,
+    Error {
+        fault: Fault,
+        rank: u32,
+        reason: String,
+    },
+}
+
+pub(crate) async fn write_to_engine<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    msg: &ToEngine,
+) -> Result<(), TcpError> {
+    let mut buf = Vec::with_capacity(32);
+    match msg {
+        ToEngine::Topology(t) => {
+            buf.push(TOPOLOGY);
+            buf.extend_from_slice(&t.pred_rank.to_le_bytes());
+            match &t.succ {
+                Some((rank, addr)) => {
+                    buf.push(1);
+                    buf.extend_from_slice(&rank.to_le_bytes());
+                    put_short_str(&mut buf, addr)?;
+                }
+                None => buf.push(0),
+            }
+            buf.extend_from_slice(&t.token.to_le_bytes());
+        }
+        ToEngine::GroupReady => buf.push(GROUP_READY),
+        ToEngine::Commit => buf.push(COMMIT),
+        ToEngine::Failed { rank, reason } => {
+            buf.push(FAILED);
+            buf.extend_from_slice(&rank.to_le_bytes());
+            put_message(&mut buf, reason);
+        }
+        ToEngine::Close => buf.push(CLOSE),
+    }
+    s.write_all(&buf).await?;
+    Ok(())
+}
+
+/// Reads the rest of a rank-0 message whose kind byte was already read (so the kind can be
+/// awaited in a `select!` without losing bytes).
+pub(crate) async fn read_to_engine_rest<S: AsyncRead + Unpin>(
+    s: &mut S,
+    kind: u8,
+) -> Result<ToEngine, TcpError> {
+    Ok(match kind {
+        TOPOLOGY => {
+            let pred_rank = s.read_u32_le().await?;
+            let succ = match s.read_u8().await? {
+                0 => None,
+                1 => {
+                    let rank = s.read_u32_le().await?;
+                    Some((rank, read_short_str(s, "successor address").await?))
+                }
+                b => return Err(TcpError::Protocol(format!("topology successor flag {b}"))),
+            };
+            let token = s.read_u64_le().await?;
+            ToEngine::Topology(Topology {
+                pred_rank,
+                succ,
+                token,
+            })
+        }
+        GROUP_READY => ToEngine::GroupReady,
+        COMMIT => ToEngine::Commit,
+        FAILED => {
+            let rank = s.read_u32_le().await?;
+            ToEngine::Failed {
+                rank,
+                reason: read_message(s).await?,
+            }
+        }
+        CLOSE => ToEngine::Close,
+        other => {
+            return Err(TcpError::Protocol(format!(
+                "unknown control message {other} from rank 0"
+            )));
+        }
+    })
+}
+
+pub(crate) async fn read_to_engine<S: AsyncRead + Unpin>(s: &mut S) -> Result<ToEngine, TcpError> {
+    let kind = s.read_u8().await?;
+    read_to_engine_rest(s, kind).await
+}
+
+pub(crate) async fn write_from_engine<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    msg: &FromEngine,
+) -> Result<(), TcpError> {
+    let mut buf = Vec::with_capacity(16);
+    match msg {
+        FromEngine::Ready => buf.push(READY),
+        FromEngine::Ack => buf.push(ACK),
+        FromEngine::Error {
+            fault,
+            rank,
+            reason,
+        } => {
+            buf.push(ERROR);
+            buf.push(match fault {
+                Fault::Mine => 0,
+                Fault::Upstream => 1,
+                Fault::Downstream => 2,
+            });
+            buf.extend_from_slice(&rank.to_le_bytes());
+            put_message(&mut buf, reason);
+        }
+    }
+    s.write_all(&buf).await?;
+    Ok(())
+}
+
+pub(crate) async fn read_from_engine<S: AsyncRead + Unpin>(
+    s: &mut S,
+) -> Result<FromEngine, TcpError> {
+    Ok(match s.read_u8().await? {
+        READY => FromEngine::Ready,
+        ACK => FromEngine::Ack,
+        ERROR => {
+            let fault = match s.read_u8().await? {
+                0 => Fault::Mine,
+                1 => Fault::Upstream,
+                2 => Fault::Downstream,
+                b => return Err(TcpError::Protocol(format!("error fault byte {b}"))),
+            };
+            let rank = s.read_u32_le().await?;
+            FromEngine::Error {
+                fault,
+                rank,
+                reason: read_message(s).await?,
+            }
+        }
+        other => {
+            return Err(TcpError::Protocol(format!(
+                "unknown control message {other} from an engine"
+            )));
+        }
+    })
+}

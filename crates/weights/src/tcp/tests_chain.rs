@@ -1,0 +1,304 @@
+//! Chain broadcast tests over real loopback sockets: identical bytes at every engine for chains
+//! of 1, 3 and 5 engines (some covering several TP ranks), a receiver dying mid-transfer, and
+//! malformed handshakes.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::frame::{put_short_str, read_status};
+use super::link::{accept_link, connect_link};
+use super::*;
+
+const T: Duration = Duration::from_secs(20);
+
+async fn with_timeout<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .expect("test timed out")
+}
+
+/// A group whose engines cover `layout[i]` ranks each; engines join in reverse order so the
+/// chain order (ascending rank) is not the join order. Receivers come back sorted by rank.
+async fn group(layout: &[u32]) -> (WeightSender, Vec<WeightReceiver>) {
+    let world = 1 + layout.iter().sum::<u32>() as usize;
+    let mut sender = WeightSender::bind("127.0.0.1:0", world, "chain")
+        .await
+        .unwrap();
+    let addr = sender.local_addr().unwrap().to_string();
+    let mut offset = 1;
+    let mut joins = Vec::new();
+    for &n in layout {
+        let (addr, rank) = (addr.clone(), offset);
+        joins.push(tokio::spawn(async move {
+            WeightReceiver::connect(&addr, "chain", rank, n, T).await
+        }));
+        offset += n;
+    }
+    joins.reverse();
+    sender.accept_all(T).await.unwrap();
+    let mut rxs = Vec::new();
+    for j in joins {
+        rxs.push(j.await.unwrap().unwrap());
+    }
+    rxs.sort_by_key(|r| r.rank());
+    (sender, rxs)
+}
+
+/// Deterministic bytes that differ per tensor and per position.
+fn pattern(seed: u32, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+struct Owned {
+    name: String,
+    dtype: WireDtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+/// A bucket spanning several chunks, with odd sizes and an empty tensor.
+fn bucket(seed: u32) -> Vec<Owned> {
+    let mk = |name: &str, dtype: WireDtype, shape: Vec<usize>, s: u32| {
+        let len = shape.iter().product::<usize>() * dtype.elem_size();
+        Owned {
+            name: name.into(),
+            dtype,
+            shape,
+            bytes: pattern(seed * 10 + s, len),
+        }
+    };
+    vec![
+        mk("big.weight", WireDtype::F32, vec![1024, 777], 1),
+        mk("odd.weight", WireDtype::Bf16, vec![333, 7], 2),
+        mk("q.weight", WireDtype::F8E4M3, vec![129, 300], 3),
+        mk("empty", WireDtype::F32, vec![0], 4),
+        mk("norm.weight", WireDtype::Bf16, vec![64], 5),
+    ]
+}
+
+fn refs(b: &[Owned]) -> Vec<TensorRef<'_>> {
+    b.iter()
+        .map(|t| TensorRef {
+            name: &t.name,
+            dtype: t.dtype,
+            shape: &t.shape,
+            bytes: &t.bytes,
+        })
+        .collect()
+}
+
+fn specs(b: &[Owned]) -> Vec<TensorSpec> {
+    b.iter()
+        .map(|t| TensorSpec {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+        })
+        .collect()
+}
+
+type RecvTask = tokio::task::JoinHandle<(
+    u32,
+    Option<WeightReceiver>,
+    Result<Vec<OwnedTensor>, TcpError>,
+)>;
+
+/// Receives one bucket; a receiver set to die is dropped (all its sockets closed, as when the
+/// process is killed) the moment it stops.
+fn spawn_recv(mut rx: WeightReceiver, expected: Vec<TensorSpec>) -> RecvTask {
+    tokio::spawn(async move {
+        let r = rx.recv_bucket(&expected, T).await;
+        let rank = rx.rank();
+        let rx = if rx.die_after.is_some() {
+            None
+        } else {
+            Some(rx)
+        };
+        (rank, rx, r)
+    })
+}
+
+async fn chain_delivers_identical_bytes(layout: &[u32]) {
+    let (mut sender, mut rxs) = group(layout).await;
+    // The chain runs in ascending rank order; each engine is one hop whatever its TP size.
+    let mut pred = 0;
+    for (i, r) in rxs.iter().enumerate() {
+        assert_eq!(r.predecessor_rank(), pred);
+        assert_eq!(r.successor_rank(), rxs.get(i + 1).map(|n| n.rank()));
+        pred = r.rank();
+    }
+    let mut ranks = sender.receivers();
+    ranks.sort();
+    assert_eq!(
+        ranks,
+        rxs.iter()
+            .map(|r| (r.rank(), r.n_ranks()))
+            .collect::<Vec<_>>()
+    );
+    // Two buckets in a row: the links stay aligned across bucket boundaries.
+    for seed in [1, 2] {
+        let b = bucket(seed);
+        let tasks: Vec<RecvTask> = rxs.drain(..).map(|rx| spawn_recv(rx, specs(&b))).collect();
+        sender.send_bucket(&refs(&b)).await.unwrap();
+        for t in tasks {
+            let (rank, rx, got) = t.await.unwrap();
+            let got = got.unwrap();
+            assert_eq!(got.len(), b.len());
+            for (g, want) in got.iter().zip(&b) {
+                assert_eq!(
+                    (&g.name, g.dtype, &g.shape),
+                    (&want.name, want.dtype, &want.shape)
+                );
+                assert!(g.bytes == want.bytes, "rank {rank}: {} differs", g.name);
+            }
+            rxs.extend(rx);
+        }
+    }
+    sender.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_receiver_gets_identical_bytes() {
+    with_timeout(chain_delivers_identical_bytes(&[1])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_receivers_with_tp_get_identical_bytes() {
+    with_timeout(chain_delivers_identical_bytes(&[2, 1, 4])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_receivers_with_tp_get_identical_bytes() {
+    with_timeout(chain_delivers_identical_bytes(&[1, 2, 1, 1, 2])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receiver_dying_mid_transfer_is_named_everywhere() {
+    with_timeout(async {
+        let (mut sender, mut rxs) = group(&[1, 2, 1, 1, 1]).await;
+        let victim = rxs[2].rank();
+        assert_eq!(victim, 4);
+        rxs[2].die_after = Some(CHUNK_BYTES as u64);
+        // Large enough that the victim dies with most of the bucket still to come.
+        let mut b = bucket(3);
+        b[0].shape = vec![4096, 1024];
+        b[0].bytes = pattern(99, 4096 * 1024 * 4);
+        let tasks: Vec<RecvTask> = rxs.drain(..).map(|rx| spawn_recv(rx, specs(&b))).collect();
+        let sent = sender.send_bucket(&refs(&b)).await;
+        assert!(
+            matches!(sent, Err(TcpError::RankFailed { rank: 4, .. })),
+            "sender: {sent:?}"
+        );
+        for t in tasks {
+            let (me, _rx, got) = t.await.unwrap();
+            if me == victim {
+                assert!(got.is_err());
+                continue;
+            }
+            match got {
+                Err(TcpError::RankFailed { rank, reason }) => {
+                    assert_eq!(rank, victim, "rank {me} blamed {rank}: {reason}")
+                }
+                other => panic!("rank {me}: {other:?}"),
+            }
+        }
+        // The group is unusable afterwards, and says why.
+        let again = sender.send_bucket(&refs(&b)).await;
+        assert!(
+            matches!(again, Err(TcpError::RankFailed { rank: 4, ref reason }) if reason.contains("re-create") || reason.contains("create a new")),
+            "{again:?}"
+        );
+    })
+    .await;
+}
+
+/// Connects to the sender and writes `hello`, returning the sender's verdict.
+async fn raw_hello(addr: &str, hello: &[u8]) -> Result<(), String> {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(hello).await.unwrap();
+    read_status(&mut s).await.unwrap()
+}
+
+#[tokio::test]
+async fn bad_handshakes_are_rejected_with_a_reason() {
+    with_timeout(async {
+        let mut sender = WeightSender::bind("127.0.0.1:0", 2, "g").await.unwrap();
+        let addr = sender.local_addr().unwrap().to_string();
+        let accept = tokio::spawn(async move {
+            let r = sender.accept_all(T).await;
+            (sender, r)
+        });
+        let http = raw_hello(&addr, b"GET / HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap_err();
+        assert!(
+            http.contains("bad handshake") && http.contains("magic"),
+            "{http}"
+        );
+        let mut v1 = MAGIC.to_vec();
+        v1.extend_from_slice(&1u16.to_le_bytes());
+        v1.extend_from_slice(&[0; 12]);
+        let old = raw_hello(&addr, &v1).await.unwrap_err();
+        assert!(
+            old.contains("version 1") && old.contains("speaks 2"),
+            "{old}"
+        );
+        let mut bad_addr = MAGIC.to_vec();
+        bad_addr.extend_from_slice(&VERSION.to_le_bytes());
+        bad_addr.extend_from_slice(&1u32.to_le_bytes());
+        bad_addr.extend_from_slice(&1u32.to_le_bytes());
+        put_short_str(&mut bad_addr, "g").unwrap();
+        put_short_str(&mut bad_addr, "nowhere").unwrap();
+        let no_addr = raw_hello(&addr, &bad_addr).await.unwrap_err();
+        assert!(no_addr.contains("\"nowhere\" is not ip:port"), "{no_addr}");
+        // The wait went on: a real engine still joins and the group forms.
+        let good = WeightReceiver::connect(&addr, "g", 1, 1, T).await.unwrap();
+        let (_sender, r) = accept.await.unwrap();
+        r.unwrap();
+        assert_eq!(good.predecessor_rank(), 0);
+        assert_eq!(good.successor_rank(), None);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn data_links_refuse_strangers_and_wait_for_the_real_predecessor() {
+    with_timeout(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let deadline = tokio::time::Instant::now() + T;
+        let acc = tokio::spawn(async move {
+            let s = accept_link(&listener, 42, 3, 5, deadline).await;
+            s.map(|mut s| async move {
+                let mut b = [0u8; 1];
+                s.read_exact(&mut b).await.map(|_| b[0])
+            })
+        });
+        let wrong_token = connect_link(&addr, 7, 3, 5, deadline).await.unwrap_err();
+        assert!(
+            wrong_token.to_string().contains("another group"),
+            "{wrong_token}"
+        );
+        let wrong_rank = connect_link(&addr, 42, 2, 5, deadline).await.unwrap_err();
+        assert!(
+            wrong_rank
+                .to_string()
+                .contains("expects its data link from rank 3"),
+            "{wrong_rank}"
+        );
+        let mut ok = connect_link(&addr, 42, 3, 5, deadline).await.unwrap();
+        ok.write_all(&[9]).await.unwrap();
+        assert_eq!(acc.await.unwrap().unwrap().await.unwrap(), 9);
+    })
+    .await;
+}

@@ -1,0 +1,116 @@
+//! A single-controller GRPO script on the public API: the AReaL-lite pattern in Rust.
+//!
+//! `prepare_batch` → advantages → train step → `update_weights` → `set_version`, with PD rollout
+//! serving (1 prefill + 2 decode reference engines) and FP8 weight sync, all on this machine.
+//!
+//! Run: `cargo run --release --example grpo`
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use troupe::controller::rollout::{
+    InferenceClient, RlvrWorkflow, RolloutController, RolloutOptions, SamplingSettings,
+    staleness_of,
+};
+use troupe::controller::run::task;
+use troupe::controller::run::trainer_actor::{
+    GetWeights, TrainStep, TrainerActor, TrainerArgs, WireSample,
+};
+use troupe::controller::serve::{ForkOptions, InferenceService};
+use troupe::controller::weight_sync::{HostTensor, WeightSync, WeightSyncOptions};
+use troupe::{Cluster, Registry};
+use troupe::engine::train::grpo_advantages;
+use troupe::scheduler::AllocationPlan;
+
+const STEPS: usize = 30;
+const PROMPTS_PER_STEP: usize = 4;
+const SAMPLES_PER_PROMPT: usize = 16;
+const MAX_NEW_TOKENS: usize = 16;
+const TARGET: u8 = b'a';
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    // 1. Hosts, and the allocation: PD inference groups plus one trainer.
+    let cluster = Cluster::builder()
+        .registry(Registry::builtin().with::<TrainerActor>())
+        .in_process(1, 4)
+        .await?;
+    let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)+fsdp:d1")?;
+
+    // 2. Rollout serving: every server forked in parallel, behind the PD-aware gateway.
+    let opts = ForkOptions {
+        quantization: Some("fp8".into()),
+        progress: true,
+        ..ForkOptions::default()
+    };
+    let svc = InferenceService::fork(&cluster, &plan, &opts).await?;
+    println!("gateway at {}", svc.gateway_url);
+    let engines: Vec<(String, u32)> =
+        svc.servers.iter().map(|s| (s.info.url.clone(), s.info.gpu_count)).collect();
+
+    // 3. The trainer, where the plan put the training rank.
+    let trainer = cluster
+        .host(svc.train_host().unwrap_or(0))
+        .spawn::<TrainerActor>(
+            "trainer",
+            &TrainerArgs { model: "tiny".into(), init_seed: 0, lr: 0.01, temperature: 1.0 },
+        )
+        .await?;
+
+    // 4. Rollouts: n samples per prompt, rewarded by how many target bytes they produce.
+    let rollout = RolloutController::new(
+        InferenceClient::new(svc.gateway_url.clone()),
+        RolloutOptions { max_concurrent: 16, max_staleness: 1, batch_size: PROMPTS_PER_STEP },
+    );
+    let workflow = Arc::new(RlvrWorkflow {
+        n_samples: SAMPLES_PER_PROMPT,
+        sampling: SamplingSettings {
+            max_new_tokens: MAX_NEW_TOKENS,
+            ignore_eos: true,
+            ..SamplingSettings::default()
+        },
+        reward: Arc::new(|_prompt: &[u32], out: &[u32]| task::reward(out, TARGET, MAX_NEW_TOKENS)),
+    });
+    let mut data = task::prompts(TARGET, 7);
+    let mut sync = WeightSync::new(WeightSyncOptions { fp8: true, ..Default::default() });
+
+    // 5. The loop.
+    for step in 0..STEPS {
+        let version = step as u64;
+        let batch = rollout.prepare_batch(&mut data, workflow.clone(), Duration::from_secs(300)).await?;
+        let mut samples = Vec::new();
+        let mut rewards = Vec::new();
+        for traj in &batch {
+            let r: Vec<f32> = traj.samples.iter().map(|s| s.reward).collect();
+            let adv = grpo_advantages(&r, r.len())?;
+            for (s, a) in traj.samples.iter().zip(adv) {
+                samples.push(WireSample {
+                    prompt_ids: s.prompt_ids.clone(),
+                    output_ids: s.output_ids.clone(),
+                    logprobs: s.logprobs.clone(),
+                    advantage: a,
+                });
+            }
+            rewards.extend(r);
+        }
+        let stats = trainer.call(TrainStep { samples }).await?;
+        let weights: Vec<HostTensor> =
+            trainer.call(GetWeights).await?.into_iter().map(HostTensor::from).collect();
+        let report = sync
+            .update_weights(&svc.control, &engines, &(version + 1).to_string(), &weights)
+            .await?;
+        rollout.set_version(version + 1);
+        println!(
+            "step {:>2}: reward {:.3}, loss {:+.4}, sync {:.3}s, staleness {}",
+            step + 1,
+            rewards.iter().sum::<f32>() / rewards.len() as f32,
+            stats.loss,
+            report.seconds,
+            staleness_of(&batch, version)
+        );
+    }
+
+    svc.teardown().await;
+    cluster.shutdown().await;
+    Ok(())
+}
