@@ -40,6 +40,21 @@ enum Cmd {
 enum BenchCmd {
     /// Actor call cost: raw ractor, in-process host, host subprocess over gRPC.
     Rpc(bench::rpc::RpcArgs),
+    /// Weight broadcast over the chained TCP transport to 1..N in-process receivers.
+    Broadcast {
+        /// Receiver counts to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        receivers: Vec<usize>,
+        /// MiB of bf16 weights per run.
+        #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65536))]
+        mib: u64,
+        /// Quantize to FP8 on the way (quantize time included).
+        #[arg(long)]
+        fp8: bool,
+        /// Print one JSON object instead of one line per figure.
+        #[arg(long)]
+        json: bool,
+    },
     /// FP8 block quantization throughput of a 4096x14336 bf16 matrix, beside memcpy.
     Fp8 {
         /// Print one JSON object instead of one line per figure.
@@ -128,6 +143,18 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
             },
+            Cmd::Bench(BenchCmd::Broadcast { receivers, mib, fp8, json }) => {
+                if receivers.is_empty() || receivers.contains(&0) {
+                    return fail("--receivers takes positive counts, e.g. --receivers 1,2,4,8");
+                }
+                match troupe_weights::broadcast_bench::bench_broadcast(&receivers, mib as usize, fp8).await {
+                    Ok(figs) => {
+                        bench::print_figures(&figs, json);
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => fail(e),
+                }
+            }
             Cmd::Bench(BenchCmd::Rpc(a)) => match bench::rpc::run(&a).await {
                 Ok(figs) => {
                     bench::print_figures(&figs, a.json);

@@ -75,6 +75,10 @@ pub struct EngineArgs {
     /// Latency model: extra decode step time per running request in ms.
     #[arg(long, default_value_t = 0.0)]
     pub sim_decode_per_seq_ms: f64,
+    /// Simulated model-load time: wait this many seconds before serving (like a GPU server
+    /// loading weights), so bring-up benchmarks of many servers mean something.
+    #[arg(long, default_value_t = 0.0)]
+    pub sim_startup_delay_s: f64,
     /// Name reported by `/v1/models` (defaults to `troupe-<model>`).
     #[arg(long)]
     pub served_model_name: Option<String>,
@@ -151,6 +155,7 @@ impl Default for EngineArgs {
             sim_prefill_tokens_per_s: None,
             sim_decode_step_ms: None,
             sim_decode_per_seq_ms: 0.0,
+            sim_startup_delay_s: 0.0,
             served_model_name: None,
             weight_version: "default".into(),
             weights_update_timeout_s: 120.0,
@@ -292,6 +297,12 @@ impl EngineArgs {
                     "{flag} must be a non-negative number, got {v}"
                 )));
             }
+        }
+        if !(self.sim_startup_delay_s.is_finite() && (0.0..=3600.0).contains(&self.sim_startup_delay_s)) {
+            return Err(EngineError::Config(format!(
+                "--sim-startup-delay-s must be between 0 and 3600 seconds, got {}",
+                self.sim_startup_delay_s
+            )));
         }
         if !(self.sim_decode_per_seq_ms.is_finite() && self.sim_decode_per_seq_ms >= 0.0) {
             return Err(EngineError::Config(

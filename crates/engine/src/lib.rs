@@ -114,6 +114,9 @@ pub async fn start(args: EngineArgs) -> Result<EngineHandle, EngineError> {
         }
         None => Weights::init(&v.config, args.random_seed),
     };
+    if args.sim_startup_delay_s > 0.0 {
+        tokio::time::sleep(std::time::Duration::from_secs_f64(args.sim_startup_delay_s)).await;
+    }
     let listener = bind(&args.host, args.port).await?;
     let addr = listener.local_addr()?;
     let (rooms, bootstrap) = if v.mode == DisaggMode::Prefill {
