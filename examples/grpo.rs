@@ -18,9 +18,9 @@ use troupe::controller::run::trainer_actor::{
 };
 use troupe::controller::serve::{ForkOptions, InferenceService};
 use troupe::controller::weight_sync::{HostTensor, WeightSync, WeightSyncOptions};
-use troupe::{Cluster, Registry};
 use troupe::engine::train::grpo_advantages;
 use troupe::scheduler::AllocationPlan;
+use troupe::{Cluster, Registry};
 
 const STEPS: usize = 30;
 const PROMPTS_PER_STEP: usize = 4;
@@ -45,22 +45,34 @@ async fn main() -> anyhow::Result<()> {
     };
     let svc = InferenceService::fork(&cluster, &plan, &opts).await?;
     println!("gateway at {}", svc.gateway_url);
-    let engines: Vec<(String, u32)> =
-        svc.servers.iter().map(|s| (s.info.url.clone(), s.info.gpu_count)).collect();
+    let engines: Vec<(String, u32)> = svc
+        .servers
+        .iter()
+        .map(|s| (s.info.url.clone(), s.info.gpu_count))
+        .collect();
 
     // 3. The trainer, where the plan put the training rank.
     let trainer = cluster
         .host(svc.train_host().unwrap_or(0))
         .spawn::<TrainerActor>(
             "trainer",
-            &TrainerArgs { model: "tiny".into(), init_seed: 0, lr: 0.01, temperature: 1.0 },
+            &TrainerArgs {
+                model: "tiny".into(),
+                init_seed: 0,
+                lr: 0.01,
+                temperature: 1.0,
+            },
         )
         .await?;
 
     // 4. Rollouts: n samples per prompt, rewarded by how many target bytes they produce.
     let rollout = RolloutController::new(
         InferenceClient::new(svc.gateway_url.clone()),
-        RolloutOptions { max_concurrent: 16, max_staleness: 1, batch_size: PROMPTS_PER_STEP },
+        RolloutOptions {
+            max_concurrent: 16,
+            max_staleness: 1,
+            batch_size: PROMPTS_PER_STEP,
+        },
     );
     let workflow = Arc::new(RlvrWorkflow {
         n_samples: SAMPLES_PER_PROMPT,
@@ -72,12 +84,17 @@ async fn main() -> anyhow::Result<()> {
         reward: Arc::new(|_prompt: &[u32], out: &[u32]| task::reward(out, TARGET, MAX_NEW_TOKENS)),
     });
     let mut data = task::prompts(TARGET, 7);
-    let mut sync = WeightSync::new(WeightSyncOptions { fp8: true, ..Default::default() });
+    let mut sync = WeightSync::new(WeightSyncOptions {
+        fp8: true,
+        ..Default::default()
+    });
 
     // 5. The loop.
     for step in 0..STEPS {
         let version = step as u64;
-        let batch = rollout.prepare_batch(&mut data, workflow.clone(), Duration::from_secs(300)).await?;
+        let batch = rollout
+            .prepare_batch(&mut data, workflow.clone(), Duration::from_secs(300))
+            .await?;
         let mut samples = Vec::new();
         let mut rewards = Vec::new();
         for traj in &batch {
@@ -94,8 +111,12 @@ async fn main() -> anyhow::Result<()> {
             rewards.extend(r);
         }
         let stats = trainer.call(TrainStep { samples }).await?;
-        let weights: Vec<HostTensor> =
-            trainer.call(GetWeights).await?.into_iter().map(HostTensor::from).collect();
+        let weights: Vec<HostTensor> = trainer
+            .call(GetWeights)
+            .await?
+            .into_iter()
+            .map(HostTensor::from)
+            .collect();
         let report = sync
             .update_weights(&svc.control, &engines, &(version + 1).to_string(), &weights)
             .await?;

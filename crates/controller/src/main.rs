@@ -26,7 +26,7 @@ enum Cmd {
     /// Convert a BF16/F32 safetensors checkpoint to FP8 (e4m3, block-wise scales).
     Quantize(quantize::QuantizeArgs),
     /// Run the reference inference engine (speaks SGLang's HTTP protocol, PD included).
-    Engine(troupe_engine::cli::EngineArgs),
+    Engine(Box<troupe_engine::cli::EngineArgs>),
     /// The main job: asynchronous GRPO through PD rollout serving with weight sync every step.
     Run(troupe_controller::run::RunArgs),
     /// Bring up rollout serving from a YAML config and print the gateway address.
@@ -40,6 +40,8 @@ enum Cmd {
 enum BenchCmd {
     /// Actor call cost: raw ractor, in-process host, host subprocess over gRPC.
     Rpc(bench::rpc::RpcArgs),
+    /// Gateway overhead: closed-loop load through the gateway (or --target) vs backends directly.
+    Gateway(bench::gateway::GatewayBenchArgs),
     /// Weight broadcast over the chained TCP transport to 1..N in-process receivers.
     Broadcast {
         /// Receiver counts to measure, comma-separated.
@@ -125,7 +127,7 @@ fn main() -> ExitCode {
             Cmd::Alloc(_) | Cmd::Quantize(_) | Cmd::Bench(BenchCmd::Fp8 { .. }) => {
                 ExitCode::SUCCESS // handled above, without a runtime
             }
-            Cmd::Engine(a) => match troupe_engine::serve(a).await {
+            Cmd::Engine(a) => match troupe_engine::serve(*a).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
             },
@@ -133,7 +135,11 @@ fn main() -> ExitCode {
                 Ok(s) => {
                     println!(
                         "done: {} steps in {:.1} s; reward {:.3} -> {:.3}; max staleness {}",
-                        s.steps, s.total_seconds, s.baseline_reward, s.final_reward, s.max_staleness_seen
+                        s.steps,
+                        s.total_seconds,
+                        s.baseline_reward,
+                        s.final_reward,
+                        s.max_staleness_seen
                     );
                     ExitCode::SUCCESS
                 }
@@ -143,11 +149,22 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
             },
-            Cmd::Bench(BenchCmd::Broadcast { receivers, mib, fp8, json }) => {
+            Cmd::Bench(BenchCmd::Broadcast {
+                receivers,
+                mib,
+                fp8,
+                json,
+            }) => {
                 if receivers.is_empty() || receivers.contains(&0) {
                     return fail("--receivers takes positive counts, e.g. --receivers 1,2,4,8");
                 }
-                match troupe_weights::broadcast_bench::bench_broadcast(&receivers, mib as usize, fp8).await {
+                match troupe_weights::broadcast_bench::bench_broadcast(
+                    &receivers,
+                    mib as usize,
+                    fp8,
+                )
+                .await
+                {
                     Ok(figs) => {
                         bench::print_figures(&figs, json);
                         ExitCode::SUCCESS
@@ -155,6 +172,13 @@ fn main() -> ExitCode {
                     Err(e) => fail(e),
                 }
             }
+            Cmd::Bench(BenchCmd::Gateway(a)) => match bench::gateway::run(&a).await {
+                Ok(figs) => {
+                    bench::print_figures(&figs, a.json);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            },
             Cmd::Bench(BenchCmd::Rpc(a)) => match bench::rpc::run(&a).await {
                 Ok(figs) => {
                     bench::print_figures(&figs, a.json);

@@ -30,12 +30,18 @@ pub fn run(a: &QuantizeArgs) -> Result<String, String> {
     };
     let opts = Fp8Options {
         granularity,
-        scale_dtype: if a.bf16_scales { ScaleDtype::Bf16 } else { ScaleDtype::F32 },
+        scale_dtype: if a.bf16_scales {
+            ScaleDtype::Bf16
+        } else {
+            ScaleDtype::F32
+        },
     };
     let bar = ProgressBar::new(0);
     bar.set_style(
-        ProgressStyle::with_template("{spinner} quantizing [{bar:40}] {bytes}/{total_bytes} ({eta})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{spinner} quantizing [{bar:40}] {bytes}/{total_bytes} ({eta})",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let r = quantize_file_with_progress(&a.input, &a.output, &opts, &mut |p| {
         bar.set_length(p.total_bytes);

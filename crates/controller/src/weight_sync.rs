@@ -178,8 +178,8 @@ impl WeightSync {
         let t0 = Instant::now();
         let (metas, bytes, fp8_tensors) = encode(tensors, self.opts.fp8)?;
         let total: u64 = metas.iter().map(|m| m.bytes).sum();
-        let buckets =
-            pack_buckets(metas, self.opts.bucket_bytes).map_err(|e| WeightSyncError::Encode(e.to_string()))?;
+        let buckets = pack_buckets(metas, self.opts.bucket_bytes)
+            .map_err(|e| WeightSyncError::Encode(e.to_string()))?;
 
         all_ok(&control.pause(self.opts.pause_mode).await).map_err(|e| {
             WeightSyncError::Control(format!("pause failed on {e}; servers that did pause stay paused until the next successful update"))
@@ -197,9 +197,8 @@ impl WeightSync {
         .await;
         match sent {
             Ok(n) => {
-                all_ok(&control.resume().await).map_err(|e| {
-                    WeightSyncError::Control(format!("resume failed on {e}"))
-                })?;
+                all_ok(&control.resume().await)
+                    .map_err(|e| WeightSyncError::Control(format!("resume failed on {e}")))?;
                 Ok(UpdateReport {
                     version: version.to_string(),
                     seconds: t0.elapsed().as_secs_f64(),
@@ -286,9 +285,13 @@ impl WeightSync {
         )
         .map_err(|e| e.to_string())?;
         let world = plan.world_size();
-        let mut sender = WeightSender::bind(&format!("{}:0", self.opts.master_host), world as usize, &name)
-            .await
-            .map_err(|e| format!("cannot open the broadcast master: {e}"))?;
+        let mut sender = WeightSender::bind(
+            &format!("{}:0", self.opts.master_host),
+            world as usize,
+            &name,
+        )
+        .await
+        .map_err(|e| format!("cannot open the broadcast master: {e}"))?;
         let port = sender.local_addr().map_err(|e| e.to_string())?.port();
         let joins = engines.iter().enumerate().map(|(i, (u, _))| {
             let body = json!({
@@ -312,7 +315,10 @@ impl WeightSync {
         );
         let errs: Vec<String> = joined.into_iter().filter_map(Result::err).collect();
         if !errs.is_empty() {
-            return Err(format!("engines failed to join the weight group: {}", errs.join("; ")));
+            return Err(format!(
+                "engines failed to join the weight group: {}",
+                errs.join("; ")
+            ));
         }
         accepted.map_err(|e| format!("engines did not connect to the broadcast master: {e}"))?;
         self.group = Some(Group { sender, members });

@@ -6,7 +6,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_troupe");
 
 #[test]
 fn seeded_grpo_run_with_fp8_sync_improves_the_reward() {
-    let cfg = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/configs/grpo-local.yaml");
+    let cfg = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/configs/grpo-local.yaml"
+    );
     let dir = tempfile::tempdir().unwrap();
     let summary = dir.path().join("run.json");
     let out = Command::new(BIN)
@@ -15,23 +18,50 @@ fn seeded_grpo_run_with_fp8_sync_improves_the_reward() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(stdout.lines().filter(|l| l.starts_with("step ")).count(), 30, "a line per step");
-    assert!(stdout.contains("(fp8)"), "the shipped config syncs FP8 weights: {stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("step ")).count(),
+        30,
+        "a line per step"
+    );
+    assert!(
+        stdout.contains("(fp8)"),
+        "the shipped config syncs FP8 weights: {stdout}"
+    );
     let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
     assert_eq!(s["steps"], 30);
     assert_eq!(s["rewards"].as_array().unwrap().len(), 30);
     assert_eq!(s["sync_seconds"].as_array().unwrap().len(), 30);
-    let (base, fin) = (s["baseline_reward"].as_f64().unwrap(), s["final_reward"].as_f64().unwrap());
-    assert!(fin >= 2.0 * base && fin >= base + 0.2, "reward must clearly improve: {base} -> {fin}");
-    assert!(s["max_staleness_seen"].as_u64().unwrap() >= 1, "rollouts really ran ahead of training");
+    let (base, fin) = (
+        s["baseline_reward"].as_f64().unwrap(),
+        s["final_reward"].as_f64().unwrap(),
+    );
+    assert!(
+        fin >= 2.0 * base && fin >= base + 0.2,
+        "reward must clearly improve: {base} -> {fin}"
+    );
+    assert!(
+        s["max_staleness_seen"].as_u64().unwrap() >= 1,
+        "rollouts really ran ahead of training"
+    );
 }
 
 #[test]
 fn run_without_a_training_component_is_refused_clearly() {
-    let cfg = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/configs/grpo-local.yaml");
+    let cfg = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/configs/grpo-local.yaml"
+    );
     let out = Command::new(BIN)
-        .args(["run", cfg, "allocation_mode=troupe:(prefill:d1t1|decode:d2t1)"])
+        .args([
+            "run",
+            cfg,
+            "allocation_mode=troupe:(prefill:d1t1|decode:d2t1)",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());

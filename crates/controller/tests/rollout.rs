@@ -51,7 +51,11 @@ struct Slow {
 
 impl RolloutWorkflow for Slow {
     type Item = u64;
-    async fn run_episode(&self, _e: &InferenceClient, item: u64) -> Result<Option<Trajectory>, RolloutError> {
+    async fn run_episode(
+        &self,
+        _e: &InferenceClient,
+        item: u64,
+    ) -> Result<Option<Trajectory>, RolloutError> {
         let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(now, Ordering::SeqCst);
         let v = self.version.load(Ordering::SeqCst);
@@ -61,7 +65,13 @@ impl RolloutWorkflow for Slow {
             return Ok(None); // dropped items free their slot
         }
         Ok(Some(Trajectory {
-            samples: vec![Sample { prompt_ids: vec![1], output_ids: vec![2], logprobs: vec![-1.0], versions: vec![v], reward: 0.0 }],
+            samples: vec![Sample {
+                prompt_ids: vec![1],
+                output_ids: vec![2],
+                logprobs: vec![-1.0],
+                versions: vec![v],
+                reward: 0.0,
+            }],
         }))
     }
 }
@@ -70,25 +80,46 @@ impl RolloutWorkflow for Slow {
 async fn prepare_batch_keeps_the_pipeline_full_within_the_bounds() {
     within(60, async {
         let (batch, max_concurrent, max_staleness) = (8, 6, 1);
-        let wf = Arc::new(Slow { version: Arc::default(), running: Arc::default(), peak: Arc::default() });
+        let wf = Arc::new(Slow {
+            version: Arc::default(),
+            running: Arc::default(),
+            peak: Arc::default(),
+        });
         let rc = RolloutController::new(
             InferenceClient::new("http://unused.invalid"),
-            RolloutOptions { max_concurrent, max_staleness, batch_size: batch },
+            RolloutOptions {
+                max_concurrent,
+                max_staleness,
+                batch_size: batch,
+            },
         );
         let mut data = 0u64..;
         for step in 0..6u64 {
-            let b = rc.prepare_batch(&mut data, wf.clone(), Duration::from_secs(20)).await.unwrap();
+            let b = rc
+                .prepare_batch(&mut data, wf.clone(), Duration::from_secs(20))
+                .await
+                .unwrap();
             assert_eq!(b.len(), batch);
-            assert!(staleness_of(&b, step) <= max_staleness, "step {step}: staleness {}", staleness_of(&b, step));
+            assert!(
+                staleness_of(&b, step) <= max_staleness,
+                "step {step}: staleness {}",
+                staleness_of(&b, step)
+            );
             let st = rc.stats();
-            assert!(st.running + st.waiting + st.ready > 0, "the next batch is already in flight");
+            assert!(
+                st.running + st.waiting + st.ready > 0,
+                "the next batch is already in flight"
+            );
             assert!(st.accepted + st.running as u64 <= (max_staleness + step + 1) * batch as u64);
             tokio::time::sleep(Duration::from_millis(30)).await; // "training"
             wf.version.store(step + 1, Ordering::SeqCst);
             rc.set_version(step + 1);
         }
         assert!(wf.peak.load(Ordering::SeqCst) <= max_concurrent);
-        assert!(rc.stats().rejected > 0, "dropped items were seen and did not count as accepted");
+        assert!(
+            rc.stats().rejected > 0,
+            "dropped items were seen and did not count as accepted"
+        );
     })
     .await
 }
@@ -96,10 +127,18 @@ async fn prepare_batch_keeps_the_pipeline_full_within_the_bounds() {
 #[tokio::test]
 async fn paused_admission_starts_nothing_until_resumed() {
     within(30, async {
-        let wf = Arc::new(Slow { version: Arc::default(), running: Arc::default(), peak: Arc::default() });
+        let wf = Arc::new(Slow {
+            version: Arc::default(),
+            running: Arc::default(),
+            peak: Arc::default(),
+        });
         let rc = RolloutController::new(
             InferenceClient::new("http://unused.invalid"),
-            RolloutOptions { max_concurrent: 4, max_staleness: 0, batch_size: 4 },
+            RolloutOptions {
+                max_concurrent: 4,
+                max_staleness: 0,
+                batch_size: 4,
+            },
         );
         rc.pause();
         for i in 0..4 {
@@ -122,21 +161,39 @@ async fn a_weight_update_during_rollouts_yields_mixed_versions_and_no_failures()
         let svc = InferenceService::fork(
             &cluster,
             &plan,
-            &ForkOptions { extra_args: vec!["--sim-decode-step-ms".into(), "4".into()], ..ForkOptions::default() },
+            &ForkOptions {
+                extra_args: vec!["--sim-decode-step-ms".into(), "4".into()],
+                ..ForkOptions::default()
+            },
         )
         .await
         .unwrap();
         let rc = RolloutController::new(
             InferenceClient::new(svc.gateway_url.clone()),
-            RolloutOptions { max_concurrent: 16, max_staleness: 4, batch_size: 8 },
+            RolloutOptions {
+                max_concurrent: 16,
+                max_staleness: 4,
+                batch_size: 8,
+            },
         );
         let wf = Arc::new(RlvrWorkflow {
             n_samples: 2,
-            sampling: SamplingSettings { max_new_tokens: 48, temperature: 1.0, ignore_eos: true, ..Default::default() },
+            sampling: SamplingSettings {
+                max_new_tokens: 48,
+                temperature: 1.0,
+                ignore_eos: true,
+                ..Default::default()
+            },
             reward: Arc::new(|_p: &[u32], o: &[u32]| o.len() as f32),
         });
         for i in 0..8u64 {
-            rc.submit(RlvrItem { prompt_ids: vec![72, 105, 32, (i % 50) as u32 + 60], seed: i }, wf.clone());
+            rc.submit(
+                RlvrItem {
+                    prompt_ids: vec![72, 105, 32, (i % 50) as u32 + 60],
+                    seed: i,
+                },
+                wf.clone(),
+            );
         }
         tokio::time::sleep(Duration::from_millis(80)).await; // let generation get going
         let w = Weights::init(&ModelConfig::tiny(), 77);
@@ -145,10 +202,18 @@ async fn a_weight_update_during_rollouts_yields_mixed_versions_and_no_failures()
             .into_iter()
             .map(|n| {
                 let t = w.get(&n).unwrap();
-                HostTensor { name: n.clone(), shape: t.shape.clone(), data: t.data.clone() }
+                HostTensor {
+                    name: n.clone(),
+                    shape: t.shape.clone(),
+                    data: t.data.clone(),
+                }
             })
             .collect();
-        let engines: Vec<(String, u32)> = svc.servers.iter().map(|s| (s.info.url.clone(), s.info.gpu_count)).collect();
+        let engines: Vec<(String, u32)> = svc
+            .servers
+            .iter()
+            .map(|s| (s.info.url.clone(), s.info.gpu_count))
+            .collect();
         WeightSync::new(WeightSyncOptions::default())
             .update_weights(&svc.control, &engines, "1", &tensors)
             .await
@@ -159,14 +224,21 @@ async fn a_weight_update_during_rollouts_yields_mixed_versions_and_no_failures()
         let mut mixed = 0;
         for t in &batch {
             for s in &t.samples {
-                assert_eq!(s.output_ids.len(), 48, "interrupted requests were resubmitted to full length");
+                assert_eq!(
+                    s.output_ids.len(),
+                    48,
+                    "interrupted requests were resubmitted to full length"
+                );
                 assert_eq!(s.versions.len(), 48);
                 if s.versions.contains(&0) && s.versions.contains(&1) {
                     mixed += 1;
                 }
             }
         }
-        assert!(mixed > 0, "some samples straddle the update: their tokens show the switch");
+        assert!(
+            mixed > 0,
+            "some samples straddle the update: their tokens show the switch"
+        );
         svc.teardown().await;
         cluster.shutdown().await;
     })

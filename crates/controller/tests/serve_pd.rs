@@ -18,7 +18,13 @@ const BIN: &str = env!("CARGO_BIN_EXE_troupe");
 
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        .map(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
         .unwrap_or(false)
 }
 
@@ -40,7 +46,12 @@ fn request(i: u64) -> Value {
 }
 
 async fn generate(client: &reqwest::Client, url: &str, body: &Value) -> Value {
-    let r = client.post(format!("{url}/generate")).json(body).send().await.unwrap();
+    let r = client
+        .post(format!("{url}/generate"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
     let status = r.status();
     let v: Value = r.json().await.unwrap();
     assert!(status.is_success(), "{status}: {v}");
@@ -57,16 +68,36 @@ async fn fork_pd_groups_serve_identically_and_tear_down_cleanly() {
             ready_timeout: Duration::from_secs(60),
             ..ForkOptions::default()
         };
-        let svc = InferenceService::fork(&cluster, &plan, &opts).await.unwrap();
+        let svc = InferenceService::fork(&cluster, &plan, &opts)
+            .await
+            .unwrap();
         assert_eq!(svc.servers.len(), 4);
         assert_eq!(svc.inf_addrs.len(), 4);
         let types: Vec<WorkerType> = svc.servers.iter().map(|s| s.info.worker_type).collect();
-        assert_eq!(types, [WorkerType::Prefill, WorkerType::Prefill, WorkerType::Decode, WorkerType::Decode]);
-        let boots: Vec<u16> = svc.servers[..2].iter().map(|s| s.info.bootstrap_port.unwrap()).collect();
-        assert_ne!(boots[0], boots[1], "each prefill has its own bootstrap port");
+        assert_eq!(
+            types,
+            [
+                WorkerType::Prefill,
+                WorkerType::Prefill,
+                WorkerType::Decode,
+                WorkerType::Decode
+            ]
+        );
+        let boots: Vec<u16> = svc.servers[..2]
+            .iter()
+            .map(|s| s.info.bootstrap_port.unwrap())
+            .collect();
+        assert_ne!(
+            boots[0], boots[1],
+            "each prefill has its own bootstrap port"
+        );
         assert!(svc.servers.iter().all(|s| s.proxy_url.is_some()));
         let hosts: std::collections::BTreeSet<usize> = svc.servers.iter().map(|s| s.host).collect();
-        assert_eq!(hosts.len(), 2, "4 one-GPU servers on 2 two-GPU hosts use both hosts");
+        assert_eq!(
+            hosts.len(),
+            2,
+            "4 one-GPU servers on 2 two-GPU hosts use both hosts"
+        );
 
         // A regular engine with the same model and seed is the reference.
         let reference = troupe_engine::start(troupe_engine::cli::EngineArgs {
@@ -80,7 +111,10 @@ async fn fork_pd_groups_serve_identically_and_tear_down_cleanly() {
             let body = request(i);
             let via_gateway = generate(&client, &svc.gateway_url, &body).await;
             let direct = generate(&client, &reference.url(), &body).await;
-            assert_eq!(via_gateway["output_ids"], direct["output_ids"], "request {i}");
+            assert_eq!(
+                via_gateway["output_ids"], direct["output_ids"],
+                "request {i}"
+            );
             assert_eq!(via_gateway["text"], direct["text"]);
         }
         reference.shutdown().await.unwrap();
@@ -91,12 +125,20 @@ async fn fork_pd_groups_serve_identically_and_tear_down_cleanly() {
         all_ok(&r).unwrap();
         all_ok(&svc.control.resume().await).unwrap();
         let info = svc.control.server_info().await;
-        assert!(info.iter().all(|s| s.result.is_ok()), "{:?}", info.iter().map(|s| &s.result).collect::<Vec<_>>());
+        assert!(
+            info.iter().all(|s| s.result.is_ok()),
+            "{:?}",
+            info.iter().map(|s| &s.result).collect::<Vec<_>>()
+        );
         generate(&client, &svc.gateway_url, &request(99)).await;
 
         // One failing server is reported by name, not hidden.
         let dead_url = svc.servers[3].info.url.clone();
-        svc.servers[3].actor.stop(Duration::from_secs(5)).await.unwrap();
+        svc.servers[3]
+            .actor
+            .stop(Duration::from_secs(5))
+            .await
+            .unwrap();
         let r = svc.control.flush_cache().await;
         let err = all_ok(&r).unwrap_err();
         assert!(err.contains(&dead_url), "{err}");
@@ -122,10 +164,16 @@ async fn fork_reports_every_failed_server_with_its_log() {
             ready_timeout: Duration::from_secs(30),
             ..ForkOptions::default()
         };
-        let e = InferenceService::fork(&cluster, &plan, &opts).await.err().expect("must fail");
+        let e = InferenceService::fork(&cluster, &plan, &opts)
+            .await
+            .err()
+            .expect("must fail");
         let msg = e.to_string();
         assert!(msg.contains("2 of 2 servers failed"), "{msg}");
-        assert!(msg.contains("no-such-model"), "the log tail names the cause: {msg}");
+        assert!(
+            msg.contains("no-such-model"),
+            "the log tail names the cause: {msg}"
+        );
         cluster.shutdown().await;
     })
     .await
@@ -134,15 +182,26 @@ async fn fork_reports_every_failed_server_with_its_log() {
 #[tokio::test]
 async fn troupe_serve_prints_the_gateway_and_exits_cleanly_on_sigint() {
     within(180, async {
-        let cfg = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/configs/pd-local.yaml");
+        let cfg = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/configs/pd-local.yaml"
+        );
         let mut child = tokio::process::Command::new(BIN)
-            .args(["serve", cfg, "gateway.policy=power_of_two", "admin_key=test-key"])
+            .args([
+                "serve",
+                cfg,
+                "gateway.policy=power_of_two",
+                "admin_key=test-key",
+            ])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let line = lines.next_line().await.unwrap().expect("a line on stdout");
-        let url = line.strip_prefix("gateway: ").expect("gateway line").to_string();
+        let url = line
+            .strip_prefix("gateway: ")
+            .expect("gateway line")
+            .to_string();
         assert!(url.starts_with("http://"), "{url}");
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
         let v = generate(&client, &url, &request(1)).await;
@@ -155,12 +214,23 @@ async fn troupe_serve_prints_the_gateway_and_exits_cleanly_on_sigint() {
             .filter(|pid| {
                 std::fs::read_to_string(format!("/proc/{pid}/stat"))
                     .ok()
-                    .and_then(|s| s.rsplit(')').next()?.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    .and_then(|s| {
+                        s.rsplit(')')
+                            .next()?
+                            .split_whitespace()
+                            .nth(1)?
+                            .parse::<u32>()
+                            .ok()
+                    })
                     == Some(serve_pid)
             })
             .collect();
         assert_eq!(kids.len(), 4, "four engine processes");
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(serve_pid as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(serve_pid as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .unwrap();
         assert!(child.wait().await.unwrap().success());
         for k in kids {
             wait_dead(k).await;
@@ -172,13 +242,20 @@ async fn troupe_serve_prints_the_gateway_and_exits_cleanly_on_sigint() {
 #[tokio::test]
 async fn troupe_serve_rejects_a_bad_config_with_a_clear_message() {
     within(30, async {
-        let cfg = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/configs/pd-local.yaml");
+        let cfg = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/configs/pd-local.yaml"
+        );
         for (extra, needle) in [
             ("allocation_mode=sglang.d4", "sglang:d4"),
             ("gateway.polcy=x", "polcy"),
             ("sglang.quantization=int3", "fp8"),
         ] {
-            let out = tokio::process::Command::new(BIN).args(["serve", cfg, extra]).output().await.unwrap();
+            let out = tokio::process::Command::new(BIN)
+                .args(["serve", cfg, extra])
+                .output()
+                .await
+                .unwrap();
             assert!(!out.status.success());
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(err.contains(needle), "{extra}: {err}");

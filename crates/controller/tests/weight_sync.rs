@@ -20,7 +20,11 @@ fn trainer_weights(seed: u64) -> (Weights, Vec<HostTensor>) {
         .into_iter()
         .map(|n| {
             let t = w.get(&n).unwrap();
-            HostTensor { name: n.clone(), shape: t.shape.clone(), data: t.data.clone() }
+            HostTensor {
+                name: n.clone(),
+                shape: t.shape.clone(),
+                data: t.data.clone(),
+            }
         })
         .collect();
     (w, tensors)
@@ -29,32 +33,58 @@ fn trainer_weights(seed: u64) -> (Weights, Vec<HostTensor>) {
 /// A regular engine holding exactly what the engines hold after a BF16 sync.
 async fn reference_engine(mut w: Weights, dir: &std::path::Path) -> troupe_engine::EngineHandle {
     for n in w.names() {
-        let rounded: Vec<f32> = w.get(&n).unwrap().data.iter().map(|v| bf16::from_f32(*v).to_f32()).collect();
+        let rounded: Vec<f32> = w
+            .get(&n)
+            .unwrap()
+            .data
+            .iter()
+            .map(|v| bf16::from_f32(*v).to_f32())
+            .collect();
         w.set(&n, rounded).unwrap();
     }
     let path = dir.join("ref.safetensors");
     w.save_safetensors(&path).unwrap();
-    troupe_engine::start(troupe_engine::cli::EngineArgs { port: 0, model_path: Some(path), ..Default::default() })
-        .await
-        .unwrap()
+    troupe_engine::start(troupe_engine::cli::EngineArgs {
+        port: 0,
+        model_path: Some(path),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
 }
 
 async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
     let body = json!({"text": format!("weights {i}: "), "sampling_params": {"max_new_tokens": 8, "temperature": 0.7, "sampling_seed": i}});
-    let r = client.post(format!("{url}/generate")).json(&body).send().await.unwrap();
+    let r = client
+        .post(format!("{url}/generate"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert!(r.status().is_success());
     r.json().await.unwrap()
 }
 
 async fn pd_service(cluster: &Cluster) -> InferenceService {
     let plan = AllocationPlan::parse("troupe:(prefill:d2t1|decode:d2t2)").unwrap();
-    InferenceService::fork(cluster, &plan, &ForkOptions { admin_key: Some("k".into()), ..ForkOptions::default() })
-        .await
-        .unwrap()
+    InferenceService::fork(
+        cluster,
+        &plan,
+        &ForkOptions {
+            admin_key: Some("k".into()),
+            ..ForkOptions::default()
+        },
+    )
+    .await
+    .unwrap()
 }
 
 fn engines(svc: &InferenceService) -> Vec<(String, u32)> {
-    svc.servers.iter().filter(|s| s.node_rank == 0).map(|s| (s.info.url.clone(), s.info.gpu_count)).collect()
+    svc.servers
+        .iter()
+        .filter(|s| s.node_rank == 0)
+        .map(|s| (s.info.url.clone(), s.info.gpu_count))
+        .collect()
 }
 
 #[tokio::test]
@@ -62,13 +92,19 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
     within(180, async {
         let cluster = Cluster::in_process(2, 4).await.unwrap();
         let svc = pd_service(&cluster).await;
-        assert_eq!(engines(&svc).iter().map(|e| e.1).collect::<Vec<_>>(), [1, 1, 2, 2]);
+        assert_eq!(
+            engines(&svc).iter().map(|e| e.1).collect::<Vec<_>>(),
+            [1, 1, 2, 2]
+        );
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
         let before = generate(&client, &svc.gateway_url, 1).await;
 
         let (w, tensors) = trainer_weights(1234);
         let mut sync = WeightSync::new(WeightSyncOptions::default());
-        let report = sync.update_weights(&svc.control, &engines(&svc), "v1", &tensors).await.unwrap();
+        let report = sync
+            .update_weights(&svc.control, &engines(&svc), "v1", &tensors)
+            .await
+            .unwrap();
         assert_eq!(report.fp8_tensors, 0);
         for r in svc.control.fan_out("/get_weight_version", None).await {
             assert_eq!(r.result.unwrap()["weight_version"], "v1", "{}", r.url);
@@ -76,7 +112,10 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
         let dir = tempfile::tempdir().unwrap();
         let reference = reference_engine(w, dir.path()).await;
         let after = generate(&client, &svc.gateway_url, 1).await;
-        assert_ne!(before["output_ids"], after["output_ids"], "new weights change the output");
+        assert_ne!(
+            before["output_ids"], after["output_ids"],
+            "new weights change the output"
+        );
         for i in 0..6 {
             let pd = generate(&client, &svc.gateway_url, i).await;
             let regular = generate(&client, &reference.url(), i).await;
@@ -85,8 +124,13 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
         }
         // A second update reuses the group (same server set).
         let (_, tensors2) = trainer_weights(99);
-        sync.update_weights(&svc.control, &engines(&svc), "v2", &tensors2).await.unwrap();
-        assert_eq!(generate(&client, &svc.gateway_url, 3).await["meta_info"]["weight_version"], "v2");
+        sync.update_weights(&svc.control, &engines(&svc), "v2", &tensors2)
+            .await
+            .unwrap();
+        assert_eq!(
+            generate(&client, &svc.gateway_url, 3).await["meta_info"]["weight_version"],
+            "v2"
+        );
         reference.shutdown().await.unwrap();
         svc.teardown().await;
         cluster.shutdown().await;
@@ -100,20 +144,46 @@ async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused(
         let cluster = Cluster::in_process(2, 4).await.unwrap();
         let svc = pd_service(&cluster).await;
         let (_, tensors) = trainer_weights(5);
-        let mut sync = WeightSync::new(WeightSyncOptions { join_timeout: Duration::from_secs(5), ..Default::default() });
-        sync.update_weights(&svc.control, &engines(&svc), "v1", &tensors).await.unwrap();
+        let mut sync = WeightSync::new(WeightSyncOptions {
+            join_timeout: Duration::from_secs(5),
+            ..Default::default()
+        });
+        sync.update_weights(&svc.control, &engines(&svc), "v1", &tensors)
+            .await
+            .unwrap();
 
         let victim = &svc.servers[3].info;
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim.pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
-        let e = sync.update_weights(&svc.control, &engines(&svc), "v2", &tensors).await.unwrap_err();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(victim.pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let e = sync
+            .update_weights(&svc.control, &engines(&svc), "v2", &tensors)
+            .await
+            .unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains(&victim.url), "the error names the dead engine: {msg}");
+        assert!(
+            msg.contains(&victim.url),
+            "the error names the dead engine: {msg}"
+        );
         // The survivors are not left paused.
         for (url, _) in engines(&svc).iter().filter(|(u, _)| u != &victim.url) {
-            let info = svc.control.post(url, "/continue_generation", &json!({})).await;
+            let info = svc
+                .control
+                .post(url, "/continue_generation", &json!({}))
+                .await;
             assert!(info.is_ok());
-            let r = reqwest::get(format!("{url}/server_info")).await.unwrap().json::<Value>().await.unwrap();
-            assert!(r["internal_states"][0]["paused"].is_null(), "{url} still paused: {r}");
+            let r = reqwest::get(format!("{url}/server_info"))
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap();
+            assert!(
+                r["internal_states"][0]["paused"].is_null(),
+                "{url} still paused: {r}"
+            );
         }
         svc.teardown().await;
         cluster.shutdown().await;

@@ -298,7 +298,9 @@ impl EngineArgs {
                 )));
             }
         }
-        if !(self.sim_startup_delay_s.is_finite() && (0.0..=3600.0).contains(&self.sim_startup_delay_s)) {
+        if !(self.sim_startup_delay_s.is_finite()
+            && (0.0..=3600.0).contains(&self.sim_startup_delay_s))
+        {
             return Err(EngineError::Config(format!(
                 "--sim-startup-delay-s must be between 0 and 3600 seconds, got {}",
                 self.sim_startup_delay_s

@@ -436,9 +436,18 @@ fn hosts_sharing_an_address_share_one_port_cursor() {
     let p = place(&plan, &hosts, &mut alloc, &PlacementOptions::default()).unwrap();
     let mut seen = std::collections::HashSet::new();
     for i in &p.instances {
-        for port in [i.ports.http, i.ports.dist, i.ports.bootstrap].into_iter().flatten() {
-            assert!(seen.insert(port), "port {port} handed out twice on one machine");
+        for port in [i.ports.http, i.ports.dist, i.ports.bootstrap]
+            .into_iter()
+            .flatten()
+        {
+            assert!(
+                seen.insert(port),
+                "port {port} handed out twice on one machine"
+            );
         }
     }
-    assert!(p.instances.iter().any(|i| i.host == 1), "both hosts are used");
+    assert!(
+        p.instances.iter().any(|i| i.host == 1),
+        "both hosts are used"
+    );
 }

@@ -99,7 +99,11 @@ pub fn build(spec: &LaunchSpec, troupe_bin: &str) -> Result<CommandLine, SpecErr
             match spec.worker_type {
                 WorkerType::Regular => {}
                 WorkerType::Prefill | WorkerType::Decode => {
-                    push(&mut a, "--disaggregation-mode", spec.worker_type.as_str().into());
+                    push(
+                        &mut a,
+                        "--disaggregation-mode",
+                        spec.worker_type.as_str().into(),
+                    );
                     let port = spec.bootstrap_port.ok_or_else(|| {
                         SpecError(format!(
                             "a {} server needs its own bootstrap port",
@@ -194,7 +198,10 @@ mod tests {
         assert_eq!(c.flag("--port"), Some("30000"));
         assert_eq!(c.flag("--nccl-port"), Some("30001"));
         assert_eq!(c.flag("--base-gpu-id"), Some("0"));
-        assert_eq!(c.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str), Some("4,5"));
+        assert_eq!(
+            c.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str),
+            Some("4,5")
+        );
         assert!(!c.has("--disaggregation-mode"));
         assert!(!c.has("--disaggregation-bootstrap-port"));
         assert_eq!(c.flag("--mem-fraction-static"), Some("0.8"));
@@ -206,11 +213,19 @@ mod tests {
             let c = build(&spec(Backend::Sglang, wt), "troupe").unwrap();
             assert_eq!(c.flag("--disaggregation-mode"), Some(wt.as_str()));
             assert_eq!(c.flag("--disaggregation-bootstrap-port"), Some("30002"));
-            assert_eq!(c.flag("--disaggregation-transfer-backend"), Some("mooncake"));
+            assert_eq!(
+                c.flag("--disaggregation-transfer-backend"),
+                Some("mooncake")
+            );
         }
         let mut s = spec(Backend::Sglang, WorkerType::Prefill);
         s.bootstrap_port = None;
-        assert!(build(&s, "troupe").unwrap_err().0.contains("bootstrap port"));
+        assert!(
+            build(&s, "troupe")
+                .unwrap_err()
+                .0
+                .contains("bootstrap port")
+        );
     }
 
     #[test]
@@ -229,7 +244,10 @@ mod tests {
         assert_eq!(c.flag("--quantization"), Some("fp8"));
         let j: serde_json::Value =
             serde_json::from_str(c.flag("--json-model-override-args").unwrap()).unwrap();
-        assert_eq!(j["quantization_config"]["weight_block_size"], serde_json::json!([128, 128]));
+        assert_eq!(
+            j["quantization_config"]["weight_block_size"],
+            serde_json::json!([128, 128])
+        );
         assert_eq!(j["quantization_config"]["fmt"], "e4m3");
     }
 

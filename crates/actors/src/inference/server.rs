@@ -195,7 +195,11 @@ impl Handler<GetInfo> for InferenceServer {
 }
 
 impl Handler<CheckHealth> for InferenceServer {
-    async fn handle(&mut self, _m: CheckHealth, _c: &ActorContext) -> Result<ServerHealth, ActorError> {
+    async fn handle(
+        &mut self,
+        _m: CheckHealth,
+        _c: &ActorContext,
+    ) -> Result<ServerHealth, ActorError> {
         let status = self.child.try_status()?;
         let healthy = status.is_none() && healthy(&http_client(), &self.info.url).await;
         Ok(ServerHealth {

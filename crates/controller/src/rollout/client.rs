@@ -67,7 +67,10 @@ pub struct InferenceClient {
     max_resubmits: u32,
 }
 
-fn parse_piece(v: &Value) -> Result<(Vec<u32>, Vec<f32>, Vec<String>, String), GenerateError> {
+/// One answer piece: token ids, their logprobs, their weight versions, and the finish reason.
+type Piece = (Vec<u32>, Vec<f32>, Vec<String>, String);
+
+fn parse_piece(v: &Value) -> Result<Piece, GenerateError> {
     let bad = |what: &str| GenerateError(format!("malformed /generate answer ({what}): {v}"));
     let ids: Vec<u32> = v["output_ids"]
         .as_array()
@@ -96,7 +99,11 @@ fn parse_piece(v: &Value) -> Result<(Vec<u32>, Vec<f32>, Vec<String>, String), G
     let versions: Vec<String> = match meta["output_token_weight_versions"].as_array() {
         Some(a) if a.len() == ids.len() => a
             .iter()
-            .map(|x| x.as_str().map(str::to_string).unwrap_or_else(|| x.to_string()))
+            .map(|x| {
+                x.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| x.to_string())
+            })
             .collect(),
         _ => vec![version; ids.len()],
     };
@@ -155,7 +162,8 @@ impl InferenceClient {
                 // A resubmission continues with a different seed stream: same request, new piece.
                 params["sampling_seed"] = json!(seed.wrapping_add(g.output_ids.len() as u64));
             }
-            let body = json!({"input_ids": input, "sampling_params": params, "return_logprob": true});
+            let body =
+                json!({"input_ids": input, "sampling_params": params, "return_logprob": true});
             let resp = self
                 .http
                 .post(format!("{}/generate", self.url))

@@ -34,8 +34,8 @@ pub fn capacity(
     running: usize,
 ) -> usize {
     let by_concurrency = max_concurrent.saturating_sub(running);
-    let budget = (max_staleness.saturating_add(version).saturating_add(1))
-        .saturating_mul(batch_size as u64);
+    let budget =
+        (max_staleness.saturating_add(version).saturating_add(1)).saturating_mul(batch_size as u64);
     let by_staleness = budget.saturating_sub(accepted.saturating_add(running as u64));
     by_concurrency.min(usize::try_from(by_staleness).unwrap_or(usize::MAX))
 }
@@ -94,7 +94,9 @@ pub enum WaitError {
         running: usize,
     },
     /// Nothing is running or waiting, so the wait could never end.
-    #[error("waiting for {wanted} trajectories but only {have} are ready and nothing is running; submit more items (last episode error: {last_error:?})")]
+    #[error(
+        "waiting for {wanted} trajectories but only {have} are ready and nothing is running; submit more items (last episode error: {last_error:?})"
+    )]
     Starved {
         /// How many were wanted.
         wanted: usize,
@@ -220,7 +222,11 @@ impl RolloutController {
     }
 
     /// Takes `count` finished trajectories, oldest first, shuffled; waits up to `timeout`.
-    pub async fn wait(&self, count: usize, timeout: Duration) -> Result<Vec<Trajectory>, WaitError> {
+    pub async fn wait(
+        &self,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<Vec<Trajectory>, WaitError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let notified = self.inner.ready.notified();

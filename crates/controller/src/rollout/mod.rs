@@ -5,8 +5,10 @@ pub mod client;
 pub mod controller;
 pub mod workflow;
 
-pub use client::{Generation, GenerateError, InferenceClient, SamplingSettings};
+pub use client::{GenerateError, Generation, InferenceClient, SamplingSettings};
 pub use controller::{
     AcceptFn, RolloutController, RolloutOptions, RolloutStats, WaitError, capacity, staleness_of,
 };
-pub use workflow::{RewardFn, RlvrItem, RlvrWorkflow, RolloutError, RolloutWorkflow, Sample, Trajectory};
+pub use workflow::{
+    RewardFn, RlvrItem, RlvrWorkflow, RolloutError, RolloutWorkflow, Sample, Trajectory,
+};

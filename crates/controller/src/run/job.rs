@@ -93,9 +93,13 @@ fn to_samples(batch: &[Trajectory], group: usize) -> Result<(Vec<WireSample>, Ve
 pub async fn run(a: &RunArgs) -> Result<Summary, String> {
     let t_start = Instant::now();
     let cfg = ServeConfig::load(&a.config, &a.overrides).map_err(|e| e.to_string())?;
-    let plan = AllocationPlan::parse(&cfg.allocation_mode)
-        .map_err(|e| format!("allocation_mode: {e}"))?;
-    if !plan.components.iter().any(|c| c.backend.role() == Role::Training) {
+    let plan =
+        AllocationPlan::parse(&cfg.allocation_mode).map_err(|e| format!("allocation_mode: {e}"))?;
+    if !plan
+        .components
+        .iter()
+        .any(|c| c.backend.role() == Role::Training)
+    {
         return Err(format!(
             "allocation_mode {plan} has no training component; add one, e.g. `{plan}+fsdp:d1`"
         ));

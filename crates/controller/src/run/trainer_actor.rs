@@ -114,7 +114,10 @@ impl Actor for TrainerActor {
 
     async fn start(a: TrainerArgs, _ctx: &ActorContext) -> Result<Self, ActorError> {
         let cfg = ModelConfig::by_name(&a.model).ok_or_else(|| {
-            ActorError::new(format!("model {:?} is not a preset; use tiny or small", a.model))
+            ActorError::new(format!(
+                "model {:?} is not a preset; use tiny or small",
+                a.model
+            ))
         })?;
         let weights = Weights::init(&cfg, a.init_seed);
         let opts = TrainOptions {
@@ -170,7 +173,11 @@ impl Handler<TrainStep> for TrainerActor {
 }
 
 impl Handler<GetWeights> for TrainerActor {
-    async fn handle(&mut self, _m: GetWeights, _c: &ActorContext) -> Result<Vec<WireTensor>, ActorError> {
+    async fn handle(
+        &mut self,
+        _m: GetWeights,
+        _c: &ActorContext,
+    ) -> Result<Vec<WireTensor>, ActorError> {
         let t = self
             .trainer
             .as_ref()

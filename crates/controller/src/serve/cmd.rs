@@ -25,7 +25,8 @@ pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: bool) -> For
     ForkOptions {
         model: cfg.sglang.model_path.clone(),
         python: cfg.sglang.python.clone(),
-        quantization: (!cfg.sglang.quantization.is_empty()).then(|| cfg.sglang.quantization.clone()),
+        quantization: (!cfg.sglang.quantization.is_empty())
+            .then(|| cfg.sglang.quantization.clone()),
         transfer_backend: cfg.sglang.disaggregation_transfer_backend.clone(),
         extra_args: cfg.sglang.extra_args.clone(),
         ready_timeout: Duration::from_secs_f64(cfg.sglang.ready_timeout_s),
@@ -63,11 +64,12 @@ pub fn admin_key(cfg: &ServeConfig) -> String {
 /// Runs `troupe serve`.
 pub async fn run(a: &ServeArgs) -> Result<(), String> {
     let cfg = ServeConfig::load(&a.config, &a.overrides).map_err(|e| e.to_string())?;
-    let plan = AllocationPlan::parse(&cfg.allocation_mode)
-        .map_err(|e| format!("allocation_mode: {e}"))?;
+    let plan =
+        AllocationPlan::parse(&cfg.allocation_mode).map_err(|e| format!("allocation_mode: {e}"))?;
     let key = admin_key(&cfg);
     let cluster = cluster_for(&cfg).await?;
-    let svc = match InferenceService::fork(&cluster, &plan, &fork_options(&cfg, key.clone(), true)).await
+    let svc = match InferenceService::fork(&cluster, &plan, &fork_options(&cfg, key.clone(), true))
+        .await
     {
         Ok(s) => s,
         Err(e) => {

@@ -29,7 +29,9 @@ pub enum ConfigError {
         message: String,
     },
     /// A `key.path=value` override is malformed.
-    #[error("bad override {0:?}: write it as dotted.key=value, e.g. rollout.max_concurrent_rollouts=64")]
+    #[error(
+        "bad override {0:?}: write it as dotted.key=value, e.g. rollout.max_concurrent_rollouts=64"
+    )]
     Override(String),
 }
 
@@ -313,7 +315,9 @@ fn set_dotted(root: &mut Value, key: &str, value: Value) -> Result<(), String> {
             m.insert(k, value);
             return Ok(());
         }
-        cur = m.entry(k).or_insert_with(|| Value::Mapping(Default::default()));
+        cur = m
+            .entry(k)
+            .or_insert_with(|| Value::Mapping(Default::default()));
     }
     Ok(())
 }
@@ -338,11 +342,9 @@ impl ServeConfig {
                 Ok(Value::Null) | Err(_) => Value::String(val.to_string()),
                 Ok(v) => v,
             };
-            set_dotted(&mut v, k.trim(), val).map_err(|m| {
-                ConfigError::Invalid {
-                    origin: format!("override {o:?}"),
-                    message: m,
-                }
+            set_dotted(&mut v, k.trim(), val).map_err(|m| ConfigError::Invalid {
+                origin: format!("override {o:?}"),
+                message: m,
             })?;
         }
         let cfg: ServeConfig = serde_yaml_ng::from_value(v).map_err(|e| invalid(e.to_string()))?;
@@ -369,7 +371,7 @@ impl ServeConfig {
                 self.sglang.quantization
             ));
         }
-        if !(self.sglang.ready_timeout_s > 0.0) {
+        if !(self.sglang.ready_timeout_s.is_finite() && self.sglang.ready_timeout_s >= 0.001) {
             return Err("sglang.ready_timeout_s must be positive".into());
         }
         if self.rollout.max_concurrent_rollouts == 0 {
@@ -387,7 +389,7 @@ impl ServeConfig {
                 t.target
             ));
         }
-        if !(t.lr.is_finite() && t.lr > 0.0) || !(t.temperature.is_finite() && t.temperature > 0.0) {
+        if !(t.lr.is_finite() && t.lr > 0.0 && t.temperature.is_finite() && t.temperature > 0.0) {
             return Err("train.lr and train.temperature must be positive numbers".into());
         }
         Ok(())
@@ -403,7 +405,11 @@ mod tests {
         let c = ServeConfig::from_yaml(
             "allocation_mode: 'troupe:d1'\nrollout:\n  max_concurrent_rollouts: 8\n",
             "t.yaml",
-            &["rollout.max_concurrent_rollouts=64".into(), "sglang.quantization=fp8".into(), "cluster.n_nodes=2".into()],
+            &[
+                "rollout.max_concurrent_rollouts=64".into(),
+                "sglang.quantization=fp8".into(),
+                "cluster.n_nodes=2".into(),
+            ],
         )
         .unwrap();
         assert_eq!(c.rollout.max_concurrent_rollouts, 64);
@@ -413,13 +419,25 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_bad_overrides_are_named() {
-        let e = ServeConfig::from_yaml("allocation_mode: x\nrolout: {}\n", "t.yaml", &[]).unwrap_err();
+        let e =
+            ServeConfig::from_yaml("allocation_mode: x\nrolout: {}\n", "t.yaml", &[]).unwrap_err();
         assert!(e.to_string().contains("rolout"), "{e}");
-        let e = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &["nokey".into()]).unwrap_err();
+        let e = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &["nokey".into()])
+            .unwrap_err();
         assert!(e.to_string().contains("dotted.key=value"), "{e}");
-        let e = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &["sglang.quantization=int4".into()]).unwrap_err();
+        let e = ServeConfig::from_yaml(
+            "allocation_mode: x\n",
+            "t.yaml",
+            &["sglang.quantization=int4".into()],
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("fp8"), "{e}");
-        let e = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &["allocation_mode.x=1".into()]).unwrap_err();
+        let e = ServeConfig::from_yaml(
+            "allocation_mode: x\n",
+            "t.yaml",
+            &["allocation_mode.x=1".into()],
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("not a mapping"), "{e}");
     }
 }

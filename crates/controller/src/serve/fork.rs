@@ -208,7 +208,11 @@ fn spec_for(
         tp,
         pp,
         gpus: p.gpus.clone(),
-        host: if loopback { host.clone() } else { "0.0.0.0".into() },
+        host: if loopback {
+            host.clone()
+        } else {
+            "0.0.0.0".into()
+        },
         advertise_host: host,
         port: head.ports.http.unwrap_or(0),
         dist_port: head.ports.dist,
@@ -255,7 +259,10 @@ impl InferenceService {
         } else {
             std::sync::Arc::new(troupe_scheduler::AssumeFree)
         };
-        let mut ports = PortAllocator::new(PortRange::default(), std::sync::Arc::new(ClaimingProbe(probe)));
+        let mut ports = PortAllocator::new(
+            PortRange::default(),
+            std::sync::Arc::new(ClaimingProbe(probe)),
+        );
         let mut placement = troupe_scheduler::place(
             plan,
             &hosts,
@@ -318,7 +325,9 @@ impl InferenceService {
                     );
                     let r = async {
                         let actor = host.spawn::<InferenceServer>(&name, &spec).await?;
-                        let info = actor.call(troupe_actors::inference::server::GetInfo).await?;
+                        let info = actor
+                            .call(troupe_actors::inference::server::GetInfo)
+                            .await?;
                         Ok::<_, troupe_actors::CallError>((actor, info))
                     }
                     .await;
@@ -343,14 +352,23 @@ impl InferenceService {
                     }
                     Err(e) if attempt < PORT_RETRIES && port_in_use(&e) => {
                         tracing::warn!(server = %name, "port in use; relaunching on fresh ports");
-                        match placement.reassign_ports(p.component, p.group, p.instance, &hosts, &mut ports) {
+                        match placement.reassign_ports(
+                            p.component,
+                            p.group,
+                            p.instance,
+                            &hosts,
+                            &mut ports,
+                        ) {
                             Ok(_) => pending.extend(
                                 placement
                                     .instance(p.component, p.group, p.instance)
                                     .filter(|e| e.node_rank == p.node_rank)
                                     .cloned(),
                             ),
-                            Err(re) => failures.push(format!("{name} on host {}: {e}; no fresh ports: {re}", p.host)),
+                            Err(re) => failures.push(format!(
+                                "{name} on host {}: {e}; no fresh ports: {re}",
+                                p.host
+                            )),
                         }
                     }
                     Err(e) => failures.push(format!("{name} on host {}: {e}", p.host)),
@@ -422,7 +440,10 @@ impl InferenceService {
             for p in &proxies {
                 let _ = p.stop(Duration::from_secs(2)).await;
             }
-            return Err((servers, serving(&format!("a data proxy failed to start: {e}"))));
+            return Err((
+                servers,
+                serving(&format!("a data proxy failed to start: {e}")),
+            ));
         }
         let mut workers = Vec::new();
         let mut heads = servers.iter_mut().filter(|s| s.node_rank == 0);
@@ -435,12 +456,14 @@ impl InferenceService {
                 url: url.clone(),
                 worker_type: s.info.worker_type,
                 bootstrap_port: if prefill { s.info.bootstrap_port } else { None },
-                bootstrap_host: if prefill { s.info.bootstrap_host.clone() } else { None },
+                bootstrap_host: if prefill {
+                    s.info.bootstrap_host.clone()
+                } else {
+                    None
+                },
             });
         }
-        let pd = workers
-            .iter()
-            .any(|w| w.worker_type != WorkerType::Regular);
+        let pd = workers.iter().any(|w| w.worker_type != WorkerType::Regular);
         let args = GatewayArgs {
             listen: opts.gateway_listen.clone(),
             pd,
@@ -452,13 +475,20 @@ impl InferenceService {
             workers,
             ..GatewayArgs::default()
         };
-        let gateway = match cluster.host(0).spawn::<GatewayActor>("gateway", &args).await {
+        let gateway = match cluster
+            .host(0)
+            .spawn::<GatewayActor>("gateway", &args)
+            .await
+        {
             Ok(g) => g,
             Err(e) => {
                 for p in &proxies {
                     let _ = p.stop(Duration::from_secs(2)).await;
                 }
-                return Err((servers, serving(&format!("the gateway failed to start: {e}"))));
+                return Err((
+                    servers,
+                    serving(&format!("the gateway failed to start: {e}")),
+                ));
             }
         };
         let gateway_url = match gateway.call(GetUrl).await {
@@ -477,7 +507,9 @@ impl InferenceService {
             gateway_url,
             control,
             bring_up: Duration::ZERO,
-            placement: troupe_scheduler::Placement { instances: Vec::new() },
+            placement: troupe_scheduler::Placement {
+                instances: Vec::new(),
+            },
             gateway,
             proxies,
         })

@@ -1,9 +1,9 @@
 //! Rollout serving: the `troupe serve` config, forking inference groups behind the gateway, and
 //! the control plane over every server.
 
+pub mod cmd;
 pub mod config;
 pub mod control;
-pub mod cmd;
 pub mod fork;
 
 pub use config::{ConfigError, ServeConfig};
