@@ -2,7 +2,7 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
-    let files = ["troupe/v1/host.proto"];
+    let files = ["troupe/v1/host.proto", "troupe/v1/controller.proto"];
     for f in files {
         println!("cargo:rerun-if-changed={}", root.join(f).display());
     }

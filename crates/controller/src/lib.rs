@@ -4,6 +4,7 @@
 //! the cluster (hosts in-process, as local processes, or connected over gRPC), typed actor
 //! handles, host membership, and the `troupe` binary's subcommands.
 
+pub mod api;
 pub mod bench;
 pub mod cluster;
 mod conn;

@@ -190,3 +190,77 @@ async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused(
     })
     .await
 }
+
+#[tokio::test]
+async fn fp8_update_matches_a_regular_engine_holding_the_dequantized_weights() {
+    use troupe_weights::fp8::{self, Fp8Options};
+    within(180, async {
+        let cluster = Cluster::in_process(2, 4).await.unwrap();
+        let plan = AllocationPlan::parse("troupe:(prefill:d2t1|decode:d2t2)").unwrap();
+        let opts = ForkOptions {
+            quantization: Some("fp8".into()),
+            ..ForkOptions::default()
+        };
+        let svc = InferenceService::fork(&cluster, &plan, &opts)
+            .await
+            .unwrap();
+        let (mut w, tensors) = trainer_weights(2024);
+        let mut sync = WeightSync::new(WeightSyncOptions {
+            fp8: true,
+            ..Default::default()
+        });
+        let report = sync
+            .update_weights(&svc.control, &engines(&svc), "fp8-1", &tensors)
+            .await
+            .unwrap();
+        assert!(report.fp8_tensors > 0, "projections travel as FP8");
+
+        // What the engines should now hold: dequant(quant(w)) for projections, bf16 for the rest.
+        let mut n_fp8 = 0;
+        for t in &tensors {
+            if t.shape.len() == 2 && fp8::should_quantize(&t.name, &t.shape) {
+                let q = fp8::quantize(
+                    &t.name,
+                    t.shape[0],
+                    t.shape[1],
+                    fp8::Weights::F32(&t.data),
+                    &Fp8Options::default(),
+                )
+                .unwrap();
+                w.set(&t.name, q.dequantize_f32(&t.name).unwrap()).unwrap();
+                n_fp8 += 1;
+            }
+        }
+        assert_eq!(n_fp8, report.fp8_tensors);
+        let dir = tempfile::tempdir().unwrap();
+        // reference_engine rounds to bf16 on the way; dequantized FP8 values are bf16-exact
+        // only up to the scale, so write the exact f32 weights for the projections instead.
+        let path = dir.path().join("fp8ref.safetensors");
+        let mut exact = w.clone();
+        for t in &tensors {
+            if !(t.shape.len() == 2 && fp8::should_quantize(&t.name, &t.shape)) {
+                let r: Vec<f32> = t.data.iter().map(|v| bf16::from_f32(*v).to_f32()).collect();
+                exact.set(&t.name, r).unwrap();
+            }
+        }
+        exact.save_safetensors(&path).unwrap();
+        let reference = troupe_engine::start(troupe_engine::cli::EngineArgs {
+            port: 0,
+            model_path: Some(path),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        for i in 0..6 {
+            let pd = generate(&client, &svc.gateway_url, i).await;
+            let regular = generate(&client, &reference.url(), i).await;
+            assert_eq!(pd["output_ids"], regular["output_ids"], "request {i}");
+            assert_eq!(pd["meta_info"]["weight_version"], "fp8-1");
+        }
+        reference.shutdown().await.unwrap();
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}

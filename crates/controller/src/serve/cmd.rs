@@ -17,6 +17,9 @@ pub struct ServeArgs {
     pub config: PathBuf,
     /// Overrides as dotted.key=value, e.g. rollout.max_concurrent_rollouts=64.
     pub overrides: Vec<String>,
+    /// Also serve the controller's gRPC API (weight sync for external trainers) here.
+    #[arg(long)]
+    pub api_listen: Option<std::net::SocketAddr>,
 }
 
 /// Fork options from a config.
@@ -78,6 +81,23 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
         }
     };
     println!("gateway: {}", svc.gateway_url);
+    if let Some(addr) = a.api_listen {
+        let heads: Vec<u32> = svc
+            .servers
+            .iter()
+            .filter(|s| s.node_rank == 0)
+            .map(|s| s.info.gpu_count)
+            .collect();
+        let api = crate::api::ControllerApi::new(svc.control.clone(), heads)?;
+        match api.spawn(addr).await {
+            Ok(bound) => println!("controller api: {bound}"),
+            Err(e) => {
+                svc.teardown().await;
+                cluster.shutdown().await;
+                return Err(e);
+            }
+        }
+    }
     eprintln!(
         "{} servers up in {:.2} s ({}); admin key: {key}",
         svc.inf_addrs.len(),

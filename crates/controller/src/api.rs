@@ -1,0 +1,227 @@
+//! The controller's gRPC API for external trainers: the engine side of weight sync.
+//!
+//! An external trainer (rank 0, e.g. a Python FSDP process with NCCL) broadcasts the tensors;
+//! this service tells every engine what to expect, concurrently, and never resumes serving on
+//! mixed weight versions.
+
+use std::net::SocketAddr;
+
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+use troupe_weights::plan::{EngineGpus, WeightSyncPlan};
+use troupe_wire::v1::controller_server::{Controller, ControllerServer};
+use troupe_wire::v1::{
+    BeginWeightUpdateRequest, EndWeightUpdateRequest, EngineRank, GetWeightPlanRequest,
+    InitWeightGroupRequest, ServerStatus, WeightAck, WeightBucketRequest, WeightPlan,
+};
+
+use crate::serve::control::{InferenceControl, PauseMode, ServerResult};
+
+/// The `troupe.v1.Controller` service over a set of engines.
+#[derive(Clone)]
+pub struct ControllerApi {
+    control: InferenceControl,
+    gpus: Vec<u32>,
+}
+
+fn ack(results: Vec<ServerResult<Value>>) -> WeightAck {
+    let servers: Vec<ServerStatus> = results
+        .into_iter()
+        .map(|r| ServerStatus {
+            ok: r.result.is_ok(),
+            error: r.result.err().unwrap_or_default(),
+            url: r.url,
+        })
+        .collect();
+    WeightAck {
+        ok: servers.iter().all(|s| s.ok),
+        servers,
+    }
+}
+
+impl ControllerApi {
+    /// An API over `control`'s engines; `gpus[i]` is engine i's GPU count (its rank span).
+    pub fn new(control: InferenceControl, gpus: Vec<u32>) -> Result<Self, String> {
+        if gpus.len() != control.urls().len() {
+            return Err(format!(
+                "{} engines but {} GPU counts",
+                control.urls().len(),
+                gpus.len()
+            ));
+        }
+        Ok(ControllerApi { control, gpus })
+    }
+
+    fn plan(&self) -> Result<WeightSyncPlan, Status> {
+        let engines: Vec<EngineGpus> = self
+            .control
+            .urls()
+            .iter()
+            .zip(&self.gpus)
+            .map(|(u, g)| EngineGpus {
+                engine: u.clone(),
+                gpus: *g,
+            })
+            .collect();
+        WeightSyncPlan::new("troupe-weights", &engines, 1)
+            .map_err(|e| Status::failed_precondition(e.to_string()))
+    }
+
+    /// Serves the API on `listener` until `shutdown` resolves (TCP_NODELAY on every socket).
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error> {
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        tonic::transport::Server::builder()
+            .add_service(ControllerServer::new(self))
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await
+    }
+
+    /// Binds `addr` and serves in the background; returns the bound address.
+    pub async fn spawn(self, addr: SocketAddr) -> Result<SocketAddr, String> {
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let bound = l.local_addr().map_err(|e| e.to_string())?;
+        tokio::spawn(self.serve(l, std::future::pending()));
+        Ok(bound)
+    }
+}
+
+#[tonic::async_trait]
+impl Controller for ControllerApi {
+    async fn get_weight_plan(
+        &self,
+        _r: Request<GetWeightPlanRequest>,
+    ) -> Result<Response<WeightPlan>, Status> {
+        let plan = self.plan()?;
+        let engines = self
+            .control
+            .urls()
+            .iter()
+            .enumerate()
+            .map(|(i, u)| EngineRank {
+                url: u.clone(),
+                rank_offset: plan.rank_offset(i).unwrap_or(0),
+                gpus: self.gpus[i],
+            })
+            .collect();
+        Ok(Response::new(WeightPlan {
+            world_size: plan.world_size(),
+            engines,
+        }))
+    }
+
+    async fn init_weight_group(
+        &self,
+        r: Request<InitWeightGroupRequest>,
+    ) -> Result<Response<WeightAck>, Status> {
+        let r = r.into_inner();
+        if r.master_address.is_empty() || r.master_port == 0 || r.master_port > 65535 {
+            return Err(Status::invalid_argument(
+                "master_address and master_port (1-65535) are required, e.g. 10.0.0.1:29500",
+            ));
+        }
+        if r.group_name.is_empty() {
+            return Err(Status::invalid_argument("group_name is required"));
+        }
+        let backend = if r.backend.is_empty() {
+            "nccl".to_string()
+        } else {
+            r.backend
+        };
+        let plan = self.plan()?;
+        let world = plan.world_size();
+        let calls = self.control.urls().iter().enumerate().map(|(i, u)| {
+            let body = json!({
+                "master_address": r.master_address,
+                "master_port": r.master_port,
+                "rank_offset": plan.rank_offset(i).unwrap_or(0),
+                "world_size": world,
+                "group_name": r.group_name,
+                "backend": backend,
+            });
+            async move {
+                ServerResult {
+                    url: u.clone(),
+                    result: self
+                        .control
+                        .post(u, "/init_weights_update_group", &body)
+                        .await,
+                }
+            }
+        });
+        Ok(Response::new(ack(futures::future::join_all(calls).await)))
+    }
+
+    async fn begin_weight_update(
+        &self,
+        r: Request<BeginWeightUpdateRequest>,
+    ) -> Result<Response<WeightAck>, Status> {
+        let mode = match r.into_inner().pause_mode.as_str() {
+            "" | "abort" => PauseMode::Abort,
+            "retract" => PauseMode::Retract,
+            "in_place" => PauseMode::InPlace,
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "pause_mode {other:?} is not one of abort, retract, in_place"
+                )));
+            }
+        };
+        Ok(Response::new(ack(self.control.pause(mode).await)))
+    }
+
+    async fn weight_bucket(
+        &self,
+        r: Request<WeightBucketRequest>,
+    ) -> Result<Response<WeightAck>, Status> {
+        let r = r.into_inner();
+        let n = r.names.len();
+        if n == 0 || r.dtypes.len() != n || r.shapes.len() != n {
+            return Err(Status::invalid_argument(format!(
+                "names, dtypes and shapes must be non-empty and of equal length (got {}, {}, {})",
+                n,
+                r.dtypes.len(),
+                r.shapes.len()
+            )));
+        }
+        let body = json!({
+            "names": r.names,
+            "dtypes": r.dtypes,
+            "shapes": r.shapes.iter().map(|s| s.dims.clone()).collect::<Vec<_>>(),
+            "group_name": r.group_name,
+            "flush_cache": r.flush_cache,
+            "weight_version": r.weight_version,
+        });
+        let res = self
+            .control
+            .fan_out("/update_weights_from_distributed", Some(body))
+            .await;
+        Ok(Response::new(ack(res)))
+    }
+
+    async fn end_weight_update(
+        &self,
+        _r: Request<EndWeightUpdateRequest>,
+    ) -> Result<Response<WeightAck>, Status> {
+        let versions = self.control.fan_out("/get_weight_version", None).await;
+        let mut seen: Vec<String> = versions
+            .iter()
+            .filter_map(|r| r.result.as_ref().ok())
+            .map(|v| v["weight_version"].to_string())
+            .collect();
+        seen.sort();
+        seen.dedup();
+        if seen.len() > 1 {
+            return Err(Status::failed_precondition(format!(
+                "engines hold different weight versions {seen:?}; finish the update (resend the failed buckets) before resuming"
+            )));
+        }
+        Ok(Response::new(ack(self.control.resume().await)))
+    }
+}
