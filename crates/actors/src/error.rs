@@ -51,6 +51,9 @@ pub enum CallError {
     /// The host this actor lives on is gone (process died, heartbeats stopped, connection lost).
     #[error("host lost: {0}")]
     HostLost(String),
+    /// The host refused the request's control-plane token (missing or wrong).
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
     /// The transport failed in a way that does not prove the host is gone.
     #[error("transport error: {0}")]
     Transport(String),
@@ -69,9 +72,10 @@ impl CallError {
             CallError::MessageTooLarge { .. } => ErrorCode::MessageTooLarge,
             CallError::Handler(_) => ErrorCode::Handler,
             CallError::HostShuttingDown => ErrorCode::HostShuttingDown,
-            CallError::BadRequest(_) | CallError::HostLost(_) | CallError::Transport(_) => {
-                ErrorCode::BadRequest
-            }
+            CallError::BadRequest(_)
+            | CallError::HostLost(_)
+            | CallError::Transport(_)
+            | CallError::Unauthenticated(_) => ErrorCode::BadRequest,
         }
     }
 
@@ -86,6 +90,7 @@ impl CallError {
             | CallError::Handler(m)
             | CallError::BadRequest(m)
             | CallError::HostLost(m)
+            | CallError::Unauthenticated(m)
             | CallError::Transport(m) => m.clone(),
             CallError::DeadlineExceeded(d) => d.as_millis().to_string(),
             CallError::MessageTooLarge { size, limit } => format!("{size}/{limit}"),

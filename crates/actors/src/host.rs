@@ -39,6 +39,8 @@ pub struct HostConfig {
     pub max_message_bytes: u64,
     /// Grace given to each actor when the host shuts down.
     pub shutdown_grace: Duration,
+    /// Control-plane token every gRPC request must carry (None: no check; loopback only).
+    pub auth_token: Option<String>,
 }
 
 impl Default for HostConfig {
@@ -53,6 +55,7 @@ impl Default for HostConfig {
             heartbeat_interval: Duration::from_millis(250),
             max_message_bytes: 64 << 20,
             shutdown_grace: Duration::from_secs(5),
+            auth_token: None,
         }
     }
 }

@@ -13,6 +13,7 @@
 //! - [`inference`]: the InferenceServer actor and server command builders.
 
 pub mod actor;
+pub mod auth;
 pub mod builtin;
 pub mod error;
 mod events;

@@ -12,11 +12,13 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::{BroadcastStream, ReceiverStream};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 use troupe_wire::v1::actor_host_server::{ActorHost, ActorHostServer};
 use troupe_wire::v1::{self, call_reply};
 
+use crate::auth::TokenCheck;
 use crate::error::CallError;
 use crate::host::{HostCore, RestartPolicy};
 
@@ -36,6 +38,7 @@ pub fn status_of(e: &CallError) -> Status {
             tonic::Code::Unavailable
         }
         CallError::ActorFailed(_) | CallError::Handler(_) => tonic::Code::Aborted,
+        CallError::Unauthenticated(_) => tonic::Code::Unauthenticated,
     };
     let mut s = Status::new(code, e.to_wire().message);
     if let Ok(v) = (e.code() as i32).to_string().parse() {
@@ -70,13 +73,16 @@ impl HostService {
         HostService { core }
     }
 
-    /// The tonic server for this service, with the host's message-size limits applied.
-    pub fn into_server(self) -> ActorHostServer<HostService> {
+    /// The tonic server for this service, with the host's message-size limits and token
+    /// check applied.
+    pub fn into_server(self) -> InterceptedService<ActorHostServer<HostService>, TokenCheck> {
         // Leave headroom for the envelope around the payload.
         let limit = (self.core.config().max_message_bytes as usize).saturating_add(64 << 10);
-        ActorHostServer::new(self)
+        let check = TokenCheck::new(self.core.config().auth_token.as_deref());
+        let server = ActorHostServer::new(self)
             .max_decoding_message_size(limit)
-            .max_encoding_message_size(limit)
+            .max_encoding_message_size(limit);
+        InterceptedService::new(server, check)
     }
 }
 

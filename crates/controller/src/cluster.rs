@@ -13,7 +13,7 @@ use troupe_actors::{CallError, HostConfig, HostCore, Registry};
 
 use crate::conn::HostConn;
 use crate::handle::HostHandle;
-use crate::local::{self, LocalHost};
+use crate::local::{self, HostLaunch, LocalHost};
 use crate::membership::{ClusterEvent, watch_host};
 
 /// How in-process hosts are reached.
@@ -56,6 +56,7 @@ pub struct ClusterBuilder {
     binary: Option<PathBuf>,
     startup_timeout: Duration,
     shutdown_grace: Duration,
+    token: Option<String>,
 }
 
 impl Default for ClusterBuilder {
@@ -69,6 +70,9 @@ impl Default for ClusterBuilder {
             binary: None,
             startup_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(5),
+            token: std::env::var(troupe_actors::auth::TOKEN_ENV)
+                .ok()
+                .filter(|t| !t.is_empty()),
         }
     }
 }
@@ -122,6 +126,12 @@ impl ClusterBuilder {
         self
     }
 
+    /// Control-plane token hosts require and this controller sends (default: `$TROUPE_TOKEN`).
+    pub fn token(mut self, t: Option<String>) -> Self {
+        self.token = t;
+        self
+    }
+
     /// `n` hosts inside this process, each advertising `gpus_per_host` GPUs.
     pub async fn in_process(self, n: usize, gpus_per_host: u32) -> Result<Cluster, ClusterError> {
         let mut conns = Vec::with_capacity(n);
@@ -133,6 +143,7 @@ impl ClusterBuilder {
                 heartbeat_interval: self.heartbeat,
                 max_message_bytes: self.max_message_bytes,
                 shutdown_grace: self.shutdown_grace,
+                auth_token: self.token.clone(),
                 ..HostConfig::default()
             };
             let core = HostCore::start(cfg, self.registry.clone())
@@ -157,9 +168,13 @@ impl ClusterBuilder {
                         listener,
                         std::future::pending(),
                     ));
-                    HostConn::grpc(&addr.to_string(), self.startup_timeout)
-                        .await
-                        .map_err(|source| ClusterError::Host { index: i, source })?
+                    HostConn::grpc(
+                        &addr.to_string(),
+                        self.startup_timeout,
+                        self.token.as_deref(),
+                    )
+                    .await
+                    .map_err(|source| ClusterError::Host { index: i, source })?
                 }
             };
             conns.push(conn);
@@ -183,12 +198,15 @@ impl ClusterBuilder {
             let gpus: Vec<u32> = (0..gpus_per_host).collect();
             LocalHost::launch(
                 &bin,
-                format!("host-{i}"),
-                gpus,
-                self.heartbeat,
-                self.max_message_bytes,
-                self.shutdown_grace,
-                self.startup_timeout,
+                HostLaunch {
+                    host_id: format!("host-{i}"),
+                    gpus,
+                    heartbeat: self.heartbeat,
+                    max_message_bytes: self.max_message_bytes,
+                    shutdown_grace: self.shutdown_grace,
+                    timeout: self.startup_timeout,
+                    token: self.token.clone(),
+                },
             )
         });
         let hosts = futures::future::join_all(launches).await;
@@ -196,7 +214,7 @@ impl ClusterBuilder {
         let mut owned = Vec::new();
         for (i, h) in hosts.into_iter().enumerate() {
             let h = h.map_err(ClusterError::Launch)?;
-            let c = HostConn::grpc(&h.addr, self.startup_timeout)
+            let c = HostConn::grpc(&h.addr, self.startup_timeout, self.token.as_deref())
                 .await
                 .map_err(|source| ClusterError::Host { index: i, source })?;
             conns.push(c);
@@ -209,7 +227,7 @@ impl ClusterBuilder {
     pub async fn connect(self, addrs: &[String]) -> Result<Cluster, ClusterError> {
         let tries = addrs
             .iter()
-            .map(|a| HostConn::grpc(a, self.startup_timeout));
+            .map(|a| HostConn::grpc(a, self.startup_timeout, self.token.as_deref()));
         let mut conns = Vec::new();
         for (i, c) in futures::future::join_all(tries)
             .await

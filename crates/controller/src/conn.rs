@@ -14,7 +14,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+use troupe_actors::auth::TokenAttach;
 use troupe_actors::service::ERROR_CODE_KEY;
 use troupe_actors::{CallError, HostCore};
 use troupe_wire::v1::{self, actor_host_client::ActorHostClient, call_reply};
@@ -38,6 +40,7 @@ pub(crate) fn from_status(s: &tonic::Status) -> CallError {
         });
     }
     match s.code() {
+        tonic::Code::Unauthenticated => CallError::Unauthenticated(s.message().to_string()),
         tonic::Code::Unavailable => CallError::HostLost(s.message().to_string()),
         tonic::Code::ResourceExhausted | tonic::Code::OutOfRange => {
             CallError::MessageTooLarge { size: 0, limit: 0 }
@@ -52,8 +55,10 @@ struct Session {
     tx: mpsc::UnboundedSender<v1::CallRequest>,
 }
 
+type Client = ActorHostClient<InterceptedService<Channel, TokenAttach>>;
+
 struct Grpc {
-    client: ActorHostClient<Channel>,
+    client: Client,
     session: Mutex<Option<Session>>,
     pending: Mutex<HashMap<u64, (u64, oneshot::Sender<Reply>)>>,
     epochs: AtomicU64,
@@ -87,11 +92,14 @@ impl HostConn {
         })
     }
 
-    /// Connects to `addr` (host:port) and reads the host's description.
+    /// Connects to `addr` (host:port) with an optional control-plane token and reads the
+    /// host's description.
     pub async fn grpc(
         addr: &str,
         connect_timeout: Duration,
+        token: Option<&str>,
     ) -> Result<(Arc<Self>, v1::HostDescription), CallError> {
+        let attach = TokenAttach::new(token).map_err(CallError::BadRequest)?;
         let bad = |e: &dyn std::fmt::Display| {
             CallError::HostLost(format!("cannot connect to actor host at {addr}: {e}"))
         };
@@ -105,13 +113,16 @@ impl HostConn {
             .await
             .map_err(|_| bad(&"timed out"))?
             .map_err(|e| bad(&e))?;
-        let mut client = ActorHostClient::new(channel)
+        let mut client = ActorHostClient::with_interceptor(channel, attach)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
         let d = client
             .describe(v1::DescribeRequest {})
             .await
-            .map_err(|s| bad(&s))?
+            .map_err(|s| match s.code() {
+                tonic::Code::Unauthenticated => from_status(&s),
+                _ => bad(&s),
+            })?
             .into_inner();
         let conn = Arc::new(HostConn {
             host_id: d.host_id.clone(),

@@ -34,6 +34,10 @@ pub struct HostArgs {
     /// Seconds each actor gets to stop on shutdown before it is killed.
     #[arg(long, default_value_t = 5.0)]
     pub shutdown_grace_s: f64,
+    /// Control-plane token every gRPC request must carry. Required to listen on a
+    /// non-loopback address. Prefer the environment variable (argv is visible to all users).
+    #[arg(long, env = "TROUPE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 /// Errors of `troupe host`.
@@ -80,6 +84,14 @@ impl HostArgs {
         if let Some(c) = self.cpus {
             cfg.cpus = c;
         }
+        let token = self.token.clone().filter(|t| !t.is_empty());
+        if token.is_none() && !self.listen.ip().is_loopback() {
+            return Err(HostCmdError::Flag(format!(
+                "refusing to listen on {} without a control-plane token: anyone who reaches it could spawn processes; set TROUPE_TOKEN (or --token), or listen on 127.0.0.1",
+                self.listen
+            )));
+        }
+        cfg.auth_token = token;
         if let Some(id) = &self.host_id {
             if id.trim().is_empty() {
                 return Err(HostCmdError::Flag("--host-id must not be empty".into()));

@@ -22,16 +22,28 @@ pub(crate) struct LocalHost {
     child: ChildProcess,
 }
 
+/// How to launch one `troupe host` child.
+pub(crate) struct HostLaunch {
+    pub host_id: String,
+    pub gpus: Vec<u32>,
+    pub heartbeat: Duration,
+    pub max_message_bytes: u64,
+    pub shutdown_grace: Duration,
+    pub timeout: Duration,
+    pub token: Option<String>,
+}
+
 impl LocalHost {
-    pub async fn launch(
-        bin: &Path,
-        host_id: String,
-        gpus: Vec<u32>,
-        heartbeat: Duration,
-        max_message_bytes: u64,
-        shutdown_grace: Duration,
-        timeout: Duration,
-    ) -> Result<LocalHost, String> {
+    pub async fn launch(bin: &Path, l: HostLaunch) -> Result<LocalHost, String> {
+        let HostLaunch {
+            host_id,
+            gpus,
+            heartbeat,
+            max_message_bytes,
+            shutdown_grace,
+            timeout,
+            token,
+        } = l;
         let mut cmd = Command::new(bin);
         cmd.arg("host")
             .args(["--listen", "127.0.0.1:0", "--host-id", &host_id])
@@ -45,6 +57,11 @@ impl LocalHost {
                 &shutdown_grace.as_secs_f64().to_string(),
             ])
             .stdout(Stdio::piped());
+        // Through the environment, not argv: argv is visible to every user on the machine.
+        match &token {
+            Some(t) => cmd.env(troupe_actors::auth::TOKEN_ENV, t),
+            None => cmd.env_remove(troupe_actors::auth::TOKEN_ENV),
+        };
         if !gpus.is_empty() {
             let g: Vec<String> = gpus.iter().map(|g| g.to_string()).collect();
             cmd.args(["--gpus", &g.join(",")]);

@@ -326,3 +326,64 @@ async fn a_hung_host_is_declared_lost_when_heartbeats_stop() {
     })
     .await
 }
+
+#[tokio::test]
+async fn a_host_with_a_token_refuses_calls_without_it_and_they_change_nothing() {
+    within(60, async {
+        let c = Cluster::builder()
+            .binary(BIN)
+            .token(Some("s3cret-token".into()))
+            .local_processes(1, 0)
+            .await
+            .unwrap();
+        let addr = c.host(0).address().to_string();
+        for bad in [None, Some("wrong".to_string())] {
+            let e = Cluster::builder()
+                .token(bad.clone())
+                .connect(std::slice::from_ref(&addr))
+                .await
+                .err();
+            let msg = e.map(|e| e.to_string()).unwrap_or_default();
+            assert!(msg.contains("unauthenticated"), "{bad:?}: {msg}");
+        }
+        // A raw client without the token cannot spawn: refused before it reaches the host.
+        let mut raw = ActorHostClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let r = raw
+            .spawn(v1::SpawnRequest {
+                kind: "troupe.diag".into(),
+                name: "x".into(),
+                args: vec![0x80],
+                restart: None,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(r.code(), tonic::Code::Unauthenticated);
+        assert!(
+            c.host(0).describe().await.unwrap().actors.is_empty(),
+            "the refused spawn changed nothing"
+        );
+        // With the token everything works.
+        let a = c.host(0).spawn::<Diag>("ok", &DiagArgs {}).await.unwrap();
+        a.call(Info).await.unwrap();
+        c.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn host_refuses_a_non_loopback_address_without_a_token() {
+    within(30, async {
+        let out = tokio::process::Command::new(BIN)
+            .args(["host", "--listen", "0.0.0.0:0"])
+            .env_remove("TROUPE_TOKEN")
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("TROUPE_TOKEN"), "{err}");
+    })
+    .await
+}
