@@ -240,14 +240,13 @@ async fn regular_once(
     Ok(json_response(body, vec![guard]))
 }
 
-/// One non-stream attempt on a PD pair: both requests concurrently; the first failure drops
-/// (cancels) the other.
-async fn pd_once(
+/// What every PD attempt (stream or not) starts with: a fresh (prefill, decode) pair and room,
+/// load guards on both, and the client's body with the bootstrap fields injected.
+pub(super) fn pd_attempt(
     state: &GatewayState,
     req: &InferReq,
     avoid: &[String],
-    last: bool,
-) -> Result<Response, Fail> {
+) -> Result<(crate::serving::router::PdPair, Vec<LoadGuard>, Bytes), Fail> {
     let pair = state
         .router
         .route_pd(&req.ctx(), avoid)
@@ -258,6 +257,18 @@ async fn pd_once(
     ];
     let rooms = pd::rooms_for(&pair, req.batch);
     let body = pd::inject(&req.raw, &req.obj, &pair, &rooms, req.batch);
+    Ok((pair, guards, body))
+}
+
+/// One non-stream attempt on a PD pair: both requests concurrently; the first failure drops
+/// (cancels) the other.
+async fn pd_once(
+    state: &GatewayState,
+    req: &InferReq,
+    avoid: &[String],
+    last: bool,
+) -> Result<Response, Fail> {
+    let (pair, guards, body) = pd_attempt(state, req, avoid)?;
     let (p, d) = (&pair.prefill, &pair.decode);
     let prefill = async {
         let b = send_full(state, p, req.ep.path(), body.clone()).await?;

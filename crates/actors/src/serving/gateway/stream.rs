@@ -253,16 +253,7 @@ pub(super) async fn pd(
     avoid: &[String],
     last: bool,
 ) -> Result<Response, Fail> {
-    let pair = state
-        .router
-        .route_pd(&req.ctx(), avoid)
-        .map_err(ApiError::from)?;
-    let guards = vec![
-        LoadGuard::new(pair.prefill.clone()),
-        LoadGuard::new(pair.decode.clone()),
-    ];
-    let rooms = pd::rooms_for(&pair, req.batch);
-    let body = pd::inject(&req.raw, &req.obj, &pair, &rooms, req.batch);
+    let (pair, guards, body) = super::forward::pd_attempt(state, req, avoid)?;
     let p = &pair.prefill;
     let prefill = async {
         let b = send_full(state, p, req.ep.path(), body.clone()).await?;
