@@ -40,6 +40,36 @@ pub struct ActorContext {
     pub host_gpus: Vec<u32>,
     /// How many times this actor has been restarted so far.
     pub restarts: u32,
+    /// Lets the actor's background work report the actor failed (set by the host).
+    pub(crate) fail: Option<FailHandle>,
+}
+
+impl ActorContext {
+    /// A handle background tasks of this actor (e.g. a watcher of a child process) use to
+    /// report the actor failed, so its supervisor applies the restart policy. `None` only for
+    /// contexts built outside a host.
+    pub fn fail_handle(&self) -> Option<FailHandle> {
+        self.fail.clone()
+    }
+}
+
+/// Reports an actor failed from outside its handlers (see [`ActorContext::fail_handle`]).
+#[derive(Clone, Debug)]
+pub struct FailHandle(pub(crate) ractor::ActorRef<crate::hosted::Envelope>);
+
+/// Method name of the failure report; reserved, refused when it comes from a caller.
+pub(crate) const FAIL_METHOD: &str = "__troupe.fail";
+
+impl FailHandle {
+    /// Fails the actor with `reason` (after the message it is handling, if any).
+    pub fn fail(&self, reason: impl Into<String>) {
+        let (reply, _) = tokio::sync::oneshot::channel();
+        let _ = self.0.send_message(crate::hosted::Envelope {
+            method: FAIL_METHOD.to_string(),
+            payload: reason.into().into_bytes(),
+            reply,
+        });
+    }
 }
 
 /// An actor kind that hosts can spawn by name.

@@ -241,6 +241,7 @@ impl HostCore {
             host_id: self.inner.cfg.host_id.clone(),
             host_gpus: self.inner.cfg.gpu_ids.clone(),
             restarts,
+            fail: None,
         }
     }
 
@@ -326,6 +327,11 @@ impl HostCore {
         payload: Vec<u8>,
     ) -> Result<oneshot::Receiver<Result<Vec<u8>, CallError>>, CallError> {
         self.check_size(payload.len())?;
+        if method.starts_with("__troupe.") {
+            return Err(CallError::UnknownMethod(format!(
+                "{method:?}: names starting with __troupe. are reserved"
+            )));
+        }
         let (tx, rx) = oneshot::channel();
         let actors = self.inner.actors.read();
         match actors.get(actor_id).map(|e| &e.state) {

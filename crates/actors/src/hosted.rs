@@ -47,9 +47,10 @@ impl ractor::Actor for Hosted {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
-        a: HostedArgs,
+        myself: ActorRef<Self::Msg>,
+        mut a: HostedArgs,
     ) -> Result<HostedState, ActorProcessingErr> {
+        a.ctx.fail = Some(crate::actor::FailHandle(myself));
         match (a.factory)(&a.args, &a.ctx).await {
             Ok(actor) => Ok(HostedState { actor, ctx: a.ctx }),
             Err(e) => {
@@ -66,6 +67,11 @@ impl ractor::Actor for Hosted {
         msg: Envelope,
         st: &mut HostedState,
     ) -> Result<(), ActorProcessingErr> {
+        if msg.method == crate::actor::FAIL_METHOD {
+            // Reported by the actor's own background work: fail, so the supervisor steps in.
+            let why = String::from_utf8_lossy(&msg.payload).into_owned();
+            return Err(why.into());
+        }
         if msg.reply.is_closed() {
             // The caller gave up (deadline, host lost): don't spend the actor's time on it.
             return Ok(());

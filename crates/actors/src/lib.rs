@@ -25,7 +25,7 @@ pub mod registry;
 pub mod service;
 pub mod serving;
 
-pub use actor::{Actor, ActorContext, Handler, Message, Methods};
+pub use actor::{Actor, ActorContext, FailHandle, Handler, Message, Methods};
 pub use error::{ActorError, CallError};
 pub use host::{HostConfig, HostCore, RestartPolicy};
 pub use registry::Registry;

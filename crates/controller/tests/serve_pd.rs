@@ -263,3 +263,45 @@ async fn troupe_serve_rejects_a_bad_config_with_a_clear_message() {
     })
     .await
 }
+
+#[tokio::test]
+async fn a_killed_server_is_reported_and_restarted_on_its_ports_and_serving_recovers() {
+    use troupe_actors::inference::server::GetInfo;
+    use troupe_controller::ClusterEvent;
+    within(120, async {
+        let cluster = Cluster::in_process(1, 2).await.unwrap();
+        let mut events = cluster.events();
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
+        let svc = InferenceService::fork(&cluster, &plan, &ForkOptions::default()).await.unwrap();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        generate(&client, &svc.gateway_url, &request(1)).await;
+
+        let victim = &svc.servers[1];
+        let old = victim.info.clone();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(old.pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+        let e = common::wait_event(&mut events, 30, |e| matches!(e, ClusterEvent::ActorRestarted { actor_id, .. } if actor_id == victim.actor.id())).await;
+        let ClusterEvent::ActorRestarted { reason, count, .. } = e else { unreachable!() };
+        assert_eq!(count, 1);
+        assert!(reason.contains("exited"), "{reason}");
+        let new = victim.actor.call(GetInfo).await.unwrap();
+        assert_ne!(new.pid, old.pid, "a new process");
+        assert_eq!(new.url, old.url, "on the same port, so the proxy and router find it again");
+        // Serving recovers through the gateway (poll: the router's health check re-admits it).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = client.post(format!("{}/generate", svc.gateway_url)).json(&request(2)).send().await;
+            if matches!(&r, Ok(r) if r.status().is_success()) {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "serving did not recover");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let pids: Vec<u32> = vec![svc.servers[0].info.pid, new.pid];
+        svc.teardown().await;
+        cluster.shutdown().await;
+        for pid in pids {
+            wait_dead(pid).await;
+        }
+    })
+    .await
+}

@@ -7,8 +7,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
 
 use super::command::{self, CommandLine};
 use super::spec::{LaunchSpec, WorkerType};
@@ -39,9 +42,47 @@ pub struct ServerInfo {
 
 /// The InferenceServer actor.
 pub struct InferenceServer {
-    child: ChildProcess,
+    child: Arc<tokio::sync::Mutex<ChildProcess>>,
     info: ServerInfo,
     log: PathBuf,
+    /// Cancelled on a requested stop, so the watcher does not report that exit as a failure.
+    stopping: CancellationToken,
+}
+
+impl Drop for InferenceServer {
+    fn drop(&mut self) {
+        // However the actor ends (stop, kill, failure), release the watcher's hold on the child
+        // so the last reference drops and `ChildProcess` kills the process tree.
+        self.stopping.cancel();
+    }
+}
+
+/// Waits for the server process to exit on its own and reports the actor failed, so the
+/// supervisor restarts it per policy (on the same ports: proxies and the router find it again).
+fn watch(
+    child: Arc<tokio::sync::Mutex<ChildProcess>>,
+    stopping: CancellationToken,
+    fail: Option<crate::actor::FailHandle>,
+    name: String,
+    log: PathBuf,
+) {
+    tokio::spawn(async move {
+        let status = {
+            let mut c = child.lock().await;
+            tokio::select! {
+                _ = stopping.cancelled() => return,
+                s = c.wait() => s,
+            }
+        };
+        let why = match status {
+            Ok(s) => format!("server {name} exited ({s})"),
+            Err(e) => format!("server {name} could not be waited for: {e}"),
+        };
+        tracing::warn!(%why, "inference server died");
+        if let Some(f) = fail {
+            f.fail(format!("{why}; last log lines:\n{}", tail(&log, 10)));
+        }
+    });
 }
 
 /// Asks for the server's [`ServerInfo`].
@@ -176,7 +217,21 @@ impl Actor for InferenceServer {
             pid: child.pid(),
             log_path: log.display().to_string(),
         };
-        Ok(InferenceServer { child, info, log })
+        let child = Arc::new(tokio::sync::Mutex::new(child));
+        let stopping = CancellationToken::new();
+        watch(
+            child.clone(),
+            stopping.clone(),
+            ctx.fail_handle(),
+            ctx.name.clone(),
+            log.clone(),
+        );
+        Ok(InferenceServer {
+            child,
+            info,
+            log,
+            stopping,
+        })
     }
 
     fn methods(m: &mut Methods<Self>) {
@@ -184,7 +239,13 @@ impl Actor for InferenceServer {
     }
 
     async fn stopping(&mut self, _ctx: &ActorContext) {
-        let _ = self.child.terminate(Duration::from_secs(10)).await;
+        self.stopping.cancel();
+        let _ = self
+            .child
+            .lock()
+            .await
+            .terminate(Duration::from_secs(10))
+            .await;
     }
 }
 
@@ -200,7 +261,11 @@ impl Handler<CheckHealth> for InferenceServer {
         _m: CheckHealth,
         _c: &ActorContext,
     ) -> Result<ServerHealth, ActorError> {
-        let status = self.child.try_status()?;
+        let status = match self.child.try_lock() {
+            Ok(mut c) => c.try_status()?,
+            // The watcher holds the lock only while the process runs.
+            Err(_) => None,
+        };
         let healthy = status.is_none() && healthy(&http_client(), &self.info.url).await;
         Ok(ServerHealth {
             running: status.is_none(),

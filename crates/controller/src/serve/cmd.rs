@@ -42,6 +42,7 @@ pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: bool) -> For
         ),
         max_retries: g.max_retries,
         progress,
+        server_restarts: 3,
     }
 }
 

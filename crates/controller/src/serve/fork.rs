@@ -66,6 +66,8 @@ pub struct ForkOptions {
     pub max_retries: u32,
     /// Show a progress bar on stderr.
     pub progress: bool,
+    /// Restarts of a server whose process dies (same ports, so proxies and router find it).
+    pub server_restarts: u32,
 }
 
 impl Default for ForkOptions {
@@ -86,6 +88,7 @@ impl Default for ForkOptions {
             ),
             max_retries: 3,
             progress: false,
+            server_restarts: 3,
         }
     }
 }
@@ -312,6 +315,7 @@ impl InferenceService {
                     (p, spec)
                 })
                 .collect();
+            let restarts = opts.server_restarts;
             let results = futures::future::join_all(launches.into_iter().map(|(p, spec)| {
                 let host = cluster.host(p.host).clone();
                 async move {
@@ -324,7 +328,16 @@ impl InferenceService {
                         p.node_rank
                     );
                     let r = async {
-                        let actor = host.spawn::<InferenceServer>(&name, &spec).await?;
+                        let actor = host
+                            .spawn_with::<InferenceServer>(
+                                &name,
+                                &spec,
+                                crate::handle::SpawnOptions::restarts(
+                                    restarts,
+                                    Duration::from_millis(500),
+                                ),
+                            )
+                            .await?;
                         let info = actor
                             .call(troupe_actors::inference::server::GetInfo)
                             .await?;
