@@ -181,9 +181,15 @@ impl WeightSync {
         let buckets = pack_buckets(metas, self.opts.bucket_bytes)
             .map_err(|e| WeightSyncError::Encode(e.to_string()))?;
 
-        all_ok(&control.pause(self.opts.pause_mode).await).map_err(|e| {
-            WeightSyncError::Control(format!("pause failed on {e}; servers that did pause stay paused until the next successful update"))
-        })?;
+        if let Err(e) = all_ok(&control.pause(self.opts.pause_mode).await) {
+            // Nothing was sent: the servers that did pause all still hold one version.
+            let after = self.recover(control).await;
+            return Err(WeightSyncError::Update {
+                version: version.to_string(),
+                reason: format!("pause failed on {e}"),
+                after,
+            });
+        }
         let sent = async {
             self.ensure_group(control, engines).await?;
             let n = buckets.len();

@@ -43,6 +43,7 @@ pub struct ServerInfo {
 /// The InferenceServer actor.
 pub struct InferenceServer {
     child: Arc<tokio::sync::Mutex<ChildProcess>>,
+    client: reqwest::Client,
     info: ServerInfo,
     log: PathBuf,
     /// Cancelled on a requested stop, so the watcher does not report that exit as a failure.
@@ -144,22 +145,17 @@ fn troupe_bin(spec: &LaunchSpec) -> Result<String, ActorError> {
 
 async fn healthy(client: &reqwest::Client, url: &str) -> bool {
     for path in ["/health", "/ready"] {
-        if let Ok(r) = client.get(format!("{url}{path}")).send().await
+        if let Ok(r) = client
+            .get(format!("{url}{path}"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
             && r.status().is_success()
         {
             return true;
         }
     }
     false
-}
-
-fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .tcp_nodelay(true)
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap_or_default()
 }
 
 impl Actor for InferenceServer {
@@ -180,7 +176,7 @@ impl Actor for InferenceServer {
         tracing::info!(server = %ctx.name, %program, ?args, log = %log.display(), "server starting");
 
         let url = spec.url();
-        let client = http_client();
+        let client = crate::serving::client::build().map_err(ActorError::new)?;
         let deadline = Instant::now() + Duration::from_secs_f64(spec.ready_timeout_s.max(0.1));
         loop {
             if let Some(status) = child.try_status()? {
@@ -228,6 +224,7 @@ impl Actor for InferenceServer {
         );
         Ok(InferenceServer {
             child,
+            client,
             info,
             log,
             stopping,
@@ -266,7 +263,7 @@ impl Handler<CheckHealth> for InferenceServer {
             // The watcher holds the lock only while the process runs.
             Err(_) => None,
         };
-        let healthy = status.is_none() && healthy(&http_client(), &self.info.url).await;
+        let healthy = status.is_none() && healthy(&self.client, &self.info.url).await;
         Ok(ServerHealth {
             running: status.is_none(),
             exit_code: status.and_then(|s| s.code()),

@@ -117,12 +117,7 @@ fn parse_piece(v: &Value) -> Result<Piece, GenerateError> {
 impl InferenceClient {
     /// A client of the gateway at `url` (`http://host:port`).
     pub fn new(url: impl Into<String>) -> Self {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .tcp_nodelay(true)
-            .timeout(Duration::from_secs(600))
-            .build()
-            .unwrap_or_default();
+        let http = troupe_actors::serving::client::build().unwrap_or_default();
         InferenceClient {
             url: url.into(),
             http,
@@ -168,6 +163,7 @@ impl InferenceClient {
                 .http
                 .post(format!("{}/generate", self.url))
                 .json(&body)
+                .timeout(Duration::from_secs(600))
                 .send()
                 .await
                 .map_err(|e| GenerateError(e.to_string()))?;

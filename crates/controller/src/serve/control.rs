@@ -7,6 +7,9 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+/// Longest a control call may take (a weight bucket waits for its whole transfer).
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// How `/pause_generation` treats requests in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -52,12 +55,7 @@ pub fn all_ok<T>(results: &[ServerResult<T>]) -> Result<(), String> {
 impl InferenceControl {
     /// A control client for `urls` (`http://host:port` each).
     pub fn new(urls: Vec<String>, admin_key: Option<String>) -> Self {
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .tcp_nodelay(true)
-            .timeout(Duration::from_secs(120))
-            .build()
-            .unwrap_or_default();
+        let client = troupe_actors::serving::client::build().unwrap_or_default();
         InferenceControl {
             urls,
             admin_key,
@@ -79,7 +77,8 @@ impl InferenceControl {
         let mut req = match body {
             Some(b) => self.client.post(format!("{url}{path}")).json(b),
             None => self.client.get(format!("{url}{path}")),
-        };
+        }
+        .timeout(CONTROL_TIMEOUT);
         if let Some(k) = &self.admin_key {
             req = req.bearer_auth(k);
         }

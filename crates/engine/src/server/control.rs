@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::{ApiError, parse_object};
+use crate::core::request::Reply;
 use crate::core::{Command, PauseMode};
 
 fn ok(message: impl Into<String>) -> Response {
@@ -132,41 +133,39 @@ fn require_saver(state: &AppState) -> Result<(), ApiError> {
 
 /// `POST /release_memory_occupation {tags}`.
 pub async fn release_memory(
-    State(state): State<Arc<AppState>>,
+    state: State<Arc<AppState>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let obj = parse_object(&body).map_err(ApiError::control)?;
-    let (weights, kv_cache) = tags(&obj)?;
-    require_saver(&state)?;
-    match state
-        .core
-        .call(|reply| Command::Release {
-            weights,
-            kv_cache,
-            reply,
-        })
-        .await?
-    {
-        Ok(m) => Ok(ok(m)),
-        Err(m) => Err(ApiError::bad_request(m).control()),
-    }
+    memory(state, body, |weights, kv_cache, reply| Command::Release {
+        weights,
+        kv_cache,
+        reply,
+    })
+    .await
 }
 
 /// `POST /resume_memory_occupation {tags}`.
-pub async fn resume_memory(
+pub async fn resume_memory(state: State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    memory(state, body, |weights, kv_cache, reply| Command::Resume {
+        weights,
+        kv_cache,
+        reply,
+    })
+    .await
+}
+
+/// Release and resume differ only in the command they send the scheduler.
+async fn memory(
     State(state): State<Arc<AppState>>,
     body: Bytes,
+    command: impl FnOnce(bool, bool, Reply) -> Command,
 ) -> Result<Response, ApiError> {
     let obj = parse_object(&body).map_err(ApiError::control)?;
     let (weights, kv_cache) = tags(&obj)?;
     require_saver(&state)?;
     match state
         .core
-        .call(|reply| Command::Resume {
-            weights,
-            kv_cache,
-            reply,
-        })
+        .call(|reply| command(weights, kv_cache, reply))
         .await?
     {
         Ok(m) => Ok(ok(m)),
