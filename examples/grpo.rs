@@ -84,7 +84,7 @@ async fn main() -> anyhow::Result<()> {
         reward: Arc::new(|_prompt: &[u32], out: &[u32]| task::reward(out, TARGET, MAX_NEW_TOKENS)),
     });
     let mut data = task::prompts(TARGET, 7);
-    let mut sync = WeightSync::new(WeightSyncOptions {
+    let sync = WeightSync::new(WeightSyncOptions {
         fp8: true,
         ..Default::default()
     });

@@ -487,6 +487,14 @@ impl HostCore {
             };
             match attempt {
                 Some((count, delay, factory, args, name)) => {
+                    self.inner
+                        .events
+                        .emit(Event::Restarting(v1::ActorRestarting {
+                            actor_id: id.clone(),
+                            count,
+                            reason: reason.clone(),
+                            delay_ms: delay.as_millis() as u64,
+                        }));
                     tokio::spawn(
                         self.clone()
                             .restart(id, count, delay, factory, args, name, reason),

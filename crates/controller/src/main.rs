@@ -42,6 +42,9 @@ enum BenchCmd {
     Rpc(bench::rpc::RpcArgs),
     /// Gateway overhead: closed-loop load through the gateway (or --target) vs backends directly.
     Gateway(bench::gateway::GatewayBenchArgs),
+    /// Fault tolerance: load through an in-process PD deployment while a random server is
+    /// killed every few seconds; counts requests sent, answered, retried and lost.
+    Chaos(bench::chaos::ChaosArgs),
     /// Weight broadcast over the chained TCP transport to 1..N in-process receivers.
     Broadcast {
         /// Receiver counts to measure, comma-separated.
@@ -173,6 +176,13 @@ fn main() -> ExitCode {
                 }
             }
             Cmd::Bench(BenchCmd::Gateway(a)) => match bench::gateway::run(&a).await {
+                Ok(figs) => {
+                    bench::print_figures(&figs, a.json);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            },
+            Cmd::Bench(BenchCmd::Chaos(a)) => match bench::chaos::run(&a).await {
                 Ok(figs) => {
                     bench::print_figures(&figs, a.json);
                     ExitCode::SUCCESS

@@ -57,6 +57,19 @@ pub enum ClusterEvent {
         /// Why.
         reason: String,
     },
+    /// An actor failed and will be restarted after `delay` (sent at once, before the restart).
+    ActorRestarting {
+        /// The host's id.
+        host_id: String,
+        /// The actor's id.
+        actor_id: String,
+        /// Which restart this will be.
+        count: u32,
+        /// Why it failed.
+        reason: String,
+        /// Back-off before the restart.
+        delay: Duration,
+    },
     /// An actor failed and was restarted.
     ActorRestarted {
         /// The host's id.
@@ -148,6 +161,13 @@ fn to_cluster_event(host_id: &str, e: Option<Event>) -> Option<ClusterEvent> {
             actor_id: r.actor_id,
             count: r.count,
             reason: r.reason,
+        },
+        Event::Restarting(r) => ClusterEvent::ActorRestarting {
+            host_id,
+            actor_id: r.actor_id,
+            count: r.count,
+            reason: r.reason,
+            delay: Duration::from_millis(r.delay_ms),
         },
         Event::Heartbeat(_) => return None,
     })

@@ -46,6 +46,10 @@ pub struct WeightSyncOptions {
     pub flush_cache: bool,
     /// How long engines may take to join the group.
     pub join_timeout: Duration,
+    /// Keep the last update's encoded bytes so a server that restarts gets the current
+    /// weights at once, before it serves (memory: one encoded copy of the model). Without it
+    /// a restarted server waits, unrouted, for the next update.
+    pub keep_for_catch_up: bool,
 }
 
 impl Default for WeightSyncOptions {
@@ -58,6 +62,7 @@ impl Default for WeightSyncOptions {
             pause_mode: PauseMode::Abort,
             flush_cache: true,
             join_timeout: Duration::from_secs(60),
+            keep_for_catch_up: true,
         }
     }
 }
@@ -99,17 +104,34 @@ pub struct UpdateReport {
     pub bytes: u64,
     /// Tensors sent as FP8.
     pub fp8_tensors: usize,
+    /// Servers the update skipped because their process was down (they catch up when back).
+    pub skipped: Vec<String>,
 }
 
 struct Group {
     sender: WeightSender,
     members: Vec<String>,
+    generation: u64,
 }
 
-/// Rank 0 of the weight broadcast, and the orchestration around it.
+/// The last update, encoded, for servers that come back after it.
+struct Cached {
+    version: String,
+    buckets: Vec<Bucket>,
+    bytes: HashMap<String, Vec<u8>>,
+}
+
+/// Rank 0 of the weight broadcast, and the orchestration around it. Cheap to clone: clones
+/// share one group, and updates and catch-ups run one at a time.
+#[derive(Clone)]
 pub struct WeightSync {
+    core: std::sync::Arc<tokio::sync::Mutex<Core>>,
+}
+
+struct Core {
     opts: WeightSyncOptions,
     group: Option<Group>,
+    last: Option<Cached>,
 }
 
 type Encoded = (Vec<TensorMeta>, HashMap<String, Vec<u8>>, usize);
@@ -163,12 +185,108 @@ fn encode(tensors: &[HostTensor], fp8_on: bool) -> Result<Encoded, WeightSyncErr
 impl WeightSync {
     /// A weight sync with no group yet (the first update builds it).
     pub fn new(opts: WeightSyncOptions) -> Self {
-        WeightSync { opts, group: None }
+        WeightSync {
+            core: std::sync::Arc::new(tokio::sync::Mutex::new(Core {
+                opts,
+                group: None,
+                last: None,
+            })),
+        }
     }
 
     /// Pushes `tensors` as `version` to every engine behind `control` (engines given as
-    /// `(url, gpu count)` in the same order as `control.urls()`).
+    /// `(url, gpu count)` in the same order as `control.urls()`). Engines whose process is
+    /// down (see [`crate::serve::fleet::Fleet`]) are skipped and listed in the report; every
+    /// other engine must take the update or it fails as a whole.
     pub async fn update_weights(
+        &self,
+        control: &InferenceControl,
+        engines: &[(String, u32)],
+        version: &str,
+        tensors: &[HostTensor],
+    ) -> Result<UpdateReport, WeightSyncError> {
+        let mut core = self.core.lock().await;
+        core.update_weights(control, engines, version, tensors)
+            .await
+    }
+
+    /// Brings one server that came back after the last update onto that update's weights,
+    /// through a group of its own (the next full update rebuilds the shared group). Returns
+    /// the version it now holds.
+    pub async fn catch_up(
+        &self,
+        control: &InferenceControl,
+        url: &str,
+        gpus: u32,
+    ) -> Result<String, WeightSyncError> {
+        let mut core = self.core.lock().await;
+        core.catch_up(control, url, gpus).await
+    }
+
+    /// Lets the serving watcher behind `control` catch restarted servers up through this sync.
+    pub fn attach(&self, control: &InferenceControl) {
+        control
+            .fleet()
+            .set_catch_up(std::sync::Arc::new(self.clone()));
+    }
+}
+
+impl crate::serve::fleet::CatchUp for WeightSync {
+    fn catch_up<'a>(
+        &'a self,
+        control: &'a InferenceControl,
+        url: &'a str,
+        gpus: u32,
+    ) -> futures::future::BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            WeightSync::catch_up(self, control, url, gpus)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+impl Core {
+    async fn catch_up(
+        &mut self,
+        control: &InferenceControl,
+        url: &str,
+        gpus: u32,
+    ) -> Result<String, WeightSyncError> {
+        let Some(last) = self.last.take() else {
+            return Err(WeightSyncError::Group(
+                "no update is kept to catch up from (keep_for_catch_up is off, or no update happened yet)".into(),
+            ));
+        };
+        let engines = [(url.to_string(), gpus)];
+        let generation = control.fleet().generation();
+        let r = async {
+            self.ensure_group(control, &engines, generation).await?;
+            let n = last.buckets.len();
+            for (k, b) in last.buckets.iter().enumerate() {
+                let flush = k + 1 == n;
+                self.send_bucket(control, &engines, b, &last.bytes, &last.version, flush)
+                    .await?;
+            }
+            Ok::<_, String>(())
+        }
+        .await;
+        let version = last.version.clone();
+        self.last = Some(last);
+        match r {
+            Ok(()) => Ok(version),
+            Err(reason) => {
+                self.group = None;
+                Err(WeightSyncError::Update {
+                    version,
+                    reason,
+                    after: format!("{url} stays out of the router until an update reaches it"),
+                })
+            }
+        }
+    }
+
+    async fn update_weights(
         &mut self,
         control: &InferenceControl,
         engines: &[(String, u32)],
@@ -180,6 +298,19 @@ impl WeightSync {
         let total: u64 = metas.iter().map(|m| m.bytes).sum();
         let buckets = pack_buckets(metas, self.opts.bucket_bytes)
             .map_err(|e| WeightSyncError::Encode(e.to_string()))?;
+        let fleet = control.fleet().clone();
+        let generation = fleet.generation();
+        let (live, skipped) = crate::serve::fleet::reachable(&fleet, engines);
+        let skipped: Vec<String> = skipped.into_iter().map(String::from).collect();
+        if live.is_empty() {
+            return Err(WeightSyncError::Update {
+                version: version.to_string(),
+                reason: format!("every server is down: {skipped:?}"),
+                after: "nothing changed".into(),
+            });
+        }
+        let control = &control.subset(live.iter().map(|(u, _)| u.clone()).collect());
+        let engines = &live[..];
 
         if let Err(e) = all_ok(&control.pause(self.opts.pause_mode).await) {
             // Nothing was sent: the servers that did pause all still hold one version.
@@ -191,7 +322,7 @@ impl WeightSync {
             });
         }
         let sent = async {
-            self.ensure_group(control, engines).await?;
+            self.ensure_group(control, engines, generation).await?;
             let n = buckets.len();
             for (k, b) in buckets.iter().enumerate() {
                 let flush = self.opts.flush_cache && k + 1 == n;
@@ -203,6 +334,13 @@ impl WeightSync {
         .await;
         match sent {
             Ok(n) => {
+                self.last = self.opts.keep_for_catch_up.then(|| Cached {
+                    version: version.to_string(),
+                    buckets,
+                    bytes,
+                });
+                let reached: Vec<String> = engines.iter().map(|(u, _)| u.clone()).collect();
+                fleet.updated(version, &reached);
                 all_ok(&control.resume().await)
                     .map_err(|e| WeightSyncError::Control(format!("resume failed on {e}")))?;
                 Ok(UpdateReport {
@@ -211,6 +349,7 @@ impl WeightSync {
                     buckets: n,
                     bytes: total,
                     fp8_tensors,
+                    skipped,
                 })
             }
             Err(reason) => {
@@ -259,13 +398,20 @@ impl WeightSync {
         }
     }
 
+    /// Builds the group unless one exists for exactly these engines in this fleet generation
+    /// (a restarted engine at the same URL is a new process that never joined the old group).
     async fn ensure_group(
         &mut self,
         control: &InferenceControl,
         engines: &[(String, u32)],
+        generation: u64,
     ) -> Result<(), String> {
         let members: Vec<String> = engines.iter().map(|(u, _)| u.clone()).collect();
-        if self.group.as_ref().is_some_and(|g| g.members == members) {
+        if self
+            .group
+            .as_ref()
+            .is_some_and(|g| g.members == members && g.generation == generation)
+        {
             return Ok(());
         }
         let name = self.opts.group_name.clone();
@@ -327,7 +473,11 @@ impl WeightSync {
             ));
         }
         accepted.map_err(|e| format!("engines did not connect to the broadcast master: {e}"))?;
-        self.group = Some(Group { sender, members });
+        self.group = Some(Group {
+            sender,
+            members,
+            generation,
+        });
         Ok(())
     }
 

@@ -100,7 +100,7 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
         let before = generate(&client, &svc.gateway_url, 1).await;
 
         let (w, tensors) = trainer_weights(1234);
-        let mut sync = WeightSync::new(WeightSyncOptions::default());
+        let sync = WeightSync::new(WeightSyncOptions::default());
         let report = sync
             .update_weights(&svc.control, &engines(&svc), "v1", &tensors)
             .await
@@ -144,7 +144,7 @@ async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused(
         let cluster = Cluster::in_process(2, 4).await.unwrap();
         let svc = pd_service(&cluster).await;
         let (_, tensors) = trainer_weights(5);
-        let mut sync = WeightSync::new(WeightSyncOptions {
+        let sync = WeightSync::new(WeightSyncOptions {
             join_timeout: Duration::from_secs(5),
             ..Default::default()
         });
@@ -200,7 +200,7 @@ async fn fp8_update_matches_a_regular_engine_holding_the_dequantized_weights() {
             .await
             .unwrap();
         let (mut w, tensors) = trainer_weights(2024);
-        let mut sync = WeightSync::new(WeightSyncOptions {
+        let sync = WeightSync::new(WeightSyncOptions {
             fp8: true,
             ..Default::default()
         });

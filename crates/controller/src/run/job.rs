@@ -161,10 +161,12 @@ async fn train(
         .filter(|s| s.node_rank == 0)
         .map(|s| (s.info.url.clone(), s.info.gpu_count))
         .collect();
-    let mut sync = WeightSync::new(WeightSyncOptions {
+    let sync = WeightSync::new(WeightSyncOptions {
         fp8,
         ..WeightSyncOptions::default()
     });
+    // A server that restarts gets the current weights from this sync before it is routed.
+    sync.attach(&svc.control);
     let rc = RolloutController::new(
         InferenceClient::new(svc.gateway_url.clone()),
         RolloutOptions {

@@ -2,6 +2,7 @@
 //! server directly and concurrently, never through the router (a paused router must not stand
 //! between the controller and a server it needs to resume).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -37,6 +38,7 @@ pub struct InferenceControl {
     urls: Vec<String>,
     admin_key: Option<String>,
     client: reqwest::Client,
+    fleet: Arc<super::fleet::Fleet>,
 }
 
 /// Turns per-server results into one error naming every server that failed, if any did.
@@ -60,6 +62,21 @@ impl InferenceControl {
             urls,
             admin_key,
             client,
+            fleet: Arc::default(),
+        }
+    }
+
+    /// Which of these servers are down, held or serving, and on which weight version: shared
+    /// by the serving watcher (which updates it) and the weight sync (which reads it).
+    pub fn fleet(&self) -> &Arc<super::fleet::Fleet> {
+        &self.fleet
+    }
+
+    /// The same servers' control client restricted to `urls` (same fleet, same key).
+    pub fn subset(&self, urls: Vec<String>) -> InferenceControl {
+        InferenceControl {
+            urls,
+            ..self.clone()
         }
     }
 

@@ -130,6 +130,8 @@ pub struct InferenceService {
     pub placement: troupe_scheduler::Placement,
     gateway: ActorHandle<GatewayActor>,
     proxies: Vec<ActorHandle<ProxyActor>>,
+    watcher: tokio::task::JoinHandle<()>,
+    serving_events: tokio::sync::broadcast::Sender<super::watch::ServingEvent>,
 }
 
 /// Ports this process has handed to servers, per machine address. A port is claimed the moment
@@ -459,13 +461,14 @@ impl InferenceService {
             ));
         }
         let mut workers = Vec::new();
+        let mut workers_by_proxy = Vec::new();
         let mut heads = servers.iter_mut().filter(|s| s.node_rank == 0);
         for url in &urls {
             let Some(s) = heads.next() else { break };
             s.proxy_url = Some(url.clone());
             // Only a prefill's bootstrap address travels in requests (decode reads from it).
             let prefill = s.info.worker_type == WorkerType::Prefill;
-            workers.push(WorkerSpec {
+            let spec = WorkerSpec {
                 url: url.clone(),
                 worker_type: s.info.worker_type,
                 bootstrap_port: if prefill { s.info.bootstrap_port } else { None },
@@ -474,7 +477,9 @@ impl InferenceService {
                 } else {
                     None
                 },
-            });
+            };
+            workers_by_proxy.push((s.info.url.clone(), spec.clone()));
+            workers.push(spec);
         }
         let pd = workers.iter().any(|w| w.worker_type != WorkerType::Regular);
         let args = GatewayArgs {
@@ -514,6 +519,15 @@ impl InferenceService {
             heads.iter().map(|s| s.info.url.clone()).collect(),
             opts.admin_key.clone(),
         );
+        let watched = watched_heads(&servers, &workers_by_proxy);
+        let (serving_events, _) = tokio::sync::broadcast::channel(1024);
+        let watcher = super::watch::spawn(
+            watched,
+            gateway.clone(),
+            control.clone(),
+            cluster.events(),
+            serving_events.clone(),
+        );
         Ok(InferenceService {
             servers,
             inf_addrs,
@@ -525,7 +539,40 @@ impl InferenceService {
             },
             gateway,
             proxies,
+            watcher,
+            serving_events,
         })
+    }
+
+    /// What the serving watcher does as servers die, come back and catch up (see
+    /// [`super::watch`]).
+    pub fn serving_events(&self) -> tokio::sync::broadcast::Receiver<super::watch::ServingEvent> {
+        self.serving_events.subscribe()
+    }
+
+    /// The gateway actor (add, remove and list workers).
+    pub fn gateway_handle(&self) -> &ActorHandle<GatewayActor> {
+        &self.gateway
+    }
+
+    /// Serving heads by state: how many the plan has, and which are down or held back.
+    pub fn capacity(&self) -> Capacity {
+        let fleet = self.control.fleet();
+        let mut c = Capacity {
+            planned: 0,
+            serving: 0,
+            down: Vec::new(),
+            held: Vec::new(),
+        };
+        for s in self.servers.iter().filter(|s| s.node_rank == 0) {
+            c.planned += 1;
+            match fleet.state(&s.info.url) {
+                super::fleet::HeadState::Serving => c.serving += 1,
+                super::fleet::HeadState::Down => c.down.push(s.info.url.clone()),
+                super::fleet::HeadState::Held => c.held.push(s.info.url.clone()),
+            }
+        }
+        c
     }
 
     /// The host of training rank 0, if the plan has a training component.
@@ -539,11 +586,61 @@ impl InferenceService {
 
     /// Stops everything in reverse order of bring-up: gateway, proxies, servers.
     pub async fn teardown(self) {
+        self.watcher.abort();
         let _ = self.gateway.stop(Duration::from_secs(5)).await;
         futures::future::join_all(self.proxies.iter().map(|p| p.stop(Duration::from_secs(5))))
             .await;
         stop_servers(&self.servers).await;
     }
+}
+
+/// How much of the planned serving capacity is up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capacity {
+    /// Serving heads the plan has.
+    pub planned: usize,
+    /// Heads routed and on the current weights.
+    pub serving: usize,
+    /// Heads whose process is dead (restarting, or lost).
+    pub down: Vec<String>,
+    /// Heads back but waiting for the current weights.
+    pub held: Vec<String>,
+}
+
+impl Capacity {
+    /// True when less than the plan is serving.
+    pub fn degraded(&self) -> bool {
+        self.serving < self.planned
+    }
+}
+
+/// The watcher's view of each instance: its actors and hosts, and how the router knows it.
+fn watched_heads(
+    servers: &[ServerEntry],
+    workers: &[(String, WorkerSpec)],
+) -> Vec<super::watch::Head> {
+    workers
+        .iter()
+        .filter_map(|(server_url, spec)| {
+            let head = servers
+                .iter()
+                .find(|s| s.node_rank == 0 && &s.info.url == server_url)?;
+            let nodes: Vec<&ServerEntry> = servers
+                .iter()
+                .filter(|s| {
+                    (s.component, s.group, s.instance)
+                        == (head.component, head.group, head.instance)
+                })
+                .collect();
+            Some(super::watch::Head {
+                actors: nodes.iter().map(|s| s.actor.id().to_string()).collect(),
+                hosts: nodes.iter().map(|s| s.host).collect(),
+                server_url: server_url.clone(),
+                gpus: head.info.gpu_count,
+                worker: spec.clone(),
+            })
+        })
+        .collect()
 }
 
 async fn stop_servers(servers: &[ServerEntry]) {

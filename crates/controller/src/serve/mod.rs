@@ -4,8 +4,11 @@
 pub mod cmd;
 pub mod config;
 pub mod control;
+pub mod fleet;
 pub mod fork;
+pub mod watch;
 
 pub use config::{ConfigError, ServeConfig};
 pub use control::{InferenceControl, PauseMode, ServerResult};
-pub use fork::{ForkError, ForkOptions, InferenceService, ServerEntry};
+pub use fork::{Capacity, ForkError, ForkOptions, InferenceService, ServerEntry};
+pub use watch::ServingEvent;

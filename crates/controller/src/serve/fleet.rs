@@ -1,0 +1,224 @@
+//! The controller's view of which serving heads may take traffic.
+//!
+//! A server whose process died is *down*: nothing is routed to it and control-plane fan-outs
+//! for weight updates skip it. When it comes back it is *held*: alive but on its initial
+//! weights, so it stays out of the router until it has the weights every routed server has —
+//! otherwise a prefill and a decode on different versions could serve one request. Every
+//! restart bumps `generation`, which tells the weight sync that its broadcast group no longer
+//! matches the running processes and must be rebuilt.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use tokio::sync::Notify;
+
+use super::control::InferenceControl;
+
+/// Something that can bring one restarted server onto the current weights (the weight sync,
+/// when it keeps the last update).
+pub trait CatchUp: Send + Sync {
+    /// Sends the current weights to `url` (with `gpus` GPUs); the version it now holds.
+    fn catch_up<'a>(
+        &'a self,
+        control: &'a InferenceControl,
+        url: &'a str,
+        gpus: u32,
+    ) -> BoxFuture<'a, Result<String, String>>;
+}
+
+/// State of one serving head, as the fleet sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadState {
+    /// Routed and on the current weights.
+    Serving,
+    /// Its process is dead (restarting, being re-placed, or gone for good).
+    Down,
+    /// Alive again but not yet on the current weights; not routed.
+    Held,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    down: BTreeSet<String>,
+    held: BTreeSet<String>,
+    generation: u64,
+    version: Option<String>,
+    /// Held heads that a finished update brought to the current version: to readmit.
+    caught_up: Vec<String>,
+}
+
+/// Shared liveness and weight-version bookkeeping over the serving heads (keyed by the
+/// server's own URL, the one the control plane talks to).
+#[derive(Default)]
+pub struct Fleet {
+    inner: Mutex<Inner>,
+    changed: Notify,
+    catch_up: Mutex<Option<Arc<dyn CatchUp>>>,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.with(|i| f.debug_struct("Fleet").field("state", i).finish())
+    }
+}
+
+impl Fleet {
+    fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+        // A poisoned lock only means another thread panicked mid-update of plain sets; the
+        // data is still usable, and refusing to serve because of it would be worse.
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut g)
+    }
+
+    /// How `url` stands.
+    pub fn state(&self, url: &str) -> HeadState {
+        self.with(|i| {
+            if i.down.contains(url) {
+                HeadState::Down
+            } else if i.held.contains(url) {
+                HeadState::Held
+            } else {
+                HeadState::Serving
+            }
+        })
+    }
+
+    /// `url`'s process died: stop counting on it.
+    pub fn mark_down(&self, url: &str) {
+        self.with(|i| {
+            i.held.remove(url);
+            i.down.insert(url.to_string());
+        });
+    }
+
+    /// `url` runs again (a fresh process). Returns true when it may serve at once because no
+    /// weight update has happened yet (its initial weights are the current ones).
+    pub fn mark_back(&self, url: &str) -> bool {
+        self.with(|i| {
+            i.down.remove(url);
+            i.generation += 1;
+            if i.version.is_none() {
+                i.held.remove(url);
+                true
+            } else {
+                i.held.insert(url.to_string());
+                false
+            }
+        })
+    }
+
+    /// `url` has the current weights again and is routed.
+    pub fn mark_serving(&self, url: &str) {
+        self.with(|i| {
+            i.held.remove(url);
+            i.down.remove(url);
+        });
+    }
+
+    /// Bumped on every restart: a broadcast group built under another generation is stale.
+    pub fn generation(&self) -> u64 {
+        self.with(|i| i.generation)
+    }
+
+    /// The version every routed server serves (`None` before the first update).
+    pub fn version(&self) -> Option<String> {
+        self.with(|i| i.version.clone())
+    }
+
+    /// Heads whose process is dead.
+    pub fn down(&self) -> Vec<String> {
+        self.with(|i| i.down.iter().cloned().collect())
+    }
+
+    /// An update brought every server in `reached` to `version`; the held ones among them
+    /// may now be routed (see [`Fleet::take_caught_up`]).
+    pub fn updated(&self, version: &str, reached: &[String]) {
+        self.with(|i| {
+            i.version = Some(version.to_string());
+            for u in reached {
+                if i.held.contains(u) && !i.caught_up.contains(u) {
+                    i.caught_up.push(u.clone());
+                }
+            }
+        });
+        self.changed.notify_waiters();
+        self.changed.notify_one();
+    }
+
+    /// Held heads a finished update brought up to date (each returned once).
+    pub fn take_caught_up(&self) -> Vec<String> {
+        self.with(|i| std::mem::take(&mut i.caught_up))
+    }
+
+    /// Registers who catches restarted servers up (replaces any earlier one).
+    pub fn set_catch_up(&self, c: Arc<dyn CatchUp>) {
+        *self.catch_up.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
+    }
+
+    /// Who catches restarted servers up, if anyone.
+    pub fn catcher(&self) -> Option<Arc<dyn CatchUp>> {
+        self.catch_up
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Resolves after the next [`Fleet::updated`].
+    pub async fn wait_updated(&self) {
+        self.changed.notified().await
+    }
+}
+
+/// Splits `(url, gpus)` engines into the ones a weight update can reach (not down) and the
+/// ones it must skip.
+pub fn reachable<'a>(
+    fleet: &Fleet,
+    engines: &'a [(String, u32)],
+) -> (Vec<(String, u32)>, Vec<&'a str>) {
+    let down: BTreeMap<String, ()> = fleet.down().into_iter().map(|u| (u, ())).collect();
+    let mut live = Vec::new();
+    let mut skipped = Vec::new();
+    for (u, g) in engines {
+        if down.contains_key(u) {
+            skipped.push(u.as_str());
+        } else {
+            live.push((u.clone(), *g));
+        }
+    }
+    (live, skipped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restart_before_any_update_serves_at_once() {
+        let f = Fleet::default();
+        f.mark_down("a");
+        assert_eq!(f.state("a"), HeadState::Down);
+        assert!(f.mark_back("a"));
+        assert_eq!(f.state("a"), HeadState::Serving);
+        assert_eq!(f.generation(), 1);
+    }
+
+    #[test]
+    fn a_restart_after_an_update_is_held_until_an_update_reaches_it() {
+        let f = Fleet::default();
+        f.updated("1", &["a".into(), "b".into()]);
+        assert!(f.take_caught_up().is_empty(), "nothing was held");
+        f.mark_down("a");
+        let engines = vec![("a".to_string(), 1), ("b".to_string(), 2)];
+        let (live, skipped) = reachable(&f, &engines);
+        assert_eq!(live, vec![("b".to_string(), 2)]);
+        assert_eq!(skipped, vec!["a"]);
+        assert!(!f.mark_back("a"));
+        assert_eq!(f.state("a"), HeadState::Held);
+        f.updated("2", &["b".into()]);
+        assert!(f.take_caught_up().is_empty(), "a was not reached");
+        f.updated("3", &["a".into(), "b".into()]);
+        assert_eq!(f.take_caught_up(), vec!["a".to_string()]);
+        assert!(f.take_caught_up().is_empty(), "returned once");
+    }
+}

@@ -1,0 +1,270 @@
+//! The serving watcher: keeps the router in step with which servers are alive and current.
+//!
+//! It turns cluster events into routing changes. A server that dies (its actor reports the
+//! process gone, or its host is lost) leaves the router at once, so no new request is sent
+//! to it while it restarts; requests already on it fail over through the gateway's retries.
+//! A server that comes back is a fresh process on its initial weights: it is routed again
+//! only once it holds the weights the others serve — caught up at once through the weight
+//! sync when that keeps the last update, otherwise by the next update, which rebuilds the
+//! broadcast group because the fleet's generation changed.
+
+use std::sync::Arc;
+
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use troupe_actors::serving::actors::{AddWorker, GatewayActor, RemoveWorker};
+use troupe_actors::serving::worker::WorkerSpec;
+
+use super::control::InferenceControl;
+use super::fleet::{Fleet, HeadState};
+use crate::handle::ActorHandle;
+use crate::membership::ClusterEvent;
+
+/// One serving head and the actors its instance consists of.
+#[derive(Clone, Debug)]
+pub(crate) struct Head {
+    /// Actor ids of every node of the instance (the head's first).
+    pub actors: Vec<String>,
+    /// Cluster host of each node, same order.
+    pub hosts: Vec<usize>,
+    /// The server's own URL (control plane, fleet key).
+    pub server_url: String,
+    /// GPUs the instance uses (for the weight group).
+    pub gpus: u32,
+    /// How the router knows it (its proxy's URL, type, bootstrap).
+    pub worker: WorkerSpec,
+}
+
+/// Something the watcher did, for logs, tests and the capacity report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServingEvent {
+    /// A server left the router because its process died.
+    Removed {
+        /// Its URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// A restarted server is alive but waits for the current weights before it is routed.
+    Held {
+        /// Its URL.
+        url: String,
+    },
+    /// A restarted server received the current weights by itself.
+    CaughtUp {
+        /// Its URL.
+        url: String,
+        /// The version it now holds.
+        version: String,
+    },
+    /// A server is routed again.
+    Readmitted {
+        /// Its URL.
+        url: String,
+    },
+    /// A server is gone for good (restart budget spent, or its host is lost): serving goes on
+    /// with less capacity.
+    Lost {
+        /// Its URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+struct Watcher {
+    heads: Vec<Head>,
+    gateway: ActorHandle<GatewayActor>,
+    control: InferenceControl,
+    out: broadcast::Sender<ServingEvent>,
+}
+
+/// Starts the watcher; it runs until the cluster's event stream closes or the handle is
+/// aborted.
+pub(crate) fn spawn(
+    heads: Vec<Head>,
+    gateway: ActorHandle<GatewayActor>,
+    control: InferenceControl,
+    events: broadcast::Receiver<ClusterEvent>,
+    out: broadcast::Sender<ServingEvent>,
+) -> JoinHandle<()> {
+    let w = Arc::new(Watcher {
+        heads,
+        gateway,
+        control,
+        out,
+    });
+    tokio::spawn(w.run(events))
+}
+
+impl Watcher {
+    fn fleet(&self) -> &Arc<Fleet> {
+        self.control.fleet()
+    }
+
+    fn head_of(&self, actor_id: &str) -> Option<&Head> {
+        self.heads
+            .iter()
+            .find(|h| h.actors.iter().any(|a| a == actor_id))
+    }
+
+    fn emit(&self, e: ServingEvent) {
+        match &e {
+            ServingEvent::Removed { url, reason } => {
+                tracing::warn!(server = %url, %reason, "server down: removed from the router")
+            }
+            ServingEvent::Lost { url, reason } => {
+                tracing::error!(server = %url, %reason, "server lost: serving with less capacity")
+            }
+            ServingEvent::Held { url } => {
+                tracing::info!(server = %url, "server back: held until it has the current weights")
+            }
+            ServingEvent::CaughtUp { url, version } => {
+                tracing::info!(server = %url, %version, "server caught up")
+            }
+            ServingEvent::Readmitted { url } => {
+                tracing::info!(server = %url, "server routed again")
+            }
+        }
+        let _ = self.out.send(e);
+    }
+
+    async fn run(self: Arc<Self>, mut events: broadcast::Receiver<ClusterEvent>) {
+        loop {
+            let fleet = self.fleet().clone();
+            tokio::select! {
+                ev = events.recv() => match ev {
+                    Ok(ev) => self.clone().on_event(ev).await,
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!("serving watcher missed {n} cluster events");
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                _ = fleet.wait_updated() => {
+                    for url in fleet.take_caught_up() {
+                        self.readmit(&url).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn on_event(self: Arc<Self>, ev: ClusterEvent) {
+        match ev {
+            ClusterEvent::ActorRestarting {
+                actor_id, reason, ..
+            } => {
+                if let Some(h) = self.head_of(&actor_id) {
+                    self.take_down(&h.clone(), reason).await;
+                }
+            }
+            ClusterEvent::ActorFailed {
+                actor_id, reason, ..
+            } => {
+                if let Some(h) = self.head_of(&actor_id).cloned() {
+                    self.take_down(&h, reason.clone()).await;
+                    self.emit(ServingEvent::Lost {
+                        url: h.server_url,
+                        reason,
+                    });
+                }
+            }
+            ClusterEvent::HostLost { host, reason, .. } => {
+                let lost: Vec<Head> = self
+                    .heads
+                    .iter()
+                    .filter(|h| h.hosts.contains(&host))
+                    .cloned()
+                    .collect();
+                for h in lost {
+                    let reason = format!("host {host} lost: {reason}");
+                    self.take_down(&h, reason.clone()).await;
+                    self.emit(ServingEvent::Lost {
+                        url: h.server_url,
+                        reason,
+                    });
+                }
+            }
+            ClusterEvent::ActorRestarted { actor_id, .. } => {
+                let Some(h) = self.head_of(&actor_id).cloned() else {
+                    return;
+                };
+                // A multi-node instance is back only when its head is: the head's restart
+                // is what brings the server up again.
+                if h.actors.first() != Some(&actor_id) {
+                    return;
+                }
+                if self.fleet().mark_back(&h.server_url) {
+                    self.readmit(&h.server_url).await;
+                    return;
+                }
+                self.emit(ServingEvent::Held {
+                    url: h.server_url.clone(),
+                });
+                if let Some(c) = self.fleet().catcher() {
+                    // Off the event loop: a catch-up waits for any update in progress.
+                    let me = self.clone();
+                    tokio::spawn(async move {
+                        match c.catch_up(&me.control, &h.server_url, h.gpus).await {
+                            Ok(version) => {
+                                me.emit(ServingEvent::CaughtUp {
+                                    url: h.server_url.clone(),
+                                    version,
+                                });
+                                me.readmit(&h.server_url).await;
+                            }
+                            Err(e) => tracing::warn!(
+                                server = %h.server_url,
+                                "catch-up failed ({e}); the next weight update will include it"
+                            ),
+                        }
+                    });
+                }
+            }
+            ClusterEvent::ActorStarted { .. } | ClusterEvent::ActorStopped { .. } => {}
+        }
+    }
+
+    async fn take_down(&self, h: &Head, reason: String) {
+        let was = self.fleet().state(&h.server_url);
+        self.fleet().mark_down(&h.server_url);
+        if was == HeadState::Serving {
+            match self
+                .gateway
+                .call(RemoveWorker {
+                    worker: h.worker.url.clone(),
+                })
+                .await
+            {
+                Ok(_) => {}
+                Err(e) => tracing::warn!(worker = %h.worker.url, "cannot remove worker: {e}"),
+            }
+        }
+        self.emit(ServingEvent::Removed {
+            url: h.server_url.clone(),
+            reason,
+        });
+    }
+
+    /// Routes `url` again, unless it died again meanwhile.
+    async fn readmit(&self, url: &str) {
+        let Some(h) = self.heads.iter().find(|h| h.server_url == url) else {
+            return;
+        };
+        if self.fleet().state(url) == HeadState::Down {
+            return;
+        }
+        match self.gateway.call(AddWorker(h.worker.clone())).await {
+            Ok(_) => {}
+            Err(e) if e.to_string().contains("already registered") => {}
+            Err(e) => {
+                tracing::warn!(worker = %h.worker.url, "cannot re-register worker: {e}");
+                return;
+            }
+        }
+        self.fleet().mark_serving(url);
+        self.emit(ServingEvent::Readmitted {
+            url: url.to_string(),
+        });
+    }
+}

@@ -1,0 +1,307 @@
+//! Faults under serving: a killed server leaves the router at once, comes back on its ports,
+//! gets the current weights before it is routed again, and the next update rebuilds the group.
+
+mod common;
+
+use common::within;
+use half::bf16;
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+use troupe_actors::serving::actors::ListWorkers;
+use troupe_controller::Cluster;
+use troupe_controller::serve::{ForkOptions, InferenceService, ServingEvent};
+use troupe_controller::weight_sync::{HostTensor, WeightSync, WeightSyncOptions};
+use troupe_engine::model::{ModelConfig, Weights};
+use troupe_scheduler::AllocationPlan;
+
+fn trainer_weights(seed: u64) -> (Weights, Vec<HostTensor>) {
+    let w = Weights::init(&ModelConfig::tiny(), seed);
+    let tensors = w
+        .names()
+        .into_iter()
+        .map(|n| {
+            let t = w.get(&n).unwrap();
+            HostTensor {
+                name: n.clone(),
+                shape: t.shape.clone(),
+                data: t.data.clone(),
+            }
+        })
+        .collect();
+    (w, tensors)
+}
+
+/// A regular engine holding exactly what the engines hold after a BF16 sync.
+async fn reference_engine(mut w: Weights, dir: &std::path::Path) -> troupe_engine::EngineHandle {
+    for n in w.names() {
+        let rounded: Vec<f32> = w
+            .get(&n)
+            .unwrap()
+            .data
+            .iter()
+            .map(|v| bf16::from_f32(*v).to_f32())
+            .collect();
+        w.set(&n, rounded).unwrap();
+    }
+    let path = dir.join("ref.safetensors");
+    w.save_safetensors(&path).unwrap();
+    troupe_engine::start(troupe_engine::cli::EngineArgs {
+        port: 0,
+        model_path: Some(path),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
+    let body = json!({"text": format!("fault {i}: "), "sampling_params": {"max_new_tokens": 8, "temperature": 0.7, "sampling_seed": i}});
+    let r = client
+        .post(format!("{url}/generate"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let v: Value = r.json().await.unwrap();
+    assert!(status.is_success(), "{status}: {v}");
+    v
+}
+
+fn engines(svc: &InferenceService) -> Vec<(String, u32)> {
+    svc.servers
+        .iter()
+        .filter(|s| s.node_rank == 0)
+        .map(|s| (s.info.url.clone(), s.info.gpu_count))
+        .collect()
+}
+
+async fn wait_serving(
+    rx: &mut broadcast::Receiver<ServingEvent>,
+    secs: u64,
+    pred: impl Fn(&ServingEvent) -> bool,
+) -> ServingEvent {
+    within(secs, async {
+        loop {
+            match rx.recv().await {
+                Ok(e) if pred(&e) => return e,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(e) => panic!("serving events closed: {e}"),
+            }
+        }
+    })
+    .await
+}
+
+fn kill9(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+}
+
+async fn routed(svc: &InferenceService) -> Vec<String> {
+    svc.gateway_handle()
+        .call(ListWorkers)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.url)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_killed_server_leaves_the_router_and_returns_on_the_current_weights() {
+    within(240, async {
+        let cluster = Cluster::in_process(1, 2).await.unwrap();
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
+        let opts = ForkOptions {
+            admin_key: Some("k".into()),
+            ..ForkOptions::default()
+        };
+        let svc = InferenceService::fork(&cluster, &plan, &opts)
+            .await
+            .unwrap();
+        let mut serving = svc.serving_events();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+
+        let sync = WeightSync::new(WeightSyncOptions::default());
+        sync.attach(&svc.control);
+        let (w, tensors) = trainer_weights(4321);
+        sync.update_weights(&svc.control, &engines(&svc), "v1", &tensors)
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let reference = reference_engine(w, dir.path()).await;
+
+        let victim = svc.servers[1].clone();
+        let proxy = victim.proxy_url.clone().unwrap();
+        assert!(routed(&svc).await.contains(&proxy));
+        kill9(victim.info.pid);
+        wait_serving(
+            &mut serving,
+            30,
+            |e| matches!(e, ServingEvent::Removed { url, .. } if url == &victim.info.url),
+        )
+        .await;
+        assert!(
+            !routed(&svc).await.contains(&proxy),
+            "a dead server is not routed"
+        );
+        let e = wait_serving(
+            &mut serving,
+            60,
+            |e| matches!(e, ServingEvent::CaughtUp { url, .. } if url == &victim.info.url),
+        )
+        .await;
+        assert_eq!(
+            e,
+            ServingEvent::CaughtUp {
+                url: victim.info.url.clone(),
+                version: "v1".into()
+            }
+        );
+        wait_serving(
+            &mut serving,
+            30,
+            |e| matches!(e, ServingEvent::Readmitted { url } if url == &victim.info.url),
+        )
+        .await;
+        assert!(routed(&svc).await.contains(&proxy));
+        assert!(!svc.capacity().degraded(), "{:?}", svc.capacity());
+        let new = victim
+            .actor
+            .call(troupe_actors::inference::server::GetInfo)
+            .await
+            .unwrap();
+        assert_ne!(new.pid, victim.info.pid, "a fresh process");
+        // The fresh decode serves exactly what the trainer's weights give.
+        for i in 0..4 {
+            let pd = generate(&client, &svc.gateway_url, i).await;
+            let regular = generate(&client, &reference.url(), i).await;
+            assert_eq!(pd["output_ids"], regular["output_ids"], "request {i}");
+            assert_eq!(pd["meta_info"]["weight_version"], "v1");
+        }
+        // The next update rebuilds the group with the new process in it.
+        let (_, t2) = trainer_weights(77);
+        let rep = sync
+            .update_weights(&svc.control, &engines(&svc), "v2", &t2)
+            .await
+            .unwrap();
+        assert!(rep.skipped.is_empty());
+        for r in svc.control.fan_out("/get_weight_version", None).await {
+            assert_eq!(r.result.unwrap()["weight_version"], "v2", "{}", r.url);
+        }
+        reference.shutdown().await.unwrap();
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn without_a_kept_update_a_restarted_server_waits_unrouted_for_the_next_one() {
+    within(240, async {
+        let cluster = Cluster::in_process(1, 3).await.unwrap();
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
+        let opts = ForkOptions {
+            admin_key: Some("k".into()),
+            ..ForkOptions::default()
+        };
+        let svc = InferenceService::fork(&cluster, &plan, &opts)
+            .await
+            .unwrap();
+        let mut serving = svc.serving_events();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let sync = WeightSync::new(WeightSyncOptions {
+            keep_for_catch_up: false,
+            ..WeightSyncOptions::default()
+        });
+        sync.attach(&svc.control);
+        let (_, t1) = trainer_weights(1);
+        sync.update_weights(&svc.control, &engines(&svc), "v1", &t1)
+            .await
+            .unwrap();
+
+        let victim = svc.servers[2].clone();
+        kill9(victim.info.pid);
+        wait_serving(
+            &mut serving,
+            60,
+            |e| matches!(e, ServingEvent::Held { url } if url == &victim.info.url),
+        )
+        .await;
+        let cap = svc.capacity();
+        assert!(cap.degraded());
+        assert_eq!(cap.held, vec![victim.info.url.clone()]);
+        assert!(
+            !routed(&svc)
+                .await
+                .contains(victim.proxy_url.as_ref().unwrap())
+        );
+        // Serving continues on the other decode, on one version.
+        for i in 0..3 {
+            let v = generate(&client, &svc.gateway_url, i).await;
+            assert_eq!(v["meta_info"]["weight_version"], "v1");
+        }
+        let (_, t2) = trainer_weights(2);
+        sync.update_weights(&svc.control, &engines(&svc), "v2", &t2)
+            .await
+            .unwrap();
+        wait_serving(
+            &mut serving,
+            30,
+            |e| matches!(e, ServingEvent::Readmitted { url } if url == &victim.info.url),
+        )
+        .await;
+        assert!(!svc.capacity().degraded());
+        for r in svc.control.fan_out("/get_weight_version", None).await {
+            assert_eq!(r.result.unwrap()["weight_version"], "v2", "{}", r.url);
+        }
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_update_while_a_server_is_down_skips_it_and_serving_goes_on() {
+    within(240, async {
+        let cluster = Cluster::in_process(1, 3).await.unwrap();
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
+        let opts = ForkOptions {
+            admin_key: Some("k".into()),
+            // Exhausted at once: the server stays down, as after a lost host.
+            server_restarts: 0,
+            ..ForkOptions::default()
+        };
+        let svc = InferenceService::fork(&cluster, &plan, &opts)
+            .await
+            .unwrap();
+        let mut serving = svc.serving_events();
+        let sync = WeightSync::new(WeightSyncOptions::default());
+        sync.attach(&svc.control);
+        let victim = svc.servers[1].clone();
+        kill9(victim.info.pid);
+        wait_serving(
+            &mut serving,
+            30,
+            |e| matches!(e, ServingEvent::Lost { url, .. } if url == &victim.info.url),
+        )
+        .await;
+        let (_, t1) = trainer_weights(5);
+        let rep = sync
+            .update_weights(&svc.control, &engines(&svc), "v1", &t1)
+            .await
+            .unwrap();
+        assert_eq!(rep.skipped, vec![victim.info.url.clone()]);
+        assert_eq!(svc.capacity().down, vec![victim.info.url.clone()]);
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let v = generate(&client, &svc.gateway_url, 1).await;
+        assert_eq!(v["meta_info"]["weight_version"], "v1");
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
