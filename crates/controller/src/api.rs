@@ -137,7 +137,8 @@ impl Controller for ControllerApi {
         };
         let plan = self.plan()?;
         let world = plan.world_size();
-        let calls = self.control.urls().iter().enumerate().map(|(i, u)| {
+        let urls = self.control.urls();
+        let calls = urls.iter().enumerate().map(|(i, u)| {
             let body = json!({
                 "master_address": r.master_address,
                 "master_port": r.master_port,

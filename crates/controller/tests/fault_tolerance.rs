@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::within;
 use half::bf16;
 use serde_json::{Value, json};
@@ -300,6 +302,140 @@ async fn an_update_while_a_server_is_down_skips_it_and_serving_goes_on() {
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
         let v = generate(&client, &svc.gateway_url, 1).await;
         assert_eq!(v["meta_info"]["weight_version"], "v1");
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_troupe");
+
+/// Kills a host process and every process it started, as when its node goes down.
+fn kill_node(host_pid: u32) {
+    let mut kids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // ppid is the second field after the parenthesised command name.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(host_pid) {
+            kids.push(pid);
+        }
+    }
+    kill9(host_pid);
+    for k in kids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(k as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+async fn process_cluster(hosts: usize) -> Cluster {
+    Cluster::builder()
+        .binary(BIN)
+        .local_processes(hosts, 1)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_lost_hosts_server_is_re_placed_on_a_free_host_with_the_current_weights() {
+    within(240, async {
+        let cluster = process_cluster(3).await;
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
+        let svc = InferenceService::fork(&cluster, &plan, &ForkOptions::default())
+            .await
+            .unwrap();
+        let mut serving = svc.serving_events();
+        let mut events = cluster.events();
+        let sync = WeightSync::new(WeightSyncOptions::default());
+        sync.attach(&svc.control);
+        let (_, t1) = trainer_weights(9);
+        sync.update_weights(&svc.control, &svc.control.engines(), "v1", &t1)
+            .await
+            .unwrap();
+        let decode = svc.servers[1].clone();
+        assert_eq!(
+            decode.host, 1,
+            "placement: prefill on host 0, decode on host 1"
+        );
+        let t0 = std::time::Instant::now();
+        kill_node(cluster.host(1).pid());
+        common::wait_event(&mut events, 10, |e| {
+            matches!(e, troupe_controller::ClusterEvent::HostLost { host: 1, .. })
+        })
+        .await;
+        assert!(t0.elapsed() < Duration::from_secs(2), "lost within 2 s");
+        let e = wait_serving(&mut serving, 60, |e| {
+            matches!(e, ServingEvent::Replaced { .. })
+        })
+        .await;
+        let ServingEvent::Replaced { old, new, host } = e else {
+            unreachable!()
+        };
+        assert_eq!((old.as_str(), host), (decode.info.url.as_str(), 2));
+        wait_serving(
+            &mut serving,
+            60,
+            |e| matches!(e, ServingEvent::Readmitted { url } if url == &new),
+        )
+        .await;
+        assert_eq!(
+            svc.control.urls(),
+            vec![svc.servers[0].info.url.clone(), new.clone()]
+        );
+        assert!(!svc.capacity().degraded(), "{:?}", svc.capacity());
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        for i in 0..3 {
+            let v = generate(&client, &svc.gateway_url, i).await;
+            assert_eq!(v["meta_info"]["weight_version"], "v1");
+        }
+        // The next update reaches the new server through a rebuilt group.
+        let (_, t2) = trainer_weights(10);
+        sync.update_weights(&svc.control, &svc.control.engines(), "v2", &t2)
+            .await
+            .unwrap();
+        for r in svc.control.fan_out("/get_weight_version", None).await {
+            assert_eq!(r.result.unwrap()["weight_version"], "v2", "{}", r.url);
+        }
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn without_room_a_lost_host_leaves_serving_degraded_but_running() {
+    within(240, async {
+        let cluster = process_cluster(3).await;
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
+        let svc = InferenceService::fork(&cluster, &plan, &ForkOptions::default())
+            .await
+            .unwrap();
+        let mut serving = svc.serving_events();
+        let victim = svc.servers.iter().find(|s| s.host == 2).unwrap().clone();
+        kill_node(cluster.host(2).pid());
+        let e = wait_serving(&mut serving, 30, |e| matches!(e, ServingEvent::Lost { .. })).await;
+        let ServingEvent::Lost { url, reason } = e else {
+            unreachable!()
+        };
+        assert_eq!(url, victim.info.url);
+        assert!(reason.contains("not re-placed"), "{reason}");
+        let cap = svc.capacity();
+        assert!(cap.degraded());
+        assert_eq!(cap.down, vec![victim.info.url.clone()]);
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        for i in 0..3 {
+            generate(&client, &svc.gateway_url, i).await;
+        }
         svc.teardown().await;
         cluster.shutdown().await;
     })

@@ -155,12 +155,6 @@ async fn train(
         )
         .await
         .map_err(|e| format!("cannot start the trainer: {e}"))?;
-    let engines: Vec<(String, u32)> = svc
-        .servers
-        .iter()
-        .filter(|s| s.node_rank == 0)
-        .map(|s| (s.info.url.clone(), s.info.gpu_count))
-        .collect();
     let sync = WeightSync::new(WeightSyncOptions {
         fp8,
         ..WeightSyncOptions::default()
@@ -222,7 +216,12 @@ async fn train(
             .map(HostTensor::from)
             .collect();
         let rep = sync
-            .update_weights(&svc.control, &engines, &(version + 1).to_string(), &weights)
+            .update_weights(
+                &svc.control,
+                &svc.control.engines(),
+                &(version + 1).to_string(),
+                &weights,
+            )
             .await
             .map_err(|e| format!("step {step}: {e}"))?;
         rc.set_version(version + 1);

@@ -32,10 +32,11 @@ pub struct ServerResult<T> {
     pub result: Result<T, String>,
 }
 
-/// Control-plane client for a fixed set of servers.
+/// Control-plane client for the serving heads. Clones share one server list, which changes
+/// only when a lost server is re-placed elsewhere (its slot gets the new URL).
 #[derive(Clone)]
 pub struct InferenceControl {
-    urls: Vec<String>,
+    engines: Arc<std::sync::RwLock<Vec<(String, u32)>>>,
     admin_key: Option<String>,
     client: reqwest::Client,
     fleet: Arc<super::fleet::Fleet>,
@@ -55,11 +56,17 @@ pub fn all_ok<T>(results: &[ServerResult<T>]) -> Result<(), String> {
 }
 
 impl InferenceControl {
-    /// A control client for `urls` (`http://host:port` each).
+    /// A control client for `urls` (`http://host:port` each), one GPU each as far as the
+    /// weight-group plan is concerned (see [`InferenceControl::with_engines`]).
     pub fn new(urls: Vec<String>, admin_key: Option<String>) -> Self {
+        Self::with_engines(urls.into_iter().map(|u| (u, 1)).collect(), admin_key)
+    }
+
+    /// A control client for `(url, gpu count)` engines, in group order.
+    pub fn with_engines(engines: Vec<(String, u32)>, admin_key: Option<String>) -> Self {
         let client = troupe_actors::serving::client::build().unwrap_or_default();
         InferenceControl {
-            urls,
+            engines: Arc::new(std::sync::RwLock::new(engines)),
             admin_key,
             client,
             fleet: Arc::default(),
@@ -72,17 +79,46 @@ impl InferenceControl {
         &self.fleet
     }
 
-    /// The same servers' control client restricted to `urls` (same fleet, same key).
+    /// A control client over only `urls` of these servers (same fleet, same key; its own list).
     pub fn subset(&self, urls: Vec<String>) -> InferenceControl {
+        let all = self.engines();
+        let engines = urls
+            .into_iter()
+            .map(|u| {
+                let g = all.iter().find(|(x, _)| *x == u).map_or(1, |e| e.1);
+                (u, g)
+            })
+            .collect();
         InferenceControl {
-            urls,
+            engines: Arc::new(std::sync::RwLock::new(engines)),
             ..self.clone()
         }
     }
 
     /// The servers this handle controls, in group order.
-    pub fn urls(&self) -> &[String] {
-        &self.urls
+    pub fn urls(&self) -> Vec<String> {
+        self.engines().into_iter().map(|(u, _)| u).collect()
+    }
+
+    /// The servers with their GPU counts, in group order (what a weight update goes to).
+    pub fn engines(&self) -> Vec<(String, u32)> {
+        self.engines
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Puts `new` in the slot of `old` (a lost server re-placed elsewhere); false when `old`
+    /// is not one of these servers.
+    pub fn replace_engine(&self, old: &str, new: (String, u32)) -> bool {
+        let mut e = self.engines.write().unwrap_or_else(|p| p.into_inner());
+        match e.iter_mut().find(|(u, _)| u == old) {
+            Some(slot) => {
+                *slot = new;
+                true
+            }
+            None => false,
+        }
     }
 
     /// POSTs `body` to one server's `path` with the admin key; the JSON answer or why not.
@@ -110,12 +146,13 @@ impl InferenceControl {
 
     /// Sends `path` (POST with `body`, or GET without) to every server at once.
     pub async fn fan_out(&self, path: &str, body: Option<Value>) -> Vec<ServerResult<Value>> {
-        let calls = self.urls.iter().map(|u| {
+        let urls = self.urls();
+        let calls = urls.into_iter().map(|u| {
             let body = body.as_ref();
             async move {
                 ServerResult {
-                    url: u.clone(),
-                    result: self.one(u, path, body).await,
+                    result: self.one(&u, path, body).await,
+                    url: u,
                 }
             }
         });

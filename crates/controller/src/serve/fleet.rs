@@ -108,6 +108,15 @@ impl Fleet {
         })
     }
 
+    /// `url` is no longer one of the servers (its slot went to a re-placed server).
+    pub fn forget(&self, url: &str) {
+        self.with(|i| {
+            i.down.remove(url);
+            i.held.remove(url);
+            i.caught_up.retain(|u| u != url);
+        });
+    }
+
     /// `url` has the current weights again and is routed.
     pub fn mark_serving(&self, url: &str) {
         self.with(|i| {

@@ -112,6 +112,10 @@ pub struct ServerEntry {
     pub actor: ActorHandle<InferenceServer>,
     /// The DataProxy in front of it (heads only).
     pub proxy_url: Option<String>,
+    /// How it was launched.
+    pub spec: LaunchSpec,
+    /// Its actor name.
+    pub name: String,
 }
 
 /// Running, routed inference serving.
@@ -130,8 +134,9 @@ pub struct InferenceService {
     pub placement: troupe_scheduler::Placement,
     gateway: ActorHandle<GatewayActor>,
     proxies: Vec<ActorHandle<ProxyActor>>,
-    watcher: tokio::task::JoinHandle<()>,
+    watcher: Option<tokio::task::JoinHandle<()>>,
     serving_events: tokio::sync::broadcast::Sender<super::watch::ServingEvent>,
+    spawned: std::sync::Arc<std::sync::Mutex<super::replace::Spawned>>,
 }
 
 /// Ports this process has handed to servers, per machine address. A port is claimed the moment
@@ -162,11 +167,16 @@ impl troupe_scheduler::PortProbe for ClaimingProbe {
 const PORT_RETRIES: usize = 3;
 
 fn port_in_use(e: &troupe_actors::CallError) -> bool {
-    let m = e.to_string();
+    port_in_use_text(&e.to_string())
+}
+
+/// Whether a launch error says the port was taken.
+pub(crate) fn port_in_use_text(m: &str) -> bool {
     m.contains("Address already in use") || m.contains("EADDRINUSE") || m.contains("os error 98")
 }
 
-fn machine(addr: &str) -> String {
+/// The machine part of a host address (`inproc://…` hosts are this machine).
+pub(crate) fn machine(addr: &str) -> String {
     if addr.starts_with("inproc://") {
         return "127.0.0.1".into();
     }
@@ -253,6 +263,8 @@ impl InferenceService {
         opts: &ForkOptions,
     ) -> Result<InferenceService, ForkError> {
         let started = Instant::now();
+        // Subscribed before any server starts, so the serving watcher misses nothing.
+        let events = cluster.events();
         let hosts: Vec<HostResources> = cluster
             .hosts()
             .iter()
@@ -346,11 +358,11 @@ impl InferenceService {
                         Ok::<_, troupe_actors::CallError>((actor, info))
                     }
                     .await;
-                    (p, name, r)
+                    (p, name, spec, r)
                 }
             }))
             .await;
-            for (p, name, r) in results {
+            for (p, name, spec, r) in results {
                 match r {
                     Ok((actor, info)) => {
                         bar.inc(1);
@@ -363,6 +375,8 @@ impl InferenceService {
                             info,
                             actor,
                             proxy_url: None,
+                            spec,
+                            name,
                         })
                     }
                     Err(e) if attempt < PORT_RETRIES && port_in_use(&e) => {
@@ -406,7 +420,31 @@ impl InferenceService {
         servers.sort_by_key(|s| (s.component, s.group, s.instance, s.node_rank));
 
         match Self::route(cluster, servers, opts).await {
-            Ok(mut svc) => {
+            Ok((mut svc, watched)) => {
+                let mut used: std::collections::BTreeMap<usize, std::collections::BTreeSet<u32>> =
+                    Default::default();
+                for p in &placement.instances {
+                    used.entry(p.host)
+                        .or_default()
+                        .extend(p.gpus.iter().copied());
+                }
+                let replacer = super::replace::Replacer {
+                    hosts: cluster.hosts().to_vec(),
+                    resources: hosts,
+                    used: std::sync::Mutex::new(used),
+                    lost: Default::default(),
+                    ports: std::sync::Mutex::new(ports),
+                    restarts: opts.server_restarts,
+                    spawned: svc.spawned.clone(),
+                };
+                svc.watcher = Some(super::watch::spawn(
+                    watched,
+                    svc.gateway.clone(),
+                    svc.control.clone(),
+                    events,
+                    svc.serving_events.clone(),
+                    Some(std::sync::Arc::new(replacer)),
+                ));
                 svc.bring_up = started.elapsed();
                 svc.placement = placement;
                 Ok(svc)
@@ -423,7 +461,7 @@ impl InferenceService {
         cluster: &Cluster,
         mut servers: Vec<ServerEntry>,
         opts: &ForkOptions,
-    ) -> Result<InferenceService, (Vec<ServerEntry>, ForkError)> {
+    ) -> Result<(InferenceService, Vec<super::watch::Head>), (Vec<ServerEntry>, ForkError)> {
         let serving = |e: &dyn std::fmt::Display| ForkError::Serving(e.to_string());
         let mut proxies = Vec::new();
         let proxy_starts = servers.iter().filter(|s| s.node_rank == 0).map(|s| {
@@ -515,20 +553,16 @@ impl InferenceService {
         };
         let heads: Vec<&ServerEntry> = servers.iter().filter(|s| s.node_rank == 0).collect();
         let inf_addrs = heads.iter().map(|s| s.info.addr.clone()).collect();
-        let control = InferenceControl::new(
-            heads.iter().map(|s| s.info.url.clone()).collect(),
+        let control = InferenceControl::with_engines(
+            heads
+                .iter()
+                .map(|s| (s.info.url.clone(), s.info.gpu_count))
+                .collect(),
             opts.admin_key.clone(),
         );
         let watched = watched_heads(&servers, &workers_by_proxy);
         let (serving_events, _) = tokio::sync::broadcast::channel(1024);
-        let watcher = super::watch::spawn(
-            watched,
-            gateway.clone(),
-            control.clone(),
-            cluster.events(),
-            serving_events.clone(),
-        );
-        Ok(InferenceService {
+        let svc = InferenceService {
             servers,
             inf_addrs,
             gateway_url,
@@ -539,9 +573,11 @@ impl InferenceService {
             },
             gateway,
             proxies,
-            watcher,
+            watcher: None,
             serving_events,
-        })
+            spawned: Default::default(),
+        };
+        Ok((svc, watched))
     }
 
     /// What the serving watcher does as servers die, come back and catch up (see
@@ -564,12 +600,12 @@ impl InferenceService {
             down: Vec::new(),
             held: Vec::new(),
         };
-        for s in self.servers.iter().filter(|s| s.node_rank == 0) {
+        for url in self.control.urls() {
             c.planned += 1;
-            match fleet.state(&s.info.url) {
+            match fleet.state(&url) {
                 super::fleet::HeadState::Serving => c.serving += 1,
-                super::fleet::HeadState::Down => c.down.push(s.info.url.clone()),
-                super::fleet::HeadState::Held => c.held.push(s.info.url.clone()),
+                super::fleet::HeadState::Down => c.down.push(url),
+                super::fleet::HeadState::Held => c.held.push(url),
             }
         }
         c
@@ -586,11 +622,26 @@ impl InferenceService {
 
     /// Stops everything in reverse order of bring-up: gateway, proxies, servers.
     pub async fn teardown(self) {
-        self.watcher.abort();
+        if let Some(w) = &self.watcher {
+            w.abort();
+        }
+        let spawned = std::mem::take(&mut *self.spawned.lock().unwrap_or_else(|p| p.into_inner()));
         let _ = self.gateway.stop(Duration::from_secs(5)).await;
-        futures::future::join_all(self.proxies.iter().map(|p| p.stop(Duration::from_secs(5))))
-            .await;
+        futures::future::join_all(
+            self.proxies
+                .iter()
+                .chain(&spawned.proxies)
+                .map(|p| p.stop(Duration::from_secs(5))),
+        )
+        .await;
         stop_servers(&self.servers).await;
+        futures::future::join_all(
+            spawned
+                .servers
+                .iter()
+                .map(|s| s.stop(Duration::from_secs(15))),
+        )
+        .await;
     }
 }
 
@@ -638,6 +689,8 @@ fn watched_heads(
                 server_url: server_url.clone(),
                 gpus: head.info.gpu_count,
                 worker: spec.clone(),
+                spec: head.spec.clone(),
+                name: head.name.clone(),
             })
         })
         .collect()

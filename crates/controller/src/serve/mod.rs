@@ -6,6 +6,7 @@ pub mod config;
 pub mod control;
 pub mod fleet;
 pub mod fork;
+mod replace;
 pub mod watch;
 
 pub use config::{ConfigError, ServeConfig};

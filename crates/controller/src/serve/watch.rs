@@ -8,7 +8,7 @@
 //! sync when that keeps the last update, otherwise by the next update, which rebuilds the
 //! broadcast group because the fleet's generation changed.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
@@ -17,6 +17,7 @@ use troupe_actors::serving::worker::WorkerSpec;
 
 use super::control::InferenceControl;
 use super::fleet::{Fleet, HeadState};
+use super::replace::Replacer;
 use crate::handle::ActorHandle;
 use crate::membership::ClusterEvent;
 
@@ -33,6 +34,10 @@ pub(crate) struct Head {
     pub gpus: u32,
     /// How the router knows it (its proxy's URL, type, bootstrap).
     pub worker: WorkerSpec,
+    /// How the head was launched (a re-placement launches the same elsewhere).
+    pub spec: troupe_actors::inference::LaunchSpec,
+    /// The head's actor name.
+    pub name: String,
 }
 
 /// Something the watcher did, for logs, tests and the capacity report.
@@ -62,6 +67,15 @@ pub enum ServingEvent {
         /// Its URL.
         url: String,
     },
+    /// A lost server was launched again on another host, in the old one's slot.
+    Replaced {
+        /// The lost server's URL.
+        old: String,
+        /// The new server's URL.
+        new: String,
+        /// The host it now runs on.
+        host: usize,
+    },
     /// A server is gone for good (restart budget spent, or its host is lost): serving goes on
     /// with less capacity.
     Lost {
@@ -73,10 +87,11 @@ pub enum ServingEvent {
 }
 
 struct Watcher {
-    heads: Vec<Head>,
+    heads: Mutex<Vec<Head>>,
     gateway: ActorHandle<GatewayActor>,
     control: InferenceControl,
     out: broadcast::Sender<ServingEvent>,
+    replacer: Option<Arc<Replacer>>,
 }
 
 /// Starts the watcher; it runs until the cluster's event stream closes or the handle is
@@ -87,12 +102,14 @@ pub(crate) fn spawn(
     control: InferenceControl,
     events: broadcast::Receiver<ClusterEvent>,
     out: broadcast::Sender<ServingEvent>,
+    replacer: Option<Arc<Replacer>>,
 ) -> JoinHandle<()> {
     let w = Arc::new(Watcher {
-        heads,
+        heads: Mutex::new(heads),
         gateway,
         control,
         out,
+        replacer,
     });
     tokio::spawn(w.run(events))
 }
@@ -102,10 +119,15 @@ impl Watcher {
         self.control.fleet()
     }
 
-    fn head_of(&self, actor_id: &str) -> Option<&Head> {
-        self.heads
+    fn heads(&self) -> std::sync::MutexGuard<'_, Vec<Head>> {
+        self.heads.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn head_of(&self, actor_id: &str) -> Option<Head> {
+        self.heads()
             .iter()
             .find(|h| h.actors.iter().any(|a| a == actor_id))
+            .cloned()
     }
 
     fn emit(&self, e: ServingEvent) {
@@ -124,6 +146,9 @@ impl Watcher {
             }
             ServingEvent::Readmitted { url } => {
                 tracing::info!(server = %url, "server routed again")
+            }
+            ServingEvent::Replaced { old, new, host } => {
+                tracing::warn!(%old, %new, host, "lost server re-placed")
             }
         }
         let _ = self.out.send(e);
@@ -161,7 +186,7 @@ impl Watcher {
             ClusterEvent::ActorFailed {
                 actor_id, reason, ..
             } => {
-                if let Some(h) = self.head_of(&actor_id).cloned() {
+                if let Some(h) = self.head_of(&actor_id) {
                     self.take_down(&h, reason.clone()).await;
                     self.emit(ServingEvent::Lost {
                         url: h.server_url,
@@ -170,8 +195,11 @@ impl Watcher {
                 }
             }
             ClusterEvent::HostLost { host, reason, .. } => {
+                if let Some(r) = &self.replacer {
+                    r.host_lost(host);
+                }
                 let lost: Vec<Head> = self
-                    .heads
+                    .heads()
                     .iter()
                     .filter(|h| h.hosts.contains(&host))
                     .cloned()
@@ -179,14 +207,20 @@ impl Watcher {
                 for h in lost {
                     let reason = format!("host {host} lost: {reason}");
                     self.take_down(&h, reason.clone()).await;
-                    self.emit(ServingEvent::Lost {
-                        url: h.server_url,
-                        reason,
-                    });
+                    match &self.replacer {
+                        Some(r) => {
+                            let (me, r) = (self.clone(), r.clone());
+                            tokio::spawn(async move { me.replace(&r, h, reason).await });
+                        }
+                        None => self.emit(ServingEvent::Lost {
+                            url: h.server_url,
+                            reason,
+                        }),
+                    }
                 }
             }
             ClusterEvent::ActorRestarted { actor_id, .. } => {
-                let Some(h) = self.head_of(&actor_id).cloned() else {
+                let Some(h) = self.head_of(&actor_id) else {
                     return;
                 };
                 // A multi-node instance is back only when its head is: the head's restart
@@ -194,35 +228,69 @@ impl Watcher {
                 if h.actors.first() != Some(&actor_id) {
                     return;
                 }
-                if self.fleet().mark_back(&h.server_url) {
-                    self.readmit(&h.server_url).await;
-                    return;
-                }
-                self.emit(ServingEvent::Held {
-                    url: h.server_url.clone(),
-                });
-                if let Some(c) = self.fleet().catcher() {
-                    // Off the event loop: a catch-up waits for any update in progress.
-                    let me = self.clone();
-                    tokio::spawn(async move {
-                        match c.catch_up(&me.control, &h.server_url, h.gpus).await {
-                            Ok(version) => {
-                                me.emit(ServingEvent::CaughtUp {
-                                    url: h.server_url.clone(),
-                                    version,
-                                });
-                                me.readmit(&h.server_url).await;
-                            }
-                            Err(e) => tracing::warn!(
-                                server = %h.server_url,
-                                "catch-up failed ({e}); the next weight update will include it"
-                            ),
-                        }
-                    });
-                }
+                self.came_back(h).await;
             }
             ClusterEvent::ActorStarted { .. } | ClusterEvent::ActorStopped { .. } => {}
         }
+    }
+
+    /// Launches a lost head elsewhere and gives it the old one's slot; reports the capacity
+    /// lost when there is no room.
+    async fn replace(self: Arc<Self>, r: &Replacer, old: Head, reason: String) {
+        match r.replace(&old).await {
+            Ok(new) => {
+                self.control
+                    .replace_engine(&old.server_url, (new.server_url.clone(), new.gpus));
+                self.fleet().forget(&old.server_url);
+                {
+                    let mut heads = self.heads();
+                    if let Some(slot) = heads.iter_mut().find(|h| h.server_url == old.server_url) {
+                        *slot = new.clone();
+                    }
+                }
+                self.emit(ServingEvent::Replaced {
+                    old: old.server_url.clone(),
+                    new: new.server_url.clone(),
+                    host: new.hosts.first().copied().unwrap_or_default(),
+                });
+                self.came_back(new).await;
+            }
+            Err(e) => self.emit(ServingEvent::Lost {
+                url: old.server_url,
+                reason: format!("{reason}; not re-placed: {e}"),
+            }),
+        }
+    }
+
+    /// A fresh process serves `h`: route it now if no update happened yet, else once it has
+    /// the current weights.
+    async fn came_back(self: Arc<Self>, h: Head) {
+        if self.fleet().mark_back(&h.server_url) {
+            self.readmit(&h.server_url).await;
+            return;
+        }
+        self.emit(ServingEvent::Held {
+            url: h.server_url.clone(),
+        });
+        let Some(c) = self.fleet().catcher() else {
+            return; // the next weight update reaches it (see Fleet::updated)
+        };
+        // Off the event loop: a catch-up waits for any update in progress.
+        tokio::spawn(async move {
+            match c.catch_up(&self.control, &h.server_url, h.gpus).await {
+                Ok(version) => {
+                    self.emit(ServingEvent::CaughtUp {
+                        url: h.server_url.clone(),
+                        version,
+                    });
+                    self.readmit(&h.server_url).await;
+                }
+                Err(e) => tracing::warn!(
+                    server = %h.server_url,
+                    "catch-up failed ({e}); the next weight update will include it"
+                ),
+            }
+        });
     }
 
     async fn take_down(&self, h: &Head, reason: String) {
@@ -248,7 +316,7 @@ impl Watcher {
 
     /// Routes `url` again, unless it died again meanwhile.
     async fn readmit(&self, url: &str) {
-        let Some(h) = self.heads.iter().find(|h| h.server_url == url) else {
+        let Some(h) = self.heads().iter().find(|h| h.server_url == url).cloned() else {
             return;
         };
         if self.fleet().state(url) == HeadState::Down {

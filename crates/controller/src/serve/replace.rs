@@ -1,0 +1,194 @@
+//! Re-placing the servers of a lost host on surviving capacity.
+//!
+//! When a host is lost its servers cannot restart where they were. If another live host has
+//! enough free GPUs the server is launched there with fresh ports, gets its own DataProxy, and
+//! takes the lost server's slot (control plane and weight group); otherwise the plan is
+//! reported degraded and serving continues on what remains. Multi-node instances are not
+//! re-placed (their peers would need a new rendezvous); they are reported lost.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use troupe_actors::inference::server::GetInfo;
+use troupe_actors::inference::{InferenceServer, LaunchSpec, WorkerType};
+use troupe_actors::serving::actors::{GetUrl, ProxyActor, ProxyArgs};
+use troupe_actors::serving::worker::WorkerSpec;
+use troupe_scheduler::{HostResources, PortAllocator, PortNeeds};
+
+use super::watch::Head;
+use crate::handle::{ActorHandle, HostHandle, SpawnOptions};
+
+/// Actors a re-placement started, so teardown stops them too.
+#[derive(Default)]
+pub(crate) struct Spawned {
+    pub servers: Vec<ActorHandle<InferenceServer>>,
+    pub proxies: Vec<ActorHandle<ProxyActor>>,
+}
+
+/// Free capacity and ports of the cluster, for re-placements.
+pub(crate) struct Replacer {
+    pub hosts: Vec<HostHandle>,
+    pub resources: Vec<HostResources>,
+    /// GPU ids in use per host (every component, training included).
+    pub used: Mutex<BTreeMap<usize, BTreeSet<u32>>>,
+    pub lost: Mutex<BTreeSet<usize>>,
+    pub ports: Mutex<PortAllocator>,
+    pub restarts: u32,
+    pub spawned: Arc<Mutex<Spawned>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Replacer {
+    /// `host` is gone: nothing more is placed on it.
+    pub fn host_lost(&self, host: usize) {
+        lock(&self.lost).insert(host);
+    }
+
+    /// The live host with the most free GPUs, at least `need`, and its free ids.
+    fn pick(&self, need: usize) -> Option<(usize, Vec<u32>)> {
+        let lost = lock(&self.lost);
+        let used = lock(&self.used);
+        self.resources
+            .iter()
+            .filter(|r| !lost.contains(&r.index))
+            .filter(|r| self.hosts.get(r.index).is_some_and(|h| h.lost().is_none()))
+            .map(|r| {
+                let taken = used.get(&r.index);
+                let free: Vec<u32> = r
+                    .gpu_ids
+                    .iter()
+                    .copied()
+                    .filter(|g| taken.is_none_or(|t| !t.contains(g)))
+                    .collect();
+                (r.index, free)
+            })
+            .filter(|(_, free)| free.len() >= need)
+            .max_by_key(|(i, free)| (free.len(), std::cmp::Reverse(*i)))
+            .map(|(i, free)| (i, free.into_iter().take(need).collect()))
+    }
+
+    /// Launches `head`'s server (and a proxy) on surviving capacity; the new head.
+    pub async fn replace(&self, head: &Head) -> Result<Head, String> {
+        if head.actors.len() > 1 {
+            return Err("a multi-node instance is not re-placed".into());
+        }
+        let need = head.spec.gpus.len();
+        let Some((host, gpus)) = self.pick(need) else {
+            return Err(format!(
+                "no live host has {need} free GPU(s) for it: serving continues with less capacity"
+            ));
+        };
+        let res = &self.resources[host];
+        let machine = super::fork::machine(&res.address);
+        let mut last_err = String::new();
+        for attempt in 0..3 {
+            let needs = PortNeeds {
+                http: true,
+                dist: head.spec.dist_port.is_some(),
+                bootstrap: head.spec.bootstrap_port.is_some(),
+            };
+            let ports = lock(&self.ports)
+                .take_ports(res, needs)
+                .map_err(|e| format!("no free ports on host {host}: {e}"))?;
+            let loopback = machine == "127.0.0.1" || machine == "localhost" || machine == "::1";
+            let spec = LaunchSpec {
+                gpus: gpus.clone(),
+                host: if loopback {
+                    machine.clone()
+                } else {
+                    "0.0.0.0".into()
+                },
+                advertise_host: machine.clone(),
+                port: ports.http.unwrap_or(0),
+                dist_port: ports.dist,
+                bootstrap_port: ports.bootstrap,
+                ..head.spec.clone()
+            };
+            let name = format!("{}-replaced{attempt}", head.name);
+            match self.launch(host, &name, &spec, &machine).await {
+                Ok(new) => {
+                    lock(&self.used).entry(host).or_default().extend(gpus);
+                    return Ok(new);
+                }
+                Err(e) if super::fork::port_in_use_text(&e) => last_err = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err)
+    }
+
+    async fn launch(
+        &self,
+        host: usize,
+        name: &str,
+        spec: &LaunchSpec,
+        machine: &str,
+    ) -> Result<Head, String> {
+        let h = &self.hosts[host];
+        let server = h
+            .spawn_with::<InferenceServer>(
+                name,
+                spec,
+                SpawnOptions::restarts(self.restarts, Duration::from_millis(500)),
+            )
+            .await
+            .map_err(|e| format!("{name} on host {host}: {e}"))?;
+        let started = async {
+            let info = server.call(GetInfo).await?;
+            let proxy = h
+                .spawn::<ProxyActor>(
+                    "proxy",
+                    &ProxyArgs {
+                        listen: format!("{machine}:0"),
+                        backends: vec![info.url.clone()],
+                        ..ProxyArgs::default()
+                    },
+                )
+                .await?;
+            Ok::<_, troupe_actors::CallError>((info, proxy))
+        }
+        .await;
+        let (info, proxy) = match started {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = server.stop(Duration::from_secs(5)).await;
+                return Err(format!("{name} on host {host}: {e}"));
+            }
+        };
+        let proxy_url = match proxy.call(GetUrl).await {
+            Ok(u) => u,
+            Err(e) => {
+                let _ = proxy.stop(Duration::from_secs(2)).await;
+                let _ = server.stop(Duration::from_secs(5)).await;
+                return Err(format!("proxy of {name}: {e}"));
+            }
+        };
+        let prefill = info.worker_type == WorkerType::Prefill;
+        let head = Head {
+            actors: vec![server.id().to_string()],
+            hosts: vec![host],
+            server_url: info.url.clone(),
+            gpus: info.gpu_count,
+            worker: WorkerSpec {
+                url: proxy_url,
+                worker_type: info.worker_type,
+                bootstrap_port: if prefill { info.bootstrap_port } else { None },
+                bootstrap_host: if prefill {
+                    info.bootstrap_host.clone()
+                } else {
+                    None
+                },
+            },
+            spec: spec.clone(),
+            name: name.to_string(),
+        };
+        let mut s = lock(&self.spawned);
+        s.servers.push(server);
+        s.proxies.push(proxy);
+        Ok(head)
+    }
+}
