@@ -243,6 +243,25 @@ impl ClusterBuilder {
 enum Owned {
     Core(HostCore),
     Process(Box<LocalHost>),
+    /// A host process on this machine that an earlier controller started (`--recover`).
+    Adopted(u32),
+}
+
+/// SIGTERM, then SIGKILL after `grace`, for a process that is not our child (no wait()).
+async fn terminate_pid(pid: u32, grace: Duration) {
+    use nix::sys::signal::{Signal, kill};
+    let p = nix::unistd::Pid::from_raw(pid as i32);
+    if kill(p, Signal::SIGTERM).is_err() {
+        return; // already gone
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    while tokio::time::Instant::now() < deadline {
+        if kill(p, None).is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = kill(p, Signal::SIGKILL);
 }
 
 /// The hosts one controller drives, and the events they report.
@@ -326,6 +345,13 @@ impl Cluster {
         self.events.subscribe()
     }
 
+    /// Takes over host processes on this machine that an earlier controller started (found
+    /// again through its state file): [`Cluster::shutdown`] stops them as if this cluster had
+    /// started them.
+    pub fn adopt_processes(&mut self, pids: &[u32]) {
+        self.owned.extend(pids.iter().map(|p| Owned::Adopted(*p)));
+    }
+
     /// Stops everything this cluster started: in-process hosts shut down their actors, host
     /// processes get SIGTERM (then SIGKILL). Connected hosts are left running.
     pub async fn shutdown(self) {
@@ -334,6 +360,7 @@ impl Cluster {
             match o {
                 Owned::Core(c) => c.shutdown().await,
                 Owned::Process(mut p) => p.terminate(Duration::from_secs(10)).await,
+                Owned::Adopted(pid) => terminate_pid(pid, Duration::from_secs(10)).await,
             }
         });
         futures::future::join_all(stops).await;

@@ -20,7 +20,18 @@ pub struct ServeArgs {
     /// Also serve the controller's gRPC API (weight sync for external trainers) here.
     #[arg(long)]
     pub api_listen: Option<std::net::SocketAddr>,
+    /// Where to keep the state a restarted controller reattaches from (written for the
+    /// `local` and `slurm` schedulers, whose hosts outlive the controller; default
+    /// `troupe-serve.state.json` in the working directory).
+    #[arg(long)]
+    pub state_file: Option<PathBuf>,
+    /// Reattach to the hosts, servers and gateway in the state file instead of launching.
+    #[arg(long)]
+    pub recover: bool,
 }
+
+/// Default state file name (in the working directory).
+pub const DEFAULT_STATE_FILE: &str = "troupe-serve.state.json";
 
 /// Fork options from a config.
 pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: bool) -> ForkOptions {
@@ -65,9 +76,95 @@ pub fn admin_key(cfg: &ServeConfig) -> String {
         .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string())
 }
 
+/// The state file to write, if the hosts can outlive this controller.
+fn state_path(a: &ServeArgs, cfg: &ServeConfig) -> Option<PathBuf> {
+    match (&a.state_file, cfg.scheduler.kind) {
+        (Some(p), _) => Some(p.clone()),
+        (None, SchedulerType::Inprocess) => None,
+        (None, _) => Some(PathBuf::from(DEFAULT_STATE_FILE)),
+    }
+}
+
+/// Keeps the state file current: written now, and again whenever a server is re-placed.
+fn keep_state(
+    path: PathBuf,
+    svc: &InferenceService,
+    cluster: &Cluster,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    svc.state(cluster).save(&path).map_err(|e| e.to_string())?;
+    eprintln!(
+        "state: {} (after a controller crash, `troupe serve CONFIG --recover` reattaches)",
+        path.display()
+    );
+    // The task needs the state at each change; it rebuilds it from a snapshot channel.
+    let mut events = svc.serving_events();
+    let snapshot = svc.state_source(cluster);
+    Ok(tokio::spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(super::ServingEvent::Replaced { .. }) => {
+                    if let Err(e) = snapshot().save(&path) {
+                        tracing::warn!("cannot update the state file: {e}");
+                    }
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => return,
+            }
+        }
+    }))
+}
+
+/// `troupe serve --recover`: reattach to what the state file names.
+async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
+    if cfg.scheduler.kind == SchedulerType::Inprocess {
+        return Err(
+            "--recover needs hosts that outlive the controller: in-process hosts died with it; use scheduler.type=local or slurm"
+                .into(),
+        );
+    }
+    let path = a
+        .state_file
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_FILE));
+    let st = super::state::ServeState::load(&path).map_err(|e| e.to_string())?;
+    let mut cluster = Cluster::builder()
+        .connect(&st.host_addresses())
+        .await
+        .map_err(|e| format!("cannot reach the hosts named in {}: {e}", path.display()))?;
+    if cfg.scheduler.kind == SchedulerType::Local {
+        cluster.adopt_processes(&st.hosts.iter().map(|h| h.pid).collect::<Vec<_>>());
+    }
+    let svc = match InferenceService::reattach(&cluster, &st, 3).await {
+        Ok(s) => s,
+        Err(e) => {
+            return Err(format!(
+                "{e} (hosts were left running; stop them or start without --recover)"
+            ));
+        }
+    };
+    println!("gateway: {}", svc.gateway_url);
+    eprintln!(
+        "recovered {} servers on {} hosts from {}",
+        svc.inf_addrs.len(),
+        cluster.hosts().len(),
+        path.display()
+    );
+    let keeper = keep_state(path.clone(), &svc, &cluster)?;
+    crate::hostcmd::shutdown_signal().await;
+    eprintln!("shutting down");
+    keeper.abort();
+    svc.teardown().await;
+    cluster.shutdown().await;
+    let _ = std::fs::remove_file(&path);
+    Ok(())
+}
+
 /// Runs `troupe serve`.
 pub async fn run(a: &ServeArgs) -> Result<(), String> {
     let cfg = ServeConfig::load(&a.config, &a.overrides).map_err(|e| e.to_string())?;
+    if a.recover {
+        return recover(a, &cfg).await;
+    }
     let plan =
         AllocationPlan::parse(&cfg.allocation_mode).map_err(|e| format!("allocation_mode: {e}"))?;
     let key = admin_key(&cfg);
@@ -114,9 +211,27 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
             s.info.log_path
         );
     }
+    let state = state_path(a, &cfg);
+    let keeper = match &state {
+        Some(p) => match keep_state(p.clone(), &svc, &cluster) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                svc.teardown().await;
+                cluster.shutdown().await;
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     crate::hostcmd::shutdown_signal().await;
     eprintln!("shutting down");
+    if let Some(k) = keeper {
+        k.abort();
+    }
     svc.teardown().await;
     cluster.shutdown().await;
+    if let Some(p) = state {
+        let _ = std::fs::remove_file(p);
+    }
     Ok(())
 }

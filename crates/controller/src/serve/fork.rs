@@ -10,8 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use troupe_actors::inference::{
     Backend, InferenceServer, LaunchSpec, MultiNode, ServerInfo, WorkerType,
 };
-use troupe_actors::serving::actors::{GatewayActor, GatewayArgs, GetUrl, ProxyActor, ProxyArgs};
-use troupe_actors::serving::worker::WorkerSpec;
+use troupe_actors::serving::actors::{GatewayActor, ProxyActor};
 use troupe_scheduler::{
     AllocationPlan, HostResources, PlacedInstance, PlacementOptions, PortAllocator, PortRange,
 };
@@ -132,22 +131,37 @@ pub struct InferenceService {
     pub bring_up: Duration,
     /// Where every server and training rank was placed.
     pub placement: troupe_scheduler::Placement,
-    gateway: ActorHandle<GatewayActor>,
-    proxies: Vec<ActorHandle<ProxyActor>>,
-    watcher: Option<tokio::task::JoinHandle<()>>,
-    serving_events: tokio::sync::broadcast::Sender<super::watch::ServingEvent>,
-    spawned: std::sync::Arc<std::sync::Mutex<super::replace::Spawned>>,
+    pub(crate) gateway: ActorHandle<GatewayActor>,
+    pub(crate) proxies: Vec<ActorHandle<ProxyActor>>,
+    pub(crate) watcher: Option<tokio::task::JoinHandle<()>>,
+    pub(crate) serving_events: tokio::sync::broadcast::Sender<super::watch::ServingEvent>,
+    pub(crate) spawned: std::sync::Arc<std::sync::Mutex<super::replace::Spawned>>,
+    pub(crate) heads: super::watch::Heads,
+    pub(crate) admin_key: Option<String>,
 }
 
 /// Ports this process has handed to servers, per machine address. A port is claimed the moment
 /// the allocator takes it, so two forks running at once in one process never pick the same port
 /// even before either server has bound it (a bind probe alone cannot see that).
-static CLAIMED: std::sync::Mutex<std::collections::BTreeSet<(String, u16)>> =
+pub(crate) static CLAIMED: std::sync::Mutex<std::collections::BTreeSet<(String, u16)>> =
     std::sync::Mutex::new(std::collections::BTreeSet::new());
 
 /// Bind probe plus this process's claims.
 #[derive(Debug)]
-struct ClaimingProbe(std::sync::Arc<dyn troupe_scheduler::PortProbe>);
+pub(crate) struct ClaimingProbe(std::sync::Arc<dyn troupe_scheduler::PortProbe>);
+
+impl ClaimingProbe {
+    /// Claiming on top of a bind probe when every host is this machine, else on top of
+    /// assuming ports free (a remote machine cannot be probed from here).
+    pub(crate) fn for_hosts(hosts: &[HostResources]) -> Self {
+        let all_local = hosts.iter().all(|h| h.address == "127.0.0.1");
+        ClaimingProbe(if all_local {
+            std::sync::Arc::new(troupe_scheduler::LocalBindProbe)
+        } else {
+            std::sync::Arc::new(troupe_scheduler::AssumeFree)
+        })
+    }
+}
 
 impl troupe_scheduler::PortProbe for ClaimingProbe {
     fn is_free(&self, host: &HostResources, port: u16) -> bool {
@@ -270,15 +284,9 @@ impl InferenceService {
             .iter()
             .map(|h| HostResources::new(h.index(), machine(h.address()), h.gpu_ids().to_vec()))
             .collect();
-        let all_local = hosts.iter().all(|h| h.address == "127.0.0.1");
-        let probe: std::sync::Arc<dyn troupe_scheduler::PortProbe> = if all_local {
-            std::sync::Arc::new(troupe_scheduler::LocalBindProbe)
-        } else {
-            std::sync::Arc::new(troupe_scheduler::AssumeFree)
-        };
         let mut ports = PortAllocator::new(
             PortRange::default(),
-            std::sync::Arc::new(ClaimingProbe(probe)),
+            std::sync::Arc::new(ClaimingProbe::for_hosts(&hosts)),
         );
         let mut placement = troupe_scheduler::place(
             plan,
@@ -437,8 +445,9 @@ impl InferenceService {
                     restarts: opts.server_restarts,
                     spawned: svc.spawned.clone(),
                 };
+                *svc.heads.lock().unwrap_or_else(|p| p.into_inner()) = watched;
                 svc.watcher = Some(super::watch::spawn(
-                    watched,
+                    svc.heads.clone(),
                     svc.gateway.clone(),
                     svc.control.clone(),
                     events,
@@ -454,136 +463,6 @@ impl InferenceService {
                 Err(e)
             }
         }
-    }
-
-    /// Proxies and gateway in front of the servers.
-    async fn route(
-        cluster: &Cluster,
-        mut servers: Vec<ServerEntry>,
-        opts: &ForkOptions,
-    ) -> Result<(InferenceService, Vec<super::watch::Head>), (Vec<ServerEntry>, ForkError)> {
-        let serving = |e: &dyn std::fmt::Display| ForkError::Serving(e.to_string());
-        let mut proxies = Vec::new();
-        let proxy_starts = servers.iter().filter(|s| s.node_rank == 0).map(|s| {
-            let host = cluster.host(s.host).clone();
-            let args = ProxyArgs {
-                listen: format!("{}:0", machine(&s.info.addr)),
-                backends: vec![s.info.url.clone()],
-                ..ProxyArgs::default()
-            };
-            async move {
-                let a = host.spawn::<ProxyActor>("proxy", &args).await?;
-                let url = a.call(GetUrl).await?;
-                Ok::<_, troupe_actors::CallError>((a, url))
-            }
-        });
-        let started = futures::future::join_all(proxy_starts).await;
-        let mut urls = Vec::new();
-        let mut first_err = None;
-        for r in started {
-            match r {
-                Ok((a, u)) => {
-                    proxies.push(a);
-                    urls.push(u);
-                }
-                Err(e) => first_err = first_err.or(Some(e)),
-            }
-        }
-        if let Some(e) = first_err {
-            for p in &proxies {
-                let _ = p.stop(Duration::from_secs(2)).await;
-            }
-            return Err((
-                servers,
-                serving(&format!("a data proxy failed to start: {e}")),
-            ));
-        }
-        let mut workers = Vec::new();
-        let mut workers_by_proxy = Vec::new();
-        let mut heads = servers.iter_mut().filter(|s| s.node_rank == 0);
-        for url in &urls {
-            let Some(s) = heads.next() else { break };
-            s.proxy_url = Some(url.clone());
-            // Only a prefill's bootstrap address travels in requests (decode reads from it).
-            let prefill = s.info.worker_type == WorkerType::Prefill;
-            let spec = WorkerSpec {
-                url: url.clone(),
-                worker_type: s.info.worker_type,
-                bootstrap_port: if prefill { s.info.bootstrap_port } else { None },
-                bootstrap_host: if prefill {
-                    s.info.bootstrap_host.clone()
-                } else {
-                    None
-                },
-            };
-            workers_by_proxy.push((s.info.url.clone(), spec.clone()));
-            workers.push(spec);
-        }
-        let pd = workers.iter().any(|w| w.worker_type != WorkerType::Regular);
-        let args = GatewayArgs {
-            listen: opts.gateway_listen.clone(),
-            pd,
-            policy: opts.policies.0.clone(),
-            prefill_policy: opts.policies.1.clone(),
-            decode_policy: opts.policies.2.clone(),
-            admin_key: opts.admin_key.clone(),
-            max_retries: opts.max_retries,
-            workers,
-            ..GatewayArgs::default()
-        };
-        let gateway = match cluster
-            .host(0)
-            .spawn::<GatewayActor>("gateway", &args)
-            .await
-        {
-            Ok(g) => g,
-            Err(e) => {
-                for p in &proxies {
-                    let _ = p.stop(Duration::from_secs(2)).await;
-                }
-                return Err((
-                    servers,
-                    serving(&format!("the gateway failed to start: {e}")),
-                ));
-            }
-        };
-        let gateway_url = match gateway.call(GetUrl).await {
-            Ok(u) => u,
-            Err(e) => return Err((servers, serving(&e))),
-        };
-        let heads: Vec<&ServerEntry> = servers.iter().filter(|s| s.node_rank == 0).collect();
-        let inf_addrs = heads.iter().map(|s| s.info.addr.clone()).collect();
-        let control = InferenceControl::with_engines(
-            heads
-                .iter()
-                .map(|s| (s.info.url.clone(), s.info.gpu_count))
-                .collect(),
-            opts.admin_key.clone(),
-        );
-        let watched = watched_heads(&servers, &workers_by_proxy);
-        let (serving_events, _) = tokio::sync::broadcast::channel(1024);
-        let svc = InferenceService {
-            servers,
-            inf_addrs,
-            gateway_url,
-            control,
-            bring_up: Duration::ZERO,
-            placement: troupe_scheduler::Placement {
-                instances: Vec::new(),
-            },
-            gateway,
-            proxies,
-            watcher: None,
-            serving_events,
-            spawned: Default::default(),
-        };
-        Ok((svc, watched))
-    }
-
-    /// What the serving watcher does as servers die, come back and catch up (see
-    /// [`super::watch`]).
-    pub fn serving_events(&self) -> tokio::sync::broadcast::Receiver<super::watch::ServingEvent> {
-        self.serving_events.subscribe()
     }
 
     /// The gateway actor (add, remove and list workers).
@@ -663,37 +542,6 @@ impl Capacity {
     pub fn degraded(&self) -> bool {
         self.serving < self.planned
     }
-}
-
-/// The watcher's view of each instance: its actors and hosts, and how the router knows it.
-fn watched_heads(
-    servers: &[ServerEntry],
-    workers: &[(String, WorkerSpec)],
-) -> Vec<super::watch::Head> {
-    workers
-        .iter()
-        .filter_map(|(server_url, spec)| {
-            let head = servers
-                .iter()
-                .find(|s| s.node_rank == 0 && &s.info.url == server_url)?;
-            let nodes: Vec<&ServerEntry> = servers
-                .iter()
-                .filter(|s| {
-                    (s.component, s.group, s.instance)
-                        == (head.component, head.group, head.instance)
-                })
-                .collect();
-            Some(super::watch::Head {
-                actors: nodes.iter().map(|s| s.actor.id().to_string()).collect(),
-                hosts: nodes.iter().map(|s| s.host).collect(),
-                server_url: server_url.clone(),
-                gpus: head.info.gpu_count,
-                worker: spec.clone(),
-                spec: head.spec.clone(),
-                name: head.name.clone(),
-            })
-        })
-        .collect()
 }
 
 async fn stop_servers(servers: &[ServerEntry]) {

@@ -7,6 +7,8 @@ pub mod control;
 pub mod fleet;
 pub mod fork;
 mod replace;
+mod routing;
+pub mod state;
 pub mod watch;
 
 pub use config::{ConfigError, ServeConfig};

@@ -22,7 +22,7 @@ use crate::handle::ActorHandle;
 use crate::membership::ClusterEvent;
 
 /// One serving head and the actors its instance consists of.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Head {
     /// Actor ids of every node of the instance (the head's first).
     pub actors: Vec<String>,
@@ -86,8 +86,12 @@ pub enum ServingEvent {
     },
 }
 
+/// The heads as the watcher currently knows them (re-placements swap entries); shared with
+/// the service so its state file can record them.
+pub(crate) type Heads = Arc<Mutex<Vec<Head>>>;
+
 struct Watcher {
-    heads: Mutex<Vec<Head>>,
+    heads: Heads,
     gateway: ActorHandle<GatewayActor>,
     control: InferenceControl,
     out: broadcast::Sender<ServingEvent>,
@@ -97,7 +101,7 @@ struct Watcher {
 /// Starts the watcher; it runs until the cluster's event stream closes or the handle is
 /// aborted.
 pub(crate) fn spawn(
-    heads: Vec<Head>,
+    heads: Heads,
     gateway: ActorHandle<GatewayActor>,
     control: InferenceControl,
     events: broadcast::Receiver<ClusterEvent>,
@@ -105,7 +109,7 @@ pub(crate) fn spawn(
     replacer: Option<Arc<Replacer>>,
 ) -> JoinHandle<()> {
     let w = Arc::new(Watcher {
-        heads: Mutex::new(heads),
+        heads,
         gateway,
         control,
         out,

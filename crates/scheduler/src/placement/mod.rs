@@ -10,7 +10,7 @@ mod pool;
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use self::pool::{Bundle, GpuPool, colocated_bundle};
 use crate::backend::WorkerType;
@@ -31,7 +31,7 @@ pub struct PlacementOptions {
 ///
 /// It exists so the launcher has everything it needs per process: where (host, GPUs), how to be
 /// reached (ports), and how to join its peers (node rank, dist-init address).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlacedInstance {
     /// Component index in the plan.
     pub component: usize,
@@ -58,7 +58,7 @@ pub struct PlacedInstance {
 }
 
 /// Where everything of a plan runs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
     /// Entries sorted by component, group, instance, node rank.
     pub instances: Vec<PlacedInstance>,

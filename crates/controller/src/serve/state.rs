@@ -1,0 +1,404 @@
+//! The serving state file: what a restarted controller needs to reattach instead of
+//! relaunching (`troupe serve --recover`).
+//!
+//! Hosts, servers, proxies and the gateway keep running when the controller dies — the
+//! gateway even keeps serving. The file names every host and actor by address and id, so a
+//! new controller connects to the same hosts, checks every actor is still there, and takes
+//! over: control plane, serving watcher, re-placement and teardown. It holds the admin key,
+//! so it is written with mode 0600.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use troupe_actors::inference::ServerInfo;
+use troupe_scheduler::{HostResources, Placement, PortAllocator, PortRange};
+
+use super::control::InferenceControl;
+use super::fork::{ClaimingProbe, ForkError, InferenceService, ServerEntry};
+use super::watch::Head;
+use crate::cluster::Cluster;
+
+/// Format version of the file; a controller refuses files of another version.
+const FORMAT: u32 = 1;
+
+/// One actor, by host and id.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ActorRecord {
+    /// Cluster host index.
+    pub host: usize,
+    /// Actor id on that host.
+    pub actor_id: String,
+}
+
+/// One host.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HostRecord {
+    /// gRPC address.
+    pub address: String,
+    /// Host id it reported.
+    pub host_id: String,
+    /// Its process id (meaningful on this machine only).
+    pub pid: u32,
+}
+
+/// One server process as forked.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ServerRecord {
+    component: usize,
+    group: usize,
+    instance: usize,
+    node_rank: u32,
+    host: usize,
+    actor_id: String,
+    info: ServerInfo,
+    proxy_url: Option<String>,
+    spec: troupe_actors::inference::LaunchSpec,
+    name: String,
+}
+
+/// Everything `--recover` needs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ServeState {
+    format: u32,
+    /// The hosts, in cluster order.
+    pub hosts: Vec<HostRecord>,
+    /// The gateway clients use.
+    pub gateway_url: String,
+    gateway: ActorRecord,
+    proxies: Vec<ActorRecord>,
+    servers: Vec<ServerRecord>,
+    heads: Vec<Head>,
+    engines: Vec<(String, u32)>,
+    spawned_servers: Vec<ActorRecord>,
+    spawned_proxies: Vec<ActorRecord>,
+    placement: Placement,
+    admin_key: Option<String>,
+    /// Launcher-specific facts (e.g. a Slurm job id) the launcher needs to clean up later.
+    #[serde(default)]
+    pub launcher: serde_json::Value,
+}
+
+/// Why the state file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// Reading or writing failed.
+    #[error("state file {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Not a state file of this version.
+    #[error("state file {path} is not usable: {why}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// Why.
+        why: String,
+    },
+}
+
+fn record(host: usize, id: &str) -> ActorRecord {
+    ActorRecord {
+        host,
+        actor_id: id.to_string(),
+    }
+}
+
+impl ServeState {
+    /// Writes the file atomically (temp file + rename), readable by the owner only.
+    pub fn save(&self, path: &Path) -> Result<(), StateError> {
+        let io = |source| StateError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let text = serde_json::to_vec_pretty(self).map_err(|e| io(std::io::Error::other(e)))?;
+        let tmp = path.with_extension("tmp");
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(io)?;
+            f.write_all(&text).map_err(io)?;
+            f.sync_all().map_err(io)?;
+        }
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+
+    /// Reads a file [`ServeState::save`] wrote.
+    pub fn load(path: &Path) -> Result<ServeState, StateError> {
+        let text = std::fs::read(path).map_err(|source| StateError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let st: ServeState = serde_json::from_slice(&text).map_err(|e| StateError::Invalid {
+            path: path.display().to_string(),
+            why: e.to_string(),
+        })?;
+        if st.format != FORMAT {
+            return Err(StateError::Invalid {
+                path: path.display().to_string(),
+                why: format!("format {} (this troupe reads format {FORMAT})", st.format),
+            });
+        }
+        Ok(st)
+    }
+
+    /// The hosts' addresses, for `Cluster::connect`.
+    pub fn host_addresses(&self) -> Vec<String> {
+        self.hosts.iter().map(|h| h.address.clone()).collect()
+    }
+}
+
+impl InferenceService {
+    /// What a restarted controller needs to take this service over.
+    pub fn state(&self, cluster: &Cluster) -> ServeState {
+        self.state_source(cluster)()
+    }
+
+    /// A snapshot function for [`InferenceService::state`] that outlives the borrows: what can
+    /// change (re-placed heads, the engine list, spawned actors) is read at each call.
+    pub fn state_source(
+        &self,
+        cluster: &Cluster,
+    ) -> impl Fn() -> ServeState + Send + Sync + 'static {
+        let host_ids: Vec<String> = cluster.hosts().iter().map(|h| h.id().to_string()).collect();
+        let host_of = move |id: &str| host_ids.iter().position(|h| h == id).unwrap_or_default();
+        let base = ServeState {
+            format: FORMAT,
+            hosts: cluster
+                .hosts()
+                .iter()
+                .map(|h| HostRecord {
+                    address: h.address().to_string(),
+                    host_id: h.id().to_string(),
+                    pid: h.pid(),
+                })
+                .collect(),
+            gateway_url: self.gateway_url.clone(),
+            gateway: record(host_of(self.gateway.host_id()), self.gateway.id()),
+            proxies: self
+                .proxies
+                .iter()
+                .map(|p| record(host_of(p.host_id()), p.id()))
+                .collect(),
+            servers: self
+                .servers
+                .iter()
+                .map(|s| ServerRecord {
+                    component: s.component,
+                    group: s.group,
+                    instance: s.instance,
+                    node_rank: s.node_rank,
+                    host: s.host,
+                    actor_id: s.actor.id().to_string(),
+                    info: s.info.clone(),
+                    proxy_url: s.proxy_url.clone(),
+                    spec: s.spec.clone(),
+                    name: s.name.clone(),
+                })
+                .collect(),
+            heads: Vec::new(),
+            engines: Vec::new(),
+            spawned_servers: Vec::new(),
+            spawned_proxies: Vec::new(),
+            placement: self.placement.clone(),
+            admin_key: self.admin_key.clone(),
+            launcher: serde_json::Value::Null,
+        };
+        let (heads, spawned, control) = (
+            self.heads.clone(),
+            self.spawned.clone(),
+            self.control.clone(),
+        );
+        move || {
+            let mut st = base.clone();
+            st.heads = heads.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            st.engines = control.engines();
+            let sp = spawned.lock().unwrap_or_else(|p| p.into_inner());
+            st.spawned_servers = sp
+                .servers
+                .iter()
+                .map(|a| record(host_of(a.host_id()), a.id()))
+                .collect();
+            st.spawned_proxies = sp
+                .proxies
+                .iter()
+                .map(|a| record(host_of(a.host_id()), a.id()))
+                .collect();
+            st
+        }
+    }
+
+    /// Takes over a running service from its state file: checks that every recorded actor is
+    /// still alive on the hosts of `cluster` (connected to `st.hosts`, in order), then
+    /// starts a fresh serving watcher over it. Nothing is launched.
+    pub async fn reattach(
+        cluster: &Cluster,
+        st: &ServeState,
+        server_restarts: u32,
+    ) -> Result<InferenceService, ForkError> {
+        let gone = |what: String| ForkError::Serving(format!("cannot recover: {what}"));
+        if cluster.hosts().len() != st.hosts.len() {
+            return Err(gone(format!(
+                "the state names {} hosts, the cluster has {}",
+                st.hosts.len(),
+                cluster.hosts().len()
+            )));
+        }
+        let mut alive: BTreeSet<(usize, String)> = BTreeSet::new();
+        for (i, h) in cluster.hosts().iter().enumerate() {
+            if h.id() != st.hosts[i].host_id {
+                return Err(gone(format!(
+                    "host {} at {} is {:?}, the state recorded {:?}",
+                    i,
+                    st.hosts[i].address,
+                    h.id(),
+                    st.hosts[i].host_id
+                )));
+            }
+            let d = h
+                .describe()
+                .await
+                .map_err(|e| gone(format!("host {i}: {e}")))?;
+            alive.extend(d.actors.into_iter().map(|a| (i, a.actor_id)));
+        }
+        let check = |r: &ActorRecord, what: &str| {
+            if alive.contains(&(r.host, r.actor_id.clone())) {
+                Ok(())
+            } else {
+                Err(gone(format!(
+                    "{what} {} on host {} is no longer running; start without --recover",
+                    r.actor_id, r.host
+                )))
+            }
+        };
+        check(&st.gateway, "the gateway")?;
+        for p in &st.proxies {
+            check(p, "proxy")?;
+        }
+        for s in &st.servers {
+            check(&record(s.host, &s.actor_id), &format!("server {}", s.name))?;
+        }
+        let servers: Vec<ServerEntry> = st
+            .servers
+            .iter()
+            .map(|s| ServerEntry {
+                component: s.component,
+                group: s.group,
+                instance: s.instance,
+                node_rank: s.node_rank,
+                host: s.host,
+                info: s.info.clone(),
+                actor: cluster.host(s.host).attach(s.actor_id.clone()),
+                proxy_url: s.proxy_url.clone(),
+                spec: s.spec.clone(),
+                name: s.name.clone(),
+            })
+            .collect();
+        let control = InferenceControl::with_engines(st.engines.clone(), st.admin_key.clone());
+        let resources: Vec<HostResources> = cluster
+            .hosts()
+            .iter()
+            .map(|h| {
+                HostResources::new(
+                    h.index(),
+                    super::fork::machine(h.address()),
+                    h.gpu_ids().to_vec(),
+                )
+            })
+            .collect();
+        // Ports and GPUs the running servers hold stay taken for re-placements.
+        let mut used: BTreeMap<usize, BTreeSet<u32>> = BTreeMap::new();
+        for p in &st.placement.instances {
+            used.entry(p.host)
+                .or_default()
+                .extend(p.gpus.iter().copied());
+        }
+        for h in &st.heads {
+            for host in &h.hosts {
+                used.entry(*host)
+                    .or_default()
+                    .extend(h.spec.gpus.iter().copied());
+            }
+        }
+        if let Ok(mut claimed) = super::fork::CLAIMED.lock() {
+            for h in &st.heads {
+                let m = super::fork::machine(&h.spec.advertise_host);
+                for p in [Some(h.spec.port), h.spec.dist_port, h.spec.bootstrap_port]
+                    .into_iter()
+                    .flatten()
+                {
+                    claimed.insert((m.clone(), p));
+                }
+            }
+        }
+        let spawned = super::replace::Spawned {
+            servers: st
+                .spawned_servers
+                .iter()
+                .map(|r| cluster.host(r.host).attach(r.actor_id.clone()))
+                .collect(),
+            proxies: st
+                .spawned_proxies
+                .iter()
+                .map(|r| cluster.host(r.host).attach(r.actor_id.clone()))
+                .collect(),
+        };
+        let (serving_events, _) = tokio::sync::broadcast::channel(1024);
+        let mut svc = InferenceService {
+            inf_addrs: servers
+                .iter()
+                .filter(|s| s.node_rank == 0)
+                .map(|s| s.info.addr.clone())
+                .collect(),
+            servers,
+            gateway_url: st.gateway_url.clone(),
+            control,
+            bring_up: std::time::Duration::ZERO,
+            placement: st.placement.clone(),
+            gateway: cluster
+                .host(st.gateway.host)
+                .attach(st.gateway.actor_id.clone()),
+            proxies: st
+                .proxies
+                .iter()
+                .map(|r| cluster.host(r.host).attach(r.actor_id.clone()))
+                .collect(),
+            watcher: None,
+            serving_events,
+            spawned: Arc::new(Mutex::new(spawned)),
+            heads: Arc::new(Mutex::new(st.heads.clone())),
+            admin_key: st.admin_key.clone(),
+        };
+        let replacer = super::replace::Replacer {
+            hosts: cluster.hosts().to_vec(),
+            resources: resources.clone(),
+            used: Mutex::new(used),
+            lost: Default::default(),
+            ports: Mutex::new(PortAllocator::new(
+                PortRange::default(),
+                Arc::new(ClaimingProbe::for_hosts(&resources)),
+            )),
+            restarts: server_restarts,
+            spawned: svc.spawned.clone(),
+        };
+        svc.watcher = Some(super::watch::spawn(
+            svc.heads.clone(),
+            svc.gateway.clone(),
+            svc.control.clone(),
+            cluster.events(),
+            svc.serving_events.clone(),
+            Some(Arc::new(replacer)),
+        ));
+        Ok(svc)
+    }
+}
