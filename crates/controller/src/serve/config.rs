@@ -93,13 +93,13 @@ pub struct SchedulerConfig {
     #[serde(rename = "type", default)]
     pub kind: SchedulerType,
     /// Slurm partition (`sbatch --partition`); default: the cluster's default partition.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "text")]
     pub partition: Option<String>,
     /// Slurm account (`sbatch --account`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "text")]
     pub account: Option<String>,
-    /// Slurm time limit (`sbatch --time`), e.g. `2:00:00`.
-    #[serde(default)]
+    /// Slurm time limit (`sbatch --time`), e.g. `2:00:00` (a bare number is minutes).
+    #[serde(default, deserialize_with = "text")]
     pub time: Option<String>,
     /// More sbatch arguments, verbatim (srun arguments when already inside an allocation).
     #[serde(default)]
@@ -123,6 +123,20 @@ pub struct SchedulerConfig {
     /// submitting a new job.
     #[serde(default = "yes")]
     pub use_allocation: bool,
+}
+
+/// A string that YAML (or a `key=value` override) may have read as a number: `time: 30`.
+fn text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        Some(other) => {
+            return Err(serde::de::Error::custom(format!(
+                "expected a string, got {other:?}"
+            )));
+        }
+    })
 }
 
 fn startup_timeout() -> f64 {
@@ -582,6 +596,13 @@ mod tests {
                 .unwrap_err()
                 .to_string()
         };
+        let c = ServeConfig::from_yaml(
+            "allocation_mode: x\n",
+            "t.yaml",
+            &["scheduler.type=slurm".into(), "scheduler.time=30".into()],
+        )
+        .unwrap();
+        assert_eq!(c.scheduler.time.as_deref(), Some("30"));
         let e = bad("scheduler.partition=gpu");
         assert!(
             e.contains("scheduler.partition") && e.contains("type: slurm"),

@@ -158,6 +158,13 @@ impl SlurmLauncher {
         if let Some(job) = self.job_id() {
             return match job_info(&job).await {
                 Some(j) if j.is_finished() => Some(j.summary()),
+                Some(j) if j.is_hopeless() => {
+                    let _ = Command::new("scancel").arg(&job).output().await;
+                    Some(format!(
+                        "{} (Slurm will not start it; cancelled)",
+                        j.summary()
+                    ))
+                }
                 _ => None,
             };
         }

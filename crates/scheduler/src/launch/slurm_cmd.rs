@@ -138,6 +138,23 @@ impl JobInfo {
         )
     }
 
+    /// True when the job is pending for a reason waiting will not fix (the request exceeds
+    /// what the partition allows, or names an account / QOS / constraint Slurm rejects).
+    pub fn is_hopeless(&self) -> bool {
+        self.state == "PENDING"
+            && matches!(
+                self.reason.as_str(),
+                "PartitionNodeLimit"
+                    | "PartitionTimeLimit"
+                    | "BadConstraints"
+                    | "InvalidAccount"
+                    | "InvalidQOS"
+                    | "AccountNotAllowed"
+                    | "QOSNotAllowed"
+                    | "PartitionConfig"
+            )
+    }
+
     /// `State=X Reason=Y ExitCode=Z`, as Slurm words it.
     pub fn summary(&self) -> String {
         format!(
