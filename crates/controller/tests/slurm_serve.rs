@@ -10,8 +10,8 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use common::within;
 use serde_json::{Value, json};
@@ -23,18 +23,45 @@ const CONFIG: &str = concat!(
     "/../../examples/configs/pd-slurm.yaml"
 );
 
-/// True when a Slurm cluster with three nodes answers; otherwise skips (or fails when required).
-fn slurm_ready(test: &str) -> bool {
-    let out = std::process::Command::new("sinfo")
-        .args(["-h", "-o", "%D %t"])
-        .output();
-    let why = match out {
-        Err(e) => format!("cannot run sinfo: {e}"),
-        Ok(o) if !o.status.success() => format!(
-            "sinfo failed: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        ),
-        Ok(o) => {
+/// Why Slurm cannot be used here, or `None` when a cluster with three usable nodes answers.
+/// Computed once per test binary; `sinfo` gets 15 s (without a slurm.conf it retries for 60).
+fn slurm_problem() -> Option<String> {
+    static PROBLEM: OnceLock<Option<String>> = OnceLock::new();
+    PROBLEM
+        .get_or_init(|| {
+            let mut child = match std::process::Command::new("sinfo")
+                .args(["-h", "-o", "%D %t"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+            {
+                Ok(c) => c,
+                Err(e) => return Some(format!("cannot run sinfo: {e}")),
+            };
+            let deadline = Instant::now() + Duration::from_secs(15);
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(100))
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        return Some("sinfo did not answer within 15 s".into());
+                    }
+                }
+            }
+            let o = match child.wait_with_output() {
+                Ok(o) => o,
+                Err(e) => return Some(format!("sinfo: {e}")),
+            };
+            if !o.status.success() {
+                return Some(format!(
+                    "sinfo failed: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ));
+            }
             let text = String::from_utf8_lossy(&o.stdout).to_string();
             let usable: u32 = text
                 .lines()
@@ -42,11 +69,15 @@ fn slurm_ready(test: &str) -> bool {
                 .filter(|(_, state)| matches!(*state, "idle" | "mix" | "alloc"))
                 .filter_map(|(n, _)| n.parse::<u32>().ok())
                 .sum();
-            if usable >= 3 {
-                return true;
-            }
-            format!("need 3 usable Slurm nodes, sinfo says: {}", text.trim())
-        }
+            (usable < 3).then(|| format!("need 3 usable Slurm nodes, sinfo says: {}", text.trim()))
+        })
+        .clone()
+}
+
+/// True when Slurm is usable; otherwise skips (prints why) or, with TROUPE_REQUIRE_SLURM=1, fails.
+fn slurm_ready(test: &str) -> bool {
+    let Some(why) = slurm_problem() else {
+        return true;
     };
     if std::env::var("TROUPE_REQUIRE_SLURM").as_deref() == Ok("1") {
         panic!("{test}: TROUPE_REQUIRE_SLURM=1 but Slurm is not usable: {why}");

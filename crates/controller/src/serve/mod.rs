@@ -5,6 +5,7 @@ pub mod cmd;
 pub mod config;
 pub mod control;
 pub mod fork;
+pub mod sched;
 
 pub use config::{ConfigError, ServeConfig};
 pub use control::{InferenceControl, PauseMode, ServerResult};

@@ -28,6 +28,8 @@ use super::{BoxFuture, HostLauncher, LaunchError, LaunchRequest, LaunchedHost, t
 const POLL: Duration = Duration::from_millis(500);
 /// Lines of the job's output quoted in errors.
 const TAIL_LINES: usize = 20;
+/// How often a running job is checked after start-up.
+const WATCH: Duration = Duration::from_secs(2);
 
 /// What the launcher started, for teardown.
 #[derive(Default)]
@@ -36,6 +38,7 @@ struct Started {
     srun: Option<Child>,
     output: Option<PathBuf>,
     links: Vec<TcpStream>,
+    watcher: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Launches hosts as a Slurm job (see the module docs).
@@ -248,10 +251,48 @@ impl SlurmLauncher {
         Ok(hosts.into_values().collect())
     }
 
+    /// After start-up, reports (once) when Slurm ends the job under the hosts — a lost node
+    /// (`NODE_FAIL`), the time limit (`TIMEOUT`), an admin's `scancel` — in Slurm's words; the
+    /// controller separately sees the hosts go (`ClusterEvent::HostLost`).
+    fn watch(&self) {
+        let Some((Some(job), output)) = self.set(|s| (s.job.clone(), s.output.clone())) else {
+            return;
+        };
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(WATCH).await;
+                if let Some(j) = job_info(&job).await
+                    && j.state != "RUNNING"
+                {
+                    let out = output
+                        .as_deref()
+                        .map(|p| tail(p, TAIL_LINES))
+                        .unwrap_or_default();
+                    tracing::error!(
+                        "slurm job {job} ended under its hosts: {}\n{out}",
+                        j.summary()
+                    );
+                    return;
+                }
+            }
+        });
+        self.set(|s| s.watcher = Some(task));
+    }
+
     async fn stop(&self) {
-        let (job, srun, links) = self
-            .set(|s| (s.job.take(), s.srun.take(), std::mem::take(&mut s.links)))
+        let (job, srun, links, watcher) = self
+            .set(|s| {
+                (
+                    s.job.take(),
+                    s.srun.take(),
+                    std::mem::take(&mut s.links),
+                    s.watcher.take(),
+                )
+            })
             .unwrap_or_default();
+        if let Some(w) = watcher {
+            w.abort();
+        }
         drop(links); // hosts see the controller go and start stopping their actors
         if let Some(job) = job {
             let _ = Command::new("scancel").arg(&job).output().await;
@@ -328,8 +369,9 @@ impl HostLauncher for SlurmLauncher {
                 Err(e) => Err(e),
             };
             accept.abort();
-            if result.is_err() {
-                self.stop().await;
+            match &result {
+                Ok(_) => self.watch(),
+                Err(_) => self.stop().await,
             }
             result
         })

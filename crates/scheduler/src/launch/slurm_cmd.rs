@@ -79,6 +79,8 @@ pub fn sbatch_args(o: &SlurmOptions, req: &LaunchRequest, script: &Path) -> Vec<
         "--job-name=troupe-hosts".into(),
         // The token travels in the environment; make sure sbatch exports it.
         "--export=ALL".into(),
+        // A requeued job would start hosts that report to a controller no longer waiting.
+        "--no-requeue".into(),
         format!(
             "--output={}",
             o.log_dir.join("troupe-hosts-%j.out").display()
@@ -225,6 +227,7 @@ mod tests {
             "--parsable",
             "--job-name=troupe-hosts",
             "--export=ALL",
+            "--no-requeue",
             "--output=/shared/logs/troupe-hosts-%j.out",
             "--nodes=3",
             "--ntasks-per-node=1",
