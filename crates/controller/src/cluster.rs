@@ -1,7 +1,8 @@
 //! A cluster: the set of actor hosts one controller drives.
 //!
-//! Three ways to get hosts, one API afterwards: hosts inside this process (tests, laptops),
-//! `troupe host` child processes on this machine, or hosts already running elsewhere.
+//! Ways to get hosts, one API afterwards: hosts inside this process (tests, laptops), hosts a
+//! [`HostLauncher`] starts (`troupe host` child processes on this machine, a Slurm job), or
+//! hosts already running elsewhere.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +14,9 @@ use troupe_actors::{CallError, HostConfig, HostCore, Registry};
 
 use crate::conn::HostConn;
 use crate::handle::HostHandle;
-use crate::local::{self, HostLaunch, LocalHost};
+use troupe_scheduler::{HostLauncher, LaunchRequest, LaunchedHost, LocalLauncher};
+
+use crate::local;
 use crate::membership::{ClusterEvent, watch_host};
 
 /// How in-process hosts are reached.
@@ -184,43 +187,72 @@ impl ClusterBuilder {
     }
 
     /// `n` `troupe host` child processes on this machine, each advertising `gpus_per_host` GPUs
-    /// (host i gets ids `i*g .. (i+1)*g`, as if each were a node with its own cards).
+    /// (ids `0..g` on every host, as if each were a node with its own cards).
     pub async fn local_processes(
         self,
         n: usize,
         gpus_per_host: u32,
     ) -> Result<Cluster, ClusterError> {
-        let bin = match &self.binary {
+        self.launch(Arc::new(LocalLauncher::new()), n, gpus_per_host)
+            .await
+    }
+
+    /// The request a launcher gets for `n` hosts of `gpus_per_host` GPUs with these settings.
+    pub fn launch_request(
+        &self,
+        n: usize,
+        gpus_per_host: u32,
+    ) -> Result<LaunchRequest, ClusterError> {
+        let binary = match &self.binary {
             Some(b) => b.clone(),
             None => local::troupe_binary().map_err(ClusterError::Launch)?,
         };
-        let launches = (0..n).map(|i| {
-            let gpus: Vec<u32> = (0..gpus_per_host).collect();
-            LocalHost::launch(
-                &bin,
-                HostLaunch {
-                    host_id: format!("host-{i}"),
-                    gpus,
-                    heartbeat: self.heartbeat,
-                    max_message_bytes: self.max_message_bytes,
-                    shutdown_grace: self.shutdown_grace,
-                    timeout: self.startup_timeout,
-                    token: self.token.clone(),
-                },
-            )
-        });
-        let hosts = futures::future::join_all(launches).await;
+        Ok(LaunchRequest {
+            n_hosts: n,
+            gpus_per_host,
+            token: self.token.clone(),
+            heartbeat: self.heartbeat,
+            max_message_bytes: self.max_message_bytes,
+            shutdown_grace: self.shutdown_grace,
+            startup_timeout: self.startup_timeout,
+            binary,
+        })
+    }
+
+    /// `n` hosts started by `launcher` (local processes, a Slurm job, ...), connected over gRPC.
+    /// The cluster owns the launcher: [`Cluster::shutdown`] tears its hosts down.
+    pub async fn launch(
+        self,
+        launcher: Arc<dyn HostLauncher>,
+        n: usize,
+        gpus_per_host: u32,
+    ) -> Result<Cluster, ClusterError> {
+        let req = self.launch_request(n, gpus_per_host)?;
+        let launched = launcher
+            .launch(&req)
+            .await
+            .map_err(|e| ClusterError::Launch(format!("{} launcher: {e}", launcher.name())))?;
+        let tries = launched
+            .iter()
+            .map(|h| HostConn::grpc(&h.addr, self.startup_timeout, self.token.as_deref()));
         let mut conns = Vec::new();
-        let mut owned = Vec::new();
-        for (i, h) in hosts.into_iter().enumerate() {
-            let h = h.map_err(ClusterError::Launch)?;
-            let c = HostConn::grpc(&h.addr, self.startup_timeout, self.token.as_deref())
-                .await
-                .map_err(|source| ClusterError::Host { index: i, source })?;
-            conns.push(c);
-            owned.push(Owned::Process(Box::new(h)));
+        for (i, c) in futures::future::join_all(tries)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            match c {
+                Ok(c) => conns.push(c),
+                Err(source) => {
+                    launcher.teardown().await;
+                    return Err(ClusterError::Host { index: i, source });
+                }
+            }
         }
-        Ok(Cluster::assemble(conns, owned, self.lost_after).await)
+        let mut cluster =
+            Cluster::assemble(conns, vec![Owned::Launcher(launcher)], self.lost_after).await;
+        cluster.launched = launched;
+        Ok(cluster)
     }
 
     /// Hosts already running at `addrs` (host:port each).
@@ -242,7 +274,7 @@ impl ClusterBuilder {
 
 enum Owned {
     Core(HostCore),
-    Process(Box<LocalHost>),
+    Launcher(Arc<dyn HostLauncher>),
     /// A host process on this machine that an earlier controller started (`--recover`).
     Adopted(u32),
 }
@@ -270,6 +302,7 @@ pub struct Cluster {
     events: broadcast::Sender<ClusterEvent>,
     owned: Vec<Owned>,
     closing: Arc<AtomicBool>,
+    launched: Vec<LaunchedHost>,
 }
 
 impl Cluster {
@@ -327,6 +360,7 @@ impl Cluster {
             events,
             owned,
             closing,
+            launched: Vec::new(),
         }
     }
 
@@ -338,6 +372,23 @@ impl Cluster {
     /// Host `i`. Panics if out of range, like slice indexing (the caller chose `i`).
     pub fn host(&self, i: usize) -> &HostHandle {
         &self.hosts[i]
+    }
+
+    /// Where a launcher put each host (node, address, GPUs), in host order; empty for
+    /// in-process and connected hosts.
+    pub fn launched(&self) -> &[LaunchedHost] {
+        &self.launched
+    }
+
+    /// What the launchers of this cluster started (e.g. `slurm job 12 (output ...)`).
+    pub fn launch_info(&self) -> Vec<String> {
+        self.owned
+            .iter()
+            .filter_map(|o| match o {
+                Owned::Launcher(l) => l.describe(),
+                Owned::Core(_) | Owned::Adopted(_) => None,
+            })
+            .collect()
     }
 
     /// Subscribes to cluster events (host lost, actor lifecycle).
@@ -352,14 +403,15 @@ impl Cluster {
         self.owned.extend(pids.iter().map(|p| Owned::Adopted(*p)));
     }
 
-    /// Stops everything this cluster started: in-process hosts shut down their actors, host
-    /// processes get SIGTERM (then SIGKILL). Connected hosts are left running.
+    /// Stops everything this cluster started: in-process hosts shut down their actors,
+    /// launchers tear their hosts down (host processes get SIGTERM, then SIGKILL; a Slurm job
+    /// is cancelled), adopted host processes get SIGTERM. Connected hosts are left running.
     pub async fn shutdown(self) {
         self.closing.store(true, Ordering::Release);
         let stops = self.owned.into_iter().map(|o| async move {
             match o {
                 Owned::Core(c) => c.shutdown().await,
-                Owned::Process(mut p) => p.terminate(Duration::from_secs(10)).await,
+                Owned::Launcher(l) => l.teardown().await,
                 Owned::Adopted(pid) => terminate_pid(pid, Duration::from_secs(10)).await,
             }
         });

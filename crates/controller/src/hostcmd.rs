@@ -1,9 +1,15 @@
 //! `troupe host`: run an actor host in this process until SIGTERM or SIGINT.
+//!
+//! With `--report-to` (how launchers such as Slurm start hosts on other nodes) the host first
+//! connects to the controller's rendezvous, listens on the IP of that connection (when
+//! `--listen` is unspecified, e.g. `0.0.0.0:0`), reports its address, node and GPUs, and stops
+//! when the controller closes the connection.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use troupe_actors::{HostConfig, HostCore, Registry};
+use troupe_scheduler::launch::report::{HostReport, ReportLink, node_name, parse_visible_devices};
 
 use crate::local::READY_PREFIX;
 
@@ -38,6 +44,15 @@ pub struct HostArgs {
     /// non-loopback address. Prefer the environment variable (argv is visible to all users).
     #[arg(long, env = "TROUPE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Controller rendezvous (`HOST:PORT`) to report this host's address to. With it, an
+    /// unspecified --listen IP (`0.0.0.0`) becomes the local IP of the connection to the
+    /// controller, --gpus defaults to `$CUDA_VISIBLE_DEVICES`, and the host exits when the
+    /// controller goes away.
+    #[arg(long)]
+    pub report_to: Option<String>,
+    /// Position of this host among those launched together (under Slurm: `SLURM_PROCID`).
+    #[arg(long, env = "SLURM_PROCID", default_value_t = 0)]
+    pub host_index: usize,
 }
 
 /// Errors of `troupe host`.
@@ -109,7 +124,11 @@ pub async fn run(args: HostArgs) -> Result<(), HostCmdError> {
 }
 
 /// [`run`] with a custom registry (for binaries that embed extra actor kinds).
-pub async fn run_with(args: HostArgs, registry: Registry) -> Result<(), HostCmdError> {
+pub async fn run_with(mut args: HostArgs, registry: Registry) -> Result<(), HostCmdError> {
+    let mut link = match args.report_to.clone() {
+        Some(to) => Some(prepare_report(&mut args, &to).await?),
+        None => None,
+    };
     let cfg = args.config()?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -126,9 +145,29 @@ pub async fn run_with(args: HostArgs, registry: Registry) -> Result<(), HostCmdE
         listener,
         std::future::pending(),
     ));
+    if let Some(l) = link.as_mut() {
+        let report = HostReport {
+            token: args.token.clone().filter(|t| !t.is_empty()),
+            index: args.host_index,
+            host_id: core.host_id().to_string(),
+            addr: addr.to_string(),
+            node: node_name(),
+            gpus: args.gpus.clone(),
+        };
+        if let Err(e) = l.send(&report).await {
+            core.shutdown().await;
+            return Err(HostCmdError::Run(e.to_string()));
+        }
+    }
     println!("{READY_PREFIX}{addr}");
     tracing::info!(host = core.host_id(), %addr, "actor host ready");
-    shutdown_signal().await;
+    match link {
+        Some(l) => tokio::select! {
+            _ = shutdown_signal() => {}
+            _ = l.closed() => eprintln!("the controller closed its connection; stopping"),
+        },
+        None => shutdown_signal().await,
+    }
     tracing::info!("shutting down: stopping actors");
     core.shutdown().await;
     match server.await {
@@ -136,6 +175,30 @@ pub async fn run_with(args: HostArgs, registry: Registry) -> Result<(), HostCmdE
         Ok(Err(e)) => Err(HostCmdError::Run(format!("gRPC server failed: {e}"))),
         Err(e) => Err(HostCmdError::Run(format!("gRPC server task failed: {e}"))),
     }
+}
+
+/// Connects to the controller's rendezvous and fills in what the report mode derives: the
+/// listen IP (the interface that reaches the controller), GPUs from `CUDA_VISIBLE_DEVICES`,
+/// and the host id from the host index.
+async fn prepare_report(args: &mut HostArgs, to: &str) -> Result<ReportLink, HostCmdError> {
+    let link = ReportLink::connect(to, Duration::from_secs(60))
+        .await
+        .map_err(|e| HostCmdError::Run(e.to_string()))?;
+    if args.listen.ip().is_unspecified() {
+        let ip = link
+            .local_ip()
+            .map_err(|e| HostCmdError::Run(e.to_string()))?;
+        args.listen.set_ip(ip);
+    }
+    if args.gpus.is_empty()
+        && let Ok(v) = std::env::var("CUDA_VISIBLE_DEVICES")
+    {
+        args.gpus = parse_visible_devices(&v).map_err(HostCmdError::Flag)?;
+    }
+    if args.host_id.is_none() {
+        args.host_id = Some(format!("host-{}", args.host_index));
+    }
+    Ok(link)
 }
 
 /// Resolves on the first SIGTERM or SIGINT.

@@ -69,6 +69,20 @@ async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
     v
 }
 
+/// Kills what a failed test would leave behind (hosts outlive their controller on purpose).
+struct Reap(Vec<u32>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*p as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
 async fn serve(args: &[&str]) -> (tokio::process::Child, String) {
     let mut child = tokio::process::Command::new(BIN)
         .arg("serve")
@@ -101,6 +115,7 @@ async fn a_restarted_controller_reattaches_from_the_state_file_without_relaunchi
         let hosts = children_of(first.id().unwrap());
         assert_eq!(hosts.len(), 2, "two troupe host processes");
         let engines: Vec<u32> = hosts.iter().flat_map(|h| children_of(*h)).collect();
+        let _reap = Reap(hosts.iter().chain(&engines).copied().collect());
         assert_eq!(engines.len(), 4, "four engines");
         assert!(state.exists());
 

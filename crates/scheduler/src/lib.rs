@@ -3,7 +3,8 @@
 //!
 //! The flow is `mode string | YAML config` → [`AllocationPlan`] (validated) → [`place`] on
 //! [`HostResources`] with a [`PortAllocator`] → [`Placement`] (host, GPUs, ports per instance).
-//! The `troupe alloc` subcommand is [`cli::run_alloc`].
+//! The `troupe alloc` subcommand is [`cli::run_alloc`]. Host launchers (local processes, Slurm)
+//! live in [`launch`].
 //!
 //! ```
 //! use troupe_scheduler::{
@@ -30,6 +31,7 @@ pub mod cli;
 mod config;
 mod error;
 mod hosts;
+pub mod launch;
 mod parallel;
 mod parse;
 mod placement;
@@ -42,6 +44,10 @@ pub use backend::{Backend, Role, WorkerType};
 pub use config::{AllocationConfig, ComponentConfig, GroupConfig};
 pub use error::SchedulerError;
 pub use hosts::HostResources;
+pub use launch::{
+    HostLauncher, LaunchError, LaunchRequest, LaunchedHost, LocalLauncher, SlurmLauncher,
+    SlurmOptions,
+};
 pub use parallel::Parallel;
 pub use placement::{PlacedInstance, Placement, PlacementOptions, place};
 pub use plan::{AllocationPlan, Component, Group, MAX_GPUS};

@@ -109,10 +109,13 @@ pub async fn run(a: &RunArgs) -> Result<Summary, String> {
     let registry = Registry::builtin().with::<TrainerActor>();
     let (n, g) = (cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node);
     let cluster = match cfg.scheduler.kind {
-        SchedulerType::Inprocess => Cluster::builder().registry(registry).in_process(n, g).await,
-        SchedulerType::Local => Cluster::local_processes(n, g).await,
-    }
-    .map_err(|e| format!("cannot start the cluster: {e}"))?;
+        SchedulerType::Inprocess => Cluster::builder()
+            .registry(registry)
+            .in_process(n, g)
+            .await
+            .map_err(|e| format!("cannot start the cluster: {e}"))?,
+        SchedulerType::Local | SchedulerType::Slurm => crate::serve::cmd::cluster_for(&cfg).await?,
+    };
     let key = admin_key(&cfg);
     let svc = match InferenceService::fork(&cluster, &plan, &fork_options(&cfg, key, true)).await {
         Ok(s) => s,

@@ -6,7 +6,11 @@ use std::time::Duration;
 
 use troupe_scheduler::AllocationPlan;
 
-use super::config::{SchedulerType, ServeConfig};
+use std::sync::Arc;
+
+use troupe_scheduler::{SlurmLauncher, SlurmOptions};
+
+use super::config::{SchedulerConfig, SchedulerType, ServeConfig};
 use super::fork::{ForkOptions, InferenceService};
 use crate::cluster::Cluster;
 
@@ -20,8 +24,8 @@ pub struct ServeArgs {
     /// Also serve the controller's gRPC API (weight sync for external trainers) here.
     #[arg(long)]
     pub api_listen: Option<std::net::SocketAddr>,
-    /// Where to keep the state a restarted controller reattaches from (written for the
-    /// `local` and `slurm` schedulers, whose hosts outlive the controller; default
+    /// Where to keep the state a restarted controller reattaches from (written by default
+    /// for the `local` scheduler, whose hosts outlive the controller:
     /// `troupe-serve.state.json` in the working directory).
     #[arg(long)]
     pub state_file: Option<PathBuf>,
@@ -57,12 +61,58 @@ pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: bool) -> For
     }
 }
 
+/// The Slurm launcher's settings from `scheduler.*`.
+pub fn slurm_options(s: &SchedulerConfig) -> Result<SlurmOptions, String> {
+    let log_dir = PathBuf::from(&s.log_dir);
+    let log_dir = if log_dir.is_absolute() {
+        log_dir
+    } else {
+        std::env::current_dir()
+            .map_err(|e| format!("scheduler.log_dir: cannot resolve {}: {e}", s.log_dir))?
+            .join(log_dir)
+    };
+    let report_ip = match s.report_address.as_str() {
+        "auto" => None,
+        a => Some(
+            a.parse()
+                .map_err(|_| format!("scheduler.report_address: not an IP address: {a:?}"))?,
+        ),
+    };
+    Ok(SlurmOptions {
+        partition: s.partition.clone(),
+        account: s.account.clone(),
+        time: s.time.clone(),
+        extra_args: s.extra_args.clone(),
+        container_prefix: s.container_prefix.to_vec(),
+        log_dir,
+        report_ip,
+        use_allocation: s.use_allocation,
+    })
+}
+
 /// The cluster a config asks for.
 pub async fn cluster_for(cfg: &ServeConfig) -> Result<Cluster, String> {
     let (n, g) = (cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node);
     match cfg.scheduler.kind {
         SchedulerType::Inprocess => Cluster::in_process(n, g).await,
         SchedulerType::Local => Cluster::local_processes(n, g).await,
+        SchedulerType::Slurm => {
+            let s = &cfg.scheduler;
+            let launcher = Arc::new(SlurmLauncher::new(slurm_options(s)?));
+            // Hosts on other nodes listen on routable addresses: they always get a token
+            // ($TROUPE_TOKEN, else a fresh one for this run).
+            let token = std::env::var(troupe_actors::auth::TOKEN_ENV)
+                .ok()
+                .filter(|t| !t.is_empty())
+                .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+            let mut b = Cluster::builder()
+                .token(Some(token))
+                .startup_timeout(Duration::from_secs_f64(s.startup_timeout_s));
+            if let Some(bin) = &s.binary {
+                b = b.binary(bin);
+            }
+            b.launch(launcher, n, g).await
+        }
     }
     .map_err(|e| format!("cannot start the cluster: {e}"))
 }
@@ -80,8 +130,10 @@ pub fn admin_key(cfg: &ServeConfig) -> String {
 fn state_path(a: &ServeArgs, cfg: &ServeConfig) -> Option<PathBuf> {
     match (&a.state_file, cfg.scheduler.kind) {
         (Some(p), _) => Some(p.clone()),
-        (None, SchedulerType::Inprocess) => None,
-        (None, _) => Some(PathBuf::from(DEFAULT_STATE_FILE)),
+        (None, SchedulerType::Local) => Some(PathBuf::from(DEFAULT_STATE_FILE)),
+        // In-process hosts die with the controller; Slurm hosts stop when its connection
+        // closes (a dead controller must not leave a job holding GPUs).
+        (None, SchedulerType::Inprocess | SchedulerType::Slurm) => None,
     }
 }
 
@@ -116,11 +168,20 @@ fn keep_state(
 
 /// `troupe serve --recover`: reattach to what the state file names.
 async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
-    if cfg.scheduler.kind == SchedulerType::Inprocess {
-        return Err(
-            "--recover needs hosts that outlive the controller: in-process hosts died with it; use scheduler.type=local or slurm"
-                .into(),
-        );
+    match cfg.scheduler.kind {
+        SchedulerType::Local => {}
+        SchedulerType::Inprocess => {
+            return Err(
+                "--recover needs hosts that outlive the controller: in-process hosts died with it; use scheduler.type=local"
+                    .into(),
+            );
+        }
+        SchedulerType::Slurm => {
+            return Err(
+                "--recover needs hosts that outlive the controller: Slurm hosts stop when their controller's connection closes (so a dead controller never leaves a job holding GPUs); start a new job without --recover"
+                    .into(),
+            );
+        }
     }
     let path = a
         .state_file
@@ -142,6 +203,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
             ));
         }
     };
+    let keeper = keep_state(path.clone(), &svc, &cluster)?;
     println!("gateway: {}", svc.gateway_url);
     eprintln!(
         "recovered {} servers on {} hosts from {}",
@@ -149,7 +211,6 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
         cluster.hosts().len(),
         path.display()
     );
-    let keeper = keep_state(path.clone(), &svc, &cluster)?;
     crate::hostcmd::shutdown_signal().await;
     eprintln!("shutting down");
     keeper.abort();
@@ -168,15 +229,53 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     let plan =
         AllocationPlan::parse(&cfg.allocation_mode).map_err(|e| format!("allocation_mode: {e}"))?;
     let key = admin_key(&cfg);
-    let cluster = cluster_for(&cfg).await?;
-    let svc = match InferenceService::fork(&cluster, &plan, &fork_options(&cfg, key.clone(), true))
-        .await
-    {
-        Ok(s) => s,
-        Err(e) => {
+    // A signal while hosts come up drops the launch, and with it (synchronously) whatever the
+    // launcher started, e.g. the Slurm job.
+    let cluster = tokio::select! {
+        c = cluster_for(&cfg) => c?,
+        _ = crate::hostcmd::shutdown_signal() => return Err("interrupted while starting hosts".into()),
+    };
+    for line in cluster.launch_info() {
+        eprintln!("{line}");
+    }
+    for h in cluster.launched() {
+        let gpus: Vec<String> = h.gpus.iter().map(|g| g.to_string()).collect();
+        eprintln!(
+            "  host {} on node {} at {} (gpus {})",
+            h.index,
+            h.node,
+            h.addr,
+            gpus.join(",")
+        );
+    }
+    let opts = fork_options(&cfg, key.clone(), true);
+    let forked = tokio::select! {
+        f = InferenceService::fork(&cluster, &plan, &opts) => Some(f),
+        _ = crate::hostcmd::shutdown_signal() => None,
+    };
+    let svc = match forked {
+        Some(Ok(s)) => s,
+        Some(Err(e)) => {
             cluster.shutdown().await;
             return Err(e.to_string());
         }
+        None => {
+            cluster.shutdown().await;
+            return Err("interrupted while starting servers".into());
+        }
+    };
+    // The state file exists before anyone is told the gateway is up.
+    let state = state_path(a, &cfg);
+    let keeper = match &state {
+        Some(p) => match keep_state(p.clone(), &svc, &cluster) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                svc.teardown().await;
+                cluster.shutdown().await;
+                return Err(e);
+            }
+        },
+        None => None,
     };
     println!("gateway: {}", svc.gateway_url);
     if let Some(addr) = a.api_listen {
@@ -211,18 +310,6 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
             s.info.log_path
         );
     }
-    let state = state_path(a, &cfg);
-    let keeper = match &state {
-        Some(p) => match keep_state(p.clone(), &svc, &cluster) {
-            Ok(k) => Some(k),
-            Err(e) => {
-                svc.teardown().await;
-                cluster.shutdown().await;
-                return Err(e);
-            }
-        },
-        None => None,
-    };
     crate::hostcmd::shutdown_signal().await;
     eprintln!("shutting down");
     if let Some(k) = keeper {

@@ -9,6 +9,8 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_yaml_ng::Value;
 
+pub use super::sched::{SchedulerConfig, SchedulerType, Words};
+
 /// Why a config could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -33,26 +35,6 @@ pub enum ConfigError {
         "bad override {0:?}: write it as dotted.key=value, e.g. rollout.max_concurrent_rollouts=64"
     )]
     Override(String),
-}
-
-/// Where actor hosts come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SchedulerType {
-    /// Hosts inside the controller process (laptops, CI).
-    #[default]
-    Inprocess,
-    /// `troupe host` child processes on this machine.
-    Local,
-}
-
-/// `scheduler.*`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SchedulerConfig {
-    /// `inprocess` or `local`.
-    #[serde(rename = "type", default)]
-    pub kind: SchedulerType,
 }
 
 /// `cluster.*` (AReaL names).
@@ -365,6 +347,7 @@ impl ServeConfig {
         if self.cluster.n_nodes == 0 {
             return Err("cluster.n_nodes must be at least 1".into());
         }
+        self.scheduler.check()?;
         if !matches!(self.sglang.quantization.as_str(), "" | "fp8") {
             return Err(format!(
                 "sglang.quantization must be empty or \"fp8\", got {:?}",
@@ -399,23 +382,6 @@ impl ServeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn overrides_set_nested_keys_with_typed_values() {
-        let c = ServeConfig::from_yaml(
-            "allocation_mode: 'troupe:d1'\nrollout:\n  max_concurrent_rollouts: 8\n",
-            "t.yaml",
-            &[
-                "rollout.max_concurrent_rollouts=64".into(),
-                "sglang.quantization=fp8".into(),
-                "cluster.n_nodes=2".into(),
-            ],
-        )
-        .unwrap();
-        assert_eq!(c.rollout.max_concurrent_rollouts, 64);
-        assert_eq!(c.sglang.quantization, "fp8");
-        assert_eq!(c.cluster.n_nodes, 2);
-    }
 
     #[test]
     fn unknown_keys_and_bad_overrides_are_named() {

@@ -8,6 +8,7 @@ pub mod fleet;
 pub mod fork;
 mod replace;
 mod routing;
+pub mod sched;
 pub mod state;
 pub mod watch;
 

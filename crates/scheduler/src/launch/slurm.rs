@@ -1,0 +1,410 @@
+//! Hosts as one Slurm job: one `troupe host` task per node, each on that node's GPUs.
+//!
+//! Outside an allocation the launcher submits a generated batch script with `sbatch` (the
+//! script runs one `srun` step, one task per node); inside one (`SLURM_JOB_ID` set) it runs
+//! that `srun` itself. Every host reports its address through the [`Rendezvous`]. While it
+//! waits, the launcher polls `scontrol show job` (no accounting database needed) and fails as
+//! soon as the job has ended, with Slurm's own state and reason and the tail of the job's
+//! output. Teardown is `scancel`; dropping the launcher without teardown still cancels
+//! (synchronously), so a controller that errors out does not leave the job running.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+use super::report::{Arrival, Rendezvous, routable_ip};
+use super::slurm_cmd::{
+    JobInfo, SlurmOptions, batch_script, parse_job_info, sbatch_args, srun_args,
+};
+use super::{BoxFuture, HostLauncher, LaunchError, LaunchRequest, LaunchedHost, tail};
+
+/// How often the job's state is polled while hosts come up.
+const POLL: Duration = Duration::from_millis(500);
+/// Lines of the job's output quoted in errors.
+const TAIL_LINES: usize = 20;
+/// How often a running job is checked after start-up.
+const WATCH: Duration = Duration::from_secs(2);
+
+/// What the launcher started, for teardown.
+#[derive(Default)]
+struct Started {
+    job: Option<String>,
+    srun: Option<Child>,
+    output: Option<PathBuf>,
+    links: Vec<TcpStream>,
+    watcher: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Launches hosts as a Slurm job (see the module docs).
+pub struct SlurmLauncher {
+    opts: SlurmOptions,
+    started: Mutex<Started>,
+}
+
+impl SlurmLauncher {
+    /// A launcher with these settings; nothing runs until [`HostLauncher::launch`].
+    pub fn new(opts: SlurmOptions) -> SlurmLauncher {
+        SlurmLauncher {
+            opts,
+            started: Mutex::new(Started::default()),
+        }
+    }
+
+    /// The id of the job this launcher submitted, if any.
+    pub fn job_id(&self) -> Option<String> {
+        self.started.lock().ok().and_then(|s| s.job.clone())
+    }
+
+    /// The job's current state as Slurm reports it (`None` without a job, or when Slurm no
+    /// longer knows it).
+    pub async fn job_info(&self) -> Option<JobInfo> {
+        let job = self.job_id()?;
+        job_info(&job).await
+    }
+
+    fn set<T>(&self, f: impl FnOnce(&mut Started) -> T) -> Option<T> {
+        self.started.lock().ok().map(|mut s| f(&mut s))
+    }
+
+    fn in_allocation(&self) -> Option<String> {
+        if !self.opts.use_allocation {
+            return None;
+        }
+        std::env::var("SLURM_JOB_ID").ok().filter(|j| !j.is_empty())
+    }
+
+    async fn submit(&self, req: &LaunchRequest, report_to: &str) -> Result<(), LaunchError> {
+        let dir = &self.opts.log_dir;
+        std::fs::create_dir_all(dir).map_err(|e| {
+            LaunchError::Config(format!(
+                "scheduler.log_dir {}: cannot create it: {e}",
+                dir.display()
+            ))
+        })?;
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
+        let token_env = |cmd: &mut Command| {
+            match &req.token {
+                Some(t) => cmd.env("TROUPE_TOKEN", t),
+                None => cmd.env_remove("TROUPE_TOKEN"),
+            };
+        };
+        if let Some(alloc) = self.in_allocation() {
+            let out = dir.join(format!("troupe-hosts-{alloc}-{stamp}.out"));
+            let log = std::fs::File::create(&out).map_err(|e| {
+                LaunchError::Config(format!("cannot create {}: {e}", out.display()))
+            })?;
+            let err = log
+                .try_clone()
+                .map_err(|e| LaunchError::Config(e.to_string()))?;
+            let args = srun_args(&self.opts, req, report_to);
+            let mut cmd = Command::new("srun");
+            cmd.args(&args)
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(err)
+                .process_group(0)
+                .kill_on_drop(true);
+            token_env(&mut cmd);
+            let child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+                command: "srun".into(),
+                source,
+            })?;
+            self.set(|s| {
+                s.srun = Some(child);
+                s.output = Some(out);
+            });
+            return Ok(());
+        }
+        let script = dir.join(format!(
+            "troupe-hosts-{stamp}-{}.sbatch",
+            std::process::id()
+        ));
+        std::fs::write(&script, batch_script(&self.opts, req, report_to))
+            .map_err(|e| LaunchError::Config(format!("cannot write {}: {e}", script.display())))?;
+        let args = sbatch_args(&self.opts, req, &script);
+        let mut cmd = Command::new("sbatch");
+        cmd.args(&args).stdin(Stdio::null());
+        token_env(&mut cmd);
+        let out = cmd.output().await.map_err(|source| LaunchError::Spawn {
+            command: "sbatch".into(),
+            source,
+        })?;
+        let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        // `--parsable` prints `JOBID` or `JOBID;CLUSTER`.
+        let job = stdout.split(';').next().unwrap_or("").to_string();
+        if !out.status.success() || job.is_empty() || !job.chars().all(|c| c.is_ascii_digit()) {
+            return Err(LaunchError::Submit {
+                command: format!("sbatch {}", args.join(" ")),
+                message: if stderr.is_empty() { stdout } else { stderr },
+            });
+        }
+        let output = dir.join(format!("troupe-hosts-{job}.out"));
+        self.set(|s| {
+            s.job = Some(job);
+            s.output = Some(output);
+        });
+        Ok(())
+    }
+
+    /// `None` while the job can still bring hosts up; else why it cannot.
+    async fn ended(&self) -> Option<String> {
+        if let Some(job) = self.job_id() {
+            return match job_info(&job).await {
+                Some(j) if j.is_finished() => Some(j.summary()),
+                Some(j) if j.is_hopeless() => {
+                    let _ = Command::new("scancel").arg(&job).output().await;
+                    Some(format!(
+                        "{} (Slurm will not start it; cancelled)",
+                        j.summary()
+                    ))
+                }
+                _ => None,
+            };
+        }
+        let status = self.set(|s| s.srun.as_mut().map(|c| c.try_wait()))??;
+        match status {
+            Ok(Some(st)) => Some(format!("srun exited ({st})")),
+            Ok(None) => None,
+            Err(e) => Some(format!("cannot wait for srun: {e}")),
+        }
+    }
+
+    /// State and output tail, for error messages.
+    async fn detail(&self, head: String) -> String {
+        let output = self.set(|s| s.output.clone()).flatten();
+        let mut d = head;
+        if let Some(p) = output {
+            let t = tail(&p, TAIL_LINES);
+            d.push_str(&format!("\n--- {} (last lines) ---\n{t}", p.display()));
+        }
+        d
+    }
+
+    fn what(&self) -> String {
+        match self.job_id() {
+            Some(j) => format!("slurm job {j}"),
+            None => "srun".into(),
+        }
+    }
+
+    async fn wait_reports(
+        &self,
+        req: &LaunchRequest,
+        mut rx: mpsc::Receiver<Result<Arrival, LaunchError>>,
+    ) -> Result<Vec<LaunchedHost>, LaunchError> {
+        let deadline = tokio::time::Instant::now() + req.startup_timeout;
+        let mut hosts: BTreeMap<usize, LaunchedHost> = BTreeMap::new();
+        let mut refused: Vec<String> = Vec::new();
+        let mut tick = tokio::time::interval(POLL);
+        while hosts.len() < req.n_hosts {
+            tokio::select! {
+                a = rx.recv() => match a {
+                    Some(Ok(Arrival::Report(r, link))) => {
+                        if r.index >= req.n_hosts || hosts.contains_key(&r.index) {
+                            refused.push(format!("unexpected report {r:?}"));
+                            continue;
+                        }
+                        self.set(|s| s.links.push(link));
+                        hosts.insert(r.index, LaunchedHost {
+                            index: r.index, host_id: r.host_id, addr: r.addr, node: r.node, gpus: r.gpus,
+                        });
+                    }
+                    Some(Ok(Arrival::Refused(why))) => refused.push(why),
+                    Some(Err(e)) => return Err(e),
+                    None => return Err(LaunchError::Rendezvous("listener stopped".into())),
+                },
+                _ = tick.tick() => {
+                    if let Some(why) = self.ended().await {
+                        let mut head = why;
+                        if !refused.is_empty() {
+                            head.push_str(&format!("; refused reports: {}", refused.join("; ")));
+                        }
+                        return Err(LaunchError::Ended { what: self.what(), detail: self.detail(head).await });
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    let state = match self.job_id() {
+                        Some(j) => job_info(&j).await.map(|i| i.summary()).unwrap_or_else(|| "job unknown to scontrol".into()),
+                        None => "srun still running".into(),
+                    };
+                    let mut head = format!("{}: {state}", self.what());
+                    if !refused.is_empty() {
+                        head.push_str(&format!("; refused reports: {}", refused.join("; ")));
+                    }
+                    return Err(LaunchError::Timeout {
+                        got: hosts.len(), want: req.n_hosts, waited: req.startup_timeout,
+                        detail: self.detail(head).await,
+                    });
+                }
+            }
+        }
+        Ok(hosts.into_values().collect())
+    }
+
+    /// After start-up, reports (once) when Slurm ends the job under the hosts — a lost node
+    /// (`NODE_FAIL`), the time limit (`TIMEOUT`), an admin's `scancel` — in Slurm's words; the
+    /// controller separately sees the hosts go (`ClusterEvent::HostLost`).
+    fn watch(&self) {
+        let Some((Some(job), output)) = self.set(|s| (s.job.clone(), s.output.clone())) else {
+            return;
+        };
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(WATCH).await;
+                if let Some(j) = job_info(&job).await
+                    && j.state != "RUNNING"
+                {
+                    let out = output
+                        .as_deref()
+                        .map(|p| tail(p, TAIL_LINES))
+                        .unwrap_or_default();
+                    tracing::error!(
+                        "slurm job {job} ended under its hosts: {}\n{out}",
+                        j.summary()
+                    );
+                    return;
+                }
+            }
+        });
+        self.set(|s| s.watcher = Some(task));
+    }
+
+    async fn stop(&self) {
+        let (job, srun, links, watcher) = self
+            .set(|s| {
+                (
+                    s.job.take(),
+                    s.srun.take(),
+                    std::mem::take(&mut s.links),
+                    s.watcher.take(),
+                )
+            })
+            .unwrap_or_default();
+        if let Some(w) = watcher {
+            w.abort();
+        }
+        drop(links); // hosts see the controller go and start stopping their actors
+        if let Some(job) = job {
+            let _ = Command::new("scancel").arg(&job).output().await;
+            // Wait (bounded) until Slurm has taken the job down, so "stopped" means stopped.
+            let until = tokio::time::Instant::now() + Duration::from_secs(30);
+            while tokio::time::Instant::now() < until {
+                match job_info(&job).await {
+                    Some(j) if !j.is_finished() || j.state == "COMPLETING" => {}
+                    _ => break,
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        }
+        if let Some(mut child) = srun {
+            // srun forwards SIGTERM to every task of the step; SIGKILL only if it hangs.
+            if let Some(pid) = child.id() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            if tokio::time::timeout(Duration::from_secs(30), child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
+
+async fn job_info(job: &str) -> Option<JobInfo> {
+    let out = Command::new("scontrol")
+        .args(["show", "job", "-o", job])
+        .output()
+        .await
+        .ok()?;
+    parse_job_info(&String::from_utf8_lossy(&out.stdout))
+}
+
+impl HostLauncher for SlurmLauncher {
+    fn name(&self) -> &'static str {
+        "slurm"
+    }
+
+    fn launch<'a>(
+        &'a self,
+        req: &'a LaunchRequest,
+    ) -> BoxFuture<'a, Result<Vec<LaunchedHost>, LaunchError>> {
+        Box::pin(async move {
+            if req.n_hosts == 0 {
+                return Err(LaunchError::Config("at least one host is needed".into()));
+            }
+            if req.token.is_none() {
+                return Err(LaunchError::Config(
+                    "Slurm hosts listen on routable addresses and need a control-plane token (set TROUPE_TOKEN)".into(),
+                ));
+            }
+            let ip = self.opts.report_ip.unwrap_or_else(routable_ip);
+            let rv = Rendezvous::bind(ip, req.token.clone()).await?;
+            let report_to = rv.address().to_string();
+            let (tx, rx) = mpsc::channel(64);
+            let accept = tokio::spawn(async move {
+                loop {
+                    let a = rv.next().await;
+                    let stop = a.is_err();
+                    if tx.send(a).await.is_err() || stop {
+                        break;
+                    }
+                }
+            });
+            let result = match self.submit(req, &report_to).await {
+                Ok(()) => self.wait_reports(req, rx).await,
+                Err(e) => Err(e),
+            };
+            accept.abort();
+            match &result {
+                Ok(_) => self.watch(),
+                Err(_) => self.stop().await,
+            }
+            result
+        })
+    }
+
+    fn teardown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.stop())
+    }
+
+    fn describe(&self) -> Option<String> {
+        let (job, output) = self.set(|s| (s.job.clone(), s.output.clone()))?;
+        let out = output.map(|p| p.display().to_string()).unwrap_or_default();
+        Some(match job {
+            Some(j) => format!("slurm job {j} (output {out})"),
+            None => format!(
+                "srun in allocation {} (output {out})",
+                self.in_allocation().unwrap_or_default()
+            ),
+        })
+    }
+}
+
+impl Drop for SlurmLauncher {
+    fn drop(&mut self) {
+        // Best effort and synchronous: there may be no runtime left to await anything.
+        let job = self.started.get_mut().ok().and_then(|s| s.job.take());
+        if let Some(job) = job {
+            let _ = std::process::Command::new("scancel")
+                .arg(&job)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
