@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::broadcast;
+use troupe_actors::tls::{ClientTls, ServerTls, TlsFiles};
 use troupe_actors::{CallError, HostConfig, HostCore, Registry};
 
 use crate::conn::HostConn;
@@ -57,6 +58,7 @@ pub struct ClusterBuilder {
     startup_timeout: Duration,
     shutdown_grace: Duration,
     token: Option<String>,
+    tls: TlsFiles,
 }
 
 impl Default for ClusterBuilder {
@@ -73,6 +75,7 @@ impl Default for ClusterBuilder {
             token: std::env::var(troupe_actors::auth::TOKEN_ENV)
                 .ok()
                 .filter(|t| !t.is_empty()),
+            tls: TlsFiles::from_env(),
         }
     }
 }
@@ -132,8 +135,43 @@ impl ClusterBuilder {
         self
     }
 
+    /// TLS for gRPC (default: `$TROUPE_TLS_CERT`, `$TROUPE_TLS_KEY`, `$TROUPE_TLS_CA`): hosts
+    /// this builder starts serve with `cert` / `key`, and every connection is verified against
+    /// `ca`. Files are read when the cluster is built; a bad file is an error naming it.
+    pub fn tls(mut self, files: TlsFiles) -> Self {
+        self.tls = files;
+        self
+    }
+
+    /// The client side of [`ClusterBuilder::tls`] (and, when `starting` hosts, their identity).
+    fn tls_parts(
+        &self,
+        starting: bool,
+    ) -> Result<(Option<ClientTls>, Option<ServerTls>), ClusterError> {
+        let bad = |e: troupe_actors::tls::TlsError| ClusterError::Config(e.to_string());
+        let client = self.tls.client().map_err(bad)?;
+        let server = if starting {
+            self.tls.server().map_err(bad)?
+        } else {
+            None
+        };
+        if starting && client.is_some() && server.is_none() {
+            return Err(ClusterError::Config(
+                "tls.ca is set but the hosts to start have no tls.cert / tls.key: they could not serve TLS".into(),
+            ));
+        }
+        Ok((client, server))
+    }
+
     /// `n` hosts inside this process, each advertising `gpus_per_host` GPUs.
     pub async fn in_process(self, n: usize, gpus_per_host: u32) -> Result<Cluster, ClusterError> {
+        // Direct hosts are reached without the network: TLS does not apply.
+        let grpc = self.transport == InProcessTransport::Grpc;
+        let (client_tls, server_tls) = if grpc {
+            self.tls_parts(true)?
+        } else {
+            (None, None)
+        };
         let mut conns = Vec::with_capacity(n);
         let mut owned = Vec::with_capacity(n);
         for i in 0..n {
@@ -144,6 +182,7 @@ impl ClusterBuilder {
                 max_message_bytes: self.max_message_bytes,
                 shutdown_grace: self.shutdown_grace,
                 auth_token: self.token.clone(),
+                tls: server_tls.clone(),
                 ..HostConfig::default()
             };
             let core = HostCore::start(cfg, self.registry.clone())
@@ -172,6 +211,7 @@ impl ClusterBuilder {
                         &addr.to_string(),
                         self.startup_timeout,
                         self.token.as_deref(),
+                        client_tls.as_ref(),
                     )
                     .await
                     .map_err(|source| ClusterError::Host { index: i, source })?
@@ -190,6 +230,7 @@ impl ClusterBuilder {
         n: usize,
         gpus_per_host: u32,
     ) -> Result<Cluster, ClusterError> {
+        let (client_tls, _) = self.tls_parts(true)?;
         let bin = match &self.binary {
             Some(b) => b.clone(),
             None => local::troupe_binary().map_err(ClusterError::Launch)?,
@@ -206,6 +247,7 @@ impl ClusterBuilder {
                     shutdown_grace: self.shutdown_grace,
                     timeout: self.startup_timeout,
                     token: self.token.clone(),
+                    tls: self.tls.clone(),
                 },
             )
         });
@@ -214,9 +256,14 @@ impl ClusterBuilder {
         let mut owned = Vec::new();
         for (i, h) in hosts.into_iter().enumerate() {
             let h = h.map_err(ClusterError::Launch)?;
-            let c = HostConn::grpc(&h.addr, self.startup_timeout, self.token.as_deref())
-                .await
-                .map_err(|source| ClusterError::Host { index: i, source })?;
+            let c = HostConn::grpc(
+                &h.addr,
+                self.startup_timeout,
+                self.token.as_deref(),
+                client_tls.as_ref(),
+            )
+            .await
+            .map_err(|source| ClusterError::Host { index: i, source })?;
             conns.push(c);
             owned.push(Owned::Process(Box::new(h)));
         }
@@ -225,9 +272,15 @@ impl ClusterBuilder {
 
     /// Hosts already running at `addrs` (host:port each).
     pub async fn connect(self, addrs: &[String]) -> Result<Cluster, ClusterError> {
-        let tries = addrs
-            .iter()
-            .map(|a| HostConn::grpc(a, self.startup_timeout, self.token.as_deref()));
+        let (client_tls, _) = self.tls_parts(false)?;
+        let tries = addrs.iter().map(|a| {
+            HostConn::grpc(
+                a,
+                self.startup_timeout,
+                self.token.as_deref(),
+                client_tls.as_ref(),
+            )
+        });
         let mut conns = Vec::new();
         for (i, c) in futures::future::join_all(tries)
             .await

@@ -18,6 +18,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use troupe_actors::auth::TokenAttach;
 use troupe_actors::service::ERROR_CODE_KEY;
+use troupe_actors::tls::ClientTls;
 use troupe_actors::{CallError, HostCore};
 use troupe_wire::v1::{self, actor_host_client::ActorHostClient, call_reply};
 
@@ -48,6 +49,19 @@ pub(crate) fn from_status(s: &tonic::Status) -> CallError {
         tonic::Code::DeadlineExceeded => CallError::DeadlineExceeded(Duration::ZERO),
         _ => CallError::Transport(format!("{:?}: {}", s.code(), s.message())),
     }
+}
+
+/// `e` and its sources: tonic's own message stops at "transport error", while the cause
+/// (connection refused, handshake failure, unknown CA) is what the reader needs.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut m = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        m.push_str(": ");
+        m.push_str(&s.to_string());
+        src = s.source();
+    }
+    m
 }
 
 struct Session {
@@ -92,19 +106,20 @@ impl HostConn {
         })
     }
 
-    /// Connects to `addr` (host:port) with an optional control-plane token and reads the
-    /// host's description.
+    /// Connects to `addr` (host:port) with an optional control-plane token (and over TLS,
+    /// verifying the host against `tls`'s CA, when given) and reads the host's description.
     pub async fn grpc(
         addr: &str,
         connect_timeout: Duration,
         token: Option<&str>,
+        tls: Option<&ClientTls>,
     ) -> Result<(Arc<Self>, v1::HostDescription), CallError> {
         let attach = TokenAttach::new(token).map_err(CallError::BadRequest)?;
         let bad = |e: &dyn std::fmt::Display| {
             CallError::HostLost(format!("cannot connect to actor host at {addr}: {e}"))
         };
-        let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| CallError::BadRequest(format!("bad host address {addr:?}: {e}")))?
+        let ep = troupe_actors::tls::endpoint(addr, tls)
+            .map_err(|e| CallError::BadRequest(e.to_string()))?
             .tcp_nodelay(true)
             .connect_timeout(connect_timeout)
             .initial_stream_window_size(Some(8 << 20))
@@ -112,7 +127,7 @@ impl HostConn {
         let channel = tokio::time::timeout(connect_timeout, ep.connect())
             .await
             .map_err(|_| bad(&"timed out"))?
-            .map_err(|e| bad(&e))?;
+            .map_err(|e| bad(&error_chain(&e)))?;
         let mut client = ActorHostClient::with_interceptor(channel, attach)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);

@@ -31,6 +31,7 @@ pub(crate) struct HostLaunch {
     pub shutdown_grace: Duration,
     pub timeout: Duration,
     pub token: Option<String>,
+    pub tls: troupe_actors::tls::TlsFiles,
 }
 
 impl LocalHost {
@@ -43,6 +44,7 @@ impl LocalHost {
             shutdown_grace,
             timeout,
             token,
+            tls,
         } = l;
         let mut cmd = Command::new(bin);
         cmd.arg("host")
@@ -62,6 +64,14 @@ impl LocalHost {
             Some(t) => cmd.env(troupe_actors::auth::TOKEN_ENV, t),
             None => cmd.env_remove(troupe_actors::auth::TOKEN_ENV),
         };
+        // The host's TLS identity, by path (the host reads and checks the files itself).
+        use troupe_actors::tls::{CERT_ENV, KEY_ENV};
+        for (var, path) in [(CERT_ENV, &tls.cert), (KEY_ENV, &tls.key)] {
+            match path {
+                Some(p) => cmd.env(var, p),
+                None => cmd.env_remove(var),
+            };
+        }
         if !gpus.is_empty() {
             let g: Vec<String> = gpus.iter().map(|g| g.to_string()).collect();
             cmd.args(["--gpus", &g.join(",")]);

@@ -8,7 +8,7 @@ use troupe_scheduler::AllocationPlan;
 
 use super::config::{SchedulerType, ServeConfig};
 use super::fork::{ForkOptions, InferenceService};
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, ClusterBuilder};
 
 /// Flags of `troupe serve`.
 #[derive(Debug, Clone, clap::Args)]
@@ -46,14 +46,24 @@ pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: bool) -> For
     }
 }
 
-/// The cluster a config asks for.
-pub async fn cluster_for(cfg: &ServeConfig) -> Result<Cluster, String> {
+/// Cluster settings from a config: its token and TLS files (hosts it starts use the same).
+pub fn cluster_builder(cfg: &ServeConfig) -> ClusterBuilder {
+    Cluster::builder().token(cfg.token()).tls(cfg.tls())
+}
+
+/// The cluster a config asks for, built from `builder`.
+pub async fn cluster_from(cfg: &ServeConfig, builder: ClusterBuilder) -> Result<Cluster, String> {
     let (n, g) = (cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node);
     match cfg.scheduler.kind {
-        SchedulerType::Inprocess => Cluster::in_process(n, g).await,
-        SchedulerType::Local => Cluster::local_processes(n, g).await,
+        SchedulerType::Inprocess => builder.in_process(n, g).await,
+        SchedulerType::Local => builder.local_processes(n, g).await,
     }
     .map_err(|e| format!("cannot start the cluster: {e}"))
+}
+
+/// The cluster a config asks for.
+pub async fn cluster_for(cfg: &ServeConfig) -> Result<Cluster, String> {
+    cluster_from(cfg, cluster_builder(cfg)).await
 }
 
 /// The admin key: the config's, else `$TROUPE_ADMIN_KEY`, else a fresh random one.
@@ -71,6 +81,15 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     let plan =
         AllocationPlan::parse(&cfg.allocation_mode).map_err(|e| format!("allocation_mode: {e}"))?;
     let key = admin_key(&cfg);
+    let token = cfg.token();
+    // Refuse an unguarded API before anything starts.
+    let api_tls = match a.api_listen {
+        Some(addr) => {
+            crate::api::check_listen(addr, token.as_deref())?;
+            cfg.tls().server().map_err(|e| format!("tls: {e}"))?
+        }
+        None => None,
+    };
     let cluster = cluster_for(&cfg).await?;
     let svc = match InferenceService::fork(&cluster, &plan, &fork_options(&cfg, key.clone(), true))
         .await
@@ -89,7 +108,9 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
             .filter(|s| s.node_rank == 0)
             .map(|s| s.info.gpu_count)
             .collect();
-        let api = crate::api::ControllerApi::new(svc.control.clone(), heads)?;
+        let api = crate::api::ControllerApi::new(svc.control.clone(), heads)?
+            .with_token(token)
+            .with_tls(api_tls);
         match api.spawn(addr).await {
             Ok(bound) => println!("controller api: {bound}"),
             Err(e) => {

@@ -58,7 +58,9 @@ pub struct ForkOptions {
     pub ready_timeout: Duration,
     /// Admin key for servers, proxies and gateway.
     pub admin_key: Option<String>,
-    /// Gateway listen address.
+    /// Gateway listen address. Empty (the default): the gateway's host's own address, port 0
+    /// (`127.0.0.1:0` when every host is on this machine), so clients on other machines can
+    /// reach it.
     pub gateway_listen: String,
     /// Gateway policies: regular, prefill, decode.
     pub policies: (String, String, String),
@@ -80,7 +82,7 @@ impl Default for ForkOptions {
             extra_args: Vec::new(),
             ready_timeout: Duration::from_secs(600),
             admin_key: None,
-            gateway_listen: "127.0.0.1:0".into(),
+            gateway_listen: String::new(),
             policies: (
                 "round_robin".into(),
                 "round_robin".into(),
@@ -173,6 +175,15 @@ fn machine(addr: &str) -> String {
             h.trim_start_matches('[').trim_end_matches(']').to_string()
         }
         _ => addr.to_string(),
+    }
+}
+
+/// `host:port`, bracketing IPv6 hosts.
+fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 
@@ -427,7 +438,7 @@ impl InferenceService {
         let proxy_starts = servers.iter().filter(|s| s.node_rank == 0).map(|s| {
             let host = cluster.host(s.host).clone();
             let args = ProxyArgs {
-                listen: format!("{}:0", machine(&s.info.addr)),
+                listen: host_port(&machine(&s.info.addr), 0),
                 backends: vec![s.info.url.clone()],
                 ..ProxyArgs::default()
             };
@@ -478,7 +489,11 @@ impl InferenceService {
         }
         let pd = workers.iter().any(|w| w.worker_type != WorkerType::Regular);
         let args = GatewayArgs {
-            listen: opts.gateway_listen.clone(),
+            listen: if opts.gateway_listen.is_empty() {
+                host_port(&machine(cluster.host(0).address()), 0)
+            } else {
+                opts.gateway_listen.clone()
+            },
             pd,
             policy: opts.policies.0.clone(),
             prefill_policy: opts.policies.1.clone(),
