@@ -292,6 +292,16 @@ async fn pd_groups_forked_across_three_network_namespaces_serve_through_the_gate
             .await
             .expect("connect to the namespaced hosts");
         let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
+        // Servers on network addresses with open control endpoints: refused, nothing started.
+        let open = InferenceService::fork(&cluster, &plan, &ForkOptions::default())
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(open.contains("admin key"), "{open}");
+        for h in cluster.hosts() {
+            assert!(h.describe().await.expect("describe").actors.is_empty());
+        }
         let opts = ForkOptions {
             admin_key: Some("netns-admin".into()),
             ready_timeout: Duration::from_secs(60),

@@ -39,6 +39,11 @@ pub enum ForkError {
     /// The gateway or a proxy failed to start.
     #[error("{0}")]
     Serving(String),
+    /// Servers would listen on non-loopback addresses with their control endpoints open.
+    #[error(
+        "hosts {0} are not on this machine, so servers, proxies and the gateway listen on their network addresses: set an admin key (ForkOptions::admin_key, config `admin_key`) so their control endpoints are not open to the network"
+    )]
+    NoAdminKey(String),
 }
 
 /// How servers are launched (the parts of a config the plan does not say).
@@ -268,6 +273,14 @@ impl InferenceService {
             .map(|h| HostResources::new(h.index(), machine(h.address()), h.gpu_ids().to_vec()))
             .collect();
         let all_local = hosts.iter().all(|h| h.address == "127.0.0.1");
+        if opts.admin_key.is_none() && !all_local {
+            let remote: Vec<&str> = hosts
+                .iter()
+                .filter(|h| h.address != "127.0.0.1")
+                .map(|h| h.address.as_str())
+                .collect();
+            return Err(ForkError::NoAdminKey(remote.join(", ")));
+        }
         let probe: std::sync::Arc<dyn troupe_scheduler::PortProbe> = if all_local {
             std::sync::Arc::new(troupe_scheduler::LocalBindProbe)
         } else {
