@@ -416,6 +416,35 @@ async fn bad_or_missing_tls_files_are_errors_naming_the_file() {
     .await
 }
 
+/// A `troupe serve` process, stopped with SIGINT on drop (also when the test fails), so it tears
+/// down the hosts it started; SIGKILL would leave them running.
+struct Serve(Option<std::process::Child>);
+
+impl Serve {
+    /// SIGINT, then up to 20 s for a clean exit; the exit status if it came.
+    fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.0.take()?;
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// `troupe serve` with `token:` and `tls:` in its config: the hosts it starts and its API use
 /// them (the config's token wins over `$TROUPE_TOKEN`).
 #[tokio::test]
@@ -434,17 +463,18 @@ async fn troupe_serve_uses_the_config_token_and_tls_for_hosts_and_api() {
             ),
         )
         .unwrap();
-        let mut child = tokio::process::Command::new(BIN)
+        let mut child = std::process::Command::new(BIN)
             .arg("serve")
             .arg(&cfg)
             .args(["--api-listen", "127.0.0.1:0"])
             .env("TROUPE_TOKEN", "from-env")
             .env_remove("TROUPE_TLS_CA")
             .stdout(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let stdout = tokio::process::ChildStdout::from_std(child.stdout.take().unwrap()).unwrap();
+        let mut serve = Serve(Some(child));
+        let mut lines = BufReader::new(stdout).lines();
         let mut addr = None;
         while let Some(l) = lines.next_line().await.unwrap() {
             if let Some(a) = l.strip_prefix("controller api: ") {
@@ -468,9 +498,7 @@ async fn troupe_serve_uses_the_config_token_and_tls_for_hosts_and_api() {
             .unwrap();
         is_unauthenticated(c.get_weight_plan(GetWeightPlanRequest {}).await).await;
 
-        let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
-        let status = child.wait().await.unwrap();
+        let status = serve.stop().expect("serve did not exit within 20 s of SIGINT");
         assert!(status.success(), "{status}");
     })
     .await
