@@ -64,6 +64,21 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     m
 }
 
+/// Where a host is reached: the address it reports, unless that is empty or a wildcard
+/// (`0.0.0.0`, `[::]`: a host listening on every interface), which is no address anyone can
+/// dial; then the host part the controller dialed, with the reported port. Servers, proxies and
+/// the gateway are placed at this address, so a wildcard here would advertise `0.0.0.0`.
+fn reachable_address(reported: &str, dialed: &str) -> String {
+    match reported.parse::<std::net::SocketAddr>() {
+        Ok(sa) if sa.ip().is_unspecified() => {
+            let host = dialed.rsplit_once(':').map_or(dialed, |(h, _)| h);
+            format!("{host}:{}", sa.port())
+        }
+        _ if reported.is_empty() => dialed.to_string(),
+        _ => reported.to_string(),
+    }
+}
+
 struct Session {
     epoch: u64,
     tx: mpsc::UnboundedSender<v1::CallRequest>,
@@ -141,11 +156,7 @@ impl HostConn {
             .into_inner();
         let conn = Arc::new(HostConn {
             host_id: d.host_id.clone(),
-            address: if d.address.is_empty() {
-                addr.to_string()
-            } else {
-                d.address.clone()
-            },
+            address: reachable_address(&d.address, addr),
             max_message_bytes: d.max_message_bytes,
             transport: Transport::Grpc(Box::new(Grpc {
                 client,
@@ -426,5 +437,27 @@ impl HostConn {
                 Ok(Box::pin(s.map(|r| r.map_err(|s| s.to_string()))))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reachable_address;
+
+    #[test]
+    fn a_wildcard_host_address_becomes_the_dialed_host() {
+        assert_eq!(
+            reachable_address("0.0.0.0:7000", "10.0.0.5:7000"),
+            "10.0.0.5:7000"
+        );
+        assert_eq!(
+            reachable_address("[::]:7000", "[fd00::5]:7000"),
+            "[fd00::5]:7000"
+        );
+        assert_eq!(reachable_address("", "h:1"), "h:1");
+        assert_eq!(
+            reachable_address("10.0.0.6:7000", "gw:7000"),
+            "10.0.0.6:7000"
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! Three `troupe host` processes in three Linux network namespaces, so each really has its own
 //! address (10.213.X.2-4 on a bridge in the root namespace, X picked per run), and nothing can
-//! cheat through 127.0.0.1. The controller (this test, in the root namespace) connects to them
+//! cheat through 127.0.0.1. One host listens on `0.0.0.0`, as hosts often do. The controller (this test, in the root namespace) connects to them
 //! with a token, forks PD groups (one prefill, two decode, one GPU slot per host) across all three, and generates through the gateway, plain and
 //! streaming, comparing with a reference engine; then syncs new weights to every engine from
 //! this process (the broadcast master at the bridge address).
@@ -145,12 +145,17 @@ impl Net {
         format!("{}.{}", self.subnet, i + 2)
     }
 
-    /// Starts `troupe host` inside namespace `i`, listening on its address only; returns the
-    /// address it reports.
-    async fn start_host(&mut self, i: usize) -> String {
+    /// Starts `troupe host` inside namespace `i`, listening on its address only (or on every
+    /// interface, `0.0.0.0`, with `wildcard`); returns the address it reports.
+    async fn start_host(&mut self, i: usize, wildcard: bool) -> String {
+        let listen = if wildcard {
+            "0.0.0.0:0".to_string()
+        } else {
+            format!("{}:0", self.addr(i))
+        };
         let mut child = tokio::process::Command::new("ip")
             .args(["netns", "exec", &self.namespaces[i], BIN, "host"])
-            .args(["--listen", &format!("{}:0", self.addr(i))])
+            .args(["--listen", &listen])
             .args(["--host-id", &format!("ns-host-{i}"), "--gpus", "0"])
             .args(["--shutdown-grace-s", "2"])
             .env("TROUPE_TOKEN", TOKEN)
@@ -275,15 +280,19 @@ async fn pd_groups_forked_across_three_network_namespaces_serve_through_the_gate
         }
     };
     within(240, async {
+        // Hosts 0 and 1 listen on their address, host 2 on every interface (it reports
+        // 0.0.0.0, and is dialed at its namespace address).
         let mut addrs = Vec::new();
         for i in 0..3 {
-            addrs.push(net.start_host(i).await);
-        }
-        for (i, a) in addrs.iter().enumerate() {
-            assert!(
-                a.starts_with(&format!("{}:", net.addr(i))),
-                "host {i} at {a}"
-            );
+            let a = net.start_host(i, i == 2).await;
+            let (host, port) = a.rsplit_once(':').expect("host:port");
+            let want = if i == 2 {
+                "0.0.0.0".to_string()
+            } else {
+                net.addr(i)
+            };
+            assert_eq!(host, want, "host {i} reported {a}");
+            addrs.push(format!("{}:{port}", net.addr(i)));
         }
         let cluster = Cluster::builder()
             .token(Some(TOKEN.into()))
@@ -291,6 +300,9 @@ async fn pd_groups_forked_across_three_network_namespaces_serve_through_the_gate
             .connect(&addrs)
             .await
             .expect("connect to the namespaced hosts");
+        for (i, h) in cluster.hosts().iter().enumerate() {
+            assert_eq!(h.address(), addrs[i], "host {i}");
+        }
         let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
         // Servers on network addresses with open control endpoints: refused, nothing started.
         let open = InferenceService::fork(&cluster, &plan, &ForkOptions::default())
