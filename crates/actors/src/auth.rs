@@ -13,8 +13,9 @@ use tonic::{Request, Status};
 /// Environment variable hosts and controllers read the token from.
 pub const TOKEN_ENV: &str = "TROUPE_TOKEN";
 
-/// Compares in time independent of where the first difference is.
-fn same(a: &[u8], b: &[u8]) -> bool {
+/// Compares in time independent of where the first difference is (so response timing does not
+/// reveal how much of a guessed key was right).
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -41,10 +42,10 @@ impl Interceptor for TokenCheck {
         match req.metadata().get("authorization").map(|v| v.as_bytes()) {
             Some(got) if same(got, want.as_bytes()) => Ok(req),
             Some(_) => Err(Status::unauthenticated(
-                "wrong control-plane token: use the host's --token / TROUPE_TOKEN",
+                "wrong control-plane token: use the server's token (--token, TROUPE_TOKEN or the config's `token`)",
             )),
             None => Err(Status::unauthenticated(
-                "this host requires a control-plane token: send `authorization: Bearer <token>` (set TROUPE_TOKEN)",
+                "this server requires a control-plane token: send `authorization: Bearer <token>` (set TROUPE_TOKEN)",
             )),
         }
     }

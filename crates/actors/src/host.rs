@@ -41,6 +41,8 @@ pub struct HostConfig {
     pub shutdown_grace: Duration,
     /// Control-plane token every gRPC request must carry (None: no check; loopback only).
     pub auth_token: Option<String>,
+    /// Serve gRPC over TLS with this certificate and key (None: plaintext).
+    pub tls: Option<crate::tls::ServerTls>,
 }
 
 impl Default for HostConfig {
@@ -56,6 +58,7 @@ impl Default for HostConfig {
             max_message_bytes: 64 << 20,
             shutdown_grace: Duration::from_secs(5),
             auth_token: None,
+            tls: None,
         }
     }
 }

@@ -24,6 +24,7 @@ pub mod process;
 pub mod registry;
 pub mod service;
 pub mod serving;
+pub mod tls;
 
 pub use actor::{Actor, ActorContext, FailHandle, Handler, Message, Methods};
 pub use error::{ActorError, CallError};

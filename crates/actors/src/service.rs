@@ -213,7 +213,11 @@ pub async fn serve(
     }
     let stop = core.stopped();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &core.config().tls {
+        builder = builder.tls_config(tls.config())?;
+    }
+    builder
         .tcp_nodelay(true)
         .http2_adaptive_window(Some(true))
         .add_service(HostService::new(core).into_server())

@@ -313,6 +313,37 @@ mod admin {
     }
 
     #[tokio::test]
+    async fn a_gateway_without_an_admin_key_refuses_a_non_loopback_address() {
+        within(20, async {
+            let open = gateway::start(GatewayConfig {
+                listen: "0.0.0.0:0".into(),
+                ..Default::default()
+            })
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+            assert!(open.contains("without an admin key"), "{open}");
+            // With a key it serves there, and its admin endpoints still refuse a wrong key.
+            let g = gateway::start(GatewayConfig {
+                listen: "0.0.0.0:0".into(),
+                admin_key: Some("sekret".into()),
+                ..Default::default()
+            })
+            .await
+            .expect("gateway");
+            let url = format!("http://127.0.0.1:{}/workers", g.addr().port());
+            let body = r#"{"url": "http://127.0.0.1:31000", "worker_type": "regular"}"#;
+            assert_eq!(post_raw(&url, body, Some("wrong")).await.0, 401);
+            assert!(
+                g.router().list().is_empty(),
+                "rejected calls change nothing"
+            );
+        })
+        .await;
+    }
+
+    #[tokio::test]
     async fn bad_registrations_are_400_and_change_nothing() {
         within(20, async {
             let g = keyed(true).await;

@@ -3,13 +3,23 @@
 //! An external trainer (rank 0, e.g. a Python FSDP process with NCCL) broadcasts the tensors;
 //! this service tells every engine what to expect, concurrently, and never resumes serving on
 //! mixed weight versions.
+//!
+//! It controls every engine, so it is guarded like the hosts: with a token every request must
+//! carry `authorization: Bearer <token>` (refused before it reaches a handler, so a refused call
+//! changes nothing), it refuses to listen on a non-loopback address without one, and it can
+//! serve over TLS. [`connect`] is the matching client.
 
 use std::net::SocketAddr;
 
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
+use troupe_actors::auth::{TokenAttach, TokenCheck};
+use troupe_actors::tls::{ClientTls, ServerTls};
 use troupe_weights::plan::{EngineGpus, WeightSyncPlan};
+use troupe_wire::v1::controller_client::ControllerClient;
 use troupe_wire::v1::controller_server::{Controller, ControllerServer};
 use troupe_wire::v1::{
     BeginWeightUpdateRequest, EndWeightUpdateRequest, EngineRank, GetWeightPlanRequest,
@@ -23,6 +33,35 @@ use crate::serve::control::{InferenceControl, PauseMode, ServerResult};
 pub struct ControllerApi {
     control: InferenceControl,
     gpus: Vec<u32>,
+    token: Option<String>,
+    tls: Option<ServerTls>,
+}
+
+/// A client of the API that sends the token (a trainer's side of [`ControllerApi`]).
+pub type ApiClient = ControllerClient<InterceptedService<Channel, TokenAttach>>;
+
+/// Connects to the API at `addr` (`host:port`), sending `token` with every request and, with
+/// `tls`, verifying the server against its CA.
+pub async fn connect(
+    addr: &str,
+    token: Option<&str>,
+    tls: Option<&ClientTls>,
+    timeout: std::time::Duration,
+) -> Result<ApiClient, String> {
+    let attach = TokenAttach::new(token)?;
+    let ep = troupe_actors::tls::endpoint(addr, tls)
+        .map_err(|e| e.to_string())?
+        .connect_timeout(timeout);
+    let channel = tokio::time::timeout(timeout, ep.connect())
+        .await
+        .map_err(|_| format!("cannot connect to the controller api at {addr}: timed out"))?
+        .map_err(|e| {
+            format!(
+                "cannot connect to the controller api at {addr}: {}",
+                crate::conn::error_chain(&e)
+            )
+        })?;
+    Ok(ControllerClient::with_interceptor(channel, attach))
 }
 
 fn ack(results: Vec<ServerResult<Value>>) -> WeightAck {
@@ -50,7 +89,24 @@ impl ControllerApi {
                 gpus.len()
             ));
         }
-        Ok(ControllerApi { control, gpus })
+        Ok(ControllerApi {
+            control,
+            gpus,
+            token: None,
+            tls: None,
+        })
+    }
+
+    /// Requires `token` on every request (None: no check, and loopback addresses only).
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token.filter(|t| !t.is_empty());
+        self
+    }
+
+    /// Serves over TLS with this identity.
+    pub fn with_tls(mut self, tls: Option<ServerTls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     fn plan(&self) -> Result<WeightSyncPlan, Status> {
@@ -76,21 +132,44 @@ impl ControllerApi {
     ) -> Result<(), tonic::transport::Error> {
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        tonic::transport::Server::builder()
-            .add_service(ControllerServer::new(self))
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &self.tls {
+            builder = builder.tls_config(tls.config())?;
+        }
+        let check = TokenCheck::new(self.token.as_deref());
+        builder
+            .add_service(InterceptedService::new(ControllerServer::new(self), check))
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await
     }
 
-    /// Binds `addr` and serves in the background; returns the bound address.
+    /// Binds `addr` and serves in the background; returns the bound address. Refuses a
+    /// non-loopback address without a token: anyone who reached it could pause every engine
+    /// or load weights into them.
     pub async fn spawn(self, addr: SocketAddr) -> Result<SocketAddr, String> {
+        check_listen(addr, self.token.as_deref())?;
         let l = TcpListener::bind(addr)
             .await
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let bound = l.local_addr().map_err(|e| e.to_string())?;
-        tokio::spawn(self.serve(l, std::future::pending()));
+        let served = self.serve(l, std::future::pending());
+        tokio::spawn(async move {
+            if let Err(e) = served.await {
+                tracing::error!("controller api on {bound} stopped: {e}");
+            }
+        });
         Ok(bound)
     }
+}
+
+/// Refuses to serve the API on a non-loopback address without a token.
+pub fn check_listen(addr: SocketAddr, token: Option<&str>) -> Result<(), String> {
+    if token.is_none_or(str::is_empty) && !addr.ip().is_loopback() {
+        return Err(format!(
+            "refusing to serve the controller api on {addr} without a control-plane token: anyone who reaches it could pause the engines or load weights into them; set `token:` in the config (or TROUPE_TOKEN), or listen on 127.0.0.1"
+        ));
+    }
+    Ok(())
 }
 
 #[tonic::async_trait]

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::broadcast;
+use troupe_actors::tls::{ClientTls, ServerTls, TlsFiles};
 use troupe_actors::{CallError, HostConfig, HostCore, Registry};
 
 use crate::conn::HostConn;
@@ -60,6 +61,7 @@ pub struct ClusterBuilder {
     startup_timeout: Duration,
     shutdown_grace: Duration,
     token: Option<String>,
+    tls: TlsFiles,
 }
 
 impl Default for ClusterBuilder {
@@ -76,6 +78,7 @@ impl Default for ClusterBuilder {
             token: std::env::var(troupe_actors::auth::TOKEN_ENV)
                 .ok()
                 .filter(|t| !t.is_empty()),
+            tls: TlsFiles::from_env(),
         }
     }
 }
@@ -135,8 +138,43 @@ impl ClusterBuilder {
         self
     }
 
+    /// TLS for gRPC (default: `$TROUPE_TLS_CERT`, `$TROUPE_TLS_KEY`, `$TROUPE_TLS_CA`): hosts
+    /// this builder starts serve with `cert` / `key`, and every connection is verified against
+    /// `ca`. Files are read when the cluster is built; a bad file is an error naming it.
+    pub fn tls(mut self, files: TlsFiles) -> Self {
+        self.tls = files;
+        self
+    }
+
+    /// The client side of [`ClusterBuilder::tls`] (and, when `starting` hosts, their identity).
+    fn tls_parts(
+        &self,
+        starting: bool,
+    ) -> Result<(Option<ClientTls>, Option<ServerTls>), ClusterError> {
+        let bad = |e: troupe_actors::tls::TlsError| ClusterError::Config(e.to_string());
+        let client = self.tls.client().map_err(bad)?;
+        let server = if starting {
+            self.tls.server().map_err(bad)?
+        } else {
+            None
+        };
+        if starting && client.is_some() && server.is_none() {
+            return Err(ClusterError::Config(
+                "tls.ca is set but the hosts to start have no tls.cert / tls.key: they could not serve TLS".into(),
+            ));
+        }
+        Ok((client, server))
+    }
+
     /// `n` hosts inside this process, each advertising `gpus_per_host` GPUs.
     pub async fn in_process(self, n: usize, gpus_per_host: u32) -> Result<Cluster, ClusterError> {
+        // Direct hosts are reached without the network: TLS does not apply.
+        let grpc = self.transport == InProcessTransport::Grpc;
+        let (client_tls, server_tls) = if grpc {
+            self.tls_parts(true)?
+        } else {
+            (None, None)
+        };
         let mut conns = Vec::with_capacity(n);
         let mut owned = Vec::with_capacity(n);
         for i in 0..n {
@@ -147,6 +185,7 @@ impl ClusterBuilder {
                 max_message_bytes: self.max_message_bytes,
                 shutdown_grace: self.shutdown_grace,
                 auth_token: self.token.clone(),
+                tls: server_tls.clone(),
                 ..HostConfig::default()
             };
             let core = HostCore::start(cfg, self.registry.clone())
@@ -175,6 +214,7 @@ impl ClusterBuilder {
                         &addr.to_string(),
                         self.startup_timeout,
                         self.token.as_deref(),
+                        client_tls.as_ref(),
                     )
                     .await
                     .map_err(|source| ClusterError::Host { index: i, source })?
@@ -216,6 +256,13 @@ impl ClusterBuilder {
             shutdown_grace: self.shutdown_grace,
             startup_timeout: self.startup_timeout,
             binary,
+            host_env: [
+                (troupe_actors::tls::CERT_ENV, &self.tls.cert),
+                (troupe_actors::tls::KEY_ENV, &self.tls.key),
+            ]
+            .into_iter()
+            .filter_map(|(k, v)| Some((k.to_string(), v.as_ref()?.display().to_string())))
+            .collect(),
         })
     }
 
@@ -227,14 +274,20 @@ impl ClusterBuilder {
         n: usize,
         gpus_per_host: u32,
     ) -> Result<Cluster, ClusterError> {
+        let (client_tls, _) = self.tls_parts(true)?;
         let req = self.launch_request(n, gpus_per_host)?;
         let launched = launcher
             .launch(&req)
             .await
             .map_err(|e| ClusterError::Launch(format!("{} launcher: {e}", launcher.name())))?;
-        let tries = launched
-            .iter()
-            .map(|h| HostConn::grpc(&h.addr, self.startup_timeout, self.token.as_deref()));
+        let tries = launched.iter().map(|h| {
+            HostConn::grpc(
+                &h.addr,
+                self.startup_timeout,
+                self.token.as_deref(),
+                client_tls.as_ref(),
+            )
+        });
         let mut conns = Vec::new();
         for (i, c) in futures::future::join_all(tries)
             .await
@@ -257,9 +310,15 @@ impl ClusterBuilder {
 
     /// Hosts already running at `addrs` (host:port each).
     pub async fn connect(self, addrs: &[String]) -> Result<Cluster, ClusterError> {
-        let tries = addrs
-            .iter()
-            .map(|a| HostConn::grpc(a, self.startup_timeout, self.token.as_deref()));
+        let (client_tls, _) = self.tls_parts(false)?;
+        let tries = addrs.iter().map(|a| {
+            HostConn::grpc(
+                a,
+                self.startup_timeout,
+                self.token.as_deref(),
+                client_tls.as_ref(),
+            )
+        });
         let mut conns = Vec::new();
         for (i, c) in futures::future::join_all(tries)
             .await

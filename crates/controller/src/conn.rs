@@ -18,6 +18,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use troupe_actors::auth::TokenAttach;
 use troupe_actors::service::ERROR_CODE_KEY;
+use troupe_actors::tls::ClientTls;
 use troupe_actors::{CallError, HostCore};
 use troupe_wire::v1::{self, actor_host_client::ActorHostClient, call_reply};
 
@@ -47,6 +48,34 @@ pub(crate) fn from_status(s: &tonic::Status) -> CallError {
         }
         tonic::Code::DeadlineExceeded => CallError::DeadlineExceeded(Duration::ZERO),
         _ => CallError::Transport(format!("{:?}: {}", s.code(), s.message())),
+    }
+}
+
+/// `e` and its sources: tonic's own message stops at "transport error", while the cause
+/// (connection refused, handshake failure, unknown CA) is what the reader needs.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut m = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        m.push_str(": ");
+        m.push_str(&s.to_string());
+        src = s.source();
+    }
+    m
+}
+
+/// Where a host is reached: the address it reports, unless that is empty or a wildcard
+/// (`0.0.0.0`, `[::]`: a host listening on every interface), which is no address anyone can
+/// dial; then the host part the controller dialed, with the reported port. Servers, proxies and
+/// the gateway are placed at this address, so a wildcard here would advertise `0.0.0.0`.
+fn reachable_address(reported: &str, dialed: &str) -> String {
+    match reported.parse::<std::net::SocketAddr>() {
+        Ok(sa) if sa.ip().is_unspecified() => {
+            let host = dialed.rsplit_once(':').map_or(dialed, |(h, _)| h);
+            format!("{host}:{}", sa.port())
+        }
+        _ if reported.is_empty() => dialed.to_string(),
+        _ => reported.to_string(),
     }
 }
 
@@ -92,19 +121,20 @@ impl HostConn {
         })
     }
 
-    /// Connects to `addr` (host:port) with an optional control-plane token and reads the
-    /// host's description.
+    /// Connects to `addr` (host:port) with an optional control-plane token (and over TLS,
+    /// verifying the host against `tls`'s CA, when given) and reads the host's description.
     pub async fn grpc(
         addr: &str,
         connect_timeout: Duration,
         token: Option<&str>,
+        tls: Option<&ClientTls>,
     ) -> Result<(Arc<Self>, v1::HostDescription), CallError> {
         let attach = TokenAttach::new(token).map_err(CallError::BadRequest)?;
         let bad = |e: &dyn std::fmt::Display| {
             CallError::HostLost(format!("cannot connect to actor host at {addr}: {e}"))
         };
-        let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| CallError::BadRequest(format!("bad host address {addr:?}: {e}")))?
+        let ep = troupe_actors::tls::endpoint(addr, tls)
+            .map_err(|e| CallError::BadRequest(e.to_string()))?
             .tcp_nodelay(true)
             .connect_timeout(connect_timeout)
             .initial_stream_window_size(Some(8 << 20))
@@ -112,7 +142,7 @@ impl HostConn {
         let channel = tokio::time::timeout(connect_timeout, ep.connect())
             .await
             .map_err(|_| bad(&"timed out"))?
-            .map_err(|e| bad(&e))?;
+            .map_err(|e| bad(&error_chain(&e)))?;
         let mut client = ActorHostClient::with_interceptor(channel, attach)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
@@ -126,11 +156,7 @@ impl HostConn {
             .into_inner();
         let conn = Arc::new(HostConn {
             host_id: d.host_id.clone(),
-            address: if d.address.is_empty() {
-                addr.to_string()
-            } else {
-                d.address.clone()
-            },
+            address: reachable_address(&d.address, addr),
             max_message_bytes: d.max_message_bytes,
             transport: Transport::Grpc(Box::new(Grpc {
                 client,
@@ -411,5 +437,27 @@ impl HostConn {
                 Ok(Box::pin(s.map(|r| r.map_err(|s| s.to_string()))))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reachable_address;
+
+    #[test]
+    fn a_wildcard_host_address_becomes_the_dialed_host() {
+        assert_eq!(
+            reachable_address("0.0.0.0:7000", "10.0.0.5:7000"),
+            "10.0.0.5:7000"
+        );
+        assert_eq!(
+            reachable_address("[::]:7000", "[fd00::5]:7000"),
+            "[fd00::5]:7000"
+        );
+        assert_eq!(reachable_address("", "h:1"), "h:1");
+        assert_eq!(
+            reachable_address("10.0.0.6:7000", "gw:7000"),
+            "10.0.0.6:7000"
+        );
     }
 }

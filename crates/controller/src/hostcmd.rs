@@ -53,6 +53,12 @@ pub struct HostArgs {
     /// Position of this host among those launched together (under Slurm: `SLURM_PROCID`).
     #[arg(long, env = "SLURM_PROCID", default_value_t = 0)]
     pub host_index: usize,
+    /// Serve gRPC over TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, env = "TROUPE_TLS_CERT")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "TROUPE_TLS_KEY")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 /// Errors of `troupe host`.
@@ -107,6 +113,13 @@ impl HostArgs {
             )));
         }
         cfg.auth_token = token;
+        cfg.tls = troupe_actors::tls::TlsFiles {
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            ca: None,
+        }
+        .server()
+        .map_err(|e| HostCmdError::Flag(e.to_string()))?;
         if let Some(id) = &self.host_id {
             if id.trim().is_empty() {
                 return Err(HostCmdError::Flag("--host-id must not be empty".into()));

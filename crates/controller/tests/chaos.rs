@@ -30,7 +30,8 @@ async fn killing_a_random_server_every_few_seconds_loses_no_request() {
         let kill_every = Duration::from_secs(3);
         let rep = run_chaos(&svc, Duration::from_secs(secs), kill_every, 8, 16, 42).await;
         println!("{rep:?}");
-        assert!(rep.kills >= secs / 3 - 2, "servers were killed: {rep:?}");
+        // A tick finds no victim while the only other server of a kind is still restarting.
+        assert!(rep.kills >= secs / 6, "servers were killed: {rep:?}");
         assert!(rep.sent > 100, "load was steady: {rep:?}");
         assert_eq!(rep.lost, 0, "no request lost: {rep:?}");
         assert_eq!(rep.answered, rep.sent);

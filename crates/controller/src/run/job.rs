@@ -23,8 +23,8 @@ use crate::rollout::{
     InferenceClient, RlvrWorkflow, RolloutController, RolloutOptions, SamplingSettings, Trajectory,
     staleness_of,
 };
-use crate::serve::cmd::{admin_key, fork_options};
-use crate::serve::config::{SchedulerType, ServeConfig};
+use crate::serve::cmd::{admin_key, cluster_builder, cluster_from, fork_options};
+use crate::serve::config::ServeConfig;
 use crate::serve::fork::InferenceService;
 use crate::weight_sync::{HostTensor, WeightSync, WeightSyncOptions};
 
@@ -107,15 +107,8 @@ pub async fn run(a: &RunArgs) -> Result<Summary, String> {
     let tc = cfg.train.clone();
     let target = tc.target.as_bytes()[0];
     let registry = Registry::builtin().with::<TrainerActor>();
-    let (n, g) = (cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node);
-    let cluster = match cfg.scheduler.kind {
-        SchedulerType::Inprocess => Cluster::builder()
-            .registry(registry)
-            .in_process(n, g)
-            .await
-            .map_err(|e| format!("cannot start the cluster: {e}"))?,
-        SchedulerType::Local | SchedulerType::Slurm => crate::serve::cmd::cluster_for(&cfg).await?,
-    };
+    // The registry matters to in-process hosts only (`troupe host` processes have theirs).
+    let cluster = cluster_from(&cfg, cluster_builder(&cfg).registry(registry)).await?;
     let key = admin_key(&cfg);
     let svc = match InferenceService::fork(&cluster, &plan, &fork_options(&cfg, key, true)).await {
         Ok(s) => s,

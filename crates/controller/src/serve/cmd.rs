@@ -12,7 +12,7 @@ use troupe_scheduler::{SlurmLauncher, SlurmOptions};
 
 use super::config::{SchedulerConfig, SchedulerType, ServeConfig};
 use super::fork::{ForkOptions, InferenceService};
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, ClusterBuilder};
 
 /// Flags of `troupe serve`.
 #[derive(Debug, Clone, clap::Args)]
@@ -90,22 +90,26 @@ pub fn slurm_options(s: &SchedulerConfig) -> Result<SlurmOptions, String> {
     })
 }
 
-/// The cluster a config asks for.
-pub async fn cluster_for(cfg: &ServeConfig) -> Result<Cluster, String> {
+/// Cluster settings from a config: its token and TLS files (hosts it starts use the same).
+pub fn cluster_builder(cfg: &ServeConfig) -> ClusterBuilder {
+    Cluster::builder().token(cfg.token()).tls(cfg.tls())
+}
+
+/// The cluster a config asks for, built from `builder`.
+pub async fn cluster_from(cfg: &ServeConfig, builder: ClusterBuilder) -> Result<Cluster, String> {
     let (n, g) = (cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node);
     match cfg.scheduler.kind {
-        SchedulerType::Inprocess => Cluster::in_process(n, g).await,
-        SchedulerType::Local => Cluster::local_processes(n, g).await,
+        SchedulerType::Inprocess => builder.in_process(n, g).await,
+        SchedulerType::Local => builder.local_processes(n, g).await,
         SchedulerType::Slurm => {
             let s = &cfg.scheduler;
             let launcher = Arc::new(SlurmLauncher::new(slurm_options(s)?));
             // Hosts on other nodes listen on routable addresses: they always get a token
-            // ($TROUPE_TOKEN, else a fresh one for this run).
-            let token = std::env::var(troupe_actors::auth::TOKEN_ENV)
-                .ok()
-                .filter(|t| !t.is_empty())
+            // (the config's or $TROUPE_TOKEN, else a fresh one for this run).
+            let token = cfg
+                .token()
                 .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-            let mut b = Cluster::builder()
+            let mut b = builder
                 .token(Some(token))
                 .startup_timeout(Duration::from_secs_f64(s.startup_timeout_s));
             if let Some(bin) = &s.binary {
@@ -115,6 +119,11 @@ pub async fn cluster_for(cfg: &ServeConfig) -> Result<Cluster, String> {
         }
     }
     .map_err(|e| format!("cannot start the cluster: {e}"))
+}
+
+/// The cluster a config asks for.
+pub async fn cluster_for(cfg: &ServeConfig) -> Result<Cluster, String> {
+    cluster_from(cfg, cluster_builder(cfg)).await
 }
 
 /// The admin key: the config's, else `$TROUPE_ADMIN_KEY`, else a fresh random one.
@@ -188,7 +197,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_FILE));
     let st = super::state::ServeState::load(&path).map_err(|e| e.to_string())?;
-    let mut cluster = Cluster::builder()
+    let mut cluster = cluster_builder(cfg)
         .connect(&st.host_addresses())
         .await
         .map_err(|e| format!("cannot reach the hosts named in {}: {e}", path.display()))?;
@@ -229,6 +238,15 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     let plan =
         AllocationPlan::parse(&cfg.allocation_mode).map_err(|e| format!("allocation_mode: {e}"))?;
     let key = admin_key(&cfg);
+    let token = cfg.token();
+    // Refuse an unguarded API before anything starts.
+    let api_tls = match a.api_listen {
+        Some(addr) => {
+            crate::api::check_listen(addr, token.as_deref())?;
+            cfg.tls().server().map_err(|e| format!("tls: {e}"))?
+        }
+        None => None,
+    };
     // A signal while hosts come up drops the launch, and with it (synchronously) whatever the
     // launcher started, e.g. the Slurm job.
     let cluster = tokio::select! {
@@ -285,7 +303,9 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
             .filter(|s| s.node_rank == 0)
             .map(|s| s.info.gpu_count)
             .collect();
-        let api = crate::api::ControllerApi::new(svc.control.clone(), heads)?;
+        let api = crate::api::ControllerApi::new(svc.control.clone(), heads)?
+            .with_token(token)
+            .with_tls(api_tls);
         match api.spawn(addr).await {
             Ok(bound) => println!("controller api: {bound}"),
             Err(e) => {

@@ -117,8 +117,9 @@ impl Default for SglangConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GatewayConfig {
-    /// Address the gateway listens on.
-    #[serde(default = "listen")]
+    /// Address the gateway listens on (default: its host's address, port 0 — `127.0.0.1:0`
+    /// when every host is on this machine). A non-loopback address needs an admin key.
+    #[serde(default)]
     pub listen: String,
     /// Policy for regular workers, and the default for prefill / decode.
     #[serde(default = "round_robin")]
@@ -134,9 +135,6 @@ pub struct GatewayConfig {
     pub max_retries: u32,
 }
 
-fn listen() -> String {
-    "127.0.0.1:0".into()
-}
 fn round_robin() -> String {
     "round_robin".into()
 }
@@ -147,7 +145,7 @@ fn retries() -> u32 {
 impl Default for GatewayConfig {
     fn default() -> Self {
         GatewayConfig {
-            listen: listen(),
+            listen: String::new(),
             policy: round_robin(),
             prefill_policy: None,
             decode_policy: None,
@@ -279,6 +277,15 @@ pub struct ServeConfig {
     /// key, so control endpoints are never open by accident).
     #[serde(default)]
     pub admin_key: Option<String>,
+    /// Control-plane token of the hosts' gRPC and the controller API (default:
+    /// `$TROUPE_TOKEN`). Required to serve the API on a non-loopback address.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// TLS for gRPC: `{cert, key, ca}` PEM files (default: `$TROUPE_TLS_CERT`,
+    /// `$TROUPE_TLS_KEY`, `$TROUPE_TLS_CA`). Hosts and the API serve with cert / key; the
+    /// controller verifies hosts against ca.
+    #[serde(default)]
+    pub tls: Option<troupe_actors::tls::TlsFiles>,
 }
 
 /// Sets `a.b.c = value` in a YAML mapping, creating intermediate mappings.
@@ -343,6 +350,21 @@ impl ServeConfig {
         Self::from_yaml(&text, &path.display().to_string(), overrides)
     }
 
+    /// The control-plane token: the config's, else `$TROUPE_TOKEN` (empty means none).
+    pub fn token(&self) -> Option<String> {
+        self.token
+            .clone()
+            .or_else(|| std::env::var(troupe_actors::auth::TOKEN_ENV).ok())
+            .filter(|t| !t.is_empty())
+    }
+
+    /// The TLS files: the config's `tls`, else the environment's.
+    pub fn tls(&self) -> troupe_actors::tls::TlsFiles {
+        self.tls
+            .clone()
+            .unwrap_or_else(troupe_actors::tls::TlsFiles::from_env)
+    }
+
     fn check(&self) -> Result<(), String> {
         if self.cluster.n_nodes == 0 {
             return Err("cluster.n_nodes must be at least 1".into());
@@ -382,6 +404,24 @@ impl ServeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_and_tls_come_from_the_config_first() {
+        let c = ServeConfig::from_yaml(
+            "allocation_mode: x\ntoken: cfg\ntls: {cert: c.pem, key: k.pem, ca: ca.pem}\n",
+            "t.yaml",
+            &[],
+        )
+        .unwrap();
+        // Whatever TROUPE_TOKEN / TROUPE_TLS_* say, the config's values win.
+        assert_eq!(c.token().as_deref(), Some("cfg"));
+        let t = c.tls();
+        assert_eq!(t.ca.as_deref(), Some(Path::new("ca.pem")));
+        assert_eq!(t.cert.as_deref(), Some(Path::new("c.pem")));
+        let e = ServeConfig::from_yaml("allocation_mode: x\ntls: {crt: c.pem}\n", "t.yaml", &[])
+            .unwrap_err();
+        assert!(e.to_string().contains("crt"), "{e}");
+    }
 
     #[test]
     fn unknown_keys_and_bad_overrides_are_named() {

@@ -38,6 +38,11 @@ pub enum ForkError {
     /// The gateway or a proxy failed to start.
     #[error("{0}")]
     Serving(String),
+    /// Servers would listen on non-loopback addresses with their control endpoints open.
+    #[error(
+        "hosts {0} are not on this machine, so servers, proxies and the gateway listen on their network addresses: set an admin key (ForkOptions::admin_key, config `admin_key`) so their control endpoints are not open to the network"
+    )]
+    NoAdminKey(String),
 }
 
 /// How servers are launched (the parts of a config the plan does not say).
@@ -57,7 +62,9 @@ pub struct ForkOptions {
     pub ready_timeout: Duration,
     /// Admin key for servers, proxies and gateway.
     pub admin_key: Option<String>,
-    /// Gateway listen address.
+    /// Gateway listen address. Empty (the default): the gateway's host's own address, port 0
+    /// (`127.0.0.1:0` when every host is on this machine), so clients on other machines can
+    /// reach it.
     pub gateway_listen: String,
     /// Gateway policies: regular, prefill, decode.
     pub policies: (String, String, String),
@@ -79,7 +86,7 @@ impl Default for ForkOptions {
             extra_args: Vec::new(),
             ready_timeout: Duration::from_secs(600),
             admin_key: None,
-            gateway_listen: "127.0.0.1:0".into(),
+            gateway_listen: String::new(),
             policies: (
                 "round_robin".into(),
                 "round_robin".into(),
@@ -202,6 +209,15 @@ pub(crate) fn machine(addr: &str) -> String {
     }
 }
 
+/// `host:port`, bracketing IPv6 hosts.
+pub(crate) fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
 fn backend_of(b: troupe_scheduler::Backend) -> Option<Backend> {
     match b {
         troupe_scheduler::Backend::Sglang => Some(Backend::Sglang),
@@ -284,6 +300,15 @@ impl InferenceService {
             .iter()
             .map(|h| HostResources::new(h.index(), machine(h.address()), h.gpu_ids().to_vec()))
             .collect();
+        let all_local = hosts.iter().all(|h| h.address == "127.0.0.1");
+        if opts.admin_key.is_none() && !all_local {
+            let remote: Vec<&str> = hosts
+                .iter()
+                .filter(|h| h.address != "127.0.0.1")
+                .map(|h| h.address.as_str())
+                .collect();
+            return Err(ForkError::NoAdminKey(remote.join(", ")));
+        }
         let mut ports = PortAllocator::new(
             PortRange::default(),
             std::sync::Arc::new(ClaimingProbe::for_hosts(&hosts)),

@@ -143,7 +143,7 @@ impl Replacer {
                 .spawn::<ProxyActor>(
                     "proxy",
                     &ProxyArgs {
-                        listen: format!("{machine}:0"),
+                        listen: super::fork::host_port(machine, 0),
                         backends: vec![info.url.clone()],
                         ..ProxyArgs::default()
                     },

@@ -8,7 +8,7 @@ use troupe_actors::serving::actors::{GatewayActor, GatewayArgs, GetUrl, ProxyAct
 use troupe_actors::serving::worker::WorkerSpec;
 
 use super::control::InferenceControl;
-use super::fork::{ForkError, ForkOptions, InferenceService, ServerEntry, machine};
+use super::fork::{ForkError, ForkOptions, InferenceService, ServerEntry, host_port, machine};
 use crate::cluster::Cluster;
 
 impl InferenceService {
@@ -23,7 +23,7 @@ impl InferenceService {
         let proxy_starts = servers.iter().filter(|s| s.node_rank == 0).map(|s| {
             let host = cluster.host(s.host).clone();
             let args = ProxyArgs {
-                listen: format!("{}:0", machine(&s.info.addr)),
+                listen: host_port(&machine(&s.info.addr), 0),
                 backends: vec![s.info.url.clone()],
                 ..ProxyArgs::default()
             };
@@ -77,7 +77,11 @@ impl InferenceService {
         }
         let pd = workers.iter().any(|w| w.worker_type != WorkerType::Regular);
         let args = GatewayArgs {
-            listen: opts.gateway_listen.clone(),
+            listen: if opts.gateway_listen.is_empty() {
+                host_port(&machine(cluster.host(0).address()), 0)
+            } else {
+                opts.gateway_listen.clone()
+            },
             pd,
             policy: opts.policies.0.clone(),
             prefill_policy: opts.policies.1.clone(),

@@ -68,10 +68,7 @@ impl LocalLauncher {
             .stdout(Stdio::piped())
             .process_group(0);
         // Through the environment, not argv: argv is visible to every user on the machine.
-        match &req.token {
-            Some(t) => cmd.env("TROUPE_TOKEN", t),
-            None => cmd.env_remove("TROUPE_TOKEN"),
-        };
+        req.apply_env(&mut cmd);
         let gpus: Vec<u32> = (0..req.gpus_per_host).collect();
         if !gpus.is_empty() {
             let g: Vec<String> = gpus.iter().map(|g| g.to_string()).collect();

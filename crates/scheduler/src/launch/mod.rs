@@ -47,9 +47,22 @@ pub struct LaunchRequest {
     pub startup_timeout: Duration,
     /// The `troupe` binary the hosts run (as seen from the nodes).
     pub binary: PathBuf,
+    /// More environment for every host (e.g. `TROUPE_TLS_CERT` / `TROUPE_TLS_KEY`: paths, so
+    /// they must be valid on the nodes). Through the environment, like the token.
+    pub host_env: Vec<(String, String)>,
 }
 
 impl LaunchRequest {
+    /// Sets the token (or clears an inherited one) and [`LaunchRequest::host_env`] on the
+    /// command that starts the hosts.
+    pub fn apply_env(&self, cmd: &mut tokio::process::Command) {
+        match &self.token {
+            Some(t) => cmd.env("TROUPE_TOKEN", t),
+            None => cmd.env_remove("TROUPE_TOKEN"),
+        };
+        cmd.envs(self.host_env.iter().map(|(k, v)| (k, v)));
+    }
+
     /// The `troupe host` flags every launcher passes (besides where to listen / report).
     pub fn host_flags(&self) -> Vec<String> {
         vec![

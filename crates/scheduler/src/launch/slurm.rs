@@ -91,12 +91,7 @@ impl SlurmLauncher {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or_default();
-        let token_env = |cmd: &mut Command| {
-            match &req.token {
-                Some(t) => cmd.env("TROUPE_TOKEN", t),
-                None => cmd.env_remove("TROUPE_TOKEN"),
-            };
-        };
+        let token_env = |cmd: &mut Command| req.apply_env(cmd);
         if let Some(alloc) = self.in_allocation() {
             let out = dir.join(format!("troupe-hosts-{alloc}-{stamp}.out"));
             let log = std::fs::File::create(&out).map_err(|e| {

@@ -195,6 +195,7 @@ mod tests {
             n_hosts: 3,
             gpus_per_host: 2,
             token: Some("t".into()),
+            host_env: Vec::new(),
             heartbeat: Duration::from_millis(250),
             max_message_bytes: 64 << 20,
             shutdown_grace: Duration::from_secs(5),

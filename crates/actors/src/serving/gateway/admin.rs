@@ -23,7 +23,7 @@ fn authorize(state: &GatewayState, headers: &HeaderMap) -> Result<(), ApiError> 
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key) {
+    if given.is_some_and(|g| crate::auth::same(g.as_bytes(), key.as_bytes())) {
         Ok(())
     } else {
         Err(ApiError::unauthorized(

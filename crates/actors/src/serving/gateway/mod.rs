@@ -39,7 +39,7 @@ pub struct GatewayConfig {
     pub pd: bool,
     /// Router settings: policies, health probing, circuit breaker.
     pub router: RouterConfig,
-    /// Bearer key the admin endpoints require (`None`: open).
+    /// Bearer key the admin endpoints require (`None`: open, allowed on loopback addresses only).
     pub admin_key: Option<String>,
     /// Bearer key sent to workers (their `--api-key`).
     pub worker_api_key: Option<String>,
@@ -186,6 +186,11 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
     }
     let listener = client::bind(&state.cfg.listen).await?;
     let addr = listener.local_addr()?;
+    if state.cfg.admin_key.is_none() && !addr.ip().is_loopback() {
+        return Err(ServingError::Config(format!(
+            "refusing to serve the gateway on {addr} without an admin key: anyone who reaches it could add or remove workers; set admin_key (config `admin_key`, TROUPE_ADMIN_KEY) or listen on 127.0.0.1"
+        )));
+    }
     let app = app(state.clone());
     let (tx, rx) = oneshot::channel::<()>();
     let server = tokio::spawn(client::serve(listener, app, async {
