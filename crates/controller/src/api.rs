@@ -302,6 +302,19 @@ impl Controller for ControllerApi {
                 "engines hold different weight versions {seen:?}; finish the update (resend the failed buckets) before resuming"
             )));
         }
+        // Servers that came back held (restarted on initial weights) and took this update may
+        // be routed again: the serving watcher readmits them.
+        let reached: Vec<String> = versions
+            .iter()
+            .filter(|r| r.result.is_ok())
+            .map(|r| r.url.clone())
+            .collect();
+        if let Some(v) = versions
+            .iter()
+            .find_map(|r| r.result.as_ref().ok()?["weight_version"].as_str())
+        {
+            self.control.fleet().updated(v, &reached);
+        }
         Ok(Response::new(ack(self.control.resume().await)))
     }
 }

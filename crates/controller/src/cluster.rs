@@ -166,15 +166,23 @@ impl ClusterBuilder {
         Ok((client, server))
     }
 
-    /// `n` hosts inside this process, each advertising `gpus_per_host` GPUs.
+    /// `n` hosts inside this process, each advertising `gpus_per_host` GPUs. With the `Grpc`
+    /// transport they are launched by [`crate::inproc::InProcessLauncher`], the same path as
+    /// any other launcher; `Direct` hosts are called without the network.
     pub async fn in_process(self, n: usize, gpus_per_host: u32) -> Result<Cluster, ClusterError> {
-        // Direct hosts are reached without the network: TLS does not apply.
-        let grpc = self.transport == InProcessTransport::Grpc;
-        let (client_tls, server_tls) = if grpc {
-            self.tls_parts(true)?
-        } else {
-            (None, None)
-        };
+        if self.transport == InProcessTransport::Grpc {
+            let (_, server_tls) = self.tls_parts(true)?;
+            let launcher = crate::inproc::InProcessLauncher::new(self.registry.clone(), server_tls);
+            // No process is started, so no troupe binary is needed; name this one.
+            let me = match &self.binary {
+                Some(_) => self,
+                None => {
+                    let exe = std::env::current_exe().unwrap_or_default();
+                    self.binary(exe)
+                }
+            };
+            return me.launch(Arc::new(launcher), n, gpus_per_host).await;
+        }
         let mut conns = Vec::with_capacity(n);
         let mut owned = Vec::with_capacity(n);
         for i in 0..n {
@@ -185,42 +193,14 @@ impl ClusterBuilder {
                 max_message_bytes: self.max_message_bytes,
                 shutdown_grace: self.shutdown_grace,
                 auth_token: self.token.clone(),
-                tls: server_tls.clone(),
                 ..HostConfig::default()
             };
             let core = HostCore::start(cfg, self.registry.clone())
                 .await
                 .map_err(|source| ClusterError::Host { index: i, source })?;
-            let conn = match self.transport {
-                InProcessTransport::Direct => {
-                    core.set_address(format!("inproc://host-{i}"));
-                    let d = core.describe();
-                    (HostConn::direct(core.clone()), d)
-                }
-                InProcessTransport::Grpc => {
-                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                        .await
-                        .map_err(|e| ClusterError::Launch(format!("cannot bind loopback: {e}")))?;
-                    let addr = listener
-                        .local_addr()
-                        .map_err(|e| ClusterError::Launch(e.to_string()))?;
-                    core.set_address(addr.to_string());
-                    tokio::spawn(troupe_actors::serve(
-                        core.clone(),
-                        listener,
-                        std::future::pending(),
-                    ));
-                    HostConn::grpc(
-                        &addr.to_string(),
-                        self.startup_timeout,
-                        self.token.as_deref(),
-                        client_tls.as_ref(),
-                    )
-                    .await
-                    .map_err(|source| ClusterError::Host { index: i, source })?
-                }
-            };
-            conns.push(conn);
+            core.set_address(format!("inproc://host-{i}"));
+            let d = core.describe();
+            conns.push((HostConn::direct(core.clone()), d));
             owned.push(Owned::Core(core));
         }
         Ok(Cluster::assemble(conns, owned, self.lost_after).await)

@@ -10,6 +10,7 @@ pub mod cluster;
 mod conn;
 pub mod handle;
 pub mod hostcmd;
+pub mod inproc;
 pub mod local;
 pub mod membership;
 pub mod quantize;

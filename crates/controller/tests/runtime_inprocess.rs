@@ -369,3 +369,38 @@ async fn bad_input_gets_typed_errors_and_the_host_keeps_serving() {
     })
     .await
 }
+
+#[tokio::test]
+async fn grpc_in_process_hosts_go_through_the_in_process_launcher_and_stop_with_the_cluster() {
+    within(30, async {
+        let c = Cluster::builder()
+            .registry(registry())
+            .transport(InProcessTransport::Grpc)
+            .in_process(2, 1)
+            .await
+            .unwrap();
+        let launched = c.launched().to_vec();
+        assert_eq!(launched.len(), 2);
+        assert_eq!(launched[1].host_id, "host-1");
+        assert_eq!(c.host(1).address(), launched[1].addr);
+        assert!(
+            c.launch_info().iter().any(|l| l.contains("in-process")),
+            "{:?}",
+            c.launch_info()
+        );
+        c.shutdown().await;
+        // Teardown stopped the hosts' gRPC servers: nothing answers there any more.
+        for h in launched {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while tokio::net::TcpStream::connect(&h.addr).await.is_ok() {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{} still serves",
+                    h.addr
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    })
+    .await
+}
