@@ -23,6 +23,9 @@ const CONFIG: &str = concat!(
     "/../../examples/configs/pd-slurm.yaml"
 );
 
+/// Tests that run jobs take this: one of them takes a node down, which must not hit the others.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Why Slurm cannot be used here, or `None` when a cluster with three usable nodes answers.
 /// Computed once per test binary; `sinfo` gets 15 s (without a slurm.conf it retries for 60).
 fn slurm_problem() -> Option<String> {
@@ -154,6 +157,7 @@ async fn serve_on_slurm_puts_hosts_on_distinct_nodes_and_sigint_cancels_the_job(
     if !slurm_ready("serve_on_slurm") {
         return;
     }
+    let _serial = SERIAL.lock().await;
     let logs = tempfile::tempdir().unwrap();
     let log_dir = format!("scheduler.log_dir={}", logs.path().display());
     within(300, async {
@@ -298,6 +302,7 @@ async fn a_bad_partition_is_reported_in_slurms_words() {
     if !slurm_ready("bad_partition") {
         return;
     }
+    let _serial = SERIAL.lock().await;
     let err = within(60, serve_fails(&["scheduler.partition=nope"])).await;
     assert!(
         err.contains("sbatch: error: invalid partition specified: nope"),
@@ -310,6 +315,7 @@ async fn a_job_whose_hosts_cannot_start_fails_early_with_its_state_and_output() 
     if !slurm_ready("hosts_cannot_start") {
         return;
     }
+    let _serial = SERIAL.lock().await;
     let err = within(
         120,
         serve_fails(&[
@@ -331,6 +337,7 @@ async fn a_job_slurm_will_never_start_fails_with_slurms_reason_not_a_timeout() {
     if !slurm_ready("never_starts") {
         return;
     }
+    let _serial = SERIAL.lock().await;
     // The local cluster has three nodes; ask for far more.
     let err = within(60, serve_fails(&["cluster.n_nodes=64"])).await;
     // Slurm 22.05 says PartitionConfig or PartitionNodeLimit depending on the count; older
@@ -343,4 +350,70 @@ async fn a_job_slurm_will_never_start_fails_with_slurms_reason_not_a_timeout() {
         !err.contains("hosts reported within"),
         "failed early: {err}"
     );
+}
+
+/// Puts a node back in service when the test ends, however it ends.
+struct Resume(String);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("scontrol")
+            .args(["update", &format!("nodename={}", self.0), "state=resume"])
+            .output();
+    }
+}
+
+#[tokio::test]
+async fn a_lost_node_is_reported_in_slurms_words() {
+    if !slurm_ready("lost_node") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let logs = tempfile::tempdir().unwrap();
+    let log_dir = format!("scheduler.log_dir={}", logs.path().display());
+    within(240, async {
+        let mut child = tokio::process::Command::new(BIN)
+            .args(["serve", CONFIG, &log_dir, "admin_key=test-key"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let err = collect(child.stderr.take().unwrap());
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        while let Some(line) = out.next_line().await.unwrap() {
+            if line.starts_with("gateway: ") {
+                break;
+            }
+        }
+        // "  host 2 on node n3 at ..." names the node to take away.
+        let line = wait_for_line(&err, |l| l.trim_start().starts_with("host 2 on node ")).await;
+        let node = line.split_whitespace().nth(4).unwrap().to_string();
+        let _resume = Resume(node.clone());
+        let down = std::process::Command::new("scontrol")
+            .args([
+                "update",
+                &format!("nodename={node}"),
+                "state=down",
+                "reason=troupe-test",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            down.status.success(),
+            "{}",
+            String::from_utf8_lossy(&down.stderr)
+        );
+        let report = wait_for_line(&err, |l| l.contains("ended under its hosts")).await;
+        assert!(report.contains("NODE_FAIL"), "Slurm's state: {report}");
+        // The controller sees the hosts go as well.
+        wait_for_line(&err, |l| l.contains("server lost")).await;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .unwrap();
+        assert!(child.wait().await.unwrap().success());
+    })
+    .await
 }
