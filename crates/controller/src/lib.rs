@@ -8,6 +8,7 @@ pub mod api;
 pub mod bench;
 pub mod cluster;
 mod conn;
+pub mod gatewaycmd;
 pub mod handle;
 pub mod hostcmd;
 pub mod inproc;

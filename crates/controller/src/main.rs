@@ -31,6 +31,8 @@ enum Cmd {
     Run(troupe_controller::run::RunArgs),
     /// Bring up rollout serving from a YAML config and print the gateway address.
     Serve(troupe_controller::serve::cmd::ServeArgs),
+    /// Troupe's PD-aware router and gateway alone, in front of servers started elsewhere.
+    Gateway(troupe_controller::gatewaycmd::GatewayArgs),
     /// Benchmarks; each prints one line per figure.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -130,6 +132,10 @@ fn main() -> ExitCode {
             Cmd::Alloc(_) | Cmd::Quantize(_) | Cmd::Bench(BenchCmd::Fp8 { .. }) => {
                 ExitCode::SUCCESS // handled above, without a runtime
             }
+            Cmd::Gateway(a) => match troupe_controller::gatewaycmd::run(&a).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            },
             Cmd::Engine(a) => match troupe_engine::serve(*a).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
