@@ -67,6 +67,36 @@ pub struct GatewayBenchArgs {
     /// How long to wait for --target to answer before giving up, in seconds.
     #[arg(long, default_value_t = 120)]
     pub target_wait_s: u64,
+    /// Process id of the --target router on this machine: also report the CPU time it spent
+    /// per request (`gateway.target.cpu_us_per_req`), the router's own cost whatever else
+    /// shares the machine.
+    #[arg(long)]
+    pub target_pid: Option<u32>,
+}
+
+/// User plus system CPU time of process `pid` so far.
+fn cpu_time(pid: u32) -> Result<Duration, String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| format!("--target-pid {pid}: {e}"))?;
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // After the command name: state is field 3, utime 14 and stime 15 (1-based, man proc).
+    let ticks = |i: usize| -> Result<u64, String> {
+        fields
+            .get(i - 3)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("--target-pid {pid}: unreadable /proc/{pid}/stat"))
+    };
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|h| *h > 0)
+        .unwrap_or(100) as f64;
+    Ok(Duration::from_secs_f64(
+        (ticks(14)? + ticks(15)?) as f64 / hz,
+    ))
 }
 
 #[derive(Debug)]
@@ -377,7 +407,14 @@ pub async fn run(args: &GatewayBenchArgs) -> Result<Vec<(String, f64)>, String> 
     closed_loop(&c, &urls, args, warm).await?;
     let direct = closed_loop(&c, &urls, args, n).await?;
     closed_loop(&c, std::slice::from_ref(&target), args, warm).await?;
+    let cpu0 = args.target_pid.map(cpu_time).transpose()?;
     let through = closed_loop(&c, std::slice::from_ref(&target), args, n).await?;
+    let cpu_per_req = match (args.target_pid, cpu0) {
+        (Some(pid), Some(t0)) => {
+            Some((cpu_time(pid)?.saturating_sub(t0)).as_secs_f64() * 1e6 / n.max(1) as f64)
+        }
+        _ => None,
+    };
     let mut out = Vec::new();
     for (name, r) in [("direct", &direct), ("target", &through)] {
         out.push((format!("gateway.{name}.p50_ms"), r.p50_ms));
@@ -392,6 +429,9 @@ pub async fn run(args: &GatewayBenchArgs) -> Result<Vec<(String, f64)>, String> 
         "gateway.added.p99_ms".into(),
         through.p99_ms - direct.p99_ms,
     ));
+    if let Some(us) = cpu_per_req {
+        out.push(("gateway.target.cpu_us_per_req".into(), us));
+    }
     Ok(out)
 }
 
@@ -413,6 +453,7 @@ mod tests {
             register: false,
             stream_events: 3,
             target_wait_s: 10,
+            target_pid: None,
         };
         for stream in [false, true] {
             let a = GatewayBenchArgs {

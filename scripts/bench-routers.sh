@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Side-by-side throughput of Troupe's gateway and SGLang's router (sglang-router), each a separate
+# process fronting the same kind of fixed-latency backends, driven by `troupe bench gateway`.
+#
+#   bash scripts/bench-routers.sh                 # both routers share the machine with the load
+#   QUOTA=0.5 bash scripts/bench-routers.sh       # each router limited to half a core (root)
+#
+# On a small machine the load generator and backends need most of the CPU, so without a quota
+# both routers run as fast as the load allows and tie. QUOTA gives each router the same CPU
+# budget (a cgroup CPU quota), so the router is the bottleneck and requests/s measures the router.
+# Either way each run prints `gateway.target.cpu_us_per_req`: the router process's own CPU time per
+# request, which does not depend on what else shares the machine.
+#
+# Needs: a release build (`cargo build --release -p troupe-controller`), `pip install
+# sglang-router`, and for QUOTA root with cgroup v1 (/sys/fs/cgroup/cpu) or v2 (cpu.max).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${TROUPE_BIN:-target/release/troupe}
+C=${CONCURRENCY:-64}
+N=${REQUESTS:-20000}
+QUOTA=${QUOTA:-}
+PORT_T=${PORT_TROUPE:-39000}
+PORT_S=${PORT_SGLANG:-39001}
+
+[ -x "$BIN" ] || { echo "no $BIN: run cargo build --release -p troupe-controller" >&2; exit 2; }
+command -v sglang-router >/dev/null || { echo "no sglang-router: pip install sglang-router" >&2; exit 2; }
+
+PIDS=()
+CGROUPS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  sleep 0.5
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for d in "${CGROUPS[@]}"; do rmdir "$d" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+# limit PID NAME: moves every thread of PID into a cgroup capped at QUOTA cores.
+limit() {
+  local pid=$1 name=$2 us
+  us=$(awk -v q="$QUOTA" 'BEGIN { printf "%d", q * 100000 }')
+  if [ -d /sys/fs/cgroup/cpu ] && [ ! -f /sys/fs/cgroup/cgroup.controllers ]; then
+    local d=/sys/fs/cgroup/cpu/$name
+    mkdir -p "$d"; CGROUPS+=("$d")
+    echo 100000 > "$d/cpu.cfs_period_us"; echo "$us" > "$d/cpu.cfs_quota_us"
+    for t in /proc/"$pid"/task/*; do basename "$t" > "$d/tasks"; done
+  else
+    local d=/sys/fs/cgroup/$name
+    mkdir -p "$d"; CGROUPS+=("$d")
+    echo "$us 100000" > "$d/cpu.max"
+    echo "$pid" > "$d/cgroup.procs"
+  fi
+}
+
+wait_port() {
+  for _ in $(seq 1 100); do
+    (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "nothing listens on port $1" >&2; exit 1
+}
+
+"$BIN" gateway --listen "127.0.0.1:$PORT_T" --policy round_robin --health-interval-s 0 >/dev/null &
+TG=$!; PIDS+=("$TG")
+sglang-router launch --host 127.0.0.1 --port "$PORT_S" --policy round_robin --log-level warn >/dev/null 2>&1 &
+PIDS+=("$!")
+wait_port "$PORT_T"; wait_port "$PORT_S"
+SG=$(pgrep -f "sglang::router" | head -1)
+PIDS+=("$SG")
+if [ -n "$QUOTA" ]; then
+  limit "$TG" troupe-bench-gateway
+  limit "$SG" troupe-bench-sglang
+  echo "# each router limited to $QUOTA core(s)"
+fi
+echo "# concurrency $C, $N requests, backends with 5 ms latency"
+"$BIN" bench gateway --target "http://127.0.0.1:$PORT_T" --target-pid "$TG" --register \
+  --backend-port-base 31000 --concurrency "$C" --requests "$N" | sed 's/^gateway\./troupe.gateway./'
+"$BIN" bench gateway --target "http://127.0.0.1:$PORT_S" --target-pid "$SG" --register \
+  --backend-port-base 31010 --concurrency "$C" --requests "$N" | sed 's/^gateway\./sglang.gateway./'
