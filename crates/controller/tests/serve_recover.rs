@@ -118,6 +118,22 @@ async fn a_restarted_controller_reattaches_from_the_state_file_without_relaunchi
         let _reap = Reap(hosts.iter().chain(&engines).copied().collect());
         assert_eq!(engines.len(), 4, "four engines");
         assert!(state.exists());
+        // While it runs, a second controller may not take over.
+        let out = tokio::process::Command::new(BIN)
+            .args([
+                "serve",
+                CFG,
+                "scheduler.type=local",
+                "--recover",
+                "--state-file",
+                state_arg,
+            ])
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("still running"), "{err}");
 
         // The controller dies; hosts, servers and gateway go on serving without it.
         first.start_kill().unwrap();

@@ -197,6 +197,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_FILE));
     let st = super::state::ServeState::load(&path).map_err(|e| e.to_string())?;
+    st.check_writer_gone()?;
     let mut cluster = cluster_builder(cfg)
         .connect(&st.host_addresses())
         .await

@@ -78,6 +78,10 @@ pub struct ServeState {
     /// Launcher-specific facts (e.g. a Slurm job id) the launcher needs to clean up later.
     #[serde(default)]
     pub launcher: serde_json::Value,
+    /// Process id of the controller that wrote the file: a second controller must not take
+    /// over while it still runs.
+    #[serde(default)]
+    pub controller_pid: u32,
 }
 
 /// Why the state file could not be used.
@@ -152,6 +156,28 @@ impl ServeState {
         Ok(st)
     }
 
+    /// Refuses when the controller that wrote the file is still running (two controllers
+    /// driving the same servers would fight over them).
+    pub fn check_writer_gone(&self) -> Result<(), String> {
+        let pid = self.controller_pid;
+        if pid == 0 || pid == std::process::id() {
+            return Ok(());
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let words: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|w| String::from_utf8_lossy(w).to_string())
+            .collect();
+        let alive_controller = words.first().is_some_and(|w| w.ends_with("troupe"))
+            && words.iter().any(|w| w == "serve");
+        if alive_controller {
+            return Err(format!(
+                "the controller that wrote this state (pid {pid}) is still running; stop it first (two controllers must not drive the same servers)"
+            ));
+        }
+        Ok(())
+    }
+
     /// The hosts' addresses, for `Cluster::connect`.
     pub fn host_addresses(&self) -> Vec<String> {
         self.hosts.iter().map(|h| h.address.clone()).collect()
@@ -213,6 +239,7 @@ impl InferenceService {
             placement: self.placement.clone(),
             admin_key: self.admin_key.clone(),
             launcher: serde_json::Value::Null,
+            controller_pid: std::process::id(),
         };
         let (heads, spawned, control) = (
             self.heads.clone(),
