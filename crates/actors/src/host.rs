@@ -43,6 +43,9 @@ pub struct HostConfig {
     pub auth_token: Option<String>,
     /// Serve gRPC over TLS with this certificate and key (None: plaintext).
     pub tls: Option<crate::tls::ServerTls>,
+    /// An actor that ran this long since its last (re)start is stable again: its next restart
+    /// waits only the policy's base back-off instead of the doubled one.
+    pub stable_after: Duration,
 }
 
 impl Default for HostConfig {
@@ -55,6 +58,7 @@ impl Default for HostConfig {
                 .unwrap_or(1),
             memory_bytes: 0,
             heartbeat_interval: Duration::from_millis(250),
+            stable_after: Duration::from_secs(60),
             max_message_bytes: 64 << 20,
             shutdown_grace: Duration::from_secs(5),
             auth_token: None,
@@ -68,7 +72,8 @@ impl Default for HostConfig {
 pub struct RestartPolicy {
     /// Restarts allowed before the actor is reported failed for good.
     pub max_restarts: u32,
-    /// Delay before the first restart; doubles each time, capped at 30 s.
+    /// Delay before the first restart; doubles with each restart that follows quickly (the
+    /// actor ran less than the host's `stable_after`), capped at 30 s.
     pub backoff: Duration,
 }
 
@@ -92,6 +97,10 @@ struct Entry {
     args: Arc<Vec<u8>>,
     factory: Factory,
     restarts: u32,
+    /// Restarts since the actor last ran stably (drives the back-off; `restarts` is the total).
+    backoff_step: u32,
+    /// When the running instance started.
+    since: std::time::Instant,
     state: State,
     cell: Option<ractor::ActorId>,
 }
@@ -286,6 +295,8 @@ impl HostCore {
                 args,
                 factory,
                 restarts: 0,
+                backoff_step: 0,
+                since: std::time::Instant::now(),
                 state: State::Running(r),
                 cell: Some(cell),
             },
@@ -471,10 +482,14 @@ impl HostCore {
                 e.cell = None;
                 if e.restarts < e.policy.max_restarts {
                     e.restarts += 1;
+                    if e.since.elapsed() >= self.inner.cfg.stable_after {
+                        e.backoff_step = 0;
+                    }
+                    e.backoff_step += 1;
                     e.state = State::Restarting;
                     Some((
                         e.restarts,
-                        e.policy.delay(e.restarts),
+                        e.policy.delay(e.backoff_step),
                         e.factory.clone(),
                         e.args.clone(),
                         e.name.clone(),
@@ -551,6 +566,7 @@ impl HostCore {
                 match actors.get_mut(&id) {
                     Some(e) if matches!(e.state, State::Restarting) => {
                         e.state = State::Running(r);
+                        e.since = std::time::Instant::now();
                         e.cell = Some(cell);
                         self.inner.cells.lock().insert(cell, id.clone());
                     }

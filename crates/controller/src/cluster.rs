@@ -61,6 +61,7 @@ pub struct ClusterBuilder {
     startup_timeout: Duration,
     shutdown_grace: Duration,
     token: Option<String>,
+    stable_after: Duration,
     tls: TlsFiles,
 }
 
@@ -75,6 +76,7 @@ impl Default for ClusterBuilder {
             binary: None,
             startup_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(5),
+            stable_after: Duration::from_secs(60),
             token: std::env::var(troupe_actors::auth::TOKEN_ENV)
                 .ok()
                 .filter(|t| !t.is_empty()),
@@ -129,6 +131,13 @@ impl ClusterBuilder {
     /// Grace each actor gets to stop when its host shuts down (default 5 s).
     pub fn shutdown_grace(mut self, d: Duration) -> Self {
         self.shutdown_grace = d;
+        self
+    }
+
+    /// How long an actor on an in-process host must run before its restart back-off starts
+    /// over from the base delay (default 60 s).
+    pub fn stable_after(mut self, d: Duration) -> Self {
+        self.stable_after = d;
         self
     }
 
@@ -193,6 +202,7 @@ impl ClusterBuilder {
                 max_message_bytes: self.max_message_bytes,
                 shutdown_grace: self.shutdown_grace,
                 auth_token: self.token.clone(),
+                stable_after: self.stable_after,
                 ..HostConfig::default()
             };
             let core = HostCore::start(cfg, self.registry.clone())

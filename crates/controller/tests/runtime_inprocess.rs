@@ -404,3 +404,52 @@ async fn grpc_in_process_hosts_go_through_the_in_process_launcher_and_stop_with_
     })
     .await
 }
+
+#[tokio::test]
+async fn restart_back_off_doubles_while_an_actor_keeps_failing_and_starts_over_once_it_ran_stably()
+{
+    within(30, async {
+        let c = Cluster::builder()
+            .registry(registry())
+            .stable_after(Duration::from_secs(2))
+            .in_process(1, 0)
+            .await
+            .unwrap();
+        let mut ev = c.events();
+        let a = c
+            .host(0)
+            .spawn_with::<Flaky>(
+                "flaky",
+                &FlakyArgs {
+                    fail_start_after: None,
+                },
+                SpawnOptions::restarts(10, Duration::from_millis(50)),
+            )
+            .await
+            .unwrap();
+        let mut delays = Vec::new();
+        for round in 1..=4u32 {
+            if round == 4 {
+                // Ran stably: the next failure waits only the base back-off again.
+                tokio::time::sleep(Duration::from_millis(2200)).await;
+            }
+            a.call(Boom).await.unwrap_err();
+            let e = wait_event(&mut ev, 5, |e| {
+                matches!(e, ClusterEvent::ActorRestarting { .. })
+            })
+            .await;
+            let ClusterEvent::ActorRestarting { delay, count, .. } = e else {
+                unreachable!()
+            };
+            assert_eq!(count, round, "the restart count keeps counting");
+            delays.push(delay.as_millis());
+            wait_event(&mut ev, 5, |e| {
+                matches!(e, ClusterEvent::ActorRestarted { .. })
+            })
+            .await;
+        }
+        assert_eq!(delays, vec![50, 100, 200, 50]);
+        c.shutdown().await;
+    })
+    .await
+}
