@@ -131,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
         );
     }
 
+    rollout.shutdown(); // episodes still in flight end quietly with serving
     svc.teardown().await;
     cluster.shutdown().await;
     Ok(())

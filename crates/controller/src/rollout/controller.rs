@@ -70,6 +70,9 @@ struct State {
     failed: u64,
     rejected: u64,
     last_error: Option<String>,
+    /// Shut down: nothing new starts, and failures of episodes still running (their servers
+    /// are going away) are expected, not reported.
+    closed: bool,
 }
 
 struct Inner {
@@ -161,10 +164,10 @@ impl RolloutController {
     pub fn submit<W: RolloutWorkflow>(&self, item: W::Item, workflow: Arc<W>) {
         let ep: Episode = Box::new(move |client| {
             Box::pin(async move {
-                workflow.run_episode(&client, item).await.map_err(|e| {
-                    tracing::warn!(error = %e, "rollout episode failed");
-                    e.to_string()
-                })
+                workflow
+                    .run_episode(&client, item)
+                    .await
+                    .map_err(|e| e.to_string())
             })
         });
         self.inner.state.lock().waiting.push_back(ep);
@@ -212,6 +215,9 @@ impl RolloutController {
                 }
                 Ok(_) => st.rejected += 1,
                 Err(e) => {
+                    if !st.closed {
+                        tracing::warn!(error = %e, "rollout episode failed");
+                    }
                     st.failed += 1;
                     st.last_error = Some(e);
                 }
@@ -294,14 +300,29 @@ impl RolloutController {
         self.wait(b, timeout).await
     }
 
+    /// The run is over: nothing new is admitted, queued episodes are dropped, and episodes
+    /// still running may fail quietly as serving is torn down.
+    pub fn shutdown(&self) {
+        let mut st = self.inner.state.lock();
+        st.closed = true;
+        st.paused = true;
+        st.waiting.clear();
+    }
+
     /// Stops admitting new episodes (running ones continue).
     pub fn pause(&self) {
         self.inner.state.lock().paused = true;
     }
 
-    /// Resumes admission.
+    /// Resumes admission (not after [`RolloutController::shutdown`]).
     pub fn resume(&self) {
-        self.inner.state.lock().paused = false;
+        {
+            let mut st = self.inner.state.lock();
+            if st.closed {
+                return;
+            }
+            st.paused = false;
+        }
         self.pump();
     }
 

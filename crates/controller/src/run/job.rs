@@ -238,6 +238,8 @@ async fn train(
         bar.inc(1);
     }
     bar.finish_and_clear();
+    // Rollouts still in flight for a step that will not come end quietly with serving.
+    rc.shutdown();
     let _ = trainer.stop(Duration::from_secs(5)).await;
     let k = rewards.len().min(3);
     Ok(Summary {
