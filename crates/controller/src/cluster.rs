@@ -440,6 +440,34 @@ impl Cluster {
             .collect()
     }
 
+    /// The address of this machine that the hosts reach it at: the local end of a route to
+    /// the first host with a network address (`127.0.0.1` when every host is on loopback or
+    /// in-process). Services the hosts' processes must dial back — the weight broadcast
+    /// master — listen here.
+    pub fn controller_ip(&self) -> std::net::IpAddr {
+        let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+        let remote = self.hosts.iter().find_map(|h| {
+            let a: std::net::SocketAddr = h.address().parse().ok()?;
+            (!a.ip().is_loopback()).then_some(a)
+        });
+        let Some(remote) = remote else {
+            return loopback;
+        };
+        // A connected UDP socket sends nothing; it only asks the kernel for the route.
+        let unspecified: std::net::SocketAddr = if remote.is_ipv6() {
+            "[::]:0".parse().unwrap_or(remote)
+        } else {
+            "0.0.0.0:0".parse().unwrap_or(remote)
+        };
+        std::net::UdpSocket::bind(unspecified)
+            .and_then(|s| {
+                s.connect(remote)?;
+                s.local_addr()
+            })
+            .map(|a| a.ip())
+            .unwrap_or(loopback)
+    }
+
     /// Subscribes to cluster events (host lost, actor lifecycle).
     pub fn events(&self) -> broadcast::Receiver<ClusterEvent> {
         self.events.subscribe()

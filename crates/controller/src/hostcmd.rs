@@ -133,7 +133,10 @@ impl HostArgs {
 /// Runs a host with the built-in actor kinds until SIGTERM or SIGINT, then stops every actor
 /// (killing their process trees) and exits.
 pub async fn run(args: HostArgs) -> Result<(), HostCmdError> {
-    run_with(args, Registry::builtin()).await
+    // The built-in kinds plus the reference trainer, so `troupe run` can place its trainer on
+    // any host (local processes, Slurm nodes), not only in-process ones.
+    let registry = Registry::builtin().with::<crate::run::trainer_actor::TrainerActor>();
+    run_with(args, registry).await
 }
 
 /// [`run`] with a custom registry (for binaries that embed extra actor kinds).

@@ -67,3 +67,34 @@ fn run_without_a_training_component_is_refused_clearly() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("+fsdp:d1"));
 }
+
+#[test]
+fn run_places_its_trainer_on_troupe_host_processes_too() {
+    let cfg = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/configs/grpo-local.yaml"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            cfg,
+            "scheduler.type=local",
+            "train.steps=3",
+            "--summary",
+        ])
+        .arg(dir.path().join("run.json"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("step ")).count(),
+        3,
+        "{stdout}"
+    );
+}

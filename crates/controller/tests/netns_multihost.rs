@@ -395,8 +395,11 @@ async fn pd_groups_forked_across_three_network_namespaces_serve_through_the_gate
             .filter(|s| s.node_rank == 0)
             .map(|s| (s.info.url.clone(), s.info.gpu_count))
             .collect();
+        // The hosts reach this process at the bridge address, and the cluster knows it.
+        let master = cluster.controller_ip().to_string();
+        assert_eq!(master, format!("{}.1", net.subnet));
         let sync = WeightSync::new(WeightSyncOptions {
-            master_host: format!("{}.1", net.subnet),
+            master_host: master,
             join_timeout: Duration::from_secs(20),
             ..WeightSyncOptions::default()
         });

@@ -153,6 +153,8 @@ async fn train(
         .map_err(|e| format!("cannot start the trainer: {e}"))?;
     let sync = WeightSync::new(WeightSyncOptions {
         fp8,
+        // Engines on other nodes dial the broadcast master back: listen where they reach us.
+        master_host: cluster.controller_ip().to_string(),
         ..WeightSyncOptions::default()
     });
     // A server that restarts gets the current weights from this sync before it is routed.
