@@ -14,8 +14,7 @@ use troupe_controller::rollout::{
     RolloutWorkflow, Sample, SamplingSettings, Trajectory, capacity, staleness_of,
 };
 use troupe_controller::serve::{ForkOptions, InferenceService};
-use troupe_controller::weight_sync::{HostTensor, WeightSync, WeightSyncOptions};
-use troupe_engine::model::{ModelConfig, Weights};
+use troupe_controller::weight_sync::{WeightSync, WeightSyncOptions};
 use troupe_scheduler::AllocationPlan;
 
 proptest! {
@@ -196,19 +195,7 @@ async fn a_weight_update_during_rollouts_yields_mixed_versions_and_no_failures()
             );
         }
         tokio::time::sleep(Duration::from_millis(80)).await; // let generation get going
-        let w = Weights::init(&ModelConfig::tiny(), 77);
-        let tensors: Vec<HostTensor> = w
-            .names()
-            .into_iter()
-            .map(|n| {
-                let t = w.get(&n).unwrap();
-                HostTensor {
-                    name: n.clone(),
-                    shape: t.shape.clone(),
-                    data: t.data.clone(),
-                }
-            })
-            .collect();
+        let (_, tensors) = common::model::trainer_weights(77);
         let engines: Vec<(String, u32)> = svc
             .servers
             .iter()

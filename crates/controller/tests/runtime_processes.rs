@@ -6,6 +6,7 @@ mod common;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::procs::{alive, wait_dead};
 use common::*;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use troupe_actors::builtin::diag::{Diag, DiagArgs, Echo, Info, Sleep};
@@ -21,28 +22,6 @@ async fn hosts(n: usize) -> Cluster {
         .local_processes(n, 2)
         .await
         .unwrap()
-}
-
-/// True while `pid` exists and is not a zombie.
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z'),
-        Err(_) => false,
-    }
-}
-
-async fn wait_dead(pid: u32, secs: u64) {
-    within(secs, async {
-        while alive(pid) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
 }
 
 #[tokio::test]
@@ -182,8 +161,8 @@ async fn stopping_a_host_kills_the_process_trees_its_actors_own() {
         .await;
         assert!(alive(child) && alive(grandchild));
         c.shutdown().await; // SIGTERM to the host: it stops its actors, which kill their trees
-        wait_dead(child, 15).await;
-        wait_dead(grandchild, 15).await;
+        wait_dead(child).await;
+        wait_dead(grandchild).await;
     })
     .await
 }

@@ -6,6 +6,7 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::procs::wait_dead;
 use common::within;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -15,27 +16,6 @@ use troupe_controller::serve::{ForkOptions, InferenceService, PauseMode, control
 use troupe_scheduler::AllocationPlan;
 
 const BIN: &str = env!("CARGO_BIN_EXE_troupe");
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(false)
-}
-
-async fn wait_dead(pid: u32) {
-    within(20, async {
-        while alive(pid) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-}
 
 fn request(i: u64) -> Value {
     json!({

@@ -4,8 +4,8 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::Duration;
 
+use common::procs::{alive, children_of, wait_dead};
 use common::within;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -15,45 +15,6 @@ const CFG: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../examples/configs/pd-local.yaml"
 );
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(false)
-}
-
-fn parent_of(pid: u32) -> Option<u32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-fn children_of(parent: u32) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|p| parent_of(*p) == Some(parent))
-        .collect()
-}
-
-async fn wait_dead(pid: u32) {
-    within(30, async {
-        while alive(pid) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-}
 
 async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
     let body = json!({"text": format!("recover {i}: "), "sampling_params": {"max_new_tokens": 8}});

@@ -4,54 +4,14 @@ mod common;
 
 use std::time::Duration;
 
+use common::model::{reference_engine, trainer_weights};
 use common::within;
 use half::bf16;
 use serde_json::{Value, json};
 use troupe_controller::Cluster;
 use troupe_controller::serve::{ForkOptions, InferenceService};
-use troupe_controller::weight_sync::{HostTensor, WeightSync, WeightSyncOptions};
-use troupe_engine::model::{ModelConfig, Weights};
+use troupe_controller::weight_sync::{WeightSync, WeightSyncOptions};
 use troupe_scheduler::AllocationPlan;
-
-fn trainer_weights(seed: u64) -> (Weights, Vec<HostTensor>) {
-    let w = Weights::init(&ModelConfig::tiny(), seed);
-    let tensors = w
-        .names()
-        .into_iter()
-        .map(|n| {
-            let t = w.get(&n).unwrap();
-            HostTensor {
-                name: n.clone(),
-                shape: t.shape.clone(),
-                data: t.data.clone(),
-            }
-        })
-        .collect();
-    (w, tensors)
-}
-
-/// A regular engine holding exactly what the engines hold after a BF16 sync.
-async fn reference_engine(mut w: Weights, dir: &std::path::Path) -> troupe_engine::EngineHandle {
-    for n in w.names() {
-        let rounded: Vec<f32> = w
-            .get(&n)
-            .unwrap()
-            .data
-            .iter()
-            .map(|v| bf16::from_f32(*v).to_f32())
-            .collect();
-        w.set(&n, rounded).unwrap();
-    }
-    let path = dir.join("ref.safetensors");
-    w.save_safetensors(&path).unwrap();
-    troupe_engine::start(troupe_engine::cli::EngineArgs {
-        port: 0,
-        model_path: Some(path),
-        ..Default::default()
-    })
-    .await
-    .unwrap()
-}
 
 async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
     let body = json!({"text": format!("weights {i}: "), "sampling_params": {"max_new_tokens": 8, "temperature": 0.7, "sampling_seed": i}});

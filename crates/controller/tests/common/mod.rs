@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+pub mod model;
+pub mod procs;
+
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 use troupe_controller::{
