@@ -4,7 +4,7 @@
 //! in-process transport both call these same methods, so a test on in-process hosts runs the
 //! real host logic, minus the network.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -105,35 +105,13 @@ struct Entry {
     cell: Option<ractor::ActorId>,
 }
 
-/// Why a recently gone actor is gone, so callers get "failed: …" instead of "unknown".
-#[derive(Default)]
-struct Tombstones {
-    order: VecDeque<String>,
-    why: HashMap<String, CallError>,
-}
-
-const TOMBSTONES: usize = 4096;
-
-impl Tombstones {
-    fn bury(&mut self, id: String, err: CallError) {
-        if self.why.insert(id.clone(), err).is_none() {
-            self.order.push_back(id);
-        }
-        while self.order.len() > TOMBSTONES {
-            if let Some(old) = self.order.pop_front() {
-                self.why.remove(&old);
-            }
-        }
-    }
-}
-
 struct Inner {
     cfg: HostConfig,
     address: RwLock<String>,
     registry: Registry,
     actors: RwLock<HashMap<String, Entry>>,
     cells: Mutex<HashMap<ractor::ActorId, String>>,
-    tombstones: Mutex<Tombstones>,
+    tombstones: Mutex<crate::tombstones::Tombstones>,
     events: EventBus,
     supervisor: ActorRef<()>,
     shutting_down: AtomicBool,
@@ -160,7 +138,7 @@ impl HostCore {
             registry,
             actors: RwLock::new(HashMap::new()),
             cells: Mutex::new(HashMap::new()),
-            tombstones: Mutex::new(Tombstones::default()),
+            tombstones: Mutex::new(crate::tombstones::Tombstones::default()),
             events,
             supervisor,
             shutting_down: AtomicBool::new(false),

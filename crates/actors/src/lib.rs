@@ -25,6 +25,7 @@ pub mod registry;
 pub mod service;
 pub mod serving;
 pub mod tls;
+mod tombstones;
 
 pub use actor::{Actor, ActorContext, FailHandle, Handler, Message, Methods};
 pub use error::{ActorError, CallError};
