@@ -30,14 +30,6 @@ async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
     v
 }
 
-fn engines(svc: &InferenceService) -> Vec<(String, u32)> {
-    svc.servers
-        .iter()
-        .filter(|s| s.node_rank == 0)
-        .map(|s| (s.info.url.clone(), s.info.gpu_count))
-        .collect()
-}
-
 async fn wait_serving(
     rx: &mut broadcast::Receiver<ServingEvent>,
     secs: u64,
@@ -83,7 +75,7 @@ async fn a_killed_server_leaves_the_router_and_returns_on_the_current_weights() 
         let sync = WeightSync::new(WeightSyncOptions::default());
         sync.attach(&svc.control);
         let (w, tensors) = trainer_weights(4321);
-        sync.update_weights(&svc.control, &engines(&svc), "v1", &tensors)
+        sync.update_weights(&svc.control, &svc.control.engines(), "v1", &tensors)
             .await
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -140,7 +132,7 @@ async fn a_killed_server_leaves_the_router_and_returns_on_the_current_weights() 
         // The next update rebuilds the group with the new process in it.
         let (_, t2) = trainer_weights(77);
         let rep = sync
-            .update_weights(&svc.control, &engines(&svc), "v2", &t2)
+            .update_weights(&svc.control, &svc.control.engines(), "v2", &t2)
             .await
             .unwrap();
         assert!(rep.skipped.is_empty());
@@ -174,7 +166,7 @@ async fn without_a_kept_update_a_restarted_server_waits_unrouted_for_the_next_on
         });
         sync.attach(&svc.control);
         let (_, t1) = trainer_weights(1);
-        sync.update_weights(&svc.control, &engines(&svc), "v1", &t1)
+        sync.update_weights(&svc.control, &svc.control.engines(), "v1", &t1)
             .await
             .unwrap();
 
@@ -200,7 +192,7 @@ async fn without_a_kept_update_a_restarted_server_waits_unrouted_for_the_next_on
             assert_eq!(v["meta_info"]["weight_version"], "v1");
         }
         let (_, t2) = trainer_weights(2);
-        sync.update_weights(&svc.control, &engines(&svc), "v2", &t2)
+        sync.update_weights(&svc.control, &svc.control.engines(), "v2", &t2)
             .await
             .unwrap();
         wait_serving(
@@ -246,7 +238,7 @@ async fn an_update_while_a_server_is_down_skips_it_and_serving_goes_on() {
         .await;
         let (_, t1) = trainer_weights(5);
         let rep = sync
-            .update_weights(&svc.control, &engines(&svc), "v1", &t1)
+            .update_weights(&svc.control, &svc.control.engines(), "v1", &t1)
             .await
             .unwrap();
         assert_eq!(rep.skipped, vec![victim.info.url.clone()]);

@@ -39,21 +39,17 @@ async fn pd_service(cluster: &Cluster) -> InferenceService {
     .unwrap()
 }
 
-fn engines(svc: &InferenceService) -> Vec<(String, u32)> {
-    svc.servers
-        .iter()
-        .filter(|s| s.node_rank == 0)
-        .map(|s| (s.info.url.clone(), s.info.gpu_count))
-        .collect()
-}
-
 #[tokio::test]
 async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
     within(180, async {
         let cluster = Cluster::in_process(2, 4).await.unwrap();
         let svc = pd_service(&cluster).await;
         assert_eq!(
-            engines(&svc).iter().map(|e| e.1).collect::<Vec<_>>(),
+            svc.control
+                .engines()
+                .iter()
+                .map(|e| e.1)
+                .collect::<Vec<_>>(),
             [1, 1, 2, 2]
         );
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
@@ -62,7 +58,7 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
         let (w, tensors) = trainer_weights(1234);
         let sync = WeightSync::new(WeightSyncOptions::default());
         let report = sync
-            .update_weights(&svc.control, &engines(&svc), "v1", &tensors)
+            .update_weights(&svc.control, &svc.control.engines(), "v1", &tensors)
             .await
             .unwrap();
         assert_eq!(report.fp8_tensors, 0);
@@ -84,7 +80,7 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
         }
         // A second update reuses the group (same server set).
         let (_, tensors2) = trainer_weights(99);
-        sync.update_weights(&svc.control, &engines(&svc), "v2", &tensors2)
+        sync.update_weights(&svc.control, &svc.control.engines(), "v2", &tensors2)
             .await
             .unwrap();
         assert_eq!(
@@ -108,7 +104,7 @@ async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused(
             join_timeout: Duration::from_secs(5),
             ..Default::default()
         });
-        sync.update_weights(&svc.control, &engines(&svc), "v1", &tensors)
+        sync.update_weights(&svc.control, &svc.control.engines(), "v1", &tensors)
             .await
             .unwrap();
 
@@ -119,7 +115,7 @@ async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused(
         )
         .unwrap();
         let e = sync
-            .update_weights(&svc.control, &engines(&svc), "v2", &tensors)
+            .update_weights(&svc.control, &svc.control.engines(), "v2", &tensors)
             .await
             .unwrap_err();
         let msg = e.to_string();
@@ -128,7 +124,12 @@ async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused(
             "the error names the dead engine: {msg}"
         );
         // The survivors are not left paused.
-        for (url, _) in engines(&svc).iter().filter(|(u, _)| u != &victim.url) {
+        for (url, _) in svc
+            .control
+            .engines()
+            .iter()
+            .filter(|(u, _)| u != &victim.url)
+        {
             let r = reqwest::get(format!("{url}/server_info"))
                 .await
                 .unwrap()
@@ -165,7 +166,7 @@ async fn fp8_update_matches_a_regular_engine_holding_the_dequantized_weights() {
             ..Default::default()
         });
         let report = sync
-            .update_weights(&svc.control, &engines(&svc), "fp8-1", &tensors)
+            .update_weights(&svc.control, &svc.control.engines(), "fp8-1", &tensors)
             .await
             .unwrap();
         assert!(report.fp8_tensors > 0, "projections travel as FP8");

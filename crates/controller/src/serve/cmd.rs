@@ -157,7 +157,7 @@ fn keep_state(
         "state: {} (after a controller crash, `troupe serve CONFIG --recover` reattaches)",
         path.display()
     );
-    // The task needs the state at each change; it rebuilds it from a snapshot channel.
+    // Re-placements change the heads and engines: write the state again after each.
     let mut events = svc.serving_events();
     let snapshot = svc.state_source(cluster);
     Ok(tokio::spawn(async move {

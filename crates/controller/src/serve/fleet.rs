@@ -7,7 +7,7 @@
 //! restart bumps `generation`, which tells the weight sync that its broadcast group no longer
 //! matches the running processes and must be rebuilt.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
@@ -151,7 +151,7 @@ impl Fleet {
                 }
             }
         });
-        self.changed.notify_waiters();
+        // One waiter (the serving watcher); a permit is kept if it is busy right now.
         self.changed.notify_one();
     }
 
@@ -185,11 +185,11 @@ pub fn reachable<'a>(
     fleet: &Fleet,
     engines: &'a [(String, u32)],
 ) -> (Vec<(String, u32)>, Vec<&'a str>) {
-    let down: BTreeMap<String, ()> = fleet.down().into_iter().map(|u| (u, ())).collect();
+    let down: BTreeSet<String> = fleet.down().into_iter().collect();
     let mut live = Vec::new();
     let mut skipped = Vec::new();
     for (u, g) in engines {
-        if down.contains_key(u) {
+        if down.contains(u) {
             skipped.push(u.as_str());
         } else {
             live.push((u.clone(), *g));
