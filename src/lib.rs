@@ -3,15 +3,20 @@
 //! This facade re-exports the workspace's crates so examples and scripts need one dependency:
 //! - [`wire`]: the gRPC protocol and payload codec;
 //! - [`actors`]: the actor host runtime and built-in actor kinds;
-//! - [`controller`]: clusters, typed handles, serving, weight sync, rollouts, the `troupe` binary;
+//! - [`serving`]: the HTTP data plane (router, gateway, proxies) and the InferenceServer actor;
+//! - [`controller`]: clusters, typed handles, rollout serving, weight sync, rollouts, gRPC API;
+//! - [`cli`]: the `troupe` binary's subcommands;
 //! - [`scheduler`]: allocation modes and placement;
 //! - [`engine`]: the reference inference engine (and its trainer);
 //! - [`weights`]: FP8 codec, buckets, weight transport.
+
+pub mod cli;
 
 pub use troupe_actors as actors;
 pub use troupe_controller as controller;
 pub use troupe_engine as engine;
 pub use troupe_scheduler as scheduler;
+pub use troupe_serving as serving;
 pub use troupe_weights as weights;
 pub use troupe_wire as wire;
 

@@ -15,7 +15,7 @@ pub const TOKEN_ENV: &str = "TROUPE_TOKEN";
 
 /// Compares in time independent of where the first difference is (so response timing does not
 /// reveal how much of a guessed key was right).
-pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
+pub fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

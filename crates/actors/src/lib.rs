@@ -10,7 +10,9 @@
 //! - [`service`]: the gRPC face of the core.
 //! - [`process`]: child processes that take their process tree with them.
 //! - [`builtin`]: kinds every host offers.
-//! - [`inference`]: the InferenceServer actor and server command builders.
+//!
+//! It has no HTTP stack: the serving data plane (router, gateway, proxies, inference servers)
+//! lives in `troupe-serving` and registers its kinds with [`Registry::register`].
 
 pub mod actor;
 pub mod auth;
@@ -19,11 +21,9 @@ pub mod error;
 mod events;
 pub mod host;
 mod hosted;
-pub mod inference;
 pub mod process;
 pub mod registry;
 pub mod service;
-pub mod serving;
 pub mod tls;
 mod tombstones;
 

@@ -17,7 +17,6 @@ use crate::conn::HostConn;
 use crate::handle::HostHandle;
 use troupe_scheduler::{HostLauncher, LaunchRequest, LaunchedHost, LocalLauncher};
 
-use crate::local;
 use crate::membership::{ClusterEvent, watch_host};
 
 /// How in-process hosts are reached.
@@ -68,7 +67,7 @@ pub struct ClusterBuilder {
 impl Default for ClusterBuilder {
     fn default() -> Self {
         ClusterBuilder {
-            registry: Registry::builtin(),
+            registry: crate::standard_registry(),
             heartbeat: Duration::from_millis(250),
             lost_after: Duration::from_secs(2),
             transport: InProcessTransport::Direct,
@@ -235,7 +234,7 @@ impl ClusterBuilder {
     ) -> Result<LaunchRequest, ClusterError> {
         let binary = match &self.binary {
             Some(b) => b.clone(),
-            None => local::troupe_binary().map_err(ClusterError::Launch)?,
+            None => troupe_actors::process::troupe_binary().map_err(ClusterError::Launch)?,
         };
         Ok(LaunchRequest {
             n_hosts: n,

@@ -2,19 +2,16 @@
 //!
 //! One process holds the plan and typed handles to every actor on every host. This crate owns
 //! the cluster (hosts in-process, as local processes, or connected over gRPC), typed actor
-//! handles, host membership, and the `troupe` binary's subcommands.
+//! handles, host membership, rollout serving (fork, routing, watching, recovery), weight sync,
+//! rollouts and the gRPC API. The `troupe` binary (root package) is built on it; this library never
+//! imports the CLI.
 
 pub mod api;
-pub mod bench;
 pub mod cluster;
 mod conn;
-pub mod gatewaycmd;
 pub mod handle;
-pub mod hostcmd;
 pub mod inproc;
-pub mod local;
 pub mod membership;
-pub mod quantize;
 pub mod rollout;
 pub mod run;
 pub mod serve;
@@ -26,3 +23,14 @@ pub use membership::ClusterEvent;
 pub use troupe_actors::{
     Actor, ActorContext, ActorError, CallError, Handler, Message, Methods, Registry, RestartPolicy,
 };
+
+/// Every actor kind a Troupe host offers: the runtime's built-ins (`troupe.diag`,
+/// `troupe.process`), the serving kinds (`troupe.inference`, `troupe.gateway`, `troupe.proxy`) and
+/// the reference trainer (`troupe.trainer`). `troupe host` and in-process clusters use it, so a
+/// controller can place any of them on any host.
+pub fn standard_registry() -> Registry {
+    let mut r = Registry::builtin();
+    troupe_serving::register(&mut r);
+    r.register::<run::trainer_actor::TrainerActor>();
+    r
+}

@@ -3,7 +3,8 @@
 //! - [`diag::Diag`] (`troupe.diag`): echo and sleep, for health checks, latency benchmarks and
 //!   checking call ordering through any transport.
 //! - [`process::Process`] (`troupe.process`): runs a command on the host and owns it.
-//! - [`crate::inference::InferenceServer`] (`troupe.inference`): owns one inference server.
+//!
+//! Serving kinds (inference servers, gateways, proxies) are registered by `troupe-serving`.
 
 pub mod diag;
 pub mod process;
@@ -14,7 +15,4 @@ use crate::registry::Registry;
 pub(crate) fn register(r: &mut Registry) {
     r.register::<diag::Diag>();
     r.register::<process::Process>();
-    r.register::<crate::inference::InferenceServer>();
-    r.register::<crate::serving::actors::GatewayActor>();
-    r.register::<crate::serving::actors::ProxyActor>();
 }

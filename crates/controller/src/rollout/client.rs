@@ -117,7 +117,7 @@ fn parse_piece(v: &Value) -> Result<Piece, GenerateError> {
 impl InferenceClient {
     /// A client of the gateway at `url` (`http://host:port`).
     pub fn new(url: impl Into<String>) -> Self {
-        let http = troupe_actors::serving::client::build().unwrap_or_default();
+        let http = troupe_serving::client::build().unwrap_or_default();
         InferenceClient {
             url: url.into(),
             http,

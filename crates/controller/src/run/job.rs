@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use troupe_actors::Registry;
 use troupe_engine::train::grpo_advantages;
 use troupe_scheduler::{AllocationPlan, Role};
 
@@ -23,9 +22,9 @@ use crate::rollout::{
     InferenceClient, RlvrWorkflow, RolloutController, RolloutOptions, SamplingSettings, Trajectory,
     staleness_of,
 };
-use crate::serve::cmd::{admin_key, cluster_builder, cluster_from, fork_options};
 use crate::serve::config::ServeConfig;
 use crate::serve::fork::InferenceService;
+use crate::serve::setup::{admin_key, cluster_builder, cluster_from, fork_options};
 use crate::weight_sync::{HostTensor, WeightSync, WeightSyncOptions};
 
 /// Flags of `troupe run`.
@@ -106,7 +105,7 @@ pub async fn run(a: &RunArgs) -> Result<Summary, String> {
     }
     let tc = cfg.train.clone();
     let target = tc.target.as_bytes()[0];
-    let registry = Registry::builtin().with::<TrainerActor>();
+    let registry = crate::standard_registry();
     // The registry matters to in-process hosts only (`troupe host` processes have theirs).
     let cluster = cluster_from(&cfg, cluster_builder(&cfg).registry(registry)).await?;
     let key = admin_key(&cfg);

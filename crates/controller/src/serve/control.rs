@@ -64,7 +64,7 @@ impl InferenceControl {
 
     /// A control client for `(url, gpu count)` engines, in group order.
     pub fn with_engines(engines: Vec<(String, u32)>, admin_key: Option<String>) -> Self {
-        let client = troupe_actors::serving::client::build().unwrap_or_default();
+        let client = troupe_serving::client::build().unwrap_or_default();
         InferenceControl {
             engines: Arc::new(std::sync::RwLock::new(engines)),
             admin_key,

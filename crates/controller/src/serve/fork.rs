@@ -7,12 +7,12 @@
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use troupe_actors::inference::{
-    Backend, InferenceServer, LaunchSpec, MultiNode, ServerInfo, WorkerType,
-};
-use troupe_actors::serving::actors::{GatewayActor, ProxyActor};
 use troupe_scheduler::{
     AllocationPlan, HostResources, PlacedInstance, PlacementOptions, PortAllocator, PortRange,
+};
+use troupe_serving::actors::{GatewayActor, ProxyActor};
+use troupe_serving::inference::{
+    Backend, InferenceServer, LaunchSpec, MultiNode, ServerInfo, WorkerType,
 };
 
 use super::control::InferenceControl;
@@ -386,7 +386,7 @@ impl InferenceService {
                             )
                             .await?;
                         let info = actor
-                            .call(troupe_actors::inference::server::GetInfo)
+                            .call(troupe_serving::inference::server::GetInfo)
                             .await?;
                         Ok::<_, troupe_actors::CallError>((actor, info))
                     }

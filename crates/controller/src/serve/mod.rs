@@ -1,7 +1,6 @@
 //! Rollout serving: the `troupe serve` config, forking inference groups behind the gateway, and
 //! the control plane over every server.
 
-pub mod cmd;
 pub mod config;
 pub mod control;
 pub mod fleet;
@@ -9,6 +8,7 @@ pub mod fork;
 mod replace;
 mod routing;
 pub mod sched;
+pub mod setup;
 pub mod state;
 pub mod watch;
 

@@ -10,11 +10,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use troupe_actors::inference::server::GetInfo;
-use troupe_actors::inference::{InferenceServer, LaunchSpec, WorkerType};
-use troupe_actors::serving::actors::{GetUrl, ProxyActor, ProxyArgs};
-use troupe_actors::serving::worker::WorkerSpec;
 use troupe_scheduler::{HostResources, PortAllocator, PortNeeds};
+use troupe_serving::actors::{GetUrl, ProxyActor, ProxyArgs};
+use troupe_serving::inference::server::GetInfo;
+use troupe_serving::inference::{InferenceServer, LaunchSpec, WorkerType};
+use troupe_serving::worker::WorkerSpec;
 
 use super::watch::Head;
 use crate::handle::{ActorHandle, HostHandle, SpawnOptions};

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use troupe_actors::inference::WorkerType;
-use troupe_actors::serving::actors::{GatewayActor, GatewayArgs, GetUrl, ProxyActor, ProxyArgs};
-use troupe_actors::serving::worker::WorkerSpec;
+use troupe_serving::actors::{GatewayActor, GatewayArgs, GetUrl, ProxyActor, ProxyArgs};
+use troupe_serving::inference::WorkerType;
+use troupe_serving::worker::WorkerSpec;
 
 use super::control::InferenceControl;
 use super::fork::{ForkError, ForkOptions, InferenceService, ServerEntry, host_port, machine};

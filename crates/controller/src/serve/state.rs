@@ -12,8 +12,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
-use troupe_actors::inference::ServerInfo;
 use troupe_scheduler::{HostResources, Placement, PortAllocator, PortRange};
+use troupe_serving::inference::ServerInfo;
 
 use super::control::InferenceControl;
 use super::fork::{ClaimingProbe, ForkError, InferenceService, ServerEntry};
@@ -54,7 +54,7 @@ struct ServerRecord {
     actor_id: String,
     info: ServerInfo,
     proxy_url: Option<String>,
-    spec: troupe_actors::inference::LaunchSpec,
+    spec: troupe_serving::inference::LaunchSpec,
     name: String,
 }
 

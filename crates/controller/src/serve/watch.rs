@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
-use troupe_actors::serving::actors::{AddWorker, GatewayActor, RemoveWorker};
-use troupe_actors::serving::worker::WorkerSpec;
+use troupe_serving::actors::{AddWorker, GatewayActor, RemoveWorker};
+use troupe_serving::worker::WorkerSpec;
 
 use super::control::InferenceControl;
 use super::fleet::{Fleet, HeadState};
@@ -35,7 +35,7 @@ pub(crate) struct Head {
     /// How the router knows it (its proxy's URL, type, bootstrap).
     pub worker: WorkerSpec,
     /// How the head was launched (a re-placement launches the same elsewhere).
-    pub spec: troupe_actors::inference::LaunchSpec,
+    pub spec: troupe_serving::inference::LaunchSpec,
     /// The head's actor name.
     pub name: String,
 }

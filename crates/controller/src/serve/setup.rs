@@ -1,0 +1,111 @@
+//! From a `troupe serve` / `troupe run` config to what the library needs: the cluster it asks
+//! for, the fork options, the admin key. The binary's `serve` and `run` commands and the
+//! library's GRPO job share these, so a config means the same thing everywhere.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use troupe_scheduler::{SlurmLauncher, SlurmOptions};
+
+use super::config::{SchedulerConfig, SchedulerType, ServeConfig};
+use super::fork::ForkOptions;
+use crate::cluster::{Cluster, ClusterBuilder};
+
+/// Fork options from a config.
+pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: bool) -> ForkOptions {
+    let g = &cfg.gateway;
+    ForkOptions {
+        model: cfg.sglang.model_path.clone(),
+        python: cfg.sglang.python.clone(),
+        quantization: (!cfg.sglang.quantization.is_empty())
+            .then(|| cfg.sglang.quantization.clone()),
+        transfer_backend: cfg.sglang.disaggregation_transfer_backend.clone(),
+        extra_args: cfg.sglang.extra_args.clone(),
+        ready_timeout: Duration::from_secs_f64(cfg.sglang.ready_timeout_s),
+        admin_key: Some(admin_key),
+        gateway_listen: g.listen.clone(),
+        policies: (
+            g.policy.clone(),
+            g.prefill_policy.clone().unwrap_or_else(|| g.policy.clone()),
+            g.decode_policy.clone().unwrap_or_else(|| g.policy.clone()),
+        ),
+        max_retries: g.max_retries,
+        progress,
+        server_restarts: 3,
+    }
+}
+
+/// The Slurm launcher's settings from `scheduler.*`.
+pub fn slurm_options(s: &SchedulerConfig) -> Result<SlurmOptions, String> {
+    let log_dir = PathBuf::from(&s.log_dir);
+    let log_dir = if log_dir.is_absolute() {
+        log_dir
+    } else {
+        std::env::current_dir()
+            .map_err(|e| format!("scheduler.log_dir: cannot resolve {}: {e}", s.log_dir))?
+            .join(log_dir)
+    };
+    let report_ip = match s.report_address.as_str() {
+        "auto" => None,
+        a => Some(
+            a.parse()
+                .map_err(|_| format!("scheduler.report_address: not an IP address: {a:?}"))?,
+        ),
+    };
+    Ok(SlurmOptions {
+        partition: s.partition.clone(),
+        account: s.account.clone(),
+        time: s.time.clone(),
+        extra_args: s.extra_args.clone(),
+        container_prefix: s.container_prefix.to_vec(),
+        log_dir,
+        report_ip,
+        use_allocation: s.use_allocation,
+    })
+}
+
+/// Cluster settings from a config: its token and TLS files (hosts it starts use the same).
+pub fn cluster_builder(cfg: &ServeConfig) -> ClusterBuilder {
+    Cluster::builder().token(cfg.token()).tls(cfg.tls())
+}
+
+/// The cluster a config asks for, built from `builder`.
+pub async fn cluster_from(cfg: &ServeConfig, builder: ClusterBuilder) -> Result<Cluster, String> {
+    let (n, g) = (cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node);
+    match cfg.scheduler.kind {
+        SchedulerType::Inprocess => builder.in_process(n, g).await,
+        SchedulerType::Local => builder.local_processes(n, g).await,
+        SchedulerType::Slurm => {
+            let s = &cfg.scheduler;
+            let launcher = Arc::new(SlurmLauncher::new(slurm_options(s)?));
+            // Hosts on other nodes listen on routable addresses: they always get a token
+            // (the config's or $TROUPE_TOKEN, else a fresh one for this run).
+            let token = cfg
+                .token()
+                .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+            let mut b = builder
+                .token(Some(token))
+                .startup_timeout(Duration::from_secs_f64(s.startup_timeout_s));
+            if let Some(bin) = &s.binary {
+                b = b.binary(bin);
+            }
+            b.launch(launcher, n, g).await
+        }
+    }
+    .map_err(|e| format!("cannot start the cluster: {e}"))
+}
+
+/// The cluster a config asks for.
+pub async fn cluster_for(cfg: &ServeConfig) -> Result<Cluster, String> {
+    cluster_from(cfg, cluster_builder(cfg)).await
+}
+
+/// The admin key: the config's, else `$TROUPE_ADMIN_KEY`, else a fresh random one.
+pub fn admin_key(cfg: &ServeConfig) -> String {
+    cfg.admin_key
+        .clone()
+        .or_else(|| std::env::var("TROUPE_ADMIN_KEY").ok())
+        .filter(|k| !k.is_empty())
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string())
+}

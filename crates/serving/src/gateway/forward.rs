@@ -1,0 +1,440 @@
+//! Inference forwarding: parsing just enough of the request, the retry loop, and non-stream
+//! attempts (regular and PD). Streaming attempts live in [`super::stream`].
+//!
+//! An attempt ends in one of three ways: a response for the client, a final upstream answer
+//! that retrying cannot fix (e.g. a 400 from the engine: passed through unchanged), or a
+//! retryable failure (transport error, status 408/429/5xx, an aborted generation, a prefill
+//! that failed) naming the workers at fault, which the next attempt avoids.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value};
+
+use super::GatewayState;
+use super::stream;
+use crate::error::ApiError;
+use crate::guard::{GuardedBody, LoadGuard};
+use crate::metrics::Endpoint;
+use crate::pd;
+use crate::policy::RouteContext;
+use crate::worker::{Worker, WorkerType};
+
+/// The header that pins a session (trajectory) to one worker under the `sticky` policy.
+pub const SESSION_HEADER: &str = "x-session-id";
+
+/// A parsed inference request.
+#[derive(Debug)]
+pub(crate) struct InferReq {
+    pub(crate) ep: Endpoint,
+    pub(crate) raw: Bytes,
+    pub(crate) obj: Map<String, Value>,
+    pub(crate) stream: bool,
+    pub(crate) batch: Option<usize>,
+    pub(crate) logprob: bool,
+    pub(crate) session: Option<String>,
+}
+
+impl InferReq {
+    fn parse(
+        ep: Endpoint,
+        headers: &HeaderMap,
+        raw: Bytes,
+        pd_mode: bool,
+    ) -> Result<Self, ApiError> {
+        let obj = pd::parse_object(&raw)?;
+        let stream = match obj.get("stream") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                return Err(ApiError::bad_request(format!(
+                    "stream must be true or false, got {v}"
+                )));
+            }
+        };
+        let (batch, logprob) = match ep {
+            Endpoint::Generate => (pd::batch_size(&obj), pd::wants_logprob(&obj)),
+            Endpoint::Completions => {
+                if pd_mode
+                    && let Some(Value::Array(a)) = obj.get("prompt")
+                    && a.len() > 1
+                    && a.iter().all(Value::is_string)
+                {
+                    return Err(ApiError::bad_request(
+                        "a list of prompts in /v1/completions is not supported in PD mode; send one prompt per request or use /generate with a text list",
+                    ));
+                }
+                (None, false)
+            }
+            Endpoint::ChatCompletions => (None, false),
+        };
+        let session = headers
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        Ok(Self {
+            ep,
+            raw,
+            obj,
+            stream,
+            batch,
+            logprob,
+            session,
+        })
+    }
+
+    pub(crate) fn ctx(&self) -> RouteContext<'_> {
+        RouteContext {
+            session: self.session.as_deref(),
+        }
+    }
+}
+
+/// Why an attempt did not produce the client's response.
+pub(crate) enum Fail {
+    /// Try again elsewhere; `culprits` failed and are avoided next time.
+    Retry {
+        reason: String,
+        culprits: Vec<Arc<dyn Worker>>,
+    },
+    /// Answer the client with this.
+    Final(Box<Response>),
+}
+
+impl Fail {
+    pub(crate) fn retry(reason: impl Into<String>, w: &Arc<dyn Worker>) -> Self {
+        Fail::Retry {
+            reason: reason.into(),
+            culprits: vec![w.clone()],
+        }
+    }
+}
+
+impl From<ApiError> for Fail {
+    fn from(e: ApiError) -> Self {
+        Fail::Final(Box::new(e.into_response()))
+    }
+}
+
+fn retryable(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 408 | 429 | 500 | 502 | 503 | 504)
+}
+
+/// Sends `body` to `path` on `w`, mapping transport errors and retryable statuses to
+/// [`Fail::Retry`] and other error statuses to a pass-through [`Fail::Final`].
+pub(crate) async fn send(
+    state: &GatewayState,
+    w: &Arc<dyn Worker>,
+    path: &str,
+    body: Bytes,
+) -> Result<reqwest::Response, Fail> {
+    let mut req = state
+        .client
+        .post(format!("{}{path}", w.url()))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body);
+    if let Some(k) = &state.cfg.worker_api_key {
+        req = req.bearer_auth(k);
+    }
+    let resp = match req.send().await {
+        Ok(r) => r,
+        Err(e) => {
+            w.record_outcome(false);
+            return Err(Fail::retry(
+                format!("{} {}: {e}", w.worker_type(), w.url()),
+                w,
+            ));
+        }
+    };
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let text = resp.bytes().await.unwrap_or_default();
+    if retryable(status) {
+        if status.is_server_error() {
+            w.record_outcome(false);
+        }
+        return Err(Fail::retry(
+            format!(
+                "{} {} answered {status}: {}",
+                w.worker_type(),
+                w.url(),
+                String::from_utf8_lossy(&text)
+            ),
+            w,
+        ));
+    }
+    w.record_outcome(true);
+    let mut r = Response::builder().status(status);
+    if let Some(ct) = ct {
+        r = r.header(header::CONTENT_TYPE, ct);
+    }
+    let passed = r.body(Body::from(text)).unwrap_or_else(|_| {
+        ApiError::bad_gateway("upstream answered an unrepresentable response").into_response()
+    });
+    Err(Fail::Final(Box::new(passed)))
+}
+
+/// [`send`] and read the whole body.
+pub(crate) async fn send_full(
+    state: &GatewayState,
+    w: &Arc<dyn Worker>,
+    path: &str,
+    body: Bytes,
+) -> Result<Bytes, Fail> {
+    let resp = send(state, w, path, body).await?;
+    resp.bytes().await.map_err(|e| {
+        w.record_outcome(false);
+        Fail::retry(format!("{} {}: body: {e}", w.worker_type(), w.url()), w)
+    })
+}
+
+pub(crate) fn json_response(body: Bytes, guards: Vec<LoadGuard>) -> Response {
+    let mut r = Response::new(GuardedBody::new(Body::from(body), guards).into_body());
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn parse_value(b: &[u8], w: &Arc<dyn Worker>) -> Result<Value, Fail> {
+    serde_json::from_slice(b).map_err(|e| {
+        w.record_outcome(false);
+        Fail::retry(
+            format!("{} {} answered invalid JSON: {e}", w.worker_type(), w.url()),
+            w,
+        )
+    })
+}
+
+/// One non-stream attempt on a regular worker.
+async fn regular_once(
+    state: &GatewayState,
+    req: &InferReq,
+    avoid: &[String],
+    last: bool,
+) -> Result<Response, Fail> {
+    let w = state
+        .router
+        .route(WorkerType::Regular, &req.ctx(), avoid)
+        .map_err(ApiError::from)?;
+    let guard = LoadGuard::new(w.clone());
+    let body = send_full(state, &w, req.ep.path(), req.raw.clone()).await?;
+    if !last
+        && pd::may_abort(&body)
+        && let Some(m) = pd::abort_message(&parse_value(&body, &w)?)
+    {
+        return Err(Fail::retry(
+            format!("regular {} aborted the request: {m}", w.url()),
+            &w,
+        ));
+    }
+    w.record_outcome(true);
+    Ok(json_response(body, vec![guard]))
+}
+
+/// What every PD attempt (stream or not) starts with: a fresh (prefill, decode) pair and room,
+/// load guards on both, and the client's body with the bootstrap fields injected.
+pub(super) fn pd_attempt(
+    state: &GatewayState,
+    req: &InferReq,
+    avoid: &[String],
+) -> Result<(crate::router::PdPair, Vec<LoadGuard>, Bytes), Fail> {
+    let pair = state
+        .router
+        .route_pd(&req.ctx(), avoid)
+        .map_err(ApiError::from)?;
+    let guards = vec![
+        LoadGuard::new(pair.prefill.clone()),
+        LoadGuard::new(pair.decode.clone()),
+    ];
+    let rooms = pd::rooms_for(&pair, req.batch);
+    let body = pd::inject(&req.raw, &req.obj, &pair, &rooms, req.batch);
+    Ok((pair, guards, body))
+}
+
+/// One non-stream attempt on a PD pair: both requests concurrently; the first failure drops
+/// (cancels) the other.
+async fn pd_once(
+    state: &GatewayState,
+    req: &InferReq,
+    avoid: &[String],
+    last: bool,
+) -> Result<Response, Fail> {
+    let (pair, guards, body) = pd_attempt(state, req, avoid)?;
+    let (p, d) = (&pair.prefill, &pair.decode);
+    let prefill = async {
+        let b = send_full(state, p, req.ep.path(), body.clone()).await?;
+        let v = parse_value(&b, p)?;
+        if let Some(m) = pd::abort_message(&v) {
+            p.record_outcome(false);
+            return Err(Fail::retry(format!("prefill {} aborted: {m}", p.url()), p));
+        }
+        Ok(v)
+    };
+    let decode = send_full(state, d, req.ep.path(), body.clone());
+    let (pv, db) = futures::future::try_join(prefill, decode).await?;
+    let out = if req.logprob || (!last && pd::may_abort(&db)) {
+        let mut dv = parse_value(&db, d)?;
+        if !last && let Some(m) = pd::abort_message(&dv) {
+            return Err(Fail::retry(format!("decode {} aborted: {m}", d.url()), d));
+        }
+        if req.logprob {
+            pd::merge_logprobs(&mut dv, &pv);
+            Bytes::from(dv.to_string())
+        } else {
+            db
+        }
+    } else {
+        db
+    };
+    p.record_outcome(true);
+    d.record_outcome(true);
+    Ok(json_response(out, guards))
+}
+
+async fn attempt(
+    state: &GatewayState,
+    req: &InferReq,
+    avoid: &[String],
+    last: bool,
+) -> Result<Response, Fail> {
+    match (state.cfg.pd, req.stream) {
+        (false, false) => tokio::time::timeout(
+            state.cfg.request_timeout,
+            regular_once(state, req, avoid, last),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "the worker did not answer in time",
+            )
+            .into())
+        }),
+        (true, false) => {
+            tokio::time::timeout(state.cfg.request_timeout, pd_once(state, req, avoid, last))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ApiError::new(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "the PD pair did not answer in time",
+                    )
+                    .into())
+                })
+        }
+        (false, true) => stream::regular(state, req, avoid, last).await,
+        (true, true) => stream::pd(state, req, avoid, last).await,
+    }
+}
+
+/// The retry loop shared by every inference endpoint.
+async fn handle(
+    state: Arc<GatewayState>,
+    ep: Endpoint,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Response {
+    let started = Instant::now();
+    state.metrics.request(ep);
+    let resp = match InferReq::parse(ep, &headers, raw, state.cfg.pd) {
+        Ok(req) => run(&state, &req).await,
+        Err(e) => e.into_response(),
+    };
+    state.metrics.observe(started.elapsed());
+    if !resp.status().is_success() {
+        state.metrics.error(ep);
+    }
+    resp
+}
+
+async fn run(state: &GatewayState, req: &InferReq) -> Response {
+    let mut avoid: Vec<String> = Vec::new();
+    let mut reason = String::new();
+    let attempts = state.cfg.max_retries.saturating_add(1);
+    for i in 0..attempts {
+        let last = i + 1 == attempts;
+        match attempt(state, req, &avoid, last).await {
+            Ok(r) => return r,
+            Err(Fail::Final(r)) => return *r,
+            Err(Fail::Retry {
+                reason: why,
+                culprits,
+            }) => {
+                tracing::warn!(attempt = i + 1, %why, "attempt failed");
+                avoid.extend(culprits.iter().map(|w| w.id().to_string()));
+                reason = why;
+                if !last {
+                    state.metrics.retry();
+                    let backoff = state.cfg.retry_backoff.saturating_mul(1 << i.min(10));
+                    tokio::time::sleep(backoff.min(Duration::from_secs(1))).await;
+                }
+            }
+        }
+    }
+    ApiError::bad_gateway(format!(
+        "all {attempts} attempts failed; last error: {reason}"
+    ))
+    .into_response()
+}
+
+/// `POST /generate`.
+pub(super) async fn generate(
+    State(s): State<Arc<GatewayState>>,
+    h: HeaderMap,
+    b: Bytes,
+) -> Response {
+    handle(s, Endpoint::Generate, h, b).await
+}
+
+/// `POST /v1/completions`.
+pub(super) async fn completions(
+    State(s): State<Arc<GatewayState>>,
+    h: HeaderMap,
+    b: Bytes,
+) -> Response {
+    handle(s, Endpoint::Completions, h, b).await
+}
+
+/// `POST /v1/chat/completions`.
+pub(super) async fn chat_completions(
+    State(s): State<Arc<GatewayState>>,
+    h: HeaderMap,
+    b: Bytes,
+) -> Response {
+    handle(s, Endpoint::ChatCompletions, h, b).await
+}
+
+/// `GET /v1/models`: answered by any available worker that generates (decode or regular).
+pub(super) async fn models(State(state): State<Arc<GatewayState>>) -> Response {
+    let ty = if state.cfg.pd {
+        WorkerType::Decode
+    } else {
+        WorkerType::Regular
+    };
+    let w = match state.router.route(ty, &RouteContext::default(), &[]) {
+        Ok(w) => w,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let mut req = state.client.get(format!("{}/v1/models", w.url()));
+    if let Some(k) = &state.cfg.worker_api_key {
+        req = req.bearer_auth(k);
+    }
+    match req.send().await {
+        Ok(r) => {
+            let status = r.status();
+            match r.bytes().await {
+                Ok(b) => (status, [(header::CONTENT_TYPE, "application/json")], b).into_response(),
+                Err(e) => ApiError::bad_gateway(format!("{}: {e}", w.url())).into_response(),
+            }
+        }
+        Err(e) => ApiError::bad_gateway(format!("{}: {e}", w.url())).into_response(),
+    }
+}

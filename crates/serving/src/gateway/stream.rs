@@ -1,0 +1,276 @@
+//! Streaming attempts.
+//!
+//! The upstream SSE is split into whole events and relayed one event per body frame. Before
+//! the first event reaches the client nothing is committed, so a failure up to then (transport
+//! error, error status, an aborted first event, a failed prefill) is retried on a new worker or
+//! pair; after it, a failure becomes one JSON error event followed by `data: [DONE]`, so the
+//! client always sees a well-formed stream.
+//!
+//! In PD mode the decode stream is the answer. The prefill's (short) stream is read in full
+//! concurrently; the response starts only once both the prefill finished and decode produced
+//! its first event (decode cannot produce one before the KV handoff anyway, so this costs no
+//! time to first token), and with `return_logprob` every decode event gets prefill's
+//! `input_token_logprobs` prepended (per `index` for batches).
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::header;
+use axum::response::Response;
+use futures::{Stream, StreamExt};
+use serde_json::{Value, json};
+
+use super::GatewayState;
+use super::forward::{Fail, InferReq, send, send_full};
+use crate::error::ApiError;
+use crate::guard::{GuardedBody, LoadGuard};
+use crate::pd;
+use crate::sse::{self, EventSplitter};
+use crate::worker::{Worker, WorkerType};
+
+type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// An upstream SSE stream positioned after its first event.
+struct Upstream {
+    bytes: ByteStream,
+    split: EventSplitter,
+    worker: Arc<dyn Worker>,
+}
+
+impl Upstream {
+    /// The next whole event; `Ok(None)` at a clean end of stream.
+    async fn next(&mut self) -> Result<Option<Bytes>, String> {
+        loop {
+            if let Some(ev) = self.split.next_event() {
+                return Ok(Some(ev));
+            }
+            match self.bytes.next().await {
+                Some(Ok(chunk)) => self.split.push(&chunk),
+                Some(Err(e)) => {
+                    return Err(format!(
+                        "{} {}: {e}",
+                        self.worker.worker_type(),
+                        self.worker.url()
+                    ));
+                }
+                None => return Ok(None),
+            }
+        }
+    }
+}
+
+/// Opens a stream on `w` and waits for its first data event.
+async fn open(
+    state: &GatewayState,
+    w: &Arc<dyn Worker>,
+    req: &InferReq,
+    body: Bytes,
+    last: bool,
+) -> Result<(Bytes, Upstream), Fail> {
+    let resp = send(state, w, req.ep.path(), body).await?;
+    let mut up = Upstream {
+        bytes: Box::pin(resp.bytes_stream()),
+        split: EventSplitter::default(),
+        worker: w.clone(),
+    };
+    loop {
+        match up.next().await {
+            Ok(Some(ev)) => {
+                let Some(data) = sse::data(&ev) else { continue };
+                if data.trim() == "[DONE]" {
+                    w.record_outcome(false);
+                    return Err(Fail::retry(
+                        format!(
+                            "{} {} ended the stream without an event",
+                            w.worker_type(),
+                            w.url()
+                        ),
+                        w,
+                    ));
+                }
+                if !last
+                    && pd::may_abort(data.as_bytes())
+                    && let Ok(v) = serde_json::from_str::<Value>(&data)
+                    && let Some(m) = pd::abort_message(&v)
+                {
+                    return Err(Fail::retry(
+                        format!("{} {} aborted: {m}", w.worker_type(), w.url()),
+                        w,
+                    ));
+                }
+                return Ok((ev, up));
+            }
+            Ok(None) => {
+                w.record_outcome(false);
+                return Err(Fail::retry(
+                    format!(
+                        "{} {} closed the stream before any event",
+                        w.worker_type(),
+                        w.url()
+                    ),
+                    w,
+                ));
+            }
+            Err(e) => {
+                w.record_outcome(false);
+                return Err(Fail::retry(e, w));
+            }
+        }
+    }
+}
+
+/// Prefill's answer as one value (an array by `index` for batches), from SSE or JSON.
+fn prefill_value(body: &[u8], batch: Option<usize>) -> Option<Value> {
+    let trimmed = body
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .map(|i| &body[i..])?;
+    if trimmed.starts_with(b"{") || trimmed.starts_with(b"[") {
+        return serde_json::from_slice(trimmed).ok();
+    }
+    let mut split = EventSplitter::default();
+    split.push(body);
+    split.push(b"\n\n");
+    let mut items: Vec<Value> = vec![Value::Null; batch.unwrap_or(1)];
+    while let Some(ev) = split.next_event() {
+        let Some(d) = sse::data(&ev) else { continue };
+        let Ok(v) = serde_json::from_str::<Value>(&d) else {
+            continue;
+        };
+        let i = v.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+        if let Some(slot) = items.get_mut(i) {
+            *slot = v;
+        }
+    }
+    Some(match batch {
+        Some(_) => Value::Array(items),
+        None => items.pop().unwrap_or(Value::Null),
+    })
+}
+
+/// The error event sent when a stream fails after it started.
+pub fn error_event(message: &str) -> Bytes {
+    sse::event(&json!({"error": ApiError::bad_gateway(message).body()}))
+}
+
+fn relay(
+    first: Bytes,
+    up: Upstream,
+    prefill: Option<Arc<Value>>,
+    guards: Vec<LoadGuard>,
+) -> Response {
+    let rewrite = move |ev: Bytes| -> Bytes {
+        let Some(p) = &prefill else { return ev };
+        let Some(d) = sse::data(&ev) else { return ev };
+        match serde_json::from_str::<Value>(&d) {
+            Ok(mut v) if v.is_object() && v.get("error").is_none() => {
+                pd::merge_event(&mut v, p);
+                sse::event(&v)
+            }
+            _ => ev,
+        }
+    };
+    let first = rewrite(first);
+    enum St {
+        Open(Upstream),
+        Done,
+    }
+    let rest = futures::stream::unfold((St::Open(up), rewrite), |(st, rewrite)| async move {
+        let St::Open(mut up) = st else { return None };
+        match up.next().await {
+            Ok(Some(ev)) if sse::is_done(&ev) => {
+                up.worker.record_outcome(true);
+                Some((vec![ev], (St::Done, rewrite)))
+            }
+            Ok(Some(ev)) => {
+                let out = if sse::data(&ev).is_some() {
+                    vec![rewrite(ev)]
+                } else {
+                    vec![ev]
+                };
+                Some((out, (St::Open(up), rewrite)))
+            }
+            Ok(None) => {
+                let msg = format!(
+                    "{} {} closed the stream before [DONE]",
+                    up.worker.worker_type(),
+                    up.worker.url()
+                );
+                up.worker.record_outcome(false);
+                Some((
+                    vec![error_event(&msg), Bytes::from_static(sse::DONE)],
+                    (St::Done, rewrite),
+                ))
+            }
+            Err(e) => {
+                up.worker.record_outcome(false);
+                Some((
+                    vec![error_event(&e), Bytes::from_static(sse::DONE)],
+                    (St::Done, rewrite),
+                ))
+            }
+        }
+    });
+    let body = futures::stream::once(async move { vec![first] })
+        .chain(rest)
+        .flat_map(|evs| {
+            futures::stream::iter(evs.into_iter().map(Ok::<_, std::convert::Infallible>))
+        });
+    let mut r = Response::new(GuardedBody::new(Body::from_stream(body), guards).into_body());
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-cache"),
+    );
+    r
+}
+
+/// One streaming attempt on a regular worker.
+pub(super) async fn regular(
+    state: &GatewayState,
+    req: &InferReq,
+    avoid: &[String],
+    last: bool,
+) -> Result<Response, Fail> {
+    let w = state
+        .router
+        .route(WorkerType::Regular, &req.ctx(), avoid)
+        .map_err(ApiError::from)?;
+    let guard = LoadGuard::new(w.clone());
+    let (first, up) = open(state, &w, req, req.raw.clone(), last).await?;
+    Ok(relay(first, up, None, vec![guard]))
+}
+
+/// One streaming attempt on a PD pair.
+pub(super) async fn pd(
+    state: &GatewayState,
+    req: &InferReq,
+    avoid: &[String],
+    last: bool,
+) -> Result<Response, Fail> {
+    let (pair, guards, body) = super::forward::pd_attempt(state, req, avoid)?;
+    let p = &pair.prefill;
+    let prefill = async {
+        let b = send_full(state, p, req.ep.path(), body.clone()).await?;
+        let v = prefill_value(&b, req.batch).unwrap_or(Value::Null);
+        if let Some(m) = pd::abort_message(&v) {
+            p.record_outcome(false);
+            return Err(Fail::retry(format!("prefill {} aborted: {m}", p.url()), p));
+        }
+        if let Some(e) = v.get("error") {
+            p.record_outcome(false);
+            return Err(Fail::retry(format!("prefill {} failed: {e}", p.url()), p));
+        }
+        p.record_outcome(true);
+        Ok(v)
+    };
+    let decode = open(state, &pair.decode, req, body.clone(), last);
+    let (pv, (first, up)) = futures::future::try_join(prefill, decode).await?;
+    let merge = req.logprob.then(|| Arc::new(pv));
+    Ok(relay(first, up, merge, guards))
+}

@@ -1,0 +1,279 @@
+//! `troupe.inference`: the InferenceServer actor. It owns one server process (SGLang, vLLM or
+//! the reference engine), waits until it serves, and reports where and what it is.
+//!
+//! The server's whole process tree dies with the actor. If it fails to come up, the spawn fails
+//! with the last lines of its log, which is what an operator needs first.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
+
+use super::command::{self, CommandLine};
+use super::spec::{LaunchSpec, WorkerType};
+use troupe_actors::ActorError;
+use troupe_actors::actor::{Actor, ActorContext, Handler, Message, Methods};
+use troupe_actors::process::ChildProcess;
+
+/// What a running server is, as the controller and router need it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    /// `host:port` clients reach the server at.
+    pub addr: String,
+    /// `http://host:port`.
+    pub url: String,
+    /// Regular, prefill or decode.
+    pub worker_type: WorkerType,
+    /// Host decode servers contact for this prefill's KV.
+    pub bootstrap_host: Option<String>,
+    /// This server's bootstrap port (prefill and decode).
+    pub bootstrap_port: Option<u16>,
+    /// GPUs the server occupies.
+    pub gpu_count: u32,
+    /// The server process's pid.
+    pub pid: u32,
+    /// Where its log is.
+    pub log_path: String,
+}
+
+/// The InferenceServer actor.
+pub struct InferenceServer {
+    child: Arc<tokio::sync::Mutex<ChildProcess>>,
+    client: reqwest::Client,
+    info: ServerInfo,
+    log: PathBuf,
+    /// Cancelled on a requested stop, so the watcher does not report that exit as a failure.
+    stopping: CancellationToken,
+}
+
+impl Drop for InferenceServer {
+    fn drop(&mut self) {
+        // However the actor ends (stop, kill, failure), release the watcher's hold on the child
+        // so the last reference drops and `ChildProcess` kills the process tree.
+        self.stopping.cancel();
+    }
+}
+
+/// Waits for the server process to exit on its own and reports the actor failed, so the
+/// supervisor restarts it per policy (on the same ports: proxies and the router find it again).
+fn watch(
+    child: Arc<tokio::sync::Mutex<ChildProcess>>,
+    stopping: CancellationToken,
+    fail: Option<troupe_actors::FailHandle>,
+    name: String,
+    log: PathBuf,
+) {
+    tokio::spawn(async move {
+        let status = {
+            let mut c = child.lock().await;
+            tokio::select! {
+                _ = stopping.cancelled() => return,
+                s = c.wait() => s,
+            }
+        };
+        let why = match status {
+            Ok(s) => format!("server {name} exited ({s})"),
+            Err(e) => format!("server {name} could not be waited for: {e}"),
+        };
+        tracing::warn!(%why, "inference server died");
+        if let Some(f) = fail {
+            f.fail(format!("{why}; last log lines:\n{}", tail(&log, 10)));
+        }
+    });
+}
+
+/// Asks for the server's [`ServerInfo`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GetInfo;
+
+impl Message for GetInfo {
+    type Reply = ServerInfo;
+    const METHOD: &'static str = "info";
+}
+
+/// Asks whether the process runs and answers `/health`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckHealth;
+
+/// Reply to [`CheckHealth`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerHealth {
+    /// The process has not exited.
+    pub running: bool,
+    /// Its exit code, once exited.
+    pub exit_code: Option<i32>,
+    /// `/health` answered 200.
+    pub healthy: bool,
+}
+
+impl Message for CheckHealth {
+    type Reply = ServerHealth;
+    const METHOD: &'static str = "health";
+}
+
+/// Asks for the last `lines` lines of the server's log.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogTail {
+    /// How many lines.
+    pub lines: usize,
+}
+
+impl Message for LogTail {
+    type Reply = String;
+    const METHOD: &'static str = "log_tail";
+}
+
+/// The last `n` lines of a log file (empty if unreadable).
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn troupe_bin(spec: &LaunchSpec) -> Result<String, ActorError> {
+    match &spec.troupe_bin {
+        Some(p) => Ok(p.display().to_string()),
+        None => troupe_actors::process::troupe_binary()
+            .map(|p| p.display().to_string())
+            .map_err(ActorError::new),
+    }
+}
+
+async fn healthy(client: &reqwest::Client, url: &str) -> bool {
+    for path in ["/health", "/ready"] {
+        if let Ok(r) = client
+            .get(format!("{url}{path}"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            && r.status().is_success()
+        {
+            return true;
+        }
+    }
+    false
+}
+
+impl Actor for InferenceServer {
+    const KIND: &'static str = "troupe.inference";
+    type Args = LaunchSpec;
+
+    async fn start(spec: LaunchSpec, ctx: &ActorContext) -> Result<Self, ActorError> {
+        let CommandLine { program, args, env } = command::build(&spec, &troupe_bin(&spec)?)
+            .map_err(|e| ActorError::new(format!("bad launch spec: {e}")))?;
+        let log = spec.log_path.clone().unwrap_or_else(|| {
+            let short: String = ctx.actor_id.chars().take(8).collect();
+            std::env::temp_dir().join(format!("troupe-{}-{short}.log", ctx.name))
+        });
+        let mut cmd = Command::new(&program);
+        cmd.args(&args).envs(&env);
+        let mut child = ChildProcess::spawn(cmd, Some(&log))
+            .map_err(|e| ActorError::new(format!("cannot start {program}: {e}")))?;
+        tracing::info!(server = %ctx.name, %program, ?args, log = %log.display(), "server starting");
+
+        let url = spec.url();
+        let client = crate::client::build().map_err(ActorError::new)?;
+        let deadline = Instant::now() + Duration::from_secs_f64(spec.ready_timeout_s.max(0.1));
+        loop {
+            if let Some(status) = child.try_status()? {
+                return Err(ActorError::new(format!(
+                    "server {} exited during startup ({status}); last log lines from {}:\n{}",
+                    ctx.name,
+                    log.display(),
+                    tail(&log, 30)
+                )));
+            }
+            if !spec.wait_ready || healthy(&client, &url).await {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.terminate(Duration::from_secs(5)).await;
+                return Err(ActorError::new(format!(
+                    "server {} not ready within {:.0} s at {url}; last log lines from {}:\n{}",
+                    ctx.name,
+                    spec.ready_timeout_s,
+                    log.display(),
+                    tail(&log, 30)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let pd = spec.worker_type != WorkerType::Regular;
+        let info = ServerInfo {
+            addr: format!("{}:{}", spec.advertise_host, spec.port),
+            url,
+            worker_type: spec.worker_type,
+            bootstrap_host: pd.then(|| spec.advertise_host.clone()),
+            bootstrap_port: if pd { spec.bootstrap_port } else { None },
+            gpu_count: spec.gpu_count(),
+            pid: child.pid(),
+            log_path: log.display().to_string(),
+        };
+        let child = Arc::new(tokio::sync::Mutex::new(child));
+        let stopping = CancellationToken::new();
+        watch(
+            child.clone(),
+            stopping.clone(),
+            ctx.fail_handle(),
+            ctx.name.clone(),
+            log.clone(),
+        );
+        Ok(InferenceServer {
+            child,
+            client,
+            info,
+            log,
+            stopping,
+        })
+    }
+
+    fn methods(m: &mut Methods<Self>) {
+        m.add::<GetInfo>().add::<CheckHealth>().add::<LogTail>();
+    }
+
+    async fn stopping(&mut self, _ctx: &ActorContext) {
+        self.stopping.cancel();
+        let _ = self
+            .child
+            .lock()
+            .await
+            .terminate(Duration::from_secs(10))
+            .await;
+    }
+}
+
+impl Handler<GetInfo> for InferenceServer {
+    async fn handle(&mut self, _m: GetInfo, _c: &ActorContext) -> Result<ServerInfo, ActorError> {
+        Ok(self.info.clone())
+    }
+}
+
+impl Handler<CheckHealth> for InferenceServer {
+    async fn handle(
+        &mut self,
+        _m: CheckHealth,
+        _c: &ActorContext,
+    ) -> Result<ServerHealth, ActorError> {
+        let status = match self.child.try_lock() {
+            Ok(mut c) => c.try_status()?,
+            // The watcher holds the lock only while the process runs.
+            Err(_) => None,
+        };
+        let healthy = status.is_none() && healthy(&self.client, &self.info.url).await;
+        Ok(ServerHealth {
+            running: status.is_none(),
+            exit_code: status.and_then(|s| s.code()),
+            healthy,
+        })
+    }
+}
+
+impl Handler<LogTail> for InferenceServer {
+    async fn handle(&mut self, m: LogTail, _c: &ActorContext) -> Result<String, ActorError> {
+        Ok(tail(&self.log, m.lines.min(10_000)))
+    }
+}

@@ -1,0 +1,52 @@
+//! The serving data plane: a PD-aware router, the HTTP gateway in front of it, and the
+//! DataProxy that sits in front of one inference server.
+//!
+//! ```text
+//!  client ──► gateway (HTTP) ──route / route_pd──► Router (workers, health, load, policies)
+//!                 │
+//!                 ├─ regular:  one worker, body forwarded unchanged
+//!                 └─ PD:       prefill + decode concurrently, body + bootstrap_{host,port,room}
+//! ```
+//!
+//! - [`worker`]: the [`Worker`] trait, worker types and their registry entries.
+//! - [`guard`]: RAII in-flight load guards tied to response bodies.
+//! - [`breaker`]: the per-worker circuit breaker.
+//! - [`policy`]: the [`Policy`] trait and `round_robin`, `random`, `power_of_two`, `sticky`.
+//! - [`router`]: the typed worker registry, `route` and `route_pd`.
+//! - [`health`]: the background `/health` prober.
+//! - [`gateway`]: the HTTP server (SGLang/OpenAI endpoints, admin REST, metrics).
+//! - [`proxy`]: the DataProxy with the pause-aware abort → resubmit loop.
+//! - [`actors`]: the `troupe.gateway` and `troupe.proxy` actor kinds.
+//! - [`inference`]: the `troupe.inference` actor that owns one inference server, and the server
+//!   command builders.
+
+pub mod actors;
+pub mod breaker;
+pub mod client;
+pub mod error;
+pub mod gateway;
+pub mod guard;
+pub mod health;
+pub mod inference;
+pub mod metrics;
+pub mod pd;
+pub mod policy;
+pub mod proxy;
+pub mod router;
+pub mod sse;
+pub mod worker;
+
+pub use error::{ApiError, ServingError};
+pub use policy::{Policy, PolicyKind};
+pub use router::{PdPair, Router, RouterConfig};
+pub use worker::{Worker, WorkerInfo, WorkerSpec, WorkerType};
+
+use troupe_actors::Registry;
+
+/// Registers the serving actor kinds (`troupe.inference`, `troupe.gateway`, `troupe.proxy`) so a
+/// host can run inference servers, gateways and data proxies.
+pub fn register(r: &mut Registry) {
+    r.register::<inference::InferenceServer>();
+    r.register::<actors::GatewayActor>();
+    r.register::<actors::ProxyActor>();
+}

@@ -1,0 +1,448 @@
+//! The gateway over real sockets against scripted backends: forwarding, PD injection and
+//! cancellation, retries, streaming, health, admin REST and auth, errors and metrics.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+use support::*;
+use troupe_serving::gateway::{self, GatewayConfig, GatewayHandle};
+use troupe_serving::health::HealthConfig;
+use troupe_serving::{RouterConfig, WorkerSpec};
+
+mod forwarding {
+    use super::*;
+
+    #[tokio::test]
+    async fn regular_body_is_forwarded_byte_for_byte() {
+        within(20, async {
+            let b = fake(|_, _, _| Reply::Json(StatusCode::OK, answer(3))).await;
+            let g = gw(false, vec![WorkerSpec::regular(&b.url)], 0).await;
+            let raw = r#"{"text": ["a", "b"],  "x_custom": {"n": 1.50}, "sampling_params": {"max_new_tokens": 3}}"#;
+            let (st, v) = post_raw(&format!("{}/generate", g.url()), raw, None).await;
+            assert_eq!(st, 200, "{v}");
+            assert_eq!(v, answer(3));
+            assert_eq!(b.last_body("/generate").as_deref(), Some(raw.as_bytes()));
+            for ep in ["/v1/completions", "/v1/chat/completions"] {
+                let (st, _) = post(&format!("{}{ep}", g.url()), &json!({"prompt": "x"})).await;
+                assert_eq!(st, 200);
+                assert_eq!(b.count(ep), 1);
+            }
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn pd_adds_bootstrap_fields_and_merges_prefill_logprobs() {
+        within(20, async {
+            let p = fake(|_, _, _| {
+                Reply::Json(StatusCode::OK, json!({"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "length", "length": 0}, "input_token_logprobs": [[null, 104, null], [-1.5, 105, null]]}}))
+            })
+            .await;
+            let d = fake(|_, _, _| {
+                Reply::Json(StatusCode::OK, json!({"text": "ok", "output_ids": [111, 107], "meta_info": {"finish_reason": {"type": "length", "length": 2}, "input_token_logprobs": []}}))
+            })
+            .await;
+            let g = gw(true, vec![WorkerSpec::prefill(&p.url, Some(7777)), WorkerSpec::decode(&d.url)], 0).await;
+            let raw = r#"{"text": "hi", "return_logprob": true, "zzz_unknown": [1, {"k": null}]}"#;
+            let (st, v) = post_raw(&format!("{}/generate", g.url()), raw, None).await;
+            assert_eq!(st, 200, "{v}");
+            assert_eq!(v["output_ids"], json!([111, 107]));
+            assert_eq!(v["meta_info"]["input_token_logprobs"], json!([[null, 104, null], [-1.5, 105, null]]));
+            let pb = p.last_body("/generate").expect("prefill got it");
+            let db = d.last_body("/generate").expect("decode got it");
+            assert_eq!(pb, db, "prefill and decode receive the same body");
+            assert!(pb.starts_with(&raw.as_bytes()[..raw.len() - 1]), "original bytes kept");
+            let sent: Value = serde_json::from_slice(&pb).expect("json");
+            assert_eq!(sent["bootstrap_port"], 7777);
+            assert_eq!(sent["bootstrap_host"], "127.0.0.1");
+            assert!(sent["bootstrap_room"].as_u64().expect("room") < 1 << 63);
+            assert_eq!(sent["zzz_unknown"], json!([1, {"k": null}]));
+
+            // A batch gets one room per item.
+            let (st, _) = post(&format!("{}/generate", g.url()), &json!({"input_ids": [[1, 2], [3], [4]]})).await;
+            assert_eq!(st, 200);
+            let sent: Value = serde_json::from_slice(&p.last_body("/generate").expect("batch")).expect("json");
+            let rooms = sent["bootstrap_room"].as_array().expect("list of rooms");
+            assert_eq!(rooms.len(), 3);
+            assert_eq!(sent["bootstrap_port"], json!([7777, 7777, 7777]));
+            assert_ne!(rooms[0], rooms[1]);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn models_and_readiness_follow_the_registry() {
+        within(20, async {
+            let d = fake(|path, _, _| {
+                Reply::Json(
+                    StatusCode::OK,
+                    json!({"object": "list", "data": [{"id": path}]}),
+                )
+            })
+            .await;
+            let g = gw(true, vec![], 0).await;
+            assert_eq!(get(&format!("{}/readiness", g.url()), None).await.0, 503);
+            assert_eq!(get(&format!("{}/v1/models", g.url()), None).await.0, 503);
+            g.add_worker(&WorkerSpec::decode(&d.url)).expect("decode");
+            assert!(
+                g.add_worker(&WorkerSpec::regular(&d.url)).is_err(),
+                "PD mode takes no regular workers"
+            );
+            assert_eq!(
+                get(&format!("{}/readiness", g.url()), None).await.0,
+                503,
+                "no prefill yet"
+            );
+            g.add_worker(&WorkerSpec::prefill("http://127.0.0.1:9", None))
+                .expect("prefill");
+            assert_eq!(get(&format!("{}/readiness", g.url()), None).await.0, 200);
+            let (st, v) = get(&format!("{}/v1/models", g.url()), None).await;
+            assert_eq!(
+                (st, v),
+                (
+                    200,
+                    json!({"object": "list", "data": [{"id": "/v1/models"}]})
+                )
+            );
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn upstream_client_errors_pass_through_unretried() {
+        within(20, async {
+            let b = fake(|_, _, _| Reply::Json(StatusCode::BAD_REQUEST, json!({"object": "error", "message": "bad sampling", "type": "BadRequestError", "param": null, "code": 400}))).await;
+            let g = gw(false, vec![WorkerSpec::regular(&b.url)], 3).await;
+            let (st, v) = post(&format!("{}/generate", g.url()), &json!({"text": "x"})).await;
+            assert_eq!(st, 400);
+            assert_eq!(v["message"], "bad sampling");
+            assert_eq!(b.count("/generate"), 1);
+            assert_eq!(g.retries(), 0);
+        })
+        .await;
+    }
+}
+
+mod failures {
+    use super::*;
+
+    #[tokio::test]
+    async fn prefill_failure_cancels_decode_at_once_and_answers_one_error() {
+        within(20, async {
+            let p = fake(|_, _, _| {
+                Reply::Json(StatusCode::INTERNAL_SERVER_ERROR, json!({"error": "boom"}))
+            })
+            .await;
+            let d = fake(|_, _, _| Reply::Hang).await;
+            let g = gw(
+                true,
+                vec![
+                    WorkerSpec::prefill(&p.url, None),
+                    WorkerSpec::decode(&d.url),
+                ],
+                0,
+            )
+            .await;
+            let (st, v) = post(&format!("{}/generate", g.url()), &json!({"text": "x"})).await;
+            assert_eq!(st, 502);
+            assert_envelope(&v, 502);
+            assert!(v["message"].as_str().expect("msg").contains("boom"), "{v}");
+            // The decode request was dropped (its connection closed), not left waiting for KV.
+            until(|| d.dropped.load(Ordering::SeqCst) == 1).await;
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn decode_failure_cancels_prefill() {
+        within(20, async {
+            let p = fake(|_, _, _| Reply::Hang).await;
+            let d = fake(|_, _, _| Reply::Json(StatusCode::SERVICE_UNAVAILABLE, json!({}))).await;
+            let g = gw(
+                true,
+                vec![
+                    WorkerSpec::prefill(&p.url, None),
+                    WorkerSpec::decode(&d.url),
+                ],
+                0,
+            )
+            .await;
+            let (st, v) = post(&format!("{}/generate", g.url()), &json!({"text": "x"})).await;
+            assert_eq!(st, 502);
+            assert_envelope(&v, 502);
+            until(|| p.dropped.load(Ordering::SeqCst) == 1).await;
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn retries_move_to_another_worker_with_a_new_room() {
+        within(20, async {
+            let p = fake(|_, _, _| Reply::Json(StatusCode::OK, answer(0))).await;
+            let bad = fake(|_, _, _| Reply::Json(StatusCode::SERVICE_UNAVAILABLE, json!({}))).await;
+            let good = fake(|_, _, _| Reply::Json(StatusCode::OK, answer(4))).await;
+            let g = gw(
+                true,
+                vec![
+                    WorkerSpec::prefill(&p.url, None),
+                    WorkerSpec::decode(&bad.url),
+                    WorkerSpec::decode(&good.url),
+                ],
+                2,
+            )
+            .await;
+            for _ in 0..6 {
+                let (st, v) = post(&format!("{}/generate", g.url()), &json!({"text": "x"})).await;
+                assert_eq!(st, 200, "{v}");
+                assert_eq!(v["output_ids"].as_array().expect("ids").len(), 4);
+            }
+            assert!(bad.count("/generate") >= 1, "the failing decode was tried");
+            assert_eq!(g.retries() as usize, bad.count("/generate"));
+            // Each attempt used a fresh room.
+            let rooms: std::collections::HashSet<u64> = p
+                .bodies
+                .lock()
+                .iter()
+                .map(|(_, b)| {
+                    serde_json::from_slice::<Value>(b).expect("json")["bootstrap_room"]
+                        .as_u64()
+                        .expect("room")
+                })
+                .collect();
+            assert_eq!(rooms.len(), p.count("/generate"));
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn aborted_generations_and_dead_workers_are_retried() {
+        within(20, async {
+            let aborting = fake(|_, _, _| {
+                Reply::Json(StatusCode::OK, json!({"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": "engine shutting down"}}}))
+            })
+            .await;
+            let dead_url = {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+                format!("http://{}", l.local_addr().expect("addr"))
+            };
+            let good = fake(|_, _, _| Reply::Json(StatusCode::OK, answer(2))).await;
+            let g = gw(false, vec![WorkerSpec::regular(&aborting.url), WorkerSpec::regular(&dead_url), WorkerSpec::regular(&good.url)], 3).await;
+            for _ in 0..5 {
+                let (st, v) = post(&format!("{}/generate", g.url()), &json!({"text": "x"})).await;
+                assert_eq!(st, 200);
+                assert_eq!(v, answer(2));
+            }
+            assert!(g.retries() > 0);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn exhausted_retries_and_no_workers_give_one_envelope() {
+        within(20, async {
+            let bad = fake(|_, _, _| Reply::Json(StatusCode::BAD_GATEWAY, json!({}))).await;
+            let g = gw(false, vec![WorkerSpec::regular(&bad.url)], 2).await;
+            let (st, v) = post(&format!("{}/generate", g.url()), &json!({"text": "x"})).await;
+            assert_eq!(st, 502);
+            assert_envelope(&v, 502);
+            assert_eq!(bad.count("/generate"), 3, "first attempt + 2 retries");
+            let empty = gw(true, vec![], 0).await;
+            let (st, v) = post(&format!("{}/generate", empty.url()), &json!({"text": "x"})).await;
+            assert_eq!(st, 503);
+            assert_envelope(&v, 503);
+        })
+        .await;
+    }
+}
+
+mod admin {
+    use super::*;
+
+    async fn keyed(pd: bool) -> GatewayHandle {
+        gateway::start(GatewayConfig {
+            pd,
+            admin_key: Some("sekret".into()),
+            router: RouterConfig {
+                health: HealthConfig {
+                    interval: Duration::ZERO,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .await
+        .expect("gateway")
+    }
+
+    #[tokio::test]
+    async fn worker_rest_requires_the_admin_key() {
+        within(20, async {
+            let g = keyed(true).await;
+            let url = format!("{}/workers", g.url());
+            let body = r#"{"url": "http://127.0.0.1:31000", "worker_type": "prefill", "bootstrap_port": 8998}"#;
+            for key in [None, Some("wrong")] {
+                let (st, v) = post_raw(&url, body, key).await;
+                assert_eq!(st, 401);
+                assert_envelope(&v, 401);
+                assert_eq!(get(&url, key).await.0, 401);
+            }
+            assert!(g.router().list().is_empty(), "rejected calls change nothing");
+            let (st, v) = post_raw(&url, body, Some("sekret")).await;
+            assert_eq!(st, 202, "{v}");
+            let id = v["worker_id"].as_str().expect("id").to_string();
+            let (st, v) = get(&url, Some("sekret")).await;
+            assert_eq!(st, 200);
+            assert_eq!(v["total"], 1);
+            assert_eq!(v["workers"][0]["worker_type"], "prefill");
+            assert_eq!(v["workers"][0]["bootstrap_port"], 8998);
+            assert_eq!(v["stats"]["prefill_count"], 1);
+            let del = client().delete(format!("{url}/{id}")).send().await.expect("sent");
+            assert_eq!(del.status(), 401);
+            let del = client().delete(format!("{url}/{id}")).bearer_auth("sekret").send().await.expect("sent");
+            assert_eq!(del.status(), 200);
+            assert!(g.router().list().is_empty());
+            // Inference and health stay open.
+            assert_eq!(get(&format!("{}/health", g.url()), None).await.0, 200);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_gateway_without_an_admin_key_refuses_a_non_loopback_address() {
+        within(20, async {
+            let open = gateway::start(GatewayConfig {
+                listen: "0.0.0.0:0".into(),
+                ..Default::default()
+            })
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+            assert!(open.contains("without an admin key"), "{open}");
+            // With a key it serves there, and its admin endpoints still refuse a wrong key.
+            let g = gateway::start(GatewayConfig {
+                listen: "0.0.0.0:0".into(),
+                admin_key: Some("sekret".into()),
+                ..Default::default()
+            })
+            .await
+            .expect("gateway");
+            let url = format!("http://127.0.0.1:{}/workers", g.addr().port());
+            let body = r#"{"url": "http://127.0.0.1:31000", "worker_type": "regular"}"#;
+            assert_eq!(post_raw(&url, body, Some("wrong")).await.0, 401);
+            assert!(
+                g.router().list().is_empty(),
+                "rejected calls change nothing"
+            );
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn bad_registrations_are_400_and_change_nothing() {
+        within(20, async {
+            let g = keyed(true).await;
+            let url = format!("{}/workers", g.url());
+            for bad in [
+                "{not json",
+                "[]",
+                r#"{"worker_type": "decode"}"#,
+                r#"{"url": "127.0.0.1:1", "worker_type": "decode"}"#,
+                r#"{"url": "http://127.0.0.1:1", "worker_type": "both"}"#,
+                r#"{"url": "http://127.0.0.1:1", "worker_type": "prefill", "bootstrap_port": 70000}"#,
+                r#"{"url": "http://127.0.0.1:1", "worker_type": "decode", "bootstrap_port": 9}"#,
+                r#"{"url": "http://127.0.0.1:1", "worker_type": "regular"}"#,
+            ] {
+                let (st, v) = post_raw(&url, bad, Some("sekret")).await;
+                assert_eq!(st, 400, "{bad}: {v}");
+                assert_envelope(&v, 400);
+            }
+            assert!(g.router().list().is_empty());
+            let del = client().delete(format!("{url}/nope")).bearer_auth("sekret").send().await.expect("sent");
+            assert_eq!(del.status(), 404);
+        })
+        .await;
+    }
+}
+
+mod errors_and_metrics {
+    use super::*;
+
+    #[tokio::test]
+    async fn malformed_requests_are_400_envelopes_and_reach_no_worker() {
+        within(20, async {
+            let b = fake(|_, _, _| Reply::Json(StatusCode::OK, answer(1))).await;
+            let g = gw(false, vec![WorkerSpec::regular(&b.url)], 0).await;
+            for ep in ["/generate", "/v1/completions", "/v1/chat/completions"] {
+                for bad in [
+                    "",
+                    "{",
+                    "[1, 2]",
+                    "\"text\"",
+                    "{\"text\": \"x\", \"stream\": \"yes\"}",
+                ] {
+                    let (st, v) = post_raw(&format!("{}{ep}", g.url()), bad, None).await;
+                    assert_eq!(st, 400, "{ep} {bad:?}: {v}");
+                    assert_envelope(&v, 400);
+                }
+            }
+            assert_eq!(b.hits.load(Ordering::SeqCst), 0);
+            let (st, v) = get(&format!("{}/nope", g.url()), None).await;
+            assert_eq!(st, 404);
+            assert_envelope(&v, 404);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn metrics_count_requests_errors_retries_and_load() {
+        within(20, async {
+            let flaky = fake(|_, _, n| {
+                if n % 2 == 0 {
+                    Reply::Json(StatusCode::SERVICE_UNAVAILABLE, json!({}))
+                } else {
+                    Reply::Json(StatusCode::OK, answer(1))
+                }
+            })
+            .await;
+            let g = gw(false, vec![WorkerSpec::regular(&flaky.url)], 1).await;
+            for _ in 0..3 {
+                assert_eq!(
+                    post(&format!("{}/generate", g.url()), &json!({"text": "x"}))
+                        .await
+                        .0,
+                    200
+                );
+            }
+            assert_eq!(
+                post_raw(&format!("{}/generate", g.url()), "{", None)
+                    .await
+                    .0,
+                400
+            );
+            let (st, m) = get(&format!("{}/metrics", g.url()), None).await;
+            assert_eq!(st, 200);
+            let m = m.as_str().expect("text").to_string();
+            assert!(
+                m.contains("troupe_gateway_requests_total{endpoint=\"/generate\"} 4"),
+                "{m}"
+            );
+            assert!(
+                m.contains("troupe_gateway_errors_total{endpoint=\"/generate\"} 1"),
+                "{m}"
+            );
+            assert!(m.contains("troupe_gateway_retries_total 3"), "{m}");
+            assert!(m.contains("troupe_gateway_worker_in_flight{"), "{m}");
+            assert!(
+                m.contains("troupe_gateway_request_duration_seconds_count 4"),
+                "{m}"
+            );
+        })
+        .await;
+    }
+}

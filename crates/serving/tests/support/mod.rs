@@ -1,0 +1,257 @@
+//! Test doubles for the serving tests: tiny axum backends on real sockets whose behavior each
+//! test scripts, and small HTTP helpers.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use parking_lot::Mutex;
+use serde_json::Value;
+use troupe_serving::gateway::{self, GatewayConfig, GatewayHandle};
+use troupe_serving::health::HealthConfig;
+use troupe_serving::{RouterConfig, WorkerSpec};
+
+/// Every test body runs under this deadline.
+pub async fn within<F: Future>(secs: u64, f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(secs), f)
+        .await
+        .expect("test exceeded its deadline")
+}
+
+/// Polls `cond` every 10 ms until it holds (the caller's `within` bounds the wait).
+pub async fn until<F: FnMut() -> bool>(mut cond: F) {
+    while !cond() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// What a fake backend answers.
+pub enum Reply {
+    /// A JSON body with a status.
+    Json(StatusCode, Value),
+    /// SSE events (`data:` payloads); `then_break` cuts the connection after them instead of
+    /// sending `[DONE]`.
+    Sse(Vec<String>, bool),
+    /// Never answers; the request's future is dropped when the client goes away.
+    Hang,
+}
+
+type Script = dyn Fn(&str, &Value, usize) -> Reply + Send + Sync;
+
+/// A scripted backend.
+pub struct Fake {
+    pub url: String,
+    pub bodies: Arc<Mutex<Vec<(String, Bytes)>>>,
+    pub hits: Arc<AtomicUsize>,
+    pub dropped: Arc<AtomicUsize>,
+    pub health_status: Arc<Mutex<StatusCode>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Fake {
+    /// Requests seen on `path`.
+    pub fn count(&self, path: &str) -> usize {
+        self.bodies.lock().iter().filter(|(p, _)| p == path).count()
+    }
+
+    /// The last body received on `path`.
+    pub fn last_body(&self, path: &str) -> Option<Bytes> {
+        self.bodies
+            .lock()
+            .iter()
+            .rev()
+            .find(|(p, _)| p == path)
+            .map(|(_, b)| b.clone())
+    }
+}
+
+struct FakeState {
+    script: Arc<Script>,
+    bodies: Arc<Mutex<Vec<(String, Bytes)>>>,
+    hits: Arc<AtomicUsize>,
+    dropped: Arc<AtomicUsize>,
+    health: Arc<Mutex<StatusCode>>,
+}
+
+struct DropFlag(Arc<AtomicUsize>);
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+async fn handle(State(s): State<Arc<FakeState>>, req: axum::extract::Request) -> Response {
+    let path = req.uri().path().to_string();
+    if path == "/health" {
+        return (*s.health.lock()).into_response();
+    }
+    let body = axum::body::to_bytes(req.into_body(), 1 << 24)
+        .await
+        .unwrap_or_default();
+    let n = s.hits.fetch_add(1, Ordering::SeqCst);
+    s.bodies.lock().push((path.clone(), body.clone()));
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    match (s.script)(&path, &v, n) {
+        Reply::Json(st, v) => (st, axum::Json(v)).into_response(),
+        Reply::Sse(events, then_break) => {
+            let mut frames: Vec<Result<Bytes, std::io::Error>> = events
+                .into_iter()
+                .map(|e| Ok(Bytes::from(format!("data: {e}\n\n"))))
+                .collect();
+            if then_break {
+                frames.push(Err(std::io::Error::other("cut")));
+            } else {
+                frames.push(Ok(Bytes::from_static(b"data: [DONE]\n\n")));
+            }
+            // Each frame after a yield: the server flushes what it has before the next one,
+            // so a cut really happens after the events were on the wire.
+            let frames = futures::stream::iter(frames).then(|f| async move {
+                tokio::task::yield_now().await;
+                f
+            });
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Body::from_stream(frames))
+                .expect("response")
+        }
+        Reply::Hang => {
+            let _flag = DropFlag(s.dropped.clone());
+            futures::future::pending::<()>().await;
+            unreachable!()
+        }
+    }
+}
+
+/// Starts a fake backend whose replies come from `script(path, body, nth_request)`.
+pub async fn fake(script: impl Fn(&str, &Value, usize) -> Reply + Send + Sync + 'static) -> Fake {
+    let bodies = Arc::new(Mutex::new(Vec::new()));
+    let hits = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let health = Arc::new(Mutex::new(StatusCode::OK));
+    let state = Arc::new(FakeState {
+        script: Arc::new(script),
+        bodies: bodies.clone(),
+        hits: hits.clone(),
+        dropped: dropped.clone(),
+        health: health.clone(),
+    });
+    let app = axum::Router::new().fallback(handle).with_state(state);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Fake {
+        url,
+        bodies,
+        hits,
+        dropped,
+        health_status: health,
+        task,
+    }
+}
+
+/// A fake SGLang answer with `n` output tokens.
+pub fn answer(n: usize) -> Value {
+    serde_json::json!({
+        "text": "x".repeat(n),
+        "output_ids": vec![120; n],
+        "meta_info": {"finish_reason": {"type": "length", "length": n}, "weight_version": "v1",
+                      "input_token_logprobs": [], "output_token_logprobs": []}
+    })
+}
+
+/// A plain client.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+/// POST raw bytes, return (status, JSON or string).
+pub async fn post_raw(url: &str, body: &str, auth: Option<&str>) -> (u16, Value) {
+    let mut r = client()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(k) = auth {
+        r = r.bearer_auth(k);
+    }
+    let r = r.send().await.expect("request sent");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// POST JSON.
+pub async fn post(url: &str, body: &Value) -> (u16, Value) {
+    post_raw(url, &body.to_string(), None).await
+}
+
+/// GET, return (status, JSON or string).
+pub async fn get(url: &str, auth: Option<&str>) -> (u16, Value) {
+    let mut r = client().get(url);
+    if let Some(k) = auth {
+        r = r.bearer_auth(k);
+    }
+    let r = r.send().await.expect("request sent");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// Asserts `v` is exactly one error envelope with `code`.
+pub fn assert_envelope(v: &Value, code: u16) {
+    let o = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"));
+    assert_eq!(o.len(), 5, "{v}");
+    assert_eq!(o["object"], "error");
+    assert_eq!(o["code"], code);
+    assert!(o["param"].is_null());
+    assert!(o["type"].is_string());
+    assert!(!o["message"].as_str().unwrap_or("").is_empty());
+}
+
+/// A gateway over `workers` with probing off and no retry backoff.
+pub async fn gw(pd: bool, workers: Vec<WorkerSpec>, max_retries: u32) -> GatewayHandle {
+    gateway::start(GatewayConfig {
+        pd,
+        workers,
+        max_retries,
+        retry_backoff: Duration::ZERO,
+        router: RouterConfig {
+            health: HealthConfig {
+                interval: Duration::ZERO,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await
+    .expect("gateway starts")
+}

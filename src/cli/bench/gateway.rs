@@ -1,0 +1,490 @@
+//! `troupe bench gateway`: what the gateway adds to a request.
+//!
+//! Closed-loop load (`--concurrency` clients, `--requests` in all) against backends that
+//! answer SGLang's `/generate` after a fixed latency, measured twice: straight to the backends
+//! (client-side round robin), and through the target: by default an in-process gateway started
+//! here, or any router given with `--target` (e.g. SGLang's `sglang-router`) that fronts the same
+//! backends. The backends this command starts listen on `--backend-port-base`, `+1`, ... when
+//! given (so an external router can be launched against them first), and `--register` adds them
+//! to the target with `POST /workers`.
+//!
+//! Non-stream requests measure the whole request; `--stream` measures the time to the first
+//! streamed event. Figures: `gateway.<direct|target>.<p50_ms|p99_ms|rps>` and
+//! `gateway.added.<p50_ms|p99_ms>` (target minus direct).
+//!
+//! Backends and the in-process gateway run on their own runtimes so the load generator does
+//! not delay their timers.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use troupe_serving::gateway::{self, GatewayConfig};
+use troupe_serving::health::HealthConfig;
+use troupe_serving::policy::PolicyKind;
+use troupe_serving::{RouterConfig, WorkerSpec};
+
+/// Settings of the gateway benchmark.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewayBenchArgs {
+    /// Router URL to measure instead of an in-process gateway; it must front the backends this
+    /// command starts (see --backend-port-base and --register).
+    #[arg(long)]
+    pub target: Option<String>,
+    /// Clients in the closed loop.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub concurrency: u64,
+    /// Requests per measurement.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
+    pub requests: u64,
+    /// Streamed requests: measure the time to the first event.
+    #[arg(long)]
+    pub stream: bool,
+    /// Print one JSON object instead of one line per figure.
+    #[arg(long)]
+    pub json: bool,
+    /// Fixed backend latency (to the answer, or to the first streamed event), in ms.
+    #[arg(long, default_value_t = 5.0)]
+    pub backend_latency_ms: f64,
+    /// Number of fixed-latency backends.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub backends: u64,
+    /// First port of the backends (default: any free ports).
+    #[arg(long)]
+    pub backend_port_base: Option<u16>,
+    /// Register the backends with --target via `POST /workers`.
+    #[arg(long)]
+    pub register: bool,
+    /// Events per streamed answer.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub stream_events: u64,
+    /// How long to wait for --target to answer before giving up, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub target_wait_s: u64,
+    /// Process id of the --target router on this machine: also report the CPU time it spent
+    /// per request (`gateway.target.cpu_us_per_req`), the router's own cost whatever else
+    /// shares the machine.
+    #[arg(long)]
+    pub target_pid: Option<u32>,
+}
+
+/// User plus system CPU time of process `pid` so far.
+fn cpu_time(pid: u32) -> Result<Duration, String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| format!("--target-pid {pid}: {e}"))?;
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // After the command name: state is field 3, utime 14 and stime 15 (1-based, man proc).
+    let ticks = |i: usize| -> Result<u64, String> {
+        fields
+            .get(i - 3)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("--target-pid {pid}: unreadable /proc/{pid}/stat"))
+    };
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|h| *h > 0)
+        .unwrap_or(100) as f64;
+    Ok(Duration::from_secs_f64(
+        (ticks(14)? + ticks(15)?) as f64 / hz,
+    ))
+}
+
+#[derive(Debug)]
+struct Backend {
+    latency: Duration,
+    events: usize,
+}
+
+fn answer() -> Value {
+    json!({"text": "ok ok ok ok", "output_ids": [111, 107, 32, 111, 107, 32, 111, 107],
+           "meta_info": {"id": "bench", "finish_reason": {"type": "length", "length": 8},
+                         "prompt_tokens": 8, "completion_tokens": 8, "cached_tokens": 0}})
+}
+
+async fn generate(State(b): State<Arc<Backend>>, body: Bytes) -> Response {
+    let stream = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("stream").and_then(Value::as_bool))
+        .unwrap_or(false);
+    tokio::time::sleep(b.latency).await;
+    if !stream {
+        return axum::Json(answer()).into_response();
+    }
+    let mut frames: Vec<Result<Bytes, std::convert::Infallible>> = (0..b.events)
+        .map(|i| {
+            Ok(Bytes::from(format!(
+                "data: {}\n\n",
+                json!({"text": "ok", "output_ids": [i], "meta_info": {"finish_reason": null}})
+            )))
+        })
+        .collect();
+    frames.push(Ok(Bytes::from_static(b"data: [DONE]\n\n")));
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(futures::stream::iter(frames)))
+        .unwrap_or_else(|_| axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+async fn info() -> Response {
+    axum::Json(
+        json!({"model_path": "bench", "tokenizer_path": null, "is_generation": true,
+                      "disaggregation_mode": "null", "dp_size": 1, "tp_size": 1,
+                      "data": [{"id": "bench", "object": "model"}]}),
+    )
+    .into_response()
+}
+
+fn backend_app(b: Arc<Backend>) -> axum::Router {
+    axum::Router::new()
+        .route("/generate", post(generate))
+        .route("/v1/completions", post(generate))
+        .route("/health", get(|| async { "ok" }))
+        .route("/health_generate", get(|| async { "ok" }))
+        .route("/get_server_info", get(info))
+        .route("/server_info", get(info))
+        .route("/get_model_info", get(info))
+        .route("/model_info", get(info))
+        .route("/v1/models", get(info))
+        .with_state(b)
+}
+
+/// Servers on a runtime of their own, shut down on drop.
+struct Side {
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+fn runtime(threads: usize, name: &str) -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the {name} runtime: {e}"))
+}
+
+async fn start_backends(args: &GatewayBenchArgs) -> Result<(Side, Vec<String>), String> {
+    let rt = runtime(2, "bench-backend")?;
+    let b = Arc::new(Backend {
+        latency: Duration::from_secs_f64(args.backend_latency_ms.max(0.0) / 1e3),
+        events: args.stream_events as usize,
+    });
+    let mut urls = Vec::new();
+    for i in 0..args.backends {
+        let port = match args.backend_port_base {
+            Some(p) => p
+                .checked_add(i as u16)
+                .ok_or("--backend-port-base too high")?,
+            None => 0,
+        };
+        let l = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .map_err(|e| format!("cannot bind backend port {port}: {e}"))?;
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        let l = l.into_std().map_err(|e| e.to_string())?;
+        let app = backend_app(b.clone());
+        rt.spawn(async move {
+            match tokio::net::TcpListener::from_std(l) {
+                Ok(l) => {
+                    use axum::serve::ListenerExt;
+                    let l = l.tap_io(|t| {
+                        let _ = t.set_nodelay(true);
+                    });
+                    let _ = axum::serve(l, app).await;
+                }
+                Err(e) => eprintln!("backend: {e}"),
+            }
+        });
+        urls.push(format!("http://{addr}"));
+    }
+    Ok((Side { rt: Some(rt) }, urls))
+}
+
+fn client(concurrency: usize) -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .no_proxy()
+        .pool_max_idle_per_host(concurrency * 2)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+fn body(stream: bool) -> Bytes {
+    Bytes::from(
+        json!({"text": "benchmark prompt", "sampling_params": {"max_new_tokens": 8, "temperature": 0}, "stream": stream})
+            .to_string(),
+    )
+}
+
+/// One request; returns the latency that counts (whole answer, or first streamed event).
+async fn one(
+    c: &reqwest::Client,
+    url: &str,
+    body: Bytes,
+    stream: bool,
+) -> Result<Duration, String> {
+    let t0 = Instant::now();
+    let r = c
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    if !r.status().is_success() {
+        let st = r.status();
+        return Err(format!(
+            "{url}: {st}: {}",
+            r.text().await.unwrap_or_default()
+        ));
+    }
+    if !stream {
+        r.bytes().await.map_err(|e| format!("{url}: {e}"))?;
+        return Ok(t0.elapsed());
+    }
+    let mut s = r.bytes_stream();
+    let mut first = None;
+    while let Some(chunk) = s.next().await {
+        let chunk = chunk.map_err(|e| format!("{url}: {e}"))?;
+        if first.is_none() && chunk.windows(5).any(|w| w == b"data:") {
+            first = Some(t0.elapsed());
+        }
+    }
+    first.ok_or_else(|| format!("{url}: stream without events"))
+}
+
+struct Run {
+    p50_ms: f64,
+    p99_ms: f64,
+    rps: f64,
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1e3
+}
+
+/// Closed loop over `urls` (round robin), `requests` in all.
+async fn closed_loop(
+    c: &reqwest::Client,
+    urls: &[String],
+    args: &GatewayBenchArgs,
+    requests: usize,
+) -> Result<Run, String> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let urls: Arc<Vec<String>> = Arc::new(urls.iter().map(|u| format!("{u}/generate")).collect());
+    let b = body(args.stream);
+    let t0 = Instant::now();
+    let workers = (0..args.concurrency).map(|_| {
+        let (c, next, urls, b, stream) = (
+            c.clone(),
+            next.clone(),
+            urls.clone(),
+            b.clone(),
+            args.stream,
+        );
+        tokio::spawn(async move {
+            let mut lat = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= requests {
+                    return Ok::<_, String>(lat);
+                }
+                lat.push(one(&c, &urls[i % urls.len()], b.clone(), stream).await?);
+            }
+        })
+    });
+    let mut all = Vec::with_capacity(requests);
+    for w in futures::future::join_all(workers).await {
+        all.extend(w.map_err(|e| e.to_string())??);
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    all.sort_unstable();
+    Ok(Run {
+        p50_ms: pct(&all, 0.5),
+        p99_ms: pct(&all, 0.99),
+        rps: all.len() as f64 / wall.max(1e-9),
+    })
+}
+
+async fn wait_for(c: &reqwest::Client, url: &str, stream: bool, secs: u64) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        match one(c, &format!("{url}/generate"), body(stream), stream).await {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(format!("target never answered: {e}"));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+async fn register(c: &reqwest::Client, target: &str, backends: &[String]) -> Result<(), String> {
+    for b in backends {
+        let r = c
+            .post(format!("{target}/workers"))
+            .json(&json!({"url": b, "worker_type": "regular"}))
+            .send()
+            .await
+            .map_err(|e| format!("POST {target}/workers: {e}"))?;
+        if !r.status().is_success() {
+            return Err(format!("POST {target}/workers {b}: {}", r.status()));
+        }
+    }
+    Ok(())
+}
+
+/// Runs the benchmark; returns the figures.
+pub async fn run(args: &GatewayBenchArgs) -> Result<Vec<(String, f64)>, String> {
+    if !(args.backend_latency_ms.is_finite() && args.backend_latency_ms >= 0.0) {
+        return Err("--backend-latency-ms must be a non-negative number".into());
+    }
+    let (_backends, urls) = start_backends(args).await?;
+    let c = client(args.concurrency as usize)?;
+    let mut _gw_side = None;
+    let target = match &args.target {
+        Some(t) => {
+            let t = t.trim_end_matches('/').to_string();
+            if args.register {
+                register(&c, &t, &urls).await?;
+            }
+            t
+        }
+        None => {
+            let rt = runtime(2, "bench-gateway")?;
+            let cfg = GatewayConfig {
+                workers: urls.iter().map(WorkerSpec::regular).collect(),
+                router: RouterConfig {
+                    policy: PolicyKind::RoundRobin,
+                    health: HealthConfig {
+                        interval: Duration::ZERO,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let handle = rt
+                .spawn(gateway::start(cfg))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("gateway: {e}"))?;
+            let url = handle.url();
+            // The handle lives (and the gateway serves) as long as its runtime.
+            rt.spawn(async move {
+                futures::future::pending::<()>().await;
+                drop(handle);
+            });
+            _gw_side = Some(Side { rt: Some(rt) });
+            url
+        }
+    };
+    wait_for(&c, &target, args.stream, args.target_wait_s).await?;
+    let warm = (args.concurrency as usize * 4).min(args.requests as usize);
+    let n = args.requests as usize;
+    closed_loop(&c, &urls, args, warm).await?;
+    let direct = closed_loop(&c, &urls, args, n).await?;
+    closed_loop(&c, std::slice::from_ref(&target), args, warm).await?;
+    let cpu0 = args.target_pid.map(cpu_time).transpose()?;
+    let through = closed_loop(&c, std::slice::from_ref(&target), args, n).await?;
+    let cpu_per_req = match (args.target_pid, cpu0) {
+        (Some(pid), Some(t0)) => {
+            Some((cpu_time(pid)?.saturating_sub(t0)).as_secs_f64() * 1e6 / n.max(1) as f64)
+        }
+        _ => None,
+    };
+    let mut out = Vec::new();
+    for (name, r) in [("direct", &direct), ("target", &through)] {
+        out.push((format!("gateway.{name}.p50_ms"), r.p50_ms));
+        out.push((format!("gateway.{name}.p99_ms"), r.p99_ms));
+        out.push((format!("gateway.{name}.rps"), r.rps));
+    }
+    out.push((
+        "gateway.added.p50_ms".into(),
+        through.p50_ms - direct.p50_ms,
+    ));
+    out.push((
+        "gateway.added.p99_ms".into(),
+        through.p99_ms - direct.p99_ms,
+    ));
+    if let Some(us) = cpu_per_req {
+        out.push(("gateway.target.cpu_us_per_req".into(), us));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn in_process_run_reports_every_figure() {
+        let args = GatewayBenchArgs {
+            target: None,
+            concurrency: 4,
+            requests: 40,
+            stream: false,
+            json: false,
+            backend_latency_ms: 1.0,
+            backends: 2,
+            backend_port_base: None,
+            register: false,
+            stream_events: 3,
+            target_wait_s: 10,
+            target_pid: None,
+        };
+        for stream in [false, true] {
+            let a = GatewayBenchArgs {
+                stream,
+                ..args.clone()
+            };
+            let figs = tokio::time::timeout(Duration::from_secs(60), run(&a))
+                .await
+                .expect("in time")
+                .expect("runs");
+            let names: Vec<&str> = figs.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(
+                names,
+                [
+                    "gateway.direct.p50_ms",
+                    "gateway.direct.p99_ms",
+                    "gateway.direct.rps",
+                    "gateway.target.p50_ms",
+                    "gateway.target.p99_ms",
+                    "gateway.target.rps",
+                    "gateway.added.p50_ms",
+                    "gateway.added.p99_ms"
+                ]
+            );
+            for (n, v) in &figs {
+                assert!(v.is_finite(), "{n}");
+            }
+            assert!(
+                figs[0].1 >= 1.0,
+                "the backend latency is part of every request"
+            );
+        }
+    }
+}

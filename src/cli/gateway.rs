@@ -1,0 +1,174 @@
+//! `troupe gateway`: Troupe's PD-aware router and gateway as a standalone process, in front
+//! of servers someone else started — what `sglang-router --worker-urls ...` (or its
+//! `--pd-disaggregation --prefill URL PORT --decode URL` form) is for SGLang users.
+//!
+//! It prints `gateway listening on URL` when ready and serves until SIGINT/SIGTERM. Workers can
+//! also be added and removed later through the SGLang-compatible admin API (`POST /workers`,
+//! `DELETE /workers/{id}`).
+
+use std::time::Duration;
+
+use troupe_serving::gateway::{self, GatewayConfig};
+use troupe_serving::health::HealthConfig;
+use troupe_serving::policy::PolicyKind;
+use troupe_serving::{RouterConfig, WorkerSpec};
+
+/// Flags of `troupe gateway`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewayArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:30000")]
+    pub listen: String,
+    /// Regular workers (`http://host:port`), comma-separated or repeated.
+    #[arg(long, value_delimiter = ',')]
+    pub worker_urls: Vec<String>,
+    /// A prefill worker: `URL` or `URL,BOOTSTRAP_PORT` (repeat for more).
+    #[arg(long)]
+    pub prefill: Vec<String>,
+    /// A decode worker URL (repeat for more).
+    #[arg(long)]
+    pub decode: Vec<String>,
+    /// Policy for regular workers, and the default for prefill / decode:
+    /// round_robin | random | power_of_two | sticky.
+    #[arg(long, default_value = "power_of_two")]
+    pub policy: String,
+    /// Policy for prefill workers (default: --policy).
+    #[arg(long)]
+    pub prefill_policy: Option<String>,
+    /// Policy for decode workers (default: --policy).
+    #[arg(long)]
+    pub decode_policy: Option<String>,
+    /// Retries of a failed request on another worker (pair).
+    #[arg(long, default_value_t = 3)]
+    pub max_retries: u32,
+    /// Seconds between health probes of each worker (0: no probing).
+    #[arg(long, default_value_t = 5.0)]
+    pub health_interval_s: f64,
+    /// Bearer key the admin endpoints require; required off loopback. Prefer the variable.
+    #[arg(long, env = "TROUPE_ADMIN_KEY", hide_env_values = true)]
+    pub admin_key: Option<String>,
+    /// Bearer key sent to the workers (their `--api-key`).
+    #[arg(long, env = "TROUPE_WORKER_API_KEY", hide_env_values = true)]
+    pub worker_api_key: Option<String>,
+}
+
+fn policy(flag: &str, name: &str) -> Result<PolicyKind, String> {
+    PolicyKind::parse(name).map_err(|e| format!("{flag}: {e}"))
+}
+
+/// The gateway configuration the flags describe; every bad flag is named.
+pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
+    let mut workers: Vec<WorkerSpec> = a.worker_urls.iter().map(WorkerSpec::regular).collect();
+    for p in &a.prefill {
+        let (url, port) = match p.split_once(',') {
+            Some((u, port)) => {
+                let port: u16 = port.trim().parse().map_err(|_| {
+                    format!("--prefill {p:?}: the bootstrap port must be a number 1-65535 (write URL,PORT)")
+                })?;
+                (u.trim(), Some(port))
+            }
+            None => (p.trim(), None),
+        };
+        workers.push(WorkerSpec::prefill(url, port));
+    }
+    workers.extend(a.decode.iter().map(WorkerSpec::decode));
+    let pd = !a.prefill.is_empty() || !a.decode.is_empty();
+    if pd && !a.worker_urls.is_empty() {
+        return Err(
+            "--worker-urls cannot be mixed with --prefill / --decode: a gateway routes either regular workers or PD pairs"
+                .into(),
+        );
+    }
+    if pd && (a.prefill.is_empty() || a.decode.is_empty()) {
+        return Err("PD mode needs at least one --prefill and one --decode".into());
+    }
+    if !(a.health_interval_s.is_finite() && a.health_interval_s >= 0.0) {
+        return Err("--health-interval-s must be a non-negative number of seconds".into());
+    }
+    let base = policy("--policy", &a.policy)?;
+    Ok(GatewayConfig {
+        listen: a.listen.clone(),
+        pd,
+        router: RouterConfig {
+            policy: base,
+            prefill_policy: match &a.prefill_policy {
+                Some(p) => policy("--prefill-policy", p)?,
+                None => base,
+            },
+            decode_policy: match &a.decode_policy {
+                Some(p) => policy("--decode-policy", p)?,
+                None => base,
+            },
+            health: HealthConfig {
+                interval: Duration::from_secs_f64(a.health_interval_s),
+                ..HealthConfig::default()
+            },
+            ..RouterConfig::default()
+        },
+        admin_key: a.admin_key.clone().filter(|k| !k.is_empty()),
+        worker_api_key: a.worker_api_key.clone().filter(|k| !k.is_empty()),
+        max_retries: a.max_retries,
+        workers,
+        ..GatewayConfig::default()
+    })
+}
+
+/// Runs `troupe gateway` until SIGINT/SIGTERM.
+pub async fn run(a: &GatewayArgs) -> Result<(), String> {
+    let cfg = config(a)?;
+    let handle = gateway::start(cfg).await.map_err(|e| e.to_string())?;
+    println!("gateway listening on {}", handle.url());
+    super::shutdown_signal().await;
+    handle.shutdown().await.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        g: GatewayArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<GatewayConfig, String> {
+        let cli = Cli::try_parse_from(std::iter::once("gateway").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        config(&cli.g)
+    }
+
+    #[test]
+    fn flags_become_a_gateway_config_and_bad_ones_are_named() {
+        let c = parse(&[
+            "--prefill",
+            "http://p:30000,8998",
+            "--decode",
+            "http://d:30001",
+            "--decode-policy",
+            "round_robin",
+        ])
+        .unwrap();
+        assert!(c.pd);
+        assert_eq!(c.workers[0].bootstrap_port, Some(8998));
+        assert_eq!(c.router.decode_policy, PolicyKind::RoundRobin);
+        assert_eq!(c.router.prefill_policy, PolicyKind::PowerOfTwo);
+        let r = parse(&["--worker-urls", "http://a:1,http://b:2"]).unwrap();
+        assert!(!r.pd);
+        assert_eq!(r.workers.len(), 2);
+        for (args, needle) in [
+            (vec!["--prefill", "http://p:1,port"], "bootstrap port"),
+            (vec!["--prefill", "http://p:1"], "--decode"),
+            (vec!["--policy", "fastest"], "--policy"),
+            (
+                vec!["--worker-urls", "http://a:1", "--decode", "http://d:1"],
+                "cannot be mixed",
+            ),
+            (vec!["--health-interval-s=-1"], "non-negative"),
+        ] {
+            let e = parse(&args).unwrap_err();
+            assert!(e.contains(needle), "{args:?}: {e}");
+        }
+    }
+}

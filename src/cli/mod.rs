@@ -1,0 +1,235 @@
+//! `troupe`: the one binary's subcommands (host, serve, run, gateway, alloc, quantize, engine,
+//! bench), each a thin layer over the library crates: flags in, a library call, a summary out.
+//!
+//! They live in the root package's library (not only in `main.rs`) so the workspace's
+//! integration tests can call what the commands call (e.g. the chaos benchmark's core).
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+pub mod bench;
+pub mod gateway;
+pub mod host;
+pub mod quantize;
+pub mod serve;
+
+/// The `troupe` command line.
+#[derive(Parser)]
+#[command(
+    name = "troupe",
+    version,
+    about = "Actor-based single-controller runtime for LLM RL post-training"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run an actor host (one per node) until SIGTERM/SIGINT.
+    Host(host::HostArgs),
+    /// Parse an allocation mode and print the plan (and, with --hosts, the placement).
+    Alloc(troupe_scheduler::cli::AllocArgs),
+    /// Convert a BF16/F32 safetensors checkpoint to FP8 (e4m3, block-wise scales).
+    Quantize(quantize::QuantizeArgs),
+    /// Run the reference inference engine (speaks SGLang's HTTP protocol, PD included).
+    Engine(Box<troupe_engine::cli::EngineArgs>),
+    /// The main job: asynchronous GRPO through PD rollout serving with weight sync every step.
+    Run(troupe_controller::run::RunArgs),
+    /// Bring up rollout serving from a YAML config and print the gateway address.
+    Serve(serve::ServeArgs),
+    /// Troupe's PD-aware router and gateway alone, in front of servers started elsewhere.
+    Gateway(gateway::GatewayArgs),
+    /// Benchmarks; each prints one line per figure.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Actor call cost: raw ractor, in-process host, host subprocess over gRPC.
+    Rpc(bench::rpc::RpcArgs),
+    /// Gateway overhead: closed-loop load through the gateway (or --target) vs backends directly.
+    Gateway(bench::gateway::GatewayBenchArgs),
+    /// Fault tolerance: load through an in-process PD deployment while a random server is
+    /// killed every few seconds; counts requests sent, answered, retried and lost.
+    Chaos(bench::chaos::ChaosArgs),
+    /// Weight broadcast over the chained TCP transport to 1..N in-process receivers.
+    Broadcast {
+        /// Receiver counts to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        receivers: Vec<usize>,
+        /// MiB of bf16 weights per run.
+        #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65536))]
+        mib: u64,
+        /// Quantize to FP8 on the way (quantize time included).
+        #[arg(long)]
+        fp8: bool,
+        /// Print one JSON object instead of one line per figure.
+        #[arg(long)]
+        json: bool,
+    },
+    /// FP8 block quantization throughput of a 4096x14336 bf16 matrix, beside memcpy.
+    Fp8 {
+        /// Print one JSON object instead of one line per figure.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TROUPE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn fail(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {msg}");
+    ExitCode::FAILURE
+}
+
+/// Parses argv and runs the chosen subcommand; the binary's whole `main`.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+    };
+    match &cli.cmd {
+        Cmd::Quantize(a) => {
+            return match quantize::run(a) {
+                Ok(summary) => {
+                    println!("{summary}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            };
+        }
+        Cmd::Bench(BenchCmd::Fp8 { json }) => {
+            bench::print_figures(&troupe_weights::bench::bench_fp8(), *json);
+            return ExitCode::SUCCESS;
+        }
+        _ => {}
+    }
+    if let Cmd::Alloc(a) = &cli.cmd {
+        // Pure computation: no runtime. An invalid mode is a usage error (exit 2).
+        return match troupe_scheduler::cli::run_alloc(a) {
+            Ok(out) => {
+                println!("{out}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    rt.block_on(async move {
+        match cli.cmd {
+            Cmd::Host(a) => match host::run(a).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            },
+            Cmd::Alloc(_) | Cmd::Quantize(_) | Cmd::Bench(BenchCmd::Fp8 { .. }) => {
+                ExitCode::SUCCESS // handled above, without a runtime
+            }
+            Cmd::Gateway(a) => match gateway::run(&a).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            },
+            Cmd::Engine(a) => match troupe_engine::serve(*a).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            },
+            Cmd::Run(a) => match troupe_controller::run::run(&a).await {
+                Ok(s) => {
+                    println!(
+                        "done: {} steps in {:.1} s; reward {:.3} -> {:.3}; max staleness {}",
+                        s.steps,
+                        s.total_seconds,
+                        s.baseline_reward,
+                        s.final_reward,
+                        s.max_staleness_seen
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            },
+            Cmd::Serve(a) => match serve::run(&a).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            },
+            Cmd::Bench(BenchCmd::Broadcast {
+                receivers,
+                mib,
+                fp8,
+                json,
+            }) => {
+                if receivers.is_empty() || receivers.contains(&0) {
+                    return fail("--receivers takes positive counts, e.g. --receivers 1,2,4,8");
+                }
+                match troupe_weights::broadcast_bench::bench_broadcast(
+                    &receivers,
+                    mib as usize,
+                    fp8,
+                )
+                .await
+                {
+                    Ok(figs) => {
+                        bench::print_figures(&figs, json);
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => fail(e),
+                }
+            }
+            Cmd::Bench(BenchCmd::Gateway(a)) => match bench::gateway::run(&a).await {
+                Ok(figs) => {
+                    bench::print_figures(&figs, a.json);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            },
+            Cmd::Bench(BenchCmd::Chaos(a)) => match bench::chaos::run(&a).await {
+                Ok(figs) => {
+                    bench::print_figures(&figs, a.json);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            },
+            Cmd::Bench(BenchCmd::Rpc(a)) => match bench::rpc::run(&a).await {
+                Ok(figs) => {
+                    bench::print_figures(&figs, a.json);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            },
+        }
+    })
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => {}
+                _ = i.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! `troupe serve CONFIG [key.path=value ...]`: bring up what the config describes, print the
+//! gateway address, serve until SIGINT/SIGTERM, then tear everything down.
+
+use std::path::PathBuf;
+
+use troupe_controller::serve::config::{SchedulerType, ServeConfig};
+use troupe_controller::serve::setup::{admin_key, cluster_builder, cluster_for, fork_options};
+use troupe_controller::serve::{InferenceService, ServingEvent};
+use troupe_controller::{Cluster, api};
+use troupe_scheduler::AllocationPlan;
+
+use super::shutdown_signal;
+
+/// Flags of `troupe serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// YAML config (see examples/configs/pd-local.yaml).
+    pub config: PathBuf,
+    /// Overrides as dotted.key=value, e.g. rollout.max_concurrent_rollouts=64.
+    pub overrides: Vec<String>,
+    /// Also serve the controller's gRPC API (weight sync for external trainers) here.
+    #[arg(long)]
+    pub api_listen: Option<std::net::SocketAddr>,
+    /// Where to keep the state a restarted controller reattaches from (written by default
+    /// for the `local` scheduler, whose hosts outlive the controller:
+    /// `troupe-serve.state.json` in the working directory).
+    #[arg(long)]
+    pub state_file: Option<PathBuf>,
+    /// Reattach to the hosts, servers and gateway in the state file instead of launching.
+    #[arg(long)]
+    pub recover: bool,
+}
+
+/// Default state file name (in the working directory).
+pub const DEFAULT_STATE_FILE: &str = "troupe-serve.state.json";
+
+/// The state file to write, if the hosts can outlive this controller.
+fn state_path(a: &ServeArgs, cfg: &ServeConfig) -> Option<PathBuf> {
+    match (&a.state_file, cfg.scheduler.kind) {
+        (Some(p), _) => Some(p.clone()),
+        (None, SchedulerType::Local) => Some(PathBuf::from(DEFAULT_STATE_FILE)),
+        // In-process hosts die with the controller; Slurm hosts stop when its connection
+        // closes (a dead controller must not leave a job holding GPUs).
+        (None, SchedulerType::Inprocess | SchedulerType::Slurm) => None,
+    }
+}
+
+/// Keeps the state file current: written now, and again whenever a server is re-placed.
+fn keep_state(
+    path: PathBuf,
+    svc: &InferenceService,
+    cluster: &Cluster,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    svc.state(cluster).save(&path).map_err(|e| e.to_string())?;
+    eprintln!(
+        "state: {} (after a controller crash, `troupe serve CONFIG --recover` reattaches)",
+        path.display()
+    );
+    // Re-placements change the heads and engines: write the state again after each.
+    let mut events = svc.serving_events();
+    let snapshot = svc.state_source(cluster);
+    Ok(tokio::spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(ServingEvent::Replaced { .. }) => {
+                    if let Err(e) = snapshot().save(&path) {
+                        tracing::warn!("cannot update the state file: {e}");
+                    }
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => return,
+            }
+        }
+    }))
+}
+
+/// `troupe serve --recover`: reattach to what the state file names.
+async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
+    match cfg.scheduler.kind {
+        SchedulerType::Local => {}
+        SchedulerType::Inprocess => {
+            return Err(
+                "--recover needs hosts that outlive the controller: in-process hosts died with it; use scheduler.type=local"
+                    .into(),
+            );
+        }
+        SchedulerType::Slurm => {
+            return Err(
+                "--recover needs hosts that outlive the controller: Slurm hosts stop when their controller's connection closes (so a dead controller never leaves a job holding GPUs); start a new job without --recover"
+                    .into(),
+            );
+        }
+    }
+    let path = a
+        .state_file
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_FILE));
+    let st = troupe_controller::serve::state::ServeState::load(&path).map_err(|e| e.to_string())?;
+    st.check_writer_gone()?;
+    let mut cluster = cluster_builder(cfg)
+        .connect(&st.host_addresses())
+        .await
+        .map_err(|e| format!("cannot reach the hosts named in {}: {e}", path.display()))?;
+    if cfg.scheduler.kind == SchedulerType::Local {
+        cluster.adopt_processes(&st.hosts.iter().map(|h| h.pid).collect::<Vec<_>>());
+    }
+    let svc = match InferenceService::reattach(&cluster, &st, 3).await {
+        Ok(s) => s,
+        Err(e) => {
+            return Err(format!(
+                "{e} (hosts were left running; stop them or start without --recover)"
+            ));
+        }
+    };
+    let keeper = keep_state(path.clone(), &svc, &cluster)?;
+    println!("gateway: {}", svc.gateway_url);
+    eprintln!(
+        "recovered {} servers on {} hosts from {}",
+        svc.inf_addrs.len(),
+        cluster.hosts().len(),
+        path.display()
+    );
+    shutdown_signal().await;
+    eprintln!("shutting down");
+    keeper.abort();
+    svc.teardown().await;
+    cluster.shutdown().await;
+    let _ = std::fs::remove_file(&path);
+    Ok(())
+}
+
+/// Runs `troupe serve`.
+pub async fn run(a: &ServeArgs) -> Result<(), String> {
+    let cfg = ServeConfig::load(&a.config, &a.overrides).map_err(|e| e.to_string())?;
+    if a.recover {
+        return recover(a, &cfg).await;
+    }
+    let plan =
+        AllocationPlan::parse(&cfg.allocation_mode).map_err(|e| format!("allocation_mode: {e}"))?;
+    let key = admin_key(&cfg);
+    let token = cfg.token();
+    // Refuse an unguarded API before anything starts.
+    let api_tls = match a.api_listen {
+        Some(addr) => {
+            api::check_listen(addr, token.as_deref())?;
+            cfg.tls().server().map_err(|e| format!("tls: {e}"))?
+        }
+        None => None,
+    };
+    // A signal while hosts come up drops the launch, and with it (synchronously) whatever the
+    // launcher started, e.g. the Slurm job.
+    let cluster = tokio::select! {
+        c = cluster_for(&cfg) => c?,
+        _ = shutdown_signal() => return Err("interrupted while starting hosts".into()),
+    };
+    for line in cluster.launch_info() {
+        eprintln!("{line}");
+    }
+    for h in cluster.launched() {
+        let gpus: Vec<String> = h.gpus.iter().map(|g| g.to_string()).collect();
+        eprintln!(
+            "  host {} on node {} at {} (gpus {})",
+            h.index,
+            h.node,
+            h.addr,
+            gpus.join(",")
+        );
+    }
+    let opts = fork_options(&cfg, key.clone(), true);
+    let forked = tokio::select! {
+        f = InferenceService::fork(&cluster, &plan, &opts) => Some(f),
+        _ = shutdown_signal() => None,
+    };
+    let svc = match forked {
+        Some(Ok(s)) => s,
+        Some(Err(e)) => {
+            cluster.shutdown().await;
+            return Err(e.to_string());
+        }
+        None => {
+            cluster.shutdown().await;
+            return Err("interrupted while starting servers".into());
+        }
+    };
+    // The state file exists before anyone is told the gateway is up.
+    let state = state_path(a, &cfg);
+    let keeper = match &state {
+        Some(p) => match keep_state(p.clone(), &svc, &cluster) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                svc.teardown().await;
+                cluster.shutdown().await;
+                return Err(e);
+            }
+        },
+        None => None,
+    };
+    println!("gateway: {}", svc.gateway_url);
+    if let Some(addr) = a.api_listen {
+        let heads: Vec<u32> = svc
+            .servers
+            .iter()
+            .filter(|s| s.node_rank == 0)
+            .map(|s| s.info.gpu_count)
+            .collect();
+        let api = api::ControllerApi::new(svc.control.clone(), heads)?
+            .with_token(token)
+            .with_tls(api_tls);
+        match api.spawn(addr).await {
+            Ok(bound) => println!("controller api: {bound}"),
+            Err(e) => {
+                svc.teardown().await;
+                cluster.shutdown().await;
+                return Err(e);
+            }
+        }
+    }
+    eprintln!(
+        "{} servers up in {:.2} s ({}); admin key: {key}",
+        svc.inf_addrs.len(),
+        svc.bring_up.as_secs_f64(),
+        plan
+    );
+    for s in svc.servers.iter() {
+        eprintln!(
+            "  {:<8} {}  (host {}, log {})",
+            s.info.worker_type.as_str(),
+            s.info.url,
+            s.host,
+            s.info.log_path
+        );
+    }
+    shutdown_signal().await;
+    eprintln!("shutting down");
+    if let Some(k) = keeper {
+        k.abort();
+    }
+    svc.teardown().await;
+    cluster.shutdown().await;
+    if let Some(p) = state {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}

@@ -1,0 +1,5 @@
+//! The `troupe` binary: everything is in [`troupe::cli`].
+
+fn main() -> std::process::ExitCode {
+    troupe::cli::main()
+}

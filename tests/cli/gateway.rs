@@ -1,0 +1,98 @@
+//! `troupe gateway`: the router and gateway as a standalone process in front of running
+//! servers (here a real reference engine), SIGINT to stop; bad flags are named.
+
+use crate::common;
+
+use std::process::Stdio;
+
+use common::within;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const BIN: &str = env!("CARGO_BIN_EXE_troupe");
+
+#[tokio::test]
+async fn a_standalone_gateway_routes_to_the_given_workers_and_stops_on_sigint() {
+    within(60, async {
+        let engine = troupe_engine::start(troupe_engine::cli::EngineArgs {
+            port: 0,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let mut child = tokio::process::Command::new(BIN)
+            .args(["gateway", "--listen", "127.0.0.1:0", "--worker-urls"])
+            .arg(engine.url())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = out.next_line().await.unwrap().expect("a ready line");
+        let url = line
+            .strip_prefix("gateway listening on ")
+            .expect("ready line")
+            .to_string();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let body =
+            json!({"text": "Hello", "sampling_params": {"max_new_tokens": 6, "temperature": 0}});
+        let via: Value = client
+            .post(format!("{url}/generate"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let direct: Value = client
+            .post(format!("{}/generate", engine.url()))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(via["output_ids"], direct["output_ids"], "{via}");
+        let workers: Value = client
+            .get(format!("{url}/workers"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(workers.to_string().contains(&engine.url()), "{workers}");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .unwrap();
+        assert!(child.wait().await.unwrap().success());
+        engine.shutdown().await.unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn bad_gateway_flags_are_named_and_nothing_starts() {
+    within(30, async {
+        for (args, needle) in [
+            (vec!["--prefill", "http://127.0.0.1:1"], "--decode"),
+            (vec!["--policy", "fastest"], "--policy"),
+            (vec!["--listen", "nonsense"], "nonsense"),
+        ] {
+            let out = tokio::process::Command::new(BIN)
+                .arg("gateway")
+                .args(&args)
+                .output()
+                .await
+                .unwrap();
+            assert!(!out.status.success(), "{args:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+    })
+    .await
+}

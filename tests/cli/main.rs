@@ -1,0 +1,10 @@
+//! The `troupe` binary as users run it: alloc, gateway, quantize, run, and its security checks.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod alloc;
+mod gateway;
+mod quantize;
+mod run;
+mod security;

@@ -1,0 +1,52 @@
+//! The chaos test: steady load through the gateway while a random server is killed every few
+//! seconds for a minute (`TROUPE_CHAOS_SECS` shortens or lengthens it). Lost must be 0.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::within;
+use troupe::cli::bench::chaos::run_chaos;
+use troupe_controller::Cluster;
+use troupe_controller::serve::{ForkOptions, InferenceService};
+use troupe_scheduler::AllocationPlan;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_random_server_every_few_seconds_loses_no_request() {
+    let secs: u64 = std::env::var("TROUPE_CHAOS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    within(secs + 120, async {
+        let cluster = Cluster::in_process(1, 4).await.unwrap();
+        let plan = AllocationPlan::parse("troupe:(prefill:d2t1|decode:d2t1)").unwrap();
+        let opts = ForkOptions {
+            server_restarts: 1000,
+            ..ForkOptions::default()
+        };
+        let svc = InferenceService::fork(&cluster, &plan, &opts)
+            .await
+            .unwrap();
+        let kill_every = Duration::from_secs(3);
+        let rep = run_chaos(&svc, Duration::from_secs(secs), kill_every, 8, 16, 42).await;
+        println!("{rep:?}");
+        // A tick finds no victim while the only other server of a kind is still restarting.
+        assert!(rep.kills >= secs / 6, "servers were killed: {rep:?}");
+        assert!(rep.sent > 100, "load was steady: {rep:?}");
+        assert_eq!(rep.lost, 0, "no request lost: {rep:?}");
+        assert_eq!(rep.answered, rep.sent);
+        // Every server is back and routed at the end.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while svc.capacity().degraded() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{:?}",
+                svc.capacity()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}

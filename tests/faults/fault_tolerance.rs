@@ -1,0 +1,387 @@
+//! Faults under serving: a killed server leaves the router at once, comes back on its ports,
+//! gets the current weights before it is routed again, and the next update rebuilds the group.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::model::{reference_engine, trainer_weights};
+use common::procs::kill9;
+use common::within;
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+use troupe_controller::Cluster;
+use troupe_controller::serve::{ForkOptions, InferenceService, ServingEvent};
+use troupe_controller::weight_sync::{WeightSync, WeightSyncOptions};
+use troupe_scheduler::AllocationPlan;
+use troupe_serving::actors::ListWorkers;
+
+async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
+    let body = json!({"text": format!("fault {i}: "), "sampling_params": {"max_new_tokens": 8, "temperature": 0.7, "sampling_seed": i}});
+    let r = client
+        .post(format!("{url}/generate"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let v: Value = r.json().await.unwrap();
+    assert!(status.is_success(), "{status}: {v}");
+    v
+}
+
+async fn wait_serving(
+    rx: &mut broadcast::Receiver<ServingEvent>,
+    secs: u64,
+    pred: impl Fn(&ServingEvent) -> bool,
+) -> ServingEvent {
+    within(secs, async {
+        loop {
+            match rx.recv().await {
+                Ok(e) if pred(&e) => return e,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(e) => panic!("serving events closed: {e}"),
+            }
+        }
+    })
+    .await
+}
+
+async fn routed(svc: &InferenceService) -> Vec<String> {
+    svc.gateway_handle()
+        .call(ListWorkers)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.url)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_killed_server_leaves_the_router_and_returns_on_the_current_weights() {
+    within(240, async {
+        let cluster = Cluster::in_process(1, 2).await.unwrap();
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
+        let opts = ForkOptions {
+            admin_key: Some("k".into()),
+            ..ForkOptions::default()
+        };
+        let svc = InferenceService::fork(&cluster, &plan, &opts)
+            .await
+            .unwrap();
+        let mut serving = svc.serving_events();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+
+        let sync = WeightSync::new(WeightSyncOptions::default());
+        sync.attach(&svc.control);
+        let (w, tensors) = trainer_weights(4321);
+        sync.update_weights(&svc.control, &svc.control.engines(), "v1", &tensors)
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let reference = reference_engine(w, dir.path()).await;
+
+        let victim = svc.servers[1].clone();
+        let proxy = victim.proxy_url.clone().unwrap();
+        assert!(routed(&svc).await.contains(&proxy));
+        kill9(victim.info.pid);
+        wait_serving(
+            &mut serving,
+            30,
+            |e| matches!(e, ServingEvent::Removed { url, .. } if url == &victim.info.url),
+        )
+        .await;
+        assert!(
+            !routed(&svc).await.contains(&proxy),
+            "a dead server is not routed"
+        );
+        let e = wait_serving(
+            &mut serving,
+            60,
+            |e| matches!(e, ServingEvent::CaughtUp { url, .. } if url == &victim.info.url),
+        )
+        .await;
+        assert_eq!(
+            e,
+            ServingEvent::CaughtUp {
+                url: victim.info.url.clone(),
+                version: "v1".into()
+            }
+        );
+        wait_serving(
+            &mut serving,
+            30,
+            |e| matches!(e, ServingEvent::Readmitted { url } if url == &victim.info.url),
+        )
+        .await;
+        assert!(routed(&svc).await.contains(&proxy));
+        assert!(!svc.capacity().degraded(), "{:?}", svc.capacity());
+        let new = victim
+            .actor
+            .call(troupe_serving::inference::server::GetInfo)
+            .await
+            .unwrap();
+        assert_ne!(new.pid, victim.info.pid, "a fresh process");
+        // The fresh decode serves exactly what the trainer's weights give.
+        for i in 0..4 {
+            let pd = generate(&client, &svc.gateway_url, i).await;
+            let regular = generate(&client, &reference.url(), i).await;
+            assert_eq!(pd["output_ids"], regular["output_ids"], "request {i}");
+            assert_eq!(pd["meta_info"]["weight_version"], "v1");
+        }
+        // The next update rebuilds the group with the new process in it.
+        let (_, t2) = trainer_weights(77);
+        let rep = sync
+            .update_weights(&svc.control, &svc.control.engines(), "v2", &t2)
+            .await
+            .unwrap();
+        assert!(rep.skipped.is_empty());
+        for r in svc.control.fan_out("/get_weight_version", None).await {
+            assert_eq!(r.result.unwrap()["weight_version"], "v2", "{}", r.url);
+        }
+        reference.shutdown().await.unwrap();
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn without_a_kept_update_a_restarted_server_waits_unrouted_for_the_next_one() {
+    within(240, async {
+        let cluster = Cluster::in_process(1, 3).await.unwrap();
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
+        let opts = ForkOptions {
+            admin_key: Some("k".into()),
+            ..ForkOptions::default()
+        };
+        let svc = InferenceService::fork(&cluster, &plan, &opts)
+            .await
+            .unwrap();
+        let mut serving = svc.serving_events();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let sync = WeightSync::new(WeightSyncOptions {
+            keep_for_catch_up: false,
+            ..WeightSyncOptions::default()
+        });
+        sync.attach(&svc.control);
+        let (_, t1) = trainer_weights(1);
+        sync.update_weights(&svc.control, &svc.control.engines(), "v1", &t1)
+            .await
+            .unwrap();
+
+        let victim = svc.servers[2].clone();
+        kill9(victim.info.pid);
+        wait_serving(
+            &mut serving,
+            60,
+            |e| matches!(e, ServingEvent::Held { url } if url == &victim.info.url),
+        )
+        .await;
+        let cap = svc.capacity();
+        assert!(cap.degraded());
+        assert_eq!(cap.held, vec![victim.info.url.clone()]);
+        assert!(
+            !routed(&svc)
+                .await
+                .contains(victim.proxy_url.as_ref().unwrap())
+        );
+        // Serving continues on the other decode, on one version.
+        for i in 0..3 {
+            let v = generate(&client, &svc.gateway_url, i).await;
+            assert_eq!(v["meta_info"]["weight_version"], "v1");
+        }
+        let (_, t2) = trainer_weights(2);
+        sync.update_weights(&svc.control, &svc.control.engines(), "v2", &t2)
+            .await
+            .unwrap();
+        wait_serving(
+            &mut serving,
+            30,
+            |e| matches!(e, ServingEvent::Readmitted { url } if url == &victim.info.url),
+        )
+        .await;
+        assert!(!svc.capacity().degraded());
+        for r in svc.control.fan_out("/get_weight_version", None).await {
+            assert_eq!(r.result.unwrap()["weight_version"], "v2", "{}", r.url);
+        }
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_update_while_a_server_is_down_skips_it_and_serving_goes_on() {
+    within(240, async {
+        let cluster = Cluster::in_process(1, 3).await.unwrap();
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
+        let opts = ForkOptions {
+            admin_key: Some("k".into()),
+            // Exhausted at once: the server stays down, as after a lost host.
+            server_restarts: 0,
+            ..ForkOptions::default()
+        };
+        let svc = InferenceService::fork(&cluster, &plan, &opts)
+            .await
+            .unwrap();
+        let mut serving = svc.serving_events();
+        let sync = WeightSync::new(WeightSyncOptions::default());
+        sync.attach(&svc.control);
+        let victim = svc.servers[1].clone();
+        kill9(victim.info.pid);
+        wait_serving(
+            &mut serving,
+            30,
+            |e| matches!(e, ServingEvent::Lost { url, .. } if url == &victim.info.url),
+        )
+        .await;
+        let (_, t1) = trainer_weights(5);
+        let rep = sync
+            .update_weights(&svc.control, &svc.control.engines(), "v1", &t1)
+            .await
+            .unwrap();
+        assert_eq!(rep.skipped, vec![victim.info.url.clone()]);
+        assert_eq!(svc.capacity().down, vec![victim.info.url.clone()]);
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let v = generate(&client, &svc.gateway_url, 1).await;
+        assert_eq!(v["meta_info"]["weight_version"], "v1");
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_troupe");
+
+/// Kills a host process and every process it started, as when its node goes down.
+fn kill_node(host_pid: u32) {
+    let mut kids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // ppid is the second field after the parenthesised command name.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(host_pid) {
+            kids.push(pid);
+        }
+    }
+    kill9(host_pid);
+    for k in kids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(k as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+async fn process_cluster(hosts: usize) -> Cluster {
+    Cluster::builder()
+        .binary(BIN)
+        .local_processes(hosts, 1)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_lost_hosts_server_is_re_placed_on_a_free_host_with_the_current_weights() {
+    within(240, async {
+        let cluster = process_cluster(3).await;
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
+        let svc = InferenceService::fork(&cluster, &plan, &ForkOptions::default())
+            .await
+            .unwrap();
+        let mut serving = svc.serving_events();
+        let mut events = cluster.events();
+        let sync = WeightSync::new(WeightSyncOptions::default());
+        sync.attach(&svc.control);
+        let (_, t1) = trainer_weights(9);
+        sync.update_weights(&svc.control, &svc.control.engines(), "v1", &t1)
+            .await
+            .unwrap();
+        let decode = svc.servers[1].clone();
+        assert_eq!(
+            decode.host, 1,
+            "placement: prefill on host 0, decode on host 1"
+        );
+        let t0 = std::time::Instant::now();
+        kill_node(cluster.host(1).pid());
+        common::wait_event(&mut events, 10, |e| {
+            matches!(e, troupe_controller::ClusterEvent::HostLost { host: 1, .. })
+        })
+        .await;
+        assert!(t0.elapsed() < Duration::from_secs(2), "lost within 2 s");
+        let e = wait_serving(&mut serving, 60, |e| {
+            matches!(e, ServingEvent::Replaced { .. })
+        })
+        .await;
+        let ServingEvent::Replaced { old, new, host } = e else {
+            unreachable!()
+        };
+        assert_eq!((old.as_str(), host), (decode.info.url.as_str(), 2));
+        wait_serving(
+            &mut serving,
+            60,
+            |e| matches!(e, ServingEvent::Readmitted { url } if url == &new),
+        )
+        .await;
+        assert_eq!(
+            svc.control.urls(),
+            vec![svc.servers[0].info.url.clone(), new.clone()]
+        );
+        assert!(!svc.capacity().degraded(), "{:?}", svc.capacity());
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        for i in 0..3 {
+            let v = generate(&client, &svc.gateway_url, i).await;
+            assert_eq!(v["meta_info"]["weight_version"], "v1");
+        }
+        // The next update reaches the new server through a rebuilt group.
+        let (_, t2) = trainer_weights(10);
+        sync.update_weights(&svc.control, &svc.control.engines(), "v2", &t2)
+            .await
+            .unwrap();
+        for r in svc.control.fan_out("/get_weight_version", None).await {
+            assert_eq!(r.result.unwrap()["weight_version"], "v2", "{}", r.url);
+        }
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn without_room_a_lost_host_leaves_serving_degraded_but_running() {
+    within(240, async {
+        let cluster = process_cluster(3).await;
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
+        let svc = InferenceService::fork(&cluster, &plan, &ForkOptions::default())
+            .await
+            .unwrap();
+        let mut serving = svc.serving_events();
+        let victim = svc.servers.iter().find(|s| s.host == 2).unwrap().clone();
+        kill_node(cluster.host(2).pid());
+        let e = wait_serving(&mut serving, 30, |e| matches!(e, ServingEvent::Lost { .. })).await;
+        let ServingEvent::Lost { url, reason } = e else {
+            unreachable!()
+        };
+        assert_eq!(url, victim.info.url);
+        assert!(reason.contains("not re-placed"), "{reason}");
+        let cap = svc.capacity();
+        assert!(cap.degraded());
+        assert_eq!(cap.down, vec![victim.info.url.clone()]);
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        for i in 0..3 {
+            generate(&client, &svc.gateway_url, i).await;
+        }
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}

@@ -1,0 +1,8 @@
+//! Fault tolerance: dead servers and hosts, the chaos benchmark, `--recover`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod chaos;
+mod fault_tolerance;
+mod recover;

@@ -1,0 +1,184 @@
+//! `troupe serve --recover`: a controller killed with SIGKILL is replaced by one that reattaches
+//! to the running hosts, servers and gateway from the state file, relaunching nothing.
+
+use crate::common;
+
+use std::process::Stdio;
+
+use common::procs::{alive, children_of, wait_dead};
+use common::within;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const BIN: &str = env!("CARGO_BIN_EXE_troupe");
+const CFG: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../examples/configs/pd-local.yaml"
+);
+
+async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
+    let body = json!({"text": format!("recover {i}: "), "sampling_params": {"max_new_tokens": 8}});
+    let r = client
+        .post(format!("{url}/generate"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let v: Value = r.json().await.unwrap();
+    assert!(status.is_success(), "{status}: {v}");
+    v
+}
+
+/// Kills what a failed test would leave behind (hosts outlive their controller on purpose).
+struct Reap(Vec<u32>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*p as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+async fn serve(args: &[&str]) -> (tokio::process::Child, String) {
+    let mut child = tokio::process::Command::new(BIN)
+        .arg("serve")
+        .arg(CFG)
+        .args(["scheduler.type=local", "admin_key=recover-key"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines.next_line().await.unwrap().expect("a line on stdout");
+    let url = line
+        .strip_prefix("gateway: ")
+        .expect("gateway line")
+        .to_string();
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, url)
+}
+
+#[tokio::test]
+async fn a_restarted_controller_reattaches_from_the_state_file_without_relaunching() {
+    within(240, async {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state.json");
+        let state_arg = state.to_str().unwrap();
+        let (mut first, url) = serve(&["--state-file", state_arg]).await;
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        generate(&client, &url, 0).await;
+        let hosts = children_of(first.id().unwrap());
+        assert_eq!(hosts.len(), 2, "two troupe host processes");
+        let engines: Vec<u32> = hosts.iter().flat_map(|h| children_of(*h)).collect();
+        let _reap = Reap(hosts.iter().chain(&engines).copied().collect());
+        assert_eq!(engines.len(), 4, "four engines");
+        assert!(state.exists());
+        // While it runs, a second controller may not take over.
+        let out = tokio::process::Command::new(BIN)
+            .args([
+                "serve",
+                CFG,
+                "scheduler.type=local",
+                "--recover",
+                "--state-file",
+                state_arg,
+            ])
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("still running"), "{err}");
+
+        // The controller dies; hosts, servers and gateway go on serving without it.
+        first.start_kill().unwrap();
+        first.wait().await.unwrap();
+        generate(&client, &url, 1).await;
+
+        let (mut second, url2) = serve(&["--state-file", state_arg, "--recover"]).await;
+        assert_eq!(url2, url, "the same gateway");
+        for p in hosts.iter().chain(&engines) {
+            assert!(alive(*p), "{p} was not relaunched");
+        }
+        generate(&client, &url, 2).await;
+
+        // The new controller watches the servers: a killed one is restarted and routed again.
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(engines[0] as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        for i in 3..40 {
+            generate(&client, &url, i).await;
+        }
+
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(second.id().unwrap() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .unwrap();
+        assert!(second.wait().await.unwrap().success());
+        for p in hosts.iter().chain(&engines[1..]) {
+            wait_dead(*p).await;
+        }
+        assert!(!state.exists(), "a clean shutdown removes the state file");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn recover_without_a_usable_state_file_says_why() {
+    within(30, async {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("none.json");
+        let out = tokio::process::Command::new(BIN)
+            .args([
+                "serve",
+                CFG,
+                "scheduler.type=local",
+                "--recover",
+                "--state-file",
+            ])
+            .arg(&missing)
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("none.json"), "{err}");
+
+        let garbage = dir.path().join("garbage.json");
+        std::fs::write(&garbage, "{\"format\": 99}").unwrap();
+        let out = tokio::process::Command::new(BIN)
+            .args([
+                "serve",
+                CFG,
+                "scheduler.type=local",
+                "--recover",
+                "--state-file",
+            ])
+            .arg(&garbage)
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("not usable"), "{err}");
+
+        let out = tokio::process::Command::new(BIN)
+            .args(["serve", CFG, "--recover"])
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("in-process hosts"), "{err}");
+    })
+    .await
+}

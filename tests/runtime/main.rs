@@ -1,0 +1,7 @@
+//! The actor runtime through the controller: in-process hosts and `troupe host` subprocesses.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod inprocess;
+mod processes;

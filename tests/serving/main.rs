@@ -1,0 +1,8 @@
+//! Rollout serving: PD deployments, the gateway against the reference engine, data proxies.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod gateway;
+mod gateway_proxy;
+mod pd;

@@ -1,0 +1,154 @@
+//! An external trainer drives weight sync through the controller's gRPC API: it broadcasts the
+//! tensors itself (rank 0), the controller does the engine side.
+
+use crate::common;
+
+use common::within;
+use half::bf16;
+use troupe_controller::Cluster;
+use troupe_controller::api::ControllerApi;
+use troupe_controller::serve::{ForkOptions, InferenceService};
+use troupe_engine::model::{ModelConfig, Weights};
+use troupe_scheduler::AllocationPlan;
+use troupe_weights::tcp::{TensorRef, WeightSender, WireDtype};
+use troupe_wire::v1::controller_client::ControllerClient;
+use troupe_wire::v1::{
+    BeginWeightUpdateRequest, EndWeightUpdateRequest, GetWeightPlanRequest, InitWeightGroupRequest,
+    Shape, WeightBucketRequest,
+};
+
+#[tokio::test]
+async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
+    within(120, async {
+        let cluster = Cluster::in_process(1, 4).await.unwrap();
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t2)").unwrap();
+        let svc = InferenceService::fork(&cluster, &plan, &ForkOptions::default())
+            .await
+            .unwrap();
+        let gpus: Vec<u32> = svc.servers.iter().map(|s| s.info.gpu_count).collect();
+        let addr = ControllerApi::new(svc.control.clone(), gpus)
+            .unwrap()
+            .spawn("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let mut api = ControllerClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+
+        let p = api
+            .get_weight_plan(GetWeightPlanRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(p.world_size, 4, "trainer + prefill tp1 + decode tp2");
+        assert_eq!(
+            p.engines.iter().map(|e| e.rank_offset).collect::<Vec<_>>(),
+            [1, 2]
+        );
+
+        // The trainer side: bind the broadcast master, let the controller join the engines.
+        let mut sender = WeightSender::bind("127.0.0.1:0", p.world_size as usize, "ext")
+            .await
+            .unwrap();
+        let port = sender.local_addr().unwrap().port();
+        let init = api.init_weight_group(InitWeightGroupRequest {
+            master_address: "127.0.0.1".into(),
+            master_port: port as u32,
+            group_name: "ext".into(),
+            backend: "tcp".into(),
+        });
+        let (joined, accepted) =
+            tokio::join!(init, sender.accept_all(std::time::Duration::from_secs(30)));
+        assert!(joined.unwrap().into_inner().ok);
+        accepted.unwrap();
+
+        // A malformed bucket is refused and changes nothing.
+        let bad = api
+            .weight_bucket(WeightBucketRequest {
+                names: vec!["x".into()],
+                dtypes: vec![],
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+
+        let w = Weights::init(&ModelConfig::tiny(), 4242);
+        let names = w.names();
+        let bytes: Vec<Vec<u8>> = names
+            .iter()
+            .map(|n| {
+                w.get(n)
+                    .unwrap()
+                    .data
+                    .iter()
+                    .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                    .collect()
+            })
+            .collect();
+        let shapes: Vec<Vec<usize>> = names
+            .iter()
+            .map(|n| w.get(n).unwrap().shape.clone())
+            .collect();
+        assert!(
+            api.begin_weight_update(BeginWeightUpdateRequest {
+                pause_mode: "abort".into()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .ok
+        );
+        let bucket = api.weight_bucket(WeightBucketRequest {
+            group_name: "ext".into(),
+            names: names.clone(),
+            dtypes: vec!["bfloat16".into(); names.len()],
+            shapes: shapes
+                .iter()
+                .map(|s| Shape {
+                    dims: s.iter().map(|d| *d as u64).collect(),
+                })
+                .collect(),
+            weight_version: "ext-1".into(),
+            flush_cache: true,
+        });
+        let refs: Vec<TensorRef> = names
+            .iter()
+            .zip(&shapes)
+            .zip(&bytes)
+            .map(|((n, s), b)| TensorRef {
+                name: n,
+                dtype: WireDtype::Bf16,
+                shape: s,
+                bytes: b,
+            })
+            .collect();
+        let (acked, sent) = tokio::join!(bucket, sender.send_bucket(&refs));
+        sent.unwrap();
+        let acked = acked.unwrap().into_inner();
+        assert!(acked.ok, "{:?}", acked.servers);
+        assert!(
+            api.end_weight_update(EndWeightUpdateRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .ok
+        );
+        for r in svc.control.fan_out("/get_weight_version", None).await {
+            assert_eq!(r.result.unwrap()["weight_version"], "ext-1");
+        }
+        let v: serde_json::Value = reqwest::Client::new()
+            .post(format!("{}/generate", svc.gateway_url))
+            .json(&serde_json::json!({"text": "hi", "sampling_params": {"max_new_tokens": 4}}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["meta_info"]["weight_version"], "ext-1");
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}

@@ -1,0 +1,8 @@
+//! Weight sync to every engine, the external-trainer gRPC API, asynchronous rollouts.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod external_trainer;
+mod rollout;
+mod sync;

@@ -1,0 +1,233 @@
+//! Asynchronous rollouts: the staleness bound, a full pipeline, and weight updates mid-flight.
+
+use crate::common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::within;
+use proptest::prelude::*;
+use troupe_controller::Cluster;
+use troupe_controller::rollout::{
+    InferenceClient, RlvrItem, RlvrWorkflow, RolloutController, RolloutError, RolloutOptions,
+    RolloutWorkflow, Sample, SamplingSettings, Trajectory, capacity, staleness_of,
+};
+use troupe_controller::serve::{ForkOptions, InferenceService};
+use troupe_controller::weight_sync::{WeightSync, WeightSyncOptions};
+use troupe_scheduler::AllocationPlan;
+
+proptest! {
+    #[test]
+    fn capacity_respects_both_bounds(
+        max_concurrent in 1usize..64, staleness in 0u64..4, batch in 1usize..16,
+        version in 0u64..10, accepted in 0u64..200, running in 0usize..80,
+    ) {
+        let c = capacity(max_concurrent, staleness, batch, version, accepted, running);
+        prop_assert!(running + c <= max_concurrent.max(running));
+        let budget = (staleness + version + 1) * batch as u64;
+        prop_assert!(accepted + running as u64 + c as u64 <= budget.max(accepted + running as u64));
+        // More versions never shrink capacity; more running never grows it.
+        prop_assert!(capacity(max_concurrent, staleness, batch, version + 1, accepted, running) >= c);
+        prop_assert!(capacity(max_concurrent, staleness, batch, version, accepted, running + 1) <= c);
+    }
+}
+
+#[test]
+fn synchronous_rl_admits_exactly_one_batch_per_version() {
+    assert_eq!(capacity(100, 0, 8, 0, 0, 0), 8);
+    assert_eq!(capacity(100, 0, 8, 0, 8, 0), 0);
+    assert_eq!(capacity(100, 0, 8, 1, 8, 0), 8);
+    assert_eq!(capacity(4, 0, 8, 0, 0, 0), 4, "concurrency caps it too");
+}
+
+/// A workflow that takes a while and records how many episodes run at once.
+struct Slow {
+    version: Arc<AtomicU64>,
+    running: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+impl RolloutWorkflow for Slow {
+    type Item = u64;
+    async fn run_episode(
+        &self,
+        _e: &InferenceClient,
+        item: u64,
+    ) -> Result<Option<Trajectory>, RolloutError> {
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        let v = self.version.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        if item % 7 == 3 {
+            return Ok(None); // dropped items free their slot
+        }
+        Ok(Some(Trajectory {
+            samples: vec![Sample {
+                prompt_ids: vec![1],
+                output_ids: vec![2],
+                logprobs: vec![-1.0],
+                versions: vec![v],
+                reward: 0.0,
+            }],
+        }))
+    }
+}
+
+#[tokio::test]
+async fn prepare_batch_keeps_the_pipeline_full_within_the_bounds() {
+    within(60, async {
+        let (batch, max_concurrent, max_staleness) = (8, 6, 1);
+        let wf = Arc::new(Slow {
+            version: Arc::default(),
+            running: Arc::default(),
+            peak: Arc::default(),
+        });
+        let rc = RolloutController::new(
+            InferenceClient::new("http://unused.invalid"),
+            RolloutOptions {
+                max_concurrent,
+                max_staleness,
+                batch_size: batch,
+            },
+        );
+        let mut data = 0u64..;
+        for step in 0..6u64 {
+            let b = rc
+                .prepare_batch(&mut data, wf.clone(), Duration::from_secs(20))
+                .await
+                .unwrap();
+            assert_eq!(b.len(), batch);
+            assert!(
+                staleness_of(&b, step) <= max_staleness,
+                "step {step}: staleness {}",
+                staleness_of(&b, step)
+            );
+            let st = rc.stats();
+            assert!(
+                st.running + st.waiting + st.ready > 0,
+                "the next batch is already in flight"
+            );
+            assert!(st.accepted + st.running as u64 <= (max_staleness + step + 1) * batch as u64);
+            tokio::time::sleep(Duration::from_millis(30)).await; // "training"
+            wf.version.store(step + 1, Ordering::SeqCst);
+            rc.set_version(step + 1);
+        }
+        assert!(wf.peak.load(Ordering::SeqCst) <= max_concurrent);
+        assert!(
+            rc.stats().rejected > 0,
+            "dropped items were seen and did not count as accepted"
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn paused_admission_starts_nothing_until_resumed() {
+    within(30, async {
+        let wf = Arc::new(Slow {
+            version: Arc::default(),
+            running: Arc::default(),
+            peak: Arc::default(),
+        });
+        let rc = RolloutController::new(
+            InferenceClient::new("http://unused.invalid"),
+            RolloutOptions {
+                max_concurrent: 4,
+                max_staleness: 0,
+                batch_size: 4,
+            },
+        );
+        rc.pause();
+        for i in 0..4 {
+            rc.submit(i * 7, wf.clone());
+        }
+        assert_eq!(rc.stats().running, 0);
+        assert_eq!(rc.stats().waiting, 4);
+        rc.resume();
+        let b = rc.wait(4, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(b.len(), 4);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_weight_update_during_rollouts_yields_mixed_versions_and_no_failures() {
+    within(180, async {
+        let cluster = Cluster::in_process(1, 4).await.unwrap();
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
+        let svc = InferenceService::fork(
+            &cluster,
+            &plan,
+            &ForkOptions {
+                extra_args: vec!["--sim-decode-step-ms".into(), "4".into()],
+                ..ForkOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let rc = RolloutController::new(
+            InferenceClient::new(svc.gateway_url.clone()),
+            RolloutOptions {
+                max_concurrent: 16,
+                max_staleness: 4,
+                batch_size: 8,
+            },
+        );
+        let wf = Arc::new(RlvrWorkflow {
+            n_samples: 2,
+            sampling: SamplingSettings {
+                max_new_tokens: 48,
+                temperature: 1.0,
+                ignore_eos: true,
+                ..Default::default()
+            },
+            reward: Arc::new(|_p: &[u32], o: &[u32]| o.len() as f32),
+        });
+        for i in 0..8u64 {
+            rc.submit(
+                RlvrItem {
+                    prompt_ids: vec![72, 105, 32, (i % 50) as u32 + 60],
+                    seed: i,
+                },
+                wf.clone(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(80)).await; // let generation get going
+        let (_, tensors) = common::model::trainer_weights(77);
+        let engines: Vec<(String, u32)> = svc
+            .servers
+            .iter()
+            .map(|s| (s.info.url.clone(), s.info.gpu_count))
+            .collect();
+        WeightSync::new(WeightSyncOptions::default())
+            .update_weights(&svc.control, &engines, "1", &tensors)
+            .await
+            .unwrap();
+        rc.set_version(1);
+        let batch = rc.wait(8, Duration::from_secs(120)).await.unwrap();
+        assert_eq!(rc.stats().failed, 0);
+        let mut mixed = 0;
+        for t in &batch {
+            for s in &t.samples {
+                assert_eq!(
+                    s.output_ids.len(),
+                    48,
+                    "interrupted requests were resubmitted to full length"
+                );
+                assert_eq!(s.versions.len(), 48);
+                if s.versions.contains(&0) && s.versions.contains(&1) {
+                    mixed += 1;
+                }
+            }
+        }
+        assert!(
+            mixed > 0,
+            "some samples straddle the update: their tokens show the switch"
+        );
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}

@@ -1,0 +1,222 @@
+//! Weight sync to every engine of a PD deployment (prefill tp 1, decode tp 2), BF16 and FP8.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::model::{reference_engine, trainer_weights};
+use common::within;
+use half::bf16;
+use serde_json::{Value, json};
+use troupe_controller::Cluster;
+use troupe_controller::serve::{ForkOptions, InferenceService};
+use troupe_controller::weight_sync::{WeightSync, WeightSyncOptions};
+use troupe_scheduler::AllocationPlan;
+
+async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
+    let body = json!({"text": format!("weights {i}: "), "sampling_params": {"max_new_tokens": 8, "temperature": 0.7, "sampling_seed": i}});
+    let r = client
+        .post(format!("{url}/generate"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    r.json().await.unwrap()
+}
+
+async fn pd_service(cluster: &Cluster) -> InferenceService {
+    let plan = AllocationPlan::parse("troupe:(prefill:d2t1|decode:d2t2)").unwrap();
+    InferenceService::fork(
+        cluster,
+        &plan,
+        &ForkOptions {
+            admin_key: Some("k".into()),
+            ..ForkOptions::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
+    within(180, async {
+        let cluster = Cluster::in_process(2, 4).await.unwrap();
+        let svc = pd_service(&cluster).await;
+        assert_eq!(
+            svc.control
+                .engines()
+                .iter()
+                .map(|e| e.1)
+                .collect::<Vec<_>>(),
+            [1, 1, 2, 2]
+        );
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let before = generate(&client, &svc.gateway_url, 1).await;
+
+        let (w, tensors) = trainer_weights(1234);
+        let sync = WeightSync::new(WeightSyncOptions::default());
+        let report = sync
+            .update_weights(&svc.control, &svc.control.engines(), "v1", &tensors)
+            .await
+            .unwrap();
+        assert_eq!(report.fp8_tensors, 0);
+        for r in svc.control.fan_out("/get_weight_version", None).await {
+            assert_eq!(r.result.unwrap()["weight_version"], "v1", "{}", r.url);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let reference = reference_engine(w, dir.path()).await;
+        let after = generate(&client, &svc.gateway_url, 1).await;
+        assert_ne!(
+            before["output_ids"], after["output_ids"],
+            "new weights change the output"
+        );
+        for i in 0..6 {
+            let pd = generate(&client, &svc.gateway_url, i).await;
+            let regular = generate(&client, &reference.url(), i).await;
+            assert_eq!(pd["output_ids"], regular["output_ids"], "request {i}");
+            assert_eq!(pd["meta_info"]["weight_version"], "v1");
+        }
+        // A second update reuses the group (same server set).
+        let (_, tensors2) = trainer_weights(99);
+        sync.update_weights(&svc.control, &svc.control.engines(), "v2", &tensors2)
+            .await
+            .unwrap();
+        assert_eq!(
+            generate(&client, &svc.gateway_url, 3).await["meta_info"]["weight_version"],
+            "v2"
+        );
+        reference.shutdown().await.unwrap();
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused() {
+    within(180, async {
+        let cluster = Cluster::in_process(2, 4).await.unwrap();
+        let svc = pd_service(&cluster).await;
+        let (_, tensors) = trainer_weights(5);
+        let sync = WeightSync::new(WeightSyncOptions {
+            join_timeout: Duration::from_secs(5),
+            ..Default::default()
+        });
+        sync.update_weights(&svc.control, &svc.control.engines(), "v1", &tensors)
+            .await
+            .unwrap();
+
+        let victim = &svc.servers[3].info;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(victim.pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let e = sync
+            .update_weights(&svc.control, &svc.control.engines(), "v2", &tensors)
+            .await
+            .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&victim.url),
+            "the error names the dead engine: {msg}"
+        );
+        // The survivors are not left paused.
+        for (url, _) in svc
+            .control
+            .engines()
+            .iter()
+            .filter(|(u, _)| u != &victim.url)
+        {
+            let r = reqwest::get(format!("{url}/server_info"))
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap();
+            assert!(
+                r["internal_states"][0]["paused"].is_null(),
+                "{url} still paused: {r}"
+            );
+        }
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn fp8_update_matches_a_regular_engine_holding_the_dequantized_weights() {
+    use troupe_weights::fp8::{self, Fp8Options};
+    within(180, async {
+        let cluster = Cluster::in_process(2, 4).await.unwrap();
+        let plan = AllocationPlan::parse("troupe:(prefill:d2t1|decode:d2t2)").unwrap();
+        let opts = ForkOptions {
+            quantization: Some("fp8".into()),
+            ..ForkOptions::default()
+        };
+        let svc = InferenceService::fork(&cluster, &plan, &opts)
+            .await
+            .unwrap();
+        let (mut w, tensors) = trainer_weights(2024);
+        let sync = WeightSync::new(WeightSyncOptions {
+            fp8: true,
+            ..Default::default()
+        });
+        let report = sync
+            .update_weights(&svc.control, &svc.control.engines(), "fp8-1", &tensors)
+            .await
+            .unwrap();
+        assert!(report.fp8_tensors > 0, "projections travel as FP8");
+
+        // What the engines should now hold: dequant(quant(w)) for projections, bf16 for the rest.
+        let mut n_fp8 = 0;
+        for t in &tensors {
+            if t.shape.len() == 2 && fp8::should_quantize(&t.name, &t.shape) {
+                let q = fp8::quantize(
+                    &t.name,
+                    t.shape[0],
+                    t.shape[1],
+                    fp8::Weights::F32(&t.data),
+                    &Fp8Options::default(),
+                )
+                .unwrap();
+                w.set(&t.name, q.dequantize_f32(&t.name).unwrap()).unwrap();
+                n_fp8 += 1;
+            }
+        }
+        assert_eq!(n_fp8, report.fp8_tensors);
+        let dir = tempfile::tempdir().unwrap();
+        // reference_engine rounds to bf16 on the way; dequantized FP8 values are bf16-exact
+        // only up to the scale, so write the exact f32 weights for the projections instead.
+        let path = dir.path().join("fp8ref.safetensors");
+        let mut exact = w.clone();
+        for t in &tensors {
+            if !(t.shape.len() == 2 && fp8::should_quantize(&t.name, &t.shape)) {
+                let r: Vec<f32> = t.data.iter().map(|v| bf16::from_f32(*v).to_f32()).collect();
+                exact.set(&t.name, r).unwrap();
+            }
+        }
+        exact.save_safetensors(&path).unwrap();
+        let reference = troupe_engine::start(troupe_engine::cli::EngineArgs {
+            port: 0,
+            model_path: Some(path),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        for i in 0..6 {
+            let pd = generate(&client, &svc.gateway_url, i).await;
+            let regular = generate(&client, &reference.url(), i).await;
+            assert_eq!(pd["output_ids"], regular["output_ids"], "request {i}");
+            assert_eq!(pd["meta_info"]["weight_version"], "fp8-1");
+        }
+        reference.shutdown().await.unwrap();
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
