@@ -244,14 +244,13 @@ impl Controller for ControllerApi {
         r: Request<BeginWeightUpdateRequest>,
     ) -> Result<Response<WeightAck>, Status> {
         let mode = match r.into_inner().pause_mode.as_str() {
-            "" | "abort" => PauseMode::Abort,
-            "retract" => PauseMode::Retract,
-            "in_place" => PauseMode::InPlace,
-            other => {
-                return Err(Status::invalid_argument(format!(
-                    "pause_mode {other:?} is not one of abort, retract, in_place"
-                )));
-            }
+            "" => PauseMode::Abort,
+            other => PauseMode::parse(other).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "pause_mode {other:?} is not one of {}",
+                    PauseMode::names()
+                ))
+            })?,
         };
         Ok(Response::new(ack(self.control.pause(mode).await)))
     }

@@ -6,8 +6,6 @@
 //! written for SGLang parse our errors without special cases.
 
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
 
 /// Why a serving operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -53,74 +51,8 @@ impl ServingError {
     }
 }
 
-/// An HTTP error answered as one JSON envelope.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiError {
-    /// HTTP status.
-    pub status: StatusCode,
-    /// What is wrong and, where possible, how to fix it.
-    pub message: String,
-}
-
-impl ApiError {
-    /// Any status with a message.
-    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            message: message.into(),
-        }
-    }
-
-    /// 400: the request is malformed; nothing was forwarded.
-    pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, message)
-    }
-
-    /// 401: the admin key is missing or wrong.
-    pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, message)
-    }
-
-    /// 502: every attempt at the upstream failed.
-    pub fn bad_gateway(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_GATEWAY, message)
-    }
-
-    /// 503: no worker can take the request.
-    pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
-    }
-
-    /// The `type` field, spelled as SGLang/OpenAI spell it.
-    pub fn kind(&self) -> &'static str {
-        match self.status {
-            StatusCode::BAD_REQUEST => "BadRequestError",
-            StatusCode::UNAUTHORIZED => "AuthenticationError",
-            StatusCode::NOT_FOUND => "NotFoundError",
-            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
-            StatusCode::BAD_GATEWAY => "BadGatewayError",
-            StatusCode::GATEWAY_TIMEOUT => "GatewayTimeoutError",
-            _ => "InternalServerError",
-        }
-    }
-
-    /// The JSON envelope.
-    pub fn body(&self) -> Value {
-        json!({
-            "object": "error",
-            "message": self.message,
-            "type": self.kind(),
-            "param": null,
-            "code": self.status.as_u16(),
-        })
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
-    }
-}
+/// An HTTP error answered as the one JSON envelope (defined in `troupe-wire`).
+pub use troupe_wire::ApiError;
 
 impl From<ServingError> for ApiError {
     fn from(e: ServingError) -> Self {
@@ -131,6 +63,7 @@ impl From<ServingError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn envelope_has_every_field() {

@@ -90,7 +90,8 @@ impl Router {
 
     fn policy(&self, ty: WorkerType) -> &Arc<dyn Policy> {
         match ty {
-            WorkerType::Regular => &self.regular,
+            // Training ranks are never registered (`add` refuses them).
+            WorkerType::Regular | WorkerType::Train => &self.regular,
             WorkerType::Prefill => &self.prefill,
             WorkerType::Decode => &self.decode,
         }
@@ -104,6 +105,13 @@ impl Router {
 
     /// Registers any [`Worker`] implementation.
     pub fn add(&self, worker: Arc<dyn Worker>) -> Result<WorkerInfo, ServingError> {
+        if !worker.worker_type().serves() {
+            return Err(ServingError::InvalidWorker(format!(
+                "{} is a {} worker, which serves no requests; register regular, prefill or decode workers",
+                worker.url(),
+                worker.worker_type()
+            )));
+        }
         let mut ws = self.workers.write();
         if ws
             .iter()

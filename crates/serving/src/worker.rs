@@ -14,44 +14,8 @@ use serde::{Deserialize, Serialize};
 use super::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 use super::error::ServingError;
 
-/// The role a server plays: SGLang's `worker_type` of `POST /workers`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WorkerType {
-    /// Prefill and decode in one server.
-    Regular,
-    /// PD prefill server: computes KV and hands it over on its bootstrap port.
-    Prefill,
-    /// PD decode server: fetches KV from the prefill and generates.
-    Decode,
-}
-
-impl WorkerType {
-    /// SGLang's spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkerType::Regular => "regular",
-            WorkerType::Prefill => "prefill",
-            WorkerType::Decode => "decode",
-        }
-    }
-
-    /// Parses SGLang's spelling (`null`/`none` also mean regular, as `--disaggregation-mode`).
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "regular" | "null" | "none" | "" => Some(WorkerType::Regular),
-            "prefill" => Some(WorkerType::Prefill),
-            "decode" => Some(WorkerType::Decode),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for WorkerType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// The role a server plays: SGLang's `worker_type` of `POST /workers` (defined in `troupe-wire`).
+pub use troupe_wire::WorkerType;
 
 /// What registering a worker takes: the body of SGLang's `POST /workers`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,11 +1,25 @@
-//! Troupe's wire protocol.
+//! Troupe's wire protocol and shared vocabulary.
 //!
-//! Everything that crosses a process boundary between the controller and actor hosts is defined
-//! here, once: the gRPC messages and services generated from `proto/`, and the payload codec that
-//! typed handles use. Keeping it in one leaf crate lets every other crate agree on the bytes
-//! without depending on each other.
+//! Everything that crosses a process boundary, and every word more than one crate speaks, is
+//! defined here, once:
+//! - [`v1`]: the gRPC messages and services generated from `proto/`, and [`codec`], the payload
+//!   codec typed handles use;
+//! - [`vocab`]: [`WorkerType`], [`Backend`], [`Role`] (allocation, launcher, router, engine);
+//! - [`pause`]: [`PauseMode`] (engine, controller, gRPC API);
+//! - [`sglang`]: the typed bodies of SGLang's control and weight-update endpoints, and the
+//!   `meta_info` fields Troupe reads;
+//! - [`envelope`]: the one JSON error envelope every Troupe HTTP server answers with.
+//!
+//! Keeping it in one leaf crate lets every other crate agree on the bytes and the words without
+//! depending on each other.
+
+#![warn(missing_docs)]
 
 pub mod codec;
+pub mod envelope;
+pub mod pause;
+pub mod sglang;
+pub mod vocab;
 
 /// Generated protobuf messages and gRPC stubs for `troupe.v1`.
 #[allow(clippy::all, missing_docs)]
@@ -14,3 +28,6 @@ pub mod v1 {
 }
 
 pub use codec::{CodecError, decode, encode};
+pub use envelope::ApiError;
+pub use pause::PauseMode;
+pub use vocab::{Backend, Role, WorkerType};

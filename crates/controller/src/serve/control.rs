@@ -5,23 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
 use serde_json::{Value, json};
 
 /// Longest a control call may take (a weight bucket waits for its whole transfer).
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// How `/pause_generation` treats requests in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PauseMode {
-    /// Abort them (clients see `finish_reason.type == "abort"` and may resubmit).
-    Abort,
-    /// Retract them to the queue; they continue after resume.
-    Retract,
-    /// Freeze them where they are; they continue after resume.
-    InPlace,
-}
+/// How `/pause_generation` treats requests in flight (defined in `troupe-wire`).
+pub use troupe_wire::PauseMode;
 
 /// One server's outcome of a fanned-out control call.
 #[derive(Debug, Clone)]

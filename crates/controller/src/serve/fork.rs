@@ -218,23 +218,6 @@ pub(crate) fn host_port(host: &str, port: u16) -> String {
     }
 }
 
-fn backend_of(b: troupe_scheduler::Backend) -> Option<Backend> {
-    match b {
-        troupe_scheduler::Backend::Sglang => Some(Backend::Sglang),
-        troupe_scheduler::Backend::Vllm => Some(Backend::Vllm),
-        troupe_scheduler::Backend::Troupe => Some(Backend::Troupe),
-        _ => None,
-    }
-}
-
-fn worker_type_of(w: troupe_scheduler::WorkerType) -> WorkerType {
-    match w {
-        troupe_scheduler::WorkerType::Prefill => WorkerType::Prefill,
-        troupe_scheduler::WorkerType::Decode => WorkerType::Decode,
-        _ => WorkerType::Regular,
-    }
-}
-
 fn spec_for(
     p: &PlacedInstance,
     head: &PlacedInstance,
@@ -243,7 +226,7 @@ fn spec_for(
     pp: u32,
     opts: &ForkOptions,
 ) -> LaunchSpec {
-    let wt = worker_type_of(p.worker_type);
+    let wt = p.worker_type;
     let host = machine(&head.address);
     let loopback = host == "127.0.0.1" || host == "localhost" || host == "::1";
     LaunchSpec {
@@ -327,7 +310,7 @@ impl InferenceService {
         let mut pending: Vec<PlacedInstance> = placement
             .instances
             .iter()
-            .filter(|p| backend_of(plan.components[p.component].backend).is_some())
+            .filter(|p| plan.components[p.component].backend.is_inference())
             .cloned()
             .collect();
         if pending.is_empty() {
@@ -357,7 +340,7 @@ impl InferenceService {
                         .instance(p.component, p.group, p.instance)
                         .find(|e| e.node_rank == 0)
                         .unwrap_or(&p);
-                    let backend = backend_of(comp.backend).unwrap_or(Backend::Troupe);
+                    let backend = comp.backend;
                     let spec = spec_for(&p, head, backend, g.parallel.tp, g.parallel.pp, opts);
                     (p, spec)
                 })
@@ -520,7 +503,7 @@ impl InferenceService {
         self.placement
             .instances
             .iter()
-            .find(|p| p.worker_type == troupe_scheduler::WorkerType::Train)
+            .find(|p| p.worker_type == WorkerType::Train)
             .map(|p| p.host)
     }
 

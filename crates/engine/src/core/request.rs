@@ -102,37 +102,8 @@ pub enum SeqEvent {
     },
 }
 
-/// SGLang's `pause_generation` modes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PauseMode {
-    /// Abort everything in flight (they finish with `finish_reason.type == "abort"`).
-    Abort,
-    /// Drop running requests' KV and requeue them; they recompute and go on after continue.
-    Retract,
-    /// Freeze running requests where they are, KV kept.
-    InPlace,
-}
-
-impl PauseMode {
-    /// Parses SGLang's spelling.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "abort" => Some(Self::Abort),
-            "retract" => Some(Self::Retract),
-            "in_place" => Some(Self::InPlace),
-            _ => None,
-        }
-    }
-
-    /// SGLang's spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Abort => "abort",
-            Self::Retract => "retract",
-            Self::InPlace => "in_place",
-        }
-    }
-}
+/// SGLang's `pause_generation` modes (defined in `troupe-wire`).
+pub use troupe_wire::PauseMode;
 
 /// Reply channel for commands that can fail with a user-facing message.
 pub type Reply = oneshot::Sender<Result<String, String>>;

@@ -3,90 +3,12 @@
 //! Control-plane endpoints also carry SGLang's `"success": false` so clients that check
 //! either field see the failure.
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use serde_json::json;
-
-/// An HTTP error with a message that says what is wrong and how to fix it.
-#[derive(Debug, Clone)]
-pub struct ApiError {
-    /// HTTP status.
-    pub status: StatusCode,
-    /// Human-readable message.
-    pub message: String,
-    /// Add `"success": false` (control endpoints).
-    pub control: bool,
-}
-
-impl ApiError {
-    /// 400 Bad Request.
-    pub fn bad_request(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            control: false,
-        }
-    }
-
-    /// 401 Unauthorized.
-    pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::UNAUTHORIZED,
-            message: message.into(),
-            control: false,
-        }
-    }
-
-    /// 503 Service Unavailable (scheduler gone).
-    pub fn unavailable(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: message.into(),
-            control: false,
-        }
-    }
-
-    /// Marks the error as coming from a control endpoint.
-    pub fn control(mut self) -> Self {
-        self.control = true;
-        self
-    }
-
-    fn kind(&self) -> &'static str {
-        match self.status {
-            StatusCode::BAD_REQUEST => "BadRequestError",
-            StatusCode::UNAUTHORIZED => "AuthenticationError",
-            StatusCode::NOT_FOUND => "NotFoundError",
-            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
-            _ => "InternalServerError",
-        }
-    }
-
-    /// The JSON body.
-    pub fn body(&self) -> serde_json::Value {
-        let mut v = json!({
-            "object": "error",
-            "message": self.message,
-            "type": self.kind(),
-            "param": null,
-            "code": self.status.as_u16(),
-        });
-        if self.control {
-            v["success"] = json!(false);
-        }
-        v
-    }
-}
+/// The one JSON error envelope (defined in `troupe-wire`, shared with the gateway and proxies).
+pub use troupe_wire::ApiError;
 
 impl From<crate::error::EngineError> for ApiError {
     fn from(e: crate::error::EngineError) -> Self {
         Self::unavailable(e.to_string())
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
     }
 }
 

@@ -116,11 +116,7 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
 }
 
 async fn not_found(req: Request) -> ApiError {
-    ApiError {
-        status: axum::http::StatusCode::NOT_FOUND,
-        message: format!("no endpoint {} {}", req.method(), req.uri().path()),
-        control: false,
-    }
+    ApiError::not_found(format!("no endpoint {} {}", req.method(), req.uri().path()))
 }
 
 /// Builds the router with every endpoint.

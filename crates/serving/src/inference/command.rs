@@ -98,6 +98,11 @@ pub fn build(spec: &LaunchSpec, troupe_bin: &str) -> Result<CommandLine, SpecErr
             }
             match spec.worker_type {
                 WorkerType::Regular => {}
+                WorkerType::Train => {
+                    return Err(SpecError(
+                        "a training rank is not an inference server; launch regular, prefill or decode workers".into(),
+                    ));
+                }
                 WorkerType::Prefill | WorkerType::Decode => {
                     push(
                         &mut a,
@@ -126,6 +131,12 @@ pub fn build(spec: &LaunchSpec, troupe_bin: &str) -> Result<CommandLine, SpecErr
                 push(&mut a, "--admin-api-key", k.clone());
             }
             program
+        }
+        Backend::Fsdp | Backend::Megatron | Backend::Archon => {
+            return Err(SpecError(format!(
+                "{} is a training backend, not an inference server; use sglang, vllm or troupe",
+                spec.backend
+            )));
         }
         Backend::Vllm => {
             if spec.worker_type != WorkerType::Regular {

@@ -5,20 +5,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-/// Which server program.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// `python -m sglang.launch_server`.
-    Sglang,
-    /// `python -m vllm.entrypoints.openai.api_server`.
-    Vllm,
-    /// `troupe engine`: Troupe's reference engine (CPU, speaks SGLang's protocol).
-    Troupe,
-}
-
-/// The server's role in PD disaggregation (one type shared with the router).
-pub use crate::worker::WorkerType;
+/// Which server program (an inference [`Backend`]) and the server's role in PD disaggregation:
+/// the words the scheduler, the router and the engine share, from `troupe-wire`.
+pub use troupe_wire::{Backend, WorkerType};
 
 /// Multi-node settings for an instance wider than one host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

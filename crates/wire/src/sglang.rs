@@ -1,0 +1,126 @@
+//! The typed bodies of SGLang's HTTP control and weight-update endpoints, and the names of the
+//! `meta_info` fields Troupe reads from its answers.
+//!
+//! One definition for every side: the engine parses these requests, the serving crate's
+//! `EngineClient` sends them, and the controller's weight sync and gRPC API build them. Field
+//! names are SGLang's own (`python/sglang/srt/managers/io_struct.py`), so a real SGLang server
+//! and Troupe's reference engine take the same bytes.
+
+use serde::{Deserialize, Serialize};
+
+use crate::PauseMode;
+
+/// `POST /pause_generation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PauseGeneration {
+    /// What happens to requests in flight.
+    #[serde(default)]
+    pub mode: PauseMode,
+}
+
+/// `POST /release_memory_occupation` and `POST /resume_memory_occupation`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct MemoryTags {
+    /// What to release or resume (`weights`, `kv_cache`); absent means everything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<Vec<String>>,
+}
+
+/// `POST /init_weights_update_group`: join the trainer's broadcast group as ranks
+/// `rank_offset .. rank_offset + gpus`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitWeightsUpdateGroup {
+    /// Address of the broadcast source (trainer rank 0).
+    pub master_address: String,
+    /// Its port.
+    pub master_port: u16,
+    /// This engine's first rank in the group.
+    pub rank_offset: u32,
+    /// Ranks in the whole group (1 + every engine GPU).
+    pub world_size: u32,
+    /// The group's name (weight updates name it).
+    pub group_name: String,
+    /// Collective backend: `nccl` for SGLang on GPUs, `tcp` for the reference engine.
+    pub backend: String,
+}
+
+/// `POST /destroy_weights_update_group`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DestroyWeightsUpdateGroup {
+    /// The group to leave.
+    pub group_name: String,
+}
+
+/// `POST /update_weights_from_distributed`: receive one bucket of tensors, in this order, from
+/// the group's broadcast.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdateWeightsFromDistributed {
+    /// Parameter names, in broadcast order.
+    pub names: Vec<String>,
+    /// Their dtypes (`bfloat16`, `float32`, `float8_e4m3fn`), same order.
+    pub dtypes: Vec<String>,
+    /// Their shapes, same order.
+    pub shapes: Vec<Vec<usize>>,
+    /// The group the bucket arrives on.
+    pub group_name: String,
+    /// Flush the prefix cache after loading (KV computed with old weights is wrong).
+    #[serde(default)]
+    pub flush_cache: bool,
+    /// The version the engine reports once the bucket is loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_version: Option<String>,
+}
+
+/// The answer of `GET /get_weight_version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightVersion {
+    /// The version of the weights the engine serves.
+    pub weight_version: String,
+}
+
+/// JSON pointers of the `meta_info` fields Troupe reads from `/generate` answers.
+pub mod meta {
+    /// The weight version that finished the request.
+    pub const WEIGHT_VERSION: &str = "/meta_info/weight_version";
+    /// `finish_reason.type`: `stop`, `length` or `abort`.
+    pub const FINISH_TYPE: &str = "/meta_info/finish_reason/type";
+    /// `finish_reason.message` (why an abort happened).
+    pub const FINISH_MESSAGE: &str = "/meta_info/finish_reason/message";
+    /// `finish_reason` as a whole.
+    pub const FINISH_REASON: &str = "/meta_info/finish_reason";
+    /// Per output token `[logprob, token id, text]` (with `return_logprob`).
+    pub const OUTPUT_TOKEN_LOGPROBS: &str = "/meta_info/output_token_logprobs";
+    /// Per prompt token logprobs (with `return_logprob`); PD takes them from the prefill.
+    pub const INPUT_TOKEN_LOGPROBS: &str = "/meta_info/input_token_logprobs";
+    /// Troupe's addition: the weight version that made each output token (the data proxy
+    /// stamps it across abort-and-resubmit).
+    pub const OUTPUT_TOKEN_WEIGHT_VERSIONS: &str = "/meta_info/output_token_weight_versions";
+    /// The `finish_reason.type` of a request aborted by a pause.
+    pub const ABORT: &str = "abort";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn bodies_use_sglang_field_names() {
+        let b = UpdateWeightsFromDistributed {
+            names: vec!["w".into()],
+            dtypes: vec!["bfloat16".into()],
+            shapes: vec![vec![2, 3]],
+            group_name: "g".into(),
+            flush_cache: true,
+            weight_version: Some("v1".into()),
+        };
+        assert_eq!(
+            serde_json::to_value(&b).unwrap(),
+            json!({"names": ["w"], "dtypes": ["bfloat16"], "shapes": [[2, 3]], "group_name": "g", "flush_cache": true, "weight_version": "v1"})
+        );
+        let p: PauseGeneration = serde_json::from_value(json!({})).unwrap();
+        assert_eq!(p.mode, PauseMode::Abort);
+        let p: PauseGeneration = serde_json::from_value(json!({"mode": "in_place"})).unwrap();
+        assert_eq!(p.mode, PauseMode::InPlace);
+    }
+}
