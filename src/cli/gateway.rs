@@ -29,18 +29,18 @@ pub struct GatewayArgs {
     #[arg(long)]
     pub decode: Vec<String>,
     /// Policy for regular workers, and the default for prefill / decode:
-    /// round_robin | random | power_of_two | sticky.
-    #[arg(long, default_value = "power_of_two")]
-    pub policy: String,
+    /// round_robin | random | power_of_two | sticky (default: the gateway's, power_of_two).
+    #[arg(long, value_parser = parse_policy)]
+    pub policy: Option<PolicyKind>,
     /// Policy for prefill workers (default: --policy).
-    #[arg(long)]
-    pub prefill_policy: Option<String>,
+    #[arg(long, value_parser = parse_policy)]
+    pub prefill_policy: Option<PolicyKind>,
     /// Policy for decode workers (default: --policy).
+    #[arg(long, value_parser = parse_policy)]
+    pub decode_policy: Option<PolicyKind>,
+    /// Retries of a failed request on another worker (pair) (default: the gateway's, 3).
     #[arg(long)]
-    pub decode_policy: Option<String>,
-    /// Retries of a failed request on another worker (pair).
-    #[arg(long, default_value_t = 3)]
-    pub max_retries: u32,
+    pub max_retries: Option<u32>,
     /// Seconds between health probes of each worker (0: no probing).
     #[arg(long, default_value_t = 5.0)]
     pub health_interval_s: f64,
@@ -52,8 +52,8 @@ pub struct GatewayArgs {
     pub worker_api_key: Option<String>,
 }
 
-fn policy(flag: &str, name: &str) -> Result<PolicyKind, String> {
-    PolicyKind::parse(name).map_err(|e| format!("{flag}: {e}"))
+fn parse_policy(name: &str) -> Result<PolicyKind, String> {
+    PolicyKind::parse(name).map_err(|e| e.to_string())
 }
 
 /// The gateway configuration the flags describe; every bad flag is named.
@@ -85,31 +85,26 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
     if !(a.health_interval_s.is_finite() && a.health_interval_s >= 0.0) {
         return Err("--health-interval-s must be a non-negative number of seconds".into());
     }
-    let base = policy("--policy", &a.policy)?;
+    let d = GatewayConfig::default();
+    let base = a.policy.unwrap_or(d.router.policy);
     Ok(GatewayConfig {
         listen: a.listen.clone(),
         pd,
         router: RouterConfig {
             policy: base,
-            prefill_policy: match &a.prefill_policy {
-                Some(p) => policy("--prefill-policy", p)?,
-                None => base,
-            },
-            decode_policy: match &a.decode_policy {
-                Some(p) => policy("--decode-policy", p)?,
-                None => base,
-            },
+            prefill_policy: a.prefill_policy.unwrap_or(base),
+            decode_policy: a.decode_policy.unwrap_or(base),
             health: HealthConfig {
                 interval: Duration::from_secs_f64(a.health_interval_s),
-                ..HealthConfig::default()
+                ..d.router.health.clone()
             },
-            ..RouterConfig::default()
+            ..d.router.clone()
         },
         admin_key: a.admin_key.clone().filter(|k| !k.is_empty()),
         worker_api_key: a.worker_api_key.clone().filter(|k| !k.is_empty()),
-        max_retries: a.max_retries,
+        max_retries: a.max_retries.unwrap_or(d.max_retries),
         workers,
-        ..GatewayConfig::default()
+        ..d
     })
 }
 

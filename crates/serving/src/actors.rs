@@ -8,110 +8,13 @@
 //!
 //! Both stop their servers on a graceful stop; a restart binds the same `listen` address again.
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 
-use super::breaker::BreakerConfig;
 use super::gateway::{self, GatewayConfig, GatewayHandle};
-use super::health::HealthConfig;
-use super::policy::PolicyKind;
 use super::proxy::{self, ProxyConfig, ProxyHandle};
-use super::router::RouterConfig;
 use super::worker::{WorkerInfo, WorkerSpec};
 use troupe_actors::ActorError;
 use troupe_actors::actor::{Actor, ActorContext, Handler, Message, Methods};
-
-/// Arguments of `troupe.gateway`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GatewayArgs {
-    /// `host:port` to listen on (port 0: any free port; ask with [`GetUrl`]).
-    pub listen: String,
-    /// PD mode.
-    pub pd: bool,
-    /// Policy among regular workers: `round_robin`, `random`, `power_of_two`, `sticky`.
-    pub policy: String,
-    /// Policy among prefill workers.
-    pub prefill_policy: String,
-    /// Policy among decode workers.
-    pub decode_policy: String,
-    /// Bearer key the admin endpoints require.
-    pub admin_key: Option<String>,
-    /// Bearer key sent to workers.
-    pub worker_api_key: Option<String>,
-    /// Retries after the first attempt.
-    pub max_retries: u32,
-    /// Health probe interval in ms (0 disables probing).
-    pub health_interval_ms: u64,
-    /// Health probe timeout in ms.
-    pub health_timeout_ms: u64,
-    /// Consecutive failed probes that mark a worker unhealthy.
-    pub health_failure_threshold: u32,
-    /// Consecutive good probes that mark it healthy again.
-    pub health_success_threshold: u32,
-    /// Consecutive request failures that open a worker's circuit (0 disables the breaker).
-    pub breaker_failure_threshold: u32,
-    /// How long an open circuit stays open, in ms.
-    pub breaker_open_ms: u64,
-    /// Workers registered at start.
-    pub workers: Vec<WorkerSpec>,
-}
-
-impl Default for GatewayArgs {
-    fn default() -> Self {
-        let h = HealthConfig::default();
-        let b = BreakerConfig::default();
-        Self {
-            listen: "127.0.0.1:0".into(),
-            pd: false,
-            policy: "power_of_two".into(),
-            prefill_policy: "power_of_two".into(),
-            decode_policy: "power_of_two".into(),
-            admin_key: None,
-            worker_api_key: None,
-            max_retries: 3,
-            health_interval_ms: h.interval.as_millis() as u64,
-            health_timeout_ms: h.timeout.as_millis() as u64,
-            health_failure_threshold: h.failure_threshold,
-            health_success_threshold: h.success_threshold,
-            breaker_failure_threshold: b.failure_threshold,
-            breaker_open_ms: b.open_for.as_millis() as u64,
-            workers: Vec::new(),
-        }
-    }
-}
-
-impl GatewayArgs {
-    /// The gateway configuration these arguments describe (errors name the bad field).
-    pub fn to_config(&self) -> Result<GatewayConfig, super::ServingError> {
-        Ok(GatewayConfig {
-            listen: self.listen.clone(),
-            pd: self.pd,
-            router: RouterConfig {
-                policy: PolicyKind::parse(&self.policy)?,
-                prefill_policy: PolicyKind::parse(&self.prefill_policy)?,
-                decode_policy: PolicyKind::parse(&self.decode_policy)?,
-                health: HealthConfig {
-                    interval: Duration::from_millis(self.health_interval_ms),
-                    timeout: Duration::from_millis(self.health_timeout_ms.max(1)),
-                    failure_threshold: self.health_failure_threshold,
-                    success_threshold: self.health_success_threshold,
-                    endpoint: "/health".into(),
-                },
-                breaker: BreakerConfig {
-                    failure_threshold: self.breaker_failure_threshold,
-                    success_threshold: BreakerConfig::default().success_threshold,
-                    open_for: Duration::from_millis(self.breaker_open_ms),
-                },
-            },
-            admin_key: self.admin_key.clone(),
-            worker_api_key: self.worker_api_key.clone(),
-            max_retries: self.max_retries,
-            workers: self.workers.clone(),
-            ..GatewayConfig::default()
-        })
-    }
-}
 
 /// Asks a gateway or proxy actor for its `http://host:port`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -180,10 +83,11 @@ impl GatewayActor {
 
 impl Actor for GatewayActor {
     const KIND: &'static str = "troupe.gateway";
-    type Args = GatewayArgs;
+    /// The one gateway settings type: the YAML's `gateway.*`, `troupe gateway`'s flags and this
+    /// actor's spawn arguments all produce a [`GatewayConfig`].
+    type Args = GatewayConfig;
 
-    async fn start(args: GatewayArgs, _ctx: &ActorContext) -> Result<Self, ActorError> {
-        let cfg = args.to_config().map_err(ActorError::new)?;
+    async fn start(cfg: GatewayConfig, _ctx: &ActorContext) -> Result<Self, ActorError> {
         let handle = gateway::start(cfg).await.map_err(ActorError::new)?;
         Ok(Self {
             handle: Some(handle),

@@ -20,6 +20,7 @@ use super::worker::{HttpWorker, Worker, WorkerInfo, WorkerSpec, WorkerType, pars
 
 /// Router settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RouterConfig {
     /// Policy among regular workers.
     pub policy: PolicyKind,
@@ -36,9 +37,9 @@ pub struct RouterConfig {
 impl Default for RouterConfig {
     fn default() -> Self {
         Self {
-            policy: PolicyKind::PowerOfTwo,
-            prefill_policy: PolicyKind::PowerOfTwo,
-            decode_policy: PolicyKind::PowerOfTwo,
+            policy: PolicyKind::default(),
+            prefill_policy: PolicyKind::default(),
+            decode_policy: PolicyKind::default(),
             health: HealthConfig::default(),
             breaker: BreakerConfig::default(),
         }

@@ -12,8 +12,9 @@ use serde_json::{Value, json};
 use support::*;
 use troupe_actors::{HostConfig, HostCore, Message, Registry, RestartPolicy};
 use troupe_serving::actors::{
-    AddWorker, GatewayArgs, GetUrl, ListWorkers, MarkUnhealthy, ProxyArgs, RemoveWorker,
+    AddWorker, GetUrl, ListWorkers, MarkUnhealthy, ProxyArgs, RemoveWorker,
 };
+use troupe_serving::gateway::GatewayConfig;
 use troupe_serving::proxy::{self, ProxyConfig};
 use troupe_serving::{WorkerInfo, WorkerSpec, WorkerType};
 
@@ -169,11 +170,11 @@ mod actor_kinds {
                 .expect("proxy spawns");
             let proxy_url: String = call(&host, &pid, &GetUrl).await;
 
-            let args = GatewayArgs {
-                health_interval_ms: 0,
+            let mut args = GatewayConfig {
                 admin_key: Some("k".into()),
                 ..Default::default()
             };
+            args.router.health.interval = Duration::ZERO;
             let gid = host
                 .spawn(
                     "troupe.gateway",
@@ -220,9 +221,9 @@ mod actor_kinds {
             let listed: Vec<WorkerInfo> = call(&host, &gid, &ListWorkers).await;
             assert!(listed.is_empty());
 
-            // Bad arguments fail the spawn with a message naming the field.
-            let bad = GatewayArgs {
-                policy: "fastest".into(),
+            // Bad arguments fail the spawn with a message naming the value.
+            let bad = GatewayConfig {
+                listen: "fastest".into(),
                 ..Default::default()
             };
             let err = host

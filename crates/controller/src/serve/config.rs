@@ -8,6 +8,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 use serde_yaml_ng::Value;
+use troupe_serving::RouterConfig;
+use troupe_serving::gateway::GatewayConfig;
+use troupe_serving::policy::PolicyKind;
 
 pub use super::sched::{SchedulerConfig, SchedulerType, Words};
 
@@ -113,44 +116,62 @@ impl Default for SglangConfig {
     }
 }
 
-/// `gateway.*`.
-#[derive(Debug, Clone, Deserialize)]
+/// `gateway.*`: the YAML face of [`troupe_serving::gateway::GatewayConfig`] (the one gateway
+/// settings type), with its defaults. Policies are typed, so a typo is an error at load, naming
+/// the key, before anything launches.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct GatewayConfig {
+pub struct GatewaySection {
     /// Address the gateway listens on (default: its host's address, port 0 — `127.0.0.1:0`
     /// when every host is on this machine). A non-loopback address needs an admin key.
     #[serde(default)]
     pub listen: String,
     /// Policy for regular workers, and the default for prefill / decode.
-    #[serde(default = "round_robin")]
-    pub policy: String,
+    #[serde(default)]
+    pub policy: PolicyKind,
     /// Policy for prefill workers (default: `policy`).
     #[serde(default)]
-    pub prefill_policy: Option<String>,
+    pub prefill_policy: Option<PolicyKind>,
     /// Policy for decode workers (default: `policy`).
     #[serde(default)]
-    pub decode_policy: Option<String>,
-    /// Retries of a failed request on another worker.
-    #[serde(default = "retries")]
-    pub max_retries: u32,
+    pub decode_policy: Option<PolicyKind>,
+    /// Retries of a failed request on another worker (default: the gateway's).
+    #[serde(default)]
+    pub max_retries: Option<u32>,
 }
 
-fn round_robin() -> String {
-    "round_robin".into()
-}
-fn retries() -> u32 {
-    3
-}
-
-impl Default for GatewayConfig {
-    fn default() -> Self {
+impl GatewaySection {
+    /// The gateway settings this section describes (no workers, no admin key yet: the fork adds
+    /// them). An empty `listen` stays empty: the fork puts the gateway on its host's address.
+    pub fn to_gateway(&self) -> GatewayConfig {
+        let d = GatewayConfig::default();
         GatewayConfig {
-            listen: String::new(),
-            policy: round_robin(),
-            prefill_policy: None,
-            decode_policy: None,
-            max_retries: retries(),
+            listen: self.listen.clone(),
+            router: RouterConfig {
+                policy: self.policy,
+                prefill_policy: self.prefill_policy.unwrap_or(self.policy),
+                decode_policy: self.decode_policy.unwrap_or(self.policy),
+                ..d.router.clone()
+            },
+            max_retries: self.max_retries.unwrap_or(d.max_retries),
+            ..d
         }
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let host_port = |s: &str| {
+            s.parse::<std::net::SocketAddr>().is_ok()
+                || s.rsplit_once(':').is_some_and(|(h, p)| {
+                    !h.is_empty() && !h.contains(char::is_whitespace) && p.parse::<u16>().is_ok()
+                })
+        };
+        if !self.listen.is_empty() && !host_port(&self.listen) {
+            return Err(format!(
+                "gateway.listen {:?} is not an IP:PORT address, e.g. 127.0.0.1:30000 (or leave it empty for the gateway host's own address)",
+                self.listen
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -266,7 +287,7 @@ pub struct ServeConfig {
     pub sglang: SglangConfig,
     /// Gateway settings.
     #[serde(default)]
-    pub gateway: GatewayConfig,
+    pub gateway: GatewaySection,
     /// Rollout settings.
     #[serde(default)]
     pub rollout: RolloutConfig,
@@ -336,7 +357,16 @@ impl ServeConfig {
                 message: m,
             })?;
         }
-        let cfg: ServeConfig = serde_yaml_ng::from_value(v).map_err(|e| invalid(e.to_string()))?;
+        // The error names the key (e.g. `gateway.policy: unknown variant ...`).
+        let cfg: ServeConfig = serde_path_to_error::deserialize(v).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            invalid(if path == "." {
+                inner.to_string()
+            } else {
+                format!("{path}: {inner}")
+            })
+        })?;
         cfg.check().map_err(invalid)?;
         Ok(cfg)
     }
@@ -370,6 +400,7 @@ impl ServeConfig {
             return Err("cluster.n_nodes must be at least 1".into());
         }
         self.scheduler.check()?;
+        self.gateway.check()?;
         if !matches!(self.sglang.quantization.as_str(), "" | "fp8") {
             return Err(format!(
                 "sglang.quantization must be empty or \"fp8\", got {:?}",
@@ -445,5 +476,36 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("not a mapping"), "{e}");
+    }
+
+    #[test]
+    fn enum_like_values_are_checked_at_load_naming_the_key() {
+        let ok = ServeConfig::from_yaml(
+            "allocation_mode: x\ngateway: {policy: round_robin, decode_policy: sticky}\n",
+            "t.yaml",
+            &[],
+        )
+        .unwrap();
+        let g = ok.gateway.to_gateway();
+        assert_eq!(g.router.policy, PolicyKind::RoundRobin);
+        assert_eq!(g.router.prefill_policy, PolicyKind::RoundRobin);
+        assert_eq!(g.router.decode_policy, PolicyKind::Sticky);
+        // One set of defaults: the gateway's own.
+        let d = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[]).unwrap();
+        assert_eq!(
+            d.gateway.to_gateway().router,
+            GatewayConfig::default().router
+        );
+        for (o, needle) in [
+            ("gateway.policy=fastest", "policy"),
+            ("gateway.decode_policy=rr", "decode_policy"),
+            ("gateway.listen=not an address", "gateway.listen"),
+            ("sglang.quantization=fp4", "sglang.quantization"),
+        ] {
+            let e = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[o.to_string()])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(needle), "{o}: {e}");
+        }
     }
 }

@@ -11,6 +11,7 @@ use troupe_scheduler::{
     AllocationPlan, HostResources, PlacedInstance, PlacementOptions, PortAllocator, PortRange,
 };
 use troupe_serving::actors::{GatewayActor, ProxyActor};
+use troupe_serving::gateway::GatewayConfig;
 use troupe_serving::inference::{
     Backend, InferenceServer, LaunchSpec, MultiNode, ServerInfo, WorkerType,
 };
@@ -62,14 +63,11 @@ pub struct ForkOptions {
     pub ready_timeout: Duration,
     /// Admin key for servers, proxies and gateway.
     pub admin_key: Option<String>,
-    /// Gateway listen address. Empty (the default): the gateway's host's own address, port 0
-    /// (`127.0.0.1:0` when every host is on this machine), so clients on other machines can
-    /// reach it.
-    pub gateway_listen: String,
-    /// Gateway policies: regular, prefill, decode.
-    pub policies: (String, String, String),
-    /// Gateway retries.
-    pub max_retries: u32,
+    /// Gateway settings (policies, retries, health, breaker). An empty `listen` (the default
+    /// here) puts the gateway on its host's own address, port 0 (`127.0.0.1:0` when every host
+    /// is on this machine), so clients on other machines can reach it. Workers and the admin key
+    /// are filled in by the fork.
+    pub gateway: GatewayConfig,
     /// Show a progress bar on stderr.
     pub progress: bool,
     /// Restarts of a server whose process dies (same ports, so proxies and router find it).
@@ -86,13 +84,10 @@ impl Default for ForkOptions {
             extra_args: Vec::new(),
             ready_timeout: Duration::from_secs(600),
             admin_key: None,
-            gateway_listen: String::new(),
-            policies: (
-                "round_robin".into(),
-                "round_robin".into(),
-                "round_robin".into(),
-            ),
-            max_retries: 3,
+            gateway: GatewayConfig {
+                listen: String::new(),
+                ..GatewayConfig::default()
+            },
             progress: false,
             server_restarts: 3,
         }

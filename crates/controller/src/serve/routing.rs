@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use troupe_serving::actors::{GatewayActor, GatewayArgs, GetUrl, ProxyActor, ProxyArgs};
+use troupe_serving::actors::{GatewayActor, GetUrl, ProxyActor, ProxyArgs};
+use troupe_serving::gateway::GatewayConfig;
 use troupe_serving::inference::WorkerType;
 use troupe_serving::worker::WorkerSpec;
 
@@ -76,20 +77,16 @@ impl InferenceService {
             workers.push(spec);
         }
         let pd = workers.iter().any(|w| w.worker_type != WorkerType::Regular);
-        let args = GatewayArgs {
-            listen: if opts.gateway_listen.is_empty() {
+        let args = GatewayConfig {
+            listen: if opts.gateway.listen.is_empty() {
                 host_port(&machine(cluster.host(0).address()), 0)
             } else {
-                opts.gateway_listen.clone()
+                opts.gateway.listen.clone()
             },
             pd,
-            policy: opts.policies.0.clone(),
-            prefill_policy: opts.policies.1.clone(),
-            decode_policy: opts.policies.2.clone(),
             admin_key: opts.admin_key.clone(),
-            max_retries: opts.max_retries,
             workers,
-            ..GatewayArgs::default()
+            ..opts.gateway.clone()
         };
         let gateway = match cluster
             .host(0)

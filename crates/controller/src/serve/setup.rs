@@ -14,7 +14,6 @@ use crate::cluster::{Cluster, ClusterBuilder};
 
 /// Fork options from a config.
 pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: bool) -> ForkOptions {
-    let g = &cfg.gateway;
     ForkOptions {
         model: cfg.sglang.model_path.clone(),
         python: cfg.sglang.python.clone(),
@@ -24,13 +23,7 @@ pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: bool) -> For
         extra_args: cfg.sglang.extra_args.clone(),
         ready_timeout: Duration::from_secs_f64(cfg.sglang.ready_timeout_s),
         admin_key: Some(admin_key),
-        gateway_listen: g.listen.clone(),
-        policies: (
-            g.policy.clone(),
-            g.prefill_policy.clone().unwrap_or_else(|| g.policy.clone()),
-            g.decode_policy.clone().unwrap_or_else(|| g.policy.clone()),
-        ),
-        max_retries: g.max_retries,
+        gateway: cfg.gateway.to_gateway(),
         progress,
         server_restarts: 3,
     }

@@ -30,8 +30,11 @@ use super::metrics::Metrics;
 use super::router::{Router, RouterConfig};
 use super::worker::{WorkerSpec, WorkerType};
 
-/// Everything the gateway is started from.
-#[derive(Debug, Clone)]
+/// Everything the gateway is started from: the one gateway settings type, built from the YAML's
+/// `gateway.*`, from `troupe gateway`'s flags, and sent as the `troupe.gateway` actor's spawn
+/// arguments. Defaults are [`GatewayConfig::default`]'s, and [`RouterConfig::default`]'s.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct GatewayConfig {
     /// `host:port` to listen on (port 0 picks a free one).
     pub listen: String,
