@@ -155,13 +155,11 @@ async fn the_controller_api_refuses_calls_without_the_token_and_they_change_noth
         let url = &svc.control.urls()[0];
         let gone = svc
             .control
-            .post(
-                url,
-                "/destroy_weights_update_group",
-                &serde_json::json!({"group_name": "g"}),
-            )
+            .client()
+            .destroy_weight_group(url, "g")
             .await
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(gone.contains("no weight-update group"), "{gone}");
 
         // With the token the same calls are served.

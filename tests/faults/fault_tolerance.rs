@@ -136,8 +136,8 @@ async fn a_killed_server_leaves_the_router_and_returns_on_the_current_weights() 
             .await
             .unwrap();
         assert!(rep.skipped.is_empty());
-        for r in svc.control.fan_out("/get_weight_version", None).await {
-            assert_eq!(r.result.unwrap()["weight_version"], "v2", "{}", r.url);
+        for r in svc.control.weight_versions().await.versions {
+            assert_eq!(r.result.unwrap(), "v2", "{}", r.url);
         }
         reference.shutdown().await.unwrap();
         svc.teardown().await;
@@ -202,8 +202,8 @@ async fn without_a_kept_update_a_restarted_server_waits_unrouted_for_the_next_on
         )
         .await;
         assert!(!svc.capacity().degraded());
-        for r in svc.control.fan_out("/get_weight_version", None).await {
-            assert_eq!(r.result.unwrap()["weight_version"], "v2", "{}", r.url);
+        for r in svc.control.weight_versions().await.versions {
+            assert_eq!(r.result.unwrap(), "v2", "{}", r.url);
         }
         svc.teardown().await;
         cluster.shutdown().await;
@@ -347,8 +347,8 @@ async fn a_lost_hosts_server_is_re_placed_on_a_free_host_with_the_current_weight
         sync.update_weights(&svc.control, &svc.control.engines(), "v2", &t2)
             .await
             .unwrap();
-        for r in svc.control.fan_out("/get_weight_version", None).await {
-            assert_eq!(r.result.unwrap()["weight_version"], "v2", "{}", r.url);
+        for r in svc.control.weight_versions().await.versions {
+            assert_eq!(r.result.unwrap(), "v2", "{}", r.url);
         }
         svc.teardown().await;
         cluster.shutdown().await;

@@ -134,8 +134,8 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
                 .into_inner()
                 .ok
         );
-        for r in svc.control.fan_out("/get_weight_version", None).await {
-            assert_eq!(r.result.unwrap()["weight_version"], "ext-1");
+        for r in svc.control.weight_versions().await.versions {
+            assert_eq!(r.result.unwrap(), "ext-1");
         }
         let v: serde_json::Value = reqwest::Client::new()
             .post(format!("{}/generate", svc.gateway_url))

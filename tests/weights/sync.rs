@@ -62,8 +62,8 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
             .await
             .unwrap();
         assert_eq!(report.fp8_tensors, 0);
-        for r in svc.control.fan_out("/get_weight_version", None).await {
-            assert_eq!(r.result.unwrap()["weight_version"], "v1", "{}", r.url);
+        for r in svc.control.weight_versions().await.versions {
+            assert_eq!(r.result.unwrap(), "v1", "{}", r.url);
         }
         let dir = tempfile::tempdir().unwrap();
         let reference = reference_engine(w, dir.path()).await;

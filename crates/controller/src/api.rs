@@ -11,7 +11,7 @@
 
 use std::net::SocketAddr;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -25,6 +25,8 @@ use troupe_wire::v1::{
     BeginWeightUpdateRequest, EndWeightUpdateRequest, EngineRank, GetWeightPlanRequest,
     InitWeightGroupRequest, ServerStatus, WeightAck, WeightBucketRequest, WeightPlan,
 };
+
+use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
 
 use crate::serve::control::{InferenceControl, PauseMode, ServerResult};
 
@@ -218,21 +220,23 @@ impl Controller for ControllerApi {
         let world = plan.world_size();
         let urls = self.control.urls();
         let calls = urls.iter().enumerate().map(|(i, u)| {
-            let body = json!({
-                "master_address": r.master_address,
-                "master_port": r.master_port,
-                "rank_offset": plan.rank_offset(i).unwrap_or(0),
-                "world_size": world,
-                "group_name": r.group_name,
-                "backend": backend,
-            });
+            let req = InitWeightsUpdateGroup {
+                master_address: r.master_address.clone(),
+                master_port: r.master_port as u16,
+                rank_offset: plan.rank_offset(i).unwrap_or(0) as u32,
+                world_size: world as u32,
+                group_name: r.group_name.clone(),
+                backend: backend.clone(),
+            };
             async move {
                 ServerResult {
                     url: u.clone(),
                     result: self
                         .control
-                        .post(u, "/init_weights_update_group", &body)
-                        .await,
+                        .client()
+                        .init_weight_group(u, &req)
+                        .await
+                        .map_err(|e| e.to_string()),
                 }
             }
         });
@@ -269,17 +273,22 @@ impl Controller for ControllerApi {
                 r.shapes.len()
             )));
         }
-        let body = json!({
-            "names": r.names,
-            "dtypes": r.dtypes,
-            "shapes": r.shapes.iter().map(|s| s.dims.clone()).collect::<Vec<_>>(),
-            "group_name": r.group_name,
-            "flush_cache": r.flush_cache,
-            "weight_version": r.weight_version,
-        });
+        let req = UpdateWeightsFromDistributed {
+            names: r.names,
+            dtypes: r.dtypes,
+            shapes: r
+                .shapes
+                .iter()
+                .map(|s| s.dims.iter().map(|&d| d as usize).collect())
+                .collect(),
+            group_name: r.group_name,
+            flush_cache: r.flush_cache,
+            weight_version: Some(r.weight_version),
+        };
+        let req = &req;
         let res = self
             .control
-            .fan_out("/update_weights_from_distributed", Some(body))
+            .fan_out(|c, u| async move { c.update_weights(&u, req).await })
             .await;
         Ok(Response::new(ack(res)))
     }
@@ -288,31 +297,17 @@ impl Controller for ControllerApi {
         &self,
         _r: Request<EndWeightUpdateRequest>,
     ) -> Result<Response<WeightAck>, Status> {
-        let versions = self.control.fan_out("/get_weight_version", None).await;
-        let mut seen: Vec<String> = versions
-            .iter()
-            .filter_map(|r| r.result.as_ref().ok())
-            .map(|v| v["weight_version"].to_string())
-            .collect();
-        seen.sort();
-        seen.dedup();
-        if seen.len() > 1 {
+        let check = self.control.weight_versions().await;
+        if !check.consistent() {
             return Err(Status::failed_precondition(format!(
-                "engines hold different weight versions {seen:?}; finish the update (resend the failed buckets) before resuming"
+                "engines hold different weight versions {:?}; finish the update (resend the failed buckets) before resuming",
+                check.distinct()
             )));
         }
         // Servers that came back held (restarted on initial weights) and took this update may
         // be routed again: the serving watcher readmits them.
-        let reached: Vec<String> = versions
-            .iter()
-            .filter(|r| r.result.is_ok())
-            .map(|r| r.url.clone())
-            .collect();
-        if let Some(v) = versions
-            .iter()
-            .find_map(|r| r.result.as_ref().ok()?["weight_version"].as_str())
-        {
-            self.control.fleet().updated(v, &reached);
+        if let Some(v) = check.agreed() {
+            self.control.fleet().updated(&v, &check.reached());
         }
         Ok(Response::new(ack(self.control.resume().await)))
     }

@@ -10,11 +10,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use half::bf16;
-use serde_json::json;
 use troupe_weights::bucket::{Bucket, TensorMeta, pack_buckets};
 use troupe_weights::fp8::{self, Fp8Options, Weights};
 use troupe_weights::plan::{EngineGpus, WeightSyncPlan};
 use troupe_weights::tcp::{TensorRef, WeightSender, WireDtype};
+use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
 
 use crate::serve::control::{InferenceControl, PauseMode, all_ok};
 
@@ -367,33 +367,19 @@ impl Core {
 
     /// After a failed update: resume only if every reachable engine serves one version.
     async fn recover(&self, control: &InferenceControl) -> String {
-        let versions = control.fan_out("/get_weight_version", None).await;
-        let mut seen: Vec<String> = Vec::new();
-        let mut unreachable = Vec::new();
-        for r in &versions {
-            match &r.result {
-                Ok(v) => {
-                    let s = v
-                        .get("weight_version")
-                        .map(|x| x.to_string())
-                        .unwrap_or_else(|| v.to_string());
-                    if !seen.contains(&s) {
-                        seen.push(s);
-                    }
-                }
-                Err(_) => unreachable.push(r.url.clone()),
-            }
-        }
-        if seen.len() <= 1 {
+        let check = control.weight_versions().await;
+        if check.consistent() {
             let resumed = control.resume().await;
             let ok = resumed.iter().filter(|r| r.result.is_ok()).count();
             format!(
-                "{ok} reachable servers resumed on one weight version {}; unreachable: {unreachable:?}",
-                seen.first().cloned().unwrap_or_default()
+                "{ok} reachable servers resumed on one weight version {}; unreachable: {:?}",
+                check.agreed().unwrap_or_default(),
+                check.unreachable()
             )
         } else {
             format!(
-                "servers hold different weight versions {seen:?}, so they stay paused; call update_weights again to bring every server to one version and resume"
+                "servers hold different weight versions {:?}, so they stay paused; call update_weights again to bring every server to one version and resume",
+                check.distinct()
             )
         }
     }
@@ -416,11 +402,10 @@ impl Core {
         }
         let name = self.opts.group_name.clone();
         if let Some(old) = self.group.take() {
-            let body = json!({ "group_name": name });
             futures::future::join_all(
                 old.members
                     .iter()
-                    .map(|u| control.post(u, "/destroy_weights_update_group", &body)),
+                    .map(|u| control.client().destroy_weight_group(u, &name)),
             )
             .await;
         }
@@ -446,17 +431,18 @@ impl Core {
         .map_err(|e| format!("cannot open the broadcast master: {e}"))?;
         let port = sender.local_addr().map_err(|e| e.to_string())?.port();
         let joins = engines.iter().enumerate().map(|(i, (u, _))| {
-            let body = json!({
-                "master_address": self.opts.master_host,
-                "master_port": port,
-                "rank_offset": plan.rank_offset(i).unwrap_or(0),
-                "world_size": world,
-                "group_name": name,
-                "backend": "tcp",
-            });
+            let req = InitWeightsUpdateGroup {
+                master_address: self.opts.master_host.clone(),
+                master_port: port,
+                rank_offset: plan.rank_offset(i).unwrap_or(0) as u32,
+                world_size: world as u32,
+                group_name: name.clone(),
+                backend: "tcp".into(),
+            };
             async move {
                 control
-                    .post(u, "/init_weights_update_group", &body)
+                    .client()
+                    .init_weight_group(u, &req)
                     .await
                     .map_err(|e| format!("{u}: {e}"))
             }
@@ -491,14 +477,14 @@ impl Core {
         flush: bool,
     ) -> Result<(), String> {
         let group = self.group.as_mut().ok_or("no weight group")?;
-        let body = json!({
-            "names": b.names(),
-            "dtypes": b.dtypes(),
-            "shapes": b.shapes(),
-            "group_name": self.opts.group_name,
-            "flush_cache": flush,
-            "weight_version": version,
-        });
+        let req = UpdateWeightsFromDistributed {
+            names: b.names().into_iter().map(String::from).collect(),
+            dtypes: b.dtypes().into_iter().map(String::from).collect(),
+            shapes: b.shapes(),
+            group_name: self.opts.group_name.clone(),
+            flush_cache: flush,
+            weight_version: Some(version.to_string()),
+        };
         let mut refs = Vec::with_capacity(b.tensors.len());
         for t in &b.tensors {
             let data = bytes
@@ -512,10 +498,11 @@ impl Core {
             });
         }
         let http = futures::future::join_all(engines.iter().map(|(u, _)| {
-            let body = &body;
+            let req = &req;
             async move {
                 control
-                    .post(u, "/update_weights_from_distributed", body)
+                    .client()
+                    .update_weights(u, req)
                     .await
                     .map_err(|e| format!("{u}: {e}"))
             }

@@ -15,6 +15,7 @@
 //! - [`router`]: the typed worker registry, `route` and `route_pd`.
 //! - [`health`]: the background `/health` prober.
 //! - [`gateway`]: the HTTP server (SGLang/OpenAI endpoints, admin REST, metrics).
+//! - [`engine_client`]: the typed client for engines' control endpoints (the one place that speaks them).
 //! - [`proxy`]: the DataProxy with the pause-aware abort → resubmit loop.
 //! - [`actors`]: the `troupe.gateway` and `troupe.proxy` actor kinds.
 //! - [`inference`]: the `troupe.inference` actor that owns one inference server, and the server
@@ -23,6 +24,7 @@
 pub mod actors;
 pub mod breaker;
 pub mod client;
+pub mod engine_client;
 pub mod error;
 pub mod gateway;
 pub mod guard;
@@ -36,6 +38,7 @@ pub mod router;
 pub mod sse;
 pub mod worker;
 
+pub use engine_client::{EngineCallError, EngineClient};
 pub use error::{ApiError, ServingError};
 pub use policy::{Policy, PolicyKind};
 pub use router::{PdPair, Router, RouterConfig};

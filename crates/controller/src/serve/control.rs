@@ -3,12 +3,9 @@
 //! between the controller and a server it needs to resume).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use serde_json::{Value, json};
-
-/// Longest a control call may take (a weight bucket waits for its whole transfer).
-const CONTROL_TIMEOUT: Duration = Duration::from_secs(120);
+use serde_json::Value;
+use troupe_serving::{EngineCallError, EngineClient};
 
 /// How `/pause_generation` treats requests in flight (defined in `troupe-wire`).
 pub use troupe_wire::PauseMode;
@@ -23,12 +20,12 @@ pub struct ServerResult<T> {
 }
 
 /// Control-plane client for the serving heads. Clones share one server list, which changes
-/// only when a lost server is re-placed elsewhere (its slot gets the new URL).
+/// only when a lost server is re-placed elsewhere (its slot gets the new URL). Every call goes
+/// through [`EngineClient`], the one place that speaks engines' control endpoints.
 #[derive(Clone)]
 pub struct InferenceControl {
     engines: Arc<std::sync::RwLock<Vec<(String, u32)>>>,
-    admin_key: Option<String>,
-    client: reqwest::Client,
+    client: EngineClient,
     fleet: Arc<super::fleet::Fleet>,
 }
 
@@ -45,6 +42,60 @@ pub fn all_ok<T>(results: &[ServerResult<T>]) -> Result<(), String> {
     }
 }
 
+/// The engines' weight versions, asked all at once: the one rule of "versions must agree
+/// before resume", shared by the weight sync and the gRPC API.
+#[derive(Debug, Clone)]
+pub struct VersionCheck {
+    /// Each engine's answer.
+    pub versions: Vec<ServerResult<String>>,
+}
+
+impl VersionCheck {
+    /// The distinct versions the reachable engines serve, sorted.
+    pub fn distinct(&self) -> Vec<String> {
+        let mut seen: Vec<String> = self
+            .versions
+            .iter()
+            .filter_map(|r| r.result.as_ref().ok().cloned())
+            .collect();
+        seen.sort();
+        seen.dedup();
+        seen
+    }
+
+    /// The one version every reachable engine serves, if they agree (and one answered).
+    pub fn agreed(&self) -> Option<String> {
+        match self.distinct().as_slice() {
+            [one] => Some(one.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether the reachable engines agree (no answer at all counts as agreeing: nothing to
+    /// disagree with).
+    pub fn consistent(&self) -> bool {
+        self.distinct().len() <= 1
+    }
+
+    /// The engines that answered.
+    pub fn reached(&self) -> Vec<String> {
+        self.versions
+            .iter()
+            .filter(|r| r.result.is_ok())
+            .map(|r| r.url.clone())
+            .collect()
+    }
+
+    /// The engines that did not answer.
+    pub fn unreachable(&self) -> Vec<String> {
+        self.versions
+            .iter()
+            .filter(|r| r.result.is_err())
+            .map(|r| r.url.clone())
+            .collect()
+    }
+}
+
 impl InferenceControl {
     /// A control client for `urls` (`http://host:port` each), one GPU each as far as the
     /// weight-group plan is concerned (see [`InferenceControl::with_engines`]).
@@ -54,13 +105,16 @@ impl InferenceControl {
 
     /// A control client for `(url, gpu count)` engines, in group order.
     pub fn with_engines(engines: Vec<(String, u32)>, admin_key: Option<String>) -> Self {
-        let client = troupe_serving::client::build().unwrap_or_default();
         InferenceControl {
             engines: Arc::new(std::sync::RwLock::new(engines)),
-            admin_key,
-            client,
+            client: EngineClient::new(admin_key),
             fleet: Arc::default(),
         }
+    }
+
+    /// The typed engine client these calls go through (for calls to one engine).
+    pub fn client(&self) -> &EngineClient {
+        &self.client
     }
 
     /// Which of these servers are down, held or serving, and on which weight version: shared
@@ -111,37 +165,17 @@ impl InferenceControl {
         }
     }
 
-    /// POSTs `body` to one server's `path` with the admin key; the JSON answer or why not.
-    pub async fn post(&self, url: &str, path: &str, body: &Value) -> Result<Value, String> {
-        self.one(url, path, Some(body)).await
-    }
-
-    async fn one(&self, url: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
-        let mut req = match body {
-            Some(b) => self.client.post(format!("{url}{path}")).json(b),
-            None => self.client.get(format!("{url}{path}")),
-        }
-        .timeout(CONTROL_TIMEOUT);
-        if let Some(k) = &self.admin_key {
-            req = req.bearer_auth(k);
-        }
-        let resp = req.send().await.map_err(|e| format!("{path}: {e}"))?;
-        let status = resp.status();
-        let text = resp.text().await.map_err(|e| format!("{path}: {e}"))?;
-        if !status.is_success() {
-            return Err(format!("{path}: HTTP {status}: {text}"));
-        }
-        Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)))
-    }
-
-    /// Sends `path` (POST with `body`, or GET without) to every server at once.
-    pub async fn fan_out(&self, path: &str, body: Option<Value>) -> Vec<ServerResult<Value>> {
-        let urls = self.urls();
-        let calls = urls.into_iter().map(|u| {
-            let body = body.as_ref();
+    /// Runs `call` against every server at once; one result per server, in group order.
+    pub async fn fan_out<'a, T, F, Fut>(&'a self, call: F) -> Vec<ServerResult<T>>
+    where
+        F: Fn(&'a EngineClient, String) -> Fut,
+        Fut: std::future::Future<Output = Result<T, EngineCallError>>,
+    {
+        let calls = self.urls().into_iter().map(|u| {
+            let fut = call(&self.client, u.clone());
             async move {
                 ServerResult {
-                    result: self.one(&u, path, body).await,
+                    result: fut.await.map_err(|e| e.to_string()),
                     url: u,
                 }
             }
@@ -151,34 +185,45 @@ impl InferenceControl {
 
     /// `/pause_generation` on every server.
     pub async fn pause(&self, mode: PauseMode) -> Vec<ServerResult<Value>> {
-        self.fan_out("/pause_generation", Some(json!({ "mode": mode })))
+        self.fan_out(|c, u| async move { c.pause(&u, mode).await })
             .await
     }
 
     /// `/continue_generation` on every server.
     pub async fn resume(&self) -> Vec<ServerResult<Value>> {
-        self.fan_out("/continue_generation", Some(json!({}))).await
+        self.fan_out(|c, u| async move { c.resume(&u).await }).await
     }
 
     /// `/flush_cache` on every server.
     pub async fn flush_cache(&self) -> Vec<ServerResult<Value>> {
-        self.fan_out("/flush_cache", Some(json!({}))).await
+        self.fan_out(|c, u| async move { c.flush_cache(&u).await })
+            .await
     }
 
     /// `/release_memory_occupation` with `tags` (e.g. `weights`, `kv_cache`) on every server.
     pub async fn release_memory(&self, tags: &[&str]) -> Vec<ServerResult<Value>> {
-        self.fan_out("/release_memory_occupation", Some(json!({ "tags": tags })))
+        self.fan_out(|c, u| async move { c.release_memory(&u, tags).await })
             .await
     }
 
     /// `/resume_memory_occupation` with `tags` on every server.
     pub async fn resume_memory(&self, tags: &[&str]) -> Vec<ServerResult<Value>> {
-        self.fan_out("/resume_memory_occupation", Some(json!({ "tags": tags })))
+        self.fan_out(|c, u| async move { c.resume_memory(&u, tags).await })
             .await
     }
 
     /// `/server_info` of every server.
     pub async fn server_info(&self) -> Vec<ServerResult<Value>> {
-        self.fan_out("/server_info", None).await
+        self.fan_out(|c, u| async move { c.server_info(&u).await })
+            .await
+    }
+
+    /// `/get_weight_version` of every server.
+    pub async fn weight_versions(&self) -> VersionCheck {
+        VersionCheck {
+            versions: self
+                .fan_out(|c, u| async move { c.weight_version(&u).await })
+                .await,
+        }
     }
 }
