@@ -8,7 +8,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_troupe");
 fn seeded_grpo_run_with_fp8_sync_improves_the_reward() {
     let cfg = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/configs/grpo-local.yaml"
+        "/examples/configs/grpo-local.yaml"
     );
     let dir = tempfile::tempdir().unwrap();
     let summary = dir.path().join("run.json");
@@ -54,7 +54,7 @@ fn seeded_grpo_run_with_fp8_sync_improves_the_reward() {
 fn run_without_a_training_component_is_refused_clearly() {
     let cfg = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/configs/grpo-local.yaml"
+        "/examples/configs/grpo-local.yaml"
     );
     let out = Command::new(BIN)
         .args([
@@ -72,7 +72,7 @@ fn run_without_a_training_component_is_refused_clearly() {
 fn run_places_its_trainer_on_troupe_host_processes_too() {
     let cfg = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/configs/grpo-local.yaml"
+        "/examples/configs/grpo-local.yaml"
     );
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(BIN)

@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 const BIN: &str = env!("CARGO_BIN_EXE_troupe");
 const CFG: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../examples/configs/pd-local.yaml"
+    "/examples/configs/pd-local.yaml"
 );
 
 async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {

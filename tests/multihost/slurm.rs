@@ -20,7 +20,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 const BIN: &str = env!("CARGO_BIN_EXE_troupe");
 const CONFIG: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../examples/configs/pd-slurm.yaml"
+    "/examples/configs/pd-slurm.yaml"
 );
 
 /// Tests that run jobs take this: one of them takes a node down, which must not hit the others.

@@ -164,7 +164,7 @@ async fn troupe_serve_prints_the_gateway_and_exits_cleanly_on_sigint() {
     within(180, async {
         let cfg = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../examples/configs/pd-local.yaml"
+            "/examples/configs/pd-local.yaml"
         );
         let mut child = tokio::process::Command::new(BIN)
             .args([
@@ -224,7 +224,7 @@ async fn troupe_serve_rejects_a_bad_config_with_a_clear_message() {
     within(30, async {
         let cfg = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../examples/configs/pd-local.yaml"
+            "/examples/configs/pd-local.yaml"
         );
         for (extra, needle) in [
             ("allocation_mode=sglang.d4", "sglang:d4"),
