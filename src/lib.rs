@@ -10,6 +10,8 @@
 //! - [`engine`]: the reference inference engine (and its trainer);
 //! - [`weights`]: FP8 codec, buckets, weight transport.
 
+#![warn(missing_docs)]
+
 pub mod cli;
 
 pub use troupe_actors as actors;

@@ -14,6 +14,8 @@
 //! It has no HTTP stack: the serving data plane (router, gateway, proxies, inference servers)
 //! lives in `troupe-serving` and registers its kinds with [`Registry::register`].
 
+#![warn(missing_docs)]
+
 pub mod actor;
 pub mod auth;
 pub mod builtin;

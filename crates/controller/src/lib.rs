@@ -6,6 +6,8 @@
 //! rollouts and the gRPC API. The `troupe` binary (root package) is built on it; this library never
 //! imports the CLI.
 
+#![warn(missing_docs)]
+
 pub mod api;
 pub mod cluster;
 mod conn;

@@ -21,6 +21,8 @@
 //! - [`inference`]: the `troupe.inference` actor that owns one inference server, and the server
 //!   command builders.
 
+#![warn(missing_docs)]
+
 pub mod actors;
 pub mod breaker;
 pub mod client;

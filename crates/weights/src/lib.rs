@@ -10,6 +10,8 @@
 //! - [`tcp`]: the `tcp` weight-update transport used by the reference engine (rank 0 sends, every
 //!   engine receives the same tensors in the same order), a pipelined chain like NCCL's ring.
 
+#![warn(missing_docs)]
+
 pub mod bench;
 pub mod broadcast_bench;
 pub mod bucket;
