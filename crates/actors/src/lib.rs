@@ -26,6 +26,7 @@ mod hosted;
 pub mod process;
 pub mod registry;
 pub mod service;
+pub mod sockets;
 pub mod tls;
 mod tombstones;
 

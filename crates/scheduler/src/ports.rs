@@ -36,6 +36,16 @@ impl Default for PortRange {
 }
 
 impl PortRange {
+    /// How many ports the range holds.
+    pub fn len(&self) -> u32 {
+        (u32::from(self.end) + 1).saturating_sub(u32::from(self.start))
+    }
+
+    /// Never true for a checked range; here for clippy's `len_without_is_empty`.
+    pub fn is_empty(&self) -> bool {
+        self.end < self.start
+    }
+
     /// A checked range: `0 < start <= end`.
     pub fn new(start: u16, end: u16) -> Result<PortRange, SchedulerError> {
         if start == 0 {
@@ -143,16 +153,39 @@ impl InstancePorts {
 pub struct PortAllocator {
     range: PortRange,
     probe: Arc<dyn PortProbe>,
+    /// Where in the range the cursors start, as an offset from `range.start` (0: at the start).
+    origin: u32,
+    /// Per port space: how many ports of the range the cursor has moved past.
     cursors: BTreeMap<String, u32>,
 }
 
 impl PortAllocator {
-    /// An allocator whose cursors all start at `range.start`.
+    /// An allocator whose cursors all start at `range.start` (deterministic: previews, tests).
     pub fn new(range: PortRange, probe: Arc<dyn PortProbe>) -> Self {
         PortAllocator {
             range,
             probe,
+            origin: 0,
             cursors: BTreeMap::new(),
+        }
+    }
+
+    /// An allocator whose cursors start at a random point of `range` and wrap around, for live
+    /// deployments: two deployments started at the same moment on one machine (two experiments
+    /// on a node, a test run beside a job) then draw from different parts of the range instead
+    /// of racing for the same first ports. The probe, the controller's claims and the relaunch
+    /// on `EADDRINUSE` handle whatever collisions remain.
+    pub fn randomized(range: PortRange, probe: Arc<dyn PortProbe>) -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            h.write_u128(t.as_nanos());
+        }
+        let origin = (h.finish() % u64::from(range.len().max(1))) as u32;
+        PortAllocator {
+            origin,
+            ..PortAllocator::new(range, probe)
         }
     }
 
@@ -166,23 +199,33 @@ impl PortAllocator {
         self.range
     }
 
-    /// The next port the cursor of `host` will consider.
+    /// The next port the cursor of `host` will consider (one past the range's end once it
+    /// has gone all the way round).
     pub fn cursor(&self, host: &HostResources) -> u32 {
-        self.cursors
-            .get(&port_space(host))
-            .copied()
-            .unwrap_or(u32::from(self.range.start))
+        let moved = self.moved(host);
+        if moved >= self.range.len() {
+            return u32::from(self.range.end) + 1;
+        }
+        self.port_at(moved)
+    }
+
+    fn moved(&self, host: &HostResources) -> u32 {
+        self.cursors.get(&port_space(host)).copied().unwrap_or(0)
+    }
+
+    /// The port `moved` steps after the origin, wrapping at the range's end.
+    fn port_at(&self, moved: u32) -> u32 {
+        u32::from(self.range.start) + (self.origin + moved) % self.range.len()
     }
 
     /// Hands out the next free port of `host`, skipping ports the probe reports as taken.
     pub fn take(&mut self, host: &HostResources) -> Result<u16, SchedulerError> {
-        let mut next = self.cursor(host);
-        let end = u32::from(self.range.end);
-        while next <= end {
-            let candidate = u16::try_from(next).unwrap_or(u16::MAX);
-            next += 1;
+        let mut moved = self.moved(host);
+        while moved < self.range.len() {
+            let candidate = u16::try_from(self.port_at(moved)).unwrap_or(u16::MAX);
+            moved += 1;
             if self.probe.is_free(host, candidate) {
-                self.cursors.insert(port_space(host), next);
+                self.cursors.insert(port_space(host), moved);
                 return Ok(candidate);
             }
         }

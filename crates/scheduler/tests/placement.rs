@@ -360,6 +360,27 @@ fn the_cursor_reaches_the_last_port_of_the_range() {
 }
 
 #[test]
+fn a_randomized_allocator_starts_anywhere_and_wraps_over_every_port_once() {
+    let range = PortRange::new(20000, 20049).unwrap();
+    let host = HostResources::new(0, "h", vec![0]);
+    let mut starts = BTreeSet::new();
+    for _ in 0..8 {
+        let mut alloc = PortAllocator::randomized(range, Arc::new(Taken(BTreeSet::new())));
+        let mut seen = BTreeSet::new();
+        while let Ok(p) = alloc.take(&host) {
+            assert!((20000..=20049).contains(&p), "{p} out of range");
+            assert!(seen.insert(p), "port {p} handed out twice");
+            if seen.len() == 1 {
+                starts.insert(p);
+            }
+        }
+        assert_eq!(seen.len(), 50, "every port of the range, once");
+    }
+    // Eight draws over 50 ports all landing on one start would mean no randomness.
+    assert!(starts.len() > 1, "every allocator started at {starts:?}");
+}
+
+#[test]
 fn reassigning_ports_after_eaddrinuse_updates_dependents() {
     let hosts = HostResources::uniform(2, 8);
     let mut alloc = PortAllocator::preview();

@@ -2,7 +2,10 @@
 //! the reference engine), waits until it serves, and reports where and what it is.
 //!
 //! The server's whole process tree dies with the actor. If it fails to come up, the spawn fails
-//! with the last lines of its log, which is what an operator needs first.
+//! with the last lines of its log, which is what an operator needs first. It counts as ready only
+//! when `/health` answers *and* the listening socket belongs to the child's process group
+//! ([`troupe_actors::sockets`]); an answer from any other process is reported as
+//! `Address already in use`, which the controller's fork relaunches on fresh ports.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -187,7 +190,19 @@ impl Actor for InferenceServer {
                     tail(&log, 30)
                 )));
             }
-            if !spec.wait_ready || healthy(&client, &url).await {
+            if !spec.wait_ready {
+                break;
+            }
+            if healthy(&client, &url).await {
+                // Ready only if the answer came from our child: with another deployment on this
+                // machine, its engine may answer on this port while our child fails to bind.
+                if troupe_actors::sockets::group_listens_on(child.pid(), spec.port) == Some(false) {
+                    let _ = child.terminate(Duration::from_secs(5)).await;
+                    return Err(ActorError::new(format!(
+                        "server {}: port {} answers, but not from the server launched here: Address already in use (another process listens on it); relaunch it on other ports",
+                        ctx.name, spec.port
+                    )));
+                }
                 break;
             }
             if Instant::now() > deadline {
