@@ -222,9 +222,9 @@ impl Controller for ControllerApi {
         let calls = urls.iter().enumerate().map(|(i, u)| {
             let req = InitWeightsUpdateGroup {
                 master_address: r.master_address.clone(),
-                master_port: r.master_port as u16,
-                rank_offset: plan.rank_offset(i).unwrap_or(0) as u32,
-                world_size: world as u32,
+                master_port: u16::try_from(r.master_port).unwrap_or(0),
+                rank_offset: plan.rank_offset(i).unwrap_or(0),
+                world_size: world,
                 group_name: r.group_name.clone(),
                 backend: backend.clone(),
             };

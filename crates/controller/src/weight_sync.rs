@@ -434,8 +434,8 @@ impl Core {
             let req = InitWeightsUpdateGroup {
                 master_address: self.opts.master_host.clone(),
                 master_port: port,
-                rank_offset: plan.rank_offset(i).unwrap_or(0) as u32,
-                world_size: world as u32,
+                rank_offset: plan.rank_offset(i).unwrap_or(0),
+                world_size: world,
                 group_name: name.clone(),
                 backend: "tcp".into(),
             };

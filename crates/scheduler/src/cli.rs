@@ -6,7 +6,7 @@
 use crate::error::SchedulerError;
 use crate::hosts::HostResources;
 use crate::placement::{PlacementOptions, place};
-use crate::plan::{AllocationPlan, MAX_GPUS};
+use crate::plan::{AllocationPlan, MAX_GPUS, MAX_HOSTS};
 use crate::ports::PortAllocator;
 use crate::report;
 
@@ -66,6 +66,12 @@ fn check_hosts(hosts: usize, gpus_per_host: u32, mode: &str) -> Result<(), Sched
     if hosts == 0 {
         return Err(SchedulerError::Args {
             message: "--hosts must be at least 1".into(),
+            example,
+        });
+    }
+    if hosts > MAX_HOSTS {
+        return Err(SchedulerError::Args {
+            message: format!("--hosts {hosts} is more than the supported {MAX_HOSTS}"),
             example,
         });
     }

@@ -215,6 +215,7 @@ impl AllocationConfig {
 impl AllocationPlan {
     /// Reads a YAML document in either config shape (see the module docs).
     pub fn from_yaml(text: &str) -> Result<AllocationPlan, SchedulerError> {
+        crate::yaml::check(text).map_err(config_error)?;
         let config: AllocationConfig =
             serde_yaml_ng::from_str(text).map_err(|e| config_error(e.to_string()))?;
         config.into_plan()

@@ -12,7 +12,9 @@
 pub enum SchedulerError {
     /// The allocation-mode string does not follow the grammar.
     #[error(
-        "invalid allocation mode `{input}` at column {column}: {message}\n  example: {example}"
+        "invalid allocation mode `{}` at column {column}: {message}\n  example: {}",
+        clip(input),
+        clip(example)
     )]
     Syntax {
         /// The whole string as given.
@@ -26,7 +28,11 @@ pub enum SchedulerError {
     },
 
     /// The mode is well formed but breaks one of the allocation rules.
-    #[error("invalid allocation mode `{mode}`: {message}\n  example: {example}")]
+    #[error(
+        "invalid allocation mode `{}`: {message}\n  example: {}",
+        clip(mode),
+        clip(example)
+    )]
     Rule {
         /// The offending mode (as given, or rendered from a config).
         mode: String,
@@ -123,4 +129,17 @@ pub enum SchedulerError {
         /// A corrected command line.
         example: String,
     },
+}
+
+/// Echoes at most a screenful of user input in a message (the start, then how much was left
+/// out), so an error about a huge input is still short.
+fn clip(s: &str) -> String {
+    const SHOWN: usize = 200;
+    let n = s.chars().count();
+    if n <= SHOWN {
+        s.to_string()
+    } else {
+        let head: String = s.chars().take(SHOWN).collect();
+        format!("{head}… ({} more characters)", n - SHOWN)
+    }
 }

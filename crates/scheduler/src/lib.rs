@@ -39,6 +39,7 @@ mod plan;
 mod ports;
 mod report;
 mod validate;
+pub mod yaml;
 
 pub use backend::{Backend, Role, WorkerType};
 pub use config::{AllocationConfig, ComponentConfig, GroupConfig};
@@ -50,7 +51,7 @@ pub use launch::{
 };
 pub use parallel::Parallel;
 pub use placement::{PlacedInstance, Placement, PlacementOptions, place};
-pub use plan::{AllocationPlan, Component, Group, MAX_GPUS};
+pub use plan::{AllocationPlan, Component, Group, MAX_COMPONENTS, MAX_GPUS, MAX_HOSTS};
 pub use ports::{
     AssumeFree, InstancePorts, LocalBindProbe, PortAllocator, PortNeeds, PortProbe, PortRange,
 };

@@ -16,6 +16,14 @@ use crate::parallel::Parallel;
 /// Largest number of GPUs a plan may ask for; keeps absurd inputs from allocating huge tables.
 pub const MAX_GPUS: u64 = 1 << 20;
 
+/// Most components one allocation may have: real jobs have a handful (rollout, actor, critic,
+/// ref, …); the cap keeps error reporting and placement bounded whatever the input.
+pub const MAX_COMPONENTS: usize = 64;
+
+/// Most hosts (nodes) one cluster may have: `troupe alloc --hosts` and `cluster.n_nodes` share
+/// it, so sizes are refused before anything is allocated for them.
+pub const MAX_HOSTS: usize = 4096;
+
 /// A validated allocation: which backends run where, with which parallelism.
 ///
 /// It exists so that the controller, the launcher and `troupe alloc` all read the same thing,

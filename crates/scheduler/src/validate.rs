@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use crate::backend::{Backend, Role, WorkerType};
 use crate::parallel::Parallel;
-use crate::plan::{AllocationPlan, Component, MAX_GPUS};
+use crate::plan::{AllocationPlan, Component, MAX_COMPONENTS, MAX_GPUS};
 
 /// A broken rule: what is wrong and a corrected example.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,13 +52,48 @@ pub(crate) fn fresh_name(plan: &AllocationPlan, index: usize) -> String {
         .unwrap_or_else(|| base.to_string())
 }
 
-/// Names every unnamed component of `plan` (used to build examples).
+/// Names every unnamed component of `plan` (used to build examples): `rollout`/`actor`, then
+/// numbered, skipping names in use. Linear in the number of components (one set of taken
+/// names, one counter per base), so huge inputs get their error at once.
 pub(crate) fn name_all(plan: &mut AllocationPlan) {
-    for i in 0..plan.components.len() {
-        if plan.components[i].name.is_none() {
-            let name = fresh_name(plan, i);
-            plan.components[i].name = Some(name);
-        }
+    let mut taken: BTreeSet<String> = plan
+        .components
+        .iter()
+        .filter_map(|c| c.name.clone())
+        .collect();
+    let mut next: [u64; 2] = [1, 1];
+    for c in plan.components.iter_mut().filter(|c| c.name.is_none()) {
+        let (base, k) = match c.role() {
+            Role::Inference => ("rollout", &mut next[0]),
+            Role::Training => ("actor", &mut next[1]),
+        };
+        let name = loop {
+            let candidate = if *k == 1 {
+                base.to_string()
+            } else {
+                format!("{base}{k}")
+            };
+            *k += 1;
+            if !taken.contains(&candidate) {
+                break candidate;
+            }
+        };
+        taken.insert(name.clone());
+        c.name = Some(name);
+    }
+}
+
+/// Lists at most a few items, then how many more: error messages stay short whatever the input.
+fn few(items: &[String]) -> String {
+    const SHOWN: usize = 5;
+    if items.len() <= SHOWN {
+        items.join(", ")
+    } else {
+        format!(
+            "{} and {} more",
+            items[..SHOWN].join(", "),
+            items.len() - SHOWN
+        )
     }
 }
 
@@ -68,6 +103,15 @@ pub(crate) fn validate(plan: &AllocationPlan) -> Result<(), Violation> {
         return Err(violation(
             "the allocation has no components".into(),
             "sglang:d4+fsdp:d4".into(),
+        ));
+    }
+    if plan.components.len() > MAX_COMPONENTS {
+        return Err(violation(
+            format!(
+                "the allocation has {} components; at most {MAX_COMPONENTS} are allowed",
+                plan.components.len()
+            ),
+            "rollout:sglang:d4+actor:fsdp:d4".into(),
         ));
     }
     for (i, component) in plan.components.iter().enumerate() {
@@ -342,7 +386,7 @@ fn check_names(plan: &AllocationPlan) -> Result<(), Violation> {
             return Err(violation(
                 format!(
                     "with 3 or more components all must be named; unnamed: {}",
-                    unnamed.join(", ")
+                    few(&unnamed)
                 ),
                 fixed(plan, name_all),
             ));

@@ -389,3 +389,35 @@ fn from_str_matches_parse() {
     let plan: AllocationPlan = "sglang:d4+fsdp:d4".parse().unwrap();
     assert_eq!(plan, AllocationPlan::parse("sglang:d4+fsdp:d4").unwrap());
 }
+
+#[test]
+fn huge_inputs_get_short_errors() {
+    // Many unnamed components: one short message, at most a few names listed.
+    let many = vec!["sglang:d1"; 3000].join("+");
+    let e = AllocationPlan::parse(&many).unwrap_err().to_string();
+    assert!(e.len() < 1000, "{} bytes: {e}", e.len());
+    let sixty = vec!["sglang:d1"; 60].join("+");
+    let e = AllocationPlan::parse(&sixty).unwrap_err().to_string();
+    assert!(e.contains("and 55 more"), "{e}");
+    assert!(e.len() < 1000, "{} bytes", e.len());
+    // Past the component cap: refused with the cap named.
+    let e = AllocationPlan::parse(&vec!["sglang[a]:d1"; 65].join("+"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at most 64"), "{e}");
+}
+
+#[test]
+fn the_naming_example_gives_every_unnamed_component_a_distinct_name() {
+    let err = AllocationPlan::parse("sglang:d1+sglang:d1+fsdp[rollout2]:d1+fsdp:d1").unwrap_err();
+    let SchedulerError::Rule { example, .. } = err else {
+        panic!("expected a rule error, got {err:?}");
+    };
+    let plan = AllocationPlan::parse(&example).unwrap();
+    let names: Vec<_> = plan
+        .components
+        .iter()
+        .map(|c| c.name.clone().unwrap())
+        .collect();
+    assert_eq!(names, ["rollout", "rollout3", "rollout2", "actor"]);
+}

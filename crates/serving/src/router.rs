@@ -18,8 +18,8 @@ use super::health::HealthConfig;
 use super::policy::{Policy, PolicyKind, RouteContext};
 use super::worker::{HttpWorker, Worker, WorkerInfo, WorkerSpec, WorkerType, parse_url};
 
-/// Router settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Router settings. Defaults: each field's own (`PolicyKind::default()` for every policy).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RouterConfig {
     /// Policy among regular workers.
@@ -32,18 +32,6 @@ pub struct RouterConfig {
     pub health: HealthConfig,
     /// Per-worker circuit breaker.
     pub breaker: BreakerConfig,
-}
-
-impl Default for RouterConfig {
-    fn default() -> Self {
-        Self {
-            policy: PolicyKind::default(),
-            prefill_policy: PolicyKind::default(),
-            decode_policy: PolicyKind::default(),
-            health: HealthConfig::default(),
-            breaker: BreakerConfig::default(),
-        }
-    }
 }
 
 /// A routed PD pair.

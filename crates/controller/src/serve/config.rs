@@ -339,6 +339,7 @@ impl ServeConfig {
             origin: origin.to_string(),
             message,
         };
+        troupe_scheduler::yaml::check(text).map_err(invalid)?;
         let mut v: Value = serde_yaml_ng::from_str(text).map_err(|e| invalid(e.to_string()))?;
         if matches!(v, Value::Null) {
             v = Value::Mapping(Default::default());
@@ -348,6 +349,10 @@ impl ServeConfig {
                 .split_once('=')
                 .ok_or_else(|| ConfigError::Override(o.clone()))?;
             // `key=` means the empty string; otherwise the value is read as a YAML scalar.
+            troupe_scheduler::yaml::check(val).map_err(|m| ConfigError::Invalid {
+                origin: format!("override {o:?}"),
+                message: m,
+            })?;
             let val: Value = match serde_yaml_ng::from_str(val) {
                 Ok(Value::Null) | Err(_) => Value::String(val.to_string()),
                 Ok(v) => v,
@@ -373,10 +378,25 @@ impl ServeConfig {
 
     /// Reads a config file and applies overrides.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let read_err = |source| ConfigError::Read {
             path: path.display().to_string(),
             source,
-        })?;
+        };
+        // A regular file, read with a bound: a FIFO or /dev/zero given as the config must not
+        // hang or grow the controller.
+        // stat before open: opening a FIFO would block until a writer comes.
+        if !std::fs::metadata(path).map_err(read_err)?.is_file() {
+            return Err(read_err(std::io::Error::other(
+                "not a regular file; give the path of a YAML file",
+            )));
+        }
+        let file = std::fs::File::open(path).map_err(read_err)?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(file, troupe_scheduler::yaml::MAX_BYTES as u64 + 1),
+            &mut text,
+        )
+        .map_err(read_err)?;
         Self::from_yaml(&text, &path.display().to_string(), overrides)
     }
 
@@ -396,20 +416,35 @@ impl ServeConfig {
     }
 
     fn check(&self) -> Result<(), String> {
-        if self.cluster.n_nodes == 0 {
+        let (n, g) = (self.cluster.n_nodes, self.cluster.n_gpus_per_node);
+        if n == 0 {
             return Err("cluster.n_nodes must be at least 1".into());
+        }
+        if n > troupe_scheduler::MAX_HOSTS {
+            return Err(format!(
+                "cluster.n_nodes {n} is more than the supported {}",
+                troupe_scheduler::MAX_HOSTS
+            ));
+        }
+        let gpus = (n as u64).saturating_mul(u64::from(g));
+        if gpus > troupe_scheduler::MAX_GPUS {
+            return Err(format!(
+                "cluster.n_nodes {n} x cluster.n_gpus_per_node {g} = {gpus} GPUs, more than the supported {}",
+                troupe_scheduler::MAX_GPUS
+            ));
         }
         self.scheduler.check()?;
         self.gateway.check()?;
+        self.check_gateway_port()?;
         if !matches!(self.sglang.quantization.as_str(), "" | "fp8") {
             return Err(format!(
                 "sglang.quantization must be empty or \"fp8\", got {:?}",
                 self.sglang.quantization
             ));
         }
-        if !(self.sglang.ready_timeout_s.is_finite() && self.sglang.ready_timeout_s >= 0.001) {
-            return Err("sglang.ready_timeout_s must be positive".into());
-        }
+        check_seconds("sglang.ready_timeout_s", self.sglang.ready_timeout_s, 0.001)?;
+        self.check_tls()?;
+        self.check_model_path()?;
         if self.rollout.max_concurrent_rollouts == 0 {
             return Err("rollout.max_concurrent_rollouts must be at least 1".into());
         }
@@ -432,80 +467,73 @@ impl ServeConfig {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Longest duration any `*_s` key accepts: a week. Past it a number is a typo (`1e20`), and
+/// far past it `Duration::from_secs_f64` cannot represent it at all.
+pub const MAX_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
 
-    #[test]
-    fn token_and_tls_come_from_the_config_first() {
-        let c = ServeConfig::from_yaml(
-            "allocation_mode: x\ntoken: cfg\ntls: {cert: c.pem, key: k.pem, ca: ca.pem}\n",
-            "t.yaml",
-            &[],
-        )
-        .unwrap();
-        // Whatever TROUPE_TOKEN / TROUPE_TLS_* say, the config's values win.
-        assert_eq!(c.token().as_deref(), Some("cfg"));
-        let t = c.tls();
-        assert_eq!(t.ca.as_deref(), Some(Path::new("ca.pem")));
-        assert_eq!(t.cert.as_deref(), Some(Path::new("c.pem")));
-        let e = ServeConfig::from_yaml("allocation_mode: x\ntls: {crt: c.pem}\n", "t.yaml", &[])
-            .unwrap_err();
-        assert!(e.to_string().contains("crt"), "{e}");
-    }
-
-    #[test]
-    fn unknown_keys_and_bad_overrides_are_named() {
-        let e =
-            ServeConfig::from_yaml("allocation_mode: x\nrolout: {}\n", "t.yaml", &[]).unwrap_err();
-        assert!(e.to_string().contains("rolout"), "{e}");
-        let e = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &["nokey".into()])
-            .unwrap_err();
-        assert!(e.to_string().contains("dotted.key=value"), "{e}");
-        let e = ServeConfig::from_yaml(
-            "allocation_mode: x\n",
-            "t.yaml",
-            &["sglang.quantization=int4".into()],
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("fp8"), "{e}");
-        let e = ServeConfig::from_yaml(
-            "allocation_mode: x\n",
-            "t.yaml",
-            &["allocation_mode.x=1".into()],
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("not a mapping"), "{e}");
-    }
-
-    #[test]
-    fn enum_like_values_are_checked_at_load_naming_the_key() {
-        let ok = ServeConfig::from_yaml(
-            "allocation_mode: x\ngateway: {policy: round_robin, decode_policy: sticky}\n",
-            "t.yaml",
-            &[],
-        )
-        .unwrap();
-        let g = ok.gateway.to_gateway();
-        assert_eq!(g.router.policy, PolicyKind::RoundRobin);
-        assert_eq!(g.router.prefill_policy, PolicyKind::RoundRobin);
-        assert_eq!(g.router.decode_policy, PolicyKind::Sticky);
-        // One set of defaults: the gateway's own.
-        let d = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[]).unwrap();
-        assert_eq!(
-            d.gateway.to_gateway().router,
-            GatewayConfig::default().router
-        );
-        for (o, needle) in [
-            ("gateway.policy=fastest", "policy"),
-            ("gateway.decode_policy=rr", "decode_policy"),
-            ("gateway.listen=not an address", "gateway.listen"),
-            ("sglang.quantization=fp4", "sglang.quantization"),
-        ] {
-            let e = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[o.to_string()])
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains(needle), "{o}: {e}");
-        }
+/// Checks a duration key: a finite number of seconds in `min..=MAX_SECONDS`.
+pub(crate) fn check_seconds(key: &str, v: f64, min: f64) -> Result<(), String> {
+    if v.is_finite() && (min..=MAX_SECONDS).contains(&v) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{key} must be a number of seconds from {min} to {MAX_SECONDS} (a week), got {v}"
+        ))
     }
 }
+
+impl ServeConfig {
+    /// `tls.*` applies to hosts reached over gRPC: refused with in-process hosts (it would be
+    /// silently unused), and every named file must exist.
+    fn check_tls(&self) -> Result<(), String> {
+        let Some(t) = &self.tls else {
+            return Ok(());
+        };
+        if self.scheduler.kind == SchedulerType::Inprocess {
+            return Err("tls applies to hosts reached over the network; scheduler.type: inprocess runs hosts inside this process, where it would be ignored: remove tls or use scheduler.type: local or slurm".into());
+        }
+        for (key, path) in [("cert", &t.cert), ("key", &t.key), ("ca", &t.ca)] {
+            if let Some(p) = path
+                && !p.is_file()
+            {
+                return Err(format!("tls.{key}: {} is not a readable file", p.display()));
+            }
+        }
+        Ok(())
+    }
+
+    /// A `gateway.listen` with a fixed port on this machine must be free before anything
+    /// launches (with Slurm the gateway runs on a node, so it is not probed here).
+    fn check_gateway_port(&self) -> Result<(), String> {
+        let Ok(addr) = self.gateway.listen.parse::<std::net::SocketAddr>() else {
+            return Ok(());
+        };
+        if addr.port() == 0 || self.scheduler.kind == SchedulerType::Slurm {
+            return Ok(());
+        }
+        match std::net::TcpListener::bind(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(format!(
+                "gateway.listen {addr} is already in use by another process; pick a free port, or port 0 for any"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// A model path that names a file or directory on this machine must exist before any
+    /// server launches. Built-in sizes (`tiny`, `small`) and hub ids (`org/name`) are not paths;
+    /// with Slurm the path is read on the nodes, so it is not checked here.
+    fn check_model_path(&self) -> Result<(), String> {
+        let p = self.sglang.model_path.as_str();
+        let local = p.starts_with('/') || p.starts_with("./") || p.starts_with("../");
+        if local && self.scheduler.kind != SchedulerType::Slurm && !Path::new(p).exists() {
+            return Err(format!(
+                "sglang.model_path {p:?} does not exist on this machine; give an existing checkpoint path (or `tiny` for the reference engine's built-in model)"
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

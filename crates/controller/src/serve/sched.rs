@@ -143,6 +143,7 @@ impl Default for SchedulerConfig {
 impl SchedulerConfig {
     /// Rejects Slurm keys under another scheduler type and malformed Slurm values.
     pub(super) fn check(&self) -> Result<(), String> {
+        super::config::check_seconds("scheduler.startup_timeout_s", self.startup_timeout_s, 1.0)?;
         let slurm_only = [
             ("partition", self.partition.is_some()),
             ("account", self.account.is_some()),
@@ -181,12 +182,6 @@ impl SchedulerConfig {
                     "scheduler.time must be a Slurm time limit such as 30 (minutes), 2:00:00 or 1-00:00:00, got {t:?}"
                 ));
             }
-        }
-        if !(self.startup_timeout_s.is_finite() && self.startup_timeout_s >= 1.0) {
-            return Err(format!(
-                "scheduler.startup_timeout_s must be at least 1 (seconds to queue and start every host), got {}",
-                self.startup_timeout_s
-            ));
         }
         if self.report_address != "auto" && self.report_address.parse::<std::net::IpAddr>().is_err()
         {

@@ -27,8 +27,23 @@ use crate::plan::{AllocationPlan, Component, Group};
 
 const EXAMPLE: &str = "sglang:d4t2+fsdp:d8";
 
+/// Longest allocation mode accepted: far above any real one (at most
+/// [`crate::plan::MAX_COMPONENTS`] components), so parsing and error reporting stay bounded.
+const MAX_MODE_CHARS: usize = 4096;
+
 /// Parses and validates an allocation mode.
 pub(crate) fn parse_mode(input: &str) -> Result<AllocationPlan, SchedulerError> {
+    if input.chars().count() > MAX_MODE_CHARS {
+        return Err(SchedulerError::Syntax {
+            input: input.to_string(),
+            column: MAX_MODE_CHARS + 1,
+            message: format!(
+                "the allocation mode is {} characters long; at most {MAX_MODE_CHARS} are allowed",
+                input.chars().count()
+            ),
+            example: EXAMPLE.to_string(),
+        });
+    }
     let mut cur = Cursor::new(input);
     if cur.at_end() {
         return Err(cur.error("the allocation mode is empty", EXAMPLE));

@@ -1,0 +1,92 @@
+//! Tests of config loading and validation.
+use super::*;
+
+#[test]
+fn token_and_tls_come_from_the_config_first() {
+    // Files that exist (their content is checked where TLS is set up, not here).
+    let f = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let yaml = format!(
+        "allocation_mode: x\nscheduler: {{type: local}}\ntoken: cfg\ntls: {{cert: {f}, key: {f}, ca: {f}}}\n"
+    );
+    let c = ServeConfig::from_yaml(&yaml, "t.yaml", &[]).unwrap();
+    // Whatever TROUPE_TOKEN / TROUPE_TLS_* say, the config's values win.
+    assert_eq!(c.token().as_deref(), Some("cfg"));
+    let t = c.tls();
+    assert_eq!(t.ca.as_deref(), Some(Path::new(f)));
+    assert_eq!(t.cert.as_deref(), Some(Path::new(f)));
+    // A missing file, and TLS with in-process hosts (where it would be unused), are errors.
+    let missing = "allocation_mode: x\nscheduler: {type: local}\ntls: {cert: /nonexistent/c.pem}\n";
+    let e = ServeConfig::from_yaml(missing, "t.yaml", &[]).unwrap_err();
+    assert!(e.to_string().contains("tls.cert"), "{e}");
+    let inproc = format!("allocation_mode: x\ntls: {{ca: {f}}}\n");
+    let e = ServeConfig::from_yaml(&inproc, "t.yaml", &[]).unwrap_err();
+    assert!(e.to_string().contains("inprocess"), "{e}");
+    let e = ServeConfig::from_yaml("allocation_mode: x\ntls: {crt: c.pem}\n", "t.yaml", &[])
+        .unwrap_err();
+    assert!(e.to_string().contains("crt"), "{e}");
+}
+
+#[test]
+fn unknown_keys_and_bad_overrides_are_named() {
+    let e = ServeConfig::from_yaml("allocation_mode: x\nrolout: {}\n", "t.yaml", &[]).unwrap_err();
+    assert!(e.to_string().contains("rolout"), "{e}");
+    let e =
+        ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &["nokey".into()]).unwrap_err();
+    assert!(e.to_string().contains("dotted.key=value"), "{e}");
+    let e = ServeConfig::from_yaml(
+        "allocation_mode: x\n",
+        "t.yaml",
+        &["sglang.quantization=int4".into()],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("fp8"), "{e}");
+    let e = ServeConfig::from_yaml(
+        "allocation_mode: x\n",
+        "t.yaml",
+        &["allocation_mode.x=1".into()],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("not a mapping"), "{e}");
+}
+
+#[test]
+fn enum_like_values_are_checked_at_load_naming_the_key() {
+    let ok = ServeConfig::from_yaml(
+        "allocation_mode: x\ngateway: {policy: round_robin, decode_policy: sticky}\n",
+        "t.yaml",
+        &[],
+    )
+    .unwrap();
+    let g = ok.gateway.to_gateway();
+    assert_eq!(g.router.policy, PolicyKind::RoundRobin);
+    assert_eq!(g.router.prefill_policy, PolicyKind::RoundRobin);
+    assert_eq!(g.router.decode_policy, PolicyKind::Sticky);
+    // One set of defaults: the gateway's own.
+    let d = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[]).unwrap();
+    assert_eq!(
+        d.gateway.to_gateway().router,
+        GatewayConfig::default().router
+    );
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = format!("gateway.listen={}", taken.local_addr().unwrap());
+    for (o, needle) in [
+        ("gateway.policy=fastest", "policy"),
+        ("gateway.decode_policy=rr", "decode_policy"),
+        ("gateway.listen=not an address", "gateway.listen"),
+        (busy.as_str(), "in use"),
+        ("sglang.quantization=fp4", "sglang.quantization"),
+        ("sglang.ready_timeout_s=1e20", "sglang.ready_timeout_s"),
+        ("sglang.model_path=/nonexistent/model", "sglang.model_path"),
+        ("cluster.n_nodes=1000000000", "cluster.n_nodes"),
+        ("cluster.n_gpus_per_node=4000000", "GPUs"),
+        (
+            "scheduler.startup_timeout_s=1e20",
+            "scheduler.startup_timeout_s",
+        ),
+    ] {
+        let e = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[o.to_string()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(needle), "{o}: {e}");
+    }
+}
