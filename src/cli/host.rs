@@ -55,6 +55,12 @@ pub struct HostArgs {
     /// Position of this host among those launched together (under Slurm: `SLURM_PROCID`).
     #[arg(long, env = "SLURM_PROCID", default_value_t = 0)]
     pub host_index: usize,
+    /// Stop (with every actor and its processes) when no controller has watched this host for
+    /// this many seconds: a host whose controller died never lingers. Off by default for hosts
+    /// started by hand; the local launcher sets it (600 s, or `$TROUPE_HOST_ORPHAN_GRACE_S`),
+    /// long enough for `troupe serve --recover`.
+    #[arg(long, env = "TROUPE_HOST_ORPHAN_GRACE_S")]
+    pub orphan_grace_s: Option<f64>,
     /// Serve gRPC over TLS with this certificate chain (PEM); needs --tls-key.
     #[arg(long, env = "TROUPE_TLS_CERT")]
     pub tls_cert: Option<std::path::PathBuf>,
@@ -74,12 +80,26 @@ pub enum HostCmdError {
     Run(String),
 }
 
+/// Longest grace any `*-s` flag of `troupe host` takes: a week.
+const MAX_GRACE_S: f64 = 7.0 * 24.0 * 3600.0;
+
 fn positive(name: &str, v: f64) -> Result<f64, HostCmdError> {
     if v.is_finite() && v >= 0.0 {
         Ok(v)
     } else {
         Err(HostCmdError::Flag(format!(
             "--{name} must be a non-negative number, got {v}"
+        )))
+    }
+}
+
+/// A duration flag: a finite number of seconds from `min` to [`MAX_GRACE_S`].
+fn seconds(name: &str, v: f64, min: f64) -> Result<Duration, HostCmdError> {
+    if v.is_finite() && (min..=MAX_GRACE_S).contains(&v) {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        Err(HostCmdError::Flag(format!(
+            "--{name} must be from {min} to {MAX_GRACE_S} seconds (a week), got {v}"
         )))
     }
 }
@@ -98,14 +118,14 @@ impl HostArgs {
             memory_bytes: (positive("memory-gb", self.memory_gb)? * (1u64 << 30) as f64) as u64,
             heartbeat_interval: Duration::from_millis(self.heartbeat_ms),
             max_message_bytes: (max_mb * 1048576.0) as u64,
-            shutdown_grace: Duration::from_secs_f64(positive(
-                "shutdown-grace-s",
-                self.shutdown_grace_s,
-            )?),
+            shutdown_grace: seconds("shutdown-grace-s", self.shutdown_grace_s, 0.0)?,
             ..HostConfig::default()
         };
         if let Some(c) = self.cpus {
             cfg.cpus = c;
+        }
+        if let Some(g) = self.orphan_grace_s {
+            cfg.orphan_grace = Some(seconds("orphan-grace-s", g, 0.1)?);
         }
         let token = self.token.clone().filter(|t| !t.is_empty());
         if token.is_none() && !self.listen.ip().is_loopback() {
@@ -177,12 +197,17 @@ pub async fn run_with(mut args: HostArgs, registry: Registry) -> Result<(), Host
     }
     println!("{READY_PREFIX}{addr}");
     tracing::info!(host = core.host_id(), %addr, "actor host ready");
+    let stopped = core.stopped();
     match link {
         Some(l) => tokio::select! {
             _ = shutdown_signal() => {}
+            _ = stopped.cancelled() => {}
             _ = l.closed() => eprintln!("the controller closed its connection; stopping"),
         },
-        None => shutdown_signal().await,
+        None => tokio::select! {
+            _ = shutdown_signal() => {}
+            _ = stopped.cancelled() => {}
+        },
     }
     tracing::info!("shutting down: stopping actors");
     core.shutdown().await;

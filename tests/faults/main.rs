@@ -5,4 +5,5 @@ mod common;
 
 mod chaos;
 mod fault_tolerance;
+mod orphans;
 mod recover;

@@ -46,6 +46,9 @@ pub struct HostConfig {
     /// An actor that ran this long since its last (re)start is stable again: its next restart
     /// waits only the policy's base back-off instead of the doubled one.
     pub stable_after: Duration,
+    /// Stop the host when no controller has watched it this long (None: never). See
+    /// [`crate::orphan`].
+    pub orphan_grace: Option<Duration>,
 }
 
 impl Default for HostConfig {
@@ -63,6 +66,7 @@ impl Default for HostConfig {
             shutdown_grace: Duration::from_secs(5),
             auth_token: None,
             tls: None,
+            orphan_grace: None,
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod error;
 mod events;
 pub mod host;
 mod hosted;
+pub mod orphan;
 pub mod process;
 pub mod registry;
 pub mod service;

@@ -23,8 +23,15 @@ pub struct ChildProcess {
 impl ChildProcess {
     /// Spawns `cmd` as a new process-group leader. With `log`, stdout and stderr go to that file
     /// (appended); otherwise they are inherited.
+    ///
+    /// The child dies with this process however it dies (on Linux, `PR_SET_PDEATHSIG` =
+    /// SIGKILL: a SIGKILLed `troupe serve` or `troupe host` leaves no engine behind), and it
+    /// does not inherit the control-plane token (`TROUPE_TOKEN`), which is the host's secret.
     pub fn spawn(mut cmd: Command, log: Option<&Path>) -> std::io::Result<ChildProcess> {
-        cmd.process_group(0).stdin(Stdio::null());
+        cmd.process_group(0)
+            .stdin(Stdio::null())
+            .env_remove(crate::auth::TOKEN_ENV);
+        die_with_parent(&mut cmd);
         if let Some(p) = log {
             let f = std::fs::OpenOptions::new()
                 .create(true)
@@ -101,6 +108,29 @@ impl Drop for ChildProcess {
         let _ = self.child.start_kill();
     }
 }
+
+/// Makes the child get SIGKILL when the thread that spawned it dies (Linux; elsewhere a no-op).
+/// Spawning happens on the runtime's long-lived worker threads, so in practice that is when
+/// this process dies. If the parent is already gone by the time the child runs, it exits.
+#[cfg(target_os = "linux")]
+fn die_with_parent(cmd: &mut Command) {
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec and calls only prctl(2) and
+    // getppid(2), which are async-signal-safe; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            if nix::unistd::getppid() != parent {
+                // The parent exited before the child started (no allocation after fork).
+                return Err(std::io::Error::from(nix::errno::Errno::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_cmd: &mut Command) {}
 
 /// Finds the `troupe` binary: `$TROUPE_BIN`, this executable if it is `troupe`, or a `troupe`
 /// next to (or one directory above) this executable, which is where cargo puts it for tests.

@@ -5,6 +5,7 @@
 //! stream never tears down the stream.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -21,6 +22,7 @@ use troupe_wire::v1::{self, call_reply};
 use crate::auth::TokenCheck;
 use crate::error::CallError;
 use crate::host::{HostCore, RestartPolicy};
+use crate::orphan::Watchers;
 
 /// Metadata key that carries a [`CallError`]'s wire code on a failed Spawn or Stop.
 pub const ERROR_CODE_KEY: &str = "troupe-error-code";
@@ -65,12 +67,18 @@ fn reply(call_id: u64, r: Result<Vec<u8>, CallError>) -> v1::CallReply {
 #[derive(Clone)]
 pub struct HostService {
     core: HostCore,
+    watchers: Arc<Watchers>,
 }
 
 impl HostService {
-    /// Wraps a host core.
+    /// Wraps a host core; with an orphan grace in its config, the host stops once no controller
+    /// has watched it that long ([`crate::orphan`]).
     pub fn new(core: HostCore) -> Self {
-        HostService { core }
+        let watchers = Arc::new(Watchers::default());
+        if let Some(grace) = core.config().orphan_grace {
+            crate::orphan::stop_when_orphaned(core.clone(), watchers.clone(), grace);
+        }
+        HostService { core, watchers }
     }
 
     /// The tonic server for this service, with the host's message-size limits and token
@@ -191,9 +199,15 @@ impl ActorHost for HostService {
         let rest =
             BroadcastStream::new(self.core.watch()).filter_map(|e| async move { e.ok().map(Ok) });
         let stop = self.core.stopped();
+        // The stream holds the guard: when the controller goes away the stream is dropped.
+        let guard = self.watchers.watch();
         let s = first
             .chain(rest)
-            .take_until(async move { stop.cancelled().await });
+            .take_until(async move { stop.cancelled().await })
+            .map(move |e| {
+                let _watched = &guard;
+                e
+            });
         Ok(Response::new(Box::pin(s)))
     }
 }

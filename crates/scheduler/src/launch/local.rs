@@ -45,6 +45,19 @@ impl Drop for Group {
     }
 }
 
+/// How long a local host waits for a controller to watch it before it stops by itself:
+/// `$TROUPE_HOST_ORPHAN_GRACE_S`, else [`DEFAULT_ORPHAN_GRACE_S`]. Local hosts outlive their
+/// controller on purpose (so `troupe serve --recover` can reattach), but not forever.
+fn orphan_grace() -> String {
+    std::env::var("TROUPE_HOST_ORPHAN_GRACE_S")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_ORPHAN_GRACE_S.to_string())
+}
+
+/// Default orphan grace of local hosts, in seconds: ten minutes to run `--recover`.
+pub const DEFAULT_ORPHAN_GRACE_S: u32 = 600;
+
 /// Launches hosts as child processes of the controller (one machine, several hosts).
 #[derive(Default)]
 pub struct LocalLauncher {
@@ -64,6 +77,7 @@ impl LocalLauncher {
         cmd.arg("host")
             .args(["--listen", "127.0.0.1:0", "--host-id", &host_id])
             .args(req.host_flags())
+            .args(["--orphan-grace-s", &orphan_grace()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .process_group(0);
