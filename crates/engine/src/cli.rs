@@ -61,7 +61,7 @@ pub struct EngineArgs {
     #[arg(long)]
     pub api_key: Option<String>,
     /// Bearer key required on control-plane endpoints (pause, weights, memory, flush).
-    #[arg(long)]
+    #[arg(long, env = "TROUPE_ENGINE_ADMIN_KEY", hide_env_values = true)]
     pub admin_api_key: Option<String>,
     /// Accept `/release_memory_occupation` and `/resume_memory_occupation`.
     #[arg(long)]
@@ -198,12 +198,29 @@ impl DisaggMode {
     }
 }
 
+/// Longest duration any `*-s` flag takes: a week (past it a value is a typo such as `1e20`,
+/// which `Duration` cannot even hold).
+const MAX_SECS: f64 = 7.0 * 24.0 * 3600.0;
+
+/// Longest simulated cost of one step, in milliseconds: a minute.
+const MAX_SIM_MS: f64 = 60_000.0;
+
+/// Whether `host` names only this machine (so no admin key is needed to listen on it).
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 fn secs(v: f64, flag: &str) -> Result<Duration, EngineError> {
-    if v.is_finite() && v > 0.0 {
+    if v.is_finite() && v > 0.0 && v <= MAX_SECS {
         Ok(Duration::from_secs_f64(v))
     } else {
         Err(EngineError::Config(format!(
-            "{flag} must be a positive number of seconds, got {v}"
+            "{flag} must be a positive number of seconds up to {MAX_SECS} (a week), got {v}"
         )))
     }
 }
@@ -236,6 +253,13 @@ impl EngineArgs {
         {
             return Err(EngineError::Config(format!(
                 "--json-model-override-args must be a JSON object, e.g. '{{\"quantization_config\": {{...}}}}'; got {j:?}"
+            )));
+        }
+        let key = self.admin_api_key.as_deref().is_some_and(|k| !k.is_empty());
+        if !key && !is_loopback(&self.host) {
+            return Err(EngineError::Config(format!(
+                "refusing to listen on {} without an admin key: anyone who reaches it could pause the engine or replace its weights; set TROUPE_ENGINE_ADMIN_KEY (or --admin-api-key), or listen on 127.0.0.1",
+                self.host
             )));
         }
         if self.pp_size == 0 {
@@ -286,15 +310,22 @@ impl EngineArgs {
             )));
         }
         self.fp8_block_size()?;
+        if let Some(v) = self.sim_prefill_tokens_per_s
+            && !(v.is_finite() && (v == 0.0 || (1.0..=1e12).contains(&v)))
+        {
+            return Err(EngineError::Config(format!(
+                "--sim-prefill-tokens-per-s must be 0 (off) or from 1 to 1e12 tokens per second, got {v}"
+            )));
+        }
         for (v, flag) in [
-            (self.sim_prefill_tokens_per_s, "--sim-prefill-tokens-per-s"),
             (self.sim_decode_step_ms, "--sim-decode-step-ms"),
+            (Some(self.sim_decode_per_seq_ms), "--sim-decode-per-seq-ms"),
         ] {
             if let Some(v) = v
-                && !(v.is_finite() && v >= 0.0)
+                && !(v.is_finite() && (0.0..=MAX_SIM_MS).contains(&v))
             {
                 return Err(EngineError::Config(format!(
-                    "{flag} must be a non-negative number, got {v}"
+                    "{flag} must be from 0 to {MAX_SIM_MS} milliseconds, got {v}"
                 )));
             }
         }
@@ -305,11 +336,6 @@ impl EngineArgs {
                 "--sim-startup-delay-s must be between 0 and 3600 seconds, got {}",
                 self.sim_startup_delay_s
             )));
-        }
-        if !(self.sim_decode_per_seq_ms.is_finite() && self.sim_decode_per_seq_ms >= 0.0) {
-            return Err(EngineError::Config(
-                "--sim-decode-per-seq-ms must be a non-negative number".into(),
-            ));
         }
         if let Some(p) = &self.model_path
             && !p.exists()

@@ -20,7 +20,9 @@ impl LatencyModel {
     /// Minimum wall time for a prefill batch of `tokens` tokens.
     pub fn prefill_time(&self, tokens: usize) -> Duration {
         match self.prefill_tokens_per_s {
-            Some(tps) if tps > 0.0 => Duration::from_secs_f64(tokens as f64 / tps),
+            Some(tps) if tps > 0.0 => {
+                Duration::try_from_secs_f64(tokens as f64 / tps).unwrap_or(Duration::MAX)
+            }
             _ => Duration::ZERO,
         }
     }
@@ -30,7 +32,7 @@ impl LatencyModel {
         let base = self.decode_step_ms.unwrap_or(0.0);
         let ms = base + self.decode_per_seq_ms * batch as f64;
         if ms > 0.0 {
-            Duration::from_secs_f64(ms / 1000.0)
+            Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX)
         } else {
             Duration::ZERO
         }

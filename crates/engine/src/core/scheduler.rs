@@ -73,6 +73,15 @@ pub struct EngineCore {
     status: Arc<Mutex<EngineStatus>>,
 }
 
+/// Marks the engine dead when dropped: held by the scheduler thread for its whole life.
+struct MarkDead(Arc<Mutex<EngineStatus>>);
+
+impl Drop for MarkDead {
+    fn drop(&mut self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).alive = false;
+    }
+}
+
 impl EngineCore {
     /// Starts the scheduler thread with these weights. `rooms` is set on a PD prefill server.
     pub fn start(
@@ -100,9 +109,15 @@ impl EngineCore {
             status: status.clone(),
             counters: EngineStatus::default(),
         };
+        let dead = MarkDead(status.clone());
         std::thread::Builder::new()
             .name("troupe-engine-scheduler".into())
-            .spawn(move || sched.run(rx))?;
+            .spawn(move || {
+                // However the thread ends (shutdown or a panic), the engine reports it: `/health`
+                // turns 503 and `troupe engine` exits non-zero, so supervision restarts it.
+                let _dead = dead;
+                sched.run(rx)
+            })?;
         Ok(Self { tx, status })
     }
 

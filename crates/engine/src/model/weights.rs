@@ -328,10 +328,56 @@ impl Weights {
         } else {
             path.to_path_buf()
         };
-        let bytes = std::fs::read(&file)
-            .map_err(|e| EngineError::Weights(format!("cannot read {}: {e}", file.display())))?;
+        let bytes = read_checkpoint(config, &file)?;
         Self::from_safetensors_bytes(config, &bytes)
     }
+}
+
+/// Largest safetensors header accepted: a model's tensor names and offsets are a few KiB.
+const MAX_HEADER_BYTES: u64 = 1 << 20;
+
+/// Reads a safetensors file for `config` with every size checked before the data is read:
+/// only a regular file (a FIFO or `/dev/zero` would hang the loader or grow the engine without
+/// bound), a header of bounded size, and a file exactly as long as its header says, holding at
+/// most 4 bytes (f32) per parameter of the model plus its FP8 scales. Time and memory are then
+/// bounded by the model's size, whatever the path names.
+fn read_checkpoint(config: &ModelConfig, file: &Path) -> Result<Vec<u8>, EngineError> {
+    use std::io::Read;
+    let bad = |m: String| EngineError::Weights(format!("{}: {m}", file.display()));
+    // stat, not open: opening a FIFO blocks until a writer comes.
+    let meta = std::fs::metadata(file).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    if !meta.is_file() {
+        return Err(bad("not a regular file; give a .safetensors file".into()));
+    }
+    let size = meta.len();
+    let mut f = std::fs::File::open(file).map_err(|e| bad(format!("cannot open it: {e}")))?;
+    let mut len8 = [0u8; 8];
+    f.read_exact(&mut len8)
+        .map_err(|e| bad(format!("too short for a safetensors header: {e}")))?;
+    let header_len = u64::from_le_bytes(len8);
+    if header_len > MAX_HEADER_BYTES || 8 + header_len > size {
+        return Err(bad(format!(
+            "safetensors header of {header_len} bytes does not fit (file is {size} bytes, at most {MAX_HEADER_BYTES} header bytes accepted)"
+        )));
+    }
+    // At most f32 per parameter, plus per-block FP8 scales (far less than the weights).
+    let max_data = 8 * config.num_parameters() as u64;
+    let data_len = size - 8 - header_len;
+    if data_len > max_data {
+        return Err(bad(format!(
+            "holds {data_len} bytes of tensors, more than a {} model can have ({max_data}); is it the checkpoint of another model?",
+            config.name
+        )));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    bytes.extend_from_slice(&len8);
+    f.take(size - 8)
+        .read_to_end(&mut bytes)
+        .map_err(|e| bad(format!("cannot read it: {e}")))?;
+    if bytes.len() as u64 != size {
+        return Err(bad("changed size while being read".into()));
+    }
+    Ok(bytes)
 }
 
 fn parse_layer_name(name: &str) -> Option<(usize, &str)> {

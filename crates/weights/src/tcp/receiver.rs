@@ -89,8 +89,31 @@ impl WeightReceiver {
         timeout: Duration,
     ) -> Result<Self, TcpError> {
         let deadline = Instant::now() + timeout;
+        // Resolve once, up front: a name that does not resolve will not start resolving by
+        // waiting, so it fails now instead of after the whole timeout. Connecting is retried
+        // (the sender may not listen yet).
+        let targets: Vec<std::net::SocketAddr> =
+            match tokio::time::timeout_at(deadline, tokio::net::lookup_host(addr)).await {
+                Ok(Ok(found)) => found.collect(),
+                Ok(Err(e)) => {
+                    return Err(TcpError::Io(std::io::Error::new(
+                        e.kind(),
+                        format!("cannot resolve weight sender address {addr}: {e}"),
+                    )));
+                }
+                Err(_) => {
+                    return Err(TcpError::Timeout(format!(
+                        "resolving weight sender address {addr}"
+                    )));
+                }
+            };
+        if targets.is_empty() {
+            return Err(TcpError::Io(std::io::Error::other(format!(
+                "weight sender address {addr} resolves to no address"
+            ))));
+        }
         let mut control = loop {
-            match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+            match tokio::time::timeout_at(deadline, TcpStream::connect(&targets[..])).await {
                 Ok(Ok(s)) => break s,
                 Ok(Err(e)) if Instant::now() < deadline => {
                     tracing::debug!(error = %e, addr, "weight sender not reachable yet");
