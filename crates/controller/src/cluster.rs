@@ -347,6 +347,7 @@ async fn terminate_pid(pid: u32, grace: Duration) {
 /// The hosts one controller drives, and the events they report.
 pub struct Cluster {
     hosts: Vec<HostHandle>,
+    ports: Arc<crate::ports::PortLedger>,
     events: broadcast::Sender<ClusterEvent>,
     owned: Vec<Owned>,
     closing: Arc<AtomicBool>,
@@ -405,11 +406,17 @@ impl Cluster {
             .collect();
         Cluster {
             hosts,
+            ports: Arc::default(),
             events,
             owned,
             closing,
             launched: Vec::new(),
         }
+    }
+
+    /// The ports this cluster's deployments hold ([`crate::ports`]).
+    pub fn ports(&self) -> &Arc<crate::ports::PortLedger> {
+        &self.ports
     }
 
     /// All hosts, in order.

@@ -14,6 +14,7 @@ mod conn;
 pub mod handle;
 pub mod inproc;
 pub mod membership;
+pub mod ports;
 pub mod rollout;
 pub mod run;
 pub mod serve;

@@ -19,6 +19,7 @@ use troupe_serving::inference::{
 use super::control::InferenceControl;
 use crate::cluster::Cluster;
 use crate::handle::ActorHandle;
+use crate::ports::LedgerProbe;
 
 /// Why inference serving could not be brought up.
 #[derive(Debug, thiserror::Error)]
@@ -140,43 +141,8 @@ pub struct InferenceService {
     pub(crate) spawned: std::sync::Arc<std::sync::Mutex<super::replace::Spawned>>,
     pub(crate) heads: super::watch::Heads,
     pub(crate) admin_key: Option<String>,
-}
-
-/// Ports this process has handed to servers, per machine address. A port is claimed the moment
-/// the allocator takes it, so two forks running at once in one process never pick the same port
-/// even before either server has bound it (a bind probe alone cannot see that).
-pub(crate) static CLAIMED: std::sync::Mutex<std::collections::BTreeSet<(String, u16)>> =
-    std::sync::Mutex::new(std::collections::BTreeSet::new());
-
-/// Bind probe plus this process's claims.
-#[derive(Debug)]
-pub(crate) struct ClaimingProbe(std::sync::Arc<dyn troupe_scheduler::PortProbe>);
-
-impl ClaimingProbe {
-    /// Claiming on top of a bind probe when every host is this machine, else on top of
-    /// assuming ports free (a remote machine cannot be probed from here).
-    pub(crate) fn for_hosts(hosts: &[HostResources]) -> Self {
-        let all_local = hosts.iter().all(|h| h.address == "127.0.0.1");
-        ClaimingProbe(if all_local {
-            std::sync::Arc::new(troupe_scheduler::LocalBindProbe)
-        } else {
-            std::sync::Arc::new(troupe_scheduler::AssumeFree)
-        })
-    }
-}
-
-impl troupe_scheduler::PortProbe for ClaimingProbe {
-    fn is_free(&self, host: &HostResources, port: u16) -> bool {
-        let Ok(mut claimed) = CLAIMED.lock() else {
-            return false;
-        };
-        let key = (host.address.clone(), port);
-        if claimed.contains(&key) || !self.0.is_free(host, port) {
-            return false;
-        }
-        claimed.insert(key);
-        true
-    }
+    /// The ports this deployment holds in its cluster's ledger; released at teardown.
+    pub(crate) claims: std::sync::Arc<crate::ports::Claims>,
 }
 
 /// How many times a server that hit EADDRINUSE is relaunched on fresh ports.
@@ -287,9 +253,11 @@ impl InferenceService {
                 .collect();
             return Err(ForkError::NoAdminKey(remote.join(", ")));
         }
-        let mut ports = PortAllocator::new(
+        // Claims live as long as the deployment; a failed fork drops them.
+        let claims = cluster.ports().claims();
+        let mut ports = PortAllocator::randomized(
             PortRange::default(),
-            std::sync::Arc::new(ClaimingProbe::for_hosts(&hosts)),
+            std::sync::Arc::new(LedgerProbe::new(&hosts, claims.clone())),
         );
         let mut placement = troupe_scheduler::place(
             plan,
@@ -430,7 +398,7 @@ impl InferenceService {
         // Group order, whatever order the servers came up (or were relaunched) in.
         servers.sort_by_key(|s| (s.component, s.group, s.instance, s.node_rank));
 
-        match Self::route(cluster, servers, opts).await {
+        match Self::route(cluster, servers, opts, claims).await {
             Ok((mut svc, watched)) => {
                 let mut used: std::collections::BTreeMap<usize, std::collections::BTreeSet<u32>> =
                     Default::default();
@@ -524,6 +492,7 @@ impl InferenceService {
                 .map(|s| s.stop(Duration::from_secs(15))),
         )
         .await;
+        self.claims.release();
     }
 }
 

@@ -48,27 +48,20 @@ impl Replacer {
         lock(&self.lost).insert(host);
     }
 
-    /// The live host with the most free GPUs, at least `need`, and its free ids.
-    fn pick(&self, need: usize) -> Option<(usize, Vec<u32>)> {
-        let lost = lock(&self.lost);
+    /// Where a lost instance of `need` GPUs runs again: the scheduler's re-placement rule
+    /// ([`troupe_scheduler::replacement_bundle`]: a contiguous run on the freest live host).
+    fn pick(&self, need: usize) -> Result<(usize, Vec<u32>), String> {
+        let mut lost = lock(&self.lost).clone();
+        lost.extend(
+            self.hosts
+                .iter()
+                .enumerate()
+                .filter(|(_, h)| h.lost().is_some())
+                .map(|(i, _)| i),
+        );
         let used = lock(&self.used);
-        self.resources
-            .iter()
-            .filter(|r| !lost.contains(&r.index))
-            .filter(|r| self.hosts.get(r.index).is_some_and(|h| h.lost().is_none()))
-            .map(|r| {
-                let taken = used.get(&r.index);
-                let free: Vec<u32> = r
-                    .gpu_ids
-                    .iter()
-                    .copied()
-                    .filter(|g| taken.is_none_or(|t| !t.contains(g)))
-                    .collect();
-                (r.index, free)
-            })
-            .filter(|(_, free)| free.len() >= need)
-            .max_by_key(|(i, free)| (free.len(), std::cmp::Reverse(*i)))
-            .map(|(i, free)| (i, free.into_iter().take(need).collect()))
+        troupe_scheduler::replacement_bundle(&self.resources, &used, &lost, need)
+            .map_err(|e| format!("{e}: serving continues with less capacity"))
     }
 
     /// Launches `head`'s server (and a proxy) on surviving capacity; the new head.
@@ -77,11 +70,7 @@ impl Replacer {
             return Err("a multi-node instance is not re-placed".into());
         }
         let need = head.spec.gpus.len();
-        let Some((host, gpus)) = self.pick(need) else {
-            return Err(format!(
-                "no live host has {need} free GPU(s) for it: serving continues with less capacity"
-            ));
-        };
+        let (host, gpus) = self.pick(need)?;
         let res = &self.resources[host];
         let machine = super::fork::machine(&res.address);
         let mut last_err = String::new();

@@ -18,6 +18,7 @@ impl InferenceService {
         cluster: &Cluster,
         mut servers: Vec<ServerEntry>,
         opts: &ForkOptions,
+        claims: std::sync::Arc<crate::ports::Claims>,
     ) -> Result<(InferenceService, Vec<super::watch::Head>), (Vec<ServerEntry>, ForkError)> {
         let serving = |e: &dyn std::fmt::Display| ForkError::Serving(e.to_string());
         let mut proxies = Vec::new();
@@ -135,6 +136,7 @@ impl InferenceService {
             spawned: Default::default(),
             heads: Default::default(),
             admin_key: opts.admin_key.clone(),
+            claims,
         };
         Ok((svc, watched))
     }

@@ -16,9 +16,10 @@ use troupe_scheduler::{HostResources, Placement, PortAllocator, PortRange};
 use troupe_serving::inference::ServerInfo;
 
 use super::control::InferenceControl;
-use super::fork::{ClaimingProbe, ForkError, InferenceService, ServerEntry};
+use super::fork::{ForkError, InferenceService, ServerEntry};
 use super::watch::Head;
 use crate::cluster::Cluster;
+use crate::ports::LedgerProbe;
 
 /// Format version of the file; a controller refuses files of another version.
 const FORMAT: u32 = 1;
@@ -357,15 +358,15 @@ impl InferenceService {
                     .extend(h.spec.gpus.iter().copied());
             }
         }
-        if let Ok(mut claimed) = super::fork::CLAIMED.lock() {
-            for h in &st.heads {
-                let m = super::fork::machine(&h.spec.advertise_host);
-                for p in [Some(h.spec.port), h.spec.dist_port, h.spec.bootstrap_port]
-                    .into_iter()
-                    .flatten()
-                {
-                    claimed.insert((m.clone(), p));
-                }
+        // The servers hold their ports: claim them again in this controller's ledger.
+        let claims = cluster.ports().claims();
+        for h in &st.heads {
+            let m = super::fork::machine(&h.spec.advertise_host);
+            for p in [Some(h.spec.port), h.spec.dist_port, h.spec.bootstrap_port]
+                .into_iter()
+                .flatten()
+            {
+                claims.claim(&m, p);
             }
         }
         let spawned = super::replace::Spawned {
@@ -405,15 +406,16 @@ impl InferenceService {
             spawned: Arc::new(Mutex::new(spawned)),
             heads: Arc::new(Mutex::new(st.heads.clone())),
             admin_key: st.admin_key.clone(),
+            claims,
         };
         let replacer = super::replace::Replacer {
             hosts: cluster.hosts().to_vec(),
             resources: resources.clone(),
             used: Mutex::new(used),
             lost: Default::default(),
-            ports: Mutex::new(PortAllocator::new(
+            ports: Mutex::new(PortAllocator::randomized(
                 PortRange::default(),
-                Arc::new(ClaimingProbe::for_hosts(&resources)),
+                Arc::new(LedgerProbe::new(&resources, svc.claims.clone())),
             )),
             restarts: server_restarts,
             spawned: svc.spawned.clone(),

@@ -7,12 +7,14 @@
 //! from the per-host cursor relay ([`PortAllocator`]).
 
 mod pool;
+mod replace;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use self::pool::{Bundle, GpuPool, colocated_bundle};
+pub use self::replace::replacement_bundle;
 use crate::backend::WorkerType;
 use crate::error::SchedulerError;
 use crate::hosts::{HostResources, validate_hosts};
