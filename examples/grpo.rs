@@ -16,7 +16,7 @@ use troupe::controller::run::task;
 use troupe::controller::run::trainer_actor::{
     GetWeights, TrainStep, TrainerActor, TrainerArgs, WireSample,
 };
-use troupe::controller::serve::{ForkOptions, InferenceService};
+use troupe::controller::serve::{Deployment, ForkOptions};
 use troupe::controller::weight_sync::{HostTensor, WeightSync, WeightSyncOptions};
 use troupe::engine::train::grpo_advantages;
 use troupe::scheduler::AllocationPlan;
@@ -43,7 +43,7 @@ async fn main() -> anyhow::Result<()> {
         progress: true,
         ..ForkOptions::default()
     };
-    let svc = InferenceService::fork(&cluster, &plan, &opts).await?;
+    let svc = Deployment::fork(&cluster, &plan, &opts).await?;
     println!("gateway at {}", svc.gateway_url);
     let engines: Vec<(String, u32)> = svc
         .servers

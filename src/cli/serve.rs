@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use troupe_controller::serve::config::{SchedulerType, ServeConfig};
 use troupe_controller::serve::setup::{admin_key, cluster_builder, cluster_for, fork_options};
-use troupe_controller::serve::{InferenceService, ServingEvent};
+use troupe_controller::serve::{Deployment, ServingEvent};
 use troupe_controller::{Cluster, api};
 use troupe_scheduler::AllocationPlan;
 
@@ -48,7 +48,7 @@ fn state_path(a: &ServeArgs, cfg: &ServeConfig) -> Option<PathBuf> {
 /// Keeps the state file current: written now, and again whenever a server is re-placed.
 fn keep_state(
     path: PathBuf,
-    svc: &InferenceService,
+    svc: &Deployment,
     cluster: &Cluster,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     svc.state(cluster).save(&path).map_err(|e| e.to_string())?;
@@ -104,7 +104,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
     if cfg.scheduler.kind == SchedulerType::Local {
         cluster.adopt_processes(&st.hosts.iter().map(|h| h.pid).collect::<Vec<_>>());
     }
-    let svc = match InferenceService::reattach(&cluster, &st, 3).await {
+    let svc = match Deployment::reattach(&cluster, &st, 3).await {
         Ok(s) => s,
         Err(e) => {
             return Err(format!(
@@ -168,7 +168,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     }
     let opts = fork_options(&cfg, key.clone(), true);
     let forked = tokio::select! {
-        f = InferenceService::fork(&cluster, &plan, &opts) => Some(f),
+        f = Deployment::fork(&cluster, &plan, &opts) => Some(f),
         _ = shutdown_signal() => None,
     };
     let svc = match forked {

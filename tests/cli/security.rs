@@ -15,7 +15,7 @@ use troupe_actors::tls::{ClientTls, ServerTls, TlsFiles};
 use troupe_controller::Cluster;
 use troupe_controller::api::{self, ControllerApi};
 use troupe_controller::cluster::InProcessTransport;
-use troupe_controller::serve::{ForkOptions, InferenceService};
+use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_scheduler::AllocationPlan;
 use troupe_weights::tcp::WeightSender;
 use troupe_wire::v1::{
@@ -80,10 +80,10 @@ impl Pki {
 }
 
 /// One regular reference engine behind the gateway, on an in-process host.
-async fn one_engine() -> (Cluster, InferenceService) {
+async fn one_engine() -> (Cluster, Deployment) {
     let cluster = Cluster::in_process(1, 1).await.unwrap();
     let plan = AllocationPlan::parse("troupe:d1").unwrap();
-    let svc = InferenceService::fork(&cluster, &plan, &ForkOptions::default())
+    let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
         .await
         .unwrap();
     (cluster, svc)

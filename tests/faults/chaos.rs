@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::within;
 use troupe::cli::bench::chaos::run_chaos;
 use troupe_controller::Cluster;
-use troupe_controller::serve::{ForkOptions, InferenceService};
+use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_scheduler::AllocationPlan;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -24,9 +24,7 @@ async fn killing_a_random_server_every_few_seconds_loses_no_request() {
             server_restarts: 1000,
             ..ForkOptions::default()
         };
-        let svc = InferenceService::fork(&cluster, &plan, &opts)
-            .await
-            .unwrap();
+        let svc = Deployment::fork(&cluster, &plan, &opts).await.unwrap();
         let kill_every = Duration::from_secs(3);
         let rep = run_chaos(&svc, Duration::from_secs(secs), kill_every, 8, 16, 42).await;
         println!("{rep:?}");

@@ -11,7 +11,8 @@ use common::within;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 use troupe_controller::Cluster;
-use troupe_controller::serve::{ForkOptions, InferenceService, ServingEvent};
+use troupe_controller::serve::instances::InstanceState;
+use troupe_controller::serve::{Deployment, ForkOptions, ServingEvent};
 use troupe_controller::weight_sync::{WeightSync, WeightSyncOptions};
 use troupe_scheduler::AllocationPlan;
 use troupe_serving::actors::ListWorkers;
@@ -47,7 +48,7 @@ async fn wait_serving(
     .await
 }
 
-async fn routed(svc: &InferenceService) -> Vec<String> {
+async fn routed(svc: &Deployment) -> Vec<String> {
     svc.gateway_handle()
         .call(ListWorkers)
         .await
@@ -66,9 +67,7 @@ async fn a_killed_server_leaves_the_router_and_returns_on_the_current_weights() 
             admin_key: Some("k".into()),
             ..ForkOptions::default()
         };
-        let svc = InferenceService::fork(&cluster, &plan, &opts)
-            .await
-            .unwrap();
+        let svc = Deployment::fork(&cluster, &plan, &opts).await.unwrap();
         let mut serving = svc.serving_events();
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
 
@@ -155,9 +154,7 @@ async fn without_a_kept_update_a_restarted_server_waits_unrouted_for_the_next_on
             admin_key: Some("k".into()),
             ..ForkOptions::default()
         };
-        let svc = InferenceService::fork(&cluster, &plan, &opts)
-            .await
-            .unwrap();
+        let svc = Deployment::fork(&cluster, &plan, &opts).await.unwrap();
         let mut serving = svc.serving_events();
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
         let sync = WeightSync::new(WeightSyncOptions {
@@ -222,9 +219,7 @@ async fn an_update_while_a_server_is_down_skips_it_and_serving_goes_on() {
             server_restarts: 0,
             ..ForkOptions::default()
         };
-        let svc = InferenceService::fork(&cluster, &plan, &opts)
-            .await
-            .unwrap();
+        let svc = Deployment::fork(&cluster, &plan, &opts).await.unwrap();
         let mut serving = svc.serving_events();
         let sync = WeightSync::new(WeightSyncOptions::default());
         sync.attach(&svc.control);
@@ -295,7 +290,7 @@ async fn a_lost_hosts_server_is_re_placed_on_a_free_host_with_the_current_weight
     within(240, async {
         let cluster = process_cluster(3).await;
         let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
-        let svc = InferenceService::fork(&cluster, &plan, &ForkOptions::default())
+        let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
             .await
             .unwrap();
         let mut serving = svc.serving_events();
@@ -337,6 +332,17 @@ async fn a_lost_hosts_server_is_re_placed_on_a_free_host_with_the_current_weight
             vec![svc.servers[0].info.url.clone(), new.clone()]
         );
         assert!(!svc.capacity().degraded(), "{:?}", svc.capacity());
+        // One table: the lost instance is kept, marked replaced by its successor, which runs
+        // on host 2 and is routed.
+        let table = svc.instances();
+        let lost = table.iter().find(|i| i.server_url == old).unwrap();
+        assert_eq!(lost.state, InstanceState::Replaced);
+        assert_eq!(lost.replaced_by.as_deref(), Some(new.as_str()));
+        let successor = table.iter().find(|i| i.server_url == new).unwrap();
+        assert_eq!(
+            (successor.state, successor.hosts.clone()),
+            (InstanceState::Routed, vec![2])
+        );
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
         for i in 0..3 {
             let v = generate(&client, &svc.gateway_url, i).await;
@@ -361,7 +367,7 @@ async fn without_room_a_lost_host_leaves_serving_degraded_but_running() {
     within(240, async {
         let cluster = process_cluster(3).await;
         let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
-        let svc = InferenceService::fork(&cluster, &plan, &ForkOptions::default())
+        let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
             .await
             .unwrap();
         let mut serving = svc.serving_events();

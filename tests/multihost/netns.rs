@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use troupe_actors::tls::TlsFiles;
 use troupe_controller::Cluster;
-use troupe_controller::serve::{ForkOptions, InferenceService};
+use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_controller::weight_sync::{HostTensor, WeightSync, WeightSyncOptions};
 use troupe_scheduler::AllocationPlan;
 use troupe_scheduler::launch::READY_PREFIX;
@@ -294,7 +294,7 @@ async fn pd_groups_forked_across_three_network_namespaces_serve_through_the_gate
         }
         let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
         // Servers on network addresses with open control endpoints: refused, nothing started.
-        let open = InferenceService::fork(&cluster, &plan, &ForkOptions::default())
+        let open = Deployment::fork(&cluster, &plan, &ForkOptions::default())
             .await
             .err()
             .map(|e| e.to_string())
@@ -310,7 +310,7 @@ async fn pd_groups_forked_across_three_network_namespaces_serve_through_the_gate
             extra_args: vec!["--sim-decode-step-ms".into(), "5".into()],
             ..ForkOptions::default()
         };
-        let svc = InferenceService::fork(&cluster, &plan, &opts)
+        let svc = Deployment::fork(&cluster, &plan, &opts)
             .await
             .unwrap_or_else(|e| panic!("fork across namespaces: {e}"));
 

@@ -11,7 +11,7 @@ use common::within;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use troupe_controller::Cluster;
-use troupe_controller::serve::{ForkOptions, InferenceService, PauseMode, control::all_ok};
+use troupe_controller::serve::{Deployment, ForkOptions, PauseMode, control::all_ok};
 use troupe_scheduler::AllocationPlan;
 use troupe_serving::inference::WorkerType;
 
@@ -48,9 +48,7 @@ async fn fork_pd_groups_serve_identically_and_tear_down_cleanly() {
             ready_timeout: Duration::from_secs(60),
             ..ForkOptions::default()
         };
-        let svc = InferenceService::fork(&cluster, &plan, &opts)
-            .await
-            .unwrap();
+        let svc = Deployment::fork(&cluster, &plan, &opts).await.unwrap();
         assert_eq!(svc.servers.len(), 4);
         assert_eq!(svc.inf_addrs.len(), 4);
         let types: Vec<WorkerType> = svc.servers.iter().map(|s| s.info.worker_type).collect();
@@ -144,7 +142,7 @@ async fn fork_reports_every_failed_server_with_its_log() {
             ready_timeout: Duration::from_secs(30),
             ..ForkOptions::default()
         };
-        let e = InferenceService::fork(&cluster, &plan, &opts)
+        let e = Deployment::fork(&cluster, &plan, &opts)
             .await
             .err()
             .expect("must fail");
@@ -252,7 +250,7 @@ async fn a_killed_server_is_reported_and_restarted_on_its_ports_and_serving_reco
         let cluster = Cluster::in_process(1, 2).await.unwrap();
         let mut events = cluster.events();
         let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
-        let svc = InferenceService::fork(&cluster, &plan, &ForkOptions::default()).await.unwrap();
+        let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default()).await.unwrap();
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
         generate(&client, &svc.gateway_url, &request(1)).await;
 

@@ -7,7 +7,7 @@ use common::within;
 use half::bf16;
 use troupe_controller::Cluster;
 use troupe_controller::api::ControllerApi;
-use troupe_controller::serve::{ForkOptions, InferenceService};
+use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_engine::model::{ModelConfig, Weights};
 use troupe_scheduler::AllocationPlan;
 use troupe_weights::tcp::{TensorRef, WeightSender, WireDtype};
@@ -22,7 +22,7 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
     within(120, async {
         let cluster = Cluster::in_process(1, 4).await.unwrap();
         let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t2)").unwrap();
-        let svc = InferenceService::fork(&cluster, &plan, &ForkOptions::default())
+        let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
             .await
             .unwrap();
         let gpus: Vec<u32> = svc.servers.iter().map(|s| s.info.gpu_count).collect();

@@ -13,7 +13,7 @@ use troupe_controller::rollout::{
     InferenceClient, RlvrItem, RlvrWorkflow, RolloutController, RolloutError, RolloutOptions,
     RolloutWorkflow, Sample, SamplingSettings, Trajectory, capacity, staleness_of,
 };
-use troupe_controller::serve::{ForkOptions, InferenceService};
+use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_controller::weight_sync::{WeightSync, WeightSyncOptions};
 use troupe_scheduler::AllocationPlan;
 
@@ -157,7 +157,7 @@ async fn a_weight_update_during_rollouts_yields_mixed_versions_and_no_failures()
     within(180, async {
         let cluster = Cluster::in_process(1, 4).await.unwrap();
         let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
-        let svc = InferenceService::fork(
+        let svc = Deployment::fork(
             &cluster,
             &plan,
             &ForkOptions {

@@ -9,7 +9,7 @@ use common::within;
 use half::bf16;
 use serde_json::{Value, json};
 use troupe_controller::Cluster;
-use troupe_controller::serve::{ForkOptions, InferenceService};
+use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_controller::weight_sync::{WeightSync, WeightSyncOptions};
 use troupe_scheduler::AllocationPlan;
 
@@ -25,9 +25,9 @@ async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
     r.json().await.unwrap()
 }
 
-async fn pd_service(cluster: &Cluster) -> InferenceService {
+async fn pd_service(cluster: &Cluster) -> Deployment {
     let plan = AllocationPlan::parse("troupe:(prefill:d2t1|decode:d2t2)").unwrap();
-    InferenceService::fork(
+    Deployment::fork(
         cluster,
         &plan,
         &ForkOptions {
@@ -157,9 +157,7 @@ async fn fp8_update_matches_a_regular_engine_holding_the_dequantized_weights() {
             quantization: Some("fp8".into()),
             ..ForkOptions::default()
         };
-        let svc = InferenceService::fork(&cluster, &plan, &opts)
-            .await
-            .unwrap();
+        let svc = Deployment::fork(&cluster, &plan, &opts).await.unwrap();
         let (mut w, tensors) = trainer_weights(2024);
         let sync = WeightSync::new(WeightSyncOptions {
             fp8: true,

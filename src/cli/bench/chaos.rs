@@ -15,7 +15,7 @@ use troupe_scheduler::AllocationPlan;
 
 use troupe_controller::Cluster;
 use troupe_controller::serve::fleet::HeadState;
-use troupe_controller::serve::{ForkOptions, InferenceService};
+use troupe_controller::serve::{Deployment, ForkOptions};
 
 /// Settings of a chaos run.
 #[derive(Debug, Clone, clap::Args)]
@@ -99,7 +99,7 @@ async fn gateway_retries(client: &reqwest::Client, gateway: &str) -> u64 {
 /// `kill_every` (only one whose kind keeps another server routed, so a kill is a fault to
 /// survive, not an outage).
 pub async fn run_chaos(
-    svc: &InferenceService,
+    svc: &Deployment,
     duration: Duration,
     kill_every: Duration,
     concurrency: u64,
@@ -240,7 +240,7 @@ pub async fn run(a: &ChaosArgs) -> Result<Vec<(String, f64)>, String> {
         server_restarts: u32::MAX,
         ..ForkOptions::default()
     };
-    let svc = match InferenceService::fork(&cluster, &plan, &opts).await {
+    let svc = match Deployment::fork(&cluster, &plan, &opts).await {
         Ok(s) => s,
         Err(e) => {
             cluster.shutdown().await;

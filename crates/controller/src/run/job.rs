@@ -23,7 +23,7 @@ use crate::rollout::{
     staleness_of,
 };
 use crate::serve::config::ServeConfig;
-use crate::serve::fork::InferenceService;
+use crate::serve::fork::Deployment;
 use crate::serve::setup::{admin_key, cluster_builder, cluster_from, fork_options};
 use crate::weight_sync::{HostTensor, WeightSync, WeightSyncOptions};
 
@@ -109,7 +109,7 @@ pub async fn run(a: &RunArgs) -> Result<Summary, String> {
     // The registry matters to in-process hosts only (`troupe host` processes have theirs).
     let cluster = cluster_from(&cfg, cluster_builder(&cfg).registry(registry)).await?;
     let key = admin_key(&cfg);
-    let svc = match InferenceService::fork(&cluster, &plan, &fork_options(&cfg, key, true)).await {
+    let svc = match Deployment::fork(&cluster, &plan, &fork_options(&cfg, key, true)).await {
         Ok(s) => s,
         Err(e) => {
             cluster.shutdown().await;
@@ -131,7 +131,7 @@ pub async fn run(a: &RunArgs) -> Result<Summary, String> {
 async fn train(
     cfg: &ServeConfig,
     cluster: &Cluster,
-    svc: &InferenceService,
+    svc: &Deployment,
     target: u8,
 ) -> Result<Summary, String> {
     let tc = &cfg.train;

@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use troupe_scheduler::{
     AllocationPlan, HostResources, PlacedInstance, PlacementOptions, PortAllocator, PortRange,
 };
-use troupe_serving::actors::{GatewayActor, ProxyActor};
+use troupe_serving::actors::GatewayActor;
 use troupe_serving::gateway::GatewayConfig;
 use troupe_serving::inference::{
     Backend, InferenceServer, LaunchSpec, MultiNode, ServerInfo, WorkerType,
@@ -120,11 +120,16 @@ pub struct ServerEntry {
     pub name: String,
 }
 
-/// Running, routed inference serving.
-pub struct InferenceService {
-    /// Every server process (heads and other nodes), in group order.
+/// A running, routed inference deployment: servers in their groups, a data proxy in front of
+/// each, the gateway, the control plane, and the watcher that keeps routing in step with what
+/// is alive. What runs is one table of instances ([`Deployment::instances`]); teardown, the
+/// watcher, re-placement and the recovery state file all use it.
+pub struct Deployment {
+    /// Every server process as launched (heads and other nodes), in group order: the launch
+    /// record. What runs now, re-placements included, is [`Deployment::instances`].
     pub servers: Vec<ServerEntry>,
-    /// `host:port` of every serving head, in group order (flat list for older callers).
+    /// `host:port` of every serving head as launched, in group order (a flat list, for code
+    /// that wants one).
     pub inf_addrs: Vec<String>,
     /// The gateway clients send generation requests to.
     pub gateway_url: String,
@@ -135,11 +140,10 @@ pub struct InferenceService {
     /// Where every server and training rank was placed.
     pub placement: troupe_scheduler::Placement,
     pub(crate) gateway: ActorHandle<GatewayActor>,
-    pub(crate) proxies: Vec<ActorHandle<ProxyActor>>,
+    /// The one table of what runs ([`super::instances`]).
+    pub(crate) instances: super::instances::Instances,
     pub(crate) watcher: Option<tokio::task::JoinHandle<()>>,
     pub(crate) serving_events: tokio::sync::broadcast::Sender<super::watch::ServingEvent>,
-    pub(crate) spawned: std::sync::Arc<std::sync::Mutex<super::replace::Spawned>>,
-    pub(crate) heads: super::watch::Heads,
     pub(crate) admin_key: Option<String>,
     /// The ports this deployment holds in its cluster's ledger; released at teardown.
     pub(crate) claims: std::sync::Arc<crate::ports::Claims>,
@@ -229,13 +233,13 @@ fn spec_for(
     }
 }
 
-impl InferenceService {
+impl Deployment {
     /// Places the plan's inference components on `cluster` and brings everything up.
     pub async fn fork(
         cluster: &Cluster,
         plan: &AllocationPlan,
         opts: &ForkOptions,
-    ) -> Result<InferenceService, ForkError> {
+    ) -> Result<Deployment, ForkError> {
         let started = Instant::now();
         // Subscribed before any server starts, so the serving watcher misses nothing.
         let events = cluster.events();
@@ -399,7 +403,7 @@ impl InferenceService {
         servers.sort_by_key(|s| (s.component, s.group, s.instance, s.node_rank));
 
         match Self::route(cluster, servers, opts, claims).await {
-            Ok((mut svc, watched)) => {
+            Ok(mut svc) => {
                 let mut used: std::collections::BTreeMap<usize, std::collections::BTreeSet<u32>> =
                     Default::default();
                 for p in &placement.instances {
@@ -414,11 +418,9 @@ impl InferenceService {
                     lost: Default::default(),
                     ports: std::sync::Mutex::new(ports),
                     restarts: opts.server_restarts,
-                    spawned: svc.spawned.clone(),
                 };
-                *svc.heads.lock().unwrap_or_else(|p| p.into_inner()) = watched;
                 svc.watcher = Some(super::watch::spawn(
-                    svc.heads.clone(),
+                    svc.instances.clone(),
                     svc.gateway.clone(),
                     svc.control.clone(),
                     events,
@@ -434,6 +436,12 @@ impl InferenceService {
                 Err(e)
             }
         }
+    }
+
+    /// Every serving instance and where it stands (routed, held, down, replaced): the
+    /// deployment's one table, as a user sees it.
+    pub fn instances(&self) -> Vec<super::instances::InstanceView> {
+        self.instances.view(self.control.fleet())
     }
 
     /// The gateway actor (add, remove and list workers).
@@ -475,20 +483,19 @@ impl InferenceService {
         if let Some(w) = &self.watcher {
             w.abort();
         }
-        let spawned = std::mem::take(&mut *self.spawned.lock().unwrap_or_else(|p| p.into_inner()));
+        let instances = self.instances.all();
         let _ = self.gateway.stop(Duration::from_secs(5)).await;
         futures::future::join_all(
-            self.proxies
+            instances
                 .iter()
-                .chain(&spawned.proxies)
+                .filter_map(|i| i.proxy.as_ref())
                 .map(|p| p.stop(Duration::from_secs(5))),
         )
         .await;
-        stop_servers(&self.servers).await;
         futures::future::join_all(
-            spawned
-                .servers
+            instances
                 .iter()
+                .flat_map(|i| &i.servers)
                 .map(|s| s.stop(Duration::from_secs(15))),
         )
         .await;

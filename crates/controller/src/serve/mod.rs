@@ -5,6 +5,7 @@ pub mod config;
 pub mod control;
 pub mod fleet;
 pub mod fork;
+pub mod instances;
 mod replace;
 mod routing;
 pub mod sched;
@@ -14,5 +15,5 @@ pub mod watch;
 
 pub use config::{ConfigError, ServeConfig};
 pub use control::{InferenceControl, PauseMode, ServerResult};
-pub use fork::{Capacity, ForkError, ForkOptions, InferenceService, ServerEntry};
+pub use fork::{Capacity, Deployment, ForkError, ForkOptions, ServerEntry};
 pub use watch::ServingEvent;

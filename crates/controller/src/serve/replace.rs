@@ -7,7 +7,7 @@
 //! re-placed (their peers would need a new rendezvous); they are reported lost.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use troupe_scheduler::{HostResources, PortAllocator, PortNeeds};
@@ -16,15 +16,8 @@ use troupe_serving::inference::server::GetInfo;
 use troupe_serving::inference::{InferenceServer, LaunchSpec, WorkerType};
 use troupe_serving::worker::WorkerSpec;
 
-use super::watch::Head;
-use crate::handle::{ActorHandle, HostHandle, SpawnOptions};
-
-/// Actors a re-placement started, so teardown stops them too.
-#[derive(Default)]
-pub(crate) struct Spawned {
-    pub servers: Vec<ActorHandle<InferenceServer>>,
-    pub proxies: Vec<ActorHandle<ProxyActor>>,
-}
+use super::instances::{Head, Instance};
+use crate::handle::{HostHandle, SpawnOptions};
 
 /// Free capacity and ports of the cluster, for re-placements.
 pub(crate) struct Replacer {
@@ -35,7 +28,6 @@ pub(crate) struct Replacer {
     pub lost: Mutex<BTreeSet<usize>>,
     pub ports: Mutex<PortAllocator>,
     pub restarts: u32,
-    pub spawned: Arc<Mutex<Spawned>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -64,8 +56,9 @@ impl Replacer {
             .map_err(|e| format!("{e}: serving continues with less capacity"))
     }
 
-    /// Launches `head`'s server (and a proxy) on surviving capacity; the new head.
-    pub async fn replace(&self, head: &Head) -> Result<Head, String> {
+    /// Launches `head`'s server (and a proxy) on surviving capacity; the new instance, for the
+    /// deployment's table.
+    pub async fn replace(&self, head: &Head) -> Result<Instance, String> {
         if head.actors.len() > 1 {
             return Err("a multi-node instance is not re-placed".into());
         }
@@ -116,7 +109,7 @@ impl Replacer {
         name: &str,
         spec: &LaunchSpec,
         machine: &str,
-    ) -> Result<Head, String> {
+    ) -> Result<Instance, String> {
         let h = &self.hosts[host];
         let server = h
             .spawn_with::<InferenceServer>(
@@ -175,9 +168,11 @@ impl Replacer {
             spec: spec.clone(),
             name: name.to_string(),
         };
-        let mut s = lock(&self.spawned);
-        s.servers.push(server);
-        s.proxies.push(proxy);
-        Ok(head)
+        Ok(Instance {
+            head,
+            servers: vec![server],
+            proxy: Some(proxy),
+            replaced_by: None,
+        })
     }
 }

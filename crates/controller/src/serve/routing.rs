@@ -9,17 +9,19 @@ use troupe_serving::inference::WorkerType;
 use troupe_serving::worker::WorkerSpec;
 
 use super::control::InferenceControl;
-use super::fork::{ForkError, ForkOptions, InferenceService, ServerEntry, host_port, machine};
+use super::fork::{Deployment, ForkError, ForkOptions, ServerEntry, host_port, machine};
+use super::instances::{Head, Instance, Instances};
 use crate::cluster::Cluster;
+use crate::handle::ActorHandle;
 
-impl InferenceService {
+impl Deployment {
     /// Proxies and gateway in front of the servers.
     pub(super) async fn route(
         cluster: &Cluster,
         mut servers: Vec<ServerEntry>,
         opts: &ForkOptions,
         claims: std::sync::Arc<crate::ports::Claims>,
-    ) -> Result<(InferenceService, Vec<super::watch::Head>), (Vec<ServerEntry>, ForkError)> {
+    ) -> Result<Deployment, (Vec<ServerEntry>, ForkError)> {
         let serving = |e: &dyn std::fmt::Display| ForkError::Serving(e.to_string());
         let mut proxies = Vec::new();
         let proxy_starts = servers.iter().filter(|s| s.node_rank == 0).map(|s| {
@@ -107,7 +109,13 @@ impl InferenceService {
         };
         let gateway_url = match gateway.call(GetUrl).await {
             Ok(u) => u,
-            Err(e) => return Err((servers, serving(&e))),
+            Err(e) => {
+                let _ = gateway.stop(Duration::from_secs(2)).await;
+                for p in &proxies {
+                    let _ = p.stop(Duration::from_secs(2)).await;
+                }
+                return Err((servers, serving(&e)));
+            }
         };
         let heads: Vec<&ServerEntry> = servers.iter().filter(|s| s.node_rank == 0).collect();
         let inf_addrs = heads.iter().map(|s| s.info.addr.clone()).collect();
@@ -118,9 +126,9 @@ impl InferenceService {
                 .collect(),
             opts.admin_key.clone(),
         );
-        let watched = watched_heads(&servers, &workers_by_proxy);
+        let instances = Instances::new(instances_of(&servers, &workers_by_proxy, &proxies));
         let (serving_events, _) = tokio::sync::broadcast::channel(1024);
-        let svc = InferenceService {
+        let svc = Deployment {
             servers,
             inf_addrs,
             gateway_url,
@@ -130,15 +138,13 @@ impl InferenceService {
                 instances: Vec::new(),
             },
             gateway,
-            proxies,
+            instances,
             watcher: None,
             serving_events,
-            spawned: Default::default(),
-            heads: Default::default(),
             admin_key: opts.admin_key.clone(),
             claims,
         };
-        Ok((svc, watched))
+        Ok(svc)
     }
 
     /// What the serving watcher does as servers die, come back and catch up (see
@@ -148,14 +154,17 @@ impl InferenceService {
     }
 }
 
-/// The watcher's view of each instance: its actors and hosts, and how the router knows it.
-fn watched_heads(
+/// The table's instances: for each head (in order, as `proxies` were started), every node of
+/// its instance, its proxy, and how the router knows it.
+fn instances_of(
     servers: &[ServerEntry],
     workers: &[(String, WorkerSpec)],
-) -> Vec<super::watch::Head> {
+    proxies: &[ActorHandle<ProxyActor>],
+) -> Vec<Instance> {
     workers
         .iter()
-        .filter_map(|(server_url, spec)| {
+        .zip(proxies)
+        .filter_map(|((server_url, spec), proxy)| {
             let head = servers
                 .iter()
                 .find(|s| s.node_rank == 0 && &s.info.url == server_url)?;
@@ -166,14 +175,19 @@ fn watched_heads(
                         == (head.component, head.group, head.instance)
                 })
                 .collect();
-            Some(super::watch::Head {
-                actors: nodes.iter().map(|s| s.actor.id().to_string()).collect(),
-                hosts: nodes.iter().map(|s| s.host).collect(),
-                server_url: server_url.clone(),
-                gpus: head.info.gpu_count,
-                worker: spec.clone(),
-                spec: head.spec.clone(),
-                name: head.name.clone(),
+            Some(Instance {
+                head: Head {
+                    actors: nodes.iter().map(|s| s.actor.id().to_string()).collect(),
+                    hosts: nodes.iter().map(|s| s.host).collect(),
+                    server_url: server_url.clone(),
+                    gpus: head.info.gpu_count,
+                    worker: spec.clone(),
+                    spec: head.spec.clone(),
+                    name: head.name.clone(),
+                },
+                servers: nodes.iter().map(|s| s.actor.clone()).collect(),
+                proxy: Some(proxy.clone()),
+                replaced_by: None,
             })
         })
         .collect()

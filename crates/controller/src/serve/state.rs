@@ -16,13 +16,13 @@ use troupe_scheduler::{HostResources, Placement, PortAllocator, PortRange};
 use troupe_serving::inference::ServerInfo;
 
 use super::control::InferenceControl;
-use super::fork::{ForkError, InferenceService, ServerEntry};
-use super::watch::Head;
+use super::fork::{Deployment, ForkError, ServerEntry};
+use super::instances::{Head, Instance, InstanceRecord, Instances};
 use crate::cluster::Cluster;
 use crate::ports::LedgerProbe;
 
 /// Format version of the file; a controller refuses files of another version.
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 
 /// One actor, by host and id.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -68,12 +68,11 @@ pub struct ServeState {
     /// The gateway clients use.
     pub gateway_url: String,
     gateway: ActorRecord,
-    proxies: Vec<ActorRecord>,
+    /// The servers as launched (the deployment's launch record).
     servers: Vec<ServerRecord>,
-    heads: Vec<Head>,
+    /// The deployment's instance table: every instance with its actors.
+    instances: Vec<InstanceRecord>,
     engines: Vec<(String, u32)>,
-    spawned_servers: Vec<ActorRecord>,
-    spawned_proxies: Vec<ActorRecord>,
     placement: Placement,
     admin_key: Option<String>,
     /// Launcher-specific facts (e.g. a Slurm job id) the launcher needs to clean up later.
@@ -185,13 +184,13 @@ impl ServeState {
     }
 }
 
-impl InferenceService {
+impl Deployment {
     /// What a restarted controller needs to take this service over.
     pub fn state(&self, cluster: &Cluster) -> ServeState {
         self.state_source(cluster)()
     }
 
-    /// A snapshot function for [`InferenceService::state`] that outlives the borrows: what can
+    /// A snapshot function for [`Deployment::state`] that outlives the borrows: what can
     /// change (re-placed heads, the engine list, spawned actors) is read at each call.
     pub fn state_source(
         &self,
@@ -212,11 +211,6 @@ impl InferenceService {
                 .collect(),
             gateway_url: self.gateway_url.clone(),
             gateway: record(host_of(self.gateway.host_id()), self.gateway.id()),
-            proxies: self
-                .proxies
-                .iter()
-                .map(|p| record(host_of(p.host_id()), p.id()))
-                .collect(),
             servers: self
                 .servers
                 .iter()
@@ -233,35 +227,34 @@ impl InferenceService {
                     name: s.name.clone(),
                 })
                 .collect(),
-            heads: Vec::new(),
+            instances: Vec::new(),
             engines: Vec::new(),
-            spawned_servers: Vec::new(),
-            spawned_proxies: Vec::new(),
             placement: self.placement.clone(),
             admin_key: self.admin_key.clone(),
             launcher: serde_json::Value::Null,
             controller_pid: std::process::id(),
         };
-        let (heads, spawned, control) = (
-            self.heads.clone(),
-            self.spawned.clone(),
-            self.control.clone(),
-        );
+        let (instances, control) = (self.instances.clone(), self.control.clone());
         move || {
             let mut st = base.clone();
-            st.heads = heads.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            st.instances = instances
+                .all()
+                .into_iter()
+                .map(|i| InstanceRecord {
+                    servers: i
+                        .servers
+                        .iter()
+                        .map(|a| record(host_of(a.host_id()), a.id()))
+                        .collect(),
+                    proxy: i
+                        .proxy
+                        .as_ref()
+                        .map(|a| record(host_of(a.host_id()), a.id())),
+                    head: i.head,
+                    replaced_by: i.replaced_by,
+                })
+                .collect();
             st.engines = control.engines();
-            let sp = spawned.lock().unwrap_or_else(|p| p.into_inner());
-            st.spawned_servers = sp
-                .servers
-                .iter()
-                .map(|a| record(host_of(a.host_id()), a.id()))
-                .collect();
-            st.spawned_proxies = sp
-                .proxies
-                .iter()
-                .map(|a| record(host_of(a.host_id()), a.id()))
-                .collect();
             st
         }
     }
@@ -273,7 +266,7 @@ impl InferenceService {
         cluster: &Cluster,
         st: &ServeState,
         server_restarts: u32,
-    ) -> Result<InferenceService, ForkError> {
+    ) -> Result<Deployment, ForkError> {
         let gone = |what: String| ForkError::Serving(format!("cannot recover: {what}"));
         if cluster.hosts().len() != st.hosts.len() {
             return Err(gone(format!(
@@ -310,11 +303,13 @@ impl InferenceService {
             }
         };
         check(&st.gateway, "the gateway")?;
-        for p in &st.proxies {
-            check(p, "proxy")?;
-        }
-        for s in &st.servers {
-            check(&record(s.host, &s.actor_id), &format!("server {}", s.name))?;
+        for i in st.instances.iter().filter(|i| i.replaced_by.is_none()) {
+            if let Some(p) = &i.proxy {
+                check(p, "proxy")?;
+            }
+            for s in &i.servers {
+                check(s, &format!("server {}", i.head.name))?;
+            }
         }
         let servers: Vec<ServerEntry> = st
             .servers
@@ -351,7 +346,13 @@ impl InferenceService {
                 .or_default()
                 .extend(p.gpus.iter().copied());
         }
-        for h in &st.heads {
+        let live: Vec<&Head> = st
+            .instances
+            .iter()
+            .filter(|i| i.replaced_by.is_none())
+            .map(|i| &i.head)
+            .collect();
+        for h in &live {
             for host in &h.hosts {
                 used.entry(*host)
                     .or_default()
@@ -360,7 +361,7 @@ impl InferenceService {
         }
         // The servers hold their ports: claim them again in this controller's ledger.
         let claims = cluster.ports().claims();
-        for h in &st.heads {
+        for h in &live {
             let m = super::fork::machine(&h.spec.advertise_host);
             for p in [Some(h.spec.port), h.spec.dist_port, h.spec.bootstrap_port]
                 .into_iter()
@@ -369,20 +370,26 @@ impl InferenceService {
                 claims.claim(&m, p);
             }
         }
-        let spawned = super::replace::Spawned {
-            servers: st
-                .spawned_servers
+        let instances = Instances::new(
+            st.instances
                 .iter()
-                .map(|r| cluster.host(r.host).attach(r.actor_id.clone()))
+                .map(|i| Instance {
+                    head: i.head.clone(),
+                    servers: i
+                        .servers
+                        .iter()
+                        .map(|r| cluster.host(r.host).attach(r.actor_id.clone()))
+                        .collect(),
+                    proxy: i
+                        .proxy
+                        .as_ref()
+                        .map(|r| cluster.host(r.host).attach(r.actor_id.clone())),
+                    replaced_by: i.replaced_by.clone(),
+                })
                 .collect(),
-            proxies: st
-                .spawned_proxies
-                .iter()
-                .map(|r| cluster.host(r.host).attach(r.actor_id.clone()))
-                .collect(),
-        };
+        );
         let (serving_events, _) = tokio::sync::broadcast::channel(1024);
-        let mut svc = InferenceService {
+        let mut svc = Deployment {
             inf_addrs: servers
                 .iter()
                 .filter(|s| s.node_rank == 0)
@@ -396,15 +403,9 @@ impl InferenceService {
             gateway: cluster
                 .host(st.gateway.host)
                 .attach(st.gateway.actor_id.clone()),
-            proxies: st
-                .proxies
-                .iter()
-                .map(|r| cluster.host(r.host).attach(r.actor_id.clone()))
-                .collect(),
+            instances,
             watcher: None,
             serving_events,
-            spawned: Arc::new(Mutex::new(spawned)),
-            heads: Arc::new(Mutex::new(st.heads.clone())),
             admin_key: st.admin_key.clone(),
             claims,
         };
@@ -418,10 +419,9 @@ impl InferenceService {
                 Arc::new(LedgerProbe::new(&resources, svc.claims.clone())),
             )),
             restarts: server_restarts,
-            spawned: svc.spawned.clone(),
         };
         svc.watcher = Some(super::watch::spawn(
-            svc.heads.clone(),
+            svc.instances.clone(),
             svc.gateway.clone(),
             svc.control.clone(),
             cluster.events(),

@@ -8,37 +8,18 @@
 //! sync when that keeps the last update, otherwise by the next update, which rebuilds the
 //! broadcast group because the fleet's generation changed.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use troupe_serving::actors::{AddWorker, GatewayActor, RemoveWorker};
-use troupe_serving::worker::WorkerSpec;
 
 use super::control::InferenceControl;
 use super::fleet::{Fleet, HeadState};
+use super::instances::{Head, Instances};
 use super::replace::Replacer;
 use crate::handle::ActorHandle;
 use crate::membership::ClusterEvent;
-
-/// One serving head and the actors its instance consists of.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Head {
-    /// Actor ids of every node of the instance (the head's first).
-    pub actors: Vec<String>,
-    /// Cluster host of each node, same order.
-    pub hosts: Vec<usize>,
-    /// The server's own URL (control plane, fleet key).
-    pub server_url: String,
-    /// GPUs the instance uses (for the weight group).
-    pub gpus: u32,
-    /// How the router knows it (its proxy's URL, type, bootstrap).
-    pub worker: WorkerSpec,
-    /// How the head was launched (a re-placement launches the same elsewhere).
-    pub spec: troupe_serving::inference::LaunchSpec,
-    /// The head's actor name.
-    pub name: String,
-}
 
 /// Something the watcher did, for logs, tests and the capacity report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,12 +67,8 @@ pub enum ServingEvent {
     },
 }
 
-/// The heads as the watcher currently knows them (re-placements swap entries); shared with
-/// the service so its state file can record them.
-pub(crate) type Heads = Arc<Mutex<Vec<Head>>>;
-
 struct Watcher {
-    heads: Heads,
+    instances: Instances,
     gateway: ActorHandle<GatewayActor>,
     control: InferenceControl,
     out: broadcast::Sender<ServingEvent>,
@@ -101,7 +78,7 @@ struct Watcher {
 /// Starts the watcher; it runs until the cluster's event stream closes or the handle is
 /// aborted.
 pub(crate) fn spawn(
-    heads: Heads,
+    instances: Instances,
     gateway: ActorHandle<GatewayActor>,
     control: InferenceControl,
     events: broadcast::Receiver<ClusterEvent>,
@@ -109,7 +86,7 @@ pub(crate) fn spawn(
     replacer: Option<Arc<Replacer>>,
 ) -> JoinHandle<()> {
     let w = Arc::new(Watcher {
-        heads,
+        instances,
         gateway,
         control,
         out,
@@ -123,15 +100,8 @@ impl Watcher {
         self.control.fleet()
     }
 
-    fn heads(&self) -> std::sync::MutexGuard<'_, Vec<Head>> {
-        self.heads.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn head_of(&self, actor_id: &str) -> Option<Head> {
-        self.heads()
-            .iter()
-            .find(|h| h.actors.iter().any(|a| a == actor_id))
-            .cloned()
+        self.instances.by_actor(actor_id)
     }
 
     fn emit(&self, e: ServingEvent) {
@@ -203,10 +173,10 @@ impl Watcher {
                     r.host_lost(host);
                 }
                 let lost: Vec<Head> = self
-                    .heads()
-                    .iter()
+                    .instances
+                    .live_heads()
+                    .into_iter()
                     .filter(|h| h.hosts.contains(&host))
-                    .cloned()
                     .collect();
                 for h in lost {
                     let reason = format!("host {host} lost: {reason}");
@@ -242,16 +212,12 @@ impl Watcher {
     /// lost when there is no room.
     async fn replace(self: Arc<Self>, r: &Replacer, old: Head, reason: String) {
         match r.replace(&old).await {
-            Ok(new) => {
+            Ok(instance) => {
+                let new = instance.head.clone();
                 self.control
                     .replace_engine(&old.server_url, (new.server_url.clone(), new.gpus));
                 self.fleet().forget(&old.server_url);
-                {
-                    let mut heads = self.heads();
-                    if let Some(slot) = heads.iter_mut().find(|h| h.server_url == old.server_url) {
-                        *slot = new.clone();
-                    }
-                }
+                self.instances.replace(&old.server_url, instance);
                 self.emit(ServingEvent::Replaced {
                     old: old.server_url.clone(),
                     new: new.server_url.clone(),
@@ -320,7 +286,7 @@ impl Watcher {
 
     /// Routes `url` again, unless it died again meanwhile.
     async fn readmit(&self, url: &str) {
-        let Some(h) = self.heads().iter().find(|h| h.server_url == url).cloned() else {
+        let Some(h) = self.instances.by_url(url) else {
             return;
         };
         if self.fleet().state(url) == HeadState::Down {
