@@ -6,3 +6,4 @@ mod common;
 mod gateway;
 mod gateway_proxy;
 mod pd;
+mod side_by_side;
