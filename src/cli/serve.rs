@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use troupe_controller::serve::config::{SchedulerType, ServeConfig};
 use troupe_controller::serve::setup::{admin_key, cluster_builder, cluster_for, fork_options};
+use troupe_controller::serve::state::ServeState;
 use troupe_controller::serve::{Deployment, ServingEvent};
 use troupe_controller::{Cluster, api};
 use troupe_scheduler::AllocationPlan;
@@ -29,10 +30,72 @@ pub struct ServeArgs {
     /// Reattach to the hosts, servers and gateway in the state file instead of launching.
     #[arg(long)]
     pub recover: bool,
+    /// A state file of an earlier controller exists and its hosts still run: stop those hosts
+    /// (and so their servers) and start afresh, instead of refusing.
+    #[arg(long, conflicts_with = "recover")]
+    pub discard_state: bool,
 }
 
 /// Default state file name (in the working directory).
 pub const DEFAULT_STATE_FILE: &str = "troupe-serve.state.json";
+
+/// A `troupe host` process still running at `pid` (checked by its command line, so a reused
+/// pid is not mistaken for one).
+fn host_alive(pid: u32) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let words: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    words.first().is_some_and(|w| w.ends_with(b"troupe")) && words.contains(&&b"host"[..])
+}
+
+/// Starting where an earlier controller left a state file: refuse while its hosts run (they
+/// would be orphaned and the file overwritten), unless `discard` says to stop them first. A
+/// file whose hosts are all gone is stale and simply replaced.
+async fn refuse_or_discard_state(path: &std::path::Path, discard: bool) -> Result<(), String> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let st = ServeState::load(path)
+        .map_err(|e| format!("{e}; move it away (or pass another --state-file) to start afresh"))?;
+    let running: Vec<u32> = st
+        .hosts
+        .iter()
+        .map(|h| h.pid)
+        .filter(|p| *p != 0 && host_alive(*p))
+        .collect();
+    if running.is_empty() {
+        let _ = std::fs::remove_file(path);
+        return Ok(());
+    }
+    if !discard {
+        return Err(format!(
+            "{} records a deployment whose {} host process(es) still run (pids {running:?}); reattach with `troupe serve CONFIG --recover`, or stop them and start afresh with `--discard-state`",
+            path.display(),
+            running.len()
+        ));
+    }
+    st.check_writer_gone()?;
+    eprintln!(
+        "discarding {}: stopping host processes {running:?} and their servers",
+        path.display()
+    );
+    for pid in &running {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while running.iter().any(|p| host_alive(*p)) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    for pid in running.iter().filter(|p| host_alive(**p)) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    std::fs::remove_file(path).map_err(|e| format!("cannot remove {}: {e}", path.display()))
+}
 
 /// The state file to write, if the hosts can outlive this controller.
 fn state_path(a: &ServeArgs, cfg: &ServeConfig) -> Option<PathBuf> {
@@ -95,7 +158,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
         .state_file
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_FILE));
-    let st = troupe_controller::serve::state::ServeState::load(&path).map_err(|e| e.to_string())?;
+    let st = ServeState::load(&path).map_err(|e| e.to_string())?;
     st.check_writer_gone()?;
     let mut cluster = cluster_builder(cfg)
         .connect(&st.host_addresses())
@@ -147,6 +210,9 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
         }
         None => None,
     };
+    if let Some(p) = state_path(a, &cfg) {
+        refuse_or_discard_state(&p, a.discard_state).await?;
+    }
     // A signal while hosts come up drops the launch, and with it (synchronously) whatever the
     // launcher started, e.g. the Slurm job.
     let cluster = tokio::select! {

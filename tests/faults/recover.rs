@@ -182,3 +182,53 @@ async fn recover_without_a_usable_state_file_says_why() {
     })
     .await
 }
+
+#[tokio::test]
+async fn a_crashed_controllers_state_is_not_overwritten_without_discard_state() {
+    within(240, async {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state.json");
+        let state_arg = state.to_str().unwrap();
+        let (mut first, _) = serve(&["--state-file", state_arg]).await;
+        let hosts = children_of(first.id().unwrap());
+        let engines: Vec<u32> = hosts.iter().flat_map(|h| children_of(*h)).collect();
+        let _reap = Reap(hosts.iter().chain(&engines).copied().collect());
+        first.start_kill().unwrap();
+        first.wait().await.unwrap();
+        // Starting again without --recover: refused, naming both ways out; nothing changed.
+        let out = tokio::process::Command::new(BIN)
+            .args([
+                "serve",
+                CFG,
+                "scheduler.type=local",
+                "--state-file",
+                state_arg,
+            ])
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--recover") && err.contains("--discard-state"),
+            "{err}"
+        );
+        assert!(state.exists());
+        for p in hosts.iter().chain(&engines) {
+            assert!(alive(*p), "{p} was touched by a refused start");
+        }
+        // With --discard-state the old hosts and their engines are stopped first.
+        let (mut second, _) = serve(&["--state-file", state_arg, "--discard-state"]).await;
+        for p in hosts.iter().chain(&engines) {
+            wait_dead(*p).await;
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(second.id().unwrap() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .unwrap();
+        assert!(second.wait().await.unwrap().success());
+        assert!(!state.exists(), "a clean stop removes the state file");
+    })
+    .await
+}
