@@ -4,6 +4,7 @@
 mod common;
 
 mod alloc;
+mod fuzz;
 mod gateway;
 mod quantize;
 mod run;
