@@ -391,3 +391,38 @@ async fn without_room_a_lost_host_leaves_serving_degraded_but_running() {
     })
     .await
 }
+
+#[tokio::test]
+async fn a_frozen_hosts_server_is_fenced_before_it_is_re_placed() {
+    within(240, async {
+        let cluster = process_cluster(3).await;
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
+        let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
+            .await
+            .unwrap();
+        let mut serving = svc.serving_events();
+        let decode = svc.servers[1].clone();
+        assert_eq!(decode.host, 1);
+        let host_pid = cluster.host(1).pid();
+        // Frozen, not dead: the host stops heartbeating while its engine keeps answering.
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(host_pid as i32),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .unwrap();
+        let e = wait_serving(&mut serving, 90, |e| {
+            matches!(e, ServingEvent::Replaced { .. })
+        })
+        .await;
+        let ServingEvent::Replaced { old, .. } = e else {
+            unreachable!()
+        };
+        assert_eq!(old, decode.info.url);
+        // Before the copy started, the old host and its engine were stopped for good.
+        common::procs::wait_dead(host_pid).await;
+        common::procs::wait_dead(decode.info.pid).await;
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}

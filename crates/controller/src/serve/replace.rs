@@ -30,6 +30,21 @@ pub(crate) struct Replacer {
     pub restarts: u32,
 }
 
+/// How long a lost server may take to stop answering once fenced.
+const FENCE_WAIT: Duration = Duration::from_secs(10);
+
+/// Whether anything answers HTTP at `url` (any status: a live process holds the port).
+async fn answers(url: &str) -> bool {
+    let Ok(client) = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(1))
+        .build()
+    else {
+        return false;
+    };
+    client.get(format!("{url}/health")).send().await.is_ok()
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -56,12 +71,50 @@ impl Replacer {
             .map_err(|e| format!("{e}: serving continues with less capacity"))
     }
 
+    /// Makes sure the lost server is gone before a copy starts elsewhere, so two copies never
+    /// serve (and take weight updates) at once. A host lost to a SIGKILL took its engines with
+    /// it; a host that froze or lost its network may still run one. If the old server still
+    /// answers and its host is a process on this machine, that process is killed (its engines
+    /// die with it); if it still answers after that, the server is not re-placed.
+    async fn fence(&self, head: &Head) -> Result<(), String> {
+        let url = &head.server_url;
+        if !answers(url).await {
+            return Ok(());
+        }
+        let me = std::process::id();
+        for h in &head.hosts {
+            let pid = self.hosts.get(*h).map_or(0, |h| h.pid());
+            let local = self
+                .resources
+                .get(*h)
+                .is_some_and(|r| r.address == "127.0.0.1");
+            if pid != 0 && pid != me && local {
+                tracing::warn!(server = %url, pid, "fencing: killing the lost host's process");
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        let deadline = std::time::Instant::now() + FENCE_WAIT;
+        while std::time::Instant::now() < deadline {
+            if !answers(url).await {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(format!(
+            "the lost server {url} still answers, so it is not re-placed (two copies must never serve at once); stop its host to free its capacity"
+        ))
+    }
+
     /// Launches `head`'s server (and a proxy) on surviving capacity; the new instance, for the
     /// deployment's table.
     pub async fn replace(&self, head: &Head) -> Result<Instance, String> {
         if head.actors.len() > 1 {
             return Err("a multi-node instance is not re-placed".into());
         }
+        self.fence(head).await?;
         let need = head.spec.gpus.len();
         let (host, gpus) = self.pick(need)?;
         let res = &self.resources[host];
