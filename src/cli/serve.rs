@@ -113,15 +113,21 @@ fn keep_state(
     path: PathBuf,
     svc: &Deployment,
     cluster: &Cluster,
+    token: Option<String>,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
-    svc.state(cluster).save(&path).map_err(|e| e.to_string())?;
+    let source = svc.state_source(cluster);
+    let snapshot = move || {
+        let mut st = source();
+        st.token = token.clone();
+        st
+    };
+    snapshot().save(&path).map_err(|e| e.to_string())?;
     eprintln!(
         "state: {} (after a controller crash, `troupe serve CONFIG --recover` reattaches)",
         path.display()
     );
     // Re-placements change the heads and engines: write the state again after each.
     let mut events = svc.serving_events();
-    let snapshot = svc.state_source(cluster);
     Ok(tokio::spawn(async move {
         loop {
             match events.recv().await {
@@ -161,6 +167,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
     let st = ServeState::load(&path).map_err(|e| e.to_string())?;
     st.check_writer_gone()?;
     let mut cluster = cluster_builder(cfg)
+        .token(cfg.token().or_else(|| st.token.clone()))
         .connect(&st.host_addresses())
         .await
         .map_err(|e| format!("cannot reach the hosts named in {}: {e}", path.display()))?;
@@ -175,7 +182,12 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
             ));
         }
     };
-    let keeper = keep_state(path.clone(), &svc, &cluster)?;
+    let keeper = keep_state(
+        path.clone(),
+        &svc,
+        &cluster,
+        cfg.token().or(st.token.clone()),
+    )?;
     println!("gateway: {}", svc.gateway_url);
     eprintln!(
         "recovered {} servers on {} hosts from {}",
@@ -202,6 +214,14 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
         AllocationPlan::parse(&cfg.allocation_mode).map_err(|e| format!("allocation_mode: {e}"))?;
     let key = admin_key(&cfg);
     let token = cfg.token();
+    // Hosts the local scheduler starts listen on this machine, where any user could reach
+    // them: each run gets a fresh control-plane token unless one is configured (it is kept in
+    // the 0600 state file for --recover). In-process hosts need none; Slurm makes its own.
+    let mut cfg = cfg;
+    if cfg.scheduler.kind == SchedulerType::Local && cfg.token.is_none() && token.is_none() {
+        cfg.token = Some(uuid::Uuid::new_v4().simple().to_string());
+    }
+    let host_token = cfg.token();
     // Refuse an unguarded API before anything starts.
     let api_tls = match a.api_listen {
         Some(addr) => {
@@ -251,7 +271,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     // The state file exists before anyone is told the gateway is up.
     let state = state_path(a, &cfg);
     let keeper = match &state {
-        Some(p) => match keep_state(p.clone(), &svc, &cluster) {
+        Some(p) => match keep_state(p.clone(), &svc, &cluster, host_token.clone()) {
             Ok(k) => Some(k),
             Err(e) => {
                 svc.teardown().await;

@@ -75,6 +75,10 @@ pub struct ServeState {
     engines: Vec<(String, u32)>,
     placement: Placement,
     admin_key: Option<String>,
+    /// The control-plane token the hosts require (a run's fresh one, when the config named
+    /// none): a recovering controller needs it to reach them. The file is 0600.
+    #[serde(default)]
+    pub token: Option<String>,
     /// Launcher-specific facts (e.g. a Slurm job id) the launcher needs to clean up later.
     #[serde(default)]
     pub launcher: serde_json::Value,
@@ -231,6 +235,7 @@ impl Deployment {
             engines: Vec::new(),
             placement: self.placement.clone(),
             admin_key: self.admin_key.clone(),
+            token: None,
             launcher: serde_json::Value::Null,
             controller_pid: std::process::id(),
         };
