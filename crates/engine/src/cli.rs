@@ -51,6 +51,16 @@ pub struct EngineArgs {
     /// Prefill: how long an unfetched room's KV is kept (seconds).
     #[arg(long, default_value_t = 300.0)]
     pub disaggregation_prefill_keep_s: f64,
+    /// The deployment's KV-handoff secret: prefill and decode servers of one deployment prove
+    /// it to each other before KV flows, so a request cannot point a decode at another
+    /// deployment's prefill. Give it through the environment (argv is visible to every user).
+    #[arg(
+        long,
+        env = "TROUPE_BOOTSTRAP_SECRET",
+        hide_env_values = true,
+        hide = true
+    )]
+    pub disaggregation_bootstrap_secret: Option<String>,
     /// Most requests in the running batch.
     #[arg(long, default_value_t = 64)]
     pub max_running_requests: usize,
@@ -147,6 +157,7 @@ impl Default for EngineArgs {
             disaggregation_transfer_backend: "tcp".into(),
             disaggregation_kv_timeout_s: 300.0,
             disaggregation_prefill_keep_s: 300.0,
+            disaggregation_bootstrap_secret: None,
             max_running_requests: 64,
             random_seed: 0,
             api_key: None,
@@ -243,6 +254,15 @@ pub struct Validated {
 }
 
 impl EngineArgs {
+    /// The KV-handoff secret, if one was given.
+    pub fn bootstrap_secret(&self) -> Option<crate::pd::auth::Secret> {
+        crate::pd::auth::Secret::new(
+            self.disaggregation_bootstrap_secret
+                .as_deref()
+                .unwrap_or_default(),
+        )
+    }
+
     /// Checks every flag; errors name the flag and the accepted values.
     pub fn validate(&self) -> Result<Validated, EngineError> {
         if let Some(j) = &self.json_model_override_args

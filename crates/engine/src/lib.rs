@@ -122,7 +122,8 @@ pub async fn start(args: EngineArgs) -> Result<EngineHandle, EngineError> {
     let (rooms, bootstrap) = if v.mode == DisaggMode::Prefill {
         let store = RoomStore::new(v.prefill_keep);
         let bl = bind(&args.host, args.disaggregation_bootstrap_port).await?;
-        let server = BootstrapServer::spawn(bl, store.clone(), v.prefill_keep)?;
+        let server =
+            BootstrapServer::spawn(bl, store.clone(), v.prefill_keep, args.bootstrap_secret())?;
         (Some(store), Some(server))
     } else {
         (None, None)

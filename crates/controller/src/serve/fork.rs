@@ -190,6 +190,7 @@ fn spec_for(
     tp: u32,
     pp: u32,
     opts: &ForkOptions,
+    bootstrap_secret: &str,
 ) -> LaunchSpec {
     let wt = p.worker_type;
     let host = machine(&head.address);
@@ -223,7 +224,13 @@ fn spec_for(
         }),
         quantization: opts.quantization.clone(),
         extra_args: opts.extra_args.clone(),
-        env: Default::default(),
+        // The deployment's KV-handoff secret: its prefill and decode servers prove it to each
+        // other, so no request can point a decode at another deployment's prefill.
+        env: [(
+            "TROUPE_BOOTSTRAP_SECRET".to_string(),
+            bootstrap_secret.to_string(),
+        )]
+        .into(),
         python: opts.python.clone(),
         troupe_bin: None,
         log_path: None,
@@ -257,6 +264,7 @@ impl Deployment {
                 .collect();
             return Err(ForkError::NoAdminKey(remote.join(", ")));
         }
+        let bootstrap_secret = uuid::Uuid::new_v4().simple().to_string();
         // Claims live as long as the deployment; a failed fork drops them.
         let claims = cluster.ports().claims();
         let mut ports = PortAllocator::randomized(
@@ -308,7 +316,15 @@ impl Deployment {
                         .find(|e| e.node_rank == 0)
                         .unwrap_or(&p);
                     let backend = comp.backend;
-                    let spec = spec_for(&p, head, backend, g.parallel.tp, g.parallel.pp, opts);
+                    let spec = spec_for(
+                        &p,
+                        head,
+                        backend,
+                        g.parallel.tp,
+                        g.parallel.pp,
+                        opts,
+                        &bootstrap_secret,
+                    );
                     (p, spec)
                 })
                 .collect();

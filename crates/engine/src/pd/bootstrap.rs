@@ -4,11 +4,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use super::KvHandoff;
+use super::auth::{self, NONCE_LEN, Secret, Side, TAG_LEN};
 use super::room::RoomStore;
 use super::wire::{self, MAGIC, VERSION};
 
@@ -22,10 +23,12 @@ pub struct BootstrapServer {
 
 impl BootstrapServer {
     /// Serves rooms from `store` on `listener`; each fetch waits up to `wait` for its room.
+    /// With `secret`, only decodes that prove they know it get KV ([`super::auth`]).
     pub fn spawn(
         listener: TcpListener,
         store: Arc<RoomStore>,
         wait: Duration,
+        secret: Option<Secret>,
     ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let sweep_store = store.clone();
@@ -47,9 +50,9 @@ impl BootstrapServer {
                 let Ok((stream, peer)) = listener.accept().await else {
                     continue;
                 };
-                let store = store.clone();
+                let (store, secret) = (store.clone(), secret.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = serve_one(stream, store, wait).await {
+                    if let Err(e) = serve_one(stream, store, wait, secret).await {
                         tracing::warn!(%peer, error = %e, "bootstrap connection failed");
                     }
                 });
@@ -79,16 +82,42 @@ async fn serve_one(
     mut stream: TcpStream,
     store: Arc<RoomStore>,
     wait: Duration,
+    secret: Option<Secret>,
 ) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let mut magic = [0u8; 4];
     stream.read_exact(&mut magic).await?;
     let version = stream.read_u8().await?;
     if &magic != MAGIC || version != VERSION {
-        return wire::write_error(&mut stream, "not a troupe KV bootstrap request (version 1)")
-            .await;
+        return wire::write_error(
+            &mut stream,
+            &format!("not a troupe KV bootstrap request (version {VERSION})"),
+        )
+        .await;
     }
     let room = stream.read_u64_le().await?;
+    let mut theirs = [0u8; NONCE_LEN];
+    stream.read_exact(&mut theirs).await?;
+    if let Some(secret) = &secret {
+        let mine = auth::nonce();
+        let mut challenge = vec![wire::CHALLENGE];
+        challenge.extend_from_slice(&mine);
+        challenge.extend_from_slice(&secret.prove(Side::Prefill, &theirs, room));
+        stream.write_all(&challenge).await?;
+        let mut proof = [0u8; TAG_LEN];
+        stream.read_exact(&mut proof).await?;
+        if !secret.check(Side::Decode, &mine, room, &proof) {
+            tracing::warn!(
+                room,
+                "KV fetch refused: the decode did not prove the bootstrap secret"
+            );
+            return wire::write_error(
+                &mut stream,
+                "handoff refused: the decode server is not of this prefill's deployment (bootstrap secret mismatch)",
+            )
+            .await;
+        }
+    }
     // Stop waiting if the decode side hangs up (it has its own timeout).
     let mut probe = [0u8; 1];
     let taken = tokio::select! {
@@ -103,11 +132,16 @@ async fn serve_one(
 
 /// Fetches `room` from the prefill server's bootstrap listener at `host:port`, waiting at most
 /// `timeout` overall (connect, the prefill finishing, and the transfer).
+///
+/// With `secret`, the prefill must prove it knows it before its KV is taken (and this side
+/// proves it in turn); a prefill that does not is refused, so a request's `bootstrap_host`
+/// cannot point a decode at another deployment.
 pub async fn fetch_kv(
     host: &str,
     port: u16,
     room: u64,
     timeout: Duration,
+    secret: Option<&Secret>,
 ) -> Result<KvHandoff, String> {
     let addr = if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
@@ -119,14 +153,38 @@ pub async fn fetch_kv(
             .await
             .map_err(|e| format!("cannot reach prefill bootstrap at {addr}: {e}"))?;
         stream.set_nodelay(true).map_err(|e| e.to_string())?;
-        let mut req = Vec::with_capacity(13);
+        let mine = auth::nonce();
+        let mut req = Vec::with_capacity(13 + NONCE_LEN);
         req.extend_from_slice(MAGIC);
         req.push(VERSION);
         req.extend_from_slice(&room.to_le_bytes());
-        tokio::io::AsyncWriteExt::write_all(&mut stream, &req)
-            .await
-            .map_err(|e| format!("bootstrap write to {addr} failed: {e}"))?;
-        wire::read_handoff(&mut stream).await
+        req.extend_from_slice(&mine);
+        let io = |e: std::io::Error| format!("bootstrap connection to {addr} failed: {e}");
+        stream.write_all(&req).await.map_err(io)?;
+        let status = stream.read_u8().await.map_err(io)?;
+        match (status, secret) {
+            (wire::CHALLENGE, Some(secret)) => {
+                let mut theirs = [0u8; NONCE_LEN];
+                stream.read_exact(&mut theirs).await.map_err(io)?;
+                let mut proof = [0u8; TAG_LEN];
+                stream.read_exact(&mut proof).await.map_err(io)?;
+                if !secret.check(Side::Prefill, &mine, room, &proof) {
+                    return Err(format!(
+                        "the prefill at {addr} is not of this deployment (bootstrap secret mismatch); refusing its KV"
+                    ));
+                }
+                let answer = secret.prove(Side::Decode, &theirs, room);
+                stream.write_all(&answer).await.map_err(io)?;
+                wire::read_handoff(&mut stream).await
+            }
+            (wire::CHALLENGE, None) => Err(format!(
+                "the prefill at {addr} requires a bootstrap secret this decode server was not given"
+            )),
+            (_, Some(_)) => Err(format!(
+                "the prefill at {addr} did not prove this deployment's bootstrap secret; refusing its KV"
+            )),
+            (status, None) => wire::read_handoff_after(status, &mut stream).await,
+        }
     };
     match tokio::time::timeout(timeout, fut).await {
         Ok(r) => r,

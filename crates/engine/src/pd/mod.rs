@@ -2,8 +2,10 @@
 //!
 //! A prefill server keeps, per `bootstrap_room`, the prompt's KV cache and first sampled token
 //! ([`KvHandoff`]) in a [`RoomStore`] until the decode server fetches it over the bootstrap
-//! port ([`bootstrap`]), or until a timeout. The handoff is serialised by [`wire`].
+//! port ([`bootstrap`]), or until a timeout. The handoff is serialised by [`wire`]; with a
+//! deployment secret, both sides prove they belong to the deployment first ([`auth`]).
 
+pub mod auth;
 pub mod bootstrap;
 pub mod room;
 pub mod wire;

@@ -1,6 +1,8 @@
 //! Byte format of a KV handoff on the bootstrap connection.
 //!
-//! Request (decode → prefill): `b"TRKV"`, `u8 version (=1)`, `u64 room`.
+//! Request (decode → prefill): `b"TRKV"`, `u8 version (=2)`, `u64 room`, 16-byte nonce.
+//! With a deployment secret the prefill first answers status 2 + its 16-byte nonce + its
+//! 32-byte proof, and the decode replies with its 32-byte proof ([`super::auth`]).
 //! Response: `u8 status`; status 1 is followed by `u32 len` + UTF-8 error. Status 0 is followed
 //! by `u32 len` + a JSON header (`input_ids`, `first_token`, `first_logprob`, `kv_len`,
 //! `num_layers`, `kv_dim`, `weight_version`) and then, per layer, the keys then the values as
@@ -15,7 +17,9 @@ use crate::model::forward::{KvCache, LayerKv};
 /// Request magic.
 pub const MAGIC: &[u8; 4] = b"TRKV";
 /// Protocol version.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
+/// Status of the prefill's authentication challenge.
+pub const CHALLENGE: u8 = 2;
 const MAX_HEADER: usize = 64 << 20;
 const MAX_KV_FLOATS: usize = 1 << 32;
 const MAX_LAYERS: usize = 1024;
@@ -75,8 +79,19 @@ pub async fn write_error<W: AsyncWrite + Unpin>(w: &mut W, msg: &str) -> std::io
 
 /// Reads a handoff (or the prefill's error message).
 pub async fn read_handoff<R: AsyncRead + Unpin>(r: &mut R) -> Result<KvHandoff, String> {
+    let status = r
+        .read_u8()
+        .await
+        .map_err(|e| format!("bootstrap connection failed: {e}"))?;
+    read_handoff_after(status, r).await
+}
+
+/// Reads the rest of a handoff whose status byte was already read.
+pub async fn read_handoff_after<R: AsyncRead + Unpin>(
+    status: u8,
+    r: &mut R,
+) -> Result<KvHandoff, String> {
     let io = |e: std::io::Error| format!("bootstrap connection failed: {e}");
-    let status = r.read_u8().await.map_err(io)?;
     let len = r.read_u32_le().await.map_err(io)? as usize;
     if len > MAX_HEADER {
         return Err(format!("bootstrap header of {len} bytes"));

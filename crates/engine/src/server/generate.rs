@@ -106,9 +106,10 @@ pub fn start_item(state: &Arc<AppState>, item: &GenItem) -> mpsc::UnboundedRecei
                 .port
                 .unwrap_or(state.args.disaggregation_bootstrap_port);
             let state = state.clone();
+            let secret = state.args.bootstrap_secret();
             tokio::spawn(async move {
                 let fetched = tokio::select! {
-                    r = fetch_kv(&host, port, room, state.kv_timeout) => r,
+                    r = fetch_kv(&host, port, room, state.kv_timeout, secret.as_ref()) => r,
                     _ = tx.closed() => return,
                 };
                 let checked = fetched.and_then(|h| {
@@ -122,6 +123,7 @@ pub fn start_item(state: &Arc<AppState>, item: &GenItem) -> mpsc::UnboundedRecei
                     if !h.cache.matches(&state.config) {
                         return Err("prefill KV does not fit this model; prefill and decode must run the same --model".into());
                     }
+                    check_handoff(&h, &state.config)?;
                     Ok(h)
                 });
                 match checked {
@@ -266,6 +268,37 @@ impl ItemState {
         self.sent = self.output.len();
         json!({"text": self.text(), "output_ids": new_ids, "meta_info": self.meta_info(version_now)})
     }
+}
+
+/// What a decode takes from a prefill must be a valid continuation of this model: a
+/// first token in the vocabulary with a real logprob, KV for exactly the prompt and within the
+/// context, and finite numbers only (a broken or hostile prefill must not poison the batch).
+fn check_handoff(h: &crate::pd::KvHandoff, config: &crate::ModelConfig) -> Result<(), String> {
+    if h.first_token as usize >= config.vocab_size {
+        return Err(format!(
+            "prefill sent first token {} outside the vocabulary of {}",
+            h.first_token, config.vocab_size
+        ));
+    }
+    if !(h.first_logprob.is_finite() && h.first_logprob <= 0.0) {
+        return Err(format!("prefill sent first logprob {}", h.first_logprob));
+    }
+    if h.cache.len != h.input_ids.len() || h.cache.len > config.max_position_embeddings {
+        return Err(format!(
+            "prefill sent KV for {} positions for a {}-token prompt (context {})",
+            h.cache.len,
+            h.input_ids.len(),
+            config.max_position_embeddings
+        ));
+    }
+    if h.cache
+        .layers
+        .iter()
+        .any(|l| l.k.iter().chain(&l.v).any(|x| !x.is_finite()))
+    {
+        return Err("prefill sent KV with non-finite values".into());
+    }
+    Ok(())
 }
 
 /// Waits for an item to finish.
