@@ -22,7 +22,8 @@ pub struct ChildProcess {
 
 impl ChildProcess {
     /// Spawns `cmd` as a new process-group leader. With `log`, stdout and stderr go to that file
-    /// (appended); otherwise they are inherited.
+    /// (appended; created mode 0600, since a server's log holds prompts and errors that other
+    /// users of the machine must not read); otherwise they are inherited.
     ///
     /// The child dies with this process however it dies (on Linux, `PR_SET_PDEATHSIG` =
     /// SIGKILL: a SIGKILLed `troupe serve` or `troupe host` leaves no engine behind), and it
@@ -33,9 +34,11 @@ impl ChildProcess {
             .env_remove(crate::auth::TOKEN_ENV);
         die_with_parent(&mut cmd);
         if let Some(p) = log {
+            use std::os::unix::fs::OpenOptionsExt;
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
+                .mode(0o600)
                 .open(p)?;
             cmd.stdout(f.try_clone()?).stderr(f);
         }

@@ -123,7 +123,10 @@ impl Handler<AddWorker> for GatewayActor {
         m: AddWorker,
         _ctx: &ActorContext,
     ) -> Result<WorkerInfo, ActorError> {
-        self.running()?.add_worker(&m.0).map_err(ActorError::new)
+        self.running()?
+            .add_worker(&m.0)
+            .await
+            .map_err(ActorError::new)
     }
 }
 

@@ -1,4 +1,5 @@
-//! The outbound HTTP client shared by gateway, proxy and health checks.
+//! The outbound HTTP client shared by gateway, proxy and health checks, and [`bind`] for their
+//! listeners (serving them is [`crate::listen::serve`]).
 //!
 //! One pooled client per server: connections to workers are reused (a new TCP handshake per
 //! request would dominate the gateway's added latency), TCP_NODELAY is set (small JSON bodies
@@ -8,6 +9,11 @@
 use std::time::Duration;
 
 use super::error::ServingError;
+
+/// The default largest request body of the gateway and the DataProxy: 32 MiB. A 128k-token
+/// prompt as JSON token ids is about 1 MiB, so this leaves room for batches while refusing
+/// bodies that only tie up memory; raise `max_body_bytes` where larger batches are sent.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
 
 /// Builds the pooled, no-proxy, TCP_NODELAY client.
 pub fn build() -> Result<reqwest::Client, ServingError> {
@@ -29,22 +35,4 @@ pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, ServingError> {
             addr: addr.to_string(),
             source,
         })
-}
-
-/// Serves `app` on `listener` with TCP_NODELAY on every accepted socket until `shutdown`
-/// resolves, then lets open responses finish.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: axum::Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY not set: {e}");
-        }
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
 }

@@ -78,6 +78,16 @@ impl EngineClient {
         }
     }
 
+    /// A client over an existing pooled `http` client (the gateway's own), sending `key` (if
+    /// any) as a bearer token: for callers that already hold a pool and must not open another.
+    pub fn over(http: reqwest::Client, key: Option<String>) -> Self {
+        EngineClient {
+            http,
+            admin_key: key,
+            timeout: CONTROL_TIMEOUT,
+        }
+    }
+
     /// The same client with another per-call timeout.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -158,6 +168,20 @@ impl EngineClient {
     /// `GET /server_info`.
     pub async fn server_info(&self, url: &str) -> Result<Value, EngineCallError> {
         self.call(url, "/server_info", None::<&()>).await
+    }
+
+    /// The server's `disaggregation_mode` as its `GET /server_info` reports it (SGLang and the
+    /// reference engine: `"null"`, `"prefill"` or `"decode"`), falling back to the older
+    /// `/get_server_info` when `/server_info` is missing. `Ok(None)`: the info has no such
+    /// field (vLLM and other servers).
+    pub async fn disaggregation_mode(&self, url: &str) -> Result<Option<Value>, EngineCallError> {
+        let info = match self.server_info(url).await {
+            Err(EngineCallError::Status {
+                status: 404 | 405, ..
+            }) => self.call(url, "/get_server_info", None::<&()>).await?,
+            r => r?,
+        };
+        Ok(info.get("disaggregation_mode").cloned())
     }
 
     async fn post<B: Serialize + ?Sized>(

@@ -15,6 +15,8 @@
 //! - [`router`]: the typed worker registry, `route` and `route_pd`.
 //! - [`health`]: the background `/health` prober.
 //! - [`gateway`]: the HTTP server (SGLang/OpenAI endpoints, admin REST, metrics).
+//! - [`listen`]: serving inbound HTTP with header-read, body-read and idle timeouts.
+//! - [`envelope`]: request size limits and the JSON error envelope for every error answer.
 //! - [`engine_client`]: the typed client for engines' control endpoints (the one place that speaks them).
 //! - [`proxy`]: the DataProxy with the pause-aware abort → resubmit loop.
 //! - [`actors`]: the `troupe.gateway` and `troupe.proxy` actor kinds.
@@ -27,11 +29,13 @@ pub mod actors;
 pub mod breaker;
 pub mod client;
 pub mod engine_client;
+pub mod envelope;
 pub mod error;
 pub mod gateway;
 pub mod guard;
 pub mod health;
 pub mod inference;
+pub mod listen;
 pub mod metrics;
 pub mod pd;
 pub mod policy;

@@ -20,7 +20,9 @@
 //!   the weights in force when that piece ended: pauses land between scheduler steps);
 //! - `meta_info.proxy_resubmits`: how many times the request was resubmitted.
 //!
-//! Streams and batches are forwarded unchanged (no resubmit).
+//! Streams and batches are forwarded unchanged (no resubmit). The proxy serves with the same
+//! connection timeouts and body limit as the gateway ([`crate::listen`]), and its errors, and
+//! a backend's non-JSON error answers, are the JSON error envelope ([`crate::envelope`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,6 +40,7 @@ use tokio::task::JoinHandle;
 
 use super::client;
 use super::error::{ApiError, ServingError};
+use super::listen::{self, ServeLimits};
 use super::pd;
 use super::worker::parse_url;
 
@@ -60,8 +63,28 @@ pub struct ProxyConfig {
     pub pause_wait: Duration,
     /// Bearer key sent to the backend when the client sent none.
     pub backend_api_key: Option<String>,
-    /// Largest accepted request body.
+    /// Largest accepted request body (default [`client::DEFAULT_MAX_BODY_BYTES`], as the
+    /// gateway's); larger ones are answered 413 in the JSON envelope, never forwarded.
     pub max_body_bytes: usize,
+    /// An HTTP/1 request head must arrive within this (default 30 s; also closes idle
+    /// keep-alive connections).
+    pub header_read_timeout: Duration,
+    /// A request body must arrive in full within this (default 60 s), or the answer is 408.
+    pub body_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed (default 90 s).
+    pub idle_timeout: Duration,
+}
+
+impl ProxyConfig {
+    /// The connection bounds and body limit the proxy serves with.
+    pub fn limits(&self) -> ServeLimits {
+        ServeLimits {
+            header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
+            idle_timeout: self.idle_timeout,
+            max_body_bytes: self.max_body_bytes,
+        }
+    }
 }
 
 impl Default for ProxyConfig {
@@ -73,7 +96,10 @@ impl Default for ProxyConfig {
             pause_poll: Duration::from_millis(20),
             pause_wait: Duration::from_secs(600),
             backend_api_key: None,
-            max_body_bytes: 64 << 20,
+            max_body_bytes: client::DEFAULT_MAX_BODY_BYTES,
+            header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(90),
         }
     }
 }
@@ -168,6 +194,8 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle, ServingError> {
                 .map_err(|e| ServingError::Config(e.to_string()))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let limits = cfg.limits();
+    limits.check().map_err(ServingError::Config)?;
     let state = Arc::new(ProxyState {
         backends,
         next: AtomicUsize::new(0),
@@ -183,7 +211,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle, ServingError> {
         .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
         .with_state(state.clone());
     let (tx, rx) = oneshot::channel::<()>();
-    let server = tokio::spawn(client::serve(listener, app, async {
+    let server = tokio::spawn(listen::serve(listener, app, limits, async {
         let _ = rx.await;
     }));
     tracing::info!(%addr, backends = ?state.backends, "data proxy started");

@@ -34,6 +34,17 @@ pub struct RouterConfig {
     pub breaker: BreakerConfig,
 }
 
+/// The refusal of a second registration of `existing`'s URL.
+pub fn duplicate(existing: &dyn Worker) -> ServingError {
+    ServingError::InvalidWorker(format!(
+        "{} is already registered as a {} worker ({}); URLs that name the same host and port are one worker (localhost is 127.0.0.1, trailing slashes do not count): DELETE /workers/{} first to change it",
+        existing.url(),
+        existing.worker_type(),
+        existing.id(),
+        existing.id()
+    ))
+}
+
 /// A routed PD pair.
 #[derive(Debug, Clone)]
 pub struct PdPair {
@@ -86,13 +97,17 @@ impl Router {
         }
     }
 
-    /// Registers an HTTP worker. A URL can be registered once per type.
+    /// Registers an HTTP worker (its URL made canonical by [`parse_url`]). One URL is one
+    /// server, so it can be registered once, whatever the type: `http://localhost:30000` and
+    /// `http://127.0.0.1:30000/` are refused as duplicates of each other. This does not ask the
+    /// server what it is; the gateway's registration does (`/server_info`).
     pub fn add_worker(&self, spec: &WorkerSpec) -> Result<WorkerInfo, ServingError> {
         let w = HttpWorker::new(spec, self.cfg.breaker)?;
         self.add(w)
     }
 
-    /// Registers any [`Worker`] implementation.
+    /// Registers any [`Worker`] implementation (its URL should be canonical, see
+    /// [`parse_url`]); refused when a worker with the same URL is registered.
     pub fn add(&self, worker: Arc<dyn Worker>) -> Result<WorkerInfo, ServingError> {
         if !worker.worker_type().serves() {
             return Err(ServingError::InvalidWorker(format!(
@@ -102,15 +117,8 @@ impl Router {
             )));
         }
         let mut ws = self.workers.write();
-        if ws
-            .iter()
-            .any(|w| w.url() == worker.url() && w.worker_type() == worker.worker_type())
-        {
-            return Err(ServingError::InvalidWorker(format!(
-                "{} is already registered as a {} worker; DELETE /workers/{{id}} first to change it",
-                worker.url(),
-                worker.worker_type()
-            )));
+        if let Some(dup) = ws.iter().find(|w| w.url() == worker.url()) {
+            return Err(duplicate(dup.as_ref()));
         }
         let info = worker.info();
         tracing::info!(id = %info.id, url = %info.url, worker_type = %info.worker_type, "worker added");
@@ -118,8 +126,7 @@ impl Router {
         Ok(info)
     }
 
-    /// Finds a worker by id or by URL (URL matches are only unique within a type; the first
-    /// registered wins).
+    /// Finds a worker by id or by URL (any spelling of it: the URL is made canonical first).
     pub fn get(&self, id_or_url: &str) -> Option<Arc<dyn Worker>> {
         let url = parse_url(id_or_url).ok().map(|(u, _)| u);
         self.workers

@@ -64,30 +64,125 @@ impl WorkerSpec {
     }
 }
 
-/// Splits `http://host:port[/]` into a normalized URL (no trailing slash) and its host.
+/// Splits `http://host:port[/]` into the worker's canonical URL and its host.
+///
+/// One worker has one URL: the scheme and host are lowercased, `localhost` is `127.0.0.1`, IP
+/// addresses are written in their canonical form (`[::ffff:127.0.0.1]` is `127.0.0.1`), the
+/// port loses leading zeros and trailing slashes are dropped, so `http://localhost:30000/` and
+/// `http://127.0.0.1:30000` are recognised as the same worker. Refused: other schemes, a path,
+/// query or fragment, a missing or zero port, the unspecified address (`0.0.0.0`, `[::]`: a
+/// listen address, not one to reach a worker at) and credentials (`user:pass@`), which would be
+/// shown by `GET /workers` and on the gateway's unauthenticated `/metrics`.
 pub fn parse_url(url: &str) -> Result<(String, String), ServingError> {
     let bad = |why: &str| {
         ServingError::InvalidWorker(format!(
             "url {url:?} {why}; give e.g. \"http://10.0.0.5:30000\""
         ))
     };
-    let rest = url
-        .strip_prefix("http://")
+    let (scheme, rest) = url
+        .split_once("://")
         .ok_or_else(|| bad("must start with http://"))?;
+    if !scheme.eq_ignore_ascii_case("http") {
+        return Err(bad(
+            "must start with http:// (workers are reached over plain HTTP)",
+        ));
+    }
     let authority = rest.trim_end_matches('/');
-    if authority.is_empty() || authority.contains('/') {
+    if authority.contains('@') {
+        return Err(bad(
+            "must not contain credentials (user:password@): worker URLs are shown by GET /workers and on the unauthenticated /metrics; authenticate to workers with the gateway's worker_api_key instead",
+        ));
+    }
+    if authority.is_empty() || authority.contains(['/', '?', '#']) {
         return Err(bad("must be scheme://host:port with no path"));
     }
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((h, p)) if !h.is_empty() => (h, p),
-        _ => return Err(bad("needs an explicit port")),
+    if authority
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(bad("must not contain whitespace"));
+    }
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (h, after) = v6
+            .split_once(']')
+            .ok_or_else(|| bad("has an unclosed [IPv6] address"))?;
+        let port = after
+            .strip_prefix(':')
+            .ok_or_else(|| bad("needs an explicit port"))?;
+        let ip = h
+            .parse::<std::net::Ipv6Addr>()
+            .map_err(|_| bad("has an invalid IPv6 address"))?;
+        (std::net::IpAddr::V6(ip).to_canonical().to_string(), port)
+    } else {
+        let (h, p) = match authority.rsplit_once(':') {
+            Some((h, p)) if !h.is_empty() && !h.contains(':') => (h, p),
+            Some((h, _)) if h.contains(':') => {
+                return Err(bad("has an IPv6 address without [brackets]"));
+            }
+            _ => return Err(bad("needs an explicit port")),
+        };
+        (canonical_host(h).map_err(|why| bad(&why))?, p)
     };
-    port.parse::<u16>()
+    let port = port
+        .parse::<u16>()
         .ok()
         .filter(|p| *p != 0)
         .ok_or_else(|| bad("has an invalid port"))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    Ok((format!("http://{authority}"), host.to_string()))
+    if host
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_unspecified())
+    {
+        return Err(bad(
+            "is the unspecified address (where a server listens, not where it is reached)",
+        ));
+    }
+    let shown = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.clone()
+    };
+    Ok((format!("http://{shown}:{port}"), host))
+}
+
+/// A host name or IPv4 address in its one spelling: lowercase, no trailing dot, `localhost` as
+/// `127.0.0.1`, IPv4 addresses as parsed.
+fn canonical_host(host: &str) -> Result<String, String> {
+    let h = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+    if h == "localhost" {
+        return Ok("127.0.0.1".into());
+    }
+    if let Ok(ip) = h.parse::<std::net::Ipv4Addr>() {
+        return Ok(ip.to_string());
+    }
+    if h.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return Err("has an invalid IPv4 address".into());
+    }
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    if h.len() > 253 || !h.split('.').all(label_ok) {
+        return Err("has an invalid host name".into());
+    }
+    Ok(h)
+}
+
+/// The worker type a server reports for itself: SGLang's `disaggregation_mode` in
+/// `/server_info` (`"null"` or JSON null is a regular server). `None` for a value this gateway
+/// does not know, which is then not checked.
+pub fn type_of_mode(mode: &serde_json::Value) -> Option<WorkerType> {
+    match mode {
+        serde_json::Value::Null => Some(WorkerType::Regular),
+        serde_json::Value::String(s) => match s.as_str() {
+            "null" | "" => Some(WorkerType::Regular),
+            "prefill" => Some(WorkerType::Prefill),
+            "decode" => Some(WorkerType::Decode),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// One worker as the admin API reports it (SGLang's `WorkerInfo` fields plus ours).
@@ -269,9 +364,73 @@ mod tests {
             "http://h:0",
             "http://h:1/x",
             "https://h:1",
+            "http://h:1?x=1",
+            "http://h:1#f",
+            "http://h :1",
+            "http://::1:8000",
+            "http://[::1:8000",
+            "http://0.0.0.0:8000",
+            "http://[::]:8000",
+            "http://300.1.1.1:8000",
+            "http://h_/x:1",
         ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn one_worker_has_one_url() {
+        let canon = "http://127.0.0.1:30000";
+        for same in [
+            "http://localhost:30000",
+            "http://LOCALHOST:30000/",
+            "HTTP://127.0.0.1:030000",
+            "http://127.0.0.1:30000//",
+            "http://[::ffff:127.0.0.1]:30000",
+            "http://localhost.:30000",
+        ] {
+            assert_eq!(parse_url(same).unwrap().0, canon, "{same}");
+        }
+        assert_eq!(
+            parse_url("http://[0:0:0:0:0:0:0:1]:1").unwrap().0,
+            "http://[::1]:1"
+        );
+        assert_eq!(
+            parse_url("http://Node-3.Cluster.Local:8000").unwrap(),
+            (
+                "http://node-3.cluster.local:8000".into(),
+                "node-3.cluster.local".into()
+            )
+        );
+    }
+
+    #[test]
+    fn credentials_are_refused() {
+        for url in [
+            "http://user:pass@127.0.0.1:30000",
+            "http://user@127.0.0.1:30000",
+            "http://:pass@localhost:1/",
+        ] {
+            let e = parse_url(url).unwrap_err().to_string();
+            assert!(e.contains("credentials"), "{url}: {e}");
+        }
+        let e = HttpWorker::new(
+            &WorkerSpec::regular("http://u:p@127.0.0.1:1"),
+            BreakerConfig::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("credentials"), "{e}");
+    }
+
+    #[test]
+    fn reported_modes() {
+        use serde_json::json;
+        assert_eq!(type_of_mode(&json!("null")), Some(WorkerType::Regular));
+        assert_eq!(type_of_mode(&json!(null)), Some(WorkerType::Regular));
+        assert_eq!(type_of_mode(&json!("prefill")), Some(WorkerType::Prefill));
+        assert_eq!(type_of_mode(&json!("decode")), Some(WorkerType::Decode));
+        assert_eq!(type_of_mode(&json!("encode")), None);
+        assert_eq!(type_of_mode(&json!(3)), None);
     }
 
     #[test]

@@ -87,9 +87,11 @@ mod forwarding {
             let g = gw(true, vec![], 0).await;
             assert_eq!(get(&format!("{}/readiness", g.url()), None).await.0, 503);
             assert_eq!(get(&format!("{}/v1/models", g.url()), None).await.0, 503);
-            g.add_worker(&WorkerSpec::decode(&d.url)).expect("decode");
+            g.add_worker(&WorkerSpec::decode(&d.url))
+                .await
+                .expect("decode");
             assert!(
-                g.add_worker(&WorkerSpec::regular(&d.url)).is_err(),
+                g.add_worker(&WorkerSpec::regular(&d.url)).await.is_err(),
                 "PD mode takes no regular workers"
             );
             assert_eq!(
@@ -98,6 +100,7 @@ mod forwarding {
                 "no prefill yet"
             );
             g.add_worker(&WorkerSpec::prefill("http://127.0.0.1:9", None))
+                .await
                 .expect("prefill");
             assert_eq!(get(&format!("{}/readiness", g.url()), None).await.0, 200);
             let (st, v) = get(&format!("{}/v1/models", g.url()), None).await;
@@ -207,6 +210,7 @@ mod failures {
                 .bodies
                 .lock()
                 .iter()
+                .filter(|(path, _)| path == "/generate")
                 .map(|(_, b)| {
                     serde_json::from_slice::<Value>(b).expect("json")["bootstrap_room"]
                         .as_u64()

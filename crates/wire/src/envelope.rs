@@ -88,6 +88,7 @@ pub fn kind_of(status: StatusCode) -> &'static str {
         StatusCode::UNAUTHORIZED => "AuthenticationError",
         StatusCode::NOT_FOUND => "NotFoundError",
         StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
+        StatusCode::REQUEST_TIMEOUT => "RequestTimeoutError",
         StatusCode::PAYLOAD_TOO_LARGE => "PayloadTooLargeError",
         StatusCode::URI_TOO_LONG => "UriTooLongError",
         StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "RequestHeaderFieldsTooLargeError",
@@ -134,5 +135,6 @@ mod tests {
         let c = ApiError::unavailable("scheduler gone").control();
         assert_eq!(c.body()["success"], json!(false));
         assert_eq!(c.body()["type"], json!("ServiceUnavailableError"));
+        assert_eq!(kind_of(StatusCode::REQUEST_TIMEOUT), "RequestTimeoutError");
     }
 }

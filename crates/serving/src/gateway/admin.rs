@@ -1,5 +1,6 @@
 //! Admin REST, compatible with SGLang's router: `POST /workers {url, worker_type,
-//! bootstrap_port}`, `GET /workers`, `GET /workers/{id}`, `DELETE /workers/{id}` (`{id}` is the
+//! bootstrap_port}` (admitted as `gateway/register.rs` says: canonical URL, no credentials, no
+//! duplicates, type checked against the server's `/server_info`), `GET /workers`, `GET /workers/{id}`, `DELETE /workers/{id}` (`{id}` is the
 //! worker id or its URL, percent-encoded). Every admin endpoint requires
 //! `Authorization: Bearer <admin key>` when the gateway has one.
 
@@ -99,7 +100,7 @@ pub(super) async fn add(
 ) -> Result<Response, ApiError> {
     authorize(&state, &headers)?;
     let spec = parse_spec(&body)?;
-    let info = state.register(&spec)?;
+    let info = state.admit(&spec).await?;
     Ok((
         StatusCode::ACCEPTED,
         axum::Json(json!({

@@ -2,7 +2,8 @@
 //! attempts (regular and PD). Streaming attempts live in [`super::stream`].
 //!
 //! An attempt ends in one of three ways: a response for the client, a final upstream answer
-//! that retrying cannot fix (e.g. a 400 from the engine: passed through unchanged), or a
+//! that retrying cannot fix (e.g. a 400 from the engine: passed through unchanged when it is
+//! JSON, wrapped in the error envelope with the same status when it is not), or a
 //! retryable failure (transport error, status 408/429/5xx, an aborted generation, a prefill
 //! that failed) naming the workers at fault, which the next attempt avoids.
 
@@ -125,7 +126,7 @@ fn retryable(status: StatusCode) -> bool {
 }
 
 /// Sends `body` to `path` on `w`, mapping transport errors and retryable statuses to
-/// [`Fail::Retry`] and other error statuses to a pass-through [`Fail::Final`].
+/// [`Fail::Retry`] and other error statuses to a [`Fail::Final`] answer ([`upstream_error`]).
 pub(crate) async fn send(
     state: &GatewayState,
     w: &Arc<dyn Worker>,
@@ -154,7 +155,6 @@ pub(crate) async fn send(
     if status.is_success() {
         return Ok(resp);
     }
-    let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
     let text = resp.bytes().await.unwrap_or_default();
     if retryable(status) {
         if status.is_server_error() {
@@ -171,14 +171,34 @@ pub(crate) async fn send(
         ));
     }
     w.record_outcome(true);
-    let mut r = Response::builder().status(status);
-    if let Some(ct) = ct {
-        r = r.header(header::CONTENT_TYPE, ct);
+    Err(Fail::Final(Box::new(upstream_error(w, status, &text))))
+}
+
+/// A worker's final (non-retryable) error answer for the client: a JSON body passes through
+/// unchanged; anything else (an engine's or a web server's plain-text 413, an HTML page) becomes
+/// the envelope with the worker's status, its text as the message, so the client always parses
+/// one error shape.
+pub(crate) fn upstream_error(w: &Arc<dyn Worker>, status: StatusCode, body: &[u8]) -> Response {
+    if serde_json::from_slice::<Value>(body).is_ok_and(|v| v.is_object()) {
+        return (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            Bytes::copy_from_slice(body),
+        )
+            .into_response();
     }
-    let passed = r.body(Body::from(text)).unwrap_or_else(|_| {
-        ApiError::bad_gateway("upstream answered an unrepresentable response").into_response()
-    });
-    Err(Fail::Final(Box::new(passed)))
+    let text = String::from_utf8_lossy(body);
+    let text: String = text.trim().chars().take(1000).collect();
+    ApiError::new(
+        status,
+        format!(
+            "{} worker {} answered {status}: {}",
+            w.worker_type(),
+            w.url(),
+            if text.is_empty() { "(no body)" } else { &text }
+        ),
+    )
+    .into_response()
 }
 
 /// [`send`] and read the whole body.
@@ -431,6 +451,7 @@ pub(super) async fn models(State(state): State<Arc<GatewayState>>) -> Response {
         Ok(r) => {
             let status = r.status();
             match r.bytes().await {
+                Ok(b) if !status.is_success() => upstream_error(&w, status, &b),
                 Ok(b) => (status, [(header::CONTENT_TYPE, "application/json")], b).into_response(),
                 Err(e) => ApiError::bad_gateway(format!("{}: {e}", w.url())).into_response(),
             }

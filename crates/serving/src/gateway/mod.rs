@@ -11,7 +11,10 @@
 
 mod admin;
 mod forward;
+mod register;
 mod stream;
+
+pub use register::PROBE_TIMEOUT;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,6 +29,7 @@ use tokio::task::JoinHandle;
 
 use super::client;
 use super::error::{ApiError, ServingError};
+use super::listen::{self, ServeLimits};
 use super::metrics::Metrics;
 use super::router::{Router, RouterConfig};
 use super::worker::{WorkerSpec, WorkerType};
@@ -52,8 +56,18 @@ pub struct GatewayConfig {
     pub retry_backoff: Duration,
     /// Upper bound on one non-stream attempt (decode waits up to its KV timeout for a prefill).
     pub request_timeout: Duration,
-    /// Largest accepted request body.
+    /// Largest accepted request body, in bytes (default 32 MiB: a long prompt as JSON token ids
+    /// is a few MiB; a larger body is refused with 413 in the JSON envelope before it is read in
+    /// full, and never forwarded).
     pub max_body_bytes: usize,
+    /// An HTTP/1 request head must arrive within this (default 30 s), counted from the accept
+    /// or the end of the previous response, so it also closes idle keep-alive connections.
+    pub header_read_timeout: Duration,
+    /// A request body must arrive in full within this (default 60 s), or the answer is 408.
+    pub body_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed (default 90 s; it is
+    /// what bounds idle HTTP/2 connections, which have no header timeout).
+    pub idle_timeout: Duration,
     /// Workers registered at start.
     pub workers: Vec<WorkerSpec>,
 }
@@ -69,7 +83,10 @@ impl Default for GatewayConfig {
             max_retries: 3,
             retry_backoff: Duration::from_millis(5),
             request_timeout: Duration::from_secs(600),
-            max_body_bytes: 64 << 20,
+            max_body_bytes: client::DEFAULT_MAX_BODY_BYTES,
+            header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(90),
             workers: Vec::new(),
         }
     }
@@ -82,6 +99,18 @@ pub(crate) struct GatewayState {
     pub(crate) router: Arc<Router>,
     pub(crate) client: reqwest::Client,
     pub(crate) metrics: Metrics,
+}
+
+impl GatewayConfig {
+    /// The connection bounds and body limit the gateway serves with.
+    pub fn limits(&self) -> ServeLimits {
+        ServeLimits {
+            header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
+            idle_timeout: self.idle_timeout,
+            max_body_bytes: self.max_body_bytes,
+        }
+    }
 }
 
 impl GatewayState {
@@ -98,12 +127,6 @@ impl GatewayState {
             }
             _ => Ok(()),
         }
-    }
-
-    /// Registers a worker after checking it fits the mode.
-    pub(crate) fn register(&self, spec: &WorkerSpec) -> Result<super::WorkerInfo, ServingError> {
-        self.accepts(spec.worker_type)?;
-        self.router.add_worker(spec)
     }
 }
 
@@ -128,14 +151,18 @@ impl GatewayHandle {
         format!("http://{}", self.addr)
     }
 
-    /// The router, to register workers programmatically.
+    /// The router, to inspect or register workers programmatically (its `add_worker` skips the
+    /// mode and `/server_info` checks of [`GatewayHandle::add_worker`]).
     pub fn router(&self) -> &Arc<Router> {
         &self.state.router
     }
 
-    /// Registers a worker (checked against the PD mode, like `POST /workers`).
-    pub fn add_worker(&self, spec: &WorkerSpec) -> Result<super::WorkerInfo, ServingError> {
-        self.state.register(spec)
+    /// Registers a worker exactly as `POST /workers` does: URL made canonical (credentials and
+    /// duplicates refused), type checked against the PD mode and against the server's own
+    /// `/server_info` (a server whose info cannot be read or has no `disaggregation_mode` is
+    /// registered unchecked).
+    pub async fn add_worker(&self, spec: &WorkerSpec) -> Result<super::WorkerInfo, ServingError> {
+        self.state.admit(spec).await
     }
 
     /// Retries performed so far.
@@ -169,13 +196,11 @@ impl Drop for GatewayHandle {
     }
 }
 
-/// Starts a gateway: registers `cfg.workers`, binds, starts health probing and serving.
+/// Starts a gateway: binds, registers `cfg.workers` (each checked as `POST /workers` checks it;
+/// one refused fails the start), starts health probing and serving.
 pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
-    if cfg.max_body_bytes == 0 {
-        return Err(ServingError::Config(
-            "max_body_bytes must be positive".into(),
-        ));
-    }
+    let limits = cfg.limits();
+    limits.check().map_err(ServingError::Config)?;
     let router = Router::new(cfg.router.clone());
     let client = client::build()?;
     let state = Arc::new(GatewayState {
@@ -184,9 +209,6 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         metrics: Metrics::default(),
         cfg,
     });
-    for spec in &state.cfg.workers {
-        state.register(spec)?;
-    }
     let listener = client::bind(&state.cfg.listen).await?;
     let addr = listener.local_addr()?;
     if state.cfg.admin_key.is_none() && !addr.ip().is_loopback() {
@@ -194,9 +216,10 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
             "refusing to serve the gateway on {addr} without an admin key: anyone who reaches it could add or remove workers; set admin_key (config `admin_key`, TROUPE_ADMIN_KEY) or listen on 127.0.0.1"
         )));
     }
+    state.admit_all(&state.cfg.workers).await?;
     let app = app(state.clone());
     let (tx, rx) = oneshot::channel::<()>();
-    let server = tokio::spawn(client::serve(listener, app, async {
+    let server = tokio::spawn(listen::serve(listener, app, limits, async {
         let _ = rx.await;
     }));
     let health = super::health::spawn(router, client);

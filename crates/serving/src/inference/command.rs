@@ -2,20 +2,71 @@
 //!
 //! SGLang's and the reference engine's flags are spelled the same on purpose, so the PD branch
 //! is shared; vLLM differs in names and has no PD mode here.
+//!
+//! Secrets stay off the command line, which every user of the machine can read (`ps`,
+//! `/proc/PID/cmdline`):
+//! - the reference engine gets its admin key in [`ADMIN_KEY_ENV`] (`troupe engine` reads
+//!   `--admin-api-key` from it);
+//! - SGLang gets it in a YAML file, mode 0600 in the run directory, passed as `--config FILE`:
+//!   SGLang 0.5's `prepare_server_args` turns each `key: value` of that file into `--key value`
+//!   ahead of the other flags, so the key is spelled as the flag, `admin-api-key` (an
+//!   underscore spelling would become the unknown flag `--admin_api_key`);
+//! - vLLM has no admin key (only `--api-key`, which Troupe does not set), so nothing is passed.
+//!
+//! The control-plane token (`TROUPE_TOKEN`) never reaches an engine: a spec that sets it is
+//! refused, and [`command`] removes it from the inherited environment.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use super::spec::{Backend, LaunchSpec, WorkerType};
 
-/// A program, its arguments and extra environment.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The environment variable the reference engine (`troupe engine`) reads its admin key from.
+pub const ADMIN_KEY_ENV: &str = "TROUPE_ENGINE_ADMIN_KEY";
+
+/// The control plane's token: never given to an engine process.
+pub const TOKEN_ENV: &str = troupe_actors::auth::TOKEN_ENV;
+
+/// A file the server reads at start that holds a secret: written mode 0600 before launch.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretFile {
+    /// Where it goes (inside the run directory).
+    pub path: PathBuf,
+    /// What it holds.
+    pub contents: String,
+}
+
+impl std::fmt::Debug for SecretFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretFile")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A program, its arguments, extra environment and the private files it reads.
+#[derive(Clone, PartialEq, Eq)]
 pub struct CommandLine {
     /// Executable.
     pub program: String,
-    /// Arguments.
+    /// Arguments (never a secret).
     pub args: Vec<String>,
-    /// Extra environment variables.
+    /// Extra environment variables (may hold the admin key: not logged).
     pub env: BTreeMap<String, String>,
+    /// Files to write (mode 0600) before launching.
+    pub files: Vec<SecretFile>,
+}
+
+impl std::fmt::Debug for CommandLine {
+    /// Names the environment variables without their values (one may be the admin key).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommandLine")
+            .field("program", &self.program)
+            .field("args", &self.args)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("files", &self.files)
+            .finish()
+    }
 }
 
 impl CommandLine {
@@ -50,11 +101,41 @@ pub fn fp8_override_json() -> String {
 #[error("{0}")]
 pub struct SpecError(pub String);
 
-/// Builds the command line for `spec`.
-pub fn build(spec: &LaunchSpec, troupe_bin: &str) -> Result<CommandLine, SpecError> {
+/// SGLang's config file for `key`: one `admin-api-key` entry, the value a YAML double-quoted
+/// scalar with everything outside printable ASCII escaped (so no key can break the YAML or
+/// depend on the reader's locale).
+pub fn sglang_admin_config(key: &str) -> String {
+    let mut v = String::with_capacity(key.len() + 2);
+    for c in key.chars() {
+        match c {
+            '"' => v.push_str("\\\""),
+            '\\' => v.push_str("\\\\"),
+            ' '..='~' => v.push(c),
+            c if (c as u32) <= 0xFFFF => v.push_str(&format!("\\u{:04X}", c as u32)),
+            c => v.push_str(&format!("\\U{:08X}", c as u32)),
+        }
+    }
+    format!(
+        "# Written by Troupe for one SGLang server; read once at its start.\nadmin-api-key: \"{v}\"\n"
+    )
+}
+
+/// Builds the command line for `spec`; files it needs (SGLang's private config) go in
+/// `run_dir`.
+pub fn build(
+    spec: &LaunchSpec,
+    troupe_bin: &str,
+    run_dir: &Path,
+) -> Result<CommandLine, SpecError> {
     if spec.tp == 0 || spec.pp == 0 {
         return Err(SpecError("tp and pp must be at least 1".into()));
     }
+    if spec.env.contains_key(TOKEN_ENV) {
+        return Err(SpecError(format!(
+            "env sets {TOKEN_ENV}, the control plane's token; an engine must never hold it: remove it from the server's env"
+        )));
+    }
+    let mut files = Vec::new();
     let mut a: Vec<String> = Vec::new();
     let push = |a: &mut Vec<String>, k: &str, v: String| {
         a.push(k.to_string());
@@ -127,8 +208,25 @@ pub fn build(spec: &LaunchSpec, troupe_bin: &str) -> Result<CommandLine, SpecErr
                     push(&mut a, "--json-model-override-args", fp8_override_json());
                 }
             }
-            if let Some(k) = &spec.admin_api_key {
-                push(&mut a, "--admin-api-key", k.clone());
+            match (&spec.admin_api_key, spec.backend) {
+                (None, _) => {}
+                (Some(k), Backend::Troupe) => {
+                    env.insert(ADMIN_KEY_ENV.into(), k.clone());
+                }
+                (Some(k), _) => {
+                    if spec.extra_args.iter().any(|x| x == "--config") {
+                        return Err(SpecError(
+                            "extra_args has --config, but SGLang reads one config file and Troupe passes the admin key in it; give those options as flags in extra_args instead".into(),
+                        ));
+                    }
+                    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+                    let path = run_dir.join(format!("sglang-{}-{suffix}.yaml", spec.port));
+                    push(&mut a, "--config", path.display().to_string());
+                    files.push(SecretFile {
+                        path,
+                        contents: sglang_admin_config(k),
+                    });
+                }
             }
             program
         }
@@ -164,13 +262,26 @@ pub fn build(spec: &LaunchSpec, troupe_bin: &str) -> Result<CommandLine, SpecErr
         program,
         args: a,
         env,
+        files,
     })
+}
+
+/// The process to spawn for `cl`: its program, arguments and extra environment, and without
+/// the control-plane token the launching host may hold in its own environment.
+pub fn command(cl: &CommandLine) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(&cl.program);
+    cmd.args(&cl.args).envs(&cl.env).env_remove(TOKEN_ENV);
+    cmd
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::inference::spec::MultiNode;
+
+    fn build(spec: &LaunchSpec, bin: &str) -> Result<CommandLine, SpecError> {
+        super::build(spec, bin, Path::new("/run/troupe-test"))
+    }
 
     fn spec(backend: Backend, wt: WorkerType) -> LaunchSpec {
         LaunchSpec {
@@ -278,5 +389,84 @@ mod tests {
         assert_eq!(c.flag("--tensor-parallel-size"), Some("2"));
         assert!(!c.has("--tp-size"));
         assert!(build(&spec(Backend::Vllm, WorkerType::Prefill), "troupe").is_err());
+    }
+
+    #[test]
+    fn admin_key_never_on_the_command_line() {
+        let key = "s3cr3t-\"quoted\"\\-é";
+        for backend in [Backend::Troupe, Backend::Sglang, Backend::Vllm] {
+            let mut s = spec(backend, WorkerType::Regular);
+            s.admin_api_key = Some(key.into());
+            let c = build(&s, "/bin/troupe").unwrap();
+            assert!(!c.has("--admin-api-key"), "{backend}: {:?}", c.args);
+            assert!(
+                c.args.iter().all(|a| !a.contains("s3cr3t")),
+                "{backend}: {:?}",
+                c.args
+            );
+            assert!(!format!("{c:?}").contains("s3cr3t"), "Debug hides the key");
+        }
+
+        let mut s = spec(Backend::Troupe, WorkerType::Decode);
+        s.admin_api_key = Some(key.into());
+        let c = build(&s, "/bin/troupe").unwrap();
+        assert_eq!(c.env.get(ADMIN_KEY_ENV).map(String::as_str), Some(key));
+        assert!(c.files.is_empty());
+
+        let mut s = spec(Backend::Sglang, WorkerType::Prefill);
+        s.admin_api_key = Some(key.into());
+        let c = build(&s, "troupe").unwrap();
+        assert!(!c.env.contains_key(ADMIN_KEY_ENV));
+        let path = c.flag("--config").expect("--config FILE");
+        assert!(path.starts_with("/run/troupe-test/sglang-30000-"), "{path}");
+        assert!(
+            path.ends_with(".yaml"),
+            "SGLang only reads .yaml/.yml: {path}"
+        );
+        assert_eq!(c.files.len(), 1);
+        assert_eq!(c.files[0].path, Path::new(path));
+        assert_eq!(
+            c.files[0].contents.lines().last(),
+            Some(r#"admin-api-key: "s3cr3t-\"quoted\"\\-\u00E9""#)
+        );
+
+        s.extra_args
+            .extend(["--config".into(), "/etc/mine.yaml".into()]);
+        assert!(build(&s, "troupe").unwrap_err().0.contains("--config"));
+        s.admin_api_key = None;
+        let c = build(&s, "troupe").unwrap();
+        assert_eq!(
+            c.flag("--config"),
+            Some("/etc/mine.yaml"),
+            "no key: untouched"
+        );
+        assert!(c.files.is_empty());
+    }
+
+    #[test]
+    fn the_control_plane_token_never_reaches_an_engine() {
+        let mut s = spec(Backend::Troupe, WorkerType::Regular);
+        s.env.insert("HF_HOME".into(), "/hf".into());
+        let c = build(&s, "/bin/troupe").unwrap();
+        let cmd = command(&c);
+        let envs: Vec<(String, Option<String>)> = cmd
+            .as_std()
+            .get_envs()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.map(|v| v.to_string_lossy().into_owned()),
+                )
+            })
+            .collect();
+        assert!(
+            envs.contains(&(TOKEN_ENV.to_string(), None)),
+            "TROUPE_TOKEN removed from the inherited environment: {envs:?}"
+        );
+        assert!(envs.contains(&("HF_HOME".to_string(), Some("/hf".to_string()))));
+        assert_eq!(cmd.as_std().get_program(), "/bin/troupe");
+
+        s.env.insert(TOKEN_ENV.into(), "leaked".into());
+        assert!(build(&s, "/bin/troupe").unwrap_err().0.contains(TOKEN_ENV));
     }
 }

@@ -3,9 +3,11 @@
 //! - [`spec`]: what to launch ([`LaunchSpec`]).
 //! - [`command`]: SGLang / vLLM / reference-engine command lines, one three-way branch on the
 //!   worker type.
+//! - [`rundir`]: the per-process private directory for server logs and config files.
 //! - [`server`]: the `troupe.inference` actor that owns the process and reports [`ServerInfo`].
 
 pub mod command;
+pub mod rundir;
 pub mod server;
 pub mod spec;
 

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 use super::command::{self, CommandLine};
+use super::rundir;
 use super::spec::{LaunchSpec, WorkerType};
 use troupe_actors::ActorError;
 use troupe_actors::actor::{Actor, ActorContext, Handler, Message, Methods};
@@ -39,7 +39,8 @@ pub struct ServerInfo {
     pub gpu_count: u32,
     /// The server process's pid.
     pub pid: u32,
-    /// Where its log is.
+    /// Where its log is (in this host process's private run directory unless the launch spec
+    /// named one).
     pub log_path: String,
 }
 
@@ -51,6 +52,30 @@ pub struct InferenceServer {
     log: PathBuf,
     /// Cancelled on a requested stop, so the watcher does not report that exit as a failure.
     stopping: CancellationToken,
+    /// The server's private config files, removed once it is ready or when the actor ends.
+    _secrets: SecretFiles,
+}
+
+/// Private files written for one server launch (SGLang's admin-key config), removed when this
+/// drops, however the launch ends, or earlier by [`SecretFiles::remove`].
+struct SecretFiles(Vec<PathBuf>);
+
+impl SecretFiles {
+    fn remove(&mut self) {
+        for p in self.0.drain(..) {
+            if let Err(e) = std::fs::remove_file(&p)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %p.display(), "cannot remove a server's config file: {e}");
+            }
+        }
+    }
+}
+
+impl Drop for SecretFiles {
+    fn drop(&mut self) {
+        self.remove();
+    }
 }
 
 impl Drop for InferenceServer {
@@ -166,15 +191,21 @@ impl Actor for InferenceServer {
     type Args = LaunchSpec;
 
     async fn start(spec: LaunchSpec, ctx: &ActorContext) -> Result<Self, ActorError> {
-        let CommandLine { program, args, env } = command::build(&spec, &troupe_bin(&spec)?)
+        let run_dir = rundir::get().map_err(ActorError::new)?;
+        let cl = command::build(&spec, &troupe_bin(&spec)?, run_dir)
             .map_err(|e| ActorError::new(format!("bad launch spec: {e}")))?;
         let log = spec.log_path.clone().unwrap_or_else(|| {
             let short: String = ctx.actor_id.chars().take(8).collect();
-            std::env::temp_dir().join(format!("troupe-{}-{short}.log", ctx.name))
+            run_dir.join(format!("{}-{short}.log", rundir::file_stem(&ctx.name)))
         });
-        let mut cmd = Command::new(&program);
-        cmd.args(&args).envs(&env);
-        let mut child = ChildProcess::spawn(cmd, Some(&log))
+        let mut secrets = SecretFiles(Vec::new());
+        for f in &cl.files {
+            rundir::write_private(&f.path, &f.contents)
+                .map_err(|e| ActorError::new(format!("cannot write {}: {e}", f.path.display())))?;
+            secrets.0.push(f.path.clone());
+        }
+        let CommandLine { program, args, .. } = &cl;
+        let mut child = ChildProcess::spawn(command::command(&cl), Some(&log))
             .map_err(|e| ActorError::new(format!("cannot start {program}: {e}")))?;
         tracing::info!(server = %ctx.name, %program, ?args, log = %log.display(), "server starting");
 
@@ -203,6 +234,8 @@ impl Actor for InferenceServer {
                         ctx.name, spec.port
                     )));
                 }
+                // Read once at start: the secret need not outlive it on disk.
+                secrets.remove();
                 break;
             }
             if Instant::now() > deadline {
@@ -243,6 +276,7 @@ impl Actor for InferenceServer {
             info,
             log,
             stopping,
+            _secrets: secrets,
         })
     }
 

@@ -63,13 +63,15 @@ pub struct LaunchSpec {
     /// The `troupe` executable for the troupe backend (default: the host's own executable).
     #[serde(default)]
     pub troupe_bin: Option<PathBuf>,
-    /// Where the server's log goes (default: a file in the system temp dir).
+    /// Where the server's log goes (default: a file in this process's private run directory,
+    /// `$TMPDIR/troupe-run-PID-RANDOM/`, see [`super::rundir`]).
     #[serde(default)]
     pub log_path: Option<PathBuf>,
     /// How long the server may take to become ready, in seconds.
     #[serde(default = "default_ready_timeout")]
     pub ready_timeout_s: f64,
-    /// Admin API key passed to the server (control endpoints require it).
+    /// Admin API key passed to the server (control endpoints require it): in the environment
+    /// for the reference engine, in a private config file for SGLang, never on the command line.
     #[serde(default)]
     pub admin_api_key: Option<String>,
     /// Wait for `/health` before reporting started. False for the non-head nodes of a

@@ -41,6 +41,8 @@ pub enum Reply {
     Sse(Vec<String>, bool),
     /// Never answers; the request's future is dropped when the client goes away.
     Hang,
+    /// A plain-text body with a status (what a web server's own error pages look like).
+    Text(StatusCode, &'static str),
 }
 
 type Script = dyn Fn(&str, &Value, usize) -> Reply + Send + Sync;
@@ -101,11 +103,23 @@ async fn handle(State(s): State<Arc<FakeState>>, req: axum::extract::Request) ->
     let body = axum::body::to_bytes(req.into_body(), 1 << 24)
         .await
         .unwrap_or_default();
-    let n = s.hits.fetch_add(1, Ordering::SeqCst);
+    // A gateway asks every worker it registers for its server info. That question is not one
+    // of the requests a test scripts by number, and it never hangs (a `Hang` script answers 404).
+    let info = path == "/server_info" || path == "/get_server_info";
+    let n = if info {
+        s.hits.load(Ordering::SeqCst)
+    } else {
+        s.hits.fetch_add(1, Ordering::SeqCst)
+    };
     s.bodies.lock().push((path.clone(), body.clone()));
     let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    match (s.script)(&path, &v, n) {
+    let reply = match (s.script)(&path, &v, n) {
+        Reply::Hang if info => Reply::Json(StatusCode::NOT_FOUND, Value::Null),
+        r => r,
+    };
+    match reply {
         Reply::Json(st, v) => (st, axum::Json(v)).into_response(),
+        Reply::Text(st, t) => (st, t).into_response(),
         Reply::Sse(events, then_break) => {
             let mut frames: Vec<Result<Bytes, std::io::Error>> = events
                 .into_iter()
@@ -135,7 +149,8 @@ async fn handle(State(s): State<Arc<FakeState>>, req: axum::extract::Request) ->
     }
 }
 
-/// Starts a fake backend whose replies come from `script(path, body, nth_request)`.
+/// Starts a fake backend whose replies come from `script(path, body, nth_request)` (server-info
+/// requests do not count in `nth_request` or `hits`).
 pub async fn fake(script: impl Fn(&str, &Value, usize) -> Reply + Send + Sync + 'static) -> Fake {
     let bodies = Arc::new(Mutex::new(Vec::new()));
     let hits = Arc::new(AtomicUsize::new(0));

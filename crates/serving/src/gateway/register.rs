@@ -1,0 +1,81 @@
+//! Admitting a worker: the one path `POST /workers`, the `troupe.gateway` actor's `AddWorker`,
+//! [`super::GatewayHandle::add_worker`] and the workers of the gateway's config take.
+//!
+//! In order: the spec is validated and its URL made canonical ([`crate::worker::parse_url`]:
+//! credentials refused, `localhost` / `127.0.0.1` / trailing slashes one URL); the type must fit
+//! the gateway's mode; the URL must not be registered yet; then the server is asked what it is.
+//! A server whose `/server_info` reports a `disaggregation_mode` other than the registered type
+//! (a prefill registered as decode, ...) is refused: routed, it would answer every request
+//! wrongly or hang the PD handoff. A server whose info cannot be read (not up yet, no such
+//! endpoint as on vLLM, an auth failure, a timeout) or has no `disaggregation_mode` is registered
+//! unchecked, as before this check existed, and the reason is logged.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::GatewayState;
+use crate::engine_client::EngineClient;
+use crate::error::ServingError;
+use crate::router::duplicate;
+use crate::worker::{HttpWorker, Worker, WorkerInfo, WorkerSpec, type_of_mode};
+
+/// Longest wait for a worker's `/server_info` during registration.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+impl GatewayState {
+    /// Validates `spec` and checks the server agrees with its type; the worker to add.
+    pub(crate) async fn vet(&self, spec: &WorkerSpec) -> Result<Arc<HttpWorker>, ServingError> {
+        let worker = HttpWorker::new(spec, self.router.config().breaker)?;
+        self.accepts(spec.worker_type)?;
+        if let Some(dup) = self.router.get(worker.url()) {
+            return Err(duplicate(dup.as_ref()));
+        }
+        let engine = EngineClient::over(self.client.clone(), self.cfg.worker_api_key.clone())
+            .with_timeout(PROBE_TIMEOUT);
+        let unchecked = match engine.disaggregation_mode(worker.url()).await {
+            Ok(Some(mode)) => match type_of_mode(&mode) {
+                Some(t) if t == spec.worker_type => None,
+                Some(t) => {
+                    return Err(ServingError::InvalidWorker(format!(
+                        "{} was registered as a {} worker, but it is a {t} server (its /server_info reports disaggregation_mode {mode}); register it with worker_type \"{t}\", or relaunch it with --disaggregation-mode {}",
+                        worker.url(),
+                        spec.worker_type,
+                        mode_flag(spec.worker_type),
+                    )));
+                }
+                None => Some(format!("unknown disaggregation_mode {mode}")),
+            },
+            Ok(None) => Some("its server info has no disaggregation_mode".into()),
+            Err(e) => Some(format!("server info unavailable: {e}")),
+        };
+        if let Some(why) = unchecked {
+            tracing::info!(url = %worker.url(), worker_type = %spec.worker_type, "worker type not checked ({why}); registering as given");
+        }
+        Ok(worker)
+    }
+
+    /// [`Self::vet`], then registers the worker.
+    pub(crate) async fn admit(&self, spec: &WorkerSpec) -> Result<WorkerInfo, ServingError> {
+        let worker = self.vet(spec).await?;
+        self.router.add(worker as Arc<dyn Worker>)
+    }
+
+    /// Admits every worker of the config: all checked concurrently, registered in order.
+    pub(crate) async fn admit_all(&self, specs: &[WorkerSpec]) -> Result<(), ServingError> {
+        let vetted = futures::future::join_all(specs.iter().map(|s| self.vet(s))).await;
+        for v in vetted {
+            let worker = v?;
+            self.router.add(worker as Arc<dyn Worker>)?;
+        }
+        Ok(())
+    }
+}
+
+/// SGLang's `--disaggregation-mode` value for a worker type.
+fn mode_flag(t: crate::worker::WorkerType) -> &'static str {
+    match t {
+        crate::worker::WorkerType::Prefill => "prefill",
+        crate::worker::WorkerType::Decode => "decode",
+        _ => "null",
+    }
+}

@@ -1,0 +1,126 @@
+//! The run directory: where this process's inference servers keep their logs and their
+//! private config files.
+//!
+//! Logs used to go to `$TMPDIR/troupe-NAME-ID.log`, readable by every user of the machine (an
+//! engine's log holds prompts, paths and errors) and piling up across runs with nothing to say
+//! which run wrote them. Now each process (one `troupe host`, one `troupe serve`) creates one
+//! directory, once, `$TMPDIR/troupe-run-PID-RANDOM`, mode 0700, and puts every server's log
+//! (opened mode 0600 by `ChildProcess::spawn`) and config file (mode 0600, [`write_private`])
+//! in it. `LaunchSpec::log_path` still overrides a server's log file. Nothing removes old run
+//! directories: a failed run's logs are what an operator reads first.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Prefix of every run directory's name.
+pub const PREFIX: &str = "troupe-run-";
+
+/// Creates a fresh run directory under `parent`: `troupe-run-PID-RANDOM`, mode 0700. A name
+/// that already exists (left by a process with a recycled pid, or planted) is never reused.
+pub fn create(parent: &Path) -> std::io::Result<PathBuf> {
+    let mut last = None;
+    for _ in 0..16 {
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..12];
+        let dir = parent.join(format!("{PREFIX}{}-{suffix}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free run directory name")))
+}
+
+/// This process's run directory under the system temp dir, created on first use.
+pub fn get() -> Result<&'static Path, String> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let parent = std::env::temp_dir();
+        create(&parent).map_err(|e| {
+            format!(
+                "cannot create a run directory for server logs in {}: {e}",
+                parent.display()
+            )
+        })
+    })
+    .as_ref()
+    .map(PathBuf::as_path)
+    .map_err(Clone::clone)
+}
+
+/// A file name made of `name`'s safe characters (actor names may hold `/` or spaces).
+pub fn file_stem(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Writes `contents` to a new file at `path` readable only by this user (mode 0600); refuses
+/// to overwrite an existing file.
+pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p)
+            .map(|m| m.permissions().mode() & 0o777)
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn run_directories_are_private_and_fresh() {
+        let parent = std::env::temp_dir().join(format!(
+            "troupe-rundir-test-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir(&parent).expect("parent");
+        let a = create(&parent).expect("first");
+        let b = create(&parent).expect("second");
+        assert_ne!(a, b);
+        assert_eq!(mode(&a), 0o700);
+        let name = a.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        assert!(
+            name.starts_with(&format!("{PREFIX}{}-", std::process::id())),
+            "{name}"
+        );
+        let f = a.join("x.yaml");
+        write_private(&f, "k: v\n").expect("write");
+        assert_eq!(mode(&f), 0o600);
+        assert_eq!(std::fs::read_to_string(&f).unwrap_or_default(), "k: v\n");
+        assert!(write_private(&f, "again").is_err(), "never overwrites");
+        std::fs::remove_dir_all(&parent).expect("cleanup");
+    }
+
+    #[test]
+    fn one_run_directory_per_process() {
+        let a = get().expect("run dir");
+        assert_eq!(get().expect("run dir"), a);
+        assert_eq!(mode(a), 0o700);
+        assert!(a.starts_with(std::env::temp_dir()));
+    }
+
+    #[test]
+    fn file_stems_are_safe() {
+        assert_eq!(file_stem("dep/prefill 0"), "dep_prefill_0");
+        assert_eq!(file_stem("decode-1.a_b"), "decode-1.a_b");
+    }
+}

@@ -1,0 +1,333 @@
+//! Serving inbound HTTP (the gateway's and the DataProxy's listeners), with limits on how long a
+//! connection may hold the server without sending a request.
+//!
+//! `axum::serve` has no read timeouts: a client that opened a connection and sent half a request
+//! line kept it (and its task and socket) forever. Every connection here is served by hyper
+//! directly, with three bounds:
+//!
+//! - **header read**: an HTTP/1 request head must be complete within
+//!   [`ServeLimits::header_read_timeout`], counted from when the server starts waiting for it (the
+//!   accept, or the end of the previous response on a keep-alive connection, so it also bounds an
+//!   idle HTTP/1 keep-alive connection); past it hyper closes the connection.
+//! - **body read**: the request body must arrive in full within
+//!   [`ServeLimits::body_read_timeout`] ([`crate::envelope`] answers 408 otherwise).
+//! - **idle**: a connection with no request in flight for [`ServeLimits::idle_timeout`] (before
+//!   its first request: for the header read timeout, which covers a client that connects and
+//!   sends nothing) is shut down gracefully (this is what bounds an idle HTTP/2 connection, which has no header
+//!   timeout). A request counts as in flight until its response body is fully sent or dropped,
+//!   so a long stream with quiet gaps is never cut.
+//!
+//! Every response also goes through [`crate::envelope`], which enforces the body, URI and header
+//! limits and turns non-JSON error answers into the JSON error envelope.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use parking_lot::Mutex;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+/// Most headers hyper itself parses. Above [`crate::envelope::MAX_HEADERS`] so that a request
+/// with too many headers still reaches the envelope layer and gets a JSON 431; past this hyper
+/// answers a bare 431 itself.
+const HYPER_MAX_HEADERS: usize = 256;
+
+/// How long one connection may take: the read and idle bounds of [`serve`], and the request
+/// size limits [`crate::envelope`] enforces. Built from `GatewayConfig` / `ProxyConfig`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// An HTTP/1 request head must arrive within this (also bounds idle keep-alive).
+    pub header_read_timeout: Duration,
+    /// A request body must arrive in full within this, or the answer is 408.
+    pub body_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    pub idle_timeout: Duration,
+    /// Largest request body; larger ones are answered 413 without being read in full.
+    pub max_body_bytes: usize,
+}
+
+impl ServeLimits {
+    /// Checks every bound is usable (zero would close every connection at once).
+    pub fn check(&self) -> Result<(), String> {
+        for (name, d) in [
+            ("header_read_timeout", self.header_read_timeout),
+            ("body_read_timeout", self.body_read_timeout),
+            ("idle_timeout", self.idle_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(format!("{name} must be positive"));
+            }
+        }
+        if self.max_body_bytes == 0 {
+            return Err("max_body_bytes must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// What one connection's idle watcher needs: how many requests are in flight and since when
+/// none has been.
+#[derive(Debug)]
+struct Activity {
+    in_flight: AtomicUsize,
+    served: AtomicBool,
+    idle_since: Mutex<Instant>,
+    changed: Notify,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            in_flight: AtomicUsize::new(0),
+            served: AtomicBool::new(false),
+            idle_since: Mutex::new(Instant::now()),
+            changed: Notify::new(),
+        }
+    }
+
+    /// When the connection becomes idle-expired, or `None` while a request is in flight. Before
+    /// its first request a connection gets `first` (the header read timeout): a client that
+    /// connects and sends nothing holds no HTTP/1 timer yet, since hyper is still waiting for
+    /// the bytes that tell HTTP/1 from HTTP/2.
+    fn deadline(&self, idle: Duration, first: Duration) -> Option<Instant> {
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        let wait = if self.served.load(Ordering::SeqCst) {
+            idle
+        } else {
+            first.min(idle)
+        };
+        Some(*self.idle_since.lock() + wait)
+    }
+}
+
+/// Marks one request in flight on its connection until dropped (it rides in the response
+/// body, so it drops when the body is fully sent or the client goes away).
+#[derive(Debug)]
+struct Busy(Arc<Activity>);
+
+impl Busy {
+    fn new(a: &Arc<Activity>) -> Self {
+        a.in_flight.fetch_add(1, Ordering::SeqCst);
+        a.served.store(true, Ordering::SeqCst);
+        a.changed.notify_one();
+        Busy(a.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        *self.0.idle_since.lock() = Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_one();
+    }
+}
+
+/// A response body that keeps its request counted as in flight.
+struct BusyBody {
+    inner: Body,
+    _busy: Busy,
+}
+
+impl HttpBody for BusyBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Whether an accept error concerns only the one connection (keep accepting at once) rather
+/// than the listener (e.g. out of file descriptors: back off).
+fn per_connection(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
+}
+
+/// Serves `app` on `listener` with TCP_NODELAY on every accepted socket, the connection bounds
+/// and request limits of `limits`, until `shutdown` resolves; then stops accepting, lets open
+/// responses finish and returns once every connection has closed.
+pub async fn serve(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: ServeLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = crate::envelope::wrap(app, limits);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (open_tx, open_rx) = watch::channel(());
+    tokio::pin!(shutdown);
+    loop {
+        let tcp = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((tcp, _)) => tcp,
+                Err(e) if per_connection(&e) => continue,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}; retrying in 1 s");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY not set: {e}");
+        }
+        tokio::spawn(connection(
+            tcp,
+            app.clone(),
+            limits,
+            stop_rx.clone(),
+            open_rx.clone(),
+        ));
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    drop(open_rx);
+    // Every connection task holds a receiver; `closed` resolves when the last one is gone.
+    open_tx.closed().await;
+    Ok(())
+}
+
+/// Serves one connection until it ends, the server stops, or it stays idle too long.
+async fn connection(
+    tcp: tokio::net::TcpStream,
+    app: axum::Router,
+    limits: ServeLimits,
+    mut stop: watch::Receiver<bool>,
+    _open: watch::Receiver<()>,
+) {
+    let activity = Arc::new(Activity::new());
+    let inner = TowerToHyperService::new(app);
+    let act = activity.clone();
+    let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let busy = Busy::new(&act);
+        let fut = hyper::service::Service::call(&inner, req);
+        async move {
+            let resp = match fut.await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            };
+            Ok::<_, Infallible>(resp.map(|b| {
+                Body::new(BusyBody {
+                    inner: b,
+                    _busy: busy,
+                })
+            }))
+        }
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_headers(HYPER_MAX_HEADERS);
+    builder.http2().timer(TokioTimer::new());
+    let conn = builder.serve_connection(TokioIo::new(tcp), svc);
+    tokio::pin!(conn);
+    let mut closing = *stop.borrow();
+    if closing {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        let deadline = activity.deadline(limits.idle_timeout, limits.header_read_timeout);
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!("connection ended: {e}");
+                }
+                break;
+            }
+            _ = stop.changed(), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            () = activity.changed.notified() => {}
+            () = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if !closing && deadline.is_some() => {
+                if activity
+                    .deadline(limits.idle_timeout, limits.header_read_timeout)
+                    .is_some_and(|d| d <= Instant::now())
+                {
+                    tracing::debug!("closing an idle connection");
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_bounds_are_refused() {
+        let ok = ServeLimits {
+            header_read_timeout: Duration::from_secs(1),
+            body_read_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+            max_body_bytes: 1,
+        };
+        assert!(ok.check().is_ok());
+        let bad = ServeLimits {
+            idle_timeout: Duration::ZERO,
+            ..ok
+        };
+        assert!(bad.check().unwrap_err().contains("idle_timeout"));
+        let bad = ServeLimits {
+            max_body_bytes: 0,
+            ..ok
+        };
+        assert!(bad.check().is_err());
+    }
+
+    #[tokio::test]
+    async fn in_flight_requests_hold_off_the_idle_deadline() {
+        let a = Arc::new(Activity::new());
+        let idle = Duration::from_secs(5);
+        let first = Duration::from_secs(1);
+        let before = a.deadline(idle, first).expect("idle");
+        assert!(
+            before <= Instant::now() + first,
+            "a silent new connection gets the header timeout"
+        );
+        let b = Busy::new(&a);
+        assert_eq!(a.deadline(idle, first), None);
+        drop(b);
+        let d = a.deadline(idle, first).expect("idle again");
+        assert!(
+            d > Instant::now() + Duration::from_secs(4),
+            "then the idle timeout"
+        );
+    }
+}
