@@ -7,6 +7,7 @@
 
 use super::config::ModelConfig;
 use super::weights::{Tensor, Weights};
+use crate::kernels::{dot, rms_norm_row, rope_row, silu};
 
 /// Keys and values of one layer for every cached position: `len × kv_dim` each, row-major.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -54,50 +55,10 @@ impl KvCache {
     }
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let ca = a.chunks_exact(8);
-    let cb = b.chunks_exact(8);
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut tail = 0.0;
-    for (x, y) in ra.iter().zip(rb) {
-        tail += x * y;
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
-
 fn matvec(w: &Tensor, x: &[f32], out: &mut [f32]) {
     for (o, row) in out.iter_mut().zip(w.data.chunks_exact(x.len())) {
         *o = dot(row, x);
     }
-}
-
-fn rms_norm(x: &[f32], gain: &[f32], eps: f32, out: &mut [f32]) {
-    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let inv = 1.0 / (ms + eps).sqrt();
-    for ((o, v), g) in out.iter_mut().zip(x).zip(gain) {
-        *o = v * inv * g;
-    }
-}
-
-fn rope(v: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
-    let half = head_dim / 2;
-    for head in v.chunks_exact_mut(head_dim) {
-        for i in 0..half {
-            let (x1, x2) = (head[i], head[i + half]);
-            head[i] = x1 * cos[i] - x2 * sin[i];
-            head[i + half] = x2 * cos[i] + x1 * sin[i];
-        }
-    }
-}
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }
 
 /// Runs one token at position `cache.len`, appends its keys and values to `cache`, and returns
@@ -137,12 +98,12 @@ pub fn forward_token(
     let scale = 1.0 / (hd as f32).sqrt();
 
     for (layer, kv) in w.layers.iter().zip(cache.layers.iter_mut()) {
-        rms_norm(&x, &layer.input_layernorm.data, c.rms_norm_eps, &mut normed);
+        rms_norm_row(&x, &layer.input_layernorm.data, c.rms_norm_eps, &mut normed);
         matvec(&layer.q_proj, &normed, &mut q);
         matvec(&layer.k_proj, &normed, &mut k);
         matvec(&layer.v_proj, &normed, &mut v);
-        rope(&mut q, hd, &cos, &sin);
-        rope(&mut k, hd, &cos, &sin);
+        rope_row(&mut q, hd, &cos, &sin, false);
+        rope_row(&mut k, hd, &cos, &sin, false);
         kv.k.extend_from_slice(&k);
         kv.v.extend_from_slice(&v);
 
@@ -175,7 +136,7 @@ pub fn forward_token(
             *a += b;
         }
 
-        rms_norm(
+        rms_norm_row(
             &x,
             &layer.post_attention_layernorm.data,
             c.rms_norm_eps,
@@ -195,7 +156,7 @@ pub fn forward_token(
     if !want_logits {
         return None;
     }
-    rms_norm(&x.clone(), &w.norm.data, c.rms_norm_eps, &mut x);
+    rms_norm_row(&x.clone(), &w.norm.data, c.rms_norm_eps, &mut x);
     let mut logits = vec![0.0f32; c.vocab_size];
     matvec(&w.lm_head, &x, &mut logits);
     Some(logits)

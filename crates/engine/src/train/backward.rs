@@ -6,7 +6,7 @@
 //! this file free of RL logic.
 
 use super::forward::{LayerTape, Tape};
-use super::ops::{axpy, dot, linear_backward, rms_norm_backward, rope, silu, silu_grad};
+use crate::kernels::{axpy, dot, linear_backward, rms_norm_backward, rope, silu, silu_grad};
 use crate::model::weights::LayerWeights;
 use crate::model::{ModelConfig, Weights};
 

@@ -7,7 +7,7 @@
 //! `prompt.len()-1 ..`.
 
 use super::TrainError;
-use super::ops::{dot, linear, rms_norm, rope, rope_tables, silu};
+use crate::kernels::{dot, linear, rms_norm, rope, rope_tables, silu};
 use crate::model::{ModelConfig, Weights};
 
 /// Activations of one decoder layer over all positions (`n` rows each).

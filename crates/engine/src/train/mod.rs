@@ -6,7 +6,6 @@
 //! through every layer (embeddings, RMSNorm, rotary grouped-query attention, SwiGLU, output
 //! head), and applies a GRPO update with Adam.
 //!
-//! - [`ops`]: the dense kernels and their derivatives.
 //! - [`params`]: [`Weights`](crate::model::Weights) used as a container for gradients and Adam
 //!   moments, walked in the config's stable tensor order.
 //! - [`forward`]: the sequence forward pass that records a [`forward::Tape`].
@@ -24,7 +23,6 @@ pub mod adam;
 pub mod backward;
 pub mod forward;
 pub mod grpo;
-pub mod ops;
 pub mod params;
 pub mod trainer;
 

@@ -1,4 +1,6 @@
-//! Dense kernels over row-major `f32` matrices, each with the derivative backward needs.
+//! Dense kernels over row-major `f32` matrices, each with the derivative backward needs: the
+//! one home of the numerics both the inference forward pass (`model::forward`) and the trainer
+//! (`train`) run, so the two agree bit for bit where they compute the same thing.
 //!
 //! Shapes follow PyTorch: a linear weight is `[out, in]` and `y = x · Wᵀ`. Activations are
 //! `n × width` row-major (one row per sequence position). The loops are written so the compiler
@@ -74,20 +76,27 @@ pub fn linear_backward(
     dx
 }
 
-/// RMSNorm of each `width`-row: `y = x · r · g` with `r = 1 / sqrt(mean(x²) + eps)`. Returns
-/// `(y, r)`; `r` per row is what backward needs.
+/// RMSNorm of one row into `out`: `out = x · r · g` with `r = 1 / sqrt(mean(x²) + eps)`;
+/// returns `r`. The inference forward pass normalises one position at a time with it.
+pub fn rms_norm_row(x: &[f32], gain: &[f32], eps: f32, out: &mut [f32]) -> f32 {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let r = 1.0 / (ms + eps).sqrt();
+    for ((o, v), g) in out.iter_mut().zip(x).zip(gain) {
+        *o = v * r * g;
+    }
+    r
+}
+
+/// RMSNorm of each `width`-row ([`rms_norm_row`] per row). Returns `(y, r)`; `r` per row is
+/// what backward needs.
 pub fn rms_norm(x: &[f32], gain: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
     let width = gain.len();
     let mut y = vec![0.0f32; x.len()];
-    let mut inv = Vec::with_capacity(x.len() / width);
-    for (xr, yr) in x.chunks_exact(width).zip(y.chunks_exact_mut(width)) {
-        let ms = xr.iter().map(|v| v * v).sum::<f32>() / width as f32;
-        let r = 1.0 / (ms + eps).sqrt();
-        for ((o, v), g) in yr.iter_mut().zip(xr).zip(gain) {
-            *o = v * r * g;
-        }
-        inv.push(r);
-    }
+    let inv = x
+        .chunks_exact(width)
+        .zip(y.chunks_exact_mut(width))
+        .map(|(xr, yr)| rms_norm_row(xr, gain, eps, yr))
+        .collect();
     (y, inv)
 }
 
@@ -144,8 +153,21 @@ pub fn rope_tables(n: usize, head_dim: usize, theta: f32) -> (Vec<f32>, Vec<f32>
     (cos, sin)
 }
 
-/// Rotates every head of every row in place (rotate-half convention, as the engine).
-/// `inverse` applies the transpose rotation, which is exactly the backward of the forward one.
+/// Rotates every head of one row in place with that position's `cos`/`sin` (rotate-half
+/// convention). `inverse` applies the transpose rotation, the backward of the forward one.
+pub fn rope_row(row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], inverse: bool) {
+    let half = head_dim / 2;
+    for head in row.chunks_exact_mut(head_dim) {
+        for i in 0..half {
+            let (x1, x2) = (head[i], head[i + half]);
+            let si = if inverse { -sin[i] } else { sin[i] };
+            head[i] = x1 * cos[i] - x2 * si;
+            head[i + half] = x2 * cos[i] + x1 * si;
+        }
+    }
+}
+
+/// Rotates every head of every `width`-row in place ([`rope_row`] per position).
 pub fn rope(v: &mut [f32], width: usize, head_dim: usize, cos: &[f32], sin: &[f32], inverse: bool) {
     let half = head_dim / 2;
     for (pos, row) in v.chunks_exact_mut(width).enumerate() {
@@ -153,14 +175,7 @@ pub fn rope(v: &mut [f32], width: usize, head_dim: usize, cos: &[f32], sin: &[f3
             &cos[pos * half..(pos + 1) * half],
             &sin[pos * half..(pos + 1) * half],
         );
-        for head in row.chunks_exact_mut(head_dim) {
-            for i in 0..half {
-                let (x1, x2) = (head[i], head[i + half]);
-                let si = if inverse { -s[i] } else { s[i] };
-                head[i] = x1 * c[i] - x2 * si;
-                head[i + half] = x2 * c[i] + x1 * si;
-            }
-        }
+        rope_row(row, head_dim, c, s, inverse);
     }
 }
 
@@ -169,7 +184,7 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// SiLU, written as the engine writes it (`x / (1 + e^-x)`) to keep forward values identical.
+/// SiLU, `x / (1 + e^-x)`.
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
