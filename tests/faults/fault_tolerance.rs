@@ -426,3 +426,24 @@ async fn a_frozen_hosts_server_is_fenced_before_it_is_re_placed() {
     })
     .await
 }
+
+#[tokio::test]
+async fn losing_the_gateways_host_is_reported_as_the_gateway_lost() {
+    within(120, async {
+        let cluster = process_cluster(2).await;
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
+        let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
+            .await
+            .unwrap();
+        let mut serving = svc.serving_events();
+        // The gateway runs on host 0.
+        kill_node(cluster.host(0).pid());
+        wait_serving(&mut serving, 30, |e| {
+            matches!(e, ServingEvent::GatewayLost { host: 0, .. })
+        })
+        .await;
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}

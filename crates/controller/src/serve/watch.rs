@@ -57,6 +57,14 @@ pub enum ServingEvent {
         /// The host it now runs on.
         host: usize,
     },
+    /// The gateway's host is lost, and the gateway with it: it is not re-placed (its URL
+    /// would change under every client), so the deployment must be restarted; said loudly.
+    GatewayLost {
+        /// The host it ran on.
+        host: usize,
+        /// Why the host is lost.
+        reason: String,
+    },
     /// A server is gone for good (restart budget spent, or its host is lost): serving goes on
     /// with less capacity.
     Lost {
@@ -124,6 +132,12 @@ impl Watcher {
             ServingEvent::Replaced { old, new, host } => {
                 tracing::warn!(%old, %new, host, "lost server re-placed")
             }
+            ServingEvent::GatewayLost { host, reason } => {
+                tracing::error!(host, %reason, "the gateway's host is lost: the gateway is gone");
+                eprintln!(
+                    "error: host {host}, which ran the gateway, is lost ({reason}): the gateway no longer answers and is not re-placed; restart the deployment"
+                );
+            }
         }
         let _ = self.out.send(e);
     }
@@ -168,7 +182,17 @@ impl Watcher {
                     });
                 }
             }
-            ClusterEvent::HostLost { host, reason, .. } => {
+            ClusterEvent::HostLost {
+                host,
+                host_id,
+                reason,
+            } => {
+                if self.gateway.host_id() == host_id {
+                    self.emit(ServingEvent::GatewayLost {
+                        host,
+                        reason: reason.clone(),
+                    });
+                }
                 if let Some(r) = &self.replacer {
                     r.host_lost(host);
                 }
