@@ -9,6 +9,7 @@
 
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
+use troupe_wire::sglang::meta;
 
 use super::error::ApiError;
 use super::router::{PdPair, fresh_room};
@@ -118,7 +119,7 @@ pub fn inject(
 
 fn merge_one(decode: &mut Value, prefill: &Value) {
     let Some(pre) = prefill
-        .pointer("/meta_info/input_token_logprobs")
+        .pointer(meta::INPUT_TOKEN_LOGPROBS)
         .and_then(Value::as_array)
     else {
         return;
@@ -171,7 +172,7 @@ pub fn merge_event(event: &mut Value, prefill: &Value) {
 pub fn abort_message(v: &Value) -> Option<String> {
     let one = |x: &Value| -> Option<String> {
         let message = x
-            .pointer("/meta_info/finish_reason/message")
+            .pointer(meta::FINISH_MESSAGE)
             .and_then(Value::as_str)
             .unwrap_or("");
         let produced = x
@@ -184,8 +185,8 @@ pub fn abort_message(v: &Value) -> Option<String> {
         if produced && !server_failure(message) {
             return None;
         }
-        let fr = x.pointer("/meta_info/finish_reason")?;
-        (fr.get("type")?.as_str()? == "abort").then(|| {
+        let fr = x.pointer(meta::FINISH_REASON)?;
+        (fr.get("type")?.as_str()? == meta::ABORT).then(|| {
             fr.get("message")
                 .and_then(Value::as_str)
                 .unwrap_or("aborted")
@@ -195,7 +196,7 @@ pub fn abort_message(v: &Value) -> Option<String> {
     if let Some(Value::Array(choices)) = v.get("choices") {
         return choices
             .iter()
-            .any(|c| c.get("finish_reason").and_then(Value::as_str) == Some("abort"))
+            .any(|c| c.get("finish_reason").and_then(Value::as_str) == Some(meta::ABORT))
             .then(|| "aborted".to_string());
     }
     match v {

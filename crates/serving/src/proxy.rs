@@ -28,6 +28,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
+use troupe_wire::sglang::meta;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -382,22 +383,19 @@ async fn resubmit_loop(
             .cloned()
             .unwrap_or_default();
         let version = v
-            .pointer("/meta_info/weight_version")
+            .pointer(meta::WEIGHT_VERSION)
             .cloned()
             .unwrap_or(Value::Null);
         versions.extend(std::iter::repeat_n(version, piece.len()));
         ids.extend(piece);
         text.push_str(v.get("text").and_then(Value::as_str).unwrap_or(""));
-        if let Some(Value::Array(l)) = v.pointer("/meta_info/output_token_logprobs") {
+        if let Some(Value::Array(l)) = v.pointer(meta::OUTPUT_TOKEN_LOGPROBS) {
             out_lps.extend(l.iter().cloned());
         }
         if first_meta.is_none() {
             first_meta = v.get("meta_info").cloned();
         }
-        let aborted = v
-            .pointer("/meta_info/finish_reason/type")
-            .and_then(Value::as_str)
-            == Some("abort");
+        let aborted = v.pointer(meta::FINISH_TYPE).and_then(Value::as_str) == Some("abort");
         let done = ids.len() as u64;
         if !aborted || done >= max_new || resubmits >= state.cfg.max_resubmits {
             break v;
@@ -437,9 +435,7 @@ async fn resubmit_loop(
         body = Bytes::from(Value::Object(next).to_string());
     };
     let n = ids.len();
-    let aborted_at_budget = last
-        .pointer("/meta_info/finish_reason/type")
-        .and_then(Value::as_str)
+    let aborted_at_budget = last.pointer(meta::FINISH_TYPE).and_then(Value::as_str)
         == Some("abort")
         && n as u64 >= max_new;
     last["output_ids"] = Value::Array(ids);

@@ -6,6 +6,7 @@
 //! answer whose tokens carry the weight version that produced each of them.
 
 use std::time::Duration;
+use troupe_wire::sglang::meta;
 
 use serde_json::{Value, json};
 
@@ -79,8 +80,8 @@ fn parse_piece(v: &Value) -> Result<Piece, GenerateError> {
         .map(|x| x.as_u64().map(|n| n as u32))
         .collect::<Option<_>>()
         .ok_or_else(|| bad("output_ids"))?;
-    let meta = &v["meta_info"];
-    let lps: Vec<f32> = meta["output_token_logprobs"]
+    let at = |ptr: &str| v.pointer(ptr).unwrap_or(&Value::Null);
+    let lps: Vec<f32> = at(meta::OUTPUT_TOKEN_LOGPROBS)
         .as_array()
         .map(|a| {
             a.iter()
@@ -91,12 +92,12 @@ fn parse_piece(v: &Value) -> Result<Piece, GenerateError> {
     if lps.len() != ids.len() {
         return Err(bad("output_token_logprobs length"));
     }
-    let version = match &meta["weight_version"] {
+    let version = match at(meta::WEIGHT_VERSION) {
         Value::String(s) => s.clone(),
         Value::Null => String::new(),
         other => other.to_string(),
     };
-    let versions: Vec<String> = match meta["output_token_weight_versions"].as_array() {
+    let versions: Vec<String> = match at(meta::OUTPUT_TOKEN_WEIGHT_VERSIONS).as_array() {
         Some(a) if a.len() == ids.len() => a
             .iter()
             .map(|x| {
@@ -107,7 +108,7 @@ fn parse_piece(v: &Value) -> Result<Piece, GenerateError> {
             .collect(),
         _ => vec![version; ids.len()],
     };
-    let finish = meta["finish_reason"]["type"]
+    let finish = at(meta::FINISH_TYPE)
         .as_str()
         .unwrap_or("unknown")
         .to_string();
