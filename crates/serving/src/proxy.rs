@@ -258,7 +258,11 @@ async fn pass(
         req = req.header(header::CONTENT_TYPE, ct.clone());
     }
     req = state.auth(req, headers);
+    let info = is_server_info(path);
     match req.send().await {
+        Ok(r) if info => redacted(r)
+            .await
+            .unwrap_or_else(|e| upstream_error(backend, e)),
         Ok(r) => {
             let mut out = Response::builder().status(r.status());
             if let Some(ct) = r.headers().get(header::CONTENT_TYPE) {
@@ -269,6 +273,54 @@ async fn pass(
         }
         Err(e) => upstream_error(backend, e),
     }
+}
+
+/// SGLang's server-info routes (they echo the server's arguments, keys included).
+fn is_server_info(path: &str) -> bool {
+    let p = path.split('?').next().unwrap_or(path);
+    matches!(p, "/server_info" | "/get_server_info")
+}
+
+/// Whether a field carries a secret (`api_key`, `admin_api_key`, …).
+fn is_secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.ends_with("api_key") || k.ends_with("secret") || k == "token" || k.ends_with("_token")
+}
+
+/// Replaces every secret-named field of `v` (at any depth) with `"<redacted>"`.
+fn redact(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m.iter_mut() {
+                if is_secret(k) && !x.is_null() {
+                    *x = Value::String("<redacted>".into());
+                } else {
+                    redact(x);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(redact),
+        _ => {}
+    }
+}
+
+/// A server-info answer with its secrets redacted: SGLang returns its launch arguments there,
+/// the admin key among them, and the proxy must not hand them to whoever asks.
+async fn redacted(r: reqwest::Response) -> Result<Response, String> {
+    let status = r.status();
+    let bytes = r.bytes().await.map_err(|e| e.to_string())?;
+    let body = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(mut v) => {
+            redact(&mut v);
+            axum::body::Bytes::from(v.to_string())
+        }
+        Err(_) => bytes,
+    };
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body))
+        .map_err(|e| e.to_string())
 }
 
 /// The prompt of a single request, as the resubmission needs it.
@@ -477,4 +529,24 @@ async fn resubmit_loop(
         }
     }
     (StatusCode::OK, axum::Json(last)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn server_info_secrets_are_redacted_and_nothing_else() {
+        let mut v = json!({"admin_api_key": "k", "api_key": null, "max_total_num_tokens": 4096,
+            "disaggregation_mode": "decode", "internal_states": [{"bootstrap_secret": "s"}]});
+        redact(&mut v);
+        assert_eq!(
+            v,
+            json!({"admin_api_key": "<redacted>", "api_key": null, "max_total_num_tokens": 4096,
+                "disaggregation_mode": "decode", "internal_states": [{"bootstrap_secret": "<redacted>"}]})
+        );
+        assert!(is_server_info("/get_server_info?x=1"));
+        assert!(!is_server_info("/generate"));
+    }
 }
