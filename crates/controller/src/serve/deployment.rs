@@ -130,7 +130,7 @@ impl Capacity {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use troupe_scheduler::{Placement, PortAllocator, PortNeeds, PortRange};
     use troupe_serving::actors::{ProxyActor, ProxyArgs};
     use troupe_serving::gateway::GatewayConfig;
@@ -143,7 +143,7 @@ mod tests {
 
     /// A deployment on `cluster` with a real gateway and one instance whose proxy is real (its
     /// server is not: no engine binary in unit tests), holding three ports of the ledger.
-    async fn deployment(cluster: &Cluster) -> Deployment {
+    pub(crate) async fn deployment(cluster: &Cluster) -> Deployment {
         let claims = cluster.ports().claims();
         let hosts = super::super::fork::resources(cluster);
         let mut ports = PortAllocator::randomized(

@@ -52,6 +52,45 @@ async fn answers(url: &str) -> bool {
     client.get(format!("{url}/health")).send().await.is_ok()
 }
 
+/// Why a lost instance was not re-placed (the watcher reports it with the capacity lost).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReplaceError {
+    /// Its peers would need a new rendezvous.
+    #[error("a multi-node instance is not re-placed")]
+    MultiNode,
+    /// The lost server still answers after its host process was killed (or its host is not a
+    /// process on this machine): two copies must never serve at once.
+    #[error(
+        "the lost server {0} still answers, so it is not re-placed (two copies must never serve at once); stop its host to free its capacity"
+    )]
+    StillAnswers(String),
+    /// The scheduler found no room (or refused the instance).
+    #[error("{0}: serving continues with less capacity")]
+    Scheduler(troupe_scheduler::SchedulerError),
+    /// The server or its proxy did not start where the scheduler put it.
+    #[error("{what} on host {host}: {reason}")]
+    Launch {
+        /// The server (or proxy) that failed.
+        what: String,
+        /// Where.
+        host: usize,
+        /// Why, as the host reported it.
+        reason: String,
+    },
+}
+
+impl ReplaceError {
+    fn port_in_use(&self) -> bool {
+        match self {
+            ReplaceError::Launch { reason, .. } => super::fork::port_in_use_text(reason),
+            _ => false,
+        }
+    }
+}
+
+/// How many times a re-placement that hit EADDRINUSE is launched again on fresh ports.
+const PORT_RETRIES: usize = 2;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -135,7 +174,7 @@ impl Replacer {
     /// it; a host that froze or lost its network may still run one. If the old server still
     /// answers and its host is a process on this machine, that process is killed (its engines
     /// die with it); if it still answers after that, the server is not re-placed.
-    async fn fence(&self, old: &Instance) -> Result<(), String> {
+    async fn fence(&self, old: &Instance) -> Result<(), ReplaceError> {
         let url = old.server_url();
         if !answers(url).await {
             return Ok(());
@@ -162,21 +201,19 @@ impl Replacer {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(format!(
-            "the lost server {url} still answers, so it is not re-placed (two copies must never serve at once); stop its host to free its capacity"
-        ))
+        Err(ReplaceError::StillAnswers(url.to_string()))
     }
 
     /// Launches `old`'s server (and a proxy) on surviving capacity and puts the new instance
     /// in the table in `old`'s place; the new instance.
-    pub async fn replace(&self, old: &Instance) -> Result<Instance, String> {
+    pub async fn replace(&self, old: &Instance) -> Result<Instance, ReplaceError> {
         if !old.others.is_empty() {
-            return Err("a multi-node instance is not re-placed".into());
+            return Err(ReplaceError::MultiNode);
         }
         self.fence(old).await?;
         let h = &old.head;
-        let mut last_err = String::new();
-        for attempt in 0..3 {
+        let mut attempt = 0;
+        loop {
             // Picked and reserved under one lock: two re-placements at once never pick the
             // same GPUs.
             let (placed, _reserved) = {
@@ -192,9 +229,13 @@ impl Replacer {
                         &occupied,
                         &mut lock(&self.ports),
                     )
-                    .map_err(|e| format!("{e}: serving continues with less capacity"))?;
+                    .map_err(ReplaceError::Scheduler)?;
                 let Some(placed) = placed.into_iter().next() else {
-                    return Err("the scheduler placed no node".into());
+                    return Err(ReplaceError::Launch {
+                        what: h.name.clone(),
+                        host: h.host,
+                        reason: "the scheduler placed no node".into(),
+                    });
                 };
                 launching
                     .entry(placed.host)
@@ -228,11 +269,11 @@ impl Replacer {
                     self.instances.replace(old.server_url(), new.clone());
                     return Ok(new);
                 }
-                Err(e) if super::fork::port_in_use_text(&e) => last_err = e,
+                // Someone took a port meanwhile: again, on fresh ports.
+                Err(e) if e.port_in_use() && attempt < PORT_RETRIES => attempt += 1,
                 Err(e) => return Err(e),
             }
         }
-        Err(last_err)
     }
 
     async fn launch(
@@ -242,9 +283,14 @@ impl Replacer {
         name: &str,
         spec: &LaunchSpec,
         machine: &str,
-    ) -> Result<Instance, String> {
+    ) -> Result<Instance, ReplaceError> {
+        let failed = |what: &str, reason: String| ReplaceError::Launch {
+            what: what.to_string(),
+            host,
+            reason,
+        };
         let Some(h) = self.hosts.get(host) else {
-            return Err(format!("{name}: host {host} is not in the cluster"));
+            return Err(failed(name, "the host is not in the cluster".into()));
         };
         let server = h
             .spawn_with::<InferenceServer>(
@@ -253,7 +299,7 @@ impl Replacer {
                 SpawnOptions::restarts(self.restarts, Duration::from_millis(500)),
             )
             .await
-            .map_err(|e| format!("{name} on host {host}: {e}"))?;
+            .map_err(|e| failed(name, e.to_string()))?;
         let started = async {
             let info = server.call(GetInfo).await?;
             let proxy = h
@@ -273,7 +319,7 @@ impl Replacer {
             Ok(x) => x,
             Err(e) => {
                 let _ = server.stop(Duration::from_secs(5)).await;
-                return Err(format!("{name} on host {host}: {e}"));
+                return Err(failed(name, e.to_string()));
             }
         };
         let proxy_url = match proxy.call(GetUrl).await {
@@ -281,7 +327,7 @@ impl Replacer {
             Err(e) => {
                 let _ = proxy.stop(Duration::from_secs(2)).await;
                 let _ = server.stop(Duration::from_secs(5)).await;
-                return Err(format!("proxy of {name}: {e}"));
+                return Err(failed(&format!("proxy of {name}"), e.to_string()));
             }
         };
         let worker = super::routing::worker_spec(&info, proxy_url);
