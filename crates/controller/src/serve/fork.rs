@@ -224,7 +224,7 @@ impl Deployment {
         )
         .map_err(|e| ForkError::Placement(e.to_string()))?;
 
-        let servers = launch(
+        let (servers, failures, total) = launch(
             cluster,
             plan,
             &hosts,
@@ -232,9 +232,8 @@ impl Deployment {
             opts,
             &bootstrap_secret,
         )
-        .await;
+        .await?;
         // From here on, what runs is in the table, and a failure stops what the table lists.
-        let (servers, failures, total) = servers?;
         let instances = Instances::new(Instance::group(servers));
         if !failures.is_empty() {
             instances.stop().await;
