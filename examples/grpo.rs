@@ -46,7 +46,7 @@ async fn main() -> anyhow::Result<()> {
     let svc = Deployment::fork(&cluster, &plan, &opts).await?;
     println!("gateway at {}", svc.gateway_url);
     let engines: Vec<(String, u32)> = svc
-        .servers
+        .servers()
         .iter()
         .map(|s| (s.info.url.clone(), s.info.gpu_count))
         .collect();

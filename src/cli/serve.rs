@@ -284,7 +284,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     println!("gateway: {}", svc.gateway_url);
     if let Some(addr) = a.api_listen {
         let heads: Vec<u32> = svc
-            .servers
+            .servers()
             .iter()
             .filter(|s| s.node_rank == 0)
             .map(|s| s.info.gpu_count)
@@ -307,7 +307,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
         svc.bring_up.as_secs_f64(),
         plan
     );
-    for s in svc.servers.iter() {
+    for s in svc.servers().iter() {
         eprintln!(
             "  {:<8} {}  (host {}, log {})",
             s.info.worker_type.as_str(),

@@ -100,7 +100,7 @@ async fn is_unauthenticated<T: std::fmt::Debug>(r: Result<tonic::Response<T>, to
 async fn the_controller_api_refuses_calls_without_the_token_and_they_change_nothing() {
     within(120, async {
         let (cluster, svc) = one_engine().await;
-        let gpus: Vec<u32> = svc.servers.iter().map(|s| s.info.gpu_count).collect();
+        let gpus: Vec<u32> = svc.servers().iter().map(|s| s.info.gpu_count).collect();
         let addr = ControllerApi::new(svc.control.clone(), gpus)
             .unwrap()
             .with_token(Some("api-s3cret".into()))
@@ -193,7 +193,7 @@ async fn the_controller_api_refuses_calls_without_the_token_and_they_change_noth
 async fn the_controller_api_refuses_a_non_loopback_address_without_a_token() {
     within(60, async {
         let (cluster, svc) = one_engine().await;
-        let gpus: Vec<u32> = svc.servers.iter().map(|s| s.info.gpu_count).collect();
+        let gpus: Vec<u32> = svc.servers().iter().map(|s| s.info.gpu_count).collect();
         let api = ControllerApi::new(svc.control.clone(), gpus).unwrap();
         let e = api
             .clone()
@@ -321,7 +321,7 @@ async fn the_controller_api_over_tls_with_a_token() {
         let pki = Pki::new("api");
         let other = Pki::new("other");
         let (cluster, svc) = one_engine().await;
-        let gpus: Vec<u32> = svc.servers.iter().map(|s| s.info.gpu_count).collect();
+        let gpus: Vec<u32> = svc.servers().iter().map(|s| s.info.gpu_count).collect();
         let addr = ControllerApi::new(svc.control.clone(), gpus)
             .unwrap()
             .with_token(Some("k".into()))

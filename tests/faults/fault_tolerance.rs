@@ -80,7 +80,7 @@ async fn a_killed_server_leaves_the_router_and_returns_on_the_current_weights() 
         let dir = tempfile::tempdir().unwrap();
         let reference = reference_engine(w, dir.path()).await;
 
-        let victim = svc.servers[1].clone();
+        let victim = svc.servers()[1].clone();
         let proxy = victim.proxy_url.clone().unwrap();
         assert!(routed(&svc).await.contains(&proxy));
         kill9(victim.info.pid);
@@ -167,7 +167,7 @@ async fn without_a_kept_update_a_restarted_server_waits_unrouted_for_the_next_on
             .await
             .unwrap();
 
-        let victim = svc.servers[2].clone();
+        let victim = svc.servers()[2].clone();
         kill9(victim.info.pid);
         wait_serving(
             &mut serving,
@@ -223,7 +223,7 @@ async fn an_update_while_a_server_is_down_skips_it_and_serving_goes_on() {
         let mut serving = svc.serving_events();
         let sync = WeightSync::new(WeightSyncOptions::default());
         sync.attach(&svc.control);
-        let victim = svc.servers[1].clone();
+        let victim = svc.servers()[1].clone();
         kill9(victim.info.pid);
         wait_serving(
             &mut serving,
@@ -301,7 +301,7 @@ async fn a_lost_hosts_server_is_re_placed_on_a_free_host_with_the_current_weight
         sync.update_weights(&svc.control, &svc.control.engines(), "v1", &t1)
             .await
             .unwrap();
-        let decode = svc.servers[1].clone();
+        let decode = svc.servers()[1].clone();
         assert_eq!(
             decode.host, 1,
             "placement: prefill on host 0, decode on host 1"
@@ -329,7 +329,7 @@ async fn a_lost_hosts_server_is_re_placed_on_a_free_host_with_the_current_weight
         .await;
         assert_eq!(
             svc.control.urls(),
-            vec![svc.servers[0].info.url.clone(), new.clone()]
+            vec![svc.servers()[0].info.url.clone(), new.clone()]
         );
         assert!(!svc.capacity().degraded(), "{:?}", svc.capacity());
         // One table: the lost instance is kept, marked replaced by its successor, which runs
@@ -371,7 +371,7 @@ async fn without_room_a_lost_host_leaves_serving_degraded_but_running() {
             .await
             .unwrap();
         let mut serving = svc.serving_events();
-        let victim = svc.servers.iter().find(|s| s.host == 2).unwrap().clone();
+        let victim = svc.servers().iter().find(|s| s.host == 2).unwrap().clone();
         kill_node(cluster.host(2).pid());
         let e = wait_serving(&mut serving, 30, |e| matches!(e, ServingEvent::Lost { .. })).await;
         let ServingEvent::Lost { url, reason } = e else {
@@ -401,7 +401,7 @@ async fn a_frozen_hosts_server_is_fenced_before_it_is_re_placed() {
             .await
             .unwrap();
         let mut serving = svc.serving_events();
-        let decode = svc.servers[1].clone();
+        let decode = svc.servers()[1].clone();
         assert_eq!(decode.host, 1);
         let host_pid = cluster.host(1).pid();
         // Frozen, not dead: the host stops heartbeating while its engine keeps answering.

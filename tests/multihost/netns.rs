@@ -316,7 +316,7 @@ async fn pd_groups_forked_across_three_network_namespaces_serve_through_the_gate
 
         // Every server runs on its own host's address; together they span all three hosts.
         let mut ips = BTreeSet::new();
-        for s in &svc.servers {
+        for s in &svc.servers() {
             let want = net.addr(s.host);
             assert!(
                 s.info.addr.starts_with(&format!("{want}:")),
@@ -379,7 +379,7 @@ async fn pd_groups_forked_across_three_network_namespaces_serve_through_the_gate
             })
             .collect();
         let engines: Vec<(String, u32)> = svc
-            .servers
+            .servers()
             .iter()
             .filter(|s| s.node_rank == 0)
             .map(|s| (s.info.url.clone(), s.info.gpu_count))

@@ -49,9 +49,9 @@ async fn fork_pd_groups_serve_identically_and_tear_down_cleanly() {
             ..ForkOptions::default()
         };
         let svc = Deployment::fork(&cluster, &plan, &opts).await.unwrap();
-        assert_eq!(svc.servers.len(), 4);
+        assert_eq!(svc.servers().len(), 4);
         assert_eq!(svc.inf_addrs.len(), 4);
-        let types: Vec<WorkerType> = svc.servers.iter().map(|s| s.info.worker_type).collect();
+        let types: Vec<WorkerType> = svc.servers().iter().map(|s| s.info.worker_type).collect();
         assert_eq!(
             types,
             [
@@ -61,7 +61,7 @@ async fn fork_pd_groups_serve_identically_and_tear_down_cleanly() {
                 WorkerType::Decode
             ]
         );
-        let boots: Vec<u16> = svc.servers[..2]
+        let boots: Vec<u16> = svc.servers()[..2]
             .iter()
             .map(|s| s.info.bootstrap_port.unwrap())
             .collect();
@@ -69,8 +69,9 @@ async fn fork_pd_groups_serve_identically_and_tear_down_cleanly() {
             boots[0], boots[1],
             "each prefill has its own bootstrap port"
         );
-        assert!(svc.servers.iter().all(|s| s.proxy_url.is_some()));
-        let hosts: std::collections::BTreeSet<usize> = svc.servers.iter().map(|s| s.host).collect();
+        assert!(svc.servers().iter().all(|s| s.proxy_url.is_some()));
+        let hosts: std::collections::BTreeSet<usize> =
+            svc.servers().iter().map(|s| s.host).collect();
         assert_eq!(
             hosts.len(),
             2,
@@ -111,8 +112,8 @@ async fn fork_pd_groups_serve_identically_and_tear_down_cleanly() {
         generate(&client, &svc.gateway_url, &request(99)).await;
 
         // One failing server is reported by name, not hidden.
-        let dead_url = svc.servers[3].info.url.clone();
-        svc.servers[3]
+        let dead_url = svc.servers()[3].info.url.clone();
+        svc.servers()[3]
             .actor
             .stop(Duration::from_secs(5))
             .await
@@ -122,7 +123,7 @@ async fn fork_pd_groups_serve_identically_and_tear_down_cleanly() {
         assert!(err.contains(&dead_url), "{err}");
         assert_eq!(r.iter().filter(|s| s.result.is_ok()).count(), 3);
 
-        let pids: Vec<u32> = svc.servers.iter().map(|s| s.info.pid).collect();
+        let pids: Vec<u32> = svc.servers().iter().map(|s| s.info.pid).collect();
         svc.teardown().await;
         cluster.shutdown().await;
         for pid in pids {
@@ -254,7 +255,7 @@ async fn a_killed_server_is_reported_and_restarted_on_its_ports_and_serving_reco
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
         generate(&client, &svc.gateway_url, &request(1)).await;
 
-        let victim = &svc.servers[1];
+        let victim = &svc.servers()[1];
         let old = victim.info.clone();
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(old.pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
         let e = common::wait_event(&mut events, 30, |e| matches!(e, ClusterEvent::ActorRestarted { actor_id, .. } if actor_id == victim.actor.id())).await;
@@ -274,7 +275,7 @@ async fn a_killed_server_is_reported_and_restarted_on_its_ports_and_serving_reco
             assert!(tokio::time::Instant::now() < deadline, "serving did not recover");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let pids: Vec<u32> = vec![svc.servers[0].info.pid, new.pid];
+        let pids: Vec<u32> = vec![svc.servers()[0].info.pid, new.pid];
         svc.teardown().await;
         cluster.shutdown().await;
         for pid in pids {

@@ -58,6 +58,45 @@ async fn two_deployments_side_by_side_each_keep_their_own_weights() {
     .await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_deployments_on_one_cluster_share_its_port_ledger_and_give_their_ports_back() {
+    within(240, async {
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
+        let cluster = Cluster::in_process(2, 2).await.unwrap();
+        let opts = ForkOptions::default();
+        let (a, b) = tokio::join!(
+            Deployment::fork(&cluster, &plan, &opts),
+            Deployment::fork(&cluster, &plan, &opts)
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let ports = |d: &Deployment| -> Vec<u16> {
+            d.servers()
+                .iter()
+                .flat_map(|s| [Some(s.spec.port), s.spec.dist_port, s.spec.bootstrap_port])
+                .flatten()
+                .collect()
+        };
+        let (pa, pb) = (ports(&a), ports(&b));
+        assert!(
+            pa.iter().all(|p| !pb.contains(p)),
+            "one cluster, one ledger: {pa:?} and {pb:?} overlap"
+        );
+        let ledger = cluster.ports().clone();
+        let held = ledger.claimed();
+        assert!(held >= pa.len() + pb.len(), "{held} claims");
+        a.teardown().await;
+        let after_a = ledger.claimed();
+        assert!(
+            after_a >= pb.len() && after_a < held,
+            "{after_a} of {held} left"
+        );
+        b.teardown().await;
+        assert_eq!(ledger.claimed(), 0, "every claim is released at teardown");
+        cluster.shutdown().await;
+    })
+    .await
+}
+
 /// A stand-in for another deployment's engine: answers every request with 200.
 async fn impostor() -> u16 {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

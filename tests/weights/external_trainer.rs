@@ -25,7 +25,7 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
         let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
             .await
             .unwrap();
-        let gpus: Vec<u32> = svc.servers.iter().map(|s| s.info.gpu_count).collect();
+        let gpus: Vec<u32> = svc.servers().iter().map(|s| s.info.gpu_count).collect();
         let addr = ControllerApi::new(svc.control.clone(), gpus)
             .unwrap()
             .spawn("127.0.0.1:0".parse().unwrap())

@@ -197,7 +197,7 @@ async fn a_weight_update_during_rollouts_yields_mixed_versions_and_no_failures()
         tokio::time::sleep(Duration::from_millis(80)).await; // let generation get going
         let (_, tensors) = common::model::trainer_weights(77);
         let engines: Vec<(String, u32)> = svc
-            .servers
+            .servers()
             .iter()
             .map(|s| (s.info.url.clone(), s.info.gpu_count))
             .collect();

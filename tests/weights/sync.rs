@@ -108,7 +108,7 @@ async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused(
             .await
             .unwrap();
 
-        let victim = &svc.servers[3].info;
+        let victim = &svc.servers()[3].info;
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(victim.pid as i32),
             nix::sys::signal::Signal::SIGKILL,

@@ -414,7 +414,10 @@ impl Cluster {
         }
     }
 
-    /// The ports this cluster's deployments hold ([`crate::ports`]).
+    /// The ports this cluster's deployments hold ([`crate::ports`]): shared by every
+    /// deployment's port allocator (fork and re-placement alike), so two deployments on this
+    /// cluster never pick the same port; each releases its claims at teardown, and
+    /// [`Cluster::shutdown`] releases whatever is left.
     pub fn ports(&self) -> &Arc<crate::ports::PortLedger> {
         &self.ports
     }
@@ -491,6 +494,8 @@ impl Cluster {
     /// is cancelled), adopted host processes get SIGTERM. Connected hosts are left running.
     pub async fn shutdown(self) {
         self.closing.store(true, Ordering::Release);
+        // Nothing of this cluster keeps a port once its hosts are stopped.
+        self.ports.release_all();
         let stops = self.owned.into_iter().map(|o| async move {
             match o {
                 Owned::Core(c) => c.shutdown().await,

@@ -4,8 +4,9 @@
 //! two forks at once) never pick the same port even before either server has bound it, which a
 //! bind probe alone cannot see. Claims belong to a deployment ([`Claims`]) and are released at
 //! its teardown, so a long-lived controller does not run out of ports. The ledger belongs to the
-//! [`crate::Cluster`]; deployments on other clusters are kept apart by the bind probe, the
-//! random start of each deployment's port cursor and the ready check on the child's socket.
+//! [`crate::Cluster`] ([`crate::Cluster::ports`]), which releases every claim at its shutdown;
+//! deployments on other clusters are kept apart by the bind probe, the random start of each
+//! deployment's port cursor and the ready check on the child's socket.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +37,11 @@ impl PortLedger {
     /// How many ports are claimed now (by every deployment).
     pub fn claimed(&self) -> usize {
         self.lock().len()
+    }
+
+    /// Gives every claim back: the cluster shuts down, so none of its servers holds a port.
+    pub fn release_all(&self) {
+        self.lock().clear();
     }
 }
 

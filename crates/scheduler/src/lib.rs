@@ -50,7 +50,7 @@ pub use launch::{
     SlurmOptions,
 };
 pub use parallel::Parallel;
-pub use placement::{PlacedInstance, Placement, PlacementOptions, place, replacement_bundle};
+pub use placement::{Occupancy, PlacedInstance, Placement, PlacementOptions, place};
 pub use plan::{AllocationPlan, Component, Group, MAX_COMPONENTS, MAX_GPUS, MAX_HOSTS};
 pub use ports::{
     AssumeFree, InstancePorts, LocalBindProbe, PortAllocator, PortNeeds, PortProbe, PortRange,

@@ -166,7 +166,8 @@ pub async fn run_chaos(
                 return kills;
             }
             let fleet = svc.control.fleet();
-            let heads: Vec<_> = svc.servers.iter().filter(|s| s.node_rank == 0).collect();
+            let servers = svc.servers();
+            let heads: Vec<_> = servers.iter().filter(|s| s.node_rank == 0).collect();
             let routed = |wt| {
                 heads
                     .iter()

@@ -22,8 +22,8 @@ use crate::rollout::{
     InferenceClient, RlvrWorkflow, RolloutController, RolloutOptions, SamplingSettings, Trajectory,
     staleness_of,
 };
+use crate::serve::Deployment;
 use crate::serve::config::ServeConfig;
-use crate::serve::fork::Deployment;
 use crate::serve::setup::{admin_key, cluster_builder, cluster_from, fork_options};
 use crate::weight_sync::{HostTensor, WeightSync, WeightSyncOptions};
 

@@ -4,21 +4,22 @@
 //! server, not the sum); then one DataProxy per server, then the gateway with each worker
 //! registered by type (prefill with its bootstrap host and port).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use troupe_scheduler::{
-    AllocationPlan, HostResources, PlacedInstance, PlacementOptions, PortAllocator, PortRange,
+    AllocationPlan, HostResources, PlacedInstance, Placement, PlacementOptions, PortAllocator,
+    PortRange,
 };
-use troupe_serving::actors::GatewayActor;
 use troupe_serving::gateway::GatewayConfig;
-use troupe_serving::inference::{
-    Backend, InferenceServer, LaunchSpec, MultiNode, ServerInfo, WorkerType,
-};
+use troupe_serving::inference::{Backend, InferenceServer, LaunchSpec, MultiNode, WorkerType};
 
-use super::control::InferenceControl;
+use super::deployment::Deployment;
+use super::instances::{Instance, Instances, ServerEntry};
+use super::replace::Replacer;
 use crate::cluster::Cluster;
-use crate::handle::ActorHandle;
+use crate::handle::SpawnOptions;
 use crate::ports::LedgerProbe;
 
 /// Why inference serving could not be brought up.
@@ -93,60 +94,6 @@ impl Default for ForkOptions {
             server_restarts: 3,
         }
     }
-}
-
-/// One running server.
-#[derive(Clone)]
-pub struct ServerEntry {
-    /// Component index in the plan.
-    pub component: usize,
-    /// Group index within the component.
-    pub group: usize,
-    /// Instance index within the group.
-    pub instance: usize,
-    /// Node rank within a multi-node instance (0 = head, which serves HTTP).
-    pub node_rank: u32,
-    /// Cluster host it runs on.
-    pub host: usize,
-    /// What the server reported when it came up.
-    pub info: ServerInfo,
-    /// The actor that owns the server process.
-    pub actor: ActorHandle<InferenceServer>,
-    /// The DataProxy in front of it (heads only).
-    pub proxy_url: Option<String>,
-    /// How it was launched.
-    pub spec: LaunchSpec,
-    /// Its actor name.
-    pub name: String,
-}
-
-/// A running, routed inference deployment: servers in their groups, a data proxy in front of
-/// each, the gateway, the control plane, and the watcher that keeps routing in step with what
-/// is alive. What runs is one table of instances ([`Deployment::instances`]); teardown, the
-/// watcher, re-placement and the recovery state file all use it.
-pub struct Deployment {
-    /// Every server process as launched (heads and other nodes), in group order: the launch
-    /// record. What runs now, re-placements included, is [`Deployment::instances`].
-    pub servers: Vec<ServerEntry>,
-    /// `host:port` of every serving head as launched, in group order (a flat list, for code
-    /// that wants one).
-    pub inf_addrs: Vec<String>,
-    /// The gateway clients send generation requests to.
-    pub gateway_url: String,
-    /// Control plane over every serving head.
-    pub control: InferenceControl,
-    /// How long bring-up took (launch of the first server to gateway ready).
-    pub bring_up: Duration,
-    /// Where every server and training rank was placed.
-    pub placement: troupe_scheduler::Placement,
-    pub(crate) gateway: ActorHandle<GatewayActor>,
-    /// The one table of what runs ([`super::instances`]).
-    pub(crate) instances: super::instances::Instances,
-    pub(crate) watcher: Option<tokio::task::JoinHandle<()>>,
-    pub(crate) serving_events: tokio::sync::broadcast::Sender<super::watch::ServingEvent>,
-    pub(crate) admin_key: Option<String>,
-    /// The ports this deployment holds in its cluster's ledger; released at teardown.
-    pub(crate) claims: std::sync::Arc<crate::ports::Claims>,
 }
 
 /// How many times a server that hit EADDRINUSE is relaunched on fresh ports.
@@ -250,11 +197,7 @@ impl Deployment {
         let started = Instant::now();
         // Subscribed before any server starts, so the serving watcher misses nothing.
         let events = cluster.events();
-        let hosts: Vec<HostResources> = cluster
-            .hosts()
-            .iter()
-            .map(|h| HostResources::new(h.index(), machine(h.address()), h.gpu_ids().to_vec()))
-            .collect();
+        let hosts = resources(cluster);
         let all_local = hosts.iter().all(|h| h.address == "127.0.0.1");
         if opts.admin_key.is_none() && !all_local {
             let remote: Vec<&str> = hosts
@@ -269,7 +212,7 @@ impl Deployment {
         let claims = cluster.ports().claims();
         let mut ports = PortAllocator::randomized(
             PortRange::default(),
-            std::sync::Arc::new(LedgerProbe::new(&hosts, claims.clone())),
+            Arc::new(LedgerProbe::new(&hosts, claims.clone())),
         );
         let mut placement = troupe_scheduler::place(
             plan,
@@ -281,269 +224,182 @@ impl Deployment {
         )
         .map_err(|e| ForkError::Placement(e.to_string()))?;
 
-        // Every server process of every inference group.
-        let mut pending: Vec<PlacedInstance> = placement
-            .instances
-            .iter()
-            .filter(|p| plan.components[p.component].backend.is_inference())
-            .cloned()
-            .collect();
-        if pending.is_empty() {
-            return Err(ForkError::Placement(format!(
-                "allocation mode {plan} has no inference component to serve"
-            )));
-        }
-        let total = pending.len();
-        let bar = if opts.progress {
-            ProgressBar::new(total as u64)
-        } else {
-            ProgressBar::hidden()
-        };
-        bar.set_style(
-            ProgressStyle::with_template("{spinner} servers ready {pos}/{len} [{elapsed}] {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        let mut servers = Vec::new();
-        let mut failures = Vec::new();
-        for attempt in 0..=PORT_RETRIES {
-            let launches: Vec<(PlacedInstance, LaunchSpec)> = pending
-                .drain(..)
-                .map(|p| {
-                    let comp = &plan.components[p.component];
-                    let g = &comp.groups[p.group];
-                    let head = placement
-                        .instance(p.component, p.group, p.instance)
-                        .find(|e| e.node_rank == 0)
-                        .unwrap_or(&p);
-                    let backend = comp.backend;
-                    let spec = spec_for(
-                        &p,
-                        head,
-                        backend,
-                        g.parallel.tp,
-                        g.parallel.pp,
-                        opts,
-                        &bootstrap_secret,
-                    );
-                    (p, spec)
-                })
-                .collect();
-            let restarts = opts.server_restarts;
-            let results = futures::future::join_all(launches.into_iter().map(|(p, spec)| {
-                let host = cluster.host(p.host).clone();
-                async move {
-                    let name = format!(
-                        "{}-c{}g{}i{}n{}",
-                        spec.worker_type.as_str(),
-                        p.component,
-                        p.group,
-                        p.instance,
-                        p.node_rank
-                    );
-                    let r = async {
-                        let actor = host
-                            .spawn_with::<InferenceServer>(
-                                &name,
-                                &spec,
-                                crate::handle::SpawnOptions::restarts(
-                                    restarts,
-                                    Duration::from_millis(500),
-                                ),
-                            )
-                            .await?;
-                        let info = actor
-                            .call(troupe_serving::inference::server::GetInfo)
-                            .await?;
-                        Ok::<_, troupe_actors::CallError>((actor, info))
-                    }
-                    .await;
-                    (p, name, spec, r)
-                }
-            }))
-            .await;
-            for (p, name, spec, r) in results {
-                match r {
-                    Ok((actor, info)) => {
-                        bar.inc(1);
-                        servers.push(ServerEntry {
-                            component: p.component,
-                            group: p.group,
-                            instance: p.instance,
-                            node_rank: p.node_rank,
-                            host: p.host,
-                            info,
-                            actor,
-                            proxy_url: None,
-                            spec,
-                            name,
-                        })
-                    }
-                    Err(e) if attempt < PORT_RETRIES && port_in_use(&e) => {
-                        tracing::warn!(server = %name, "port in use; relaunching on fresh ports");
-                        match placement.reassign_ports(
-                            p.component,
-                            p.group,
-                            p.instance,
-                            &hosts,
-                            &mut ports,
-                        ) {
-                            Ok(_) => pending.extend(
-                                placement
-                                    .instance(p.component, p.group, p.instance)
-                                    .filter(|e| e.node_rank == p.node_rank)
-                                    .cloned(),
-                            ),
-                            Err(re) => failures.push(format!(
-                                "{name} on host {}: {e}; no fresh ports: {re}",
-                                p.host
-                            )),
-                        }
-                    }
-                    Err(e) => failures.push(format!("{name} on host {}: {e}", p.host)),
-                }
-            }
-            if pending.is_empty() {
-                break;
-            }
-        }
-        bar.finish_and_clear();
+        let (servers, failures, total) = launch(
+            cluster,
+            plan,
+            &hosts,
+            (&mut placement, &mut ports),
+            opts,
+            &bootstrap_secret,
+        )
+        .await?;
+        // From here on, what runs is in the table, and a failure stops what the table lists.
+        let instances = Instances::new(Instance::group(servers));
         if !failures.is_empty() {
-            stop_servers(&servers).await;
+            instances.stop().await;
             return Err(ForkError::Servers {
                 failed: failures.len(),
                 total,
                 details: failures.join("\n\n"),
             });
         }
-        // Group order, whatever order the servers came up (or were relaunched) in.
-        servers.sort_by_key(|s| (s.component, s.group, s.instance, s.node_rank));
-
-        match Self::route(cluster, servers, opts, claims).await {
+        match Self::route(cluster, &instances, opts, claims).await {
             Ok(mut svc) => {
-                let mut used: std::collections::BTreeMap<usize, std::collections::BTreeSet<u32>> =
-                    Default::default();
-                for p in &placement.instances {
-                    used.entry(p.host)
-                        .or_default()
-                        .extend(p.gpus.iter().copied());
-                }
-                let replacer = super::replace::Replacer {
-                    hosts: cluster.hosts().to_vec(),
-                    resources: hosts,
-                    used: std::sync::Mutex::new(used),
-                    lost: Default::default(),
-                    ports: std::sync::Mutex::new(ports),
-                    restarts: opts.server_restarts,
-                };
+                let replacer = Replacer::new(
+                    cluster,
+                    hosts,
+                    placement.clone(),
+                    instances,
+                    ports,
+                    opts.server_restarts,
+                );
                 svc.watcher = Some(super::watch::spawn(
                     svc.instances.clone(),
                     svc.gateway.clone(),
                     svc.control.clone(),
                     events,
                     svc.serving_events.clone(),
-                    Some(std::sync::Arc::new(replacer)),
+                    Some(Arc::new(replacer)),
                 ));
                 svc.bring_up = started.elapsed();
                 svc.placement = placement;
                 Ok(svc)
             }
-            Err((servers, e)) => {
-                stop_servers(&servers).await;
+            Err(e) => {
+                instances.stop().await;
                 Err(e)
             }
         }
     }
+}
 
-    /// Every serving instance and where it stands (routed, held, down, replaced): the
-    /// deployment's one table, as a user sees it.
-    pub fn instances(&self) -> Vec<super::instances::InstanceView> {
-        self.instances.view(self.control.fleet())
+/// The cluster's hosts as placement sees them.
+pub(crate) fn resources(cluster: &Cluster) -> Vec<HostResources> {
+    cluster
+        .hosts()
+        .iter()
+        .map(|h| HostResources::new(h.index(), machine(h.address()), h.gpu_ids().to_vec()))
+        .collect()
+}
+
+/// Every server process of every inference group of `placement`, launched at once; a server
+/// that hits EADDRINUSE is relaunched on fresh ports (`placement` and `ports` follow). What
+/// came up, what failed (one paragraph each), and how many were launched.
+async fn launch(
+    cluster: &Cluster,
+    plan: &AllocationPlan,
+    hosts: &[HostResources],
+    (placement, ports): (&mut Placement, &mut PortAllocator),
+    opts: &ForkOptions,
+    bootstrap_secret: &str,
+) -> Result<(Vec<ServerEntry>, Vec<String>, usize), ForkError> {
+    let mut pending: Vec<PlacedInstance> = placement
+        .instances
+        .iter()
+        .filter(|p| plan.components[p.component].backend.is_inference())
+        .cloned()
+        .collect();
+    if pending.is_empty() {
+        return Err(ForkError::Placement(format!(
+            "allocation mode {plan} has no inference component to serve"
+        )));
     }
-
-    /// The gateway actor (add, remove and list workers).
-    pub fn gateway_handle(&self) -> &ActorHandle<GatewayActor> {
-        &self.gateway
-    }
-
-    /// Serving heads by state: how many the plan has, and which are down or held back.
-    pub fn capacity(&self) -> Capacity {
-        let fleet = self.control.fleet();
-        let mut c = Capacity {
-            planned: 0,
-            serving: 0,
-            down: Vec::new(),
-            held: Vec::new(),
-        };
-        for url in self.control.urls() {
-            c.planned += 1;
-            match fleet.state(&url) {
-                super::fleet::HeadState::Serving => c.serving += 1,
-                super::fleet::HeadState::Down => c.down.push(url),
-                super::fleet::HeadState::Held => c.held.push(url),
+    let total = pending.len();
+    let bar = if opts.progress {
+        ProgressBar::new(total as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} servers ready {pos}/{len} [{elapsed}] {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut servers = Vec::new();
+    let mut failures = Vec::new();
+    for attempt in 0..=PORT_RETRIES {
+        let launches: Vec<(PlacedInstance, LaunchSpec)> = pending
+            .drain(..)
+            .map(|p| {
+                let comp = &plan.components[p.component];
+                let g = &comp.groups[p.group];
+                let head = placement
+                    .instance(p.component, p.group, p.instance)
+                    .find(|e| e.node_rank == 0)
+                    .unwrap_or(&p);
+                let (tp, pp) = (g.parallel.tp, g.parallel.pp);
+                let spec = spec_for(&p, head, comp.backend, tp, pp, opts, bootstrap_secret);
+                (p, spec)
+            })
+            .collect();
+        let restarts = opts.server_restarts;
+        let results = futures::future::join_all(launches.into_iter().map(|(p, spec)| {
+            let host = cluster.host(p.host).clone();
+            async move {
+                let name = format!(
+                    "{}-c{}g{}i{}n{}",
+                    spec.worker_type.as_str(),
+                    p.component,
+                    p.group,
+                    p.instance,
+                    p.node_rank
+                );
+                let r = async {
+                    let actor = host
+                        .spawn_with::<InferenceServer>(
+                            &name,
+                            &spec,
+                            SpawnOptions::restarts(restarts, Duration::from_millis(500)),
+                        )
+                        .await?;
+                    let info = actor
+                        .call(troupe_serving::inference::server::GetInfo)
+                        .await?;
+                    Ok::<_, troupe_actors::CallError>((actor, info))
+                }
+                .await;
+                (p, name, spec, r)
+            }
+        }))
+        .await;
+        for (p, name, spec, r) in results {
+            match r {
+                Ok((actor, info)) => {
+                    bar.inc(1);
+                    servers.push(ServerEntry {
+                        component: p.component,
+                        group: p.group,
+                        instance: p.instance,
+                        node_rank: p.node_rank,
+                        host: p.host,
+                        info,
+                        actor,
+                        proxy_url: None,
+                        spec,
+                        name,
+                    })
+                }
+                Err(e) if attempt < PORT_RETRIES && port_in_use(&e) => {
+                    tracing::warn!(server = %name, "port in use; relaunching on fresh ports");
+                    match placement.reassign_ports(p.component, p.group, p.instance, hosts, ports) {
+                        Ok(_) => pending.extend(
+                            placement
+                                .instance(p.component, p.group, p.instance)
+                                .filter(|e| e.node_rank == p.node_rank)
+                                .cloned(),
+                        ),
+                        Err(re) => failures.push(format!(
+                            "{name} on host {}: {e}; no fresh ports: {re}",
+                            p.host
+                        )),
+                    }
+                }
+                Err(e) => failures.push(format!("{name} on host {}: {e}", p.host)),
             }
         }
-        c
-    }
-
-    /// The host of training rank 0, if the plan has a training component.
-    pub fn train_host(&self) -> Option<usize> {
-        self.placement
-            .instances
-            .iter()
-            .find(|p| p.worker_type == WorkerType::Train)
-            .map(|p| p.host)
-    }
-
-    /// Stops everything in reverse order of bring-up: gateway, proxies, servers.
-    pub async fn teardown(self) {
-        if let Some(w) = &self.watcher {
-            w.abort();
+        if pending.is_empty() {
+            break;
         }
-        let instances = self.instances.all();
-        let _ = self.gateway.stop(Duration::from_secs(5)).await;
-        futures::future::join_all(
-            instances
-                .iter()
-                .filter_map(|i| i.proxy.as_ref())
-                .map(|p| p.stop(Duration::from_secs(5))),
-        )
-        .await;
-        futures::future::join_all(
-            instances
-                .iter()
-                .flat_map(|i| &i.servers)
-                .map(|s| s.stop(Duration::from_secs(15))),
-        )
-        .await;
-        self.claims.release();
     }
-}
-
-/// How much of the planned serving capacity is up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Capacity {
-    /// Serving heads the plan has.
-    pub planned: usize,
-    /// Heads routed and on the current weights.
-    pub serving: usize,
-    /// Heads whose process is dead (restarting, or lost).
-    pub down: Vec<String>,
-    /// Heads back but waiting for the current weights.
-    pub held: Vec<String>,
-}
-
-impl Capacity {
-    /// True when less than the plan is serving.
-    pub fn degraded(&self) -> bool {
-        self.serving < self.planned
-    }
-}
-
-async fn stop_servers(servers: &[ServerEntry]) {
-    futures::future::join_all(
-        servers
-            .iter()
-            .map(|s| s.actor.stop(Duration::from_secs(15))),
-    )
-    .await;
+    bar.finish_and_clear();
+    Ok((servers, failures, total))
 }

@@ -1,8 +1,13 @@
 //! Rollout serving: the `troupe serve` config, forking inference groups behind the gateway, and
 //! the control plane over every server.
+//!
+//! A [`Deployment`] is one plan's servers, proxies and gateway; what runs is one table of
+//! instances ([`instances`]) that fork fills, the watcher and the re-placer update, the state
+//! file records and teardown empties.
 
 pub mod config;
 pub mod control;
+mod deployment;
 pub mod fleet;
 pub mod fork;
 pub mod instances;
@@ -15,5 +20,7 @@ pub mod watch;
 
 pub use config::{ConfigError, ServeConfig};
 pub use control::{InferenceControl, PauseMode, ServerResult};
-pub use fork::{Capacity, Deployment, ForkError, ForkOptions, ServerEntry};
+pub use deployment::{Capacity, Deployment};
+pub use fork::{ForkError, ForkOptions};
+pub use instances::{InstanceState, InstanceView, ServerEntry};
 pub use watch::ServingEvent;

@@ -1,33 +1,40 @@
 //! Re-placing the servers of a lost host on surviving capacity.
 //!
-//! When a host is lost its servers cannot restart where they were. If another live host has
-//! enough free GPUs the server is launched there with fresh ports, gets its own DataProxy, and
-//! takes the lost server's slot (control plane and weight group); otherwise the plan is
+//! When a host is lost its servers cannot restart where they were. The scheduler
+//! ([`troupe_scheduler::Placement::replace`]) picks where the instance runs again under the
+//! placement's own rules, seeing as used what the deployment's table holds (plus the training
+//! ranks, which are not in it); the server is launched there with fresh ports, gets its own
+//! DataProxy, and takes the lost server's slot in the table. Without room the plan is
 //! reported degraded and serving continues on what remains. Multi-node instances are not
 //! re-placed (their peers would need a new rendezvous); they are reported lost.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use troupe_scheduler::{HostResources, PortAllocator, PortNeeds};
+use troupe_scheduler::{HostResources, Occupancy, Placement, PortAllocator};
 use troupe_serving::actors::{GetUrl, ProxyActor, ProxyArgs};
 use troupe_serving::inference::server::GetInfo;
 use troupe_serving::inference::{InferenceServer, LaunchSpec, WorkerType};
-use troupe_serving::worker::WorkerSpec;
 
-use super::instances::{Head, Instance};
+use super::instances::{Instance, Instances, ServerEntry};
+use crate::cluster::Cluster;
 use crate::handle::{HostHandle, SpawnOptions};
 
-/// Free capacity and ports of the cluster, for re-placements.
+/// Everything a re-placement needs: the hosts, the launch placement (each slot's shape and
+/// the training ranks' GPUs), the deployment's table, and the deployment's port cursor.
 pub(crate) struct Replacer {
-    pub hosts: Vec<HostHandle>,
-    pub resources: Vec<HostResources>,
-    /// GPU ids in use per host (every component, training included).
-    pub used: Mutex<BTreeMap<usize, BTreeSet<u32>>>,
-    pub lost: Mutex<BTreeSet<usize>>,
-    pub ports: Mutex<PortAllocator>,
-    pub restarts: u32,
+    hosts: Vec<HostHandle>,
+    resources: Vec<HostResources>,
+    placement: Placement,
+    instances: Instances,
+    /// Hosts reported lost (a host handle also knows; this catches the event first).
+    lost: Mutex<BTreeSet<usize>>,
+    /// GPUs picked for re-placements still launching, per host: not in the table yet, but
+    /// not free either.
+    launching: Mutex<BTreeMap<usize, BTreeSet<u32>>>,
+    ports: Mutex<PortAllocator>,
+    restarts: u32,
 }
 
 /// How long a lost server may take to stop answering once fenced.
@@ -45,30 +52,121 @@ async fn answers(url: &str) -> bool {
     client.get(format!("{url}/health")).send().await.is_ok()
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// Why a lost instance was not re-placed (the watcher reports it with the capacity lost).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReplaceError {
+    /// Its peers would need a new rendezvous.
+    #[error("a multi-node instance is not re-placed")]
+    MultiNode,
+    /// The lost server still answers after its host process was killed (or its host is not a
+    /// process on this machine): two copies must never serve at once.
+    #[error(
+        "the lost server {0} still answers, so it is not re-placed (two copies must never serve at once); stop its host to free its capacity"
+    )]
+    StillAnswers(String),
+    /// The scheduler found no room (or refused the instance).
+    #[error("{0}: serving continues with less capacity")]
+    Scheduler(troupe_scheduler::SchedulerError),
+    /// The server or its proxy did not start where the scheduler put it.
+    #[error("{what} on host {host}: {reason}")]
+    Launch {
+        /// The server (or proxy) that failed.
+        what: String,
+        /// Where.
+        host: usize,
+        /// Why, as the host reported it.
+        reason: String,
+    },
+}
+
+impl ReplaceError {
+    fn port_in_use(&self) -> bool {
+        match self {
+            ReplaceError::Launch { reason, .. } => super::fork::port_in_use_text(reason),
+            _ => false,
+        }
+    }
+}
+
+/// How many times a re-placement that hit EADDRINUSE is launched again on fresh ports.
+const PORT_RETRIES: usize = 2;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Gives a re-placement's GPUs back to the pool of candidates when it ends (by then they are
+/// in the table, or the launch failed).
+struct Reservation<'a> {
+    launching: &'a Mutex<BTreeMap<usize, BTreeSet<u32>>>,
+    host: usize,
+    gpus: Vec<u32>,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        let mut l = lock(self.launching);
+        if let Some(held) = l.get_mut(&self.host) {
+            for g in &self.gpus {
+                held.remove(g);
+            }
+        }
+    }
+}
+
 impl Replacer {
+    /// A re-placer for the deployment whose table is `instances`, launched on `cluster` (as
+    /// `resources`) after `placement`, taking ports from `ports`.
+    pub fn new(
+        cluster: &Cluster,
+        resources: Vec<HostResources>,
+        placement: Placement,
+        instances: Instances,
+        ports: PortAllocator,
+        restarts: u32,
+    ) -> Self {
+        Replacer {
+            hosts: cluster.hosts().to_vec(),
+            resources,
+            placement,
+            instances,
+            lost: Mutex::default(),
+            launching: Mutex::default(),
+            ports: Mutex::new(ports),
+            restarts,
+        }
+    }
+
     /// `host` is gone: nothing more is placed on it.
     pub fn host_lost(&self, host: usize) {
         lock(&self.lost).insert(host);
     }
 
-    /// Where a lost instance of `need` GPUs runs again: the scheduler's re-placement rule
-    /// ([`troupe_scheduler::replacement_bundle`]: a contiguous run on the freest live host).
-    fn pick(&self, need: usize) -> Result<(usize, Vec<u32>), String> {
+    /// What is taken now: lost hosts, and the GPUs of the live instances of the table, of the
+    /// training ranks and of re-placements still launching.
+    fn occupancy(&self, launching: &BTreeMap<usize, BTreeSet<u32>>) -> Occupancy {
         let mut lost = lock(&self.lost).clone();
         lost.extend(
             self.hosts
                 .iter()
-                .enumerate()
-                .filter(|(_, h)| h.lost().is_some())
-                .map(|(i, _)| i),
+                .filter(|h| h.lost().is_some())
+                .map(HostHandle::index),
         );
-        let used = lock(&self.used);
-        troupe_scheduler::replacement_bundle(&self.resources, &used, &lost, need)
-            .map_err(|e| format!("{e}: serving continues with less capacity"))
+        let mut used = self.instances.gpus_in_use();
+        let training = self
+            .placement
+            .instances
+            .iter()
+            .filter(|p| p.worker_type == WorkerType::Train)
+            .map(|p| (p.host, &p.gpus));
+        let pending = launching.iter().map(|(h, g)| (*h, g));
+        for (host, gpus) in training {
+            used.entry(host).or_default().extend(gpus.iter().copied());
+        }
+        for (host, gpus) in pending {
+            used.entry(host).or_default().extend(gpus.iter().copied());
+        }
+        Occupancy { lost, used }
     }
 
     /// Makes sure the lost server is gone before a copy starts elsewhere, so two copies never
@@ -76,17 +174,17 @@ impl Replacer {
     /// it; a host that froze or lost its network may still run one. If the old server still
     /// answers and its host is a process on this machine, that process is killed (its engines
     /// die with it); if it still answers after that, the server is not re-placed.
-    async fn fence(&self, head: &Head) -> Result<(), String> {
-        let url = &head.server_url;
+    async fn fence(&self, old: &Instance) -> Result<(), ReplaceError> {
+        let url = old.server_url();
         if !answers(url).await {
             return Ok(());
         }
         let me = std::process::id();
-        for h in &head.hosts {
-            let pid = self.hosts.get(*h).map_or(0, |h| h.pid());
+        for h in old.hosts() {
+            let pid = self.hosts.get(h).map_or(0, |h| h.pid());
             let local = self
                 .resources
-                .get(*h)
+                .get(h)
                 .is_some_and(|r| r.address == "127.0.0.1");
             if pid != 0 && pid != me && local {
                 tracing::warn!(server = %url, pid, "fencing: killing the lost host's process");
@@ -103,67 +201,97 @@ impl Replacer {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(format!(
-            "the lost server {url} still answers, so it is not re-placed (two copies must never serve at once); stop its host to free its capacity"
-        ))
+        Err(ReplaceError::StillAnswers(url.to_string()))
     }
 
-    /// Launches `head`'s server (and a proxy) on surviving capacity; the new instance, for the
-    /// deployment's table.
-    pub async fn replace(&self, head: &Head) -> Result<Instance, String> {
-        if head.actors.len() > 1 {
-            return Err("a multi-node instance is not re-placed".into());
+    /// Launches `old`'s server (and a proxy) on surviving capacity and puts the new instance
+    /// in the table in `old`'s place; the new instance.
+    pub async fn replace(&self, old: &Instance) -> Result<Instance, ReplaceError> {
+        if !old.others.is_empty() {
+            return Err(ReplaceError::MultiNode);
         }
-        self.fence(head).await?;
-        let need = head.spec.gpus.len();
-        let (host, gpus) = self.pick(need)?;
-        let res = &self.resources[host];
-        let machine = super::fork::machine(&res.address);
-        let mut last_err = String::new();
-        for attempt in 0..3 {
-            let needs = PortNeeds {
-                http: true,
-                dist: head.spec.dist_port.is_some(),
-                bootstrap: head.spec.bootstrap_port.is_some(),
+        self.fence(old).await?;
+        let h = &old.head;
+        let mut attempt = 0;
+        loop {
+            // Picked and reserved under one lock: two re-placements at once never pick the
+            // same GPUs.
+            let (placed, _reserved) = {
+                let mut launching = lock(&self.launching);
+                let occupied = self.occupancy(&launching);
+                let placed = self
+                    .placement
+                    .replace(
+                        h.component,
+                        h.group,
+                        h.instance,
+                        &self.resources,
+                        &occupied,
+                        &mut lock(&self.ports),
+                    )
+                    .map_err(ReplaceError::Scheduler)?;
+                let Some(placed) = placed.into_iter().next() else {
+                    return Err(ReplaceError::Launch {
+                        what: h.name.clone(),
+                        host: h.host,
+                        reason: "the scheduler placed no node".into(),
+                    });
+                };
+                launching
+                    .entry(placed.host)
+                    .or_default()
+                    .extend(placed.gpus.iter().copied());
+                let reserved = Reservation {
+                    launching: &self.launching,
+                    host: placed.host,
+                    gpus: placed.gpus.clone(),
+                };
+                (placed, reserved)
             };
-            let ports = lock(&self.ports)
-                .take_ports(res, needs)
-                .map_err(|e| format!("no free ports on host {host}: {e}"))?;
+            let machine = super::fork::machine(&placed.address);
             let loopback = machine == "127.0.0.1" || machine == "localhost" || machine == "::1";
             let spec = LaunchSpec {
-                gpus: gpus.clone(),
+                gpus: placed.gpus.clone(),
                 host: if loopback {
                     machine.clone()
                 } else {
                     "0.0.0.0".into()
                 },
                 advertise_host: machine.clone(),
-                port: ports.http.unwrap_or(0),
-                dist_port: ports.dist,
-                bootstrap_port: ports.bootstrap,
-                ..head.spec.clone()
+                port: placed.ports.http.unwrap_or(0),
+                dist_port: placed.ports.dist,
+                bootstrap_port: placed.ports.bootstrap,
+                ..h.spec.clone()
             };
-            let name = format!("{}-replaced{attempt}", head.name);
-            match self.launch(host, &name, &spec, &machine).await {
+            let name = format!("{}-replaced{attempt}", h.name);
+            match self.launch(old, placed.host, &name, &spec, &machine).await {
                 Ok(new) => {
-                    lock(&self.used).entry(host).or_default().extend(gpus);
+                    self.instances.replace(old.server_url(), new.clone());
                     return Ok(new);
                 }
-                Err(e) if super::fork::port_in_use_text(&e) => last_err = e,
+                // Someone took a port meanwhile: again, on fresh ports.
+                Err(e) if e.port_in_use() && attempt < PORT_RETRIES => attempt += 1,
                 Err(e) => return Err(e),
             }
         }
-        Err(last_err)
     }
 
     async fn launch(
         &self,
+        old: &Instance,
         host: usize,
         name: &str,
         spec: &LaunchSpec,
         machine: &str,
-    ) -> Result<Instance, String> {
-        let h = &self.hosts[host];
+    ) -> Result<Instance, ReplaceError> {
+        let failed = |what: &str, reason: String| ReplaceError::Launch {
+            what: what.to_string(),
+            host,
+            reason,
+        };
+        let Some(h) = self.hosts.get(host) else {
+            return Err(failed(name, "the host is not in the cluster".into()));
+        };
         let server = h
             .spawn_with::<InferenceServer>(
                 name,
@@ -171,7 +299,7 @@ impl Replacer {
                 SpawnOptions::restarts(self.restarts, Duration::from_millis(500)),
             )
             .await
-            .map_err(|e| format!("{name} on host {host}: {e}"))?;
+            .map_err(|e| failed(name, e.to_string()))?;
         let started = async {
             let info = server.call(GetInfo).await?;
             let proxy = h
@@ -191,7 +319,7 @@ impl Replacer {
             Ok(x) => x,
             Err(e) => {
                 let _ = server.stop(Duration::from_secs(5)).await;
-                return Err(format!("{name} on host {host}: {e}"));
+                return Err(failed(name, e.to_string()));
             }
         };
         let proxy_url = match proxy.call(GetUrl).await {
@@ -199,33 +327,26 @@ impl Replacer {
             Err(e) => {
                 let _ = proxy.stop(Duration::from_secs(2)).await;
                 let _ = server.stop(Duration::from_secs(5)).await;
-                return Err(format!("proxy of {name}: {e}"));
+                return Err(failed(&format!("proxy of {name}"), e.to_string()));
             }
         };
-        let prefill = info.worker_type == WorkerType::Prefill;
-        let head = Head {
-            actors: vec![server.id().to_string()],
-            hosts: vec![host],
-            server_url: info.url.clone(),
-            gpus: info.gpu_count,
-            worker: WorkerSpec {
-                url: proxy_url,
-                worker_type: info.worker_type,
-                bootstrap_port: if prefill { info.bootstrap_port } else { None },
-                bootstrap_host: if prefill {
-                    info.bootstrap_host.clone()
-                } else {
-                    None
-                },
+        let worker = super::routing::worker_spec(&info, proxy_url);
+        let mut new = Instance::starting(
+            ServerEntry {
+                component: old.head.component,
+                group: old.head.group,
+                instance: old.head.instance,
+                node_rank: 0,
+                host,
+                info,
+                actor: server,
+                proxy_url: None,
+                spec: spec.clone(),
+                name: name.to_string(),
             },
-            spec: spec.clone(),
-            name: name.to_string(),
-        };
-        Ok(Instance {
-            head,
-            servers: vec![server],
-            proxy: Some(proxy),
-            replaced_by: None,
-        })
+            Vec::new(),
+        );
+        new.routed_through(proxy, worker);
+        Ok(new)
     }
 }

@@ -1,30 +1,50 @@
 //! Routing a fork's servers: one DataProxy per serving head, then the gateway with every
 //! worker registered by type (prefill with its bootstrap host and port).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use troupe_serving::actors::{GatewayActor, GetUrl, ProxyActor, ProxyArgs};
 use troupe_serving::gateway::GatewayConfig;
-use troupe_serving::inference::WorkerType;
+use troupe_serving::inference::{ServerInfo, WorkerType};
 use troupe_serving::worker::WorkerSpec;
 
 use super::control::InferenceControl;
-use super::fork::{Deployment, ForkError, ForkOptions, ServerEntry, host_port, machine};
-use super::instances::{Head, Instance, Instances};
+use super::deployment::Deployment;
+use super::fork::{ForkError, ForkOptions, host_port, machine};
+use super::instances::{Instances, Lifecycle};
 use crate::cluster::Cluster;
-use crate::handle::ActorHandle;
+use crate::ports::Claims;
+
+/// How the router knows a server behind the proxy at `proxy_url`. Only a prefill's bootstrap
+/// address travels in requests (decode reads from it).
+pub(crate) fn worker_spec(info: &ServerInfo, proxy_url: String) -> WorkerSpec {
+    let prefill = info.worker_type == WorkerType::Prefill;
+    WorkerSpec {
+        url: proxy_url,
+        worker_type: info.worker_type,
+        bootstrap_port: if prefill { info.bootstrap_port } else { None },
+        bootstrap_host: if prefill {
+            info.bootstrap_host.clone()
+        } else {
+            None
+        },
+    }
+}
 
 impl Deployment {
-    /// Proxies and gateway in front of the servers.
+    /// Proxies and gateway in front of the table's (starting) instances. Every proxy that
+    /// starts goes into the table at once, so on error the caller stops what the table lists;
+    /// a gateway that started is stopped here.
     pub(super) async fn route(
         cluster: &Cluster,
-        mut servers: Vec<ServerEntry>,
+        instances: &Instances,
         opts: &ForkOptions,
-        claims: std::sync::Arc<crate::ports::Claims>,
-    ) -> Result<Deployment, (Vec<ServerEntry>, ForkError)> {
+        claims: Arc<Claims>,
+    ) -> Result<Deployment, ForkError> {
         let serving = |e: &dyn std::fmt::Display| ForkError::Serving(e.to_string());
-        let mut proxies = Vec::new();
-        let proxy_starts = servers.iter().filter(|s| s.node_rank == 0).map(|s| {
+        let heads: Vec<_> = instances.all().into_iter().map(|i| i.head).collect();
+        let proxy_starts = heads.iter().map(|s| {
             let host = cluster.host(s.host).clone();
             let args = ProxyArgs {
                 listen: host_port(&machine(&s.info.addr), 0),
@@ -33,52 +53,34 @@ impl Deployment {
             };
             async move {
                 let a = host.spawn::<ProxyActor>("proxy", &args).await?;
-                let url = a.call(GetUrl).await?;
+                let url = match a.call(GetUrl).await {
+                    Ok(u) => u,
+                    Err(e) => {
+                        let _ = a.stop(Duration::from_secs(2)).await;
+                        return Err(e);
+                    }
+                };
                 Ok::<_, troupe_actors::CallError>((a, url))
             }
         });
         let started = futures::future::join_all(proxy_starts).await;
-        let mut urls = Vec::new();
         let mut first_err = None;
-        for r in started {
-            match r {
-                Ok((a, u)) => {
-                    proxies.push(a);
-                    urls.push(u);
+        instances.edit(|all| {
+            for (i, r) in all.iter_mut().zip(started) {
+                match r {
+                    Ok((proxy, url)) => {
+                        let spec = worker_spec(&i.head.info, url);
+                        i.routed_through(proxy, spec);
+                    }
+                    Err(e) => first_err = first_err.take().or(Some(e)),
                 }
-                Err(e) => first_err = first_err.or(Some(e)),
             }
-        }
+        });
         if let Some(e) = first_err {
-            for p in &proxies {
-                let _ = p.stop(Duration::from_secs(2)).await;
-            }
-            return Err((
-                servers,
-                serving(&format!("a data proxy failed to start: {e}")),
-            ));
+            return Err(serving(&format!("a data proxy failed to start: {e}")));
         }
-        let mut workers = Vec::new();
-        let mut workers_by_proxy = Vec::new();
-        let mut heads = servers.iter_mut().filter(|s| s.node_rank == 0);
-        for url in &urls {
-            let Some(s) = heads.next() else { break };
-            s.proxy_url = Some(url.clone());
-            // Only a prefill's bootstrap address travels in requests (decode reads from it).
-            let prefill = s.info.worker_type == WorkerType::Prefill;
-            let spec = WorkerSpec {
-                url: url.clone(),
-                worker_type: s.info.worker_type,
-                bootstrap_port: if prefill { s.info.bootstrap_port } else { None },
-                bootstrap_host: if prefill {
-                    s.info.bootstrap_host.clone()
-                } else {
-                    None
-                },
-            };
-            workers_by_proxy.push((s.info.url.clone(), spec.clone()));
-            workers.push(spec);
-        }
+        let live = instances.live();
+        let workers: Vec<WorkerSpec> = live.iter().filter_map(|i| i.worker.clone()).collect();
         let pd = workers.iter().any(|w| w.worker_type != WorkerType::Regular);
         let args = GatewayConfig {
             listen: if opts.gateway.listen.is_empty() {
@@ -91,46 +93,33 @@ impl Deployment {
             workers,
             ..opts.gateway.clone()
         };
-        let gateway = match cluster
+        let gateway = cluster
             .host(0)
             .spawn::<GatewayActor>("gateway", &args)
             .await
-        {
-            Ok(g) => g,
-            Err(e) => {
-                for p in &proxies {
-                    let _ = p.stop(Duration::from_secs(2)).await;
-                }
-                return Err((
-                    servers,
-                    serving(&format!("the gateway failed to start: {e}")),
-                ));
-            }
-        };
+            .map_err(|e| serving(&format!("the gateway failed to start: {e}")))?;
         let gateway_url = match gateway.call(GetUrl).await {
             Ok(u) => u,
             Err(e) => {
                 let _ = gateway.stop(Duration::from_secs(2)).await;
-                for p in &proxies {
-                    let _ = p.stop(Duration::from_secs(2)).await;
-                }
-                return Err((servers, serving(&e)));
+                return Err(serving(&e));
             }
         };
-        let heads: Vec<&ServerEntry> = servers.iter().filter(|s| s.node_rank == 0).collect();
-        let inf_addrs = heads.iter().map(|s| s.info.addr.clone()).collect();
+        // Every instance is in the router now.
+        instances.edit(|all| {
+            for i in all.iter_mut() {
+                i.life = Lifecycle::Running;
+            }
+        });
         let control = InferenceControl::with_engines(
-            heads
-                .iter()
-                .map(|s| (s.info.url.clone(), s.info.gpu_count))
+            live.iter()
+                .map(|i| (i.server_url().to_string(), i.gpus()))
                 .collect(),
             opts.admin_key.clone(),
         );
-        let instances = Instances::new(instances_of(&servers, &workers_by_proxy, &proxies));
         let (serving_events, _) = tokio::sync::broadcast::channel(1024);
-        let svc = Deployment {
-            servers,
-            inf_addrs,
+        Ok(Deployment {
+            inf_addrs: live.iter().map(|i| i.head.info.addr.clone()).collect(),
             gateway_url,
             control,
             bring_up: Duration::ZERO,
@@ -138,57 +127,11 @@ impl Deployment {
                 instances: Vec::new(),
             },
             gateway,
-            instances,
+            instances: instances.clone(),
             watcher: None,
             serving_events,
             admin_key: opts.admin_key.clone(),
             claims,
-        };
-        Ok(svc)
-    }
-
-    /// What the serving watcher does as servers die, come back and catch up (see
-    /// [`super::watch`]).
-    pub fn serving_events(&self) -> tokio::sync::broadcast::Receiver<super::watch::ServingEvent> {
-        self.serving_events.subscribe()
-    }
-}
-
-/// The table's instances: for each head (in order, as `proxies` were started), every node of
-/// its instance, its proxy, and how the router knows it.
-fn instances_of(
-    servers: &[ServerEntry],
-    workers: &[(String, WorkerSpec)],
-    proxies: &[ActorHandle<ProxyActor>],
-) -> Vec<Instance> {
-    workers
-        .iter()
-        .zip(proxies)
-        .filter_map(|((server_url, spec), proxy)| {
-            let head = servers
-                .iter()
-                .find(|s| s.node_rank == 0 && &s.info.url == server_url)?;
-            let nodes: Vec<&ServerEntry> = servers
-                .iter()
-                .filter(|s| {
-                    (s.component, s.group, s.instance)
-                        == (head.component, head.group, head.instance)
-                })
-                .collect();
-            Some(Instance {
-                head: Head {
-                    actors: nodes.iter().map(|s| s.actor.id().to_string()).collect(),
-                    hosts: nodes.iter().map(|s| s.host).collect(),
-                    server_url: server_url.clone(),
-                    gpus: head.info.gpu_count,
-                    worker: spec.clone(),
-                    spec: head.spec.clone(),
-                    name: head.name.clone(),
-                },
-                servers: nodes.iter().map(|s| s.actor.clone()).collect(),
-                proxy: Some(proxy.clone()),
-                replaced_by: None,
-            })
         })
-        .collect()
+    }
 }

@@ -7,22 +7,27 @@
 //! over: control plane, serving watcher, re-placement and teardown. It holds the admin key,
 //! so it is written with mode 0600.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use troupe_scheduler::{HostResources, Placement, PortAllocator, PortRange};
-use troupe_serving::inference::ServerInfo;
+use troupe_scheduler::{Placement, PortAllocator, PortRange};
+use troupe_serving::inference::{LaunchSpec, ServerInfo};
+use troupe_serving::worker::WorkerSpec;
 
 use super::control::InferenceControl;
-use super::fork::{Deployment, ForkError, ServerEntry};
-use super::instances::{Head, Instance, InstanceRecord, Instances};
+use super::deployment::Deployment;
+use super::fork::ForkError;
+use super::instances::{Instance, Instances, Lifecycle, ServerEntry};
+use super::replace::Replacer;
 use crate::cluster::Cluster;
+use crate::handle::HostHandle;
 use crate::ports::LedgerProbe;
 
-/// Format version of the file; a controller refuses files of another version.
-const FORMAT: u32 = 2;
+/// Format version of the file; a controller refuses files of another version. 3: the file
+/// holds the instance table only (format 2 also held a separate launch record).
+const FORMAT: u32 = 3;
 
 /// One actor, by host and id.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -44,9 +49,9 @@ pub struct HostRecord {
     pub pid: u32,
 }
 
-/// One server process as forked.
+/// One server process of an instance: a [`ServerEntry`] with its actor by id.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct ServerRecord {
+struct NodeRecord {
     component: usize,
     group: usize,
     instance: usize,
@@ -55,11 +60,22 @@ struct ServerRecord {
     actor_id: String,
     info: ServerInfo,
     proxy_url: Option<String>,
-    spec: troupe_serving::inference::LaunchSpec,
+    spec: LaunchSpec,
     name: String,
 }
 
-/// Everything `--recover` needs.
+/// One row of the instance table.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct InstanceRecord {
+    /// Every node, the head's first.
+    nodes: Vec<NodeRecord>,
+    proxy: Option<ActorRecord>,
+    worker: Option<WorkerSpec>,
+    life: Lifecycle,
+}
+
+/// Everything `--recover` needs: the hosts, the gateway, and the deployment's instance table
+/// (every instance with its actors; the file is a view of the table).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServeState {
     format: u32,
@@ -68,9 +84,7 @@ pub struct ServeState {
     /// The gateway clients use.
     pub gateway_url: String,
     gateway: ActorRecord,
-    /// The servers as launched (the deployment's launch record).
-    servers: Vec<ServerRecord>,
-    /// The deployment's instance table: every instance with its actors.
+    /// The deployment's instance table.
     instances: Vec<InstanceRecord>,
     engines: Vec<(String, u32)>,
     placement: Placement,
@@ -188,6 +202,81 @@ impl ServeState {
     }
 }
 
+fn node_record(n: &ServerEntry) -> NodeRecord {
+    NodeRecord {
+        component: n.component,
+        group: n.group,
+        instance: n.instance,
+        node_rank: n.node_rank,
+        host: n.host,
+        actor_id: n.actor.id().to_string(),
+        info: n.info.clone(),
+        proxy_url: n.proxy_url.clone(),
+        spec: n.spec.clone(),
+        name: n.name.clone(),
+    }
+}
+
+impl InstanceRecord {
+    /// The table's row, its actors by host and id (`host_of` maps a host id to its index).
+    fn of(i: &Instance, host_of: &dyn Fn(&str) -> usize) -> Self {
+        InstanceRecord {
+            nodes: i.nodes().map(node_record).collect(),
+            proxy: i
+                .proxy
+                .as_ref()
+                .map(|a| record(host_of(a.host_id()), a.id())),
+            worker: i.worker.clone(),
+            life: i.life.clone(),
+        }
+    }
+
+    /// The row again, its actors attached on `cluster`'s hosts.
+    fn attach(&self, cluster: &Cluster) -> Result<Instance, String> {
+        let host = |i: usize| -> Result<&HostHandle, String> {
+            cluster.hosts().get(i).ok_or_else(|| {
+                format!(
+                    "the state names host {i}, the cluster has {}",
+                    cluster.hosts().len()
+                )
+            })
+        };
+        let mut nodes = Vec::with_capacity(self.nodes.len());
+        for n in &self.nodes {
+            nodes.push(ServerEntry {
+                component: n.component,
+                group: n.group,
+                instance: n.instance,
+                node_rank: n.node_rank,
+                host: n.host,
+                info: n.info.clone(),
+                actor: host(n.host)?.attach(n.actor_id.clone()),
+                proxy_url: n.proxy_url.clone(),
+                spec: n.spec.clone(),
+                name: n.name.clone(),
+            });
+        }
+        let mut nodes = nodes.into_iter();
+        let Some(head) = nodes.next() else {
+            return Err("the state lists an instance without servers".into());
+        };
+        Ok(Instance {
+            head,
+            others: nodes.collect(),
+            proxy: match &self.proxy {
+                Some(r) => Some(host(r.host)?.attach(r.actor_id.clone())),
+                None => None,
+            },
+            worker: self.worker.clone(),
+            life: self.life.clone(),
+        })
+    }
+
+    fn is_live(&self) -> bool {
+        !matches!(self.life, Lifecycle::Replaced(_))
+    }
+}
+
 impl Deployment {
     /// What a restarted controller needs to take this service over.
     pub fn state(&self, cluster: &Cluster) -> ServeState {
@@ -195,7 +284,7 @@ impl Deployment {
     }
 
     /// A snapshot function for [`Deployment::state`] that outlives the borrows: what can
-    /// change (re-placed heads, the engine list, spawned actors) is read at each call.
+    /// change (the instance table, the engine list) is read at each call.
     pub fn state_source(
         &self,
         cluster: &Cluster,
@@ -215,22 +304,6 @@ impl Deployment {
                 .collect(),
             gateway_url: self.gateway_url.clone(),
             gateway: record(host_of(self.gateway.host_id()), self.gateway.id()),
-            servers: self
-                .servers
-                .iter()
-                .map(|s| ServerRecord {
-                    component: s.component,
-                    group: s.group,
-                    instance: s.instance,
-                    node_rank: s.node_rank,
-                    host: s.host,
-                    actor_id: s.actor.id().to_string(),
-                    info: s.info.clone(),
-                    proxy_url: s.proxy_url.clone(),
-                    spec: s.spec.clone(),
-                    name: s.name.clone(),
-                })
-                .collect(),
             instances: Vec::new(),
             engines: Vec::new(),
             placement: self.placement.clone(),
@@ -244,20 +317,8 @@ impl Deployment {
             let mut st = base.clone();
             st.instances = instances
                 .all()
-                .into_iter()
-                .map(|i| InstanceRecord {
-                    servers: i
-                        .servers
-                        .iter()
-                        .map(|a| record(host_of(a.host_id()), a.id()))
-                        .collect(),
-                    proxy: i
-                        .proxy
-                        .as_ref()
-                        .map(|a| record(host_of(a.host_id()), a.id())),
-                    head: i.head,
-                    replaced_by: i.replaced_by,
-                })
+                .iter()
+                .map(|i| InstanceRecord::of(i, &host_of))
                 .collect();
             st.engines = control.engines();
             st
@@ -266,7 +327,8 @@ impl Deployment {
 
     /// Takes over a running service from its state file: checks that every recorded actor is
     /// still alive on the hosts of `cluster` (connected to `st.hosts`, in order), then
-    /// starts a fresh serving watcher over it. Nothing is launched.
+    /// rebuilds the instance table and starts a fresh serving watcher over it. Nothing is
+    /// launched.
     pub async fn reattach(
         cluster: &Cluster,
         st: &ServeState,
@@ -308,99 +370,45 @@ impl Deployment {
             }
         };
         check(&st.gateway, "the gateway")?;
-        for i in st.instances.iter().filter(|i| i.replaced_by.is_none()) {
+        for i in st.instances.iter().filter(|i| i.is_live()) {
             if let Some(p) = &i.proxy {
                 check(p, "proxy")?;
             }
-            for s in &i.servers {
-                check(s, &format!("server {}", i.head.name))?;
+            for n in &i.nodes {
+                check(&record(n.host, &n.actor_id), &format!("server {}", n.name))?;
             }
         }
-        let servers: Vec<ServerEntry> = st
-            .servers
-            .iter()
-            .map(|s| ServerEntry {
-                component: s.component,
-                group: s.group,
-                instance: s.instance,
-                node_rank: s.node_rank,
-                host: s.host,
-                info: s.info.clone(),
-                actor: cluster.host(s.host).attach(s.actor_id.clone()),
-                proxy_url: s.proxy_url.clone(),
-                spec: s.spec.clone(),
-                name: s.name.clone(),
-            })
-            .collect();
-        let control = InferenceControl::with_engines(st.engines.clone(), st.admin_key.clone());
-        let resources: Vec<HostResources> = cluster
-            .hosts()
-            .iter()
-            .map(|h| {
-                HostResources::new(
-                    h.index(),
-                    super::fork::machine(h.address()),
-                    h.gpu_ids().to_vec(),
-                )
-            })
-            .collect();
-        // Ports and GPUs the running servers hold stay taken for re-placements.
-        let mut used: BTreeMap<usize, BTreeSet<u32>> = BTreeMap::new();
-        for p in &st.placement.instances {
-            used.entry(p.host)
-                .or_default()
-                .extend(p.gpus.iter().copied());
-        }
-        let live: Vec<&Head> = st
-            .instances
-            .iter()
-            .filter(|i| i.replaced_by.is_none())
-            .map(|i| &i.head)
-            .collect();
-        for h in &live {
-            for host in &h.hosts {
-                used.entry(*host)
-                    .or_default()
-                    .extend(h.spec.gpus.iter().copied());
+        let mut table = Vec::with_capacity(st.instances.len());
+        for r in &st.instances {
+            let mut i = r.attach(cluster).map_err(gone)?;
+            // A successor is written while on its way into the router (the file is saved at
+            // each re-placement); the new controller, like its fresh fleet, counts every live
+            // instance as serving.
+            if i.life == Lifecycle::Starting {
+                i.life = Lifecycle::Running;
             }
+            table.push(i);
         }
+        let instances = Instances::new(table);
+        let live = instances.live();
         // The servers hold their ports: claim them again in this controller's ledger.
         let claims = cluster.ports().claims();
-        for h in &live {
-            let m = super::fork::machine(&h.spec.advertise_host);
-            for p in [Some(h.spec.port), h.spec.dist_port, h.spec.bootstrap_port]
+        for i in &live {
+            let spec = &i.head.spec;
+            let m = super::fork::machine(&spec.advertise_host);
+            for p in [Some(spec.port), spec.dist_port, spec.bootstrap_port]
                 .into_iter()
                 .flatten()
             {
                 claims.claim(&m, p);
             }
         }
-        let instances = Instances::new(
-            st.instances
-                .iter()
-                .map(|i| Instance {
-                    head: i.head.clone(),
-                    servers: i
-                        .servers
-                        .iter()
-                        .map(|r| cluster.host(r.host).attach(r.actor_id.clone()))
-                        .collect(),
-                    proxy: i
-                        .proxy
-                        .as_ref()
-                        .map(|r| cluster.host(r.host).attach(r.actor_id.clone())),
-                    replaced_by: i.replaced_by.clone(),
-                })
-                .collect(),
-        );
+        let mut heads: Vec<&ServerEntry> = live.iter().map(|i| &i.head).collect();
+        heads.sort_by_key(|h| h.slot());
+        let control = InferenceControl::with_engines(st.engines.clone(), st.admin_key.clone());
         let (serving_events, _) = tokio::sync::broadcast::channel(1024);
         let mut svc = Deployment {
-            inf_addrs: servers
-                .iter()
-                .filter(|s| s.node_rank == 0)
-                .map(|s| s.info.addr.clone())
-                .collect(),
-            servers,
+            inf_addrs: heads.iter().map(|h| h.info.addr.clone()).collect(),
             gateway_url: st.gateway_url.clone(),
             control,
             bring_up: std::time::Duration::ZERO,
@@ -414,17 +422,19 @@ impl Deployment {
             admin_key: st.admin_key.clone(),
             claims,
         };
-        let replacer = super::replace::Replacer {
-            hosts: cluster.hosts().to_vec(),
-            resources: resources.clone(),
-            used: Mutex::new(used),
-            lost: Default::default(),
-            ports: Mutex::new(PortAllocator::randomized(
-                PortRange::default(),
-                Arc::new(LedgerProbe::new(&resources, svc.claims.clone())),
-            )),
-            restarts: server_restarts,
-        };
+        let resources = super::fork::resources(cluster);
+        let ports = PortAllocator::randomized(
+            PortRange::default(),
+            Arc::new(LedgerProbe::new(&resources, svc.claims.clone())),
+        );
+        let replacer = Replacer::new(
+            cluster,
+            resources,
+            st.placement.clone(),
+            svc.instances.clone(),
+            ports,
+            server_restarts,
+        );
         svc.watcher = Some(super::watch::spawn(
             svc.instances.clone(),
             svc.gateway.clone(),
@@ -434,5 +444,88 @@ impl Deployment {
             Some(Arc::new(replacer)),
         ));
         Ok(svc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use troupe_serving::actors::{ProxyActor, ProxyArgs};
+
+    use super::*;
+    use crate::serve::deployment::tests::deployment;
+    use crate::serve::instances::tests::entry;
+    use crate::serve::instances::{InstanceState, InstanceView};
+
+    #[tokio::test]
+    async fn the_state_file_is_the_table_and_reattach_rebuilds_it() {
+        let cluster = Cluster::in_process(1, 2).await.unwrap();
+        let host = cluster.host(0);
+        let d = deployment(&cluster).await;
+        let old_url = d.instances.all()[0].server_url().to_string();
+        let st = d.state(&cluster);
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(json["format"], 3);
+        assert!(json.get("servers").is_none(), "no record beside the table");
+        assert_eq!(json["instances"][0]["life"], "starting");
+        assert_eq!(json["instances"][0]["nodes"][0]["name"], "regular-c0g0i0n0");
+        // Its server actor is not running: reattach says which.
+        let Err(e) = Deployment::reattach(&cluster, &st, 0).await else {
+            panic!("reattached to a server that is not running");
+        };
+        let e = e.to_string();
+        assert!(
+            e.contains("server regular-c0g0i0n0") && e.contains("no longer running"),
+            "{e}"
+        );
+
+        // Re-placed by a successor whose actors run (a proxy stands in for its server).
+        let stand_in = host
+            .spawn::<ProxyActor>(
+                "proxy",
+                &ProxyArgs {
+                    listen: "127.0.0.1:0".into(),
+                    backends: vec!["http://127.0.0.1:1".into()],
+                    ..ProxyArgs::default()
+                },
+            )
+            .await
+            .unwrap();
+        let mut successor = entry(host, (0, 0, 0, 0), 1);
+        successor.info.url = "http://127.0.0.1:29999".into();
+        successor.actor = host.attach(stand_in.id().to_string());
+        let mut successor = Instance::starting(successor, Vec::new());
+        let worker = super::super::routing::worker_spec(&successor.head.info, "http://p2".into());
+        successor.routed_through(stand_in, worker);
+        d.instances.replace(&old_url, successor);
+
+        let path = std::env::temp_dir().join(format!("troupe-state-{}.json", std::process::id()));
+        d.state(&cluster).save(&path).unwrap();
+        let st = ServeState::load(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let r = Deployment::reattach(&cluster, &st, 0).await.unwrap();
+        let rows: Vec<(String, InstanceState, Option<String>)> = r
+            .instances()
+            .into_iter()
+            .map(|v: InstanceView| (v.server_url, v.state, v.replaced_by))
+            .collect();
+        let new_url = "http://127.0.0.1:29999".to_string();
+        assert_eq!(
+            rows,
+            vec![
+                (old_url, InstanceState::Replaced, Some(new_url.clone())),
+                (new_url.clone(), InstanceState::Routed, None),
+            ]
+        );
+        let servers = r.servers();
+        assert_eq!(servers.len(), 1);
+        assert_eq!(
+            (servers[0].info.url.as_str(), servers[0].spec.gpus.clone()),
+            (new_url.as_str(), vec![1])
+        );
+        assert_eq!(r.inf_addrs, vec![servers[0].info.addr.clone()]);
+        assert_eq!(r.claims.len(), 1, "the live server's port is claimed again");
+        r.teardown().await;
+        drop(d);
+        cluster.shutdown().await;
     }
 }

@@ -16,7 +16,7 @@ use troupe_serving::actors::{AddWorker, GatewayActor, RemoveWorker};
 
 use super::control::InferenceControl;
 use super::fleet::{Fleet, HeadState};
-use super::instances::{Head, Instances};
+use super::instances::{Instance, Instances};
 use super::replace::Replacer;
 use crate::handle::ActorHandle;
 use crate::membership::ClusterEvent;
@@ -108,7 +108,7 @@ impl Watcher {
         self.control.fleet()
     }
 
-    fn head_of(&self, actor_id: &str) -> Option<Head> {
+    fn instance_of(&self, actor_id: &str) -> Option<Instance> {
         self.instances.by_actor(actor_id)
     }
 
@@ -167,17 +167,17 @@ impl Watcher {
             ClusterEvent::ActorRestarting {
                 actor_id, reason, ..
             } => {
-                if let Some(h) = self.head_of(&actor_id) {
-                    self.take_down(&h.clone(), reason).await;
+                if let Some(i) = self.instance_of(&actor_id) {
+                    self.take_down(&i, reason).await;
                 }
             }
             ClusterEvent::ActorFailed {
                 actor_id, reason, ..
             } => {
-                if let Some(h) = self.head_of(&actor_id) {
-                    self.take_down(&h, reason.clone()).await;
+                if let Some(i) = self.instance_of(&actor_id) {
+                    self.take_down(&i, reason.clone()).await;
                     self.emit(ServingEvent::Lost {
-                        url: h.server_url,
+                        url: i.server_url().to_string(),
                         reason,
                     });
                 }
@@ -196,135 +196,137 @@ impl Watcher {
                 if let Some(r) = &self.replacer {
                     r.host_lost(host);
                 }
-                let lost: Vec<Head> = self
+                let lost: Vec<Instance> = self
                     .instances
-                    .live_heads()
+                    .live()
                     .into_iter()
-                    .filter(|h| h.hosts.contains(&host))
+                    .filter(|i| i.hosts().contains(&host))
                     .collect();
-                for h in lost {
+                for i in lost {
                     let reason = format!("host {host} lost: {reason}");
-                    self.take_down(&h, reason.clone()).await;
+                    self.take_down(&i, reason.clone()).await;
                     match &self.replacer {
                         Some(r) => {
                             let (me, r) = (self.clone(), r.clone());
-                            tokio::spawn(async move { me.replace(&r, h, reason).await });
+                            tokio::spawn(async move { me.replace(&r, i, reason).await });
                         }
                         None => self.emit(ServingEvent::Lost {
-                            url: h.server_url,
+                            url: i.server_url().to_string(),
                             reason,
                         }),
                     }
                 }
             }
             ClusterEvent::ActorRestarted { actor_id, .. } => {
-                let Some(h) = self.head_of(&actor_id) else {
+                let Some(i) = self.instance_of(&actor_id) else {
                     return;
                 };
                 // A multi-node instance is back only when its head is: the head's restart
                 // is what brings the server up again.
-                if h.actors.first() != Some(&actor_id) {
+                if i.head.actor.id() != actor_id {
                     return;
                 }
-                self.came_back(h).await;
+                self.came_back(i.server_url().to_string(), i.gpus()).await;
             }
             ClusterEvent::ActorStarted { .. } | ClusterEvent::ActorStopped { .. } => {}
         }
     }
 
-    /// Launches a lost head elsewhere and gives it the old one's slot; reports the capacity
-    /// lost when there is no room.
-    async fn replace(self: Arc<Self>, r: &Replacer, old: Head, reason: String) {
+    /// Launches a lost instance elsewhere (the re-placer puts it in the table in the old
+    /// one's place) and gives it the old one's slot in the control plane; reports the
+    /// capacity lost when there is no room.
+    async fn replace(self: Arc<Self>, r: &Replacer, old: Instance, reason: String) {
+        let old_url = old.server_url().to_string();
         match r.replace(&old).await {
-            Ok(instance) => {
-                let new = instance.head.clone();
+            Ok(new) => {
+                let new_url = new.server_url().to_string();
                 self.control
-                    .replace_engine(&old.server_url, (new.server_url.clone(), new.gpus));
-                self.fleet().forget(&old.server_url);
-                self.instances.replace(&old.server_url, instance);
+                    .replace_engine(&old_url, (new_url.clone(), new.gpus()));
+                self.fleet().forget(&old_url);
                 self.emit(ServingEvent::Replaced {
-                    old: old.server_url.clone(),
-                    new: new.server_url.clone(),
-                    host: new.hosts.first().copied().unwrap_or_default(),
+                    old: old_url,
+                    new: new_url.clone(),
+                    host: new.head.host,
                 });
-                self.came_back(new).await;
+                self.came_back(new_url, new.gpus()).await;
             }
             Err(e) => self.emit(ServingEvent::Lost {
-                url: old.server_url,
+                url: old_url,
                 reason: format!("{reason}; not re-placed: {e}"),
             }),
         }
     }
 
-    /// A fresh process serves `h`: route it now if no update happened yet, else once it has
-    /// the current weights.
-    async fn came_back(self: Arc<Self>, h: Head) {
-        if self.fleet().mark_back(&h.server_url) {
-            self.readmit(&h.server_url).await;
+    /// A fresh process serves at `url`: route it now if no update happened yet, else once it
+    /// has the current weights.
+    async fn came_back(self: Arc<Self>, url: String, gpus: u32) {
+        if self.fleet().mark_back(&url) {
+            self.readmit(&url).await;
             return;
         }
-        self.emit(ServingEvent::Held {
-            url: h.server_url.clone(),
-        });
+        self.instances.set_running(&url);
+        self.emit(ServingEvent::Held { url: url.clone() });
         let Some(c) = self.fleet().catcher() else {
             return; // the next weight update reaches it (see Fleet::updated)
         };
         // Off the event loop: a catch-up waits for any update in progress.
         tokio::spawn(async move {
-            match c.catch_up(&self.control, &h.server_url, h.gpus).await {
+            match c.catch_up(&self.control, &url, gpus).await {
                 Ok(version) => {
                     self.emit(ServingEvent::CaughtUp {
-                        url: h.server_url.clone(),
+                        url: url.clone(),
                         version,
                     });
-                    self.readmit(&h.server_url).await;
+                    self.readmit(&url).await;
                 }
                 Err(e) => tracing::warn!(
-                    server = %h.server_url,
+                    server = %url,
                     "catch-up failed ({e}); the next weight update will include it"
                 ),
             }
         });
     }
 
-    async fn take_down(&self, h: &Head, reason: String) {
-        let was = self.fleet().state(&h.server_url);
-        self.fleet().mark_down(&h.server_url);
-        if was == HeadState::Serving {
+    async fn take_down(&self, i: &Instance, reason: String) {
+        let url = i.server_url();
+        let was = self.fleet().state(url);
+        self.fleet().mark_down(url);
+        if let (HeadState::Serving, Some(w)) = (was, &i.worker) {
             match self
                 .gateway
                 .call(RemoveWorker {
-                    worker: h.worker.url.clone(),
+                    worker: w.url.clone(),
                 })
                 .await
             {
                 Ok(_) => {}
-                Err(e) => tracing::warn!(worker = %h.worker.url, "cannot remove worker: {e}"),
+                Err(e) => tracing::warn!(worker = %w.url, "cannot remove worker: {e}"),
             }
         }
         self.emit(ServingEvent::Removed {
-            url: h.server_url.clone(),
+            url: url.to_string(),
             reason,
         });
     }
 
     /// Routes `url` again, unless it died again meanwhile.
     async fn readmit(&self, url: &str) {
-        let Some(h) = self.instances.by_url(url) else {
+        let Some(worker) = self.instances.by_url(url).and_then(|i| i.worker) else {
             return;
         };
         if self.fleet().state(url) == HeadState::Down {
             return;
         }
-        match self.gateway.call(AddWorker(h.worker.clone())).await {
+        match self.gateway.call(AddWorker(worker.clone())).await {
             Ok(_) => {}
             Err(e) if e.to_string().contains("already registered") => {}
             Err(e) => {
-                tracing::warn!(worker = %h.worker.url, "cannot re-register worker: {e}");
+                tracing::warn!(worker = %worker.url, "cannot re-register worker: {e}");
                 return;
             }
         }
         self.fleet().mark_serving(url);
+        self.instances.set_running(url);
         self.emit(ServingEvent::Readmitted {
             url: url.to_string(),
         });

@@ -4,7 +4,8 @@
 //! with room, in host order); instances wider than a host take whole hosts and get a node rank
 //! and the head's dist-init address; training ranks take one GPU each; components never share
 //! GPUs unless colocated, and a colocated component reuses its target's GPUs in order. Ports come
-//! from the per-host cursor relay ([`PortAllocator`]).
+//! from the per-host cursor relay ([`PortAllocator`]). A server instance whose host is lost is
+//! placed again by [`Placement::replace`] under the same bundle rules.
 
 mod pool;
 mod replace;
@@ -14,7 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use self::pool::{Bundle, GpuPool, colocated_bundle};
-pub use self::replace::replacement_bundle;
+pub use self::replace::Occupancy;
 use crate::backend::WorkerType;
 use crate::error::SchedulerError;
 use crate::hosts::{HostResources, validate_hosts};

@@ -1,6 +1,6 @@
 //! GPU bundles: cutting contiguous GPU runs from hosts, or reusing a colocation target's GPUs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::error::SchedulerError;
 use crate::hosts::HostResources;
@@ -52,15 +52,7 @@ impl<'h> GpuPool<'h> {
 
     /// "5 free (host 0: 1, host 1: 4)", at most 16 hosts listed.
     pub(crate) fn describe_free(&self) -> String {
-        let total: usize = (0..self.hosts.len()).map(|p| self.free(p)).sum();
-        let mut parts: Vec<String> = (0..self.hosts.len())
-            .take(16)
-            .map(|p| format!("host {}: {}", self.hosts[p].index, self.free(p)))
-            .collect();
-        if self.hosts.len() > 16 {
-            parts.push(format!("… {} more hosts", self.hosts.len() - 16));
-        }
-        format!("{total} free ({})", parts.join(", "))
+        describe_free(self.hosts, |p| Some(self.free(p)))
     }
 
     /// A fresh bundle of `k` GPUs: on the first host with `k` free GPUs, or, when `k` is wider
@@ -104,17 +96,10 @@ impl<'h> GpuPool<'h> {
             ));
         }
         let nodes = k / per_host;
-        let chosen: Vec<usize> = (first..self.hosts.len())
-            .filter(|&p| self.is_whole(p) && self.hosts[p].gpu_ids.len() == per_host)
-            .take(nodes)
-            .collect();
-        if chosen.len() < nodes {
-            return Err(self.no_room(
-                what,
-                k,
-                format!("on {nodes} whole free hosts of {per_host} GPUs"),
-            ));
-        }
+        let whole = (first..self.hosts.len()).filter(|&p| self.is_whole(p));
+        let Some(chosen) = whole_hosts(self.hosts, whole, nodes, per_host) else {
+            return Err(self.no_room(what, k, whole_hosts_shape(nodes, per_host)));
+        };
         Ok(chosen
             .into_iter()
             .map(|p| (p, self.cut(p, per_host)))
@@ -128,6 +113,125 @@ impl<'h> GpuPool<'h> {
             shape,
             free: self.describe_free(),
         }
+    }
+}
+
+/// "5 free (host 0: 1, host 1: 4)" over the hosts `free` counts (`None`: left out, e.g. a lost
+/// host), at most 16 hosts listed.
+fn describe_free(hosts: &[HostResources], free: impl Fn(usize) -> Option<usize>) -> String {
+    let counted: Vec<(usize, usize)> = (0..hosts.len())
+        .filter_map(|p| free(p).map(|f| (hosts[p].index, f)))
+        .collect();
+    let total: usize = counted.iter().map(|(_, f)| f).sum();
+    let mut parts: Vec<String> = counted
+        .iter()
+        .take(16)
+        .map(|(index, f)| format!("host {index}: {f}"))
+        .collect();
+    if counted.len() > 16 {
+        parts.push(format!("… {} more hosts", counted.len() - 16));
+    }
+    format!("{total} free ({})", parts.join(", "))
+}
+
+/// The rule for an instance wider than a host: `nodes` whole free hosts of exactly `per_host`
+/// GPUs, the first ones of `whole` (positions of whole free hosts, in host order); `None` when
+/// there are not that many.
+fn whole_hosts(
+    hosts: &[HostResources],
+    whole: impl Iterator<Item = usize>,
+    nodes: usize,
+    per_host: usize,
+) -> Option<Vec<usize>> {
+    let chosen: Vec<usize> = whole
+        .filter(|&p| hosts[p].gpu_ids.len() == per_host)
+        .take(nodes)
+        .collect();
+    (chosen.len() == nodes).then_some(chosen)
+}
+
+fn whole_hosts_shape(nodes: usize, per_host: usize) -> String {
+    format!("on {nodes} whole free hosts of {per_host} GPUs")
+}
+
+/// The first run of `k` adjacent ids of a host's `gpu_ids` (its allocation order) none of which
+/// is `taken`: the one-host bundle rule. [`GpuPool`] cuts from the front of a host's free
+/// suffix, which is this run when nothing was ever given back.
+fn adjacent_free(gpu_ids: &[u32], taken: &BTreeSet<u32>, k: usize) -> Option<Vec<u32>> {
+    if k == 0 {
+        return Some(Vec::new());
+    }
+    gpu_ids
+        .windows(k)
+        .find(|w| w.iter().all(|g| !taken.contains(g)))
+        .map(<[u32]>::to_vec)
+}
+
+/// The bundle of a re-placed instance whose host was lost, of the same shape as before:
+/// `per_node` holds its GPU count on each node (one entry for an instance on one host).
+///
+/// The placement's rules hold: an instance on one host gets `k` adjacent GPUs of one host's
+/// list; an instance wider than a host gets whole free hosts of the same size as before. Among
+/// the hosts that fit, a one-host instance goes to the live host with the most free GPUs (ties:
+/// the lowest index), so re-placements spread over what survives; whole hosts are taken in host
+/// order. Hosts in `lost` and GPUs in `used` (per host index) are never handed out.
+pub(crate) fn replacement_bundle(
+    hosts: &[HostResources],
+    lost: &BTreeSet<usize>,
+    used: &BTreeMap<usize, BTreeSet<u32>>,
+    per_node: &[usize],
+    what: &dyn Fn() -> String,
+) -> Result<Bundle, SchedulerError> {
+    let none = BTreeSet::new();
+    let taken = |p: usize| used.get(&hosts[p].index).unwrap_or(&none);
+    let live = |p: usize| !lost.contains(&hosts[p].index);
+    let free = |p: usize| {
+        hosts[p]
+            .gpu_ids
+            .iter()
+            .filter(|g| !taken(p).contains(g))
+            .count()
+    };
+    let k: usize = per_node.iter().sum();
+    let no_room = |shape: String| SchedulerError::NoRoom {
+        what: what(),
+        needed: k as u64,
+        shape,
+        free: format!(
+            "{} on live hosts",
+            describe_free(hosts, |p| live(p).then(|| free(p)))
+        ),
+    };
+    match per_node {
+        [one] => {
+            let best = (0..hosts.len())
+                .filter(|&p| live(p))
+                .filter_map(|p| {
+                    Some((
+                        free(p),
+                        p,
+                        adjacent_free(&hosts[p].gpu_ids, taken(p), *one)?,
+                    ))
+                })
+                .max_by_key(|(f, p, _)| (*f, std::cmp::Reverse(*p)));
+            match best {
+                Some((_, p, gpus)) => Ok(vec![(p, gpus)]),
+                None => Err(no_room("adjacent on one live host".to_string())),
+            }
+        }
+        [per_host, ..] => {
+            let whole = (0..hosts.len()).filter(|&p| {
+                live(p) && !hosts[p].gpu_ids.is_empty() && free(p) == hosts[p].gpu_ids.len()
+            });
+            match whole_hosts(hosts, whole, per_node.len(), *per_host) {
+                Some(chosen) => Ok(chosen
+                    .into_iter()
+                    .map(|p| (p, hosts[p].gpu_ids.clone()))
+                    .collect()),
+                None => Err(no_room(whole_hosts_shape(per_node.len(), *per_host))),
+            }
+        }
+        [] => Err(no_room("(it has no node)".to_string())),
     }
 }
 

@@ -1,101 +1,116 @@
-//! Re-placing one instance whose host was lost, under the same bundle rule as [`super::place`]:
-//! a bundle is a contiguous run of one host's GPU ids.
+//! Re-placing one server instance whose host was lost, under the rules of [`super::place`].
+//!
+//! It exists so a controller that loses a host does not re-implement placement: the new
+//! bundle is cut by the same rule as the first one (adjacent GPUs of one host's list, or whole
+//! hosts for an instance wider than a host; an engine relies on adjacent GPUs for NVLink pairs
+//! and `--base-gpu-id` ranges), and the new ports come from the same cursor relay.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::pool::replacement_bundle;
+use super::{PlacedInstance, Placement};
+use crate::backend::WorkerType;
 use crate::error::SchedulerError;
 use crate::hosts::HostResources;
+use crate::ports::PortAllocator;
 
-/// Where a lost instance of `need` GPUs can run again: the live host (not in `lost`) with the
-/// most free GPUs among those that have a contiguous run of `need` free ones (ties: the lowest
-/// index), and that run. `used` holds the GPU ids in use per host index (every component,
-/// training included). An instance of no GPUs goes to the live host with the most free GPUs.
+/// What a re-placement must stay off: hosts that are gone and GPUs that are in use.
 ///
-/// It exists so the controller's re-placement keeps the placement's rules instead of
-/// re-implementing them: a bundle cut from the middle of holes would hand an engine GPUs that
-/// are not adjacent, which multi-GPU engines (NVLink pairs, `--base-gpu-id` ranges) rely on.
-pub fn replacement_bundle(
-    hosts: &[HostResources],
-    used: &BTreeMap<usize, BTreeSet<u32>>,
-    lost: &BTreeSet<usize>,
-    need: usize,
-) -> Result<(usize, Vec<u32>), SchedulerError> {
-    let none = BTreeSet::new();
-    let best = hosts
-        .iter()
-        .filter(|h| !lost.contains(&h.index))
-        .filter_map(|h| {
-            let taken = used.get(&h.index).unwrap_or(&none);
-            let free = h.gpu_ids.iter().filter(|g| !taken.contains(g)).count();
-            let run = contiguous_free(&h.gpu_ids, taken, need)?;
-            Some((free, h.index, run))
-        })
-        .max_by_key(|(free, index, _)| (*free, std::cmp::Reverse(*index)));
-    match best {
-        Some((_, index, run)) => Ok((index, run)),
-        None => {
-            let free: usize = hosts
-                .iter()
-                .filter(|h| !lost.contains(&h.index))
-                .map(|h| {
-                    let taken = used.get(&h.index).unwrap_or(&none);
-                    h.gpu_ids.iter().filter(|g| !taken.contains(g)).count()
-                })
-                .sum();
-            Err(SchedulerError::NoRoom {
-                what: "the lost instance".into(),
-                needed: need as u64,
-                shape: "contiguous on one live host".into(),
-                free: format!("{free} free on live hosts"),
-            })
+/// The caller says what is in use because only it knows what moved since the placement was
+/// made (earlier re-placements); [`Placement::gpus_in_use`] is the starting point.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Occupancy {
+    /// Host indices ([`HostResources::index`]) that are lost: nothing goes there.
+    pub lost: BTreeSet<usize>,
+    /// GPU ids in use per host index (every component, training included).
+    pub used: BTreeMap<usize, BTreeSet<u32>>,
+}
+
+impl Placement {
+    /// The GPU ids every entry of this placement holds, per host index.
+    pub fn gpus_in_use(&self) -> BTreeMap<usize, BTreeSet<u32>> {
+        let mut used: BTreeMap<usize, BTreeSet<u32>> = BTreeMap::new();
+        for e in &self.instances {
+            used.entry(e.host)
+                .or_default()
+                .extend(e.gpus.iter().copied());
         }
-    }
-}
-
-/// The first run of `need` adjacent ids of `gpu_ids` (in the host's order) none of which is
-/// taken.
-fn contiguous_free(gpu_ids: &[u32], taken: &BTreeSet<u32>, need: usize) -> Option<Vec<u32>> {
-    if need == 0 {
-        return Some(Vec::new());
-    }
-    gpu_ids
-        .windows(need)
-        .find(|w| w.iter().all(|g| !taken.contains(g)))
-        .map(<[u32]>::to_vec)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn used(pairs: &[(usize, &[u32])]) -> BTreeMap<usize, BTreeSet<u32>> {
-        pairs
-            .iter()
-            .map(|(h, g)| (*h, g.iter().copied().collect()))
-            .collect()
+        used
     }
 
-    #[test]
-    fn takes_a_contiguous_run_on_the_freest_live_host() {
-        let hosts = HostResources::uniform(3, 4);
-        // Host 0 has 2 free but not adjacent (1 and 3); host 1 has 0 and 1 free; host 2 is lost.
-        let u = used(&[(0, &[0, 2]), (1, &[2, 3])]);
-        let lost: BTreeSet<usize> = [2].into();
-        assert_eq!(
-            replacement_bundle(&hosts, &u, &lost, 2).unwrap(),
-            (1, vec![0, 1])
-        );
-        // One GPU: both hosts have 2 free; the lower index wins.
-        assert_eq!(
-            replacement_bundle(&hosts, &u, &lost, 1).unwrap(),
-            (0, vec![1])
-        );
-        // Nothing fits three.
-        assert!(replacement_bundle(&hosts, &u, &lost, 3).is_err());
-        // No GPUs needed: the freest live host.
-        assert_eq!(
-            replacement_bundle(&hosts, &u, &lost, 0).unwrap(),
-            (0, vec![])
-        );
+    /// Where server instance `instance` of group `group` of component `component` runs again
+    /// after its host was lost: one entry per node, of the same shape as now (worker type,
+    /// GPUs per node, node count, which ports), on live hosts and free GPUs of `occupied`.
+    ///
+    /// The bundle follows the placement's rules: adjacent GPUs of one host's list for an
+    /// instance on one host, the live host with the most free GPUs first (ties: the lowest
+    /// index); whole free hosts of the same size for an instance wider than a host. The head
+    /// gets fresh ports from `ports` (and every node the head's new dist-init address). This
+    /// placement is not changed; on error neither is `ports`.
+    pub fn replace(
+        &self,
+        component: usize,
+        group: usize,
+        instance: usize,
+        hosts: &[HostResources],
+        occupied: &Occupancy,
+        ports: &mut PortAllocator,
+    ) -> Result<Vec<PlacedInstance>, SchedulerError> {
+        let mut old: Vec<&PlacedInstance> = self.instance(component, group, instance).collect();
+        old.sort_by_key(|e| e.node_rank);
+        let what = || format!("instance {instance} of group {group} of component {component}");
+        let Some(head) = old.first().copied() else {
+            return Err(SchedulerError::Unknown {
+                what: "instance".into(),
+                detail: format!(
+                    "{} is not placed; there are {} placed processes",
+                    what(),
+                    self.instances.len()
+                ),
+            });
+        };
+        if head.worker_type == WorkerType::Train {
+            return Err(SchedulerError::Unknown {
+                what: "server instance".into(),
+                detail: format!(
+                    "{} is a training rank; only server instances are re-placed",
+                    what()
+                ),
+            });
+        }
+        let per_node: Vec<usize> = old.iter().map(|e| e.gpus.len()).collect();
+        let describe = || format!("the lost {}", what());
+        let bundle =
+            replacement_bundle(hosts, &occupied.lost, &occupied.used, &per_node, &describe)?;
+        let Some((head_pos, _)) = bundle.first() else {
+            return Err(SchedulerError::Unknown {
+                what: "instance".into(),
+                detail: format!("{} has no node", what()),
+            });
+        };
+        let new_head = &hosts[*head_pos];
+        let mut alloc = ports.clone();
+        let fresh = alloc.take_ports(new_head, head.ports.needs())?;
+        let dist_init_addr = fresh.dist.map(|p| format!("{}:{p}", new_head.address));
+        let nnodes = u32::try_from(bundle.len()).unwrap_or(u32::MAX);
+        let placed = bundle
+            .into_iter()
+            .enumerate()
+            .map(|(rank, (pos, gpus))| PlacedInstance {
+                component,
+                group,
+                instance,
+                worker_type: head.worker_type,
+                host: hosts[pos].index,
+                gpus,
+                ports: if rank == 0 { fresh } else { Default::default() },
+                address: hosts[pos].address.clone(),
+                node_rank: u32::try_from(rank).unwrap_or(u32::MAX),
+                nnodes,
+                dist_init_addr: dist_init_addr.clone(),
+            })
+            .collect();
+        *ports = alloc;
+        Ok(placed)
     }
 }
