@@ -56,7 +56,7 @@ pub struct EngineArgs {
     /// deployment's prefill. Give it through the environment (argv is visible to every user).
     #[arg(
         long,
-        env = "TROUPE_BOOTSTRAP_SECRET",
+        env = troupe_wire::env::BOOTSTRAP_SECRET,
         hide_env_values = true,
         hide = true
     )]
@@ -71,7 +71,7 @@ pub struct EngineArgs {
     #[arg(long)]
     pub api_key: Option<String>,
     /// Bearer key required on control-plane endpoints (pause, weights, memory, flush).
-    #[arg(long, env = "TROUPE_ENGINE_ADMIN_KEY", hide_env_values = true)]
+    #[arg(long, env = troupe_wire::env::ENGINE_ADMIN_KEY, hide_env_values = true)]
     pub admin_api_key: Option<String>,
     /// Accept `/release_memory_occupation` and `/resume_memory_occupation`.
     #[arg(long)]

@@ -8,9 +8,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use support::within;
+use troupe_actors::auth::TOKEN_ENV;
 use troupe_actors::process::ChildProcess;
-use troupe_serving::inference::command::{self, ADMIN_KEY_ENV, TOKEN_ENV};
+use troupe_serving::inference::command;
 use troupe_serving::inference::{LaunchSpec, rundir};
+use troupe_wire::env::ENGINE_ADMIN_KEY as ADMIN_KEY_ENV;
 
 fn mode(p: &Path) -> u32 {
     std::fs::metadata(p)

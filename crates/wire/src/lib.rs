@@ -8,7 +8,8 @@
 //! - [`pause`]: [`PauseMode`] (engine, controller, gRPC API);
 //! - [`sglang`]: the typed bodies of SGLang's control and weight-update endpoints, and the
 //!   `meta_info` fields Troupe reads;
-//! - [`envelope`]: the one JSON error envelope every Troupe HTTP server answers with.
+//! - [`envelope`]: the one JSON error envelope every Troupe HTTP server answers with;
+//! - [`env`]: environment variables one Troupe process sets for another.
 //!
 //! Keeping it in one leaf crate lets every other crate agree on the bytes and the words without
 //! depending on each other.
@@ -16,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod codec;
+pub mod env;
 pub mod envelope;
 pub mod pause;
 pub mod sglang;

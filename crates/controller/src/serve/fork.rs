@@ -174,7 +174,7 @@ fn spec_for(
         // The deployment's KV-handoff secret: its prefill and decode servers prove it to each
         // other, so no request can point a decode at another deployment's prefill.
         env: [(
-            "TROUPE_BOOTSTRAP_SECRET".to_string(),
+            troupe_wire::env::BOOTSTRAP_SECRET.to_string(),
             bootstrap_secret.to_string(),
         )]
         .into(),

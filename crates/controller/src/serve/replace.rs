@@ -41,15 +41,13 @@ pub(crate) struct Replacer {
 const FENCE_WAIT: Duration = Duration::from_secs(10);
 
 /// Whether anything answers HTTP at `url` (any status: a live process holds the port).
-async fn answers(url: &str) -> bool {
-    let Ok(client) = reqwest::Client::builder()
-        .no_proxy()
+async fn answers(client: &reqwest::Client, url: &str) -> bool {
+    client
+        .get(format!("{url}/health"))
         .timeout(Duration::from_secs(1))
-        .build()
-    else {
-        return false;
-    };
-    client.get(format!("{url}/health")).send().await.is_ok()
+        .send()
+        .await
+        .is_ok()
 }
 
 /// Why a lost instance was not re-placed (the watcher reports it with the capacity lost).
@@ -176,7 +174,8 @@ impl Replacer {
     /// die with it); if it still answers after that, the server is not re-placed.
     async fn fence(&self, old: &Instance) -> Result<(), ReplaceError> {
         let url = old.server_url();
-        if !answers(url).await {
+        let client = troupe_serving::client::build().unwrap_or_default();
+        if !answers(&client, url).await {
             return Ok(());
         }
         let me = std::process::id();
@@ -196,7 +195,7 @@ impl Replacer {
         }
         let deadline = std::time::Instant::now() + FENCE_WAIT;
         while std::time::Instant::now() < deadline {
-            if !answers(url).await {
+            if !answers(&client, url).await {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -21,11 +21,8 @@ use std::path::{Path, PathBuf};
 
 use super::spec::{Backend, LaunchSpec, WorkerType};
 
-/// The environment variable the reference engine (`troupe engine`) reads its admin key from.
-pub const ADMIN_KEY_ENV: &str = "TROUPE_ENGINE_ADMIN_KEY";
-
-/// The control plane's token: never given to an engine process.
-pub const TOKEN_ENV: &str = troupe_actors::auth::TOKEN_ENV;
+use troupe_actors::auth::TOKEN_ENV;
+use troupe_wire::env::ENGINE_ADMIN_KEY as ADMIN_KEY_ENV;
 
 /// A file the server reads at start that holds a secret: written mode 0600 before launch.
 #[derive(Clone, PartialEq, Eq)]
@@ -266,11 +263,12 @@ pub fn build(
     })
 }
 
-/// The process to spawn for `cl`: its program, arguments and extra environment, and without
-/// the control-plane token the launching host may hold in its own environment.
+/// The process to spawn for `cl`: its program, arguments and extra environment. (The
+/// control-plane token is taken out of every child's environment by
+/// `troupe_actors::process::ChildProcess::spawn`, for engines and any other child alike.)
 pub fn command(cl: &CommandLine) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(&cl.program);
-    cmd.args(&cl.args).envs(&cl.env).env_remove(TOKEN_ENV);
+    cmd.args(&cl.args).envs(&cl.env);
     cmd
 }
 
@@ -459,10 +457,6 @@ mod tests {
                 )
             })
             .collect();
-        assert!(
-            envs.contains(&(TOKEN_ENV.to_string(), None)),
-            "TROUPE_TOKEN removed from the inherited environment: {envs:?}"
-        );
         assert!(envs.contains(&("HF_HOME".to_string(), Some("/hf".to_string()))));
         assert_eq!(cmd.as_std().get_program(), "/bin/troupe");
 
