@@ -4,11 +4,12 @@
 //!
 //! It prints `gateway listening on URL` when ready and serves until SIGINT/SIGTERM. Workers can
 //! also be added and removed later through the SGLang-compatible admin API (`POST /workers`,
-//! `DELETE /workers/{id}`).
+//! `DELETE /workers/{id}`). The fleet control endpoints (SGLang's, vLLM's and SkyRL's
+//! names; see the README) act on every registered worker at once.
 
 use std::time::Duration;
 
-use troupe_serving::gateway::{self, GatewayConfig};
+use troupe_serving::gateway::{self, ControlAuthMode, GatewayConfig};
 use troupe_serving::health::HealthConfig;
 use troupe_serving::policy::PolicyKind;
 use troupe_serving::{RouterConfig, WorkerSpec};
@@ -47,9 +48,24 @@ pub struct GatewayArgs {
     /// Bearer key the admin endpoints require; required off loopback. Prefer the variable.
     #[arg(long, env = "TROUPE_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: Option<String>,
-    /// Bearer key sent to the workers (their `--api-key`).
+    /// Bearer key sent to the workers (their `--api-key`; fleet control calls carry it too,
+    /// so start the engines with the same admin key).
     #[arg(long, env = "TROUPE_WORKER_API_KEY", hide_env_values = true)]
     pub worker_api_key: Option<String>,
+    /// Who may call the fleet control endpoints: `key` (the admin key) or `none` (open; only
+    /// on a loopback --listen), for clients such as SkyRL's that send no key.
+    #[arg(long, default_value = "key", value_parser = parse_control_auth)]
+    pub control_auth: ControlAuthMode,
+    /// Push weights from `/update_weights_from_tensor` FP8 block-quantized.
+    #[arg(long)]
+    pub weights_fp8: bool,
+    /// Address the engines dial for this gateway's weight broadcast (default: the --listen host).
+    #[arg(long)]
+    pub weights_master_host: Option<String>,
+}
+
+fn parse_control_auth(s: &str) -> Result<ControlAuthMode, String> {
+    s.parse()
 }
 
 fn parse_policy(name: &str) -> Result<PolicyKind, String> {
@@ -104,6 +120,9 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
         worker_api_key: a.worker_api_key.clone().filter(|k| !k.is_empty()),
         max_retries: a.max_retries.unwrap_or(d.max_retries),
         workers,
+        control_auth: a.control_auth,
+        weights_fp8: a.weights_fp8,
+        weights_master_host: a.weights_master_host.clone(),
         ..d
     })
 }

@@ -174,7 +174,9 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
     if cfg.scheduler.kind == SchedulerType::Local {
         cluster.adopt_processes(&st.hosts.iter().map(|h| h.pid).collect::<Vec<_>>());
     }
-    let svc = match Deployment::reattach(&cluster, &st, 3).await {
+    let svc = match Deployment::reattach(&cluster, &st, &fork_options(cfg, admin_key(cfg), false))
+        .await
+    {
         Ok(s) => s,
         Err(e) => {
             return Err(format!(

@@ -152,11 +152,11 @@ async fn the_controller_api_refuses_calls_without_the_token_and_they_change_noth
             let v = r.result.unwrap();
             assert!(v["internal_states"][0]["paused"].is_null(), "paused: {v}");
         }
-        let url = &svc.control.urls()[0];
+        let engine = &svc.control.engines()[0];
         let gone = svc
             .control
             .client()
-            .destroy_weight_group(url, "g")
+            .destroy_weight_group(engine, "g")
             .await
             .unwrap_err()
             .to_string();

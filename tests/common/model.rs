@@ -2,8 +2,8 @@
 //! regular engine holding exactly what engines hold after a BF16 sync (the ground truth).
 
 use half::bf16;
-use troupe_controller::weight_sync::HostTensor;
 use troupe_engine::model::{ModelConfig, Weights};
+use troupe_serving::control_plane::HostTensor;
 
 /// Tiny-model weights from `seed`, and the same as trainer tensors.
 pub fn trainer_weights(seed: u64) -> (Weights, Vec<HostTensor>) {

@@ -13,9 +13,9 @@ use tokio::sync::broadcast;
 use troupe_controller::Cluster;
 use troupe_controller::serve::instances::InstanceState;
 use troupe_controller::serve::{Deployment, ForkOptions, ServingEvent};
-use troupe_controller::weight_sync::{WeightSync, WeightSyncOptions};
 use troupe_scheduler::AllocationPlan;
 use troupe_serving::actors::ListWorkers;
+use troupe_serving::control_plane::{WeightSync, WeightSyncOptions};
 
 async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
     let body = json!({"text": format!("fault {i}: "), "sampling_params": {"max_new_tokens": 8, "temperature": 0.7, "sampling_seed": i}});

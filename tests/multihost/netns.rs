@@ -21,9 +21,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use troupe_actors::tls::TlsFiles;
 use troupe_controller::Cluster;
 use troupe_controller::serve::{Deployment, ForkOptions};
-use troupe_controller::weight_sync::{HostTensor, WeightSync, WeightSyncOptions};
 use troupe_scheduler::AllocationPlan;
 use troupe_scheduler::launch::READY_PREFIX;
+use troupe_serving::control_plane::{Engine, HostTensor, WeightSync, WeightSyncOptions};
 use troupe_serving::inference::WorkerType;
 
 const BIN: &str = env!("CARGO_BIN_EXE_troupe");
@@ -378,11 +378,11 @@ async fn pd_groups_forked_across_three_network_namespaces_serve_through_the_gate
                 })
             })
             .collect();
-        let engines: Vec<(String, u32)> = svc
+        let engines: Vec<Engine> = svc
             .servers()
             .iter()
             .filter(|s| s.node_rank == 0)
-            .map(|s| (s.info.url.clone(), s.info.gpu_count))
+            .map(|s| Engine::sglang(s.info.url.clone(), s.info.gpu_count))
             .collect();
         // The hosts reach this process at the bridge address, and the cluster knows it.
         let master = cluster.controller_ip().to_string();

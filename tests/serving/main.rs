@@ -3,6 +3,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod fleet_control;
 mod gateway;
 mod gateway_proxy;
 mod pd;

@@ -11,9 +11,11 @@ use common::within;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use troupe_controller::Cluster;
-use troupe_controller::serve::{Deployment, ForkOptions, PauseMode, control::all_ok};
+use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_scheduler::AllocationPlan;
+use troupe_serving::control_plane::all_ok;
 use troupe_serving::inference::WorkerType;
+use troupe_wire::PauseMode;
 
 const BIN: &str = env!("CARGO_BIN_EXE_troupe");
 

@@ -10,8 +10,8 @@ use common::within;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use troupe_controller::Cluster;
 use troupe_controller::serve::{Deployment, ForkOptions};
-use troupe_controller::weight_sync::{WeightSync, WeightSyncOptions};
 use troupe_scheduler::AllocationPlan;
+use troupe_serving::control_plane::{WeightSync, WeightSyncOptions};
 use troupe_serving::inference::{Backend, InferenceServer, LaunchSpec, WorkerType};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,8 +14,8 @@ use troupe_controller::rollout::{
     RolloutWorkflow, Sample, SamplingSettings, Trajectory, capacity, staleness_of,
 };
 use troupe_controller::serve::{Deployment, ForkOptions};
-use troupe_controller::weight_sync::{WeightSync, WeightSyncOptions};
 use troupe_scheduler::AllocationPlan;
+use troupe_serving::control_plane::{Engine, WeightSync, WeightSyncOptions};
 
 proptest! {
     #[test]
@@ -196,10 +196,10 @@ async fn a_weight_update_during_rollouts_yields_mixed_versions_and_no_failures()
         }
         tokio::time::sleep(Duration::from_millis(80)).await; // let generation get going
         let (_, tensors) = common::model::trainer_weights(77);
-        let engines: Vec<(String, u32)> = svc
+        let engines: Vec<Engine> = svc
             .servers()
             .iter()
-            .map(|s| (s.info.url.clone(), s.info.gpu_count))
+            .map(|s| Engine::sglang(s.info.url.clone(), s.info.gpu_count))
             .collect();
         WeightSync::new(WeightSyncOptions::default())
             .update_weights(&svc.control, &engines, "1", &tensors)

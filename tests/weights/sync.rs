@@ -10,8 +10,8 @@ use half::bf16;
 use serde_json::{Value, json};
 use troupe_controller::Cluster;
 use troupe_controller::serve::{Deployment, ForkOptions};
-use troupe_controller::weight_sync::{WeightSync, WeightSyncOptions};
 use troupe_scheduler::AllocationPlan;
+use troupe_serving::control_plane::{WeightSync, WeightSyncOptions};
 
 async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
     let body = json!({"text": format!("weights {i}: "), "sampling_params": {"max_new_tokens": 8, "temperature": 0.7, "sampling_seed": i}});
@@ -48,7 +48,7 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
             svc.control
                 .engines()
                 .iter()
-                .map(|e| e.1)
+                .map(|e| e.gpus)
                 .collect::<Vec<_>>(),
             [1, 1, 2, 2]
         );
@@ -124,12 +124,7 @@ async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused(
             "the error names the dead engine: {msg}"
         );
         // The survivors are not left paused.
-        for (url, _) in svc
-            .control
-            .engines()
-            .iter()
-            .filter(|(u, _)| u != &victim.url)
-        {
+        for url in svc.control.urls().iter().filter(|u| *u != &victim.url) {
             let r = reqwest::get(format!("{url}/server_info"))
                 .await
                 .unwrap()

@@ -28,7 +28,8 @@ use troupe_wire::v1::{
 
 use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
 
-use crate::serve::control::{InferenceControl, PauseMode, ServerResult};
+use troupe_serving::control_plane::{InferenceControl, ServerResult};
+use troupe_wire::PauseMode;
 
 /// The `troupe.v1.Controller` service over a set of engines.
 #[derive(Clone)]
@@ -218,8 +219,8 @@ impl Controller for ControllerApi {
         };
         let plan = self.plan()?;
         let world = plan.world_size();
-        let urls = self.control.urls();
-        let calls = urls.iter().enumerate().map(|(i, u)| {
+        let engines = self.control.engines();
+        let calls = engines.iter().enumerate().map(|(i, e)| {
             let req = InitWeightsUpdateGroup {
                 master_address: r.master_address.clone(),
                 master_port: u16::try_from(r.master_port).unwrap_or(0),
@@ -230,11 +231,11 @@ impl Controller for ControllerApi {
             };
             async move {
                 ServerResult {
-                    url: u.clone(),
+                    url: e.url.clone(),
                     result: self
                         .control
                         .client()
-                        .init_weight_group(u, &req)
+                        .init_weight_group(e, &req)
                         .await
                         .map_err(|e| e.to_string()),
                 }
@@ -284,6 +285,7 @@ impl Controller for ControllerApi {
             group_name: r.group_name,
             flush_cache: r.flush_cache,
             weight_version: Some(r.weight_version),
+            packed: false,
         };
         let req = &req;
         let res = self

@@ -18,7 +18,6 @@ pub mod ports;
 pub mod rollout;
 pub mod run;
 pub mod serve;
-pub mod weight_sync;
 
 pub use cluster::{Cluster, ClusterBuilder, ClusterError, InProcessTransport};
 pub use handle::{ActorHandle, HostHandle, SpawnOptions};

@@ -2,7 +2,7 @@
 //!
 //! - `troupe.gateway` ([`GatewayActor`]): router + gateway in one actor and one HTTP port,
 //!   like SGLang's router. Messages: [`GetUrl`], [`AddWorker`], [`RemoveWorker`],
-//!   [`ListWorkers`], [`MarkUnhealthy`].
+//!   [`ListWorkers`], [`MarkUnhealthy`], [`SetControlUpstream`].
 //! - `troupe.proxy` ([`ProxyActor`]): a DataProxy in front of its backend(s). Message:
 //!   [`GetUrl`].
 //!
@@ -68,6 +68,19 @@ impl Message for MarkUnhealthy {
     const METHOD: &'static str = "mark_unhealthy";
 }
 
+/// Points a forwarding gateway at the fleet's control plane (a controller that recovered a
+/// deployment serves it on a new port).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SetControlUpstream {
+    /// `http://host:port` of the controller's control server.
+    pub url: String,
+}
+
+impl Message for SetControlUpstream {
+    type Reply = ();
+    const METHOD: &'static str = "set_control_upstream";
+}
+
 /// `troupe.gateway`: router and gateway.
 pub struct GatewayActor {
     handle: Option<GatewayHandle>,
@@ -99,7 +112,8 @@ impl Actor for GatewayActor {
             .add::<AddWorker>()
             .add::<RemoveWorker>()
             .add::<ListWorkers>()
-            .add::<MarkUnhealthy>();
+            .add::<MarkUnhealthy>()
+            .add::<SetControlUpstream>();
     }
 
     async fn stopping(&mut self, _ctx: &ActorContext) {
@@ -108,6 +122,18 @@ impl Actor for GatewayActor {
         {
             tracing::warn!("gateway shutdown: {e}");
         }
+    }
+}
+
+impl Handler<SetControlUpstream> for GatewayActor {
+    async fn handle(
+        &mut self,
+        m: SetControlUpstream,
+        _ctx: &ActorContext,
+    ) -> Result<(), ActorError> {
+        self.running()?
+            .set_control_upstream(m.url)
+            .map_err(ActorError::new)
     }
 }
 

@@ -1,9 +1,10 @@
 //! [`EngineClient`]: the one place that speaks to inference engines' control endpoints.
 //!
 //! Pause, resume, flush, memory, weight groups, weight updates, the weight version and server
-//! info: the controller's control plane, its weight sync and its gRPC API all call engines
-//! through this client, with SGLang's typed bodies from `troupe_wire::sglang`, so the protocol
-//! is written once. Requests carry the admin key; answers that are not 2xx are errors that name
+//! info: the control plane (`crate::control_plane`: the controller, its weight sync, its gRPC
+//! API and the gateway's control endpoints) calls engines through this client, with the typed
+//! bodies of `troupe_wire::sglang` and `troupe_wire::vllm` in each engine's dialect, so each
+//! protocol is written once. Requests carry the admin key; answers that are not 2xx are errors that name
 //! the endpoint, the status and the engine's message.
 
 use std::time::Duration;
@@ -16,6 +17,12 @@ use troupe_wire::sglang::{
     DestroyWeightsUpdateGroup, InitWeightsUpdateGroup, MemoryTags, PauseGeneration,
     UpdateWeightsFromDistributed, WeightVersion,
 };
+use troupe_wire::vllm::{
+    FinishWeightUpdate, InitWeightTransferEngine, UpdateInfo, UpdateWeights, WeightTransferInit,
+    WorldSize,
+};
+
+use crate::control_plane::{Dialect, Engine};
 
 /// Longest a control call may take (a weight bucket waits for its whole transfer).
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(120);
@@ -99,75 +106,223 @@ impl EngineClient {
         self.admin_key.as_deref()
     }
 
-    /// `POST /pause_generation {mode}`.
-    pub async fn pause(&self, url: &str, mode: PauseMode) -> Result<Value, EngineCallError> {
-        self.post(url, "/pause_generation", &PauseGeneration { mode })
-            .await
+    /// Pauses generation: SGLang `POST /pause_generation {mode}`, vLLM `POST /pause?mode=`
+    /// (`abort` → `abort`; `in_place` and `retract` → `keep`: requests stay and continue
+    /// after resume).
+    pub async fn pause(&self, e: &Engine, mode: PauseMode) -> Result<Value, EngineCallError> {
+        match e.dialect {
+            Dialect::Sglang => {
+                self.post(&e.url, "/pause_generation", &PauseGeneration { mode })
+                    .await
+            }
+            Dialect::Vllm => {
+                let q = match mode {
+                    PauseMode::Abort => "/pause?mode=abort",
+                    PauseMode::InPlace | PauseMode::Retract => "/pause?mode=keep",
+                };
+                self.post(&e.url, q, &json!({})).await
+            }
+        }
     }
 
-    /// `POST /continue_generation`.
-    pub async fn resume(&self, url: &str) -> Result<Value, EngineCallError> {
-        self.post(url, "/continue_generation", &json!({})).await
+    /// Resumes generation: SGLang `POST /continue_generation`, vLLM `POST /resume`.
+    pub async fn resume(&self, e: &Engine) -> Result<Value, EngineCallError> {
+        let path = match e.dialect {
+            Dialect::Sglang => "/continue_generation",
+            Dialect::Vllm => "/resume",
+        };
+        self.post(&e.url, path, &json!({})).await
     }
 
-    /// `POST /flush_cache`.
-    pub async fn flush_cache(&self, url: &str) -> Result<Value, EngineCallError> {
-        self.post(url, "/flush_cache", &json!({})).await
+    /// Drops the prefix cache: SGLang `POST /flush_cache`, vLLM `POST /reset_prefix_cache`.
+    pub async fn flush_cache(&self, e: &Engine) -> Result<Value, EngineCallError> {
+        let path = match e.dialect {
+            Dialect::Sglang => "/flush_cache",
+            Dialect::Vllm => "/reset_prefix_cache",
+        };
+        self.post(&e.url, path, &json!({})).await
     }
 
-    /// `POST /release_memory_occupation {tags}`.
-    pub async fn release_memory(&self, url: &str, tags: &[&str]) -> Result<Value, EngineCallError> {
-        self.post(url, "/release_memory_occupation", &tags_body(tags))
-            .await
+    /// Frees memory: SGLang `POST /release_memory_occupation {tags}`, vLLM
+    /// `POST /sleep?level=1&tags=…`.
+    pub async fn release_memory(
+        &self,
+        e: &Engine,
+        tags: &[&str],
+    ) -> Result<Value, EngineCallError> {
+        match e.dialect {
+            Dialect::Sglang => {
+                self.post(&e.url, "/release_memory_occupation", &tags_body(tags))
+                    .await
+            }
+            Dialect::Vllm => {
+                let path = format!("/sleep?level=1{}", tags_query(tags));
+                self.post_dyn(&e.url, "/sleep", &path, &json!({})).await
+            }
+        }
     }
 
-    /// `POST /resume_memory_occupation {tags}`.
-    pub async fn resume_memory(&self, url: &str, tags: &[&str]) -> Result<Value, EngineCallError> {
-        self.post(url, "/resume_memory_occupation", &tags_body(tags))
-            .await
+    /// Takes memory back: SGLang `POST /resume_memory_occupation {tags}`, vLLM
+    /// `POST /wake_up?tags=…`.
+    pub async fn resume_memory(&self, e: &Engine, tags: &[&str]) -> Result<Value, EngineCallError> {
+        match e.dialect {
+            Dialect::Sglang => {
+                self.post(&e.url, "/resume_memory_occupation", &tags_body(tags))
+                    .await
+            }
+            Dialect::Vllm => {
+                let q = tags_query(tags);
+                let path = format!("/wake_up{}", q.replacen('&', "?", 1));
+                self.post_dyn(&e.url, "/wake_up", &path, &json!({})).await
+            }
+        }
     }
 
-    /// `POST /init_weights_update_group`: join a trainer's broadcast group.
+    /// Joins a trainer's broadcast group: SGLang `POST /init_weights_update_group`, vLLM
+    /// `POST /init_weight_transfer_engine {init_info}` (the group name is SGLang's only).
     pub async fn init_weight_group(
         &self,
-        url: &str,
+        e: &Engine,
         req: &InitWeightsUpdateGroup,
     ) -> Result<Value, EngineCallError> {
-        self.post(url, "/init_weights_update_group", req).await
+        match e.dialect {
+            Dialect::Sglang => self.post(&e.url, "/init_weights_update_group", req).await,
+            Dialect::Vllm => {
+                let body = InitWeightTransferEngine {
+                    init_info: WeightTransferInit {
+                        master_address: req.master_address.clone(),
+                        master_port: req.master_port,
+                        rank_offset: req.rank_offset,
+                        world_size: req.world_size,
+                    },
+                };
+                self.post(&e.url, "/init_weight_transfer_engine", &body)
+                    .await
+            }
+        }
     }
 
-    /// `POST /destroy_weights_update_group`.
+    /// Leaves a broadcast group: SGLang `POST /destroy_weights_update_group`; vLLM has no such
+    /// route (its transfer engine lives until the next init), so nothing is sent.
     pub async fn destroy_weight_group(
         &self,
-        url: &str,
+        e: &Engine,
         group_name: &str,
     ) -> Result<Value, EngineCallError> {
-        let req = DestroyWeightsUpdateGroup {
-            group_name: group_name.to_string(),
-        };
-        self.post(url, "/destroy_weights_update_group", &req).await
+        match e.dialect {
+            Dialect::Sglang => {
+                let req = DestroyWeightsUpdateGroup {
+                    group_name: group_name.to_string(),
+                };
+                self.post(&e.url, "/destroy_weights_update_group", &req)
+                    .await
+            }
+            Dialect::Vllm => Ok(json!({"success": true})),
+        }
     }
 
-    /// `POST /update_weights_from_distributed`: receive one bucket from the group's broadcast.
+    /// Opens a weight update: vLLM `POST /start_weight_update`; SGLang has no such phase.
+    pub async fn start_weight_update(&self, e: &Engine) -> Result<Value, EngineCallError> {
+        match e.dialect {
+            Dialect::Sglang => Ok(json!({"success": true})),
+            Dialect::Vllm => self.post(&e.url, "/start_weight_update", &json!({})).await,
+        }
+    }
+
+    /// Receives one bucket from the group's broadcast: SGLang
+    /// `POST /update_weights_from_distributed`, vLLM `POST /update_weights {update_info}`.
     pub async fn update_weights(
         &self,
-        url: &str,
+        e: &Engine,
         req: &UpdateWeightsFromDistributed,
     ) -> Result<Value, EngineCallError> {
-        self.post(url, "/update_weights_from_distributed", req)
-            .await
+        match e.dialect {
+            Dialect::Sglang => {
+                self.post(&e.url, "/update_weights_from_distributed", req)
+                    .await
+            }
+            Dialect::Vllm => {
+                let body = UpdateWeights {
+                    update_info: UpdateInfo {
+                        names: req.names.clone(),
+                        dtype_names: req.dtypes.clone(),
+                        shapes: req.shapes.clone(),
+                        packed: req.packed,
+                    },
+                };
+                self.post(&e.url, "/update_weights", &body).await
+            }
+        }
+    }
+
+    /// Closes a weight update, at `version` if given: vLLM `POST /finish_weight_update`;
+    /// SGLang has no such phase, so only a version is sent (`POST /update_weight_version`).
+    pub async fn finish_weight_update(
+        &self,
+        e: &Engine,
+        version: Option<&str>,
+    ) -> Result<Value, EngineCallError> {
+        match (e.dialect, version) {
+            (Dialect::Sglang, None) => Ok(json!({"success": true})),
+            (Dialect::Sglang, Some(v)) => {
+                self.post(&e.url, "/update_weight_version", &json!({"new_version": v}))
+                    .await
+            }
+            (Dialect::Vllm, v) => {
+                let body = FinishWeightUpdate {
+                    weight_version: v.map(str::to_string),
+                };
+                self.post(&e.url, "/finish_weight_update", &body).await
+            }
+        }
+    }
+
+    /// What one engine is, for a gateway that was only given its URL: SGLang and the
+    /// reference engine answer `GET /server_info` with `tp_size` (their GPU count); vLLM
+    /// answers `GET /get_world_size`. An engine that answers neither counts as one SGLang GPU.
+    pub async fn describe(&self, url: &str) -> Engine {
+        if let Ok(info) = self.server_info(url).await
+            && let Some(tp) = info.get("tp_size").and_then(Value::as_u64)
+        {
+            let pp = info
+                .get("pp_size")
+                .and_then(Value::as_u64)
+                .unwrap_or(1)
+                .max(1);
+            let gpus = u32::try_from(tp.max(1).saturating_mul(pp)).unwrap_or(1);
+            return Engine::new(url, gpus, Dialect::Sglang);
+        }
+        const PATH: &str = "/get_world_size";
+        if let Ok(v) = self.call(url, PATH, PATH, None::<&()>).await
+            && let Ok(w) = typed::<WorldSize>(PATH, v)
+        {
+            return Engine::new(url, w.world_size.max(1), Dialect::Vllm);
+        }
+        Engine::sglang(url, 1)
+    }
+
+    /// Any other control call in the engine's own dialect, body as given (the gateway's
+    /// pass-through operations: abort, load from disk, set the version, ...).
+    pub async fn send(
+        &self,
+        url: &str,
+        path: &'static str,
+        body: Option<&Value>,
+    ) -> Result<Value, EngineCallError> {
+        self.call(url, path, path, body).await
     }
 
     /// `GET /get_weight_version`: the version of the weights the engine serves.
-    pub async fn weight_version(&self, url: &str) -> Result<String, EngineCallError> {
+    pub async fn weight_version(&self, e: &Engine) -> Result<String, EngineCallError> {
         const PATH: &str = "/get_weight_version";
-        let v = self.call(url, PATH, None::<&()>).await?;
+        let v = self.call(&e.url, PATH, PATH, None::<&()>).await?;
         typed::<WeightVersion>(PATH, v).map(|w| w.weight_version)
     }
 
     /// `GET /server_info`.
     pub async fn server_info(&self, url: &str) -> Result<Value, EngineCallError> {
-        self.call(url, "/server_info", None::<&()>).await
+        self.call(url, "/server_info", "/server_info", None::<&()>)
+            .await
     }
 
     /// The server's `disaggregation_mode` as its `GET /server_info` reports it (SGLang and the
@@ -178,7 +333,10 @@ impl EngineClient {
         let info = match self.server_info(url).await {
             Err(EngineCallError::Status {
                 status: 404 | 405, ..
-            }) => self.call(url, "/get_server_info", None::<&()>).await?,
+            }) => {
+                self.call(url, "/get_server_info", "/get_server_info", None::<&()>)
+                    .await?
+            }
             r => r?,
         };
         Ok(info.get("disaggregation_mode").cloned())
@@ -190,18 +348,29 @@ impl EngineClient {
         path: &'static str,
         body: &B,
     ) -> Result<Value, EngineCallError> {
-        self.call(url, path, Some(body)).await
+        self.call(url, path, path, Some(body)).await
     }
 
-    /// One call: POST with a JSON body, or GET without; the JSON answer (a string when the
-    /// answer is not JSON).
+    async fn post_dyn<B: Serialize + ?Sized>(
+        &self,
+        url: &str,
+        name: &'static str,
+        path_and_query: &str,
+        body: &B,
+    ) -> Result<Value, EngineCallError> {
+        self.call(url, name, path_and_query, Some(body)).await
+    }
+
+    /// One call to `path_and_query` (errors name it `path`): POST with a JSON body, or GET
+    /// without; the JSON answer (a string when the answer is not JSON).
     async fn call<B: Serialize + ?Sized>(
         &self,
         url: &str,
         path: &'static str,
+        path_and_query: &str,
         body: Option<&B>,
     ) -> Result<Value, EngineCallError> {
-        let full = format!("{}{path}", url.trim_end_matches('/'));
+        let full = format!("{}{path_and_query}", url.trim_end_matches('/'));
         let mut req = match body {
             Some(b) => self.http.post(full).json(b),
             None => self.http.get(full),
@@ -232,6 +401,11 @@ fn tags_body(tags: &[&str]) -> MemoryTags {
     MemoryTags {
         tags: Some(tags.iter().map(|t| t.to_string()).collect()),
     }
+}
+
+/// `&tags=a&tags=b` (vLLM repeats the query key per tag).
+fn tags_query(tags: &[&str]) -> String {
+    tags.iter().map(|t| format!("&tags={t}")).collect()
 }
 
 fn typed<T: DeserializeOwned>(path: &'static str, v: Value) -> Result<T, EngineCallError> {

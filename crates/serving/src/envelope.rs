@@ -88,13 +88,19 @@ async fn guard(State(limits): State<ServeLimits>, req: Request, next: Next) -> R
 fn too_large(limit: usize) -> Response {
     closing(ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
-        format!("the request body is larger than {limit} bytes (the server's max_body_bytes)"),
+        format!(
+            "the request body is larger than {limit} bytes (the server's max_body_bytes; max_weights_bytes for weight pushes)"
+        ),
     ))
 }
 
 /// Reads the whole body within `max_body_bytes` and `body_read_timeout`.
 async fn buffer(req: Request, limits: ServeLimits) -> Result<Request, Response> {
-    let max = limits.max_body_bytes;
+    let max = if req.uri().path() == crate::listen::WEIGHTS_PATH {
+        limits.max_weights_bytes.max(limits.max_body_bytes)
+    } else {
+        limits.max_body_bytes
+    };
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)

@@ -17,6 +17,8 @@
 //! - [`gateway`]: the HTTP server (SGLang/OpenAI endpoints, admin REST, metrics).
 //! - [`listen`]: serving inbound HTTP with header-read, body-read and idle timeouts.
 //! - [`envelope`]: request size limits and the JSON error envelope for every error answer.
+//! - [`control_api`]: the fleet control endpoints in SGLang's, vLLM's and SkyRL's names.
+//! - [`control_plane`]: fleet-wide control (fan-out, fleet bookkeeping, weight sync) written once.
 //! - [`engine_client`]: the typed client for engines' control endpoints (the one place that speaks them).
 //! - [`proxy`]: the DataProxy with the pause-aware abort → resubmit loop.
 //! - [`actors`]: the `troupe.gateway` and `troupe.proxy` actor kinds.
@@ -28,6 +30,8 @@
 pub mod actors;
 pub mod breaker;
 pub mod client;
+pub mod control_api;
+pub mod control_plane;
 pub mod engine_client;
 pub mod envelope;
 pub mod error;

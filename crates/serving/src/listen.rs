@@ -56,7 +56,16 @@ pub struct ServeLimits {
     pub idle_timeout: Duration,
     /// Largest request body; larger ones are answered 413 without being read in full.
     pub max_body_bytes: usize,
+    /// Largest body of a weight push (`/update_weights_from_tensor`, a whole model's
+    /// safetensors): the one path allowed past `max_body_bytes` (never below it).
+    pub max_weights_bytes: usize,
 }
+
+/// The path whose body is a model's weights (see [`ServeLimits::max_weights_bytes`]).
+pub const WEIGHTS_PATH: &str = "/update_weights_from_tensor";
+
+/// Default [`ServeLimits::max_weights_bytes`]: 4 GiB, a 2B-parameter model in BF16.
+pub const DEFAULT_MAX_WEIGHTS_BYTES: usize = 4 << 30;
 
 impl ServeLimits {
     /// Checks every bound is usable (zero would close every connection at once).
@@ -297,6 +306,7 @@ mod tests {
             body_read_timeout: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(1),
             max_body_bytes: 1,
+            max_weights_bytes: 1,
         };
         assert!(ok.check().is_ok());
         let bad = ServeLimits {

@@ -84,6 +84,7 @@ impl ProxyConfig {
             body_read_timeout: self.body_read_timeout,
             idle_timeout: self.idle_timeout,
             max_body_bytes: self.max_body_bytes,
+            max_weights_bytes: self.max_body_bytes,
         }
     }
 }

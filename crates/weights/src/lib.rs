@@ -15,6 +15,7 @@
 pub mod bench;
 pub mod broadcast_bench;
 pub mod bucket;
+pub mod floats;
 pub mod fp8;
 pub mod plan;
 pub mod quantize_file;

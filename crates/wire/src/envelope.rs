@@ -17,6 +17,9 @@ pub struct ApiError {
     pub message: String,
     /// Whether to add `"success": false` (SGLang's control endpoints carry it).
     pub control: bool,
+    /// A fleet-wide control call's per-engine breakdown (`"engines": [...]`), so a client
+    /// sees which engine failed and what the others answered.
+    pub engines: Option<Value>,
 }
 
 impl ApiError {
@@ -26,6 +29,7 @@ impl ApiError {
             status,
             message: message.into(),
             control: false,
+            engines: None,
         }
     }
 
@@ -60,6 +64,17 @@ impl ApiError {
         self
     }
 
+    /// 409: the request conflicts with the fleet's state (engines on different versions).
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, message)
+    }
+
+    /// Adds a fleet-wide call's per-engine breakdown (`"engines"` in the body).
+    pub fn with_engines(mut self, engines: Value) -> Self {
+        self.engines = Some(engines);
+        self
+    }
+
     /// The `type` field, spelled as SGLang and OpenAI spell it: the one kind table.
     pub fn kind(&self) -> &'static str {
         kind_of(self.status)
@@ -77,6 +92,9 @@ impl ApiError {
         if self.control {
             v["success"] = json!(false);
         }
+        if let Some(e) = &self.engines {
+            v["engines"] = e.clone();
+        }
         v
     }
 }
@@ -87,6 +105,7 @@ pub fn kind_of(status: StatusCode) -> &'static str {
         StatusCode::BAD_REQUEST => "BadRequestError",
         StatusCode::UNAUTHORIZED => "AuthenticationError",
         StatusCode::NOT_FOUND => "NotFoundError",
+        StatusCode::CONFLICT => "ConflictError",
         StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
         StatusCode::REQUEST_TIMEOUT => "RequestTimeoutError",
         StatusCode::PAYLOAD_TOO_LARGE => "PayloadTooLargeError",

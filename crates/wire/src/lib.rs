@@ -21,6 +21,7 @@ pub mod env;
 pub mod envelope;
 pub mod pause;
 pub mod sglang;
+pub mod vllm;
 pub mod vocab;
 
 /// Generated protobuf messages and gRPC stubs for `troupe.v1`.

@@ -69,6 +69,10 @@ pub struct UpdateWeightsFromDistributed {
     /// The version the engine reports once the bucket is loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_version: Option<String>,
+    /// vLLM's packed broadcast (all tensors of the bucket in one flat buffer): only vLLM
+    /// engines take it, so it is never sent to SGLang (Troupe's field; absent when false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub packed: bool,
 }
 
 /// The answer of `GET /get_weight_version`.
@@ -113,6 +117,7 @@ mod tests {
             group_name: "g".into(),
             flush_cache: true,
             weight_version: Some("v1".into()),
+            packed: false,
         };
         assert_eq!(
             serde_json::to_value(&b).unwrap(),

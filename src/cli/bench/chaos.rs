@@ -14,8 +14,8 @@ use serde_json::json;
 use troupe_scheduler::AllocationPlan;
 
 use troupe_controller::Cluster;
-use troupe_controller::serve::fleet::HeadState;
 use troupe_controller::serve::{Deployment, ForkOptions};
+use troupe_serving::control_plane::fleet::HeadState;
 
 /// Settings of a chaos run.
 #[derive(Debug, Clone, clap::Args)]

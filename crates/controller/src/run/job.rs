@@ -25,7 +25,7 @@ use crate::rollout::{
 use crate::serve::Deployment;
 use crate::serve::config::ServeConfig;
 use crate::serve::setup::{admin_key, cluster_builder, cluster_from, fork_options};
-use crate::weight_sync::{HostTensor, WeightSync, WeightSyncOptions};
+use troupe_serving::control_plane::HostTensor;
 
 /// Flags of `troupe run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -150,14 +150,9 @@ async fn train(
         )
         .await
         .map_err(|e| format!("cannot start the trainer: {e}"))?;
-    let sync = WeightSync::new(WeightSyncOptions {
-        fp8,
-        // Engines on other nodes dial the broadcast master back: listen where they reach us.
-        master_host: cluster.controller_ip().to_string(),
-        ..WeightSyncOptions::default()
-    });
-    // A server that restarts gets the current weights from this sync before it is routed.
-    sync.attach(&svc.control);
+    // Weights go out through the deployment's control plane (FP8 when the config says so):
+    // the same record of updates the gateway's control endpoints keep, so a server that
+    // restarts is caught up with the last one whichever way it came.
     let rc = RolloutController::new(
         InferenceClient::new(svc.gateway_url.clone()),
         RolloutOptions {
@@ -212,15 +207,11 @@ async fn train(
             .into_iter()
             .map(HostTensor::from)
             .collect();
-        let rep = sync
-            .update_weights(
-                &svc.control,
-                &svc.control.engines(),
-                &(version + 1).to_string(),
-                &weights,
-            )
+        let rep = svc
+            .plane
+            .update_from_tensors(&(version + 1).to_string(), &weights)
             .await
-            .map_err(|e| format!("step {step}: {e}"))?;
+            .map_err(|e| format!("step {step}: weight sync: {}", e.message))?;
         rc.set_version(version + 1);
         sync_seconds.push(rep.seconds);
         let line = format!(

@@ -8,7 +8,7 @@ use troupe_actors::{Actor, ActorContext, ActorError, Handler, Message, Methods};
 use troupe_engine::model::{ModelConfig, Weights};
 use troupe_engine::train::{AdamOptions, TrainOptions, TrainSample, Trainer};
 
-use crate::weight_sync::HostTensor;
+use troupe_serving::control_plane::HostTensor;
 
 /// Arguments of `troupe.trainer`.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -4,14 +4,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use troupe_serving::actors::GatewayActor;
+use troupe_serving::control_api::ControlServer;
+use troupe_serving::control_plane::ControlPlane;
 use troupe_serving::inference::WorkerType;
 
-use super::control::InferenceControl;
-use super::fleet::HeadState;
 use super::instances::{InstanceView, Instances, ServerEntry};
 use super::watch::ServingEvent;
 use crate::handle::ActorHandle;
 use crate::ports::Claims;
+use troupe_serving::control_plane::HeadState;
+use troupe_serving::control_plane::InferenceControl;
 
 /// A running, routed inference deployment: servers in their groups, a data proxy in front of
 /// each, the gateway, the control plane, and the watcher that keeps routing in step with what
@@ -26,8 +28,13 @@ pub struct Deployment {
     pub inf_addrs: Vec<String>,
     /// The gateway clients send generation requests to.
     pub gateway_url: String,
-    /// Control plane over every serving head.
+    /// Fan-out over every serving head (the plane's).
     pub control: InferenceControl,
+    /// The fleet control plane: every fleet-wide operation (the gateway's control endpoints
+    /// land here too) and the weight sync that pushes tensors to every engine.
+    pub plane: Arc<ControlPlane>,
+    /// Where the plane answers HTTP (the gateway forwards its control endpoints to it).
+    pub(crate) control_server: Option<ControlServer>,
     /// How long bring-up took (launch of the first server to gateway ready).
     pub bring_up: Duration,
     /// Where the plan put every server and training rank at launch (a re-placed server's new
@@ -104,6 +111,9 @@ impl Deployment {
             w.abort();
         }
         let _ = self.gateway.stop(Duration::from_secs(5)).await;
+        if let Some(c) = self.control_server {
+            c.shutdown().await;
+        }
         self.instances.stop().await;
         self.claims.release();
     }
@@ -179,6 +189,11 @@ pub(crate) mod tests {
             inf_addrs: Vec::new(),
             gateway_url: String::new(),
             control: InferenceControl::with_engines(Vec::new(), None),
+            plane: troupe_serving::control_plane::ControlPlane::new(
+                InferenceControl::with_engines(Vec::new(), None),
+                troupe_serving::control_plane::WeightSync::new(Default::default()),
+            ),
+            control_server: None,
             bring_up: Duration::ZERO,
             placement: Placement {
                 instances: Vec::new(),

@@ -17,11 +17,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use troupe_serving::actors::ProxyActor;
+use troupe_serving::control_plane::{Dialect, Engine};
 use troupe_serving::inference::{InferenceServer, LaunchSpec, ServerInfo, WorkerType};
 use troupe_serving::worker::WorkerSpec;
 
-use super::fleet::{Fleet, HeadState};
 use crate::handle::ActorHandle;
+use troupe_serving::control_plane::{Fleet, HeadState};
 
 /// One running server process: one node of an instance.
 ///
@@ -110,6 +111,16 @@ impl Instance {
     /// GPUs the instance uses (for the weight group).
     pub fn gpus(&self) -> u32 {
         self.head.info.gpu_count
+    }
+
+    /// The instance as the control plane sees it: its server, GPUs and dialect (vLLM's routes
+    /// for `vllm` servers, SGLang's for the others).
+    pub fn engine(&self) -> Engine {
+        Engine::new(
+            self.server_url(),
+            self.gpus(),
+            Dialect::from(self.head.spec.backend),
+        )
     }
 
     /// Cluster hosts it runs on, the head's first.

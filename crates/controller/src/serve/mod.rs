@@ -6,9 +6,7 @@
 //! file records and teardown empties.
 
 pub mod config;
-pub mod control;
 mod deployment;
-pub mod fleet;
 pub mod fork;
 pub mod instances;
 mod replace;
@@ -19,7 +17,6 @@ pub mod state;
 pub mod watch;
 
 pub use config::{ConfigError, ServeConfig};
-pub use control::{InferenceControl, PauseMode, ServerResult};
 pub use deployment::{Capacity, Deployment};
 pub use fork::{ForkError, ForkOptions};
 pub use instances::{InstanceState, InstanceView, ServerEntry};

@@ -5,16 +5,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use troupe_serving::actors::{GatewayActor, GetUrl, ProxyActor, ProxyArgs};
+use troupe_serving::control_api::ControlServer;
+use troupe_serving::control_plane::{ControlPlane, WeightSync, WeightSyncOptions};
 use troupe_serving::gateway::GatewayConfig;
 use troupe_serving::inference::{ServerInfo, WorkerType};
 use troupe_serving::worker::WorkerSpec;
 
-use super::control::InferenceControl;
 use super::deployment::Deployment;
 use super::fork::{ForkError, ForkOptions, host_port, machine};
 use super::instances::{Instances, Lifecycle};
 use crate::cluster::Cluster;
 use crate::ports::Claims;
+use troupe_serving::control_plane::InferenceControl;
 
 /// How the router knows a server behind the proxy at `proxy_url`. Only a prefill's bootstrap
 /// address travels in requests (decode reads from it).
@@ -82,6 +84,11 @@ impl Deployment {
         let live = instances.live();
         let workers: Vec<WorkerSpec> = live.iter().filter_map(|i| i.worker.clone()).collect();
         let pd = workers.iter().any(|w| w.worker_type != WorkerType::Regular);
+        let control = InferenceControl::with_engines(
+            live.iter().map(|i| i.engine()).collect(),
+            opts.admin_key.clone(),
+        );
+        let (plane, control_server) = open_control(cluster, &control, opts).await?;
         let args = GatewayConfig {
             listen: if opts.gateway.listen.is_empty() {
                 host_port(&machine(cluster.host(0).address()), 0)
@@ -91,6 +98,7 @@ impl Deployment {
             pd,
             admin_key: opts.admin_key.clone(),
             workers,
+            control_upstream: Some(control_server.url()),
             ..opts.gateway.clone()
         };
         let gateway = cluster
@@ -111,17 +119,13 @@ impl Deployment {
                 i.life = Lifecycle::Running;
             }
         });
-        let control = InferenceControl::with_engines(
-            live.iter()
-                .map(|i| (i.server_url().to_string(), i.gpus()))
-                .collect(),
-            opts.admin_key.clone(),
-        );
         let (serving_events, _) = tokio::sync::broadcast::channel(1024);
         Ok(Deployment {
             inf_addrs: live.iter().map(|i| i.head.info.addr.clone()).collect(),
             gateway_url,
             control,
+            plane,
+            control_server: Some(control_server),
             bring_up: Duration::ZERO,
             placement: troupe_scheduler::Placement {
                 instances: Vec::new(),
@@ -134,4 +138,39 @@ impl Deployment {
             claims,
         })
     }
+}
+
+/// The deployment's fleet control plane (fan-out + weight sync + the fleet's one record of
+/// updates) and the control server it answers on, in this process: the gateway passes its
+/// control endpoints here, so an update through the gateway is the controller's own. It
+/// listens where engines and the gateway's host reach this process (the weight broadcast's
+/// master address).
+/// The broadcast group name of the plane's own tensor pushes (distinct from a caller's own
+/// `WeightSync`, whose default is `troupe-weights`).
+pub(crate) const FLEET_GROUP: &str = "troupe-fleet";
+
+pub(crate) async fn open_control(
+    cluster: &Cluster,
+    control: &InferenceControl,
+    opts: &ForkOptions,
+) -> Result<(Arc<ControlPlane>, ControlServer), ForkError> {
+    let ip = cluster.controller_ip().to_string();
+    let sync = WeightSync::new(WeightSyncOptions {
+        group_name: FLEET_GROUP.into(),
+        fp8: opts.quantization.as_deref() == Some("fp8"),
+        master_host: ip.clone(),
+        ..WeightSyncOptions::default()
+    });
+    let plane = ControlPlane::new(control.clone(), sync);
+    let limits = opts.gateway.limits();
+    let server = troupe_serving::control_api::serve(
+        plane.clone(),
+        &host_port(&ip, 0),
+        opts.admin_key.clone(),
+        limits,
+        limits.max_weights_bytes,
+    )
+    .await
+    .map_err(|e| ForkError::Serving(format!("the fleet control server failed to start: {e}")))?;
+    Ok((plane, server))
 }

@@ -16,13 +16,15 @@ use troupe_scheduler::{Placement, PortAllocator, PortRange};
 use troupe_serving::inference::{LaunchSpec, ServerInfo};
 use troupe_serving::worker::WorkerSpec;
 
-use super::control::InferenceControl;
+use troupe_serving::actors::{GatewayActor, SetControlUpstream};
+use troupe_serving::control_plane::InferenceControl;
+
 use super::deployment::Deployment;
-use super::fork::ForkError;
+use super::fork::{ForkError, ForkOptions};
 use super::instances::{Instance, Instances, Lifecycle, ServerEntry};
 use super::replace::Replacer;
 use crate::cluster::Cluster;
-use crate::handle::HostHandle;
+use crate::handle::{ActorHandle, HostHandle};
 use crate::ports::LedgerProbe;
 
 /// Format version of the file; a controller refuses files of another version. 3: the file
@@ -86,7 +88,7 @@ pub struct ServeState {
     gateway: ActorRecord,
     /// The deployment's instance table.
     instances: Vec<InstanceRecord>,
-    engines: Vec<(String, u32)>,
+    engines: Vec<troupe_serving::control_plane::Engine>,
     placement: Placement,
     admin_key: Option<String>,
     /// The control-plane token the hosts require (a run's fresh one, when the config named
@@ -332,8 +334,9 @@ impl Deployment {
     pub async fn reattach(
         cluster: &Cluster,
         st: &ServeState,
-        server_restarts: u32,
+        opts: &ForkOptions,
     ) -> Result<Deployment, ForkError> {
+        let server_restarts = opts.server_restarts;
         let gone = |what: String| ForkError::Serving(format!("cannot recover: {what}"));
         if cluster.hosts().len() != st.hosts.len() {
             return Err(gone(format!(
@@ -406,16 +409,35 @@ impl Deployment {
         let mut heads: Vec<&ServerEntry> = live.iter().map(|i| &i.head).collect();
         heads.sort_by_key(|h| h.slot());
         let control = InferenceControl::with_engines(st.engines.clone(), st.admin_key.clone());
+        let opts = ForkOptions {
+            admin_key: st.admin_key.clone(),
+            ..opts.clone()
+        };
+        let (plane, control_server) =
+            super::routing::open_control(cluster, &control, &opts).await?;
+        let gateway: ActorHandle<GatewayActor> = cluster
+            .host(st.gateway.host)
+            .attach(st.gateway.actor_id.clone());
+        gateway
+            .call(SetControlUpstream {
+                url: control_server.url(),
+            })
+            .await
+            .map_err(|e| {
+                gone(format!(
+                    "the gateway does not take the new control plane: {e}"
+                ))
+            })?;
         let (serving_events, _) = tokio::sync::broadcast::channel(1024);
         let mut svc = Deployment {
             inf_addrs: heads.iter().map(|h| h.info.addr.clone()).collect(),
             gateway_url: st.gateway_url.clone(),
             control,
+            plane,
+            control_server: Some(control_server),
             bring_up: std::time::Duration::ZERO,
             placement: st.placement.clone(),
-            gateway: cluster
-                .host(st.gateway.host)
-                .attach(st.gateway.actor_id.clone()),
+            gateway,
             instances,
             watcher: None,
             serving_events,
@@ -469,7 +491,16 @@ mod tests {
         assert_eq!(json["instances"][0]["life"], "starting");
         assert_eq!(json["instances"][0]["nodes"][0]["name"], "regular-c0g0i0n0");
         // Its server actor is not running: reattach says which.
-        let Err(e) = Deployment::reattach(&cluster, &st, 0).await else {
+        let Err(e) = Deployment::reattach(
+            &cluster,
+            &st,
+            &ForkOptions {
+                server_restarts: 0,
+                ..ForkOptions::default()
+            },
+        )
+        .await
+        else {
             panic!("reattached to a server that is not running");
         };
         let e = e.to_string();
@@ -502,7 +533,16 @@ mod tests {
         d.state(&cluster).save(&path).unwrap();
         let st = ServeState::load(&path).unwrap();
         let _ = std::fs::remove_file(&path);
-        let r = Deployment::reattach(&cluster, &st, 0).await.unwrap();
+        let r = Deployment::reattach(
+            &cluster,
+            &st,
+            &ForkOptions {
+                server_restarts: 0,
+                ..ForkOptions::default()
+            },
+        )
+        .await
+        .unwrap();
         let rows: Vec<(String, InstanceState, Option<String>)> = r
             .instances()
             .into_iter()

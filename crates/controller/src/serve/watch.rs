@@ -14,12 +14,12 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use troupe_serving::actors::{AddWorker, GatewayActor, RemoveWorker};
 
-use super::control::InferenceControl;
-use super::fleet::{Fleet, HeadState};
 use super::instances::{Instance, Instances};
 use super::replace::Replacer;
 use crate::handle::ActorHandle;
 use crate::membership::ClusterEvent;
+use troupe_serving::control_plane::InferenceControl;
+use troupe_serving::control_plane::{Engine, Fleet, HeadState};
 
 /// Something the watcher did, for logs, tests and the capacity report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,7 +226,7 @@ impl Watcher {
                 if i.head.actor.id() != actor_id {
                     return;
                 }
-                self.came_back(i.server_url().to_string(), i.gpus()).await;
+                self.came_back(i.engine()).await;
             }
             ClusterEvent::ActorStarted { .. } | ClusterEvent::ActorStopped { .. } => {}
         }
@@ -240,15 +240,14 @@ impl Watcher {
         match r.replace(&old).await {
             Ok(new) => {
                 let new_url = new.server_url().to_string();
-                self.control
-                    .replace_engine(&old_url, (new_url.clone(), new.gpus()));
+                self.control.replace_engine(&old_url, new.engine());
                 self.fleet().forget(&old_url);
                 self.emit(ServingEvent::Replaced {
                     old: old_url,
                     new: new_url.clone(),
                     host: new.head.host,
                 });
-                self.came_back(new_url, new.gpus()).await;
+                self.came_back(new.engine()).await;
             }
             Err(e) => self.emit(ServingEvent::Lost {
                 url: old_url,
@@ -259,7 +258,8 @@ impl Watcher {
 
     /// A fresh process serves at `url`: route it now if no update happened yet, else once it
     /// has the current weights.
-    async fn came_back(self: Arc<Self>, url: String, gpus: u32) {
+    async fn came_back(self: Arc<Self>, engine: Engine) {
+        let url = engine.url.clone();
         if self.fleet().mark_back(&url) {
             self.readmit(&url).await;
             return;
@@ -271,7 +271,7 @@ impl Watcher {
         };
         // Off the event loop: a catch-up waits for any update in progress.
         tokio::spawn(async move {
-            match c.catch_up(&self.control, &url, gpus).await {
+            match c.catch_up(&self.control, &engine).await {
                 Ok(version) => {
                     self.emit(ServingEvent::CaughtUp {
                         url: url.clone(),

@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use half::{bf16, f16};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use super::config::ModelConfig;
@@ -386,26 +385,8 @@ fn parse_layer_name(name: &str) -> Option<(usize, &str)> {
     Some((idx.parse().ok()?, field))
 }
 
-/// Converts little-endian float bytes of a safetensors / wire dtype to f32.
-pub fn decode_floats(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, String> {
-    match dtype {
-        Dtype::F32 => Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()),
-        Dtype::BF16 => Ok(bytes
-            .chunks_exact(2)
-            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect()),
-        Dtype::F16 => Ok(bytes
-            .chunks_exact(2)
-            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect()),
-        other => Err(format!(
-            "dtype {other:?} is not supported (use F32, BF16 or F16)"
-        )),
-    }
-}
+/// The one f32 decoder of float tensor bytes (in `troupe-weights`).
+pub use troupe_weights::floats::decode_floats;
 
 #[cfg(test)]
 mod tests {

@@ -356,7 +356,7 @@ async fn attempt(
 }
 
 /// The retry loop shared by every inference endpoint.
-async fn handle(
+pub(super) async fn handle(
     state: Arc<GatewayState>,
     ep: Endpoint,
     headers: HeaderMap,

@@ -1,10 +1,14 @@
 //! The gateway: one HTTP server that routes SGLang and OpenAI requests to workers.
 //!
 //! - Inference: `/generate`, `/v1/completions`, `/v1/chat/completions` (regular or PD, stream or
-//!   not, with retries), `/v1/models`.
+//!   not, with retries), `/v1/models`; vLLM's `/inference/v1/generate`, `/tokenize`,
+//!   `/detokenize`.
 //! - Health and metrics: `/health` (liveness), `/readiness`, `/metrics` (Prometheus text).
 //! - Admin (SGLang router compatible, admin key required when configured): `POST /workers`,
 //!   `GET /workers`, `GET /workers/{id}`, `DELETE /workers/{id}`.
+//! - Fleet control (`crate::control_api`): SGLang's, vLLM's and SkyRL's control endpoints,
+//!   applied to every engine at once, from this gateway's own plane over its workers or
+//!   passed on to the controller's (`control_upstream`).
 //!
 //! [`start`] runs it in-process and returns a [`GatewayHandle`]; the `troupe.gateway` actor
 //! wraps the same call.
@@ -13,6 +17,7 @@ mod admin;
 mod forward;
 mod register;
 mod stream;
+mod tokens;
 
 pub use register::PROBE_TIMEOUT;
 
@@ -28,6 +33,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::client;
+use super::control_api::{self, ControlAuth, Upstream};
+use super::control_plane::{ControlPlane, WeightSyncOptions};
+use super::engine_client::EngineClient;
 use super::error::{ApiError, ServingError};
 use super::listen::{self, ServeLimits};
 use super::metrics::Metrics;
@@ -70,6 +78,46 @@ pub struct GatewayConfig {
     pub idle_timeout: Duration,
     /// Workers registered at start.
     pub workers: Vec<WorkerSpec>,
+    /// Largest weight push (`/update_weights_from_tensor`, a safetensors body), in bytes
+    /// (default 4 GiB).
+    pub max_weights_bytes: usize,
+    /// Who may call the fleet control endpoints: `key` (the admin key, when there is one) or
+    /// `none` (open; refused unless the gateway listens on a loopback address), for clients
+    /// such as SkyRL's that send no key.
+    pub control_auth: ControlAuthMode,
+    /// Where the fleet's control plane runs (`troupe serve`: the controller's control server,
+    /// so updates through the gateway are the controller's own). `None`: this gateway is the
+    /// control plane of the workers registered on it.
+    pub control_upstream: Option<String>,
+    /// Weight pushes through this gateway's own plane go out FP8 block-quantized.
+    pub weights_fp8: bool,
+    /// The address engines dial for this gateway's weight broadcast (default: the listen
+    /// address's host, or 127.0.0.1 when it listens on every interface).
+    pub weights_master_host: Option<String>,
+}
+
+/// Who may call the gateway's fleet control endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ControlAuthMode {
+    /// The admin key (when the gateway has one).
+    #[default]
+    Key,
+    /// Open: only on a loopback listener.
+    None,
+}
+
+impl std::str::FromStr for ControlAuthMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "key" => Ok(ControlAuthMode::Key),
+            "none" => Ok(ControlAuthMode::None),
+            o => Err(format!(
+                "unknown control auth {o:?}; use \"key\" or \"none\""
+            )),
+        }
+    }
 }
 
 impl Default for GatewayConfig {
@@ -88,6 +136,11 @@ impl Default for GatewayConfig {
             body_read_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(90),
             workers: Vec::new(),
+            max_weights_bytes: super::listen::DEFAULT_MAX_WEIGHTS_BYTES,
+            control_auth: ControlAuthMode::Key,
+            control_upstream: None,
+            weights_fp8: false,
+            weights_master_host: None,
         }
     }
 }
@@ -109,6 +162,7 @@ impl GatewayConfig {
             body_read_timeout: self.body_read_timeout,
             idle_timeout: self.idle_timeout,
             max_body_bytes: self.max_body_bytes,
+            max_weights_bytes: self.max_weights_bytes.max(self.max_body_bytes),
         }
     }
 }
@@ -138,9 +192,41 @@ pub struct GatewayHandle {
     shutdown: Option<oneshot::Sender<()>>,
     server: JoinHandle<std::io::Result<()>>,
     health: Option<JoinHandle<()>>,
+    control: Control,
+}
+
+/// How a gateway answers the fleet control endpoints.
+#[derive(Debug, Clone)]
+enum Control {
+    /// Its own plane over its registered workers.
+    Local(Arc<ControlPlane>),
+    /// Passed on to the plane at this (settable) URL.
+    Upstream(Upstream),
 }
 
 impl GatewayHandle {
+    /// This gateway's own control plane (`None` when it forwards to another's).
+    pub fn control_plane(&self) -> Option<&Arc<ControlPlane>> {
+        match &self.control {
+            Control::Local(p) => Some(p),
+            Control::Upstream(_) => None,
+        }
+    }
+
+    /// Points a forwarding gateway at a new control plane URL (a controller that recovered
+    /// the deployment); an error on a gateway that is its own plane.
+    pub fn set_control_upstream(&self, url: String) -> Result<(), ServingError> {
+        match &self.control {
+            Control::Upstream(u) => {
+                *u.write() = Some(url);
+                Ok(())
+            }
+            Control::Local(_) => Err(ServingError::Config(
+                "this gateway is its own control plane (started without control_upstream)".into(),
+            )),
+        }
+    }
+
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -217,7 +303,41 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         )));
     }
     state.admit_all(&state.cfg.workers).await?;
-    let app = app(state.clone());
+    let auth = control_auth(&state.cfg, addr)?;
+    let control = match &state.cfg.control_upstream {
+        Some(u) => Control::Upstream(Arc::new(parking_lot::RwLock::new(Some(u.clone())))),
+        None => {
+            let master = state.cfg.weights_master_host.clone().unwrap_or_else(|| {
+                if addr.ip().is_unspecified() {
+                    "127.0.0.1".into()
+                } else {
+                    addr.ip().to_string()
+                }
+            });
+            Control::Local(ControlPlane::over_router(
+                router.clone(),
+                EngineClient::over(client.clone(), state.cfg.worker_api_key.clone()),
+                WeightSyncOptions {
+                    group_name: "troupe-fleet".into(),
+                    fp8: state.cfg.weights_fp8,
+                    master_host: master,
+                    ..WeightSyncOptions::default()
+                },
+            ))
+        }
+    };
+    let max_w = state.cfg.max_weights_bytes.max(state.cfg.max_body_bytes);
+    let control_routes = match &control {
+        Control::Local(p) => control_api::router(p.clone(), auth, max_w),
+        Control::Upstream(u) => control_api::forwarder(
+            u.clone(),
+            client.clone(),
+            auth,
+            state.cfg.admin_key.clone(),
+            max_w,
+        ),
+    };
+    let app = app(state.clone()).merge(control_routes);
     let (tx, rx) = oneshot::channel::<()>();
     let server = tokio::spawn(listen::serve(listener, app, limits, async {
         let _ = rx.await;
@@ -230,7 +350,21 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         shutdown: Some(tx),
         server,
         health,
+        control,
     })
+}
+
+/// Who may call the control endpoints, from the config and where the gateway listens.
+fn control_auth(cfg: &GatewayConfig, addr: SocketAddr) -> Result<ControlAuth, ServingError> {
+    match (cfg.control_auth, &cfg.admin_key) {
+        (ControlAuthMode::None, _) if !addr.ip().is_loopback() => {
+            Err(ServingError::Config(format!(
+                "control_auth none is refused on {addr}: open fleet control endpoints would let anyone who reaches the gateway pause engines and load weights; listen on 127.0.0.1 or use control_auth key"
+            )))
+        }
+        (ControlAuthMode::None, _) | (ControlAuthMode::Key, None) => Ok(ControlAuth::Open),
+        (ControlAuthMode::Key, Some(k)) => Ok(ControlAuth::Key(k.clone())),
+    }
 }
 
 fn app(state: Arc<GatewayState>) -> axum::Router {
@@ -239,6 +373,9 @@ fn app(state: Arc<GatewayState>) -> axum::Router {
         .route("/v1/completions", post(forward::completions))
         .route("/v1/chat/completions", post(forward::chat_completions))
         .route("/v1/models", get(forward::models))
+        .route("/inference/v1/generate", post(tokens::generate))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
         .route("/health", get(health))
         .route("/liveness", get(health))
         .route("/readiness", get(readiness))

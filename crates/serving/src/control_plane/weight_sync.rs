@@ -16,7 +16,10 @@ use troupe_weights::plan::{EngineGpus, WeightSyncPlan};
 use troupe_weights::tcp::{TensorRef, WeightSender, WireDtype};
 use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
 
-use crate::serve::control::{InferenceControl, PauseMode, all_ok};
+use troupe_wire::PauseMode;
+
+use super::control::{InferenceControl, all_ok};
+use super::engines::Engine;
 
 /// A trainer tensor in f32, named as the engines name it (Hugging Face names).
 #[derive(Debug, Clone)]
@@ -194,19 +197,33 @@ impl WeightSync {
         }
     }
 
-    /// Pushes `tensors` as `version` to every engine behind `control` (engines given as
-    /// `(url, gpu count)` in the same order as `control.urls()`). Engines whose process is
-    /// down (see [`crate::serve::fleet::Fleet`]) are skipped and listed in the report; every
+    /// Pushes `tensors` as `version` to every engine behind `control` (in the same order as
+    /// `control.engines()`). Engines whose process is
+    /// down (see [`super::fleet::Fleet`]) are skipped and listed in the report; every
     /// other engine must take the update or it fails as a whole.
     pub async fn update_weights(
         &self,
         control: &InferenceControl,
-        engines: &[(String, u32)],
+        engines: &[Engine],
         version: &str,
         tensors: &[HostTensor],
     ) -> Result<UpdateReport, WeightSyncError> {
+        self.update_weights_with(control, engines, version, tensors, false)
+            .await
+    }
+
+    /// [`WeightSync::update_weights`], leaving the engines paused afterwards when
+    /// `keep_paused` (a client paused them and resumes them itself).
+    pub async fn update_weights_with(
+        &self,
+        control: &InferenceControl,
+        engines: &[Engine],
+        version: &str,
+        tensors: &[HostTensor],
+        keep_paused: bool,
+    ) -> Result<UpdateReport, WeightSyncError> {
         let mut core = self.core.lock().await;
-        core.update_weights(control, engines, version, tensors)
+        core.update_weights(control, engines, version, tensors, keep_paused)
             .await
     }
 
@@ -216,11 +233,10 @@ impl WeightSync {
     pub async fn catch_up(
         &self,
         control: &InferenceControl,
-        url: &str,
-        gpus: u32,
+        engine: &Engine,
     ) -> Result<String, WeightSyncError> {
         let mut core = self.core.lock().await;
-        core.catch_up(control, url, gpus).await
+        core.catch_up(control, engine).await
     }
 
     /// Lets the serving watcher behind `control` catch restarted servers up through this sync.
@@ -231,15 +247,14 @@ impl WeightSync {
     }
 }
 
-impl crate::serve::fleet::CatchUp for WeightSync {
+impl super::fleet::CatchUp for WeightSync {
     fn catch_up<'a>(
         &'a self,
         control: &'a InferenceControl,
-        url: &'a str,
-        gpus: u32,
+        engine: &'a Engine,
     ) -> futures::future::BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
-            WeightSync::catch_up(self, control, url, gpus)
+            WeightSync::catch_up(self, control, engine)
                 .await
                 .map_err(|e| e.to_string())
         })
@@ -250,24 +265,26 @@ impl Core {
     async fn catch_up(
         &mut self,
         control: &InferenceControl,
-        url: &str,
-        gpus: u32,
+        engine: &Engine,
     ) -> Result<String, WeightSyncError> {
+        let url = &engine.url;
         let Some(last) = self.last.take() else {
             return Err(WeightSyncError::Group(
                 "no update is kept to catch up from (keep_for_catch_up is off, or no update happened yet)".into(),
             ));
         };
-        let engines = [(url.to_string(), gpus)];
+        let engines = [engine.clone()];
         let generation = control.fleet().generation();
         let r = async {
             self.ensure_group(control, &engines, generation).await?;
+            phase(control, &engines, Phase::Start).await?;
             let n = last.buckets.len();
             for (k, b) in last.buckets.iter().enumerate() {
                 let flush = k + 1 == n;
                 self.send_bucket(control, &engines, b, &last.bytes, &last.version, flush)
                     .await?;
             }
+            phase(control, &engines, Phase::Finish(&last.version)).await?;
             Ok::<_, String>(())
         }
         .await;
@@ -289,9 +306,10 @@ impl Core {
     async fn update_weights(
         &mut self,
         control: &InferenceControl,
-        engines: &[(String, u32)],
+        engines: &[Engine],
         version: &str,
         tensors: &[HostTensor],
+        keep_paused: bool,
     ) -> Result<UpdateReport, WeightSyncError> {
         let t0 = Instant::now();
         let (metas, bytes, fp8_tensors) = encode(tensors, self.opts.fp8)?;
@@ -300,7 +318,7 @@ impl Core {
             .map_err(|e| WeightSyncError::Encode(e.to_string()))?;
         let fleet = control.fleet().clone();
         let generation = fleet.generation();
-        let (live, skipped) = crate::serve::fleet::reachable(&fleet, engines);
+        let (live, skipped) = super::fleet::reachable(&fleet, engines);
         let skipped: Vec<String> = skipped.into_iter().map(String::from).collect();
         if live.is_empty() {
             return Err(WeightSyncError::Update {
@@ -309,12 +327,12 @@ impl Core {
                 after: "nothing changed".into(),
             });
         }
-        let control = &control.subset(live.iter().map(|(u, _)| u.clone()).collect());
+        let control = &control.subset(live.iter().map(|e| e.url.clone()).collect());
         let engines = &live[..];
 
         if let Err(e) = all_ok(&control.pause(self.opts.pause_mode).await) {
             // Nothing was sent: the servers that did pause all still hold one version.
-            let after = self.recover(control).await;
+            let after = self.recover(control, keep_paused).await;
             return Err(WeightSyncError::Update {
                 version: version.to_string(),
                 reason: format!("pause failed on {e}"),
@@ -323,12 +341,14 @@ impl Core {
         }
         let sent = async {
             self.ensure_group(control, engines, generation).await?;
+            phase(control, engines, Phase::Start).await?;
             let n = buckets.len();
             for (k, b) in buckets.iter().enumerate() {
                 let flush = self.opts.flush_cache && k + 1 == n;
                 self.send_bucket(control, engines, b, &bytes, version, flush)
                     .await?;
             }
+            phase(control, engines, Phase::Finish(version)).await?;
             Ok::<_, String>(n)
         }
         .await;
@@ -339,10 +359,12 @@ impl Core {
                     buckets,
                     bytes,
                 });
-                let reached: Vec<String> = engines.iter().map(|(u, _)| u.clone()).collect();
+                let reached: Vec<String> = engines.iter().map(|e| e.url.clone()).collect();
                 fleet.updated(version, &reached);
-                all_ok(&control.resume().await)
-                    .map_err(|e| WeightSyncError::Control(format!("resume failed on {e}")))?;
+                if !keep_paused {
+                    all_ok(&control.resume().await)
+                        .map_err(|e| WeightSyncError::Control(format!("resume failed on {e}")))?;
+                }
                 Ok(UpdateReport {
                     version: version.to_string(),
                     seconds: t0.elapsed().as_secs_f64(),
@@ -355,7 +377,7 @@ impl Core {
             Err(reason) => {
                 // The group is suspect now: rebuild it next time.
                 self.group = None;
-                let after = self.recover(control).await;
+                let after = self.recover(control, keep_paused).await;
                 Err(WeightSyncError::Update {
                     version: version.to_string(),
                     reason,
@@ -366,8 +388,14 @@ impl Core {
     }
 
     /// After a failed update: resume only if every reachable engine serves one version.
-    async fn recover(&self, control: &InferenceControl) -> String {
+    async fn recover(&self, control: &InferenceControl, keep_paused: bool) -> String {
         let check = control.weight_versions().await;
+        if keep_paused {
+            return format!(
+                "servers stay paused as the caller left them; versions now {:?}",
+                check.distinct()
+            );
+        }
         if check.consistent() {
             let resumed = control.resume().await;
             let ok = resumed.iter().filter(|r| r.result.is_ok()).count();
@@ -389,10 +417,10 @@ impl Core {
     async fn ensure_group(
         &mut self,
         control: &InferenceControl,
-        engines: &[(String, u32)],
+        engines: &[Engine],
         generation: u64,
     ) -> Result<(), String> {
-        let members: Vec<String> = engines.iter().map(|(u, _)| u.clone()).collect();
+        let members: Vec<String> = engines.iter().map(|e| e.url.clone()).collect();
         if self
             .group
             .as_ref()
@@ -402,10 +430,11 @@ impl Core {
         }
         let name = self.opts.group_name.clone();
         if let Some(old) = self.group.take() {
+            let all = control.engines();
             futures::future::join_all(
-                old.members
-                    .iter()
-                    .map(|u| control.client().destroy_weight_group(u, &name)),
+                all.iter()
+                    .filter(|e| old.members.contains(&e.url))
+                    .map(|e| control.client().destroy_weight_group(e, &name)),
             )
             .await;
         }
@@ -413,9 +442,9 @@ impl Core {
             &name,
             &engines
                 .iter()
-                .map(|(u, g)| EngineGpus {
-                    engine: u.clone(),
-                    gpus: *g,
+                .map(|e| EngineGpus {
+                    engine: e.url.clone(),
+                    gpus: e.gpus,
                 })
                 .collect::<Vec<_>>(),
             1,
@@ -430,7 +459,7 @@ impl Core {
         .await
         .map_err(|e| format!("cannot open the broadcast master: {e}"))?;
         let port = sender.local_addr().map_err(|e| e.to_string())?.port();
-        let joins = engines.iter().enumerate().map(|(i, (u, _))| {
+        let joins = engines.iter().enumerate().map(|(i, e)| {
             let req = InitWeightsUpdateGroup {
                 master_address: self.opts.master_host.clone(),
                 master_port: port,
@@ -442,9 +471,9 @@ impl Core {
             async move {
                 control
                     .client()
-                    .init_weight_group(u, &req)
+                    .init_weight_group(e, &req)
                     .await
-                    .map_err(|e| format!("{u}: {e}"))
+                    .map_err(|err| format!("{}: {err}", e.url))
             }
         });
         let (accepted, joined) = tokio::join!(
@@ -470,7 +499,7 @@ impl Core {
     async fn send_bucket(
         &mut self,
         control: &InferenceControl,
-        engines: &[(String, u32)],
+        engines: &[Engine],
         b: &Bucket,
         bytes: &HashMap<String, Vec<u8>>,
         version: &str,
@@ -484,6 +513,7 @@ impl Core {
             group_name: self.opts.group_name.clone(),
             flush_cache: flush,
             weight_version: Some(version.to_string()),
+            packed: false,
         };
         let mut refs = Vec::with_capacity(b.tensors.len());
         for t in &b.tensors {
@@ -497,14 +527,14 @@ impl Core {
                 bytes: data,
             });
         }
-        let http = futures::future::join_all(engines.iter().map(|(u, _)| {
+        let http = futures::future::join_all(engines.iter().map(|e| {
             let req = &req;
             async move {
                 control
                     .client()
-                    .update_weights(u, req)
+                    .update_weights(e, req)
                     .await
-                    .map_err(|e| format!("{u}: {e}"))
+                    .map_err(|err| format!("{}: {err}", e.url))
             }
         }));
         let (sent, answers) = tokio::join!(group.sender.send_bucket(&refs), http);
@@ -513,5 +543,32 @@ impl Core {
             return Err(errs.join("; "));
         }
         sent.map_err(|e| format!("broadcast failed: {e}"))
+    }
+}
+
+/// The phases around the buckets that only vLLM's dialect has (a no-op for SGLang engines).
+#[derive(Clone, Copy)]
+enum Phase<'a> {
+    Start,
+    Finish(&'a str),
+}
+
+async fn phase(control: &InferenceControl, engines: &[Engine], p: Phase<'_>) -> Result<(), String> {
+    let calls = engines.iter().map(|e| async move {
+        let r = match p {
+            Phase::Start => control.client().start_weight_update(e).await,
+            Phase::Finish(v) => control.client().finish_weight_update(e, Some(v)).await,
+        };
+        r.map_err(|err| format!("{}: {err}", e.url))
+    });
+    let errs: Vec<String> = futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .filter_map(Result::err)
+        .collect();
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs.join("; "))
     }
 }

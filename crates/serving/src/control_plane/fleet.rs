@@ -14,16 +14,16 @@ use futures::future::BoxFuture;
 use tokio::sync::Notify;
 
 use super::control::InferenceControl;
+use super::engines::Engine;
 
 /// Something that can bring one restarted server onto the current weights (the weight sync,
 /// when it keeps the last update).
 pub trait CatchUp: Send + Sync {
-    /// Sends the current weights to `url` (with `gpus` GPUs); the version it now holds.
+    /// Sends the current weights to `engine`; the version it now holds.
     fn catch_up<'a>(
         &'a self,
         control: &'a InferenceControl,
-        url: &'a str,
-        gpus: u32,
+        engine: &'a Engine,
     ) -> BoxFuture<'a, Result<String, String>>;
 }
 
@@ -179,20 +179,17 @@ impl Fleet {
     }
 }
 
-/// Splits `(url, gpus)` engines into the ones a weight update can reach (not down) and the
-/// ones it must skip.
-pub fn reachable<'a>(
-    fleet: &Fleet,
-    engines: &'a [(String, u32)],
-) -> (Vec<(String, u32)>, Vec<&'a str>) {
+/// Splits engines into the ones a weight update can reach (not down) and the ones it must
+/// skip.
+pub fn reachable<'a>(fleet: &Fleet, engines: &'a [Engine]) -> (Vec<Engine>, Vec<&'a str>) {
     let down: BTreeSet<String> = fleet.down().into_iter().collect();
     let mut live = Vec::new();
     let mut skipped = Vec::new();
-    for (u, g) in engines {
-        if down.contains(u) {
-            skipped.push(u.as_str());
+    for e in engines {
+        if down.contains(&e.url) {
+            skipped.push(e.url.as_str());
         } else {
-            live.push((u.clone(), *g));
+            live.push(e.clone());
         }
     }
     (live, skipped)
@@ -218,9 +215,9 @@ mod tests {
         f.updated("1", &["a".into(), "b".into()]);
         assert!(f.take_caught_up().is_empty(), "nothing was held");
         f.mark_down("a");
-        let engines = vec![("a".to_string(), 1), ("b".to_string(), 2)];
+        let engines = vec![Engine::sglang("a", 1), Engine::sglang("b", 2)];
         let (live, skipped) = reachable(&f, &engines);
-        assert_eq!(live, vec![("b".to_string(), 2)]);
+        assert_eq!(live, vec![Engine::sglang("b", 2)]);
         assert_eq!(skipped, vec!["a"]);
         assert!(!f.mark_back("a"));
         assert_eq!(f.state("a"), HeadState::Held);

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use serde_json::Value;
-use troupe_serving::{EngineCallError, EngineClient};
+use troupe_wire::PauseMode;
 
-/// How `/pause_generation` treats requests in flight (defined in `troupe-wire`).
-pub use troupe_wire::PauseMode;
+use super::engines::Engine;
+use crate::{EngineCallError, EngineClient};
 
 /// One server's outcome of a fanned-out control call.
 #[derive(Debug, Clone)]
@@ -24,7 +24,7 @@ pub struct ServerResult<T> {
 /// through [`EngineClient`], the one place that speaks engines' control endpoints.
 #[derive(Clone)]
 pub struct InferenceControl {
-    engines: Arc<std::sync::RwLock<Vec<(String, u32)>>>,
+    engines: Arc<std::sync::RwLock<Vec<Engine>>>,
     client: EngineClient,
     fleet: Arc<super::fleet::Fleet>,
 }
@@ -97,17 +97,26 @@ impl VersionCheck {
 }
 
 impl InferenceControl {
-    /// A control client for `urls` (`http://host:port` each), one GPU each as far as the
-    /// weight-group plan is concerned (see [`InferenceControl::with_engines`]).
+    /// A control client for SGLang-dialect engines at `urls` (`http://host:port` each), one
+    /// GPU each as far as the weight-group plan is concerned (see
+    /// [`InferenceControl::with_engines`]).
     pub fn new(urls: Vec<String>, admin_key: Option<String>) -> Self {
-        Self::with_engines(urls.into_iter().map(|u| (u, 1)).collect(), admin_key)
+        Self::with_engines(
+            urls.into_iter().map(|u| Engine::sglang(u, 1)).collect(),
+            admin_key,
+        )
     }
 
-    /// A control client for `(url, gpu count)` engines, in group order.
-    pub fn with_engines(engines: Vec<(String, u32)>, admin_key: Option<String>) -> Self {
+    /// A control client for `engines`, in group order.
+    pub fn with_engines(engines: Vec<Engine>, admin_key: Option<String>) -> Self {
+        Self::over(engines, EngineClient::new(admin_key))
+    }
+
+    /// A control client for `engines` calling through `client` (to share its connection pool).
+    pub fn over(engines: Vec<Engine>, client: EngineClient) -> Self {
         InferenceControl {
             engines: Arc::new(std::sync::RwLock::new(engines)),
-            client: EngineClient::new(admin_key),
+            client,
             fleet: Arc::default(),
         }
     }
@@ -129,8 +138,10 @@ impl InferenceControl {
         let engines = urls
             .into_iter()
             .map(|u| {
-                let g = all.iter().find(|(x, _)| *x == u).map_or(1, |e| e.1);
-                (u, g)
+                all.iter()
+                    .find(|e| e.url == u)
+                    .cloned()
+                    .unwrap_or_else(|| Engine::sglang(u, 1))
             })
             .collect();
         InferenceControl {
@@ -141,11 +152,12 @@ impl InferenceControl {
 
     /// The servers this handle controls, in group order.
     pub fn urls(&self) -> Vec<String> {
-        self.engines().into_iter().map(|(u, _)| u).collect()
+        self.engines().into_iter().map(|e| e.url).collect()
     }
 
-    /// The servers with their GPU counts, in group order (what a weight update goes to).
-    pub fn engines(&self) -> Vec<(String, u32)> {
+    /// The servers with their GPU counts and dialects, in group order (what a weight update
+    /// goes to).
+    pub fn engines(&self) -> Vec<Engine> {
         self.engines
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -154,9 +166,9 @@ impl InferenceControl {
 
     /// Puts `new` in the slot of `old` (a lost server re-placed elsewhere); false when `old`
     /// is not one of these servers.
-    pub fn replace_engine(&self, old: &str, new: (String, u32)) -> bool {
+    pub fn replace_engine(&self, old: &str, new: Engine) -> bool {
         let mut e = self.engines.write().unwrap_or_else(|p| p.into_inner());
-        match e.iter_mut().find(|(u, _)| u == old) {
+        match e.iter_mut().find(|e| e.url == old) {
             Some(slot) => {
                 *slot = new;
                 true
@@ -165,18 +177,24 @@ impl InferenceControl {
         }
     }
 
+    /// Replaces the whole list (a standalone gateway follows its registered workers).
+    pub fn set_engines(&self, engines: Vec<Engine>) {
+        *self.engines.write().unwrap_or_else(|p| p.into_inner()) = engines;
+    }
+
     /// Runs `call` against every server at once; one result per server, in group order.
     pub async fn fan_out<'a, T, F, Fut>(&'a self, call: F) -> Vec<ServerResult<T>>
     where
-        F: Fn(&'a EngineClient, String) -> Fut,
+        F: Fn(&'a EngineClient, Engine) -> Fut,
         Fut: std::future::Future<Output = Result<T, EngineCallError>>,
     {
-        let calls = self.urls().into_iter().map(|u| {
-            let fut = call(&self.client, u.clone());
+        let calls = self.engines().into_iter().map(|e| {
+            let url = e.url.clone();
+            let fut = call(&self.client, e);
             async move {
                 ServerResult {
                     result: fut.await.map_err(|e| e.to_string()),
-                    url: u,
+                    url,
                 }
             }
         });
@@ -185,36 +203,36 @@ impl InferenceControl {
 
     /// `/pause_generation` on every server.
     pub async fn pause(&self, mode: PauseMode) -> Vec<ServerResult<Value>> {
-        self.fan_out(|c, u| async move { c.pause(&u, mode).await })
+        self.fan_out(|c, e| async move { c.pause(&e, mode).await })
             .await
     }
 
     /// `/continue_generation` on every server.
     pub async fn resume(&self) -> Vec<ServerResult<Value>> {
-        self.fan_out(|c, u| async move { c.resume(&u).await }).await
+        self.fan_out(|c, e| async move { c.resume(&e).await }).await
     }
 
     /// `/flush_cache` on every server.
     pub async fn flush_cache(&self) -> Vec<ServerResult<Value>> {
-        self.fan_out(|c, u| async move { c.flush_cache(&u).await })
+        self.fan_out(|c, e| async move { c.flush_cache(&e).await })
             .await
     }
 
     /// `/release_memory_occupation` with `tags` (e.g. `weights`, `kv_cache`) on every server.
     pub async fn release_memory(&self, tags: &[&str]) -> Vec<ServerResult<Value>> {
-        self.fan_out(|c, u| async move { c.release_memory(&u, tags).await })
+        self.fan_out(|c, e| async move { c.release_memory(&e, tags).await })
             .await
     }
 
     /// `/resume_memory_occupation` with `tags` on every server.
     pub async fn resume_memory(&self, tags: &[&str]) -> Vec<ServerResult<Value>> {
-        self.fan_out(|c, u| async move { c.resume_memory(&u, tags).await })
+        self.fan_out(|c, e| async move { c.resume_memory(&e, tags).await })
             .await
     }
 
     /// `/server_info` of every server.
     pub async fn server_info(&self) -> Vec<ServerResult<Value>> {
-        self.fan_out(|c, u| async move { c.server_info(&u).await })
+        self.fan_out(|c, e| async move { c.server_info(&e.url).await })
             .await
     }
 
@@ -222,7 +240,7 @@ impl InferenceControl {
     pub async fn weight_versions(&self) -> VersionCheck {
         VersionCheck {
             versions: self
-                .fan_out(|c, u| async move { c.weight_version(&u).await })
+                .fan_out(|c, e| async move { c.weight_version(&e).await })
                 .await,
         }
     }

@@ -1,0 +1,293 @@
+//! The fleet control endpoints: SGLang's names and bodies ([`sglang`]), vLLM's native RL routes
+//! and SkyRL's names ([`vllm`]), and Troupe's CPU weight push ([`tensor`]), each applying to
+//! every engine of the fleet through one [`ControlPlane`] and answering once with a per-engine
+//! breakdown.
+//!
+//! [`router`] serves them from a plane in this process (a standalone `troupe gateway`, or the
+//! controller's own control server, [`serve`]); [`forwarder`] serves the same paths by passing
+//! each request to another server's plane (the gateway of `troupe serve`, whose plane lives in
+//! the controller so that it is the fleet's one truth). [`ENDPOINTS`] is the list both use.
+
+mod sglang;
+mod tensor;
+mod vllm;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::control_plane::ControlPlane;
+use crate::error::{ApiError, ServingError};
+use crate::listen::ServeLimits;
+
+/// Every control path, by dialect (the router and the forwarder serve exactly these).
+pub const ENDPOINTS: &[&str] = &[
+    // SGLang
+    "/pause_generation",
+    "/continue_generation",
+    "/flush_cache",
+    "/release_memory_occupation",
+    "/resume_memory_occupation",
+    "/abort_request",
+    "/init_weights_update_group",
+    "/update_weights_from_distributed",
+    "/destroy_weights_update_group",
+    "/update_weights_from_disk",
+    "/update_weight_version",
+    "/get_weight_version",
+    "/server_info",
+    "/get_server_info",
+    "/health_generate",
+    // vLLM (SkyRL's RemoteInferenceClient) and the SkyRL RFC's names
+    "/pause",
+    "/resume",
+    "/is_paused",
+    "/sleep",
+    "/wake_up",
+    "/wakeup",
+    "/reset_prefix_cache",
+    "/get_world_size",
+    "/init_weight_transfer_engine",
+    "/init_weight_update_communicator",
+    "/start_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+    "/collective_rpc",
+    // Troupe
+    "/update_weights_from_tensor",
+];
+
+/// Who may call the control endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlAuth {
+    /// `Authorization: Bearer <key>` required.
+    Key(String),
+    /// Open (only ever on a loopback listener, or with no admin key configured at all).
+    Open,
+}
+
+impl ControlAuth {
+    fn allows(&self, headers: &HeaderMap) -> bool {
+        match self {
+            ControlAuth::Open => true,
+            ControlAuth::Key(k) => headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .is_some_and(|g| troupe_actors::auth::same(g.as_bytes(), k.as_bytes())),
+        }
+    }
+}
+
+async fn check_auth(State(auth): State<Arc<ControlAuth>>, req: Request, next: Next) -> Response {
+    if auth.allows(req.headers()) {
+        return next.run(req).await;
+    }
+    ApiError::unauthorized(format!(
+        "{} is a fleet control endpoint: send Authorization: Bearer <admin key>",
+        req.uri().path()
+    ))
+    .control()
+    .into_response()
+}
+
+/// The control endpoints served from `plane`, behind `auth`. Weight pushes
+/// (`/update_weights_from_tensor`) may be up to `max_tensor_bytes`; every other body is bounded
+/// by the server's own limit.
+pub fn router(
+    plane: Arc<ControlPlane>,
+    auth: ControlAuth,
+    max_tensor_bytes: usize,
+) -> axum::Router {
+    let r = sglang::routes()
+        .merge(vllm::routes())
+        .merge(tensor::routes(max_tensor_bytes))
+        .with_state(plane);
+    r.layer(middleware::from_fn_with_state(Arc::new(auth), check_auth))
+}
+
+/// The control endpoints answered by the plane behind `upstream` (another server's
+/// [`router`]): the request is checked against `auth` here, then passed on with `key` as its
+/// bearer. Bodies up to `max_tensor_bytes` pass.
+pub fn forwarder(
+    upstream: Upstream,
+    client: reqwest::Client,
+    auth: ControlAuth,
+    key: Option<String>,
+    max_tensor_bytes: usize,
+) -> axum::Router {
+    let fwd = Arc::new(Forward {
+        upstream,
+        client,
+        key,
+    });
+    let mut r = axum::Router::new();
+    for p in ENDPOINTS {
+        r = r.route(p, axum::routing::any(forward));
+    }
+    r.with_state(fwd)
+        .layer(axum::extract::DefaultBodyLimit::max(max_tensor_bytes))
+        .layer(middleware::from_fn_with_state(Arc::new(auth), check_auth))
+}
+
+/// Where a forwarding gateway sends control requests; settable while it runs (a controller
+/// that recovers a deployment opens a new control server).
+pub type Upstream = Arc<parking_lot::RwLock<Option<String>>>;
+
+struct Forward {
+    upstream: Upstream,
+    client: reqwest::Client,
+    key: Option<String>,
+}
+
+async fn forward(State(f): State<Arc<Forward>>, req: Request) -> Response {
+    let Some(base) = f.upstream.read().clone() else {
+        return ApiError::unavailable(
+            "the fleet's control plane is not attached to this gateway yet; retry shortly",
+        )
+        .control()
+        .into_response();
+    };
+    let (parts, body) = req.into_parts();
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map_or(parts.uri.path(), |p| p.as_str());
+    let url = format!("{}{pq}", base.trim_end_matches('/'));
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(e) => return ApiError::bad_request(format!("reading the body: {e}")).into_response(),
+    };
+    let mut out = f
+        .client
+        .request(parts.method, url)
+        .timeout(crate::engine_client::CONTROL_TIMEOUT * 10)
+        .body(bytes);
+    if let Some(ct) = parts.headers.get(header::CONTENT_TYPE) {
+        out = out.header(header::CONTENT_TYPE, ct);
+    }
+    if let Some(k) = &f.key {
+        out = out.bearer_auth(k);
+    }
+    match out.send().await {
+        Ok(resp) => {
+            let status = resp.status();
+            let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
+            match resp.bytes().await {
+                Ok(b) => {
+                    let mut r = Response::new(Body::from(b));
+                    *r.status_mut() = status;
+                    if let Some(ct) = ct {
+                        r.headers_mut().insert(header::CONTENT_TYPE, ct);
+                    }
+                    r
+                }
+                Err(e) => {
+                    ApiError::bad_gateway(format!("the control plane's answer broke off: {e}"))
+                        .control()
+                        .into_response()
+                }
+            }
+        }
+        Err(e) => ApiError::bad_gateway(format!("the fleet's control plane is unreachable: {e}"))
+            .control()
+            .into_response(),
+    }
+}
+
+/// Parses a JSON body into `T`, naming the field that is wrong; an empty body is `{}`.
+pub(crate) fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
+    let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    let de = &mut serde_json::Deserializer::from_slice(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let at = if path == "." {
+            String::new()
+        } else {
+            format!("{path}: ")
+        };
+        ApiError::bad_request(format!("invalid body: {at}{inner}")).control()
+    })
+}
+
+/// A JSON answer (200).
+pub(crate) fn json(v: serde_json::Value) -> Response {
+    axum::Json(v).into_response()
+}
+
+/// The controller's control server: [`router`] on its own listener, for a forwarding gateway
+/// (and any client that reaches the controller) to call.
+pub struct ControlServer {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl ControlServer {
+    /// `http://host:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops serving.
+    pub async fn shutdown(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Serves `plane`'s control endpoints on `listen` (`host:0` picks a port). Without an admin
+/// key it must be a loopback address: these endpoints pause every engine and load weights.
+pub async fn serve(
+    plane: Arc<ControlPlane>,
+    listen: &str,
+    admin_key: Option<String>,
+    limits: ServeLimits,
+    max_tensor_bytes: usize,
+) -> Result<ControlServer, ServingError> {
+    limits.check().map_err(ServingError::Config)?;
+    let listener = crate::client::bind(listen).await?;
+    let addr = listener.local_addr()?;
+    let auth = match admin_key {
+        Some(k) => ControlAuth::Key(k),
+        None if addr.ip().is_loopback() => ControlAuth::Open,
+        None => {
+            return Err(ServingError::Config(format!(
+                "refusing to serve fleet control on {addr} without an admin key; set one or listen on 127.0.0.1"
+            )));
+        }
+    };
+    let app = router(plane, auth, max_tensor_bytes);
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(crate::listen::serve(listener, app, limits, async {
+        let _ = rx.await;
+    }));
+    Ok(ControlServer {
+        addr,
+        stop: Some(tx),
+        task,
+    })
+}

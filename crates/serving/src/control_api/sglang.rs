@@ -1,0 +1,205 @@
+//! SGLang's control endpoints, fleet-wide: the names and bodies an SGLang server takes (slime
+//! calls exactly these), each fanned out to every engine by the [`ControlPlane`].
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use troupe_wire::PauseMode;
+use troupe_wire::sglang::{DestroyWeightsUpdateGroup, MemoryTags, UpdateWeightsFromDistributed};
+
+use super::{body, json};
+use crate::control_plane::ControlPlane;
+use crate::control_plane::updates::FleetGroupRequest;
+use crate::error::ApiError;
+
+type Plane = State<Arc<ControlPlane>>;
+type Answer = Result<Response, ApiError>;
+
+/// The SGLang-named routes.
+pub(super) fn routes() -> axum::Router<Arc<ControlPlane>> {
+    axum::Router::new()
+        .route("/pause_generation", post(pause))
+        .route("/continue_generation", post(resume))
+        .route("/flush_cache", post(flush).get(flush))
+        .route("/release_memory_occupation", post(release))
+        .route("/resume_memory_occupation", post(resume_memory))
+        .route("/abort_request", post(abort))
+        .route("/init_weights_update_group", post(init_group))
+        .route("/update_weights_from_distributed", post(update_distributed))
+        .route("/destroy_weights_update_group", post(destroy_group))
+        .route("/update_weights_from_disk", post(from_disk))
+        .route("/update_weight_version", post(set_version))
+        .route("/get_weight_version", get(weight_version))
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
+        .route("/health_generate", get(health_generate))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PauseBody {
+    #[serde(default)]
+    mode: Option<String>,
+}
+
+/// Parses a pause mode in SGLang's spelling.
+pub(super) fn sglang_mode(m: Option<&str>) -> Result<PauseMode, ApiError> {
+    match m {
+        None => Ok(PauseMode::Abort),
+        Some(s) => PauseMode::parse(s).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "unknown pause mode {s:?}; use one of {}",
+                PauseMode::names()
+            ))
+            .control()
+        }),
+    }
+}
+
+async fn pause(State(p): Plane, b: Bytes) -> Answer {
+    let req: PauseBody = body(&b)?;
+    let mode = sglang_mode(req.mode.as_deref())?;
+    Ok(json(p.pause(mode, false).await?))
+}
+
+async fn resume(State(p): Plane) -> Answer {
+    Ok(json(p.resume().await?))
+}
+
+async fn flush(State(p): Plane) -> Answer {
+    Ok(json(
+        p.each("flush_cache", |c, e| {
+            Box::pin(async move { c.flush_cache(&e).await })
+        })
+        .await?,
+    ))
+}
+
+/// The tags of a memory call, owned for the fan-out.
+fn tags_of(m: MemoryTags) -> Result<Vec<String>, ApiError> {
+    let tags = m
+        .tags
+        .unwrap_or_else(|| vec!["weights".into(), "kv_cache".into()]);
+    if let Some(t) = tags
+        .iter()
+        .find(|t| !["weights", "kv_cache", "cuda_graph"].contains(&t.as_str()))
+    {
+        return Err(ApiError::bad_request(format!(
+            "unknown memory tag {t:?}; use \"weights\", \"kv_cache\" or \"cuda_graph\""
+        ))
+        .control());
+    }
+    Ok(tags)
+}
+
+/// Fans out a release (`release`) or resume of `tags`.
+pub(super) async fn memory(p: &ControlPlane, release: bool, tags: Vec<String>) -> Answer {
+    let tags = Arc::new(tags);
+    let op = if release {
+        "release_memory_occupation"
+    } else {
+        "resume_memory_occupation"
+    };
+    let v = p
+        .each(op, move |c, e| {
+            let tags = tags.clone();
+            Box::pin(async move {
+                let t: Vec<&str> = tags.iter().map(String::as_str).collect();
+                if release {
+                    c.release_memory(&e, &t).await
+                } else {
+                    c.resume_memory(&e, &t).await
+                }
+            })
+        })
+        .await?;
+    Ok(json(v))
+}
+
+async fn release(State(p): Plane, b: Bytes) -> Answer {
+    memory(&p, true, tags_of(body(&b)?)?).await
+}
+
+async fn resume_memory(State(p): Plane, b: Bytes) -> Answer {
+    memory(&p, false, tags_of(body(&b)?)?).await
+}
+
+#[derive(serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+struct AbortBody {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rid: Option<String>,
+    #[serde(default)]
+    abort_all: bool,
+}
+
+async fn abort(State(p): Plane, b: Bytes) -> Answer {
+    let req: AbortBody = body(&b)?;
+    if req.rid.is_none() && !req.abort_all {
+        return Err(ApiError::bad_request("give rid (a request id) or abort_all: true").control());
+    }
+    let req = Arc::new(serde_json::to_value(&req).unwrap_or_else(|_| json!({})));
+    Ok(json(
+        p.each("abort_request", move |c, e| {
+            let req = req.clone();
+            Box::pin(async move { c.send(&e.url, "/abort_request", Some(&req)).await })
+        })
+        .await?,
+    ))
+}
+
+async fn init_group(State(p): Plane, b: Bytes) -> Answer {
+    Ok(json(p.init_group(body::<FleetGroupRequest>(&b)?).await?))
+}
+
+async fn update_distributed(State(p): Plane, b: Bytes) -> Answer {
+    let req: UpdateWeightsFromDistributed = body(&b)?;
+    Ok(json(p.update_distributed(req).await?))
+}
+
+async fn destroy_group(State(p): Plane, b: Bytes) -> Answer {
+    let req: DestroyWeightsUpdateGroup = body(&b)?;
+    Ok(json(p.destroy_group(&req.group_name).await?))
+}
+
+async fn from_disk(State(p): Plane, b: Bytes) -> Answer {
+    let v: Value = body(&b)?;
+    if !v.is_object() {
+        return Err(ApiError::bad_request(
+            "the body must be a JSON object {model_path, load_format?, weight_version?}",
+        )
+        .control());
+    }
+    Ok(json(p.update_from_disk(v).await?))
+}
+
+#[derive(serde::Deserialize)]
+struct NewVersion {
+    new_version: String,
+}
+
+async fn set_version(State(p): Plane, b: Bytes) -> Answer {
+    let req: NewVersion = body(&b)?;
+    Ok(json(p.set_version(&req.new_version).await?))
+}
+
+async fn weight_version(State(p): Plane) -> Answer {
+    Ok(json(json!({"weight_version": p.weight_version().await?})))
+}
+
+async fn server_info(State(p): Plane) -> Answer {
+    Ok(json(p.server_info().await))
+}
+
+async fn health_generate(State(p): Plane) -> Answer {
+    Ok(json(
+        p.each("health_generate", |c, e| {
+            Box::pin(async move { c.send(&e.url, "/health_generate", None).await })
+        })
+        .await?,
+    ))
+}

@@ -1,0 +1,105 @@
+//! `POST /update_weights_from_tensor?weight_version=`: Troupe's CPU path for weights without
+//! NCCL. The body is a safetensors file (`Content-Type: application/octet-stream`); the plane
+//! is rank 0 and sends the tensors to every engine through the weight transport (FP8
+//! block-quantized when the deployment is configured for it). SGLang's own route of this name
+//! carries CUDA IPC handles, which only work on the engine's machine; this one works anywhere.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{HeaderMap, header};
+use axum::response::Response;
+use axum::routing::post;
+use serde_json::json;
+
+use super::json;
+use crate::control_plane::{ControlPlane, HostTensor};
+use crate::error::ApiError;
+
+/// The route, accepting bodies up to `max_bytes`.
+pub(super) fn routes(max_bytes: usize) -> axum::Router<Arc<ControlPlane>> {
+    axum::Router::new().route(
+        crate::listen::WEIGHTS_PATH,
+        post(update).layer(DefaultBodyLimit::max(max_bytes)),
+    )
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    #[serde(default)]
+    weight_version: Option<String>,
+}
+
+fn bad(m: impl Into<String>) -> ApiError {
+    ApiError::bad_request(m).control()
+}
+
+/// The version after `current` when the client names none: integers count up.
+fn next_version(current: Option<String>) -> Result<String, ApiError> {
+    match current {
+        None => Ok("1".into()),
+        Some(v) => v.parse::<u64>().ok().and_then(|n| n.checked_add(1)).map(|n| n.to_string()).ok_or_else(|| {
+            bad(format!(
+                "the fleet's weight version {v:?} is not a number, so there is no next one: pass ?weight_version=<new version>"
+            ))
+        }),
+    }
+}
+
+async fn update(
+    State(p): State<Arc<ControlPlane>>,
+    Query(q): Query<Params>,
+    headers: HeaderMap,
+    b: Bytes,
+) -> Result<Response, ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !(ct.is_empty() || ct.starts_with("application/octet-stream")) {
+        return Err(bad(format!(
+            "the body must be a safetensors file sent as Content-Type: application/octet-stream, not {ct:?}"
+        )));
+    }
+    let tensors = troupe_weights::floats::read_float_tensors(&b).map_err(bad)?;
+    if tensors.is_empty() {
+        return Err(bad("the safetensors body holds no tensors"));
+    }
+    let tensors: Vec<HostTensor> = tensors
+        .into_iter()
+        .map(|t| HostTensor {
+            name: t.name,
+            shape: t.shape,
+            data: t.data,
+        })
+        .collect();
+    let version = match q.weight_version {
+        Some(v) => v,
+        None => next_version(p.fleet().version())?,
+    };
+    let rep = p.update_from_tensors(&version, &tensors).await?;
+    Ok(json(json!({
+        "success": true,
+        "message": format!("{} tensors to every engine as version {}", tensors.len(), rep.version),
+        "weight_version": rep.version,
+        "seconds": rep.seconds,
+        "buckets": rep.buckets,
+        "bytes": rep.bytes,
+        "fp8_tensors": rep.fp8_tensors,
+        "skipped": rep.skipped,
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_count_up_from_numbers_only() {
+        assert_eq!(next_version(None).unwrap(), "1");
+        assert_eq!(next_version(Some("41".into())).unwrap(), "42");
+        assert!(next_version(Some("v3".into())).is_err());
+    }
+}

@@ -1,0 +1,318 @@
+//! vLLM's native RL routes, fleet-wide (what SkyRL's `RemoteInferenceClient` calls, given the
+//! gateway as both its server and its proxy URL), and the SkyRL RFC's names for the same
+//! operations (`/init_weight_update_communicator`, `/wakeup`). The trainer sees the fleet as
+//! one server of `Σ engine GPUs` ranks.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::{get, post};
+use serde_json::{Map, Value, json};
+use troupe_wire::PauseMode;
+use troupe_wire::sglang::UpdateWeightsFromDistributed;
+use troupe_wire::vllm::{FinishWeightUpdate, UpdateInfo};
+
+use super::{body, json};
+use crate::control_plane::ControlPlane;
+use crate::control_plane::updates::{FleetGroupRequest, VLLM_TRANSFER_GROUP};
+use crate::error::ApiError;
+
+type Plane = State<Arc<ControlPlane>>;
+type Answer = Result<Response, ApiError>;
+
+/// The methods `/collective_rpc` runs (the ones SkyRL sends through it).
+pub const RPC_METHODS: &[&str] = &[
+    "skyrl_start_weight_update",
+    "update_weights_nccl",
+    "skyrl_finish_weight_update",
+];
+
+/// The vLLM- and SkyRL-named routes.
+pub(super) fn routes() -> axum::Router<Arc<ControlPlane>> {
+    axum::Router::new()
+        .route("/pause", post(pause))
+        .route("/resume", post(resume))
+        .route("/is_paused", get(is_paused))
+        .route("/sleep", post(sleep))
+        .route("/wake_up", post(wake_up))
+        .route("/wakeup", post(wake_up))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/get_world_size", get(world_size))
+        .route("/init_weight_transfer_engine", post(init_transfer))
+        .route("/init_weight_update_communicator", post(init_transfer))
+        .route("/start_weight_update", post(start))
+        .route("/update_weights", post(update))
+        .route("/finish_weight_update", post(finish))
+        .route("/collective_rpc", post(collective_rpc))
+}
+
+fn bad(m: impl Into<String>) -> ApiError {
+    ApiError::bad_request(m).control()
+}
+
+/// Query parameters as pairs, so repeated keys (`tags=a&tags=b`) and bad values get a message
+/// naming them.
+fn query(q: &Option<String>) -> Vec<(String, String)> {
+    url_pairs(q.as_deref().unwrap_or(""))
+}
+
+fn url_pairs(s: &str) -> Vec<(String, String)> {
+    form_urlencoded::parse(s.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .filter(|(k, _)| !k.is_empty())
+        .collect()
+}
+
+fn one<'a>(q: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    q.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+fn flag(q: &[(String, String)], key: &str) -> Result<bool, ApiError> {
+    match one(q, key) {
+        None => Ok(false),
+        Some("true" | "True" | "1") => Ok(true),
+        Some("false" | "False" | "0" | "") => Ok(false),
+        Some(v) => Err(bad(format!("{key} must be true or false, got {v:?}"))),
+    }
+}
+
+/// Only the keys a route knows: a misspelt one is an error, not silently ignored.
+fn known(q: &[(String, String)], keys: &[&str]) -> Result<(), ApiError> {
+    match q.iter().find(|(k, _)| !keys.contains(&k.as_str())) {
+        Some((k, _)) => Err(bad(format!(
+            "unknown query parameter {k:?}; this route takes {keys:?}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// vLLM's pause modes: `abort` (requests in flight end now), `keep` (they stay and continue
+/// after resume), `wait` (they finish first, then the pause takes effect: Troupe keeps them in
+/// place and lets them finish after resume, the closest the engines offer).
+fn vllm_mode(m: Option<&str>) -> Result<PauseMode, ApiError> {
+    match m {
+        None | Some("abort") => Ok(PauseMode::Abort),
+        Some("keep" | "wait") => Ok(PauseMode::InPlace),
+        Some(o) => Err(bad(format!(
+            "unknown pause mode {o:?}; use \"abort\", \"wait\" or \"keep\""
+        ))),
+    }
+}
+
+async fn pause(State(p): Plane, uri: axum::http::Uri) -> Answer {
+    let q = query(&uri.query().map(str::to_string));
+    known(&q, &["mode", "clear_cache", "wait_for_inflight_requests"])?;
+    let mode = vllm_mode(one(&q, "mode"))?;
+    let clear = flag(&q, "clear_cache")?;
+    Ok(json(p.pause(mode, clear).await?))
+}
+
+async fn resume(State(p): Plane) -> Answer {
+    Ok(json(p.resume().await?))
+}
+
+async fn is_paused(State(p): Plane) -> Answer {
+    Ok(json(json!({"is_paused": p.is_paused().await})))
+}
+
+fn tags(q: &[(String, String)]) -> Result<Vec<String>, ApiError> {
+    let t: Vec<String> = q
+        .iter()
+        .filter(|(k, _)| k == "tags")
+        .flat_map(|(_, v)| v.split(',').map(str::to_string).collect::<Vec<_>>())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if let Some(x) = t
+        .iter()
+        .find(|x| !["weights", "kv_cache"].contains(&x.as_str()))
+    {
+        return Err(bad(format!(
+            "unknown tag {x:?}; use \"weights\" or \"kv_cache\""
+        )));
+    }
+    Ok(if t.is_empty() {
+        vec!["weights".into(), "kv_cache".into()]
+    } else {
+        t
+    })
+}
+
+async fn sleep(State(p): Plane, uri: axum::http::Uri) -> Answer {
+    let q = query(&uri.query().map(str::to_string));
+    known(&q, &["level", "tags"])?;
+    match one(&q, "level") {
+        None | Some("1" | "2") => {}
+        Some(l) => return Err(bad(format!("level must be 1 or 2, got {l:?}"))),
+    }
+    super::sglang::memory(&p, true, tags(&q)?).await
+}
+
+async fn wake_up(State(p): Plane, uri: axum::http::Uri) -> Answer {
+    let q = query(&uri.query().map(str::to_string));
+    known(&q, &["tags"])?;
+    super::sglang::memory(&p, false, tags(&q)?).await
+}
+
+/// `POST /reset_prefix_cache`: vLLM takes `reset_running_requests` as a query parameter,
+/// SkyRL's client sends it as a JSON body; both are accepted.
+async fn reset_prefix_cache(State(p): Plane, uri: axum::http::Uri, b: Bytes) -> Answer {
+    let q = query(&uri.query().map(str::to_string));
+    known(&q, &["reset_running_requests", "reset_external"])?;
+    flag(&q, "reset_running_requests")?;
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        #[serde(default)]
+        #[allow(dead_code)]
+        reset_running_requests: bool,
+        #[serde(default)]
+        #[allow(dead_code)]
+        reset_external: bool,
+    }
+    let _: Body = body(&b)?;
+    Ok(json(
+        p.each("reset_prefix_cache", |c, e| {
+            Box::pin(async move { c.flush_cache(&e).await })
+        })
+        .await?,
+    ))
+}
+
+async fn world_size(State(p): Plane, uri: axum::http::Uri) -> Answer {
+    let q = query(&uri.query().map(str::to_string));
+    known(&q, &["include_dp"])?;
+    flag(&q, "include_dp")?;
+    Ok(json(json!({"world_size": p.world_size().await})))
+}
+
+/// `init_info` as vLLM takes it, or the same fields flat (the SkyRL RFC's
+/// `/init_weight_update_communicator`); `backend` is Troupe's addition (default `nccl`).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InitInfo {
+    master_address: String,
+    master_port: u16,
+    #[serde(default)]
+    rank_offset: Option<u32>,
+    #[serde(default)]
+    world_size: Option<u32>,
+    #[serde(default)]
+    backend: Option<String>,
+}
+
+async fn init_transfer(State(p): Plane, b: Bytes) -> Answer {
+    let v: Value = body(&b)?;
+    let inner = v.get("init_info").cloned().unwrap_or(v);
+    let info: InitInfo = body(&Bytes::from(inner.to_string()))?;
+    // A new transfer engine replaces the old one, as in vLLM.
+    if p.has_group(VLLM_TRANSFER_GROUP).await {
+        p.destroy_group(VLLM_TRANSFER_GROUP).await?;
+    }
+    let req = FleetGroupRequest {
+        master_address: info.master_address,
+        master_port: info.master_port,
+        group_name: VLLM_TRANSFER_GROUP.into(),
+        backend: info.backend.unwrap_or_else(|| "nccl".into()),
+        world_size: info.world_size,
+        rank_offset: info.rank_offset,
+    };
+    Ok(json(p.init_group(req).await?))
+}
+
+async fn start(State(p): Plane) -> Answer {
+    Ok(json(p.transfer_phase(None).await?))
+}
+
+async fn update(State(p): Plane, b: Bytes) -> Answer {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        update_info: UpdateInfo,
+    }
+    let req: Body = body(&b)?;
+    bucket(&p, req.update_info).await
+}
+
+async fn bucket(p: &ControlPlane, info: UpdateInfo) -> Answer {
+    let req = UpdateWeightsFromDistributed {
+        names: info.names,
+        dtypes: info.dtype_names,
+        shapes: info.shapes,
+        group_name: VLLM_TRANSFER_GROUP.into(),
+        flush_cache: false,
+        weight_version: None,
+        packed: info.packed,
+    };
+    Ok(json(p.update_distributed(req).await?))
+}
+
+async fn finish(State(p): Plane, b: Bytes) -> Answer {
+    let req: FinishWeightUpdate = body(&b)?;
+    Ok(json(p.transfer_phase(Some(req.weight_version)).await?))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Rpc {
+    method: String,
+    #[serde(default)]
+    args: Vec<Value>,
+    #[serde(default)]
+    kwargs: Map<String, Value>,
+    /// vLLM's per-call timeout; the fleet's calls have their own.
+    #[serde(default, rename = "timeout")]
+    _timeout: Option<f64>,
+}
+
+/// `POST /collective_rpc {method, args, kwargs}` for the methods SkyRL sends through it.
+async fn collective_rpc(State(p): Plane, b: Bytes) -> Answer {
+    let rpc: Rpc = body(&b)?;
+    match rpc.method.as_str() {
+        // kwargs.is_checkpoint_format says how SkyRL's worker extension reloads layers; the
+        // fleet's engines load named tensors either way.
+        "skyrl_start_weight_update" => Ok(json(p.transfer_phase(None).await?)),
+        "update_weights_nccl" => {
+            // SkyRL: kwargs {"update_info": {names, dtype_names, shapes, packed}} (or the
+            // same dict as the first positional argument).
+            let info = rpc
+                .kwargs
+                .get("update_info")
+                .or_else(|| rpc.args.first())
+                .cloned()
+                .ok_or_else(|| bad("update_weights_nccl needs kwargs.update_info {names, dtype_names, shapes, packed?}"))?;
+            let info: UpdateInfo = body(&Bytes::from(info.to_string()))?;
+            bucket(&p, info).await
+        }
+        "skyrl_finish_weight_update" => {
+            let v = rpc
+                .kwargs
+                .get("weight_version")
+                .or_else(|| rpc.args.first())
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            Ok(json(p.transfer_phase(Some(v)).await?))
+        }
+        other => Err(bad(format!(
+            "collective_rpc method {other:?} is not supported by the fleet; supported: {RPC_METHODS:?}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_decode_and_modes_map() {
+        let q = url_pairs("tags=weights&tags=kv%5Fcache&x=a+b");
+        assert_eq!(q[1], ("tags".into(), "kv_cache".into()));
+        assert_eq!(q[2].1, "a b");
+        assert_eq!(tags(&q).unwrap(), vec!["weights", "kv_cache"]);
+        assert_eq!(vllm_mode(Some("keep")).unwrap(), PauseMode::InPlace);
+        assert!(vllm_mode(Some("later")).is_err());
+        assert!(known(&q, &["tags"]).is_err());
+        assert!(flag(&[("c".into(), "maybe".into())], "c").is_err());
+    }
+}

@@ -1,0 +1,22 @@
+//! The fleet control plane: every control operation on a deployment's engines, written once.
+//!
+//! - [`control::InferenceControl`] fans one call out to every engine (prefill and decode
+//!   alike) through [`crate::EngineClient`], in each engine's dialect ([`engines`]).
+//! - [`fleet::Fleet`] keeps which engines are routed, held or down and the one weight version.
+//! - [`weight_sync::WeightSync`] is rank 0 of a weight broadcast (BF16 or FP8 blocks).
+//! - [`plane::ControlPlane`] puts them together with the rules a fleet-wide operation keeps
+//!   (one at a time, atomic in effect); the gateway's control endpoints (`crate::control_api`),
+//!   the controller and its gRPC API all use it.
+
+pub mod control;
+pub mod engines;
+pub mod fleet;
+pub mod plane;
+pub mod updates;
+pub mod weight_sync;
+
+pub use control::{InferenceControl, ServerResult, VersionCheck, all_ok};
+pub use engines::{Dialect, Engine};
+pub use fleet::{CatchUp, Fleet, HeadState};
+pub use plane::ControlPlane;
+pub use weight_sync::{HostTensor, UpdateReport, WeightSync, WeightSyncError, WeightSyncOptions};

@@ -1,0 +1,412 @@
+//! [`ControlPlane`]: a fleet-wide control operation as one call, with the rules every caller
+//! (the gateway's control endpoints, the controller, its gRPC API) gets the same way:
+//!
+//! - **one at a time**: operations are serialized by one lock (data requests are not);
+//! - **atomic in effect**: a pause reaches every engine or none stays paused because of it;
+//!   resume refuses to serve mixed weight versions; a weight group that some engines failed to
+//!   join is torn down on the others;
+//! - **one answer**: success with a per-engine breakdown, or the JSON envelope (502 when an
+//!   engine failed, 4xx for bad input) with the same breakdown;
+//! - **one fleet truth**: engines the fleet marks down are skipped and listed; updates are
+//!   recorded in the [`super::fleet::Fleet`], and a server that restarts after one is caught
+//!   up with it (see [`super::updates`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+use troupe_wire::{ApiError, PauseMode};
+
+use super::control::{InferenceControl, ServerResult};
+use super::engines::Engine;
+use super::fleet::{Fleet, HeadState};
+use super::updates::{ClientGroup, LastUpdate};
+use super::weight_sync::{WeightSync, WeightSyncOptions};
+use crate::router::Router;
+
+/// Where the plane's engine list comes from.
+#[derive(Clone)]
+pub(crate) enum Source {
+    /// A deployment's list (the controller keeps it; re-placement edits it).
+    Fixed,
+    /// A standalone gateway's registered workers, described on first sight.
+    Router(Arc<Router>),
+}
+
+/// Mutable state behind the operation lock.
+#[derive(Default)]
+pub(crate) struct OpState {
+    /// How the fleet was paused through the plane (`None`: serving).
+    pub(crate) paused: Option<PauseMode>,
+    /// Weight groups a client (rank 0) opened through the plane, by name.
+    pub(crate) groups: HashMap<String, ClientGroup>,
+    /// The last weight update that came through the plane (catch-up replays it).
+    pub(crate) last: Option<LastUpdate>,
+}
+
+/// The fleet control plane: [`InferenceControl`] (fan-out through the typed engine client) and
+/// a [`WeightSync`] (rank 0 for tensor pushes) under the rules above. Cheap to share.
+pub struct ControlPlane {
+    pub(crate) control: InferenceControl,
+    pub(crate) sync: WeightSync,
+    pub(crate) source: Source,
+    pub(crate) op: tokio::sync::Mutex<OpState>,
+    /// Standalone gateways: each engine's (gpus, dialect) once described.
+    described: parking_lot::Mutex<HashMap<String, Engine>>,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("engines", &self.control.engines())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlPlane {
+    /// The plane of a deployment whose engines `control` lists (the controller's), pushing
+    /// tensors through `sync`. Registers itself as the fleet's catch-up for restarted servers.
+    pub fn new(control: InferenceControl, sync: WeightSync) -> Arc<Self> {
+        let plane = Arc::new(ControlPlane {
+            control,
+            sync,
+            source: Source::Fixed,
+            op: tokio::sync::Mutex::new(OpState::default()),
+            described: parking_lot::Mutex::new(HashMap::new()),
+        });
+        super::updates::attach(&plane);
+        plane
+    }
+
+    /// The plane of a standalone gateway: its engines are the router's registered workers
+    /// (each asked once for its GPU count and dialect), calls carry `client`'s key.
+    pub fn over_router(
+        router: Arc<Router>,
+        client: crate::EngineClient,
+        opts: WeightSyncOptions,
+    ) -> Arc<Self> {
+        let plane = Arc::new(ControlPlane {
+            control: InferenceControl::over(Vec::new(), client),
+            sync: WeightSync::new(opts),
+            source: Source::Router(router),
+            op: tokio::sync::Mutex::new(OpState::default()),
+            described: parking_lot::Mutex::new(HashMap::new()),
+        });
+        super::updates::attach(&plane);
+        plane
+    }
+
+    /// The fan-out client (its fleet, engines and key).
+    pub fn control(&self) -> &InferenceControl {
+        &self.control
+    }
+
+    /// The rank-0 tensor pusher.
+    pub fn weight_sync(&self) -> &WeightSync {
+        &self.sync
+    }
+
+    /// The fleet bookkeeping (down, held, version).
+    pub fn fleet(&self) -> &Arc<Fleet> {
+        self.control.fleet()
+    }
+
+    /// Brings the engine list up to date with the router (standalone gateways).
+    pub(crate) async fn refresh(&self) {
+        let Source::Router(router) = &self.source else {
+            return;
+        };
+        let urls: Vec<String> = router.list().into_iter().map(|w| w.url).collect();
+        let unknown: Vec<String> = {
+            let d = self.described.lock();
+            urls.iter()
+                .filter(|u| !d.contains_key(*u))
+                .cloned()
+                .collect()
+        };
+        let found = futures::future::join_all(
+            unknown
+                .iter()
+                .map(|u| self.control.client().describe(u.as_str())),
+        )
+        .await;
+        let mut d = self.described.lock();
+        for e in found {
+            d.insert(e.url.clone(), e);
+        }
+        d.retain(|u, _| urls.contains(u));
+        let engines = urls
+            .iter()
+            .map(|u| {
+                d.get(u)
+                    .cloned()
+                    .unwrap_or_else(|| Engine::sglang(u.clone(), 1))
+            })
+            .collect();
+        self.control.set_engines(engines);
+    }
+
+    /// The engines an operation goes to (every one not down) and the ones it skips.
+    pub(crate) fn targets(&self) -> (InferenceControl, Vec<String>) {
+        let fleet = self.fleet();
+        let engines = self.control.engines();
+        let (live, skipped) = super::fleet::reachable(fleet, &engines);
+        let skipped = skipped.into_iter().map(String::from).collect();
+        (
+            self.control
+                .subset(live.into_iter().map(|e| e.url).collect()),
+            skipped,
+        )
+    }
+
+    /// The engines that serve traffic now (not down, not held): whose versions must agree.
+    pub(crate) fn serving(&self) -> InferenceControl {
+        let fleet = self.fleet();
+        let urls = self
+            .control
+            .urls()
+            .into_iter()
+            .filter(|u| fleet.state(u) == HeadState::Serving)
+            .collect();
+        self.control.subset(urls)
+    }
+
+    /// Pauses every engine. If any engine fails, the ones that paused are resumed again and
+    /// the answer is 502 with every engine's result: no engine stays paused because of it.
+    pub async fn pause(&self, mode: PauseMode, clear_cache: bool) -> Result<Value, ApiError> {
+        self.refresh().await;
+        let mut st = self.op.lock().await;
+        let (control, skipped) = self.targets();
+        let results = control.pause(mode).await;
+        if results.iter().any(|r| r.result.is_err()) {
+            if st.paused.is_none() {
+                let paused: Vec<String> = results
+                    .iter()
+                    .filter(|r| r.result.is_ok())
+                    .map(|r| r.url.clone())
+                    .collect();
+                control.subset(paused).resume().await;
+            }
+            return Err(failure(
+                "pause",
+                &results,
+                &skipped,
+                "no engine stays paused by this call",
+            ));
+        }
+        let mut extra = Map::new();
+        if clear_cache {
+            let flushed = control.flush_cache().await;
+            extra.insert(
+                "cache_cleared".into(),
+                json!(flushed.iter().all(|r| r.result.is_ok())),
+            );
+        }
+        st.paused = Some(mode);
+        extra.insert("mode".into(), json!(mode.as_str()));
+        Ok(answer("paused", &results, &skipped, extra))
+    }
+
+    /// Resumes every engine, unless the engines that serve traffic hold different weight
+    /// versions (409 naming them: finish the update first).
+    pub async fn resume(&self) -> Result<Value, ApiError> {
+        self.refresh().await;
+        let mut st = self.op.lock().await;
+        let check = self.serving().weight_versions().await;
+        if !check.consistent() {
+            return Err(ApiError::conflict(format!(
+                "engines hold different weight versions {:?}; refusing to resume serving on mixed weights: finish the weight update so every engine has one version, then resume",
+                check.distinct()
+            ))
+            .control()
+            .with_engines(breakdown(&check.versions.iter().map(|r| ServerResult {
+                url: r.url.clone(),
+                result: r.result.clone().map(Value::String),
+            }).collect::<Vec<_>>())));
+        }
+        let (control, skipped) = self.targets();
+        let results = control.resume().await;
+        if results.iter().all(|r| r.result.is_ok()) {
+            st.paused = None;
+        }
+        settle("resume", &results, &skipped, Map::new())
+    }
+
+    /// Whether the fleet is paused through the plane.
+    pub async fn is_paused(&self) -> bool {
+        self.op.lock().await.paused.is_some()
+    }
+
+    /// Any fan-out without extra rules (flush, memory, abort, health): every engine, one
+    /// answer.
+    pub async fn each<F>(&self, op: &str, call: F) -> Result<Value, ApiError>
+    where
+        F: for<'a> Fn(
+            &'a crate::EngineClient,
+            Engine,
+        )
+            -> futures::future::BoxFuture<'a, Result<Value, crate::EngineCallError>>,
+    {
+        self.refresh().await;
+        let _st = self.op.lock().await;
+        let (control, skipped) = self.targets();
+        let results = control.fan_out(|c, e| call(c, e)).await;
+        settle(op, &results, &skipped, Map::new())
+    }
+
+    /// The fleet's one weight version, or 409 naming the engines that disagree.
+    pub async fn weight_version(&self) -> Result<String, ApiError> {
+        self.refresh().await;
+        let check = self.serving().weight_versions().await;
+        match (check.agreed(), check.distinct().len()) {
+            (Some(v), _) => Ok(v),
+            (None, 0) => Err(ApiError::bad_gateway(format!(
+                "no engine answered /get_weight_version: {:?}",
+                check.unreachable()
+            ))),
+            (None, _) => Err(ApiError::conflict(format!(
+                "engines disagree on the weight version: {:?}",
+                check
+                    .versions
+                    .iter()
+                    .map(|r| format!("{}={}", r.url, r.result.clone().unwrap_or_else(|e| e)))
+                    .collect::<Vec<_>>()
+            ))
+            .with_engines(breakdown(
+                &check
+                    .versions
+                    .iter()
+                    .map(|r| ServerResult {
+                        url: r.url.clone(),
+                        result: r.result.clone().map(Value::String),
+                    })
+                    .collect::<Vec<_>>(),
+            ))),
+        }
+    }
+
+    /// Every engine's `/server_info` and a fleet summary.
+    pub async fn server_info(&self) -> Value {
+        self.refresh().await;
+        let engines = self.control.engines();
+        let infos = self.control.server_info().await;
+        let fleet = self.fleet();
+        let list: Vec<Value> = engines
+            .iter()
+            .zip(&infos)
+            .map(|(e, r)| {
+                let state = match fleet.state(&e.url) {
+                    HeadState::Serving => "serving",
+                    HeadState::Held => "held",
+                    HeadState::Down => "down",
+                };
+                let mut v = json!({"url": e.url, "gpus": e.gpus, "dialect": e.dialect.to_string(), "state": state});
+                match &r.result {
+                    Ok(info) => v["info"] = info.clone(),
+                    Err(err) => v["error"] = json!(err),
+                }
+                v
+            })
+            .collect();
+        json!({
+            "fleet": {
+                "engines": engines.len(),
+                "world_size": engines.iter().map(|e| e.gpus).sum::<u32>(),
+                "weight_version": fleet.version(),
+                "down": fleet.down(),
+            },
+            "engines": list,
+        })
+    }
+
+    /// Whether a client opened weight group `name` through the plane.
+    pub async fn has_group(&self, name: &str) -> bool {
+        self.op.lock().await.groups.contains_key(name)
+    }
+
+    /// Σ GPUs of every engine: the fleet seen as one server.
+    pub async fn world_size(&self) -> u32 {
+        self.refresh().await;
+        self.control.engines().iter().map(|e| e.gpus).sum()
+    }
+}
+
+/// `[{url, success, answer | error}]` for a fan-out's results.
+pub(crate) fn breakdown(results: &[ServerResult<Value>]) -> Value {
+    Value::Array(
+        results
+            .iter()
+            .map(|r| match &r.result {
+                Ok(v) => json!({"url": r.url, "success": true, "answer": v}),
+                Err(e) => json!({"url": r.url, "success": false, "error": e}),
+            })
+            .collect(),
+    )
+}
+
+/// The success answer: `{success, message, engines, skipped?, ...extra}`.
+pub(crate) fn answer(
+    op: &str,
+    results: &[ServerResult<Value>],
+    skipped: &[String],
+    extra: Map<String, Value>,
+) -> Value {
+    let mut v = json!({
+        "success": true,
+        "message": format!("{op} on {} engines", results.len()),
+        "engines": breakdown(results),
+    });
+    if !skipped.is_empty() {
+        v["skipped"] = json!(skipped);
+    }
+    for (k, x) in extra {
+        v[k] = x;
+    }
+    v
+}
+
+/// 502 naming the engines that failed, with the whole breakdown.
+pub(crate) fn failure(
+    op: &str,
+    results: &[ServerResult<Value>],
+    skipped: &[String],
+    after: &str,
+) -> ApiError {
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|r| r.result.as_ref().err().map(|e| format!("{}: {e}", r.url)))
+        .collect();
+    let skip = if skipped.is_empty() {
+        String::new()
+    } else {
+        format!("; skipped (down): {skipped:?}")
+    };
+    ApiError::bad_gateway(format!(
+        "{op} failed on {} of {} engines ({}); {after}{skip}",
+        failed.len(),
+        results.len(),
+        failed.join("; ")
+    ))
+    .control()
+    .with_engines(breakdown(results))
+}
+
+/// [`answer`] if every engine succeeded, else [`failure`].
+pub(crate) fn settle(
+    op: &str,
+    results: &[ServerResult<Value>],
+    skipped: &[String],
+    extra: Map<String, Value>,
+) -> Result<Value, ApiError> {
+    if results.iter().any(|r| r.result.is_err()) {
+        let done = results.iter().filter(|r| r.result.is_ok()).count();
+        Err(failure(
+            op,
+            results,
+            skipped,
+            &format!("{done} engines did it"),
+        ))
+    } else {
+        Ok(answer(op, results, skipped, extra))
+    }
+}
