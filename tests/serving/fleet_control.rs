@@ -110,7 +110,7 @@ pub async fn paused(svc: &Deployment) -> Vec<bool> {
         .collect()
 }
 
-async fn pd(cluster: &Cluster, restarts: u32) -> Deployment {
+pub async fn pd(cluster: &Cluster, restarts: u32) -> Deployment {
     let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
     let opts = ForkOptions {
         admin_key: Some("k".into()),

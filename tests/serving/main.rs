@@ -4,6 +4,7 @@
 mod common;
 
 mod fleet_control;
+mod fleet_vllm;
 mod gateway;
 mod gateway_proxy;
 mod pd;

@@ -312,11 +312,23 @@ impl EngineClient {
         self.call(url, path, path, body).await
     }
 
-    /// `GET /get_weight_version`: the version of the weights the engine serves.
+    /// The version of the weights the engine serves.
     pub async fn weight_version(&self, e: &Engine) -> Result<String, EngineCallError> {
         const PATH: &str = "/get_weight_version";
-        let v = self.call(&e.url, PATH, PATH, None::<&()>).await?;
-        typed::<WeightVersion>(PATH, v).map(|w| w.weight_version)
+        // vLLM: `GET /weight_info`; SGLang 0.5.23 has no /get_weight_version (the reference
+        // engine and slime's SGLang do) and reports the version in `GET /model_info`.
+        let path = match e.dialect {
+            Dialect::Sglang => PATH,
+            Dialect::Vllm => "/weight_info",
+        };
+        let v = match self.call(&e.url, path, path, None::<&()>).await {
+            Err(EngineCallError::Status { status: 404, .. }) if e.dialect == Dialect::Sglang => {
+                self.call(&e.url, "/model_info", "/model_info", None::<&()>)
+                    .await?
+            }
+            r => r?,
+        };
+        typed::<WeightVersion>(path, v).map(|w| w.weight_version)
     }
 
     /// `GET /server_info`.

@@ -45,6 +45,8 @@ pub const ENDPOINTS: &[&str] = &[
     "/get_weight_version",
     "/server_info",
     "/get_server_info",
+    "/model_info",
+    "/get_model_info",
     "/health_generate",
     // vLLM (SkyRL's RemoteInferenceClient) and the SkyRL RFC's names
     "/pause",
@@ -60,6 +62,9 @@ pub const ENDPOINTS: &[&str] = &[
     "/start_weight_update",
     "/update_weights",
     "/finish_weight_update",
+    "/weight_info",
+    "/abort_requests",
+    "/is_sleeping",
     "/collective_rpc",
     // Troupe
     "/update_weights_from_tensor",

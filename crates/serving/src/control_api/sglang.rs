@@ -25,8 +25,13 @@ pub(super) fn routes() -> axum::Router<Arc<ControlPlane>> {
         .route("/pause_generation", post(pause))
         .route("/continue_generation", post(resume))
         .route("/flush_cache", post(flush).get(flush))
-        .route("/release_memory_occupation", post(release))
-        .route("/resume_memory_occupation", post(resume_memory))
+        .route("/release_memory_occupation", post(release).get(release))
+        .route(
+            "/resume_memory_occupation",
+            post(resume_memory).get(resume_memory),
+        )
+        .route("/model_info", get(model_info))
+        .route("/get_model_info", get(model_info))
         .route("/abort_request", post(abort))
         .route("/init_weights_update_group", post(init_group))
         .route("/update_weights_from_distributed", post(update_distributed))
@@ -117,6 +122,7 @@ pub(super) async fn memory(p: &ControlPlane, release: bool, tags: Vec<String>) -
             })
         })
         .await?;
+    p.mark_sleeping(release).await;
     Ok(json(v))
 }
 
@@ -128,17 +134,20 @@ async fn resume_memory(State(p): Plane, b: Bytes) -> Answer {
     memory(&p, false, tags_of(body(&b)?)?).await
 }
 
+/// SGLang's `AbortReq` (its extra fields pass through to the engines).
 #[derive(serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
 struct AbortBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rid: Option<String>,
     #[serde(default)]
     abort_all: bool,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, Value>,
 }
 
 async fn abort(State(p): Plane, b: Bytes) -> Answer {
-    let req: AbortBody = body(&b)?;
+    let mut req: AbortBody = body(&b)?;
+    req.rid = req.rid.filter(|r| !r.is_empty());
     if req.rid.is_none() && !req.abort_all {
         return Err(ApiError::bad_request("give rid (a request id) or abort_all: true").control());
     }
@@ -189,6 +198,15 @@ async fn set_version(State(p): Plane, b: Bytes) -> Answer {
 
 async fn weight_version(State(p): Plane) -> Answer {
     Ok(json(json!({"weight_version": p.weight_version().await?})))
+}
+
+/// `GET /model_info`: SGLang 0.5.23 reports the weight version here; the fleet answers with
+/// its one version and the first engine's model fields.
+async fn model_info(State(p): Plane) -> Answer {
+    let version = p.weight_version().await?;
+    let mut v = p.first_model_info().await.unwrap_or_else(|| json!({}));
+    v["weight_version"] = json!(version);
+    Ok(json(v))
 }
 
 async fn server_info(State(p): Plane) -> Answer {

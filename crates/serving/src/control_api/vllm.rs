@@ -35,6 +35,7 @@ pub(super) fn routes() -> axum::Router<Arc<ControlPlane>> {
         .route("/pause", post(pause))
         .route("/resume", post(resume))
         .route("/is_paused", get(is_paused))
+        .route("/is_sleeping", get(is_sleeping))
         .route("/sleep", post(sleep))
         .route("/wake_up", post(wake_up))
         .route("/wakeup", post(wake_up))
@@ -44,6 +45,8 @@ pub(super) fn routes() -> axum::Router<Arc<ControlPlane>> {
         .route("/init_weight_update_communicator", post(init_transfer))
         .route("/start_weight_update", post(start))
         .route("/update_weights", post(update))
+        .route("/weight_info", get(weight_info))
+        .route("/abort_requests", post(abort_requests))
         .route("/finish_weight_update", post(finish))
         .route("/collective_rpc", post(collective_rpc))
 }
@@ -103,9 +106,13 @@ fn vllm_mode(m: Option<&str>) -> Result<PauseMode, ApiError> {
 
 async fn pause(State(p): Plane, uri: axum::http::Uri) -> Answer {
     let q = query(&uri.query().map(str::to_string));
-    known(&q, &["mode", "clear_cache", "wait_for_inflight_requests"])?;
+    known(&q, &["mode", "clear_cache"])?;
     let mode = vllm_mode(one(&q, "mode"))?;
-    let clear = flag(&q, "clear_cache")?;
+    // vLLM clears the prefix cache by default, except in keep mode.
+    let clear = match one(&q, "clear_cache") {
+        None => one(&q, "mode") != Some("keep"),
+        Some(_) => flag(&q, "clear_cache")? && one(&q, "mode") != Some("keep"),
+    };
     Ok(json(p.pause(mode, clear).await?))
 }
 
@@ -115,6 +122,11 @@ async fn resume(State(p): Plane) -> Answer {
 
 async fn is_paused(State(p): Plane) -> Answer {
     Ok(json(json!({"is_paused": p.is_paused().await})))
+}
+
+/// `GET /is_sleeping`: whether the fleet released memory through the plane.
+async fn is_sleeping(State(p): Plane) -> Answer {
+    Ok(json(json!({"is_sleeping": p.is_sleeping().await})))
 }
 
 fn tags(q: &[(String, String)]) -> Result<Vec<String>, ApiError> {
@@ -141,11 +153,12 @@ fn tags(q: &[(String, String)]) -> Result<Vec<String>, ApiError> {
 
 async fn sleep(State(p): Plane, uri: axum::http::Uri) -> Answer {
     let q = query(&uri.query().map(str::to_string));
-    known(&q, &["level", "tags"])?;
+    known(&q, &["level", "tags", "mode"])?;
     match one(&q, "level") {
-        None | Some("1" | "2") => {}
-        Some(l) => return Err(bad(format!("level must be 1 or 2, got {l:?}"))),
+        None | Some("0" | "1" | "2") => {}
+        Some(l) => return Err(bad(format!("level must be 0, 1 or 2, got {l:?}"))),
     }
+    vllm_mode(one(&q, "mode"))?;
     super::sglang::memory(&p, true, tags(&q)?).await
 }
 
@@ -189,9 +202,17 @@ async fn world_size(State(p): Plane, uri: axum::http::Uri) -> Answer {
 
 /// `init_info` as vLLM takes it, or the same fields flat (the SkyRL RFC's
 /// `/init_weight_update_communicator`); `backend` is Troupe's addition (default `nccl`).
+/// vLLM's packing settings are accepted (packing is per bucket here).
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
+#[allow(dead_code)]
 struct InitInfo {
+    #[serde(default)]
+    packed: bool,
+    #[serde(default)]
+    packed_buffer_size_bytes: Option<u64>,
+    #[serde(default)]
+    packed_num_buffers: Option<u64>,
     master_address: String,
     master_port: u16,
     #[serde(default)]
@@ -225,14 +246,65 @@ async fn start(State(p): Plane) -> Answer {
     Ok(json(p.transfer_phase(None).await?))
 }
 
+/// `POST /update_weights {"update_info": {...} | [{...}, ...]}`: one bucket, or several in
+/// order.
 async fn update(State(p): Plane, b: Bytes) -> Answer {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Infos {
+        One(UpdateInfo),
+        Many(Vec<UpdateInfo>),
+    }
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Body {
-        update_info: UpdateInfo,
+        update_info: Infos,
     }
     let req: Body = body(&b)?;
-    bucket(&p, req.update_info).await
+    match req.update_info {
+        Infos::One(i) => bucket(&p, i).await,
+        Infos::Many(list) => {
+            let mut last = json(json!({"success": true, "message": "no buckets"}));
+            for i in list {
+                last = bucket(&p, i).await?;
+            }
+            Ok(last)
+        }
+    }
+}
+
+/// `GET /weight_info`: vLLM's name for the served weight version.
+async fn weight_info(State(p): Plane) -> Answer {
+    Ok(json(json!({"weight_version": p.weight_version().await?})))
+}
+
+/// `POST /abort_requests {request_ids?}`: vLLM's abort (none listed: every request).
+async fn abort_requests(State(p): Plane, b: Bytes) -> Answer {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        #[serde(default)]
+        request_ids: Vec<String>,
+    }
+    let req: Body = body(&b)?;
+    let bodies: Arc<Vec<Value>> = Arc::new(if req.request_ids.is_empty() {
+        vec![json!({"abort_all": true})]
+    } else {
+        req.request_ids.iter().map(|r| json!({"rid": r})).collect()
+    });
+    Ok(json(
+        p.each("abort_requests", move |c, e| {
+            let bodies = bodies.clone();
+            Box::pin(async move {
+                let mut last = Value::Null;
+                for b in bodies.iter() {
+                    last = c.send(&e.url, "/abort_request", Some(b)).await?;
+                }
+                Ok(last)
+            })
+        })
+        .await?,
+    ))
 }
 
 async fn bucket(p: &ControlPlane, info: UpdateInfo) -> Answer {

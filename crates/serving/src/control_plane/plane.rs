@@ -42,6 +42,8 @@ pub(crate) struct OpState {
     pub(crate) groups: HashMap<String, ClientGroup>,
     /// The last weight update that came through the plane (catch-up replays it).
     pub(crate) last: Option<LastUpdate>,
+    /// Memory was released through the plane and not resumed since.
+    pub(crate) sleeping: bool,
 }
 
 /// The fleet control plane: [`InferenceControl`] (fan-out through the typed engine client) and
@@ -317,6 +319,33 @@ impl ControlPlane {
             },
             "engines": list,
         })
+    }
+
+    /// Records that memory was released (`true`) or taken back (`false`) fleet-wide.
+    pub async fn mark_sleeping(&self, sleeping: bool) {
+        self.op.lock().await.sleeping = sleeping;
+    }
+
+    /// Whether memory was released through the plane and not resumed since.
+    pub async fn is_sleeping(&self) -> bool {
+        self.op.lock().await.sleeping
+    }
+
+    /// The first reachable engine's `/model_info` (model path, architecture, ...).
+    pub async fn first_model_info(&self) -> Option<Value> {
+        self.refresh().await;
+        for e in self.control.engines() {
+            if let Ok(v) = self
+                .control
+                .client()
+                .send(&e.url, "/model_info", None)
+                .await
+                && v.is_object()
+            {
+                return Some(v);
+            }
+        }
+        None
     }
 
     /// Whether a client opened weight group `name` through the plane.

@@ -59,7 +59,8 @@ pub struct FleetGroupRequest {
     pub master_address: String,
     /// Its port.
     pub master_port: u16,
-    /// The group's name.
+    /// The group's name (SGLang's default `weight_update_group`).
+    #[serde(default = "default_group")]
     pub group_name: String,
     /// Collective backend (`nccl`, or `tcp` for reference engines).
     #[serde(default = "default_backend")]
@@ -70,6 +71,10 @@ pub struct FleetGroupRequest {
     /// The fleet's first rank (ranks before it are the trainer's).
     #[serde(default)]
     pub rank_offset: Option<u32>,
+}
+
+fn default_group() -> String {
+    "weight_update_group".into()
 }
 
 fn default_backend() -> String {

@@ -188,7 +188,9 @@ impl WeightSender {
 
     fn check_join(&self, h: &Hello, covered: &[bool]) -> Result<(), String> {
         let (rank, n_ranks, group) = (h.rank, h.n_ranks, &h.group);
-        if *group != self.group_name {
+        // An empty name is a receiver that joined through a route naming no group (vLLM's
+        // `/init_weight_transfer_engine`): it takes whichever group its master runs.
+        if !group.is_empty() && *group != self.group_name {
             return Err(format!(
                 "group name {group:?} does not match this group {:?}",
                 self.group_name

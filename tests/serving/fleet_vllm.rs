@@ -1,0 +1,114 @@
+//! vLLM's RL routes and SkyRL's names on the gateway of a real PD deployment: what SkyRL's
+//! `RemoteInferenceClient` sends, given the gateway as its server and proxy URL.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::within;
+use serde_json::json;
+use troupe_controller::Cluster;
+use troupe_weights::tcp::{TensorRef, WeightSender, WireDtype};
+
+use troupe_serving::control_plane::updates::VLLM_TRANSFER_GROUP;
+
+use super::fleet_control::{Fleet, norm_bucket, paused, pd};
+
+#[tokio::test]
+async fn skyrl_calls_drive_the_whole_fleet_as_one_server() {
+    within(240, async {
+        let cluster = Cluster::in_process(1, 2).await.unwrap();
+        let svc = pd(&cluster, 0).await;
+        let f = Fleet::new(&svc.gateway_url, Some("k"));
+
+        // Pause and resume in vLLM's spelling.
+        let (s, v) = f.post("/pause?mode=later", json!({})).await;
+        assert_eq!(s, 400, "{v}");
+        assert_eq!(paused(&svc).await, [false, false]);
+        f.ok("/pause?mode=keep&clear_cache=false", json!({})).await;
+        assert_eq!(paused(&svc).await, [true, true]);
+        assert_eq!(f.get("/is_paused").await.1, json!({"is_paused": true}));
+        f.ok("/resume", json!({})).await;
+        assert_eq!(f.get("/is_paused").await.1, json!({"is_paused": false}));
+
+        // Sleep and wake (memory), the prefix cache, the fleet's world size.
+        f.ok("/sleep?level=1&tags=kv_cache", json!({})).await;
+        assert_eq!(f.get("/is_sleeping").await.1["is_sleeping"], true);
+        f.ok("/wake_up?tags=kv_cache", json!({})).await;
+        assert_eq!(f.get("/is_sleeping").await.1["is_sleeping"], false);
+        let (s, v) = f.post("/sleep?level=9", json!({})).await;
+        assert_eq!(s, 400, "{v}");
+        f.ok("/reset_prefix_cache", json!({"reset_running_requests": true}))
+            .await;
+        let (s, v) = f.get("/get_world_size").await;
+        assert_eq!((s, v.clone()), (200, json!({"world_size": 2})), "{v}");
+
+        // The four-phase transfer, the trainer seeing one server of 2 ranks after its own.
+        let mut sender = WeightSender::bind("127.0.0.1:0", 3, VLLM_TRANSFER_GROUP).await.unwrap();
+        let port = sender.local_addr().unwrap().port();
+        let init = json!({"init_info": {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 3, "backend": "tcp"}});
+        let (joined, accepted) = tokio::join!(
+            f.post("/init_weight_transfer_engine", init),
+            sender.accept_all(Duration::from_secs(30))
+        );
+        assert_eq!(joined.0, 200, "{}", joined.1);
+        accepted.unwrap();
+        f.ok(
+            "/collective_rpc",
+            json!({"method": "skyrl_start_weight_update", "kwargs": {"is_checkpoint_format": true}}),
+        )
+        .await;
+        let (shape, bytes) = norm_bucket(0.25);
+        let (s, v) = f
+            .post(
+                "/collective_rpc",
+                json!({"method": "update_weights_nccl", "kwargs": {"update_info": {"names": ["model.norm.weight"], "dtype_names": ["bfloat16"], "shapes": [shape], "packed": true}}}),
+            )
+            .await;
+        assert_eq!(s, 400, "packed needs vLLM engines: {v}");
+        let refs = [TensorRef { name: "model.norm.weight", dtype: WireDtype::Bf16, shape: &shape, bytes: &bytes }];
+        let rpc = json!({"method": "update_weights_nccl", "kwargs": {"update_info": {"names": ["model.norm.weight"], "dtype_names": ["bfloat16"], "shapes": [shape], "packed": false}}});
+        let (answer, sent) = tokio::join!(f.post("/collective_rpc", rpc), sender.send_bucket(&refs));
+        sent.unwrap();
+        assert_eq!(answer.0, 200, "{}", answer.1);
+        f.ok("/collective_rpc", json!({"method": "skyrl_finish_weight_update"}))
+            .await;
+        // vLLM's own finish carries the version; every engine reports it.
+        f.ok("/start_weight_update", json!({})).await;
+        let (answer, sent) = tokio::join!(
+            f.post("/update_weights", json!({"update_info": {"names": ["model.norm.weight"], "dtype_names": ["bfloat16"], "shapes": [shape]}})),
+            sender.send_bucket(&refs)
+        );
+        sent.unwrap();
+        assert_eq!(answer.0, 200, "{}", answer.1);
+        f.ok("/finish_weight_update", json!({"weight_version": "x2"}))
+            .await;
+        assert_eq!(f.get("/weight_info").await.1["weight_version"], "x2");
+        for r in svc.control.weight_versions().await.versions {
+            assert_eq!(r.result.unwrap(), "x2", "{}", r.url);
+        }
+        let (s, v) = f.post("/collective_rpc", json!({"method": "reload_weights"})).await;
+        assert_eq!(s, 400, "{v}");
+        assert!(v["message"].as_str().unwrap().contains("update_weights_nccl"), "{v}");
+
+        // The data plane: vLLM's token-in/token-out route through the PD pair.
+        let (s, v) = f
+            .post(
+                "/inference/v1/generate",
+                json!({"model": "default", "token_ids": [5, 6, 7], "sampling_params": {"max_tokens": 4, "temperature": 0.0, "logprobs": 0}}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        let choice = &v["choices"][0];
+        assert_eq!(choice["token_ids"].as_array().unwrap().len(), 4, "{v}");
+        assert_eq!(choice["finish_reason"], "length", "{v}");
+        assert_eq!(choice["logprobs"]["content"].as_array().unwrap().len(), 4, "{v}");
+        let (s, v) = f
+            .post("/inference/v1/generate", json!({"token_ids": [], "sampling_params": {}}))
+            .await;
+        assert_eq!(s, 400, "{v}");
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
