@@ -4,8 +4,10 @@
 mod common;
 
 mod fleet_control;
+mod fleet_standalone;
 mod fleet_vllm;
 mod gateway;
 mod gateway_proxy;
 mod pd;
+mod python_examples;
 mod side_by_side;

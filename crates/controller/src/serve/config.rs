@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_yaml_ng::Value;
 use troupe_serving::RouterConfig;
-use troupe_serving::gateway::GatewayConfig;
+use troupe_serving::gateway::{ControlAuthMode, GatewayConfig};
 use troupe_serving::policy::PolicyKind;
 
 pub use super::sched::{SchedulerConfig, SchedulerType, Words};
@@ -138,6 +138,11 @@ pub struct GatewaySection {
     /// Retries of a failed request on another worker (default: the gateway's).
     #[serde(default)]
     pub max_retries: Option<u32>,
+    /// Who may call the fleet control endpoints on the gateway: `key` (the admin key; the
+    /// default) or `none` (open, for clients such as SkyRL's that send no key; only with a
+    /// loopback `listen`).
+    #[serde(default)]
+    pub control_auth: ControlAuthMode,
 }
 
 impl GatewaySection {
@@ -154,6 +159,7 @@ impl GatewaySection {
                 ..d.router.clone()
             },
             max_retries: self.max_retries.unwrap_or(d.max_retries),
+            control_auth: self.control_auth,
             ..d
         }
     }
@@ -168,6 +174,16 @@ impl GatewaySection {
         if !self.listen.is_empty() && !host_port(&self.listen) {
             return Err(format!(
                 "gateway.listen {:?} is not an IP:PORT address, e.g. 127.0.0.1:30000 (or leave it empty for the gateway host's own address)",
+                self.listen
+            ));
+        }
+        let loopback = self
+            .listen
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| a.ip().is_loopback());
+        if self.control_auth == ControlAuthMode::None && !loopback {
+            return Err(format!(
+                "gateway.control_auth none opens the fleet control endpoints to anyone who reaches the gateway, so it needs a loopback gateway.listen such as 127.0.0.1:30000 (got {:?}); or keep control_auth: key",
                 self.listen
             ));
         }

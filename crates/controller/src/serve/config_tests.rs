@@ -61,6 +61,16 @@ fn enum_like_values_are_checked_at_load_naming_the_key() {
     assert_eq!(g.router.policy, PolicyKind::RoundRobin);
     assert_eq!(g.router.prefill_policy, PolicyKind::RoundRobin);
     assert_eq!(g.router.decode_policy, PolicyKind::Sticky);
+    let open = ServeConfig::from_yaml(
+        "allocation_mode: x\ngateway: {listen: '127.0.0.1:0', control_auth: none}\n",
+        "t.yaml",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        open.gateway.to_gateway().control_auth,
+        troupe_serving::gateway::ControlAuthMode::None
+    );
     // One set of defaults: the gateway's own.
     let d = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[]).unwrap();
     assert_eq!(
@@ -73,6 +83,8 @@ fn enum_like_values_are_checked_at_load_naming_the_key() {
         ("gateway.policy=fastest", "policy"),
         ("gateway.decode_policy=rr", "decode_policy"),
         ("gateway.listen=not an address", "gateway.listen"),
+        ("gateway.control_auth=none", "loopback"),
+        ("gateway.control_auth=maybe", "control_auth"),
         (busy.as_str(), "in use"),
         ("sglang.quantization=fp4", "sglang.quantization"),
         ("sglang.ready_timeout_s=1e20", "sglang.ready_timeout_s"),

@@ -250,27 +250,26 @@ async fn start(State(p): Plane) -> Answer {
 /// order.
 async fn update(State(p): Plane, b: Bytes) -> Answer {
     #[derive(serde::Deserialize)]
-    #[serde(untagged)]
-    enum Infos {
-        One(UpdateInfo),
-        Many(Vec<UpdateInfo>),
-    }
-    #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Body {
-        update_info: Infos,
+        update_info: Value,
     }
     let req: Body = body(&b)?;
-    match req.update_info {
-        Infos::One(i) => bucket(&p, i).await,
-        Infos::Many(list) => {
-            let mut last = json(json!({"success": true, "message": "no buckets"}));
-            for i in list {
-                last = bucket(&p, i).await?;
-            }
-            Ok(last)
-        }
+    let infos = match req.update_info {
+        Value::Array(list) => list,
+        one => vec![one],
+    };
+    // Every bucket is checked before the first is sent.
+    let infos: Vec<UpdateInfo> = infos
+        .into_iter()
+        .map(|i| body(&Bytes::from(i.to_string())))
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad(format!("update_info: {}", e.message)))?;
+    let mut last = json(json!({"success": true, "message": "no buckets"}));
+    for i in infos {
+        last = bucket(&p, i).await?;
     }
+    Ok(last)
 }
 
 /// `GET /weight_info`: vLLM's name for the served weight version.
