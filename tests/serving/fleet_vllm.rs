@@ -107,8 +107,128 @@ async fn skyrl_calls_drive_the_whole_fleet_as_one_server() {
             .post("/inference/v1/generate", json!({"token_ids": [], "sampling_params": {}}))
             .await;
         assert_eq!(s, 400, "{v}");
+        let t = f.ok("/tokenize", json!({"model": "default", "prompt": "hi there", "add_special_tokens": true})).await;
+        assert_eq!(t["count"], 8, "{t}");
+        let d = f.ok("/detokenize", json!({"model": "default", "tokens": t["tokens"]})).await;
+        assert_eq!(d["prompt"], "hi there", "{d}");
         svc.teardown().await;
         cluster.shutdown().await;
+    })
+    .await
+}
+
+async fn vllm_engine() -> troupe_engine::EngineHandle {
+    troupe_engine::start(troupe_engine::cli::EngineArgs {
+        port: 0,
+        enable_memory_saver: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// Troupe's engine client speaking vLLM's routes (pause, memory, the four-phase transfer) to
+/// engines that serve them: what keeps a `vllm:` deployment in sync.
+#[tokio::test]
+async fn the_vllm_dialect_keeps_vllm_engines_in_sync() {
+    use troupe_serving::control_plane::{
+        Dialect, Engine, InferenceControl, WeightSync, WeightSyncOptions, all_ok,
+    };
+    use troupe_wire::PauseMode;
+    within(120, async {
+        let (a, b) = (vllm_engine().await, vllm_engine().await);
+        let engines = vec![
+            Engine::new(a.url(), 1, Dialect::Vllm),
+            Engine::new(b.url(), 1, Dialect::Vllm),
+        ];
+        let control = InferenceControl::with_engines(engines.clone(), None);
+        let f = Fleet::new(&a.url(), None);
+        let before = f.greedy().await;
+
+        all_ok(&control.pause(PauseMode::InPlace).await).unwrap();
+        for e in [&a, &b] {
+            let v: serde_json::Value = f
+                .http
+                .get(format!("{}/is_paused", e.url()))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(v["is_paused"], true);
+        }
+        all_ok(&control.resume().await).unwrap();
+        all_ok(&control.release_memory(&["kv_cache"]).await).unwrap();
+        let v: serde_json::Value = f
+            .http
+            .get(format!("{}/is_sleeping", a.url()))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["is_sleeping"], true);
+        all_ok(&control.resume_memory(&["kv_cache"]).await).unwrap();
+
+        let (_, tensors) = common::model::trainer_weights(31);
+        let rep = WeightSync::new(WeightSyncOptions::default())
+            .update_weights(&control, &engines, "v-vllm", &tensors)
+            .await
+            .unwrap();
+        assert!(rep.buckets >= 1);
+        let check = control.weight_versions().await;
+        assert_eq!(
+            check.agreed().as_deref(),
+            Some("v-vllm"),
+            "{:?}",
+            check.versions
+        );
+        assert_ne!(f.greedy().await, before, "the update reached the engine");
+        a.shutdown().await.unwrap();
+        b.shutdown().await.unwrap();
+    })
+    .await
+}
+
+/// The engine's own vLLM routes: answers in vLLM's shapes, bad input named.
+#[tokio::test]
+async fn the_engine_serves_vllms_routes_and_names_bad_input() {
+    within(60, async {
+        let e = vllm_engine().await;
+        let f = Fleet::new(&e.url(), None);
+        assert_eq!(f.ok("/pause?mode=wait", json!({})).await, json!({"status": "paused"}));
+        assert_eq!(f.ok("/resume", json!({})).await, json!({"status": "resumed"}));
+        assert_eq!(f.get("/get_world_size").await.1, json!({"world_size": 1}));
+        assert_eq!(f.ok("/sleep?level=2", json!({})).await["status"], "sleeping");
+        assert_eq!(f.ok("/wake_up", json!({})).await["status"], "awake");
+        assert_eq!(f.ok("/reset_prefix_cache", json!({})).await, json!({"success": true}));
+        let t = f.ok("/tokenize", json!({"model": "m", "prompt": "hello"})).await;
+        assert_eq!(t["count"], 5, "{t}");
+        let d = f.ok("/detokenize", json!({"tokens": t["tokens"]})).await;
+        assert_eq!(d["prompt"], "hello");
+        let chat = f.ok("/tokenize", json!({"messages": [{"role": "user", "content": "hi"}]})).await;
+        assert!(chat["count"].as_u64().unwrap() > 2, "{chat}");
+        for (path, body, needle) in [
+            ("/pause?mode=soon", json!({}), "soon"),
+            ("/sleep?level=7", json!({}), "level"),
+            ("/wake_up?tags=gpu", json!({}), "gpu"),
+            ("/init_weight_transfer_engine", json!({}), "init_info"),
+            ("/init_weight_transfer_engine", json!({"init_info": {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2, "nccl_unique_id_b64": "x"}}), "nccl_unique_id_b64"),
+            ("/start_weight_update", json!({}), "init_weight_transfer_engine"),
+            ("/update_weights", json!({"update_info": {"names": ["x"]}}), "dtype_names"),
+            ("/finish_weight_update", json!({"weight_version": 3}), "weight_version"),
+            ("/collective_rpc", json!({"method": "reload"}), "skyrl_start_weight_update"),
+            ("/detokenize", json!({"tokens": [-1]}), "token"),
+            ("/tokenize", json!({}), "prompt"),
+        ] {
+            let (s, v) = f.post(path, body).await;
+            assert_eq!(s, 400, "{path}: {v}");
+            assert!(v["message"].as_str().unwrap().contains(needle), "{path}: {v}");
+        }
+        assert_eq!(f.get("/is_paused").await.1, json!({"is_paused": false}));
+        e.shutdown().await.unwrap();
     })
     .await
 }

@@ -5,6 +5,8 @@
 //! - [`control`]: pause / continue / abort / flush / memory / weight version.
 //! - [`weights_api`]: weight-update groups and `/update_weights_from_disk`.
 //! - [`info`]: health, server and model info, loads, metrics.
+//! - [`vllm`]: vLLM's RL routes over the same operations; [`tokens`]: `/tokenize`,
+//!   `/detokenize`.
 //! - [`parse`], [`error`]: request parsing and SGLang-style errors.
 
 pub mod control;
@@ -13,6 +15,8 @@ pub mod generate;
 pub mod info;
 pub mod openai;
 pub mod parse;
+pub mod tokens;
+pub mod vllm;
 pub mod weights_api;
 
 use std::collections::HashMap;
@@ -87,7 +91,7 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
     let path = req.uri().path();
     let open = path.starts_with("/health") || path == "/metrics" || path == "/ready";
     let given = bearer(&req);
-    if ADMIN_PATHS.contains(&path) {
+    if ADMIN_PATHS.contains(&path) || vllm::CONTROL_PATHS.contains(&path) {
         let want = state
             .args
             .admin_api_key
@@ -166,6 +170,9 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/update_weights_from_disk",
             post(weights_api::update_from_disk),
         )
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
+        .merge(vllm::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .with_state(state)

@@ -255,7 +255,7 @@ pub async fn completions(
     .into_response())
 }
 
-fn messages(obj: &Map<String, Value>) -> Result<Vec<(String, String)>, ApiError> {
+pub(super) fn messages(obj: &Map<String, Value>) -> Result<Vec<(String, String)>, ApiError> {
     let list = obj
         .get("messages")
         .and_then(Value::as_array)

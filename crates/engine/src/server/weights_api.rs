@@ -50,17 +50,26 @@ fn uint_field(obj: &Map<String, Value>, key: &str) -> Result<u64, ApiError> {
 
 /// `POST /init_weights_update_group {master_address, master_port, rank_offset, world_size,
 /// group_name, backend}`: connects to rank 0 covering ranks `rank_offset..rank_offset+tp_size`.
-pub async fn init_group(
-    State(state): State<Arc<AppState>>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+pub async fn init_group(state: State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let obj = parse_object(&body).map_err(ApiError::control)?;
-    let addr = str_field(&obj, "master_address", "127.0.0.1")?.to_string();
-    let port = u16::try_from(uint_field(&obj, "master_port")?)
-        .map_err(|_| bad("master_port must be a port number (1-65535)"))?;
-    let rank_offset = uint_field(&obj, "rank_offset")?;
-    let world_size = uint_field(&obj, "world_size")?;
     let group = str_field(&obj, "group_name", "weight_sync")?.to_string();
+    join(state, &obj, &group).await
+}
+
+/// Joins the group `obj` describes (SGLang's `init_weights_update_group` fields), keyed by its
+/// `group_name`, announcing `wire_group` to rank 0 (empty: any group, for routes that name
+/// none).
+pub async fn join(
+    State(state): State<Arc<AppState>>,
+    obj: &Map<String, Value>,
+    wire_group: &str,
+) -> Result<Response, ApiError> {
+    let addr = str_field(obj, "master_address", "127.0.0.1")?.to_string();
+    let port = u16::try_from(uint_field(obj, "master_port")?)
+        .map_err(|_| bad("master_port must be a port number (1-65535)"))?;
+    let rank_offset = uint_field(obj, "rank_offset")?;
+    let world_size = uint_field(obj, "world_size")?;
+    let group = str_field(obj, "group_name", "weight_sync")?.to_string();
     let backend = obj.get("backend").and_then(Value::as_str).unwrap_or("tcp");
     if backend != "tcp" {
         return Err(bad(format!(
@@ -90,7 +99,7 @@ pub async fn init_group(
     let target = format!("{host}:{port}");
     let rx = WeightReceiver::connect(
         &target,
-        &group,
+        wire_group,
         rank_offset as u32,
         state.args.tp_size,
         state.weights_timeout,
