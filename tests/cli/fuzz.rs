@@ -116,6 +116,11 @@ fn body() -> impl Strategy<Value = Value> {
         Just("mode"),
         Just("names"),
         Just("shapes"),
+        Just("token_ids"),
+        Just("method"),
+        Just("kwargs"),
+        Just("update_info"),
+        Just("group_name"),
     ];
     prop::collection::btree_map(key, value, 0..5)
         .prop_map(|m| Value::Object(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect()))
@@ -139,6 +144,7 @@ fn engine_and_gateway_bodies_never_panic_or_fail_the_server() {
         .unwrap();
         let gateway = troupe_serving::gateway::start(troupe_serving::gateway::GatewayConfig {
             workers: vec![troupe_serving::WorkerSpec::regular(engine.url())],
+            worker_api_key: Some("k".into()),
             ..Default::default()
         })
         .await
@@ -153,14 +159,22 @@ fn engine_and_gateway_bodies_never_panic_or_fail_the_server() {
         .unwrap();
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(96));
     runner
-        .run(&(body(), 0usize..6), |(b, target)| {
+        .run(&(body(), 0usize..12), |(b, target)| {
             let (base, path) = match target {
                 0 => (&gu, "/generate"),
                 1 => (&gu, "/v1/completions"),
                 2 => (&gu, "/v1/chat/completions"),
                 3 => (&eu, "/generate"),
                 4 => (&eu, "/pause_generation"),
-                _ => (&eu, "/update_weights_from_distributed"),
+                5 => (&eu, "/update_weights_from_distributed"),
+                // The gateway's fleet control and vLLM routes check bodies before any engine
+                // sees them.
+                6 => (&gu, "/pause_generation"),
+                7 => (&gu, "/update_weights_from_distributed"),
+                8 => (&gu, "/collective_rpc"),
+                9 => (&gu, "/update_weights"),
+                10 => (&gu, "/inference/v1/generate"),
+                _ => (&eu, "/update_weights"),
             };
             let (status, text) = rt.block_on(async {
                 let r = client
@@ -181,6 +195,11 @@ fn engine_and_gateway_bodies_never_panic_or_fail_the_server() {
             }
             // A pause must not stick: later cases need a serving engine.
             rt.block_on(async {
+                let _ = client
+                    .post(format!("{gu}/continue_generation"))
+                    .json(&json!({}))
+                    .send()
+                    .await;
                 let _ = client
                     .post(format!("{eu}/continue_generation"))
                     .bearer_auth("k")

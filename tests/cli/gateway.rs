@@ -96,3 +96,112 @@ async fn bad_gateway_flags_are_named_and_nothing_starts() {
     })
     .await
 }
+
+/// `troupe gateway` in front of engines started by hand is their fleet control plane: one
+/// call pauses both, one push updates both, and `--control-auth none` serves keyless clients.
+#[tokio::test]
+async fn a_standalone_gateway_controls_the_engines_behind_it() {
+    within(60, async {
+        let start = || {
+            troupe_engine::start(troupe_engine::cli::EngineArgs {
+                port: 0,
+                ..Default::default()
+            })
+        };
+        let (a, b) = (start().await.unwrap(), start().await.unwrap());
+        let mut child = tokio::process::Command::new(BIN)
+            .args([
+                "gateway",
+                "--listen",
+                "127.0.0.1:0",
+                "--control-auth",
+                "none",
+                "--worker-urls",
+            ])
+            .arg(format!("{},{}", a.url(), b.url()))
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = out.next_line().await.unwrap().expect("a ready line");
+        let url = line
+            .strip_prefix("gateway listening on ")
+            .unwrap()
+            .to_string();
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let post = |path: &str, body: reqwest::Body, ct: &'static str| {
+            http.post(format!("{url}{path}"))
+                .header("content-type", ct)
+                .body(body)
+                .send()
+        };
+        let r = post("/pause?mode=keep", "".into(), "application/json")
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        for e in [&a, &b] {
+            let v: Value = http
+                .get(format!("{}/is_paused", e.url()))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(v["is_paused"], true);
+        }
+        let bytes =
+            troupe_engine::model::Weights::init(&troupe_engine::model::ModelConfig::tiny(), 4)
+                .to_safetensors_bytes()
+                .unwrap();
+        let r = post(
+            "/update_weights_from_tensor?weight_version=h1",
+            bytes.into(),
+            "application/octet-stream",
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        let r = post("/resume", "".into(), "application/json")
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        for e in [&a, &b] {
+            let v: Value = http
+                .get(format!("{}/weight_info", e.url()))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(v["weight_version"], "h1");
+        }
+        let bad = tokio::process::Command::new(BIN)
+            .args([
+                "gateway",
+                "--listen",
+                "0.0.0.0:0",
+                "--admin-key",
+                "k",
+                "--control-auth",
+                "none",
+            ])
+            .output()
+            .await
+            .unwrap();
+        assert!(!bad.status.success());
+        assert!(String::from_utf8_lossy(&bad.stderr).contains("control_auth none"));
+        let wrong = tokio::process::Command::new(BIN)
+            .args(["gateway", "--control-auth", "maybe"])
+            .output()
+            .await
+            .unwrap();
+        assert!(String::from_utf8_lossy(&wrong.stderr).contains("maybe"));
+        child.start_kill().unwrap();
+        a.shutdown().await.unwrap();
+        b.shutdown().await.unwrap();
+    })
+    .await
+}
