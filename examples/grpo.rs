@@ -17,7 +17,7 @@ use troupe::controller::run::trainer_actor::{
     GetWeights, TrainStep, TrainerActor, TrainerArgs, WireSample,
 };
 use troupe::controller::serve::{Deployment, ForkOptions};
-use troupe::controller::weight_sync::{HostTensor, WeightSync, WeightSyncOptions};
+use troupe::serving::control_plane::{HostTensor, WeightSync, WeightSyncOptions};
 use troupe::engine::train::grpo_advantages;
 use troupe::scheduler::AllocationPlan;
 use troupe::{Cluster, Registry};
@@ -45,11 +45,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let svc = Deployment::fork(&cluster, &plan, &opts).await?;
     println!("gateway at {}", svc.gateway_url);
-    let engines: Vec<(String, u32)> = svc
-        .servers()
-        .iter()
-        .map(|s| (s.info.url.clone(), s.info.gpu_count))
-        .collect();
+    let engines = svc.control.engines();
 
     // 3. The trainer, where the plan put the training rank.
     let trainer = cluster

@@ -3,8 +3,9 @@
 //! This facade re-exports the workspace's crates so examples and scripts need one dependency:
 //! - [`wire`]: the gRPC protocol and payload codec;
 //! - [`actors`]: the actor host runtime and built-in actor kinds;
-//! - [`serving`]: the HTTP data plane (router, gateway, proxies) and the InferenceServer actor;
-//! - [`controller`]: clusters, typed handles, rollout serving, weight sync, rollouts, gRPC API;
+//! - [`serving`]: the HTTP data plane (router, gateway, proxies), the fleet control plane (weight
+//!   sync, SGLang/vLLM control endpoints) and the InferenceServer actor;
+//! - [`controller`]: clusters, typed handles, rollout serving, rollouts, gRPC API;
 //! - [`cli`]: the `troupe` binary's subcommands;
 //! - [`scheduler`]: allocation modes and placement;
 //! - [`engine`]: the reference inference engine (and its trainer);

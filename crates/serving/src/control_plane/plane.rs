@@ -252,7 +252,7 @@ impl ControlPlane {
         self.refresh().await;
         let _st = self.op.lock().await;
         let (control, skipped) = self.targets();
-        let results = control.fan_out(|c, e| call(c, e)).await;
+        let results = control.fan_out(call).await;
         settle(op, &results, &skipped, Map::new())
     }
 
