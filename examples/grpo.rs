@@ -17,9 +17,9 @@ use troupe::controller::run::trainer_actor::{
     GetWeights, TrainStep, TrainerActor, TrainerArgs, WireSample,
 };
 use troupe::controller::serve::{Deployment, ForkOptions};
-use troupe::serving::control_plane::{HostTensor, WeightSync, WeightSyncOptions};
 use troupe::engine::train::grpo_advantages;
 use troupe::scheduler::AllocationPlan;
+use troupe::serving::control_plane::{HostTensor, WeightSync, WeightSyncOptions};
 use troupe::{Cluster, Registry};
 
 const STEPS: usize = 30;

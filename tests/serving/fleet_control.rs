@@ -184,6 +184,7 @@ async fn sglang_names_reach_every_engine_of_a_pd_fleet_once() {
         assert_eq!(info["fleet"]["engines"], 2, "{info}");
         assert_eq!(info["fleet"]["weight_version"], "v7", "{info}");
         assert!(info["engines"][1]["info"].is_object(), "{info}");
+        assert!(!info.to_string().contains("\"k\""), "the admin key never leaves: {info}");
 
         // A client that is rank 0 of its own broadcast: offsets 1 and 2, world 3.
         let mut sender = WeightSender::bind("127.0.0.1:0", 3, "client").await.unwrap();

@@ -288,8 +288,9 @@ fn is_secret(key: &str) -> bool {
     k.ends_with("api_key") || k.ends_with("secret") || k == "token" || k.ends_with("_token")
 }
 
-/// Replaces every secret-named field of `v` (at any depth) with `"<redacted>"`.
-fn redact(v: &mut Value) {
+/// Replaces every secret-named field of `v` (at any depth) with `"<redacted>"` (SGLang echoes
+/// its admin key in `/server_info`; the proxy and the fleet's `/server_info` never pass it on).
+pub(crate) fn redact(v: &mut Value) {
     match v {
         Value::Object(m) => {
             for (k, x) in m.iter_mut() {

@@ -168,7 +168,14 @@ pub(crate) mod tests {
         ports.take_ports(&hosts[0], all).unwrap();
         let host = cluster.host(0);
         let gateway = host
-            .spawn::<GatewayActor>("gateway", &GatewayConfig::default())
+            .spawn::<GatewayActor>(
+                "gateway",
+                &GatewayConfig {
+                    // As fork starts it: forwarding to a controller's control server.
+                    control_upstream: Some("http://127.0.0.1:9".into()),
+                    ..GatewayConfig::default()
+                },
+            )
             .await
             .unwrap();
         let proxy = host

@@ -260,7 +260,7 @@ async fn init_transfer(state: State<Arc<AppState>>, b: Bytes) -> Result<Response
     let mut req = info;
     req.insert("group_name".into(), json!(TRANSFER_GROUP));
     req.insert("backend".into(), json!("tcp"));
-    weights_api::join(state, &req, "").await?;
+    weights_api::join(state, &req, Some("")).await?;
     Ok(axum::Json(json!({"message": "Weight transfer initialized"})).into_response())
 }
 

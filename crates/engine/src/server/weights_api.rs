@@ -52,17 +52,16 @@ fn uint_field(obj: &Map<String, Value>, key: &str) -> Result<u64, ApiError> {
 /// group_name, backend}`: connects to rank 0 covering ranks `rank_offset..rank_offset+tp_size`.
 pub async fn init_group(state: State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let obj = parse_object(&body).map_err(ApiError::control)?;
-    let group = str_field(&obj, "group_name", "weight_sync")?.to_string();
-    join(state, &obj, &group).await
+    join(state, &obj, None).await
 }
 
 /// Joins the group `obj` describes (SGLang's `init_weights_update_group` fields), keyed by its
-/// `group_name`, announcing `wire_group` to rank 0 (empty: any group, for routes that name
-/// none).
+/// `group_name`, announcing `wire_group` to rank 0 instead of that name when given (empty: any
+/// group, for routes that name none).
 pub async fn join(
     State(state): State<Arc<AppState>>,
     obj: &Map<String, Value>,
-    wire_group: &str,
+    wire_group: Option<&str>,
 ) -> Result<Response, ApiError> {
     let addr = str_field(obj, "master_address", "127.0.0.1")?.to_string();
     let port = u16::try_from(uint_field(obj, "master_port")?)
@@ -99,7 +98,7 @@ pub async fn join(
     let target = format!("{host}:{port}");
     let rx = WeightReceiver::connect(
         &target,
-        wire_group,
+        wire_group.unwrap_or(&group),
         rank_offset as u32,
         state.args.tp_size,
         state.weights_timeout,

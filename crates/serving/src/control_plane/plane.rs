@@ -304,7 +304,11 @@ impl ControlPlane {
                 };
                 let mut v = json!({"url": e.url, "gpus": e.gpus, "dialect": e.dialect.to_string(), "state": state});
                 match &r.result {
-                    Ok(info) => v["info"] = info.clone(),
+                    Ok(info) => {
+                        let mut info = info.clone();
+                        crate::proxy::redact(&mut info);
+                        v["info"] = info;
+                    }
                     Err(err) => v["error"] = json!(err),
                 }
                 v
