@@ -92,9 +92,32 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// argv, with the SGLang flags `troupe engine` does not take left out (and named, once, on
+/// stderr): one launch command or config serves both the reference engine and SGLang.
+fn argv() -> Vec<String> {
+    let all: Vec<String> = std::env::args().collect();
+    if all.get(1).map(String::as_str) != Some("engine") {
+        return all;
+    }
+    use clap::Args as _;
+    let own: Vec<String> =
+        troupe_engine::cli::EngineArgs::augment_args(clap::Command::new("engine"))
+            .get_arguments()
+            .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+            .collect();
+    let (rest, ignored) = troupe_engine::foreign::split_foreign(&all[2..], &own);
+    if !ignored.is_empty() {
+        eprintln!(
+            "warning: troupe engine ignores these SGLang flags: {}",
+            ignored.join(" ")
+        );
+    }
+    all[..2].iter().cloned().chain(rest).collect()
+}
+
 /// Parses argv and runs the chosen subcommand; the binary's whole `main`.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(argv());
     init_tracing();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -18,6 +18,7 @@
 pub mod cli;
 pub mod core;
 pub mod error;
+pub mod foreign;
 pub mod kernels;
 pub mod model;
 pub mod pd;

@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod codec;
+pub mod engine_args;
 pub mod env;
 pub mod envelope;
 pub mod pause;

@@ -6,11 +6,14 @@
 
 use std::path::Path;
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use serde_yaml_ng::Value;
 use troupe_serving::RouterConfig;
 use troupe_serving::gateway::{ControlAuthMode, GatewayConfig};
 use troupe_serving::policy::PolicyKind;
+use troupe_wire::engine_args::EngineFamily;
 
 pub use super::sched::{SchedulerConfig, SchedulerType, Words};
 
@@ -68,9 +71,10 @@ impl Default for ClusterConfig {
     }
 }
 
-/// `sglang.*`: how inference servers are launched (applies to the troupe engine too).
+/// `sglang.*`: how inference servers are launched (applies to the troupe engine too). Besides
+/// Troupe's own keys, every field of SGLang's `ServerArgs` by its Python name (AReaL's
+/// `SGLangConfig` keys are a subset), checked at load against the pinned SGLang's list.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct SglangConfig {
     /// Model path; for the troupe backend also `tiny` or `small`.
     #[serde(default = "tiny")]
@@ -91,6 +95,10 @@ pub struct SglangConfig {
     /// Seconds a server may take to become ready.
     #[serde(default = "ready_timeout")]
     pub ready_timeout_s: f64,
+    /// Every other key: a field of SGLang's `ServerArgs` (`mem_fraction_static: 0.8` becomes
+    /// `--mem-fraction-static 0.8`; see `troupe_wire::engine_args`).
+    #[serde(flatten)]
+    pub args: BTreeMap<String, serde_json::Value>,
 }
 
 fn tiny() -> String {
@@ -112,6 +120,7 @@ impl Default for SglangConfig {
             disaggregation_transfer_backend: None,
             extra_args: Vec::new(),
             ready_timeout_s: ready_timeout(),
+            args: BTreeMap::new(),
         }
     }
 }
@@ -301,6 +310,10 @@ pub struct ServeConfig {
     /// Server launch settings.
     #[serde(default)]
     pub sglang: SglangConfig,
+    /// vLLM engine arguments by their Python names (`gpu_memory_utilization: 0.9`), for
+    /// `vllm:` components; checked at load against the pinned vLLM's list.
+    #[serde(default)]
+    pub vllm: BTreeMap<String, serde_json::Value>,
     /// Gateway settings.
     #[serde(default)]
     pub gateway: GatewaySection,
@@ -349,6 +362,15 @@ fn set_dotted(root: &mut Value, key: &str, value: Value) -> Result<(), String> {
 }
 
 impl ServeConfig {
+    /// The flags the `sglang:` (or `vllm:`) engine fields become, in field-name order; an
+    /// error names an unknown field (with the closest valid names) or one Troupe sets itself.
+    pub fn engine_flags(&self, family: EngineFamily) -> Result<Vec<String>, String> {
+        match family {
+            EngineFamily::Sglang => family.to_flags(&self.sglang.args),
+            EngineFamily::Vllm => family.to_flags(&self.vllm),
+        }
+    }
+
     /// Parses YAML text and applies `key.path=value` overrides (values parsed as YAML scalars).
     pub fn from_yaml(text: &str, origin: &str, overrides: &[String]) -> Result<Self, ConfigError> {
         let invalid = |message: String| ConfigError::Invalid {
@@ -459,6 +481,8 @@ impl ServeConfig {
             ));
         }
         check_seconds("sglang.ready_timeout_s", self.sglang.ready_timeout_s, 0.001)?;
+        self.engine_flags(EngineFamily::Sglang)?;
+        self.engine_flags(EngineFamily::Vllm)?;
         self.check_tls()?;
         self.check_model_path()?;
         if self.rollout.max_concurrent_rollouts == 0 {

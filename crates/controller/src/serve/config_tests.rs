@@ -102,3 +102,47 @@ fn enum_like_values_are_checked_at_load_naming_the_key() {
         assert!(e.contains(needle), "{o}: {e}");
     }
 }
+
+#[test]
+fn sglang_and_vllm_engine_fields_pass_through_checked() {
+    let ok = ServeConfig::from_yaml(
+        "allocation_mode: x\nsglang:\n  model_path: tiny\n  mem_fraction_static: 0.8\n  enable_memory_saver: true\n  chunked_prefill_size: 4096\nvllm:\n  gpu_memory_utilization: 0.9\n  enforce_eager: false\n",
+        "t.yaml",
+        &["sglang.random_seed=7".to_string()],
+    )
+    .unwrap();
+    let sg = ok.engine_flags(EngineFamily::Sglang).unwrap();
+    assert_eq!(
+        sg,
+        [
+            "--chunked-prefill-size",
+            "4096",
+            "--enable-memory-saver",
+            "--mem-fraction-static",
+            "0.8",
+            "--random-seed",
+            "7"
+        ]
+    );
+    let vl = ok.engine_flags(EngineFamily::Vllm).unwrap();
+    assert_eq!(
+        vl,
+        ["--no-enforce-eager", "--gpu-memory-utilization", "0.9"]
+    );
+    for (yaml, needle) in [
+        ("sglang: {mem_fraction_statc: 0.8}", "mem_fraction_static"),
+        ("sglang: {tp_size: 2}", "allocation_mode"),
+        ("sglang: {port: 1}", "port allocation"),
+        (
+            "vllm: {gpu_memory_utilisation: 0.9}",
+            "gpu_memory_utilization",
+        ),
+        ("vllm: {tensor_parallel_size: 2}", "allocation_mode"),
+        ("sglang: {enable_memory_saver: maybe}", "switch"),
+    ] {
+        let e = ServeConfig::from_yaml(&format!("allocation_mode: x\n{yaml}\n"), "t.yaml", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(needle), "{yaml}: {e}");
+    }
+}

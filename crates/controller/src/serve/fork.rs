@@ -59,8 +59,13 @@ pub struct ForkOptions {
     pub quantization: Option<String>,
     /// PD transfer backend.
     pub transfer_backend: Option<String>,
-    /// Extra server flags.
+    /// Extra server flags, verbatim, for every server.
     pub extra_args: Vec<String>,
+    /// Flags from the config's `sglang:` engine fields, for SGLang and reference-engine
+    /// servers (the reference engine ignores the ones it does not take, saying so once).
+    pub sglang_args: Vec<String>,
+    /// Flags from the config's `vllm:` engine fields, for vLLM servers.
+    pub vllm_args: Vec<String>,
     /// Readiness timeout per server.
     pub ready_timeout: Duration,
     /// Admin key for servers, proxies and gateway.
@@ -84,6 +89,8 @@ impl Default for ForkOptions {
             quantization: None,
             transfer_backend: None,
             extra_args: Vec::new(),
+            sglang_args: Vec::new(),
+            vllm_args: Vec::new(),
             ready_timeout: Duration::from_secs(600),
             admin_key: None,
             gateway: GatewayConfig {
@@ -170,7 +177,13 @@ fn spec_for(
             dist_init_addr: p.dist_init_addr.clone().unwrap_or_default(),
         }),
         quantization: opts.quantization.clone(),
-        extra_args: opts.extra_args.clone(),
+        extra_args: match backend {
+            Backend::Vllm => opts.vllm_args.iter(),
+            _ => opts.sglang_args.iter(),
+        }
+        .chain(&opts.extra_args)
+        .cloned()
+        .collect(),
         // The deployment's KV-handoff secret: its prefill and decode servers prove it to each
         // other, so no request can point a decode at another deployment's prefill.
         env: [(
@@ -219,7 +232,9 @@ impl Deployment {
             &hosts,
             &mut ports,
             &PlacementOptions {
-                decode_bootstrap_port: true,
+                // SGLang's decode learns the prefill's bootstrap address per request; only
+                // prefill servers listen for the KV handoff.
+                decode_bootstrap_port: false,
             },
         )
         .map_err(|e| ForkError::Placement(e.to_string()))?;

@@ -21,6 +21,13 @@ pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: bool) -> For
             .then(|| cfg.sglang.quantization.clone()),
         transfer_backend: cfg.sglang.disaggregation_transfer_backend.clone(),
         extra_args: cfg.sglang.extra_args.clone(),
+        // Checked when the config loaded; an error here cannot happen for a loaded config.
+        sglang_args: cfg
+            .engine_flags(troupe_wire::engine_args::EngineFamily::Sglang)
+            .unwrap_or_default(),
+        vllm_args: cfg
+            .engine_flags(troupe_wire::engine_args::EngineFamily::Vllm)
+            .unwrap_or_default(),
         ready_timeout: Duration::from_secs_f64(cfg.sglang.ready_timeout_s),
         admin_key: Some(admin_key),
         gateway: cfg.gateway.to_gateway(),

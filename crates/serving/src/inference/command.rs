@@ -187,13 +187,19 @@ pub fn build(
                         "--disaggregation-mode",
                         spec.worker_type.as_str().into(),
                     );
-                    let port = spec.bootstrap_port.ok_or_else(|| {
-                        SpecError(format!(
-                            "a {} server needs its own bootstrap port",
-                            spec.worker_type.as_str()
-                        ))
-                    })?;
-                    push(&mut a, "--disaggregation-bootstrap-port", port.to_string());
+                    // The prefill serves KV on its bootstrap port; a decode learns each
+                    // request's prefill address from the request (as SGLang's does).
+                    match (spec.worker_type, spec.bootstrap_port) {
+                        (WorkerType::Prefill, None) => {
+                            return Err(SpecError(
+                                "a prefill server needs its own bootstrap port".into(),
+                            ));
+                        }
+                        (_, Some(port)) => {
+                            push(&mut a, "--disaggregation-bootstrap-port", port.to_string())
+                        }
+                        (_, None) => {}
+                    }
                     if let Some(t) = &spec.transfer_backend {
                         push(&mut a, "--disaggregation-transfer-backend", t.clone());
                     }
@@ -345,6 +351,14 @@ mod tests {
                 .unwrap_err()
                 .0
                 .contains("bootstrap port")
+        );
+        // A decode needs none: it reads each request's prefill address.
+        let mut d = spec(Backend::Sglang, WorkerType::Decode);
+        d.bootstrap_port = None;
+        assert!(
+            !build(&d, "troupe")
+                .unwrap()
+                .has("--disaggregation-bootstrap-port")
         );
     }
 
