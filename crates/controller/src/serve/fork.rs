@@ -20,7 +20,7 @@ use super::instances::{Instance, Instances, ServerEntry};
 use super::replace::Replacer;
 use crate::cluster::Cluster;
 use crate::handle::SpawnOptions;
-use crate::ports::LedgerProbe;
+use crate::ports::{Claims, LedgerProbe};
 
 /// Why inference serving could not be brought up.
 #[derive(Debug, thiserror::Error)]
@@ -200,17 +200,28 @@ fn spec_for(
     }
 }
 
-impl Deployment {
-    /// Places the plan's inference components on `cluster` and brings everything up.
-    pub async fn fork(
-        cluster: &Cluster,
+/// What a fork will launch, decided before anything starts: the hosts, their port claims and
+/// cursor, the placement (every server's host, GPUs and ports) and the deployment's KV-handoff
+/// secret. `troupe plan` prints it ([`super::plan::LaunchPlan`]); [`Deployment::fork_prepared`]
+/// launches exactly it, so the two cannot disagree.
+pub struct Prepared {
+    pub(crate) hosts: Vec<HostResources>,
+    pub(crate) claims: Arc<Claims>,
+    pub(crate) ports: PortAllocator,
+    /// Where every server (and training rank) goes.
+    pub placement: Placement,
+    pub(crate) bootstrap_secret: String,
+}
+
+impl Prepared {
+    /// Places `plan` on `hosts`, taking ports through `claims` (the cluster's ledger, or a
+    /// fresh one when planning without a cluster).
+    pub fn new(
+        hosts: Vec<HostResources>,
+        claims: Arc<Claims>,
         plan: &AllocationPlan,
         opts: &ForkOptions,
-    ) -> Result<Deployment, ForkError> {
-        let started = Instant::now();
-        // Subscribed before any server starts, so the serving watcher misses nothing.
-        let events = cluster.events();
-        let hosts = resources(cluster);
+    ) -> Result<Prepared, ForkError> {
         let all_local = hosts.iter().all(|h| h.address == "127.0.0.1");
         if opts.admin_key.is_none() && !all_local {
             let remote: Vec<&str> = hosts
@@ -220,14 +231,11 @@ impl Deployment {
                 .collect();
             return Err(ForkError::NoAdminKey(remote.join(", ")));
         }
-        let bootstrap_secret = uuid::Uuid::new_v4().simple().to_string();
-        // Claims live as long as the deployment; a failed fork drops them.
-        let claims = cluster.ports().claims();
         let mut ports = PortAllocator::randomized(
             PortRange::default(),
             Arc::new(LedgerProbe::new(&hosts, claims.clone())),
         );
-        let mut placement = troupe_scheduler::place(
+        let placement = troupe_scheduler::place(
             plan,
             &hosts,
             &mut ports,
@@ -238,7 +246,112 @@ impl Deployment {
             },
         )
         .map_err(|e| ForkError::Placement(e.to_string()))?;
+        if !placement
+            .instances
+            .iter()
+            .any(|p| plan.components[p.component].backend.is_inference())
+        {
+            return Err(ForkError::Placement(format!(
+                "allocation mode {plan} has no inference component to serve"
+            )));
+        }
+        Ok(Prepared {
+            hosts,
+            claims,
+            ports,
+            placement,
+            bootstrap_secret: uuid::Uuid::new_v4().simple().to_string(),
+        })
+    }
 
+    /// [`Prepared::new`] on `cluster`'s hosts and port ledger.
+    pub fn on(
+        cluster: &Cluster,
+        plan: &AllocationPlan,
+        opts: &ForkOptions,
+    ) -> Result<Prepared, ForkError> {
+        Self::new(resources(cluster), cluster.ports().claims(), plan, opts)
+    }
+
+    /// Every inference server of the placement with its actor name and launch spec, in
+    /// placement order: what the first launch attempt starts.
+    pub fn launches(
+        &self,
+        plan: &AllocationPlan,
+        opts: &ForkOptions,
+    ) -> Vec<(PlacedInstance, String, LaunchSpec)> {
+        let pending: Vec<PlacedInstance> = self
+            .placement
+            .instances
+            .iter()
+            .filter(|p| plan.components[p.component].backend.is_inference())
+            .cloned()
+            .collect();
+        entries(plan, &self.placement, pending, opts, &self.bootstrap_secret)
+    }
+}
+
+/// The actor name and launch spec of each of `pending`.
+fn entries(
+    plan: &AllocationPlan,
+    placement: &Placement,
+    pending: Vec<PlacedInstance>,
+    opts: &ForkOptions,
+    bootstrap_secret: &str,
+) -> Vec<(PlacedInstance, String, LaunchSpec)> {
+    pending
+        .into_iter()
+        .map(|p| {
+            let comp = &plan.components[p.component];
+            let g = &comp.groups[p.group];
+            let head = placement
+                .instance(p.component, p.group, p.instance)
+                .find(|e| e.node_rank == 0)
+                .unwrap_or(&p);
+            let (tp, pp) = (g.parallel.tp, g.parallel.pp);
+            let spec = spec_for(&p, head, comp.backend, tp, pp, opts, bootstrap_secret);
+            let name = format!(
+                "{}-c{}g{}i{}n{}",
+                spec.worker_type.as_str(),
+                p.component,
+                p.group,
+                p.instance,
+                p.node_rank
+            );
+            (p, name, spec)
+        })
+        .collect()
+}
+
+impl Deployment {
+    /// Places the plan's inference components on `cluster` and brings everything up.
+    pub async fn fork(
+        cluster: &Cluster,
+        plan: &AllocationPlan,
+        opts: &ForkOptions,
+    ) -> Result<Deployment, ForkError> {
+        let prepared = Prepared::on(cluster, plan, opts)?;
+        Self::fork_prepared(cluster, plan, prepared, opts).await
+    }
+
+    /// Launches exactly what `prepared` says (see [`Prepared`]) and routes it.
+    pub async fn fork_prepared(
+        cluster: &Cluster,
+        plan: &AllocationPlan,
+        prepared: Prepared,
+        opts: &ForkOptions,
+    ) -> Result<Deployment, ForkError> {
+        let started = Instant::now();
+        // Subscribed before any server starts, so the serving watcher misses nothing.
+        let events = cluster.events();
+        let first = prepared.launches(plan, opts);
+        let Prepared {
+            hosts,
+            claims,
+            mut ports,
+            mut placement,
+            bootstrap_secret,
+        } = prepared;
         let (servers, failures, total) = launch(
             cluster,
             plan,
@@ -246,6 +359,7 @@ impl Deployment {
             (&mut placement, &mut ports),
             opts,
             &bootstrap_secret,
+            first,
         )
         .await?;
         // From here on, what runs is in the table, and a failure stops what the table lists.
@@ -307,19 +421,11 @@ async fn launch(
     (placement, ports): (&mut Placement, &mut PortAllocator),
     opts: &ForkOptions,
     bootstrap_secret: &str,
+    first: Vec<(PlacedInstance, String, LaunchSpec)>,
 ) -> Result<(Vec<ServerEntry>, Vec<String>, usize), ForkError> {
-    let mut pending: Vec<PlacedInstance> = placement
-        .instances
-        .iter()
-        .filter(|p| plan.components[p.component].backend.is_inference())
-        .cloned()
-        .collect();
-    if pending.is_empty() {
-        return Err(ForkError::Placement(format!(
-            "allocation mode {plan} has no inference component to serve"
-        )));
-    }
-    let total = pending.len();
+    let mut pending: Vec<PlacedInstance> = Vec::new();
+    let mut next = Some(first);
+    let total = next.as_ref().map_or(0, Vec::len);
     let bar = if opts.progress {
         ProgressBar::new(total as u64)
     } else {
@@ -332,32 +438,20 @@ async fn launch(
     let mut servers = Vec::new();
     let mut failures = Vec::new();
     for attempt in 0..=PORT_RETRIES {
-        let launches: Vec<(PlacedInstance, LaunchSpec)> = pending
-            .drain(..)
-            .map(|p| {
-                let comp = &plan.components[p.component];
-                let g = &comp.groups[p.group];
-                let head = placement
-                    .instance(p.component, p.group, p.instance)
-                    .find(|e| e.node_rank == 0)
-                    .unwrap_or(&p);
-                let (tp, pp) = (g.parallel.tp, g.parallel.pp);
-                let spec = spec_for(&p, head, comp.backend, tp, pp, opts, bootstrap_secret);
-                (p, spec)
-            })
-            .collect();
+        let launches = match next.take() {
+            Some(first) => first,
+            None => entries(
+                plan,
+                placement,
+                pending.drain(..).collect(),
+                opts,
+                bootstrap_secret,
+            ),
+        };
         let restarts = opts.server_restarts;
-        let results = futures::future::join_all(launches.into_iter().map(|(p, spec)| {
+        let results = futures::future::join_all(launches.into_iter().map(|(p, name, spec)| {
             let host = cluster.host(p.host).clone();
             async move {
-                let name = format!(
-                    "{}-c{}g{}i{}n{}",
-                    spec.worker_type.as_str(),
-                    p.component,
-                    p.group,
-                    p.instance,
-                    p.node_rank
-                );
                 let r = async {
                     let actor = host
                         .spawn_with::<InferenceServer>(

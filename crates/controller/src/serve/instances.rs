@@ -389,6 +389,7 @@ pub(crate) mod tests {
                 gpu_count: 1,
                 pid: 0,
                 log_path: String::new(),
+                command: Vec::new(),
             },
             actor: host.attach(format!("server-{component}-{group}-{instance}-{node_rank}")),
             proxy_url: None,

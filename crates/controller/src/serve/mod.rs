@@ -9,6 +9,7 @@ pub mod config;
 mod deployment;
 pub mod fork;
 pub mod instances;
+pub mod plan;
 mod replace;
 mod routing;
 pub mod sched;
@@ -18,6 +19,6 @@ pub mod watch;
 
 pub use config::{ConfigError, ServeConfig};
 pub use deployment::{Capacity, Deployment};
-pub use fork::{ForkError, ForkOptions};
+pub use fork::{ForkError, ForkOptions, Prepared};
 pub use instances::{InstanceState, InstanceView, ServerEntry};
 pub use watch::ServingEvent;

@@ -33,7 +33,7 @@ pub struct ServerInfo {
     pub worker_type: WorkerType,
     /// Host decode servers contact for this prefill's KV.
     pub bootstrap_host: Option<String>,
-    /// This server's bootstrap port (prefill and decode).
+    /// This server's bootstrap port (prefills; decode servers have none).
     pub bootstrap_port: Option<u16>,
     /// GPUs the server occupies.
     pub gpu_count: u32,
@@ -42,6 +42,10 @@ pub struct ServerInfo {
     /// Where its log is (in this host process's private run directory unless the launch spec
     /// named one).
     pub log_path: String,
+    /// The program and arguments it was launched with (never a secret: those travel in the
+    /// environment or a private file), so what runs can be compared with `troupe plan`.
+    #[serde(default)]
+    pub command: Vec<String>,
 }
 
 /// The InferenceServer actor.
@@ -260,6 +264,9 @@ impl Actor for InferenceServer {
             gpu_count: spec.gpu_count(),
             pid: child.pid(),
             log_path: log.display().to_string(),
+            command: std::iter::once(cl.program.clone())
+                .chain(cl.args.iter().cloned())
+                .collect(),
         };
         let child = Arc::new(tokio::sync::Mutex::new(child));
         let stopping = CancellationToken::new();

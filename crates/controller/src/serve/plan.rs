@@ -1,0 +1,232 @@
+//! `troupe plan`: everything `troupe serve` would launch, without starting anything.
+//!
+//! [`LaunchPlan::of`] renders a [`Prepared`] fork — the same placement, ports, launch specs
+//! and command builder `fork_prepared` launches from — so the plan and the deployment cannot
+//! disagree. Secrets (the admin key, the KV-handoff secret) are shown as `<secret>`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Serialize;
+use troupe_scheduler::{AllocationPlan, HostResources, InstancePorts};
+use troupe_serving::inference::{LaunchSpec, WorkerType, command};
+
+use super::fork::{ForkError, ForkOptions, Prepared};
+
+/// Environment variables whose values are never printed.
+const SECRET_ENV: &[&str] = &[
+    troupe_wire::env::BOOTSTRAP_SECRET,
+    troupe_wire::env::ENGINE_ADMIN_KEY,
+];
+
+/// One server as it would be launched.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedServer {
+    /// The actor name (`prefill-c0g0i0n0`: component, group, instance, node rank).
+    pub name: String,
+    /// Host index.
+    pub host: usize,
+    /// The host's address.
+    pub address: String,
+    /// Regular, prefill or decode.
+    pub worker_type: WorkerType,
+    /// GPU ids on the host.
+    pub gpus: Vec<u32>,
+    /// HTTP, NCCL / dist-init and bootstrap ports.
+    pub ports: InstancePorts,
+    /// Program and arguments, exactly as launched.
+    pub command: Vec<String>,
+    /// Extra environment (`CUDA_VISIBLE_DEVICES`, ...; secrets as `<secret>`).
+    pub env: BTreeMap<String, String>,
+    /// Private files written before launch (paths only; under the host's run directory).
+    pub files: Vec<String>,
+    /// The server's URL: the backend of its data proxy (heads only).
+    pub url: Option<String>,
+}
+
+/// One engine of the weight-update group.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedEngine {
+    /// Its URL.
+    pub url: String,
+    /// Its first rank.
+    pub rank_offset: u32,
+    /// Ranks (GPUs) it covers.
+    pub gpus: u32,
+}
+
+/// Everything `troupe serve` would do, up to the first launch.
+#[derive(Debug, Clone, Serialize)]
+pub struct LaunchPlan {
+    /// The allocation mode as parsed.
+    pub allocation_mode: String,
+    /// Hosts and their GPUs.
+    pub hosts: Vec<HostResources>,
+    /// Why these hosts (the live cluster, or `cluster.n_nodes × n_gpus_per_node` as configured).
+    pub hosts_from: String,
+    /// Every inference server.
+    pub servers: Vec<PlannedServer>,
+    /// Training ranks' places (host, GPUs), if the mode has a trainer.
+    pub train: Vec<(usize, Vec<u32>)>,
+    /// The gateway's workers: each head's data proxy, by type, in front of its server.
+    pub gateway_pd: bool,
+    /// Weight-update group size (rank 0 + every engine GPU).
+    pub world_size: u32,
+    /// Every engine's rank offset.
+    pub engines: Vec<PlannedEngine>,
+    /// With Slurm: the sbatch script that would be submitted.
+    pub sbatch: Option<String>,
+}
+
+impl LaunchPlan {
+    /// The plan `prepared` describes; `troupe_bin` is the executable the hosts run.
+    pub fn of(
+        plan: &AllocationPlan,
+        prepared: &Prepared,
+        opts: &ForkOptions,
+        troupe_bin: &str,
+        hosts_from: &str,
+    ) -> Result<LaunchPlan, ForkError> {
+        let mut servers = Vec::new();
+        for (p, name, spec) in prepared.launches(plan, opts) {
+            servers.push(planned(&p, name, &spec, troupe_bin)?);
+        }
+        let mut engines = Vec::new();
+        let mut next = 1u32;
+        for s in servers.iter().filter(|s| s.url.is_some()) {
+            let gpus = s.gpus.len().max(1) as u32;
+            engines.push(PlannedEngine {
+                url: s.url.clone().unwrap_or_default(),
+                rank_offset: next,
+                gpus,
+            });
+            next = next.saturating_add(gpus);
+        }
+        let train = prepared
+            .placement
+            .instances
+            .iter()
+            .filter(|p| p.worker_type == WorkerType::Train)
+            .map(|p| (p.host, p.gpus.clone()))
+            .collect();
+        Ok(LaunchPlan {
+            allocation_mode: plan.to_string(),
+            hosts: prepared.hosts.clone(),
+            hosts_from: hosts_from.to_string(),
+            gateway_pd: servers.iter().any(|s| s.worker_type != WorkerType::Regular),
+            servers,
+            train,
+            world_size: next,
+            engines,
+            sbatch: None,
+        })
+    }
+
+    /// The human-readable form.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let mut line = |s: String| {
+            o.push_str(&s);
+            o.push('\n');
+        };
+        line(format!("allocation mode: {}", self.allocation_mode));
+        line(format!("hosts ({}):", self.hosts_from));
+        for h in &self.hosts {
+            line(format!(
+                "  host {}  {}  GPUs {:?}",
+                h.index, h.address, h.gpu_ids
+            ));
+        }
+        line(format!("servers ({}):", self.servers.len()));
+        for s in &self.servers {
+            line(format!(
+                "  {}  host {} ({})  GPUs {:?}  ports http {} dist {} bootstrap {}",
+                s.name,
+                s.host,
+                s.address,
+                s.gpus,
+                opt(s.ports.http),
+                opt(s.ports.dist),
+                opt(s.ports.bootstrap)
+            ));
+            line(format!("    command: {}", s.command.join(" ")));
+            if !s.env.is_empty() {
+                let env: Vec<String> = s.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                line(format!("    env: {}", env.join(" ")));
+            }
+            if let Some(u) = &s.url {
+                line(format!("    data proxy -> {u}"));
+            }
+        }
+        for (host, gpus) in &self.train {
+            line(format!("training rank: host {host} GPUs {gpus:?}"));
+        }
+        line(format!(
+            "gateway: {} workers ({}), one data proxy each",
+            self.engines.len(),
+            if self.gateway_pd {
+                "prefill/decode pairs"
+            } else {
+                "regular"
+            }
+        ));
+        line(format!("weight group: world size {}", self.world_size));
+        for e in &self.engines {
+            line(format!(
+                "  rank {:>3}..{:<3} {}",
+                e.rank_offset,
+                e.rank_offset + e.gpus,
+                e.url
+            ));
+        }
+        if let Some(s) = &self.sbatch {
+            line("sbatch script:".into());
+            o.push_str(s);
+        }
+        o
+    }
+}
+
+fn opt(p: Option<u16>) -> String {
+    p.map_or_else(|| "-".into(), |p| p.to_string())
+}
+
+fn planned(
+    p: &troupe_scheduler::PlacedInstance,
+    name: String,
+    spec: &LaunchSpec,
+    troupe_bin: &str,
+) -> Result<PlannedServer, ForkError> {
+    let cl = command::build(spec, troupe_bin, Path::new("$RUN_DIR"))
+        .map_err(|e| ForkError::Placement(format!("{name}: {e}")))?;
+    let env = cl
+        .env
+        .iter()
+        .map(|(k, v)| {
+            let v = if SECRET_ENV.contains(&k.as_str()) {
+                "<secret>".to_string()
+            } else {
+                v.clone()
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    Ok(PlannedServer {
+        name,
+        host: p.host,
+        address: p.address.clone(),
+        worker_type: p.worker_type,
+        gpus: p.gpus.clone(),
+        ports: p.ports.clone(),
+        command: std::iter::once(cl.program.clone())
+            .chain(cl.args.iter().cloned())
+            .collect(),
+        env,
+        files: cl
+            .files
+            .iter()
+            .map(|f| f.path.display().to_string())
+            .collect(),
+        url: spec.wait_ready.then(|| spec.url()),
+    })
+}
