@@ -1,7 +1,9 @@
 //! Troupe's reference inference engine: a real (small) transformer on CPU that speaks SGLang's
 //! HTTP protocol, including prefill/decode disaggregation with a TCP KV handoff, so the whole
 //! system runs on a laptop and in CI and our router, controller and weight sync are exercised
-//! against a real engine.
+//! against a real engine. It also serves vLLM's RL routes (pause / sleep / the four-phase
+//! weight transfer / `/collective_rpc`, `/tokenize`, `/inference/v1/generate`) over the same
+//! operations, so clients of both dialects run against it.
 //!
 //! - [`model`]: the transformer, its weights and KV cache (reusable by a trainer).
 //! - [`sampling`]: sampling parameters and the deterministic sampler.
@@ -151,6 +153,7 @@ pub async fn start(args: EngineArgs) -> Result<EngineHandle, EngineError> {
         groups: tokio::sync::Mutex::new(HashMap::new()),
         addr,
         args,
+        vllm: Default::default(),
     });
     let app = server::router(state);
     let (tx, rx) = oneshot::channel::<()>();

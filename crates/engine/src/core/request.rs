@@ -117,6 +117,10 @@ pub enum Command {
     Abort(Option<String>, oneshot::Sender<usize>),
     /// Pause generation.
     Pause(PauseMode, oneshot::Sender<usize>),
+    /// vLLM's `wait` pause: stop admitting queued requests, let the running ones finish, then
+    /// pause (queued ones stay queued until resume). Answered once drained; `Err` if a resume
+    /// arrived first or the running requests cannot progress (weights released).
+    Drain(Reply),
     /// Resume generation.
     Continue(oneshot::Sender<()>),
     /// Flush caches (only when idle, like SGLang).

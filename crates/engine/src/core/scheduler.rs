@@ -103,6 +103,7 @@ impl EngineCore {
             waiting: VecDeque::new(),
             running: Vec::new(),
             paused: None,
+            drains: Vec::new(),
             weight_version: cfg.weight_version.clone(),
             cfg,
             rooms,
@@ -157,6 +158,8 @@ struct Scheduler {
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     paused: Option<PauseMode>,
+    /// Callers of a pending `Drain`: while non-empty, no queued request is admitted.
+    drains: Vec<Reply>,
     weight_version: String,
     max_context: usize,
     cfg: SchedulerConfig,
@@ -171,11 +174,28 @@ impl Scheduler {
     }
 
     fn has_work(&self) -> bool {
-        !self.blocked() && (!self.running.is_empty() || !self.waiting.is_empty())
+        let draining = !self.drains.is_empty();
+        !self.blocked() && (!self.running.is_empty() || (!draining && !self.waiting.is_empty()))
+    }
+
+    /// Completes a pending drain once nothing runs: the engine is then paused in place (the
+    /// queued requests stay queued).
+    fn finish_drain(&mut self) {
+        if self.drains.is_empty() || !self.running.is_empty() {
+            return;
+        }
+        if self.paused.is_none() {
+            self.paused = Some(PauseMode::InPlace);
+        }
+        self.publish();
+        for d in self.drains.drain(..) {
+            let _ = d.send(Ok("drained".into()));
+        }
     }
 
     fn run(&mut self, rx: std_mpsc::Receiver<Command>) {
         loop {
+            self.finish_drain();
             // Block when idle; otherwise take whatever arrived since the last step.
             if !self.has_work() {
                 self.publish();
@@ -231,9 +251,32 @@ impl Scheduler {
                 self.paused = Some(mode);
                 self.publish();
                 let _ = reply.send(n);
+                // A pause that lands during a drain ends it: the engine is paused now.
+                for d in self.drains.drain(..) {
+                    let _ = d.send(Ok(format!("paused ({}) while draining", mode.as_str())));
+                }
+            }
+            Command::Drain(reply) => {
+                if self.weights.is_none() && !self.running.is_empty() {
+                    let _ = reply.send(Err(format!(
+                        "{} running requests cannot finish while the weights are released; wake up (or resume memory) first, or pause with mode abort",
+                        self.running.len()
+                    )));
+                } else {
+                    // As vLLM's PAUSED_NEW: requests held by an earlier pause run on and drain.
+                    self.paused = None;
+                    self.drains.push(reply);
+                    self.publish();
+                }
             }
             Command::Continue(reply) => {
                 self.paused = None;
+                for d in self.drains.drain(..) {
+                    let _ = d.send(Err(
+                        "resumed before the running requests finished; generation is not paused"
+                            .into(),
+                    ));
+                }
                 self.publish();
                 let _ = reply.send(());
             }
@@ -410,8 +453,12 @@ impl Scheduler {
         let Some(weights) = self.weights.as_ref() else {
             return;
         };
-        // Admit.
-        let room = self.cfg.max_running.saturating_sub(self.running.len());
+        // Admit (nothing while draining).
+        let room = if self.drains.is_empty() {
+            self.cfg.max_running.saturating_sub(self.running.len())
+        } else {
+            0
+        };
         let n_admit = room.min(self.waiting.len());
         let mut admitted: Vec<Sequence> = self.waiting.drain(..n_admit).collect();
         let decoding = self.running.len();

@@ -85,9 +85,11 @@ pub async fn pause_generation(
     .into_response())
 }
 
-/// `POST /continue_generation`.
+/// `POST /continue_generation` (also lifts a vLLM `/pause`'s refusal of new requests: there is
+/// one scheduler, and any resume resumes it).
 pub async fn continue_generation(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     state.core.call(Command::Continue).await?;
+    state.vllm.accept_new();
     Ok(axum::Json(
         json!({"success": true, "status": "ok", "message": "Generation continued successfully."}),
     )
@@ -120,7 +122,8 @@ fn tags(obj: &serde_json::Map<String, Value>) -> Result<(bool, bool), ApiError> 
     }
 }
 
-fn require_saver(state: &AppState) -> Result<(), ApiError> {
+/// Memory release needs `--enable-memory-saver` (vLLM's `enable_sleep_mode`).
+pub(super) fn require_saver(state: &AppState) -> Result<(), ApiError> {
     if state.args.enable_memory_saver {
         Ok(())
     } else {

@@ -26,8 +26,14 @@ use crate::pd::fetch_kv;
 use crate::rng::mix;
 use crate::tokenizer;
 
-/// Checks an item against this server's role and model before anything is submitted.
+/// Checks an item against this server's role and model before anything is submitted, and
+/// refuses it (503, retryable) while a vLLM `/pause` in `abort` or `wait` mode holds.
 pub fn check_item(state: &AppState, item: &GenItem) -> Result<(), ApiError> {
+    if state.vllm.rejecting() {
+        return Err(ApiError::unavailable(
+            "generation is paused (POST /pause in abort or wait mode) and refuses new requests until POST /resume; retry then",
+        ));
+    }
     if item.input_ids.is_empty() {
         return Err(ApiError::bad_request(
             "the prompt is empty; send at least one token",

@@ -5,18 +5,21 @@
 //! - [`control`]: pause / continue / abort / flush / memory / weight version.
 //! - [`weights_api`]: weight-update groups and `/update_weights_from_disk`.
 //! - [`info`]: health, server and model info, loads, metrics.
-//! - [`vllm`]: vLLM's RL routes over the same operations; [`tokens`]: `/tokenize`,
-//!   `/detokenize`.
+//! - [`vllm`], [`vllm_transfer`]: vLLM's RL routes over the same operations.
+//! - [`tokens`]: vLLM's `/tokenize`, `/detokenize`; [`inference`]: its token-in/token-out
+//!   `/inference/v1/generate`.
 //! - [`parse`], [`error`]: request parsing and SGLang-style errors.
 
 pub mod control;
 pub mod error;
 pub mod generate;
+pub mod inference;
 pub mod info;
 pub mod openai;
 pub mod parse;
 pub mod tokens;
 pub mod vllm;
+pub mod vllm_transfer;
 pub mod weights_api;
 
 use std::collections::HashMap;
@@ -63,6 +66,9 @@ pub struct AppState {
     pub groups: tokio::sync::Mutex<HashMap<String, WeightReceiver>>,
     /// The HTTP address.
     pub addr: SocketAddr,
+    /// What vLLM's routes keep between calls (their pause's refusal of new requests, the
+    /// weight-transfer session).
+    pub vllm: vllm::VllmState,
 }
 
 /// Endpoints that need the admin key (control plane).
@@ -172,6 +178,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
+        .route("/inference/v1/generate", post(inference::generate))
         .merge(vllm::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))

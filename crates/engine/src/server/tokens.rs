@@ -1,30 +1,96 @@
 //! vLLM's `/tokenize` and `/detokenize` (always served by vLLM, and what SkyRL's client calls
-//! when it has no local tokenizer): `{model?, prompt | messages, add_special_tokens?}` →
-//! `{count, max_model_len, tokens, token_strs}` and `{model?, tokens}` → `{prompt}`.
+//! when it has no local tokenizer), over the engine's byte tokenizer and the chat template
+//! `/v1/chat/completions` uses:
+//!
+//! - `{model?, prompt, add_special_tokens?, return_token_strs?}` or `{model?, messages,
+//!   add_generation_prompt?, continue_final_message?, add_special_tokens?, return_token_strs?}`
+//!   → `{count, max_model_len, tokens, token_strs}`;
+//! - `{model?, tokens}` → `{prompt}`.
+//!
+//! The byte tokenizer adds no special tokens (like a tokenizer whose config sets no BOS), so
+//! `add_special_tokens` is checked and changes nothing; tokenizing then generating equals
+//! generating from the text. The engine serves one model, so `model` is only type-checked.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use super::AppState;
-use super::error::{ApiError, parse_object};
+use super::error::{ApiError, parse_object, type_name};
 use crate::tokenizer;
+
+/// The chat template's generation prompt (what `add_generation_prompt: false` leaves out).
+const GENERATION_PROMPT: &str = "<|assistant|>\n";
+
+/// Checks vLLM's optional `model` field (a string or null).
+pub fn check_model(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    match obj.get("model") {
+        None | Some(Value::Null | Value::String(_)) => Ok(()),
+        Some(v) => Err(ApiError::bad_request(format!(
+            "model must be a string (the served model name), got {}",
+            type_name(v)
+        ))),
+    }
+}
+
+fn flag(obj: &Map<String, Value>, k: &str, default: bool) -> Result<bool, ApiError> {
+    match obj.get(k) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(ApiError::bad_request(format!(
+            "{k} must be true or false, got {v}"
+        ))),
+    }
+}
+
+/// A chat rendered through the engine's template, with vLLM's two switches.
+fn chat(obj: &Map<String, Value>) -> Result<String, ApiError> {
+    for k in ["chat_template", "tools", "mm_processor_kwargs"] {
+        if obj.get(k).is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::bad_request(format!(
+                "{k} is not supported by the reference engine's fixed byte-level chat template; remove it"
+            )));
+        }
+    }
+    let add_prompt = flag(obj, "add_generation_prompt", true)?;
+    let cont = flag(obj, "continue_final_message", false)?;
+    if add_prompt && cont {
+        return Err(ApiError::bad_request(
+            "continue_final_message cannot be used with add_generation_prompt; send add_generation_prompt: false",
+        ));
+    }
+    let msgs = super::openai::messages(obj)?;
+    let full = tokenizer::apply_chat_template(&msgs);
+    let mut text = full
+        .strip_suffix(GENERATION_PROMPT)
+        .unwrap_or(&full)
+        .to_string();
+    if add_prompt {
+        text.push_str(GENERATION_PROMPT);
+    } else if cont {
+        // The last message stays open: no newline closes it.
+        text.pop();
+    }
+    Ok(text)
+}
 
 /// `POST /tokenize`: a prompt, or chat messages through the chat template.
 pub async fn tokenize(State(state): State<Arc<AppState>>, b: Bytes) -> Result<Response, ApiError> {
     let obj = parse_object(&b)?;
+    check_model(&obj)?;
     let text = match (obj.get("prompt"), obj.get("messages")) {
         (Some(Value::String(p)), None) => p.clone(),
-        (None, Some(_)) => tokenizer::apply_chat_template(&super::openai::messages(&obj)?),
+        (None, Some(_)) => chat(&obj)?,
         (Some(_), Some(_)) => {
             return Err(ApiError::bad_request("give prompt or messages, not both"));
         }
         (Some(v), None) => {
             return Err(ApiError::bad_request(format!(
-                "prompt must be a string, got {v}"
+                "prompt must be a string, got {}",
+                type_name(v)
             )));
         }
         (None, None) => {
@@ -33,7 +99,8 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, b: Bytes) -> Result<Re
             ));
         }
     };
-    let want_strs = obj.get("return_token_strs").and_then(Value::as_bool) == Some(true);
+    flag(&obj, "add_special_tokens", true)?;
+    let want_strs = flag(&obj, "return_token_strs", false)?;
     let tokens = tokenizer::encode(&text);
     let strs = want_strs.then(|| {
         tokens
@@ -50,27 +117,29 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, b: Bytes) -> Result<Re
     .into_response())
 }
 
-/// `POST /detokenize`.
+/// Token ids of this model from a JSON list, naming `field` when one is not.
+pub fn token_ids(state: &AppState, v: Option<&Value>, field: &str) -> Result<Vec<u32>, ApiError> {
+    let ids = v.and_then(Value::as_array).ok_or_else(|| {
+        ApiError::bad_request(format!("{field} (a list of token ids) is required"))
+    })?;
+    let vocab = state.config.vocab_size as u64;
+    ids.iter()
+        .map(|t| match t.as_u64() {
+            Some(id) if id < vocab => Ok(id as u32),
+            _ => Err(ApiError::bad_request(format!(
+                "{field} contains {t}, which is not a token id of this model (integers 0..{vocab})"
+            ))),
+        })
+        .collect()
+}
+
+/// `POST /detokenize`: special tokens are skipped, as vLLM's default does.
 pub async fn detokenize(
     State(state): State<Arc<AppState>>,
     b: Bytes,
 ) -> Result<Response, ApiError> {
     let obj = parse_object(&b)?;
-    let ids = obj
-        .get("tokens")
-        .and_then(Value::as_array)
-        .ok_or_else(|| ApiError::bad_request("tokens (a list of token ids) is required"))?;
-    let vocab = state.config.vocab_size as u64;
-    let mut out = Vec::with_capacity(ids.len());
-    for t in ids {
-        match t.as_u64() {
-            Some(id) if id < vocab => out.push(id as u32),
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "token {t} is not a token id of this model (0..{vocab})"
-                )));
-            }
-        }
-    }
-    Ok(axum::Json(json!({"prompt": tokenizer::decode(&out)})).into_response())
+    check_model(&obj)?;
+    let ids = token_ids(&state, obj.get("tokens"), "tokens")?;
+    Ok(axum::Json(json!({"prompt": tokenizer::decode(&ids)})).into_response())
 }

@@ -1,14 +1,23 @@
-//! vLLM's native RL routes (its `VLLM_SERVER_DEV_MODE` API, what SkyRL's
-//! `RemoteInferenceClient` calls), served beside SGLang's names over the same operations, so
-//! both dialects of Troupe's engine client are exercised against a real engine:
+//! vLLM's native RL control routes (its `VLLM_SERVER_DEV_MODE` API, what SkyRL's
+//! `RemoteInferenceClient` calls), served beside SGLang's names over the same scheduler
+//! operations, so both dialects of Troupe's engine client are exercised against a real engine.
+//! Shapes follow vLLM's `entrypoints/rl/online` and `serve/dev` routers; errors use the
+//! engine's one JSON envelope (400 naming the field) where vLLM would raise.
 //!
-//! `/pause?mode=abort|wait|keep`, `/resume`, `/is_paused`, `/sleep?level=`, `/wake_up?tags=`,
-//! `/is_sleeping`, `/reset_prefix_cache`, `/get_world_size`, `/weight_info`, the four-phase
-//! weight transfer (`/init_weight_transfer_engine`, `/start_weight_update`, `/update_weights`,
-//! `/finish_weight_update`) and `/collective_rpc` for SkyRL's methods. Each request is checked,
-//! turned into the SGLang-named handler's body, and answered in vLLM's shape.
+//! | vLLM | here |
+//! | --- | --- |
+//! | `POST /pause?mode=abort` | abort pause; new requests 503 until `/resume` |
+//! | `POST /pause?mode=wait` | running requests finish, queued ones stay queued, then an in-place pause; new requests 503 |
+//! | `POST /pause?mode=keep` | in-place pause: requests stay and continue after `/resume`; new ones queue |
+//! | `POST /resume`, `GET /is_paused` | continue; paused or refusing new requests |
+//! | `POST /sleep?level=&mode=&tags=` | pause by `mode`, then (level ≥ 1) release memory by `tags` |
+//! | `POST /wake_up?tags=`, `GET /is_sleeping` | resume memory; fully awake resumes scheduling |
+//! | `POST /reset_prefix_cache`, `GET /get_world_size`, `GET /weight_info`, `POST /abort_requests` | flush, tp size, version, abort |
+//!
+//! The four-phase weight transfer and `/collective_rpc` are in [`super::vllm_transfer`].
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -20,11 +29,31 @@ use serde_json::{Map, Value, json};
 
 use super::AppState;
 use super::error::{ApiError, parse_object};
-use super::{control, weights_api};
+use super::{control, vllm_transfer};
+use crate::core::{Command, PauseMode};
 
-/// The key of the weight group joined through `/init_weight_transfer_engine` (vLLM names
-/// none; on the wire the engine joins with an empty name, which matches any master's group).
-pub const TRANSFER_GROUP: &str = "vllm-transfer";
+/// What vLLM's routes remember between calls (kept apart from SGLang's state so SGLang's
+/// routes behave exactly as before).
+#[derive(Debug, Default)]
+pub struct VllmState {
+    /// Set by `/pause` in `abort` or `wait` mode until generation resumes: vLLM then refuses
+    /// new generation requests with a retryable 503 instead of queuing them.
+    pub reject_new: AtomicBool,
+    /// The four-phase weight transfer's session.
+    pub transfer: tokio::sync::Mutex<vllm_transfer::Transfer>,
+}
+
+impl VllmState {
+    /// Whether new generation requests are refused (a vLLM user pause in `abort`/`wait` mode).
+    pub fn rejecting(&self) -> bool {
+        self.reject_new.load(Ordering::SeqCst)
+    }
+
+    /// Ends the refusal: any resume (vLLM's or SGLang's) lifts it, as vLLM's resume does.
+    pub fn accept_new(&self) {
+        self.reject_new.store(false, Ordering::SeqCst);
+    }
+}
 
 /// The control paths (they need the admin key, like SGLang's).
 pub const CONTROL_PATHS: &[&str] = &[
@@ -34,13 +63,14 @@ pub const CONTROL_PATHS: &[&str] = &[
     "/wake_up",
     "/reset_prefix_cache",
     "/init_weight_transfer_engine",
+    "/shutdown_weight_transfer_engine",
     "/start_weight_update",
     "/update_weights",
     "/finish_weight_update",
     "/collective_rpc",
 ];
 
-/// The routes.
+/// The routes (control, and vLLM's read-only status routes).
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/pause", post(pause))
@@ -52,18 +82,17 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/get_world_size", get(world_size))
         .route("/weight_info", get(weight_info))
-        .route("/init_weight_transfer_engine", post(init_transfer))
-        .route("/start_weight_update", post(start))
-        .route("/update_weights", post(update))
-        .route("/finish_weight_update", post(finish))
-        .route("/collective_rpc", post(collective_rpc))
+        .route("/abort_requests", post(abort_requests))
+        .merge(vllm_transfer::routes())
 }
 
-fn bad(m: impl Into<String>) -> ApiError {
+/// A 400 in the control envelope (SGLang's `success: false` included).
+pub(super) fn bad(m: impl Into<String>) -> ApiError {
     ApiError::bad_request(m).control()
 }
 
-fn query(uri: &Uri) -> Vec<(String, String)> {
+/// The query string as `(key, value)` pairs, repeated keys kept (vLLM's `tags=a&tags=b`).
+pub(super) fn query(uri: &Uri) -> Vec<(String, String)> {
     form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect()
@@ -73,7 +102,9 @@ fn one<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
     q.iter().find(|(x, _)| x == k).map(|(_, v)| v.as_str())
 }
 
-fn known(q: &[(String, String)], keys: &[&str]) -> Result<(), ApiError> {
+/// Refuses query parameters the route does not take, naming them (FastAPI would ignore them;
+/// a misspelt `mode` silently meaning `abort` is worse than a 400).
+pub(super) fn known(q: &[(String, String)], keys: &[&str]) -> Result<(), ApiError> {
     match q.iter().find(|(k, _)| !keys.contains(&k.as_str())) {
         Some((k, _)) => Err(bad(format!(
             "unknown query parameter {k:?}; this route takes {keys:?}"
@@ -91,74 +122,132 @@ fn flag(q: &[(String, String)], k: &str, default: bool) -> Result<bool, ApiError
     }
 }
 
-fn body_of(v: Value) -> Bytes {
-    Bytes::from(v.to_string())
-}
-
 /// The body as a JSON object (an empty body is `{}`).
-fn object(b: &Bytes) -> Result<Map<String, Value>, ApiError> {
-    if b.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Map::new());
-    }
+pub(super) fn object(b: &Bytes) -> Result<Map<String, Value>, ApiError> {
     parse_object(b).map_err(ApiError::control)
 }
 
+fn status(state: &AppState) -> crate::core::scheduler::EngineStatus {
+    state.core.status()
+}
+
+/// vLLM's pause modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Abort,
+    Wait,
+    Keep,
+}
+
+fn mode(q: &[(String, String)]) -> Result<Mode, ApiError> {
+    match one(q, "mode") {
+        None | Some("abort") => Ok(Mode::Abort),
+        Some("wait") => Ok(Mode::Wait),
+        Some("keep") => Ok(Mode::Keep),
+        Some(m) => Err(bad(format!(
+            "unknown pause mode {m:?}; use mode=abort, mode=wait or mode=keep"
+        ))),
+    }
+}
+
+/// Pauses the scheduler as `mode` says; `keep_kv` false turns `keep` into a retraction (the
+/// requests stay, recomputed after resume), for a sleep that drops the KV cache.
+async fn pause_as(state: &AppState, mode: Mode, keep_kv: bool) -> Result<(), ApiError> {
+    match mode {
+        Mode::Abort => {
+            state
+                .core
+                .call(|tx| Command::Pause(PauseMode::Abort, tx))
+                .await?;
+        }
+        Mode::Keep => {
+            let m = if keep_kv {
+                PauseMode::InPlace
+            } else {
+                PauseMode::Retract
+            };
+            state.core.call(|tx| Command::Pause(m, tx)).await?;
+        }
+        Mode::Wait => {
+            state
+                .core
+                .call(Command::Drain)
+                .await?
+                .map_err(|m| ApiError::conflict(m).control())?;
+        }
+    }
+    Ok(())
+}
+
 /// `POST /pause?mode=abort|wait|keep&clear_cache=`: `abort` ends requests in flight now;
-/// `keep` freezes them in place and `wait` keeps them too (they finish after `/resume`: the
-/// scheduler pauses between batches, the closest it has to vLLM's drain). The prefix cache is
-/// cleared by default except in `keep` mode, as vLLM does.
-async fn pause(state: State<Arc<AppState>>, uri: Uri) -> Result<Response, ApiError> {
+/// `wait` lets running requests finish (queued ones stay queued) and answers once they have;
+/// `keep` freezes them in place. In `abort` and `wait` mode new generation requests are
+/// refused with 503 until `/resume`, as in vLLM. The (prefix) cache is cleared unless
+/// `clear_cache=false` or `mode=keep`.
+async fn pause(State(state): State<Arc<AppState>>, uri: Uri) -> Result<Response, ApiError> {
     let q = query(&uri);
     known(&q, &["mode", "clear_cache"])?;
-    let (mode, keep) = match one(&q, "mode") {
-        None | Some("abort") => ("abort", false),
-        Some("keep") => ("in_place", true),
-        Some("wait") => ("in_place", false),
-        Some(m) => {
-            return Err(bad(format!(
-                "unknown pause mode {m:?}; use \"abort\", \"wait\" or \"keep\""
-            )));
-        }
-    };
-    let clear = flag(&q, "clear_cache", true)? && !keep;
-    control::pause_generation(state.clone(), body_of(json!({ "mode": mode }))).await?;
+    let mode = mode(&q)?;
+    let clear = flag(&q, "clear_cache", true)? && mode != Mode::Keep;
+    // As vLLM's `reject_new_requests = mode != "keep"`, set before the pause takes effect.
+    let before = state
+        .vllm
+        .reject_new
+        .swap(mode != Mode::Keep, Ordering::SeqCst);
+    if let Err(e) = pause_as(&state, mode, true).await {
+        state.vllm.reject_new.store(before, Ordering::SeqCst);
+        return Err(e);
+    }
     if clear {
-        // Refused only while requests are held in place; the pause stands either way.
-        let _ = control::flush_cache(state).await;
+        // The engine is idle after abort or wait, so the flush holds; it changes nothing else.
+        let _ = state.core.call(Command::Flush).await;
     }
     Ok(axum::Json(json!({"status": "paused"})).into_response())
 }
 
-async fn resume(state: State<Arc<AppState>>) -> Result<Response, ApiError> {
-    control::continue_generation(state).await?;
+/// `POST /resume`: continues generation and accepts new requests again.
+async fn resume(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    state.core.call(Command::Continue).await?;
+    state.vllm.accept_new();
     Ok(axum::Json(json!({"status": "resumed"})).into_response())
 }
 
+/// `GET /is_paused`: paused, or refusing new requests while a `wait` pause drains.
 async fn is_paused(State(state): State<Arc<AppState>>) -> Response {
-    let paused = state.core.status().paused.is_some();
+    let paused = status(&state).paused.is_some() || state.vllm.rejecting();
     axum::Json(json!({ "is_paused": paused })).into_response()
 }
 
-fn tags(q: &[(String, String)]) -> Result<Option<Vec<String>>, ApiError> {
+/// Memory tags from the query: `(weights, kv_cache, listed)`; none listed means both.
+fn tags(
+    q: &[(String, String)],
+    allowed: &[&str],
+) -> Result<(bool, bool, Option<Vec<String>>), ApiError> {
     let t: Vec<String> = q
         .iter()
         .filter(|(k, _)| k == "tags")
         .map(|(_, v)| v.clone())
         .collect();
-    if let Some(x) = t
-        .iter()
-        .find(|x| !["weights", "kv_cache"].contains(&x.as_str()))
-    {
+    if let Some(x) = t.iter().find(|x| !allowed.contains(&x.as_str())) {
         return Err(bad(format!(
-            "unknown tag {x:?}; use \"weights\" and/or \"kv_cache\""
+            "unknown tag {x:?}; tags are {}",
+            allowed.join(", ")
         )));
     }
-    Ok((!t.is_empty()).then_some(t))
+    if t.is_empty() {
+        return Ok((true, true, None));
+    }
+    let has = |n: &str| t.iter().any(|x| x == n);
+    Ok((has("weights"), has("kv_cache"), Some(t)))
 }
 
-/// `POST /sleep?level=0|1|2`: releases the weights and the KV cache (vLLM's levels differ in
-/// whether weights are kept on the host; this engine keeps nothing on a device either way).
-async fn sleep(state: State<Arc<AppState>>, uri: Uri) -> Result<Response, ApiError> {
+/// `POST /sleep?level=0|1|2&mode=abort|wait|keep&tags=`: pauses generation by `mode` (default
+/// `abort`, as vLLM), then at level 1 or 2 releases the weights and KV cache (`tags`, Troupe's
+/// addition that SkyRL sends, narrows it to `weights` and/or `kv_cache`). Level 0 only
+/// pauses. vLLM's levels differ in whether weights survive on the host; this engine keeps a
+/// host copy at both, so `/wake_up` always restores them. `keep` with the KV cache released
+/// keeps the requests and recomputes them after waking, as vLLM does.
+async fn sleep(State(state): State<Arc<AppState>>, uri: Uri) -> Result<Response, ApiError> {
     let q = query(&uri);
     known(&q, &["level", "mode", "tags"])?;
     let level: u8 = match one(&q, "level") {
@@ -169,52 +258,105 @@ async fn sleep(state: State<Arc<AppState>>, uri: Uri) -> Result<Response, ApiErr
             .filter(|l| *l <= 2)
             .ok_or_else(|| bad(format!("level must be 0, 1 or 2, got {l:?}")))?,
     };
-    let tags = tags(&q)?;
-    control::release_memory(state, body_of(json!({ "tags": tags }))).await?;
+    let mode = mode(&q)?;
+    let (weights, kv_cache, _) = tags(&q, &["weights", "kv_cache"])?;
+    if level >= 1 {
+        control::require_saver(&state)?;
+    }
+    pause_as(&state, mode, level == 0 || !kv_cache).await?;
+    if level >= 1 {
+        state
+            .core
+            .call(|reply| Command::Release {
+                weights,
+                kv_cache,
+                reply,
+            })
+            .await?
+            .map_err(bad)?;
+        let _ = state.core.call(Command::Flush).await;
+    }
     Ok(axum::Json(json!({"status": "sleeping", "level": level})).into_response())
 }
 
-/// `POST /wake_up?tags=weights&tags=kv_cache` (no tags: everything).
-async fn wake_up(state: State<Arc<AppState>>, uri: Uri) -> Result<Response, ApiError> {
+/// `POST /wake_up?tags=weights&tags=kv_cache&tags=scheduling` (no tags: everything): resumes
+/// the listed memory; once nothing is released any more, scheduling resumes too (vLLM's
+/// `fully_awake`), new requests included.
+async fn wake_up(State(state): State<Arc<AppState>>, uri: Uri) -> Result<Response, ApiError> {
     let q = query(&uri);
     known(&q, &["tags"])?;
-    let tags = tags(&q)?;
-    control::resume_memory(state.clone(), body_of(json!({ "tags": tags }))).await?;
-    let st = state.core.status();
+    let (weights, kv_cache, listed) = tags(&q, &["weights", "kv_cache", "scheduling"])?;
+    let st = status(&state);
+    if (weights && st.weights_released) || (kv_cache && st.kv_cache_released) {
+        state
+            .core
+            .call(|reply| Command::Resume {
+                weights,
+                kv_cache,
+                reply,
+            })
+            .await?
+            .map_err(bad)?;
+    }
+    let st = status(&state);
     let awake = !st.weights_released && !st.kv_cache_released;
+    if awake {
+        state.core.call(Command::Continue).await?;
+        state.vllm.accept_new();
+    }
     Ok(
-        axum::Json(json!({"status": if awake { "awake" } else { "sleeping" }, "tags": tags}))
+        axum::Json(json!({"status": if awake { "awake" } else { "sleeping" }, "tags": listed}))
             .into_response(),
     )
 }
 
+/// `GET /is_sleeping`: as vLLM, paused scheduling counts as sleeping, as does released memory.
 async fn is_sleeping(State(state): State<Arc<AppState>>) -> Response {
-    let st = state.core.status();
-    axum::Json(json!({"is_sleeping": st.weights_released || st.kv_cache_released})).into_response()
+    let st = status(&state);
+    let sleeping = st.paused.is_some()
+        || state.vllm.rejecting()
+        || st.weights_released
+        || st.kv_cache_released;
+    axum::Json(json!({ "is_sleeping": sleeping })).into_response()
 }
 
-/// `POST /reset_prefix_cache?reset_running_requests=` (SkyRL sends the flag as a JSON body;
-/// both are read): `{"success": bool}`, false while requests still hold cache blocks.
+fn body_flag(obj: &Map<String, Value>, k: &str) -> Result<bool, ApiError> {
+    match obj.get(k) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(bad(format!("{k} must be true or false, got {v}"))),
+    }
+}
+
+/// `POST /reset_prefix_cache?reset_running_requests=&reset_external=` (SkyRL sends the flags
+/// as a JSON body; both are read): `{"success": bool}`, false while requests still hold
+/// cache (this engine keeps no cache across requests, so there is nothing else to drop).
 async fn reset_prefix_cache(
-    state: State<Arc<AppState>>,
+    State(state): State<Arc<AppState>>,
     uri: Uri,
     b: Bytes,
 ) -> Result<Response, ApiError> {
+    const KEYS: &[&str] = &["reset_running_requests", "reset_external"];
     let q = query(&uri);
-    known(&q, &["reset_running_requests", "reset_external"])?;
-    flag(&q, "reset_running_requests", false)?;
-    let obj = object(&b)?;
-    if let Some((k, _)) = obj
-        .iter()
-        .find(|(k, _)| !["reset_running_requests", "reset_external"].contains(&k.as_str()))
-    {
-        return Err(bad(format!("unknown field {k:?}")));
+    known(&q, KEYS)?;
+    for k in KEYS {
+        flag(&q, k, false)?;
     }
-    let ok = control::flush_cache(state).await.is_ok();
+    let obj = object(&b)?;
+    if let Some(k) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(bad(format!(
+            "unknown field {k:?}; this route takes {KEYS:?}"
+        )));
+    }
+    for k in KEYS {
+        body_flag(&obj, k)?;
+    }
+    let ok = state.core.call(Command::Flush).await?.is_ok();
     Ok(axum::Json(json!({ "success": ok })).into_response())
 }
 
-/// `GET /get_world_size?include_dp=`: this engine's ranks (its tensor-parallel size).
+/// `GET /get_world_size?include_dp=`: this engine's ranks (its tensor-parallel size; it has
+/// no data parallelism, so `include_dp` changes nothing).
 async fn world_size(State(state): State<Arc<AppState>>, uri: Uri) -> Result<Response, ApiError> {
     let q = query(&uri);
     known(&q, &["include_dp"])?;
@@ -224,148 +366,36 @@ async fn world_size(State(state): State<Arc<AppState>>, uri: Uri) -> Result<Resp
 
 /// `GET /weight_info`: vLLM's name for the served weight version.
 async fn weight_info(State(state): State<Arc<AppState>>) -> Response {
-    axum::Json(json!({"weight_version": state.core.status().weight_version})).into_response()
+    axum::Json(json!({"weight_version": status(&state).weight_version})).into_response()
 }
 
-/// `POST /init_weight_transfer_engine {"init_info": {master_address, master_port,
-/// rank_offset, world_size}}`: joins rank 0's broadcast over the `tcp` transport (a transfer
-/// engine from an earlier call is replaced, as in vLLM).
-async fn init_transfer(state: State<Arc<AppState>>, b: Bytes) -> Result<Response, ApiError> {
-    let obj = object(&b)?;
-    let info = match obj.get("init_info") {
-        Some(Value::Object(m)) => m.clone(),
-        _ => {
-            return Err(bad(
-                "init_info (an object {master_address, master_port, rank_offset, world_size}) is required",
-            ));
-        }
-    };
-    for k in info.keys() {
-        if ![
-            "master_address",
-            "master_port",
-            "rank_offset",
-            "world_size",
-            "backend",
-            "packed",
-        ]
-        .contains(&k.as_str())
-        {
-            return Err(bad(format!(
-                "init_info.{k} is not supported; send master_address, master_port, rank_offset, world_size"
+/// `POST /abort_requests {request_ids?}`: aborts the listed requests (their `rid`, or the
+/// `request_id` of `/inference/v1/generate` with vLLM's `generate-tokens-` prefix), or every
+/// request when none are listed, without pausing. `aborted` counts the requests ended.
+async fn abort_requests(
+    State(state): State<Arc<AppState>>,
+    b: Bytes,
+) -> Result<Response, ApiError> {
+    let obj = parse_object(&b)?;
+    let ids: Vec<String> = match obj.get("request_ids") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|r| r.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| ApiError::bad_request("request_ids must be a list of strings"))?,
+        Some(v) => {
+            return Err(ApiError::bad_request(format!(
+                "request_ids must be a list of strings, got {v}"
             )));
         }
-    }
-    state.groups.lock().await.remove(TRANSFER_GROUP);
-    let mut req = info;
-    req.insert("group_name".into(), json!(TRANSFER_GROUP));
-    req.insert("backend".into(), json!("tcp"));
-    weights_api::join(state, &req, Some("")).await?;
-    Ok(axum::Json(json!({"message": "Weight transfer initialized"})).into_response())
-}
-
-async fn start(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
-    if !state.groups.lock().await.contains_key(TRANSFER_GROUP) {
-        return Err(bad(
-            "no weight transfer engine; call /init_weight_transfer_engine first",
-        ));
-    }
-    Ok(axum::Json(json!({"message": "Weight update started"})).into_response())
-}
-
-/// One bucket: `{names, dtype_names, shapes}` in the order rank 0 broadcasts them.
-async fn bucket(state: State<Arc<AppState>>, info: &Value) -> Result<(), ApiError> {
-    let Some(info) = info.as_object() else {
-        return Err(bad(
-            "update_info must be an object {names, dtype_names, shapes}",
-        ));
     };
-    if info.get("packed").and_then(Value::as_bool) == Some(true) {
-        return Err(bad(
-            "packed transfers are not supported by this engine; send packed: false (one broadcast per tensor)",
-        ));
+    let mut n = 0;
+    if ids.is_empty() {
+        n = state.core.call(|tx| Command::Abort(None, tx)).await?;
     }
-    let mut req = Map::new();
-    for (from, to) in [
-        ("names", "names"),
-        ("dtype_names", "dtypes"),
-        ("shapes", "shapes"),
-    ] {
-        let v = info
-            .get(from)
-            .cloned()
-            .ok_or_else(|| bad(format!("update_info.{from} is required")))?;
-        req.insert(to.into(), v);
+    for id in ids {
+        n += state.core.call(|tx| Command::Abort(Some(id), tx)).await?;
     }
-    req.insert("group_name".into(), json!(TRANSFER_GROUP));
-    weights_api::update_from_distributed(state, body_of(Value::Object(req))).await?;
-    Ok(())
-}
-
-/// `POST /update_weights {"update_info": {...} | [{...}, ...]}`.
-async fn update(state: State<Arc<AppState>>, b: Bytes) -> Result<Response, ApiError> {
-    let obj = object(&b)?;
-    let infos = match obj.get("update_info") {
-        Some(Value::Array(a)) => a.clone(),
-        Some(v @ Value::Object(_)) => vec![v.clone()],
-        _ => {
-            return Err(bad(
-                "update_info (an object {names, dtype_names, shapes}) is required",
-            ));
-        }
-    };
-    for i in &infos {
-        bucket(state.clone(), i).await?;
-    }
-    Ok(axum::Json(json!({"message": "Weights updated"})).into_response())
-}
-
-/// `POST /finish_weight_update {weight_version?}`.
-async fn finish(state: State<Arc<AppState>>, b: Bytes) -> Result<Response, ApiError> {
-    let obj = object(&b)?;
-    finish_with(state, obj.get("weight_version")).await
-}
-
-async fn finish_with(state: State<Arc<AppState>>, v: Option<&Value>) -> Result<Response, ApiError> {
-    match v {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) => {
-            control::update_weight_version(state, body_of(json!({"new_version": s}))).await?;
-        }
-        Some(v) => return Err(bad(format!("weight_version must be a string, got {v}"))),
-    }
-    Ok(axum::Json(json!({"message": "Weight update finished"})).into_response())
-}
-
-/// `POST /collective_rpc {method, args?, kwargs?}` for SkyRL's weight-sync methods.
-async fn collective_rpc(state: State<Arc<AppState>>, b: Bytes) -> Result<Response, ApiError> {
-    let obj = object(&b)?;
-    let method = obj
-        .get("method")
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad("method (a string) is required"))?;
-    let kwargs = obj.get("kwargs").cloned().unwrap_or_else(|| json!({}));
-    let done = |v: Value| axum::Json(json!({"results": [v]})).into_response();
-    match method {
-        "skyrl_start_weight_update" => {
-            start(state).await?;
-            Ok(done(Value::Null))
-        }
-        "update_weights_nccl" => {
-            let info = kwargs
-                .get("update_info")
-                .or_else(|| obj.get("args").and_then(|a| a.get(0)))
-                .cloned()
-                .ok_or_else(|| bad("update_weights_nccl needs kwargs.update_info"))?;
-            bucket(state, &info).await?;
-            Ok(done(Value::Null))
-        }
-        "skyrl_finish_weight_update" => {
-            finish_with(state, kwargs.get("weight_version")).await?;
-            Ok(done(Value::Null))
-        }
-        other => Err(bad(format!(
-            "collective_rpc method {other:?} is not supported; supported: skyrl_start_weight_update, update_weights_nccl, skyrl_finish_weight_update"
-        ))),
-    }
+    Ok(axum::Json(json!({"status": "aborted", "aborted": n})).into_response())
 }

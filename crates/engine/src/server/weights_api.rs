@@ -50,26 +50,44 @@ fn uint_field(obj: &Map<String, Value>, key: &str) -> Result<u64, ApiError> {
 
 /// `POST /init_weights_update_group {master_address, master_port, rank_offset, world_size,
 /// group_name, backend}`: connects to rank 0 covering ranks `rank_offset..rank_offset+tp_size`.
-pub async fn init_group(state: State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn init_group(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let obj = parse_object(&body).map_err(ApiError::control)?;
-    join(state, &obj, None).await
+    let p = plan(&state, &obj)?;
+    let wire = p.group.clone();
+    connect(&state, p, &wire).await
 }
 
-/// Joins the group `obj` describes (SGLang's `init_weights_update_group` fields), keyed by its
-/// `group_name`, announcing `wire_group` to rank 0 instead of that name when given (empty: any
-/// group, for routes that name none).
-pub async fn join(
-    State(state): State<Arc<AppState>>,
-    obj: &Map<String, Value>,
-    wire_group: Option<&str>,
-) -> Result<Response, ApiError> {
+/// A checked request to join a weight-update group: where rank 0 is and which ranks this
+/// engine takes. Built by [`plan`], used by [`connect`], so a caller can check a request before
+/// changing anything.
+#[derive(Debug, Clone)]
+pub struct JoinPlan {
+    group: String,
+    target: String,
+    rank_offset: u64,
+}
+
+/// Checks SGLang's `init_weights_update_group` fields (`master_address`, `master_port`,
+/// `rank_offset`, `world_size`, `group_name`, `backend`) against this engine; changes nothing.
+pub fn plan(state: &AppState, obj: &Map<String, Value>) -> Result<JoinPlan, ApiError> {
     let addr = str_field(obj, "master_address", "127.0.0.1")?.to_string();
     let port = u16::try_from(uint_field(obj, "master_port")?)
         .map_err(|_| bad("master_port must be a port number (1-65535)"))?;
     let rank_offset = uint_field(obj, "rank_offset")?;
     let world_size = uint_field(obj, "world_size")?;
     let group = str_field(obj, "group_name", "weight_sync")?.to_string();
-    let backend = obj.get("backend").and_then(Value::as_str).unwrap_or("tcp");
+    let backend = match obj.get("backend") {
+        None | Some(Value::Null) => "tcp",
+        Some(Value::String(b)) => b.as_str(),
+        Some(v) => {
+            return Err(bad(format!(
+                "backend must be a string such as \"tcp\", got {v}"
+            )));
+        }
+    };
     if backend != "tcp" {
         return Err(bad(format!(
             "backend {backend:?} is not available in the reference engine; use \"tcp\" (rank 0 is a troupe_weights::tcp::WeightSender)"
@@ -84,21 +102,39 @@ pub async fn join(
             "rank_offset {rank_offset} with this engine's {tp} ranks does not fit world_size {world_size}: rank 0 is the trainer, so need 1 <= rank_offset and rank_offset + {tp} <= world_size"
         )));
     }
+    let host = if addr.contains(':') && !addr.starts_with('[') {
+        format!("[{addr}]")
+    } else {
+        addr
+    };
+    Ok(JoinPlan {
+        group,
+        target: format!("{host}:{port}"),
+        rank_offset,
+    })
+}
+
+/// Connects to rank 0 as `plan` says, announcing `wire_group` (empty: any group, for routes
+/// that name none), and keeps the receiver under the plan's group name.
+pub async fn connect(
+    state: &AppState,
+    plan: JoinPlan,
+    wire_group: &str,
+) -> Result<Response, ApiError> {
+    let JoinPlan {
+        group,
+        target,
+        rank_offset,
+    } = plan;
     let mut groups = state.groups.lock().await;
     if groups.contains_key(&group) {
         return Err(bad(format!(
             "group {group:?} is already joined; call /destroy_weights_update_group first or use another group_name"
         )));
     }
-    let host = if addr.contains(':') && !addr.starts_with('[') {
-        format!("[{addr}]")
-    } else {
-        addr
-    };
-    let target = format!("{host}:{port}");
     let rx = WeightReceiver::connect(
         &target,
-        wire_group.unwrap_or(&group),
+        wire_group,
         rank_offset as u32,
         state.args.tp_size,
         state.weights_timeout,
@@ -112,7 +148,7 @@ pub async fn join(
     groups.insert(group.clone(), rx);
     Ok(ok(format!(
         "Succeeded to initialize custom process group {group:?} as ranks {rank_offset}..{}.",
-        rank_offset + tp
+        rank_offset + u64::from(state.args.tp_size)
     )))
 }
 

@@ -1,0 +1,476 @@
+//! vLLM's four-phase weight transfer and `/collective_rpc` for the methods SkyRL (and vLLM's
+//! own workers) are driven by, over the same weight group and bucket receive as SGLang's
+//! `/init_weights_update_group` and `/update_weights_from_distributed`:
+//!
+//! 1. `POST /init_weight_transfer_engine {"init_info": {master_address, master_port,
+//!    rank_offset, world_size, packed?, ...}}` joins rank 0's broadcast over the `tcp`
+//!    transport (rank 0 is a `troupe_weights::tcp::WeightSender`), replacing an earlier one.
+//! 2. `POST /start_weight_update` opens a session (one at a time, as in vLLM).
+//! 3. `POST /update_weights {"update_info": {names, dtype_names, shapes, packed?}}`, once per
+//!    bucket: receives it and swaps it in. Empty lists reuse the previous call's metadata; a
+//!    list of infos is vLLM's per-rank form (this engine's ranks share one receiver, so their
+//!    entries must agree).
+//! 4. `POST /finish_weight_update {weight_version?}` closes it and sets the served version.
+//!
+//! `packed` is accepted and changes nothing: it is NCCL buffer geometry, while over `tcp` the
+//! sender frames each bucket as one ordered byte stream either way. CUDA IPC and NCCL unique
+//! ids cannot reach this engine and are refused by name.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Map, Value, json};
+
+use super::AppState;
+use super::error::{ApiError, type_name};
+use super::vllm::{bad, object};
+use super::weights_api;
+use crate::core::Command;
+
+/// The key of the weight group joined through `/init_weight_transfer_engine` (vLLM names
+/// none; on the wire the engine joins with an empty name, which matches any master's group).
+pub const TRANSFER_GROUP: &str = "vllm-transfer";
+
+/// The methods `/collective_rpc` runs (SkyRL's worker-extension names, then vLLM's own).
+pub const RPC_METHODS: &[&str] = &[
+    "skyrl_start_weight_update",
+    "update_weights_nccl",
+    "skyrl_finish_weight_update",
+    "init_weight_transfer_engine",
+    "shutdown_weight_transfer_engine",
+    "start_weight_update",
+    "update_weights",
+    "finish_weight_update",
+];
+
+/// A weight-transfer session, as vLLM's worker tracks it: whether `start` was called without a
+/// `finish` yet, and the last bucket's metadata (reused when a bucket sends empty lists).
+#[derive(Debug, Default)]
+pub struct Transfer {
+    active: bool,
+    last: Option<Bucket>,
+}
+
+/// One bucket's tensors in broadcast order, in the SGLang handler's field names.
+#[derive(Debug, Clone, PartialEq)]
+struct Bucket {
+    names: Vec<Value>,
+    dtypes: Vec<Value>,
+    shapes: Vec<Value>,
+}
+
+/// The routes.
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/init_weight_transfer_engine", post(init_route))
+        .route("/shutdown_weight_transfer_engine", post(shutdown_route))
+        .route("/start_weight_update", post(start_route))
+        .route("/update_weights", post(update_route))
+        .route("/finish_weight_update", post(finish_route))
+        .route("/collective_rpc", post(collective_rpc))
+}
+
+fn message(m: &str) -> Response {
+    axum::Json(json!({ "message": m })).into_response()
+}
+
+fn uint(info: &Map<String, Value>, k: &str) -> Result<(), ApiError> {
+    match info.get(k) {
+        None | Some(Value::Null) => Ok(()),
+        Some(v) if v.as_u64().is_some() => Ok(()),
+        Some(v) => Err(bad(format!(
+            "init_info.{k} must be a non-negative integer, got {v}"
+        ))),
+    }
+}
+
+fn boolean(m: &Map<String, Value>, k: &str, what: &str) -> Result<(), ApiError> {
+    match m.get(k) {
+        None | Some(Value::Null | Value::Bool(_)) => Ok(()),
+        Some(v) => Err(bad(format!("{what}.{k} must be true or false, got {v}"))),
+    }
+}
+
+/// Checks `init_info` and joins the group (replacing an earlier transfer engine).
+async fn init(state: &Arc<AppState>, info: Option<&Value>) -> Result<(), ApiError> {
+    let Some(Value::Object(info)) = info else {
+        return Err(bad(
+            "init_info (an object {master_address, master_port, rank_offset, world_size}) is required",
+        ));
+    };
+    if info.contains_key("nccl_unique_id_b64") {
+        return Err(bad(
+            "init_info.nccl_unique_id_b64 is not available: this engine joins rank 0 over tcp at master_address:master_port; send those instead",
+        ));
+    }
+    const KEYS: &[&str] = &[
+        "master_address",
+        "master_port",
+        "rank_offset",
+        "world_size",
+        "packed",
+        "packed_buffer_size_bytes",
+        "packed_num_buffers",
+        "backend",
+    ];
+    if let Some(k) = info.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(bad(format!(
+            "init_info.{k} is not supported; send master_address, master_port, rank_offset, world_size (packed and its buffer sizes are accepted)"
+        )));
+    }
+    boolean(info, "packed", "init_info")?;
+    uint(info, "packed_buffer_size_bytes")?;
+    uint(info, "packed_num_buffers")?;
+    let mut req = info.clone();
+    req.insert("group_name".into(), json!(TRANSFER_GROUP));
+    let plan = weights_api::plan(state, &req)?;
+    let mut t = state.vllm.transfer.lock().await;
+    // Checked: now the old transfer engine goes, as a new init replaces it in vLLM.
+    state.groups.lock().await.remove(TRANSFER_GROUP);
+    *t = Transfer::default();
+    weights_api::connect(state, plan, "").await?;
+    Ok(())
+}
+
+/// Leaves the group; refused during a session, as vLLM refuses it.
+async fn shutdown(state: &AppState) -> Result<(), ApiError> {
+    let t = state.vllm.transfer.lock().await;
+    if t.active {
+        return Err(bad(
+            "cannot shut the weight transfer engine down during a weight update; call /finish_weight_update first",
+        ));
+    }
+    state.groups.lock().await.remove(TRANSFER_GROUP);
+    Ok(())
+}
+
+async fn start(state: &AppState) -> Result<(), ApiError> {
+    let mut t = state.vllm.transfer.lock().await;
+    if !state.groups.lock().await.contains_key(TRANSFER_GROUP) {
+        return Err(bad(
+            "no weight transfer engine; call /init_weight_transfer_engine first",
+        ));
+    }
+    if t.active {
+        return Err(bad(
+            "start_weight_update called while a weight update is already active; call /finish_weight_update first",
+        ));
+    }
+    t.active = true;
+    Ok(())
+}
+
+fn list(info: &Map<String, Value>, k: &str) -> Result<Vec<Value>, ApiError> {
+    match info.get(k) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => Ok(a.clone()),
+        Some(v) => Err(bad(format!(
+            "update_info.{k} must be a list (one entry per tensor), got {}",
+            type_name(v)
+        ))),
+    }
+}
+
+/// Parses one `update_info` object (vLLM's `NCCLWeightTransferUpdateInfo`); `None` when its
+/// lists are empty (reuse the previous bucket's metadata).
+fn parse_info(v: &Value) -> Result<Option<Bucket>, ApiError> {
+    let Some(info) = v.as_object() else {
+        return Err(bad(format!(
+            "update_info must be an object {{names, dtype_names, shapes}}, got {}",
+            type_name(v)
+        )));
+    };
+    const KEYS: &[&str] = &[
+        "names",
+        "dtype_names",
+        "shapes",
+        "packed",
+        "is_checkpoint_format",
+    ];
+    if let Some(k) = info.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(bad(format!(
+            "update_info.{k} is not supported; send names, dtype_names, shapes (packed optional)"
+        )));
+    }
+    boolean(info, "packed", "update_info")?;
+    boolean(info, "is_checkpoint_format", "update_info")?;
+    let b = Bucket {
+        names: list(info, "names")?,
+        dtypes: list(info, "dtype_names")?,
+        shapes: list(info, "shapes")?,
+    };
+    for (k, n) in [("dtype_names", b.dtypes.len()), ("shapes", b.shapes.len())] {
+        if n != b.names.len() {
+            return Err(bad(format!(
+                "update_info.{k} must have one entry per name: got {n} for {} names",
+                b.names.len()
+            )));
+        }
+    }
+    Ok((!b.names.is_empty()).then_some(b))
+}
+
+/// `update_info` as vLLM takes it: one object, or a list indexed by worker rank.
+fn parse_payload(v: Option<&Value>, ranks: usize) -> Result<Option<Bucket>, ApiError> {
+    match v {
+        Some(Value::Array(a)) => {
+            if a.len() < ranks {
+                return Err(bad(format!(
+                    "update_info is a list with {} entries, but vLLM indexes it by worker rank and this engine has {ranks} ranks; send one object or one entry per rank",
+                    a.len()
+                )));
+            }
+            let first = parse_info(&a[0])?;
+            for (i, x) in a.iter().enumerate().take(ranks).skip(1) {
+                if parse_info(x)? != first {
+                    return Err(bad(format!(
+                        "update_info[{i}] differs from update_info[0]; this engine's ranks share one receiver, so their entries must be the same bucket"
+                    )));
+                }
+            }
+            Ok(first)
+        }
+        Some(v @ Value::Object(_)) => parse_info(v),
+        _ => Err(bad(
+            "update_info (an object {names, dtype_names, shapes}) is required",
+        )),
+    }
+}
+
+/// Receives one bucket into the open session. Checked input changes nothing; a failed
+/// transfer ends the session (and leaves the group), as in vLLM.
+async fn update(state: &Arc<AppState>, payload: Option<&Value>) -> Result<(), ApiError> {
+    let parsed = parse_payload(payload, state.args.tp_size as usize)?;
+    let mut t = state.vllm.transfer.lock().await;
+    if !t.active {
+        return Err(bad(
+            "no weight update is open; call /start_weight_update before /update_weights",
+        ));
+    }
+    let bucket = match parsed.or_else(|| t.last.clone()) {
+        Some(b) => b,
+        None => {
+            return Err(bad(
+                "update_info.names is empty and there is no earlier bucket to reuse; send names, dtype_names and shapes",
+            ));
+        }
+    };
+    let req = json!({
+        "names": bucket.names, "dtypes": bucket.dtypes, "shapes": bucket.shapes,
+        "group_name": TRANSFER_GROUP,
+    });
+    let r =
+        weights_api::update_from_distributed(State(state.clone()), Bytes::from(req.to_string()))
+            .await;
+    match r {
+        Ok(_) => {
+            t.last = Some(bucket);
+            Ok(())
+        }
+        Err(e) => {
+            if !state.groups.lock().await.contains_key(TRANSFER_GROUP) {
+                t.active = false;
+            }
+            Err(e)
+        }
+    }
+}
+
+fn version(v: Option<&Value>) -> Result<Option<String>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
+        Some(v) => Err(bad(format!(
+            "weight_version must be a non-empty string (or absent), got {v}"
+        ))),
+    }
+}
+
+/// Closes the session, then serves `version` if given (vLLM's order).
+async fn finish(state: &AppState, version: Option<String>) -> Result<(), ApiError> {
+    let mut t = state.vllm.transfer.lock().await;
+    if !t.active {
+        return Err(bad(
+            "finish_weight_update called without a matching start_weight_update; call /start_weight_update first",
+        ));
+    }
+    t.active = false;
+    if let Some(version) = version {
+        state
+            .core
+            .call(|reply| Command::SetVersion {
+                version,
+                abort_all: false,
+                reply,
+            })
+            .await?
+            .map_err(bad)?;
+    }
+    Ok(())
+}
+
+async fn init_route(State(state): State<Arc<AppState>>, b: Bytes) -> Result<Response, ApiError> {
+    init(&state, object(&b)?.get("init_info")).await?;
+    Ok(message("Weight transfer initialized"))
+}
+
+async fn shutdown_route(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    shutdown(&state).await?;
+    Ok(message("Weight transfer shut down"))
+}
+
+async fn start_route(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    start(&state).await?;
+    Ok(message("Weight update started"))
+}
+
+async fn update_route(State(state): State<Arc<AppState>>, b: Bytes) -> Result<Response, ApiError> {
+    update(&state, object(&b)?.get("update_info")).await?;
+    Ok(message("Weights updated"))
+}
+
+async fn finish_route(State(state): State<Arc<AppState>>, b: Bytes) -> Result<Response, ApiError> {
+    let v = version(object(&b)?.get("weight_version"))?;
+    finish(&state, v).await?;
+    Ok(message("Weight update finished"))
+}
+
+/// An RPC's arguments by name: `kwargs[name]`, else positional `args[i]`.
+struct Args<'a> {
+    method: &'a str,
+    args: &'a [Value],
+    kwargs: &'a Map<String, Value>,
+}
+
+impl<'a> Args<'a> {
+    /// Refuses keyword arguments the method does not take (Python would raise `TypeError`).
+    fn only(&self, names: &[&str]) -> Result<(), ApiError> {
+        if self.args.len() > names.len() {
+            return Err(bad(format!(
+                "{} takes {} positional arguments, got {}",
+                self.method,
+                names.len(),
+                self.args.len()
+            )));
+        }
+        match self.kwargs.keys().find(|k| !names.contains(&k.as_str())) {
+            Some(k) => Err(bad(format!(
+                "{} got an unexpected keyword argument {k:?}; it takes {names:?}",
+                self.method
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn get(&self, i: usize, name: &str) -> Option<&'a Value> {
+        self.kwargs.get(name).or_else(|| self.args.get(i))
+    }
+}
+
+/// `POST /collective_rpc {method, args?, kwargs?, timeout?}`: runs SkyRL's weight-sync
+/// methods (`skyrl_start_weight_update(is_checkpoint_format)`,
+/// `update_weights_nccl(update_info)`, `skyrl_finish_weight_update()`) and vLLM's own worker
+/// methods of the same transfer, each the same operation as its route; answers vLLM's
+/// `{"results": [null, ...]}`, one per rank. `weight_version` is accepted by the finish
+/// methods (Troupe's addition).
+async fn collective_rpc(
+    State(state): State<Arc<AppState>>,
+    b: Bytes,
+) -> Result<Response, ApiError> {
+    let obj = object(&b)?;
+    let supported = RPC_METHODS.join(", ");
+    let method = match obj.get("method") {
+        Some(Value::String(m)) => m.as_str(),
+        _ => {
+            return Err(bad(format!(
+                "method (a string) is required; supported: {supported}"
+            )));
+        }
+    };
+    if let Some(k) = obj
+        .keys()
+        .find(|k| !["method", "args", "kwargs", "timeout"].contains(&k.as_str()))
+    {
+        return Err(bad(format!(
+            "unknown field {k:?}; send method, args, kwargs, timeout"
+        )));
+    }
+    let empty = Map::new();
+    let a = Args {
+        method,
+        args: match obj.get("args") {
+            None | Some(Value::Null) => &[],
+            Some(Value::Array(a)) => a,
+            Some(v) => return Err(bad(format!("args must be a list, got {}", type_name(v)))),
+        },
+        kwargs: match obj.get("kwargs") {
+            None | Some(Value::Null) => &empty,
+            Some(Value::Object(m)) => m,
+            Some(v) => {
+                return Err(bad(format!(
+                    "kwargs must be an object, got {}",
+                    type_name(v)
+                )));
+            }
+        },
+    };
+    match obj.get("timeout") {
+        None | Some(Value::Null) | Some(Value::Number(_)) => {}
+        Some(v) => return Err(bad(format!("timeout must be a number of seconds, got {v}"))),
+    }
+    match method {
+        "skyrl_start_weight_update" => {
+            a.only(&["is_checkpoint_format"])?;
+            match a.get(0, "is_checkpoint_format") {
+                None | Some(Value::Bool(_)) => {}
+                Some(v) => {
+                    return Err(bad(format!(
+                        "is_checkpoint_format must be true or false, got {v}"
+                    )));
+                }
+            }
+            start(&state).await?;
+        }
+        "start_weight_update" => {
+            a.only(&[])?;
+            start(&state).await?;
+        }
+        "update_weights_nccl" | "update_weights" => {
+            a.only(&["update_info"])?;
+            let info = a.get(0, "update_info");
+            if method == "update_weights_nccl" && info.is_some_and(Value::is_array) {
+                return Err(bad("update_weights_nccl takes one update_info object"));
+            }
+            update(&state, info).await?;
+        }
+        "skyrl_finish_weight_update" | "finish_weight_update" => {
+            a.only(&["weight_version"])?;
+            let v = version(a.get(0, "weight_version"))?;
+            finish(&state, v).await?;
+        }
+        "init_weight_transfer_engine" => {
+            a.only(&["init_info"])?;
+            init(&state, a.get(0, "init_info")).await?;
+        }
+        "shutdown_weight_transfer_engine" => {
+            a.only(&[])?;
+            shutdown(&state).await?;
+        }
+        "update_weights_ipc" => {
+            return Err(bad(format!(
+                "update_weights_ipc needs CUDA IPC handles, which cannot reach this CPU engine; send buckets over tcp with update_weights_nccl. Supported: {supported}"
+            )));
+        }
+        other => {
+            return Err(bad(format!(
+                "collective_rpc method {other:?} is not supported; supported: {supported}"
+            )));
+        }
+    }
+    let results = vec![Value::Null; state.args.tp_size as usize];
+    Ok(axum::Json(json!({ "results": results })).into_response())
+}
