@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 pub mod bench;
 pub mod gateway;
 pub mod host;
+pub mod plan;
 pub mod quantize;
 pub mod serve;
 
@@ -41,6 +42,8 @@ enum Cmd {
     Serve(serve::ServeArgs),
     /// Troupe's PD-aware router and gateway alone, in front of servers started elsewhere.
     Gateway(gateway::GatewayArgs),
+    /// Everything `troupe serve` would launch for a config, without starting anything.
+    Plan(plan::PlanArgs),
     /// Benchmarks; each prints one line per figure.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -142,6 +145,16 @@ pub fn main() -> ExitCode {
         }
         _ => {}
     }
+    if let Cmd::Plan(a) = &cli.cmd {
+        // Pure computation: nothing starts.
+        return match plan::run(a) {
+            Ok(out) => {
+                println!("{out}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        };
+    }
     if let Cmd::Alloc(a) = &cli.cmd {
         // Pure computation: no runtime. An invalid mode is a usage error (exit 2).
         return match troupe_scheduler::cli::run_alloc(a) {
@@ -161,7 +174,7 @@ pub fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
             },
-            Cmd::Alloc(_) | Cmd::Quantize(_) | Cmd::Bench(BenchCmd::Fp8 { .. }) => {
+            Cmd::Alloc(_) | Cmd::Plan(_) | Cmd::Quantize(_) | Cmd::Bench(BenchCmd::Fp8 { .. }) => {
                 ExitCode::SUCCESS // handled above, without a runtime
             }
             Cmd::Gateway(a) => match gateway::run(&a).await {

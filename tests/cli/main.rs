@@ -6,6 +6,7 @@ mod common;
 mod alloc;
 mod fuzz;
 mod gateway;
+mod plan;
 mod quantize;
 mod run;
 mod security;

@@ -9,5 +9,6 @@ mod fleet_vllm;
 mod gateway;
 mod gateway_proxy;
 mod pd;
+mod plan_matches;
 mod python_examples;
 mod side_by_side;

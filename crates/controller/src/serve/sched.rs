@@ -19,7 +19,8 @@ pub enum SchedulerType {
 }
 
 impl SchedulerType {
-    fn as_str(self) -> &'static str {
+    /// The config spelling (`inprocess`, `local`, `slurm`).
+    pub fn as_str(self) -> &'static str {
         match self {
             SchedulerType::Inprocess => "inprocess",
             SchedulerType::Local => "local",

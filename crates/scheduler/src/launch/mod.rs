@@ -23,7 +23,7 @@ use std::time::Duration;
 pub use local::{LocalLauncher, READY_PREFIX};
 pub use report::{HostReport, Rendezvous};
 pub use slurm::SlurmLauncher;
-pub use slurm_cmd::{JobInfo, SlurmOptions, parse_job_info};
+pub use slurm_cmd::{JobInfo, SlurmOptions, batch_script, parse_job_info};
 
 /// A boxed future, so [`HostLauncher`] can be used as a trait object (`&dyn HostLauncher`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

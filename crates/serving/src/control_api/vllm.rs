@@ -246,8 +246,9 @@ async fn start(State(p): Plane) -> Answer {
     Ok(json(p.transfer_phase(None).await?))
 }
 
-/// `POST /update_weights {"update_info": {...} | [{...}, ...]}`: one bucket, or several in
-/// order.
+/// `POST /update_weights {"update_info": {...} | [{...}, ...]}`: one bucket. A list is
+/// vLLM's per-rank form (one entry per inference rank); the fleet's engines take one bucket
+/// description, so every entry must say the same.
 async fn update(State(p): Plane, b: Bytes) -> Answer {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -255,21 +256,24 @@ async fn update(State(p): Plane, b: Bytes) -> Answer {
         update_info: Value,
     }
     let req: Body = body(&b)?;
-    let infos = match req.update_info {
-        Value::Array(list) => list,
-        one => vec![one],
+    let info = match req.update_info {
+        Value::Array(list) => {
+            let first = list
+                .first()
+                .cloned()
+                .ok_or_else(|| bad("update_info is an empty list; send one bucket"))?;
+            if list.iter().any(|i| *i != first) {
+                return Err(bad(
+                    "update_info lists per-rank entries that differ; every rank of the fleet receives the same bucket, so send one {names, dtype_names, shapes}",
+                ));
+            }
+            first
+        }
+        one => one,
     };
-    // Every bucket is checked before the first is sent.
-    let infos: Vec<UpdateInfo> = infos
-        .into_iter()
-        .map(|i| body(&Bytes::from(i.to_string())))
-        .collect::<Result<_, _>>()
+    let info: UpdateInfo = body(&Bytes::from(info.to_string()))
         .map_err(|e| bad(format!("update_info: {}", e.message)))?;
-    let mut last = json(json!({"success": true, "message": "no buckets"}));
-    for i in infos {
-        last = bucket(&p, i).await?;
-    }
-    Ok(last)
+    bucket(&p, info).await
 }
 
 /// `GET /weight_info`: vLLM's name for the served weight version.

@@ -1,0 +1,115 @@
+//! `troupe plan`: what `troupe serve` would launch, without starting anything; config errors
+//! surface here first, each naming its key.
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_troupe");
+
+fn plan(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(BIN)
+        .arg("plan")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_plan_lists_every_server_its_command_and_the_weight_group() {
+    let out = plan(&["examples/configs/pd-local.yaml", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let servers = v["servers"].as_array().unwrap();
+    assert_eq!(servers.len(), 4, "{v}");
+    for s in servers {
+        let cmd: Vec<&str> = s["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap())
+            .collect();
+        assert_eq!(cmd[1], "engine", "{cmd:?}");
+        let port = s["ports"]["http"].as_u64().unwrap().to_string();
+        assert!(
+            cmd.windows(2).any(|w| w == ["--port", port.as_str()]),
+            "{cmd:?}"
+        );
+        let decode = s["worker_type"] == "decode";
+        // Only a prefill listens for the KV handoff.
+        assert_eq!(s["ports"]["bootstrap"].is_null(), decode, "{s}");
+        assert_eq!(
+            cmd.contains(&"--disaggregation-bootstrap-port"),
+            !decode,
+            "{cmd:?}"
+        );
+        assert_eq!(
+            s["env"]["TROUPE_ENGINE_ADMIN_KEY"], "<secret>",
+            "secrets never print"
+        );
+    }
+    assert_eq!(v["world_size"], 5);
+    let offsets: Vec<u64> = v["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["rank_offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(offsets, [1, 2, 3, 4]);
+    // The human form says where the hosts come from.
+    let text = plan(&["examples/configs/pd-local.yaml"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("as configured"), "{text}");
+}
+
+#[test]
+fn engine_fields_show_up_in_the_planned_argv() {
+    let out = plan(&[
+        "examples/configs/pd-local.yaml",
+        "sglang.chunked_prefill_size=512",
+        "sglang.enable_memory_saver=true",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cmd = v["servers"][0]["command"].to_string();
+    assert!(cmd.contains("\"--chunked-prefill-size\",\"512\""), "{cmd}");
+    assert!(cmd.contains("--enable-memory-saver"), "{cmd}");
+}
+
+#[test]
+fn config_errors_name_their_key_before_anything_starts() {
+    for (o, needle) in [
+        ("sglang.tp_size=2", "allocation_mode"),
+        ("sglang.mem_fraction_statik=0.8", "mem_fraction_static"),
+        ("allocation_mode=troupe:d0", "allocation_mode"),
+    ] {
+        let out = plan(&["examples/configs/pd-local.yaml", o]);
+        assert!(!out.status.success(), "{o}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{o}: {err}");
+    }
+}
+
+#[test]
+fn a_slurm_plan_shows_the_sbatch_script() {
+    let out = plan(&["examples/configs/pd-slurm.yaml", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let script = v["sbatch"].as_str().unwrap();
+    assert!(script.starts_with("#!"), "{script}");
+    assert!(
+        v["hosts"][0]["address"].as_str().unwrap().contains("node"),
+        "{v}"
+    );
+}
