@@ -443,7 +443,7 @@ async fn launch(
             None => entries(
                 plan,
                 placement,
-                pending.drain(..).collect(),
+                std::mem::take(&mut pending),
                 opts,
                 bootstrap_secret,
             ),

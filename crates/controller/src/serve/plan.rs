@@ -217,7 +217,7 @@ fn planned(
         address: p.address.clone(),
         worker_type: p.worker_type,
         gpus: p.gpus.clone(),
-        ports: p.ports.clone(),
+        ports: p.ports,
         command: std::iter::once(cl.program.clone())
             .chain(cl.args.iter().cloned())
             .collect(),
