@@ -12,6 +12,7 @@ use troupe::controller::rollout::{
     InferenceClient, RlvrWorkflow, RolloutController, RolloutOptions, SamplingSettings,
     staleness_of,
 };
+use troupe::controller::run::job::Summary;
 use troupe::controller::run::task;
 use troupe::controller::run::trainer_actor::{
     GetWeights, TrainStep, TrainerActor, TrainerArgs, WireSample,
@@ -85,7 +86,25 @@ async fn main() -> anyhow::Result<()> {
         ..Default::default()
     });
 
-    // 5. The loop.
+    // 5. The loop (its curves go to `--plot FILE.svg` through the same call as `troupe run`).
+    let plot = std::env::args()
+        .skip_while(|a| a != "--plot")
+        .nth(1)
+        .map(std::path::PathBuf::from);
+    let mut summary = Summary {
+        steps: STEPS,
+        baseline_reward: 0.0,
+        final_reward: 0.0,
+        rewards: Vec::new(),
+        sync_seconds: Vec::new(),
+        tokens_per_s: Vec::new(),
+        staleness: Vec::new(),
+        max_staleness_seen: 0,
+        weight_format: "fp8".into(),
+        total_seconds: 0.0,
+    };
+    let started = std::time::Instant::now();
+    let mut tokens = 0usize;
     for step in 0..STEPS {
         let version = step as u64;
         let batch = rollout
@@ -117,6 +136,18 @@ async fn main() -> anyhow::Result<()> {
             .update_weights(&svc.control, &engines, &(version + 1).to_string(), &weights)
             .await?;
         rollout.set_version(version + 1);
+        let mean = rewards.iter().sum::<f32>() / rewards.len().max(1) as f32;
+        tokens += batch
+            .iter()
+            .flat_map(|t| &t.samples)
+            .map(|s| s.output_ids.len())
+            .sum::<usize>();
+        summary.rewards.push(mean);
+        summary.sync_seconds.push(report.seconds);
+        summary
+            .tokens_per_s
+            .push(tokens as f64 / started.elapsed().as_secs_f64().max(1e-6));
+        summary.staleness.push(staleness_of(&batch, version));
         println!(
             "step {:>2}: reward {:.3}, loss {:+.4}, sync {:.3}s, staleness {}",
             step + 1,
@@ -127,6 +158,14 @@ async fn main() -> anyhow::Result<()> {
         );
     }
 
+    summary.baseline_reward = summary.rewards.first().copied().unwrap_or(0.0);
+    summary.final_reward = summary.rewards.last().copied().unwrap_or(0.0);
+    summary.max_staleness_seen = summary.staleness.iter().copied().max().unwrap_or(0);
+    summary.total_seconds = started.elapsed().as_secs_f64();
+    if let Some(p) = &plot {
+        troupe::controller::run::plot::write_svg(&summary, p).map_err(anyhow::Error::msg)?;
+        println!("curves written to {}", p.display());
+    }
     rollout.shutdown(); // episodes still in flight end quietly with serving
     svc.teardown().await;
     cluster.shutdown().await;

@@ -12,9 +12,12 @@ fn seeded_grpo_run_with_fp8_sync_improves_the_reward() {
     );
     let dir = tempfile::tempdir().unwrap();
     let summary = dir.path().join("run.json");
+    let plot = dir.path().join("run.svg");
     let out = Command::new(BIN)
         .args(["run", cfg, "train.steps=30", "--summary"])
         .arg(&summary)
+        .arg("--plot")
+        .arg(&plot)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -36,6 +39,24 @@ fn seeded_grpo_run_with_fp8_sync_improves_the_reward() {
     assert_eq!(s["steps"], 30);
     assert_eq!(s["rewards"].as_array().unwrap().len(), 30);
     assert_eq!(s["sync_seconds"].as_array().unwrap().len(), 30);
+    assert_eq!(s["tokens_per_s"].as_array().unwrap().len(), 30);
+    assert_eq!(s["staleness"].as_array().unwrap().len(), 30);
+    // The curves, one SVG a browser opens: four panels with their titles and lines.
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(
+        svg.starts_with("<svg") || svg.contains("<svg "),
+        "{}",
+        &svg[..svg.len().min(200)]
+    );
+    for title in [
+        "mean reward",
+        "generation tokens/s",
+        "weight sync seconds",
+        "staleness",
+    ] {
+        assert!(svg.contains(title), "{title} missing");
+    }
+    assert!(svg.matches("<polyline").count() >= 4, "a line per panel");
     let (base, fin) = (
         s["baseline_reward"].as_f64().unwrap(),
         s["final_reward"].as_f64().unwrap(),

@@ -37,6 +37,9 @@ pub struct RunArgs {
     /// Write a JSON summary of the run here.
     #[arg(long)]
     pub summary: Option<PathBuf>,
+    /// Draw the run's curves (reward, tokens/s, sync seconds, staleness per step) to this SVG.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 /// The JSON summary of a run.
@@ -52,6 +55,10 @@ pub struct Summary {
     pub rewards: Vec<f32>,
     /// Seconds of each weight sync.
     pub sync_seconds: Vec<f64>,
+    /// Generation tokens per second up to each step.
+    pub tokens_per_s: Vec<f64>,
+    /// Staleness of each step's batch.
+    pub staleness: Vec<u64>,
     /// Largest staleness seen in any batch (head version minus oldest token version).
     pub max_staleness_seen: u64,
     /// Weight sync format.
@@ -92,6 +99,18 @@ fn to_samples(batch: &[Trajectory], group: usize) -> Result<(Vec<WireSample>, Ve
 pub async fn run(a: &RunArgs) -> Result<Summary, String> {
     let t_start = Instant::now();
     let cfg = ServeConfig::load(&a.config, &a.overrides).map_err(|e| e.to_string())?;
+    // Output paths are checked before anything starts, not after the whole run.
+    for (flag, p) in [("--summary", &a.summary), ("--plot", &a.plot)] {
+        if let Some(p) = p {
+            let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+            if dir.is_some_and(|d| !d.is_dir()) {
+                return Err(format!(
+                    "{flag} {}: the directory does not exist; create it or pick another path",
+                    p.display()
+                ));
+            }
+        }
+    }
     let plan =
         AllocationPlan::parse(&cfg.allocation_mode).map_err(|e| format!("allocation_mode: {e}"))?;
     if !plan
@@ -124,6 +143,9 @@ pub async fn run(a: &RunArgs) -> Result<Summary, String> {
     if let Some(p) = &a.summary {
         let text = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
         std::fs::write(p, text).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+    }
+    if let Some(p) = &a.plot {
+        super::plot::write_svg(&summary, p)?;
     }
     Ok(summary)
 }
@@ -181,6 +203,8 @@ async fn train(
     );
     let mut rewards = Vec::new();
     let mut sync_seconds = Vec::new();
+    let mut tokens_per_s = Vec::new();
+    let mut staleness = Vec::new();
     let mut max_stale = 0;
     let loop_start = Instant::now();
     let mut generated = 0usize;
@@ -192,6 +216,7 @@ async fn train(
             .map_err(|e| format!("step {step}: rollout: {e}"))?;
         let stale = staleness_of(&batch, version);
         max_stale = max_stale.max(stale);
+        staleness.push(stale);
         let (samples, r) = to_samples(&batch, tc.group_size)?;
         generated += samples.iter().map(|s| s.output_ids.len()).sum::<usize>();
         let reward = mean(&r);
@@ -214,11 +239,13 @@ async fn train(
             .map_err(|e| format!("step {step}: weight sync: {}", e.message))?;
         rc.set_version(version + 1);
         sync_seconds.push(rep.seconds);
+        let tps = generated as f64 / loop_start.elapsed().as_secs_f64().max(1e-6);
+        tokens_per_s.push(tps);
         let line = format!(
             "step {:>3}  reward {:.3}  tokens/s {:>6.0}  train {:.2}s  sync {:.3}s ({})  staleness {}  ratio {:.3}",
             step + 1,
             reward,
-            generated as f64 / loop_start.elapsed().as_secs_f64().max(1e-6),
+            tps,
             st.seconds,
             rep.seconds,
             if fp8 { "fp8" } else { "bf16" },
@@ -240,6 +267,8 @@ async fn train(
         final_reward: mean(&rewards[rewards.len() - k..]),
         rewards,
         sync_seconds,
+        tokens_per_s,
+        staleness,
         max_staleness_seen: max_stale,
         weight_format: if fp8 { "fp8" } else { "bf16" }.into(),
         total_seconds: 0.0,

@@ -2,6 +2,7 @@
 //! FP8 weight sync, the built-in trainer).
 
 pub mod job;
+pub mod plot;
 pub mod task;
 pub mod trainer_actor;
 
