@@ -113,3 +113,22 @@ fn a_slurm_plan_shows_the_sbatch_script() {
         "{v}"
     );
 }
+
+#[test]
+fn the_areal_style_example_config_plans_with_its_sglang_keys() {
+    let out = plan(&["examples/configs/areal-style.yaml"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--mem-fraction-static 0.8",
+        "--context-length 4096",
+        "--enable-memory-saver",
+        "--attention-backend fa3",
+    ] {
+        assert!(text.contains(flag), "{flag} missing:\n{text}");
+    }
+}
