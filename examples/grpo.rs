@@ -100,6 +100,7 @@ async fn main() -> anyhow::Result<()> {
         tokens_per_s: Vec::new(),
         staleness: Vec::new(),
         max_staleness_seen: 0,
+        stale_dropped: 0,
         weight_format: "fp8".into(),
         total_seconds: 0.0,
     };
@@ -161,6 +162,7 @@ async fn main() -> anyhow::Result<()> {
     summary.baseline_reward = summary.rewards.first().copied().unwrap_or(0.0);
     summary.final_reward = summary.rewards.last().copied().unwrap_or(0.0);
     summary.max_staleness_seen = summary.staleness.iter().copied().max().unwrap_or(0);
+    summary.stale_dropped = rollout.stats().stale_dropped;
     summary.total_seconds = started.elapsed().as_secs_f64();
     if let Some(p) = &plot {
         troupe::controller::run::plot::write_svg(&summary, p).map_err(anyhow::Error::msg)?;

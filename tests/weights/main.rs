@@ -1,8 +1,10 @@
-//! Weight sync to every engine, the external-trainer gRPC API, asynchronous rollouts.
+//! Weight sync to every engine, the external-trainer gRPC API, asynchronous rollouts and their
+//! staleness bound.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod external_trainer;
 mod rollout;
+mod staleness;
 mod sync;

@@ -1,4 +1,5 @@
 //! Asynchronous rollouts: the staleness bound, a full pipeline, and weight updates mid-flight.
+//! (The bound on the real path, with interrupted generation: `staleness.rs`.)
 
 use crate::common;
 
@@ -8,10 +9,12 @@ use std::time::Duration;
 
 use common::within;
 use proptest::prelude::*;
+use tokio::sync::watch;
 use troupe_controller::Cluster;
 use troupe_controller::rollout::{
     InferenceClient, RlvrItem, RlvrWorkflow, RolloutController, RolloutError, RolloutOptions,
-    RolloutWorkflow, Sample, SamplingSettings, Trajectory, capacity, staleness_of,
+    RolloutWorkflow, Sample, SamplingSettings, StalePolicy, Trajectory, WaitError, capacity,
+    staleness_of,
 };
 use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_scheduler::AllocationPlan;
@@ -119,6 +122,166 @@ async fn prepare_batch_keeps_the_pipeline_full_within_the_bounds() {
             rc.stats().rejected > 0,
             "dropped items were seen and did not count as accepted"
         );
+    })
+    .await
+}
+
+/// Polls `check` until it holds; panics after half a minute (the test is stuck).
+async fn until(what: &str, check: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// No engine: a token's version is `engine`'s when it is "generated". Item 0 is late: its
+/// second token waits for `gate`, so it spans versions.
+struct Late {
+    engine: Arc<AtomicU64>,
+    gate: watch::Receiver<bool>,
+    parked: Arc<AtomicUsize>,
+}
+
+impl RolloutWorkflow for Late {
+    type Item = u64;
+    async fn run_episode(
+        &self,
+        _e: &InferenceClient,
+        item: u64,
+    ) -> Result<Option<Trajectory>, RolloutError> {
+        let first = self.engine.load(Ordering::SeqCst);
+        if item == 0 {
+            self.parked.fetch_add(1, Ordering::SeqCst);
+            let opened = self.gate.clone().wait_for(|open| *open).await.is_ok();
+            self.parked.fetch_sub(1, Ordering::SeqCst);
+            if !opened {
+                return Err(RolloutError::Workflow("the test ended".into()));
+            }
+        }
+        Ok(Some(Trajectory {
+            samples: vec![Sample {
+                prompt_ids: vec![1],
+                output_ids: vec![2, 3],
+                logprobs: vec![-1.0, -1.0],
+                versions: vec![first, self.engine.load(Ordering::SeqCst)],
+                reward: item as f32,
+            }],
+        }))
+    }
+}
+
+/// `prepare_batch` with bound 1: item 0 starts under version 0 and ends under version 2, so
+/// its oldest token is 2 versions old when it could be consumed. Either policy drops it and
+/// still returns full batches within the bound; `Regenerate` trains on item 0 (generated
+/// again), `Drop` never does and takes the next data items instead.
+async fn late_item_under(policy: StalePolicy) {
+    let (b, bound) = (2, 1);
+    let (open, gate) = watch::channel(false);
+    let wf = Arc::new(Late {
+        engine: Arc::default(),
+        gate,
+        parked: Arc::default(),
+    });
+    let rc = RolloutController::new(
+        InferenceClient::new("http://unused.invalid"),
+        RolloutOptions {
+            max_concurrent: 8,
+            max_staleness: bound,
+            batch_size: b,
+        },
+    )
+    .with_stale_policy(policy);
+    let mut data = 0u64..;
+    let mut trained = Vec::new();
+    for v in 0..6u64 {
+        let batch = rc
+            .prepare_batch(&mut data, wf.clone(), Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert_eq!(batch.len(), b);
+        assert!(staleness_of(&batch, v) <= bound, "step {v}: {batch:?}");
+        trained.extend(batch.iter().map(|t| t.samples[0].reward as u64));
+        until("every admitted episode ended or parked", || {
+            rc.stats().running == wf.parked.load(Ordering::SeqCst)
+        })
+        .await;
+        wf.engine.store(v + 1, Ordering::SeqCst);
+        rc.set_version(v + 1);
+        open.send_replace(v + 1 >= 2);
+    }
+    let mut unique = trained.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        trained.len(),
+        "no item trained on twice: {trained:?}"
+    );
+    assert_eq!(
+        rc.stats().stale_dropped,
+        1,
+        "only the late trajectory was dropped"
+    );
+    match policy {
+        StalePolicy::Regenerate => assert!(trained.contains(&0), "{trained:?}"),
+        StalePolicy::Drop => assert!(!trained.contains(&0), "{trained:?}"),
+    }
+    rc.shutdown();
+}
+
+#[tokio::test]
+async fn a_late_trajectory_is_regenerated_and_the_batch_still_fills() {
+    within(60, late_item_under(StalePolicy::Regenerate)).await
+}
+
+#[tokio::test]
+async fn a_late_trajectory_is_dropped_and_the_next_items_fill_the_batch() {
+    within(60, late_item_under(StalePolicy::Drop)).await
+}
+
+/// A workflow that records no versions: its tokens count as generated by the weights of the
+/// version it was admitted at.
+struct Unversioned;
+
+impl RolloutWorkflow for Unversioned {
+    type Item = ();
+    async fn run_episode(
+        &self,
+        _e: &InferenceClient,
+        _item: (),
+    ) -> Result<Option<Trajectory>, RolloutError> {
+        Ok(Some(Trajectory {
+            samples: vec![Sample {
+                prompt_ids: vec![1],
+                output_ids: vec![2],
+                logprobs: vec![-1.0],
+                versions: vec![],
+                reward: 0.0,
+            }],
+        }))
+    }
+}
+
+#[tokio::test]
+async fn unrecorded_versions_are_the_admission_version_and_a_dropped_item_can_starve_a_wait() {
+    within(30, async {
+        let rc = RolloutController::new(
+            InferenceClient::new("http://unused.invalid"),
+            RolloutOptions {
+                max_concurrent: 4,
+                max_staleness: 0,
+                batch_size: 1,
+            },
+        )
+        .with_stale_policy(StalePolicy::Drop);
+        rc.submit((), Arc::new(Unversioned));
+        until("the episode finished", || rc.stats().ready == 1).await;
+        rc.set_version(1);
+        assert_eq!(rc.stats().stale_dropped, 1);
+        assert_eq!(rc.stats().ready, 0);
+        let r = rc.wait(1, Duration::from_secs(10)).await;
+        assert!(matches!(r, Err(WaitError::Starved { .. })), "{r:?}");
     })
     .await
 }

@@ -54,8 +54,9 @@ pub enum RolloutError {
 
 /// Turns one data item into a trajectory.
 pub trait RolloutWorkflow: Send + Sync + 'static {
-    /// The data item type.
-    type Item: Send + 'static;
+    /// The data item type. `Clone`: the controller keeps the item until its trajectory is
+    /// consumed, so an item whose trajectory came out too stale can be generated again.
+    type Item: Clone + Send + 'static;
 
     /// Runs one episode; `Ok(None)` drops the item.
     fn run_episode(
@@ -87,11 +88,14 @@ pub struct RlvrWorkflow {
     pub reward: RewardFn,
 }
 
-/// Parses a weight version string (`"3"`, `"v3"`, `"default"` → 0).
+/// Parses a weight version string into the number the staleness bound compares: the first run
+/// of digits (`"3"`, `"v3"`, `"step-3-ab12"` → 3; `"default"` → 0, the initial weights).
 pub fn version_number(v: &str) -> u64 {
-    v.trim_start_matches(|c: char| !c.is_ascii_digit())
-        .parse()
-        .unwrap_or(0)
+    let digits = v.trim_start_matches(|c: char| !c.is_ascii_digit());
+    let end = digits
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(digits.len());
+    digits[..end].parse().unwrap_or(0)
 }
 
 impl RolloutWorkflow for RlvrWorkflow {

@@ -59,8 +59,13 @@ pub struct Summary {
     pub tokens_per_s: Vec<f64>,
     /// Staleness of each step's batch.
     pub staleness: Vec<u64>,
-    /// Largest staleness seen in any batch (head version minus oldest token version).
+    /// Largest staleness of any trajectory trained on: the train step's version minus the
+    /// version of the trajectory's oldest token (the definition the rollout controller
+    /// enforces), so at most `rollout.max_head_offpolicyness`.
     pub max_staleness_seen: u64,
+    /// Trajectories the rollout controller dropped (and regenerated) because they would have
+    /// exceeded `rollout.max_head_offpolicyness` when consumed.
+    pub stale_dropped: u64,
     /// Weight sync format.
     pub weight_format: String,
     /// Wall time of the whole run, bring-up included.
@@ -257,6 +262,7 @@ async fn train(
         bar.inc(1);
     }
     bar.finish_and_clear();
+    let stale_dropped = rc.stats().stale_dropped;
     // Rollouts still in flight for a step that will not come end quietly with serving.
     rc.shutdown();
     let _ = trainer.stop(Duration::from_secs(5)).await;
@@ -270,6 +276,7 @@ async fn train(
         tokens_per_s,
         staleness,
         max_staleness_seen: max_stale,
+        stale_dropped,
         weight_format: if fp8 { "fp8" } else { "bf16" }.into(),
         total_seconds: 0.0,
     })
