@@ -37,6 +37,25 @@ pub async fn wait_event(
     .await
 }
 
+/// Waits for the first serving event (a deployment's watcher: down, held, caught up, ...)
+/// matching `pred`.
+pub async fn wait_serving(
+    rx: &mut broadcast::Receiver<troupe_controller::serve::ServingEvent>,
+    secs: u64,
+    pred: impl Fn(&troupe_controller::serve::ServingEvent) -> bool,
+) -> troupe_controller::serve::ServingEvent {
+    within(secs, async {
+        loop {
+            match rx.recv().await {
+                Ok(e) if pred(&e) => return e,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(e) => panic!("serving events closed: {e}"),
+            }
+        }
+    })
+    .await
+}
+
 /// A test actor that panics on demand and reports its restart count.
 pub struct Flaky;
 

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use common::model::{reference_engine, trainer_weights};
 use common::procs::kill9;
-use common::within;
+use common::{wait_serving, within};
 use serde_json::{Value, json};
-use tokio::sync::broadcast;
 use troupe_controller::Cluster;
 use troupe_controller::serve::instances::InstanceState;
 use troupe_controller::serve::{Deployment, ForkOptions, ServingEvent};
@@ -31,22 +30,6 @@ async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
     v
 }
 
-async fn wait_serving(
-    rx: &mut broadcast::Receiver<ServingEvent>,
-    secs: u64,
-    pred: impl Fn(&ServingEvent) -> bool,
-) -> ServingEvent {
-    within(secs, async {
-        loop {
-            match rx.recv().await {
-                Ok(e) if pred(&e) => return e,
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(e) => panic!("serving events closed: {e}"),
-            }
-        }
-    })
-    .await
-}
 
 async fn routed(svc: &Deployment) -> Vec<String> {
     svc.gateway_handle()

@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use common::model::trainer_weights;
 use common::procs::kill9;
-use common::within;
+use common::{wait_serving, within};
 use serde_json::{Value, json};
-use tokio::sync::broadcast;
 use troupe_controller::Cluster;
 use troupe_controller::serve::{Deployment, ForkOptions, ServingEvent};
 use troupe_scheduler::AllocationPlan;
@@ -274,22 +273,6 @@ async fn concurrent_control_calls_run_one_at_a_time_and_leave_one_version() {
     .await
 }
 
-async fn wait_serving(
-    rx: &mut broadcast::Receiver<ServingEvent>,
-    secs: u64,
-    pred: impl Fn(&ServingEvent) -> bool,
-) -> ServingEvent {
-    within(secs, async {
-        loop {
-            match rx.recv().await {
-                Ok(e) if pred(&e) => return e,
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(e) => panic!("serving events closed: {e}"),
-            }
-        }
-    })
-    .await
-}
 
 #[tokio::test]
 async fn a_server_that_restarts_is_caught_up_with_an_update_that_came_through_the_gateway() {

@@ -187,7 +187,8 @@ async fn train(
             max_staleness: cfg.rollout.max_head_offpolicyness,
             batch_size: tc.batch_size,
         },
-    );
+    )
+    .with_stale_policy(cfg.rollout.stale_policy);
     let max_new = tc.max_new_tokens;
     let wf = Arc::new(RlvrWorkflow {
         n_samples: tc.group_size,

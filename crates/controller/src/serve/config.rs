@@ -210,6 +210,10 @@ pub struct RolloutConfig {
     /// Most versions a trajectory may lag the trainer (0 = synchronous RL).
     #[serde(default = "staleness")]
     pub max_head_offpolicyness: u64,
+    /// What happens to a trajectory that finished too late for that bound: `regenerate`
+    /// (default: its prompt runs again on the current weights) or `drop`.
+    #[serde(default)]
+    pub stale_policy: crate::rollout::StalePolicy,
 }
 
 fn max_concurrent() -> usize {
@@ -223,6 +227,7 @@ impl Default for RolloutConfig {
     fn default() -> Self {
         RolloutConfig {
             max_concurrent_rollouts: max_concurrent(),
+            stale_policy: Default::default(),
             max_head_offpolicyness: staleness(),
         }
     }

@@ -85,6 +85,7 @@ fn enum_like_values_are_checked_at_load_naming_the_key() {
         ("gateway.listen=not an address", "gateway.listen"),
         ("gateway.control_auth=none", "loopback"),
         ("gateway.control_auth=maybe", "control_auth"),
+        ("rollout.stale_policy=keep", "stale_policy"),
         (busy.as_str(), "in use"),
         ("sglang.quantization=fp4", "sglang.quantization"),
         ("sglang.ready_timeout_s=1e20", "sglang.ready_timeout_s"),

@@ -434,6 +434,13 @@ pub(super) async fn chat_completions(
 
 /// `GET /v1/models`: answered by any available worker that generates (decode or regular).
 pub(super) async fn models(State(state): State<Arc<GatewayState>>) -> Response {
+    any_worker(&state, "/v1/models", None).await
+}
+
+/// Sends one request to any available generating worker (decode in PD mode, else regular) and
+/// passes its answer on: GET without a body, POST with one. For endpoints any engine answers
+/// alike (`/v1/models`, `/tokenize`, `/detokenize`).
+pub(super) async fn any_worker(state: &GatewayState, path: &str, body: Option<Bytes>) -> Response {
     let ty = if state.cfg.pd {
         WorkerType::Decode
     } else {
@@ -443,7 +450,15 @@ pub(super) async fn models(State(state): State<Arc<GatewayState>>) -> Response {
         Ok(w) => w,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let mut req = state.client.get(format!("{}/v1/models", w.url()));
+    let url = format!("{}{path}", w.url());
+    let mut req = match body {
+        Some(b) => state
+            .client
+            .post(url)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(b),
+        None => state.client.get(url),
+    };
     if let Some(k) = &state.cfg.worker_api_key {
         req = req.bearer_auth(k);
     }

@@ -1,5 +1,5 @@
 //! vLLM's token routes on the gateway: `POST /tokenize`, `POST /detokenize` (answered by any
-//! available generating worker, bodies unchanged), and `POST /inference/v1/generate`, vLLM's
+//! available generating worker, bodies unchanged: `forward::any_worker`), and `POST /inference/v1/generate`, vLLM's
 //! token-in/token-out route, translated to SGLang's `/generate` so it is routed exactly like
 //! `/generate` (PD pairs, retries, `X-Session-ID`) and translated back:
 //!
@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, header};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
@@ -19,8 +19,6 @@ use super::GatewayState;
 use super::forward;
 use crate::error::ApiError;
 use crate::metrics::Endpoint;
-use crate::policy::RouteContext;
-use crate::worker::WorkerType;
 
 /// The vLLM request body of `/inference/v1/generate`.
 #[derive(Debug, serde::Deserialize)]
@@ -183,39 +181,14 @@ pub(super) async fn generate(
     }
 }
 
-/// `POST /tokenize` and `POST /detokenize`: forwarded unchanged to an available generating
-/// worker (decode or regular).
-async fn pass(state: Arc<GatewayState>, path: &'static str, raw: Bytes) -> Response {
-    let ty = if state.cfg.pd {
-        WorkerType::Decode
-    } else {
-        WorkerType::Regular
-    };
-    let w = match state.router.route(ty, &RouteContext::default(), &[]) {
-        Ok(w) => w,
-        Err(e) => return ApiError::from(e).into_response(),
-    };
-    match forward::send(&state, &w, path, raw).await {
-        Ok(r) => {
-            let status = r.status();
-            match r.bytes().await {
-                Ok(b) => (status, [(header::CONTENT_TYPE, "application/json")], b).into_response(),
-                Err(e) => ApiError::bad_gateway(format!("{}: {e}", w.url())).into_response(),
-            }
-        }
-        Err(forward::Fail::Final(r)) => *r,
-        Err(forward::Fail::Retry { reason, .. }) => ApiError::bad_gateway(reason).into_response(),
-    }
-}
-
 /// `POST /tokenize`.
 pub(super) async fn tokenize(State(s): State<Arc<GatewayState>>, raw: Bytes) -> Response {
-    pass(s, "/tokenize", raw).await
+    forward::any_worker(&s, "/tokenize", Some(raw)).await
 }
 
 /// `POST /detokenize`.
 pub(super) async fn detokenize(State(s): State<Arc<GatewayState>>, raw: Bytes) -> Response {
-    pass(s, "/detokenize", raw).await
+    forward::any_worker(&s, "/detokenize", Some(raw)).await
 }
 
 #[cfg(test)]
