@@ -30,7 +30,6 @@ async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
     v
 }
 
-
 async fn routed(svc: &Deployment) -> Vec<String> {
     svc.gateway_handle()
         .call(ListWorkers)

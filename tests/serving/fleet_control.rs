@@ -273,7 +273,6 @@ async fn concurrent_control_calls_run_one_at_a_time_and_leave_one_version() {
     .await
 }
 
-
 #[tokio::test]
 async fn a_server_that_restarts_is_caught_up_with_an_update_that_came_through_the_gateway() {
     within(240, async {
