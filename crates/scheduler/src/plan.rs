@@ -155,7 +155,12 @@ impl AllocationPlan {
     }
 
     /// Index of the component with this name, if any.
+    /// (`#i` refers to component `i` by position: how members colocate with an unnamed anchor,
+    /// which AReaL allows; names cannot start with `#`.)
     pub fn component_index(&self, name: &str) -> Option<usize> {
+        if let Some(i) = name.strip_prefix('#').and_then(|i| i.parse::<usize>().ok()) {
+            return (i < self.components.len()).then_some(i);
+        }
         self.components
             .iter()
             .position(|c| c.name.as_deref() == Some(name))

@@ -375,7 +375,14 @@ fn check_names(plan: &AllocationPlan) -> Result<(), Violation> {
             ));
         }
     }
-    if plan.components.len() >= 3 {
+    // AReaL: a disaggregated allocation (`+`) of 3 or more components names all of them;
+    // one colocation group alone may keep its anchor unnamed.
+    let pools = plan
+        .components
+        .iter()
+        .filter(|c| c.colocate_with.is_none())
+        .count();
+    if plan.components.len() >= 3 && pools >= 2 {
         let unnamed: Vec<String> = plan
             .components
             .iter()

@@ -56,6 +56,40 @@ const ACCEPTED: &[(&str, &str, u64, Groups)] = {
             &[(T, 4, 1, 1, 1, 2, 1)],
         ),
         ("fsdp:d2t2c2", "fsdp:d2t2c2", 8, &[(T, 2, 2, 1, 2, 1, 1)]),
+        // AReaL 1.0.4 (areal/api/alloc_mode.py, `colocate_expr`): the first component of a
+        // colocation group is the anchor and may go unnamed; the others must be named.
+        (
+            "sglang:d4|fsdp[a]:d4",
+            "sglang:d4|fsdp[a]:d4",
+            4,
+            &[(R, 4, 1, 1, 1, 1, 1), (T, 4, 1, 1, 1, 1, 1)],
+        ),
+        (
+            "vllm:d2t4|megatron[actor]:d2t2p2",
+            "vllm:d2t4|megatron[actor]:d2t2p2",
+            8,
+            &[(R, 2, 4, 1, 1, 1, 1), (T, 2, 2, 2, 1, 1, 1)],
+        ),
+        // `disaggregate_chain` alone requires every name; one colocation group of three does
+        // not.
+        (
+            "sglang:d4|fsdp[a]:d4|fsdp[b]:d4",
+            "sglang:d4|fsdp[a]:d4|fsdp[b]:d4",
+            4,
+            &[
+                (R, 4, 1, 1, 1, 1, 1),
+                (T, 4, 1, 1, 1, 1, 1),
+                (T, 4, 1, 1, 1, 1, 1),
+            ],
+        ),
+        // `train_backend_hybrid` takes every TRAIN_BACKEND, fsdp included (FSDP's own rule
+        // then allows no e or p above 1).
+        (
+            "fsdp:(attn:d4|ffn:d4)",
+            "fsdp:d4",
+            4,
+            &[(T, 4, 1, 1, 1, 1, 1)],
+        ),
         ("fsdp:d4p1e1", "fsdp:d4", 4, &[(T, 4, 1, 1, 1, 1, 1)]),
         ("vllm:d2t4p2", "vllm:d2t4p2", 16, &[(R, 2, 4, 2, 1, 1, 1)]),
         // A repeated dimension: the last wins.
@@ -266,8 +300,21 @@ const REJECTED: &[(&str, &str, bool)] = &[
         "equal world sizes",
         true,
     ),
-    ("sglang:d2+fsdp:d4|fsdp:d4", "must all be named", true),
-    ("sglang[r]:d2+fsdp:d4|fsdp[c]:d4", "must all be named", true),
+    (
+        "sglang:d2+fsdp:d4|fsdp:d4",
+        "every component after the first",
+        true,
+    ),
+    ("sglang:d4|fsdp:d4", "every component after the first", true),
+    // `disaggregate_chain`: 3+ components across `+` must all be named, the anchor too.
+    ("sglang[r]:d2+fsdp:d4|fsdp[c]:d4", "all must be named", true),
+    ("sglang:d4|fsdp[a]:d4+fsdp[b]:d4", "all must be named", true),
+    // The grammar's `hybrid_moe_syntax`: `attn` first, then `ffn`.
+    (
+        "megatron:(ffn:e2|attn:d2)",
+        "the `attn` section comes first",
+        true,
+    ),
     (
         "megatron:(attn:d4p2|ffn:p4e2)",
         "pipeline parallel size of attn and ffn",
@@ -298,14 +345,10 @@ const REJECTED: &[(&str, &str, bool)] = &[
     ("megatron:d3e2", "does not divide its world size 3", true),
     (
         "fsdp:(attn:d4|ffn:e2)",
-        "needs backend megatron or archon",
+        "FSDP does not support expert parallel",
         true,
     ),
-    (
-        "sglang:(attn:d4|ffn:e2)",
-        "needs backend megatron or archon",
-        true,
-    ),
+    ("sglang:(attn:d4|ffn:e2)", "is for training backends", true),
     // PD rules.
     (
         "vllm:(prefill:d1|decode:d1)",

@@ -72,9 +72,10 @@ impl Backend {
         self.role() == Role::Inference
     }
 
-    /// Whether the backend accepts the MoE hybrid `(attn:…|ffn:…)` form.
+    /// Whether the backend accepts the MoE hybrid `(attn:…|ffn:…)` form: every training
+    /// backend, as in AReaL's grammar (FSDP's own rule then refuses `p` and `e` above 1).
     pub fn supports_hybrid(self) -> bool {
-        matches!(self, Backend::Megatron | Backend::Archon)
+        matches!(self, Backend::Fsdp | Backend::Megatron | Backend::Archon)
     }
 
     /// Comma-separated list of all backend names, for error messages.

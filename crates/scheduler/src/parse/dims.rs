@@ -27,6 +27,24 @@ impl Dims {
     }
 }
 
+/// The dimensions as written again (`d4t2`), for corrected examples.
+impl std::fmt::Display for Dims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (letter, v) in [
+            ('d', self.d),
+            ('t', self.t),
+            ('p', self.p),
+            ('c', self.c),
+            ('e', self.e),
+        ] {
+            if let Some(v) = v {
+                write!(f, "{letter}{v}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
 const ALL_DIMS: &str = "dtpce";
 
 fn letters_list(allowed: &str) -> String {

@@ -78,16 +78,37 @@ pub(crate) fn parse_mode(input: &str) -> Result<AllocationPlan, SchedulerError> 
             example,
         ));
     }
+    // AReaL: in a colocation group the first component is the anchor and may go unnamed;
+    // every later one must be named.
     if pools
         .iter()
-        .any(|pool| pool.len() > 1 && pool.iter().any(|c| c.name.is_none()))
+        .any(|pool| pool.iter().skip(1).any(|c| c.name.is_none()))
     {
         let mut named = pools.clone();
+        // With 3+ components across `+`, every name is required, anchors too (see
+        // `validate::check_names`); otherwise the anchors may stay unnamed in the example.
+        let total: usize = pools.iter().map(Vec::len).sum();
+        let keep_anchors = !(total >= 3 && pools.len() >= 2);
+        if keep_anchors {
+            for pool in &mut named {
+                if let Some(first) = pool.first_mut() {
+                    first.name = first.name.take().or_else(|| Some(String::new()));
+                }
+            }
+        }
         name_pools(&mut named);
+        if keep_anchors {
+            for (pool, orig) in named.iter_mut().zip(&pools) {
+                if let (Some(first), Some(o)) = (pool.first_mut(), orig.first()) {
+                    first.name = o.name.clone();
+                }
+            }
+        }
         return Err(SchedulerError::Rule {
             mode: input.to_string(),
-            message: "colocated components (joined by `|`) must all be named, as in \
-                      `fsdp[actor]:d4|fsdp[critic]:d4`"
+            message: "in a colocation group (joined by `|`) every component after the first \
+                      must be named; the first is the anchor the others share GPUs with, as \
+                      in `sglang:d4|fsdp[actor]:d4`"
                 .to_string(),
             example: flatten(named).to_string(),
         });
@@ -101,11 +122,15 @@ pub(crate) fn parse_mode(input: &str) -> Result<AllocationPlan, SchedulerError> 
     Ok(plan)
 }
 
-/// Flattens pools into components: members after the first colocate with it.
+/// Flattens pools into components: members after the first colocate with it (by its name, or
+/// by `#index` when the anchor is unnamed, as AReaL allows).
 fn flatten(pools: Vec<Vec<Component>>) -> AllocationPlan {
-    let mut components = Vec::new();
+    let mut components: Vec<Component> = Vec::new();
     for pool in pools {
-        let anchor = pool.first().and_then(|c| c.name.clone());
+        let at = components.len();
+        let anchor = pool
+            .first()
+            .map(|c| c.name.clone().unwrap_or_else(|| format!("#{at}")));
         for (i, mut c) in pool.into_iter().enumerate() {
             if i > 0 {
                 c.colocate_with = anchor.clone();

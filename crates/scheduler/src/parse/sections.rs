@@ -195,10 +195,21 @@ pub(crate) fn build_groups(
         return Err(cur.error_at(
             sections.first().map_or(0, |s| s.at),
             format!(
-                "the MoE hybrid form (attn:…|ffn:…) needs backend megatron or archon, not \
-                 `{backend}`"
+                "the MoE hybrid form (attn:…|ffn:…) is for training backends (fsdp, megatron, \
+                 archon), not `{backend}`"
             ),
             example,
+        ));
+    }
+    // AReaL's grammar: `attn` comes first, then `ffn`.
+    if let [first, second, ..] = sections
+        && first.kind == SectionKind::Ffn
+        && second.kind == SectionKind::Attn
+    {
+        return Err(cur.error_at(
+            first.at,
+            "in the MoE hybrid form the `attn` section comes first, then `ffn`",
+            format!("{backend}:(attn:{}|ffn:{})", second.dims, first.dims),
         ));
     }
     hybrid_group(cur, component, sections, splice).map(|g| vec![g])
