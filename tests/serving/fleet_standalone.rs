@@ -199,3 +199,39 @@ async fn bad_bodies_are_named_and_change_nothing() {
     })
     .await
 }
+
+/// An engine that refuses a bucket (an unknown tensor) never reads it: the push fails at once,
+/// changes nothing, and the next push builds a fresh group without waiting.
+#[tokio::test]
+async fn a_refused_weight_push_fails_fast_and_the_next_one_works() {
+    within(60, async {
+        let (a, b) = (engine().await, engine().await);
+        let g = gateway::start(config(&[a.url(), b.url()])).await.unwrap();
+        let f = Fleet::new(&g.url(), None);
+        let v0 = f.version().await;
+        let values: Vec<u8> = [0.5f32; 4].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bad = safetensors::serialize(
+            [(
+                "model.no_such.weight",
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &values)
+                    .unwrap(),
+            )],
+            None,
+        )
+        .unwrap();
+        // Before the fix the broadcast waited forever for the refusing engines (this test's
+        // deadline fired); the second push waited out a 60 s join timeout.
+        let (s, v) = f.push(bad, "nope").await;
+        assert_eq!(s, 502, "{v}");
+        assert!(v["message"].as_str().unwrap().contains("no_such"), "{v}");
+        assert_eq!(f.version().await, v0, "nothing changed");
+        assert_eq!(f.get("/is_paused").await.1["is_paused"], false);
+        let (s, v) = f.push(safetensors(5), "good").await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(f.version().await, "good");
+        g.shutdown().await.unwrap();
+        a.shutdown().await.unwrap();
+        b.shutdown().await.unwrap();
+    })
+    .await
+}

@@ -136,7 +136,8 @@ fn die_with_parent(cmd: &mut Command) {
 fn die_with_parent(_cmd: &mut Command) {}
 
 /// Finds the `troupe` binary: `$TROUPE_BIN`, this executable if it is `troupe`, or a `troupe`
-/// next to (or one directory above) this executable, which is where cargo puts it for tests.
+/// next to (or one directory above) this executable, which is where cargo puts it for tests,
+/// else a `troupe` on `PATH`.
 ///
 /// Hosts and InferenceServers start `troupe host` / `troupe engine` children; inside a test
 /// binary the current executable is not `troupe`, so this is how they find the real one.
@@ -158,5 +159,18 @@ pub fn troupe_binary() -> Result<PathBuf, String> {
             dir = d.parent();
         }
     }
-    Err("cannot find the `troupe` binary: build it (`cargo build`) or set TROUPE_BIN".into())
+    // A host embedded elsewhere (the Python bindings: the executable is python) finds the
+    // installed binary (`cargo install --path .`) on PATH.
+    if let Some(p) = std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("troupe"))
+        .find(|c| c.is_file())
+    {
+        return Ok(p);
+    }
+    Err(
+        "cannot find the `troupe` binary: build it (`cargo build`), install it (`cargo install --path .`: on PATH) or set TROUPE_BIN"
+            .into(),
+    )
 }

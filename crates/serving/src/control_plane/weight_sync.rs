@@ -293,7 +293,7 @@ impl Core {
         match r {
             Ok(()) => Ok(version),
             Err(reason) => {
-                self.group = None;
+                self.drop_group(control).await;
                 Err(WeightSyncError::Update {
                     version,
                     reason,
@@ -376,7 +376,7 @@ impl Core {
             }
             Err(reason) => {
                 // The group is suspect now: rebuild it next time.
-                self.group = None;
+                self.drop_group(control).await;
                 let after = self.recover(control, keep_paused).await;
                 Err(WeightSyncError::Update {
                     version: version.to_string(),
@@ -410,6 +410,22 @@ impl Core {
                 check.distinct()
             )
         }
+    }
+
+    /// Forgets a suspect group and has its members leave it (best effort), so the next update
+    /// can build a fresh one at once instead of waiting for engines still joined to this one.
+    async fn drop_group(&mut self, control: &InferenceControl) {
+        let Some(old) = self.group.take() else {
+            return;
+        };
+        let name = self.opts.group_name.clone();
+        let all = control.engines();
+        futures::future::join_all(
+            all.iter()
+                .filter(|e| old.members.contains(&e.url))
+                .map(|e| control.client().destroy_weight_group(e, &name)),
+        )
+        .await;
     }
 
     /// Builds the group unless one exists for exactly these engines in this fleet generation
@@ -537,11 +553,27 @@ impl Core {
                     .map_err(|err| format!("{}: {err}", e.url))
             }
         }));
-        let (sent, answers) = tokio::join!(group.sender.send_bucket(&refs), http);
+        // An engine that refuses the bucket (an unknown name, a wrong shape) never reads it, so
+        // the broadcast would wait for it forever: a refusal ends the send at once (the group
+        // is rebuilt next time; the engines changed nothing).
+        let send = group.sender.send_bucket(&refs);
+        tokio::pin!(send);
+        tokio::pin!(http);
+        let mut sent = None;
+        let answers = loop {
+            tokio::select! {
+                answers = &mut http => break answers,
+                r = &mut send, if sent.is_none() => sent = Some(r),
+            }
+        };
         let errs: Vec<String> = answers.into_iter().filter_map(Result::err).collect();
         if !errs.is_empty() {
             return Err(errs.join("; "));
         }
+        let sent = match sent {
+            Some(r) => r,
+            None => send.await,
+        };
         sent.map_err(|e| format!("broadcast failed: {e}"))
     }
 }

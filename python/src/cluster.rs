@@ -1,0 +1,139 @@
+//! `troupe.Cluster`: the hosts a single controller drives (in-process, local `troupe host`
+//! processes, or a Slurm job, as the config's `scheduler.type` says), usable as a context
+//! manager so nothing outlives the `with` block.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tokio::sync::Mutex;
+use troupe_controller::Cluster as RustCluster;
+use troupe_controller::serve::Deployment;
+use troupe_controller::serve::setup::{admin_key, cluster_builder, cluster_from, fork_options};
+use troupe_scheduler::AllocationPlan;
+
+use crate::config::Config;
+use crate::errors::{AllocationError, ClusterError, ServingError};
+use crate::runtime::wait;
+use crate::service::Service;
+
+/// A running cluster of actor hosts.
+#[pyclass(module = "troupe")]
+pub struct Cluster {
+    inner: Arc<Mutex<Option<RustCluster>>>,
+}
+
+fn gone() -> PyErr {
+    ClusterError::new_err("the cluster was shut down")
+}
+
+impl Cluster {
+    fn wrap(c: RustCluster) -> Self {
+        Cluster {
+            inner: Arc::new(Mutex::new(Some(c))),
+        }
+    }
+}
+
+#[pymethods]
+impl Cluster {
+    /// The hosts the config asks for (`scheduler.type`: inprocess, local or slurm).
+    #[staticmethod]
+    fn from_config(py: Python<'_>, cfg: &Config) -> PyResult<Cluster> {
+        let cfg = cfg.inner.clone();
+        let c = wait(py, async move {
+            let builder = cluster_builder(&cfg).registry(troupe_controller::standard_registry());
+            cluster_from(&cfg, builder).await
+        })?
+        .map_err(ClusterError::new_err)?;
+        Ok(Cluster::wrap(c))
+    }
+
+    /// `hosts` hosts inside this process (the test harness: the real code path, loopback gRPC).
+    #[staticmethod]
+    #[pyo3(signature = (hosts = 1, gpus_per_host = 8))]
+    fn in_process(py: Python<'_>, hosts: usize, gpus_per_host: u32) -> PyResult<Cluster> {
+        let c = wait(py, async move {
+            RustCluster::builder()
+                .registry(troupe_controller::standard_registry())
+                .in_process(hosts, gpus_per_host)
+                .await
+        })?
+        .map_err(|e| ClusterError::new_err(e.to_string()))?;
+        Ok(Cluster::wrap(c))
+    }
+
+    /// `hosts` `troupe host` processes on this machine.
+    #[staticmethod]
+    #[pyo3(signature = (hosts = 1, gpus_per_host = 8))]
+    fn local_processes(py: Python<'_>, hosts: usize, gpus_per_host: u32) -> PyResult<Cluster> {
+        let c = wait(py, async move {
+            RustCluster::local_processes(hosts, gpus_per_host).await
+        })?
+        .map_err(|e| ClusterError::new_err(e.to_string()))?;
+        Ok(Cluster::wrap(c))
+    }
+
+    /// Each host as `{"index", "address", "gpus"}`.
+    #[getter]
+    fn hosts<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let guard = self.inner.blocking_lock();
+        let c = guard.as_ref().ok_or_else(gone)?;
+        c.hosts()
+            .iter()
+            .map(|h| {
+                let d = PyDict::new(py);
+                d.set_item("index", h.index())?;
+                d.set_item("address", h.address())?;
+                d.set_item("gpus", h.gpu_ids().to_vec())?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// Brings up the config's inference deployment on these hosts: servers in their prefill /
+    /// decode groups, a data proxy each, the gateway and the fleet control plane.
+    fn serve(&self, py: Python<'_>, cfg: &Config) -> PyResult<Service> {
+        let cfg = cfg.inner.clone();
+        let plan = AllocationPlan::parse(&cfg.allocation_mode)
+            .map_err(|e| AllocationError::new_err(format!("allocation_mode: {e}")))?;
+        let inner = self.inner.clone();
+        let svc = wait(py, async move {
+            let guard = inner.lock().await;
+            let Some(cluster) = guard.as_ref() else {
+                return Err("the cluster was shut down".to_string());
+            };
+            let opts = fork_options(&cfg, admin_key(&cfg), false);
+            Deployment::fork(cluster, &plan, &opts)
+                .await
+                .map_err(|e| e.to_string())
+        })?
+        .map_err(ServingError::new_err)?;
+        Ok(Service::new(svc))
+    }
+
+    /// Stops every host (and so every actor and server on them). Idempotent.
+    fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = self.inner.clone();
+        wait(py, async move {
+            if let Some(c) = inner.lock().await.take() {
+                c.shutdown().await;
+            }
+        })
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.shutdown(py)?;
+        Ok(false)
+    }
+}
+
+/// Adds `Cluster` to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Cluster>()
+}

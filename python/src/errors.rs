@@ -1,0 +1,61 @@
+//! One Python exception class per error family, all under `troupe.TroupeError`, each carrying
+//! the Rust error's message unchanged.
+
+use pyo3::create_exception;
+use pyo3::prelude::*;
+
+create_exception!(
+    troupe,
+    TroupeError,
+    pyo3::exceptions::PyException,
+    "Every Troupe error."
+);
+create_exception!(
+    troupe,
+    ConfigError,
+    TroupeError,
+    "A config file, key or override is wrong."
+);
+create_exception!(
+    troupe,
+    AllocationError,
+    TroupeError,
+    "An allocation mode is invalid."
+);
+create_exception!(
+    troupe,
+    ClusterError,
+    TroupeError,
+    "Hosts could not be started or reached."
+);
+create_exception!(
+    troupe,
+    ServingError,
+    TroupeError,
+    "Servers, proxies or the gateway failed."
+);
+create_exception!(
+    troupe,
+    WeightSyncError,
+    TroupeError,
+    "A weight update failed."
+);
+create_exception!(
+    troupe,
+    ControlError,
+    TroupeError,
+    "A fleet control call failed on some engine."
+);
+
+/// Adds the classes to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("TroupeError", py.get_type::<TroupeError>())?;
+    m.add("ConfigError", py.get_type::<ConfigError>())?;
+    m.add("AllocationError", py.get_type::<AllocationError>())?;
+    m.add("ClusterError", py.get_type::<ClusterError>())?;
+    m.add("ServingError", py.get_type::<ServingError>())?;
+    m.add("WeightSyncError", py.get_type::<WeightSyncError>())?;
+    m.add("ControlError", py.get_type::<ControlError>())?;
+    Ok(())
+}

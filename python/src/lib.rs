@@ -1,0 +1,22 @@
+//! `troupe._troupe`: the Python bindings of Troupe's controller (PyO3). A Rust core with thin
+//! bindings, as Monarch does: the single controller is a Python script while every hot path
+//! (serving, weight sync, the actor runtime) stays in Rust, on the extension's own tokio
+//! runtime. Blocking calls release the GIL and stay interruptible with Ctrl-C.
+
+mod cluster;
+mod config;
+mod errors;
+mod runtime;
+mod service;
+
+use pyo3::prelude::*;
+
+/// The extension module (`troupe._troupe`; `troupe/__init__.py` re-exports it).
+#[pymodule]
+fn _troupe(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    config::register(m)?;
+    cluster::register(m)?;
+    service::register(m)?;
+    errors::register(m)?;
+    Ok(())
+}

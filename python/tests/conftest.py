@@ -1,0 +1,32 @@
+"""Shared setup: the Rust `troupe` binary the in-process hosts launch engines with."""
+
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def pytest_configure(config):
+    # Engines are `troupe engine` child processes; use the workspace's build when there is one.
+    if "TROUPE_BIN" not in os.environ:
+        for profile in ("debug", "release"):
+            cand = ROOT / "target" / profile / "troupe"
+            if cand.is_file():
+                os.environ["TROUPE_BIN"] = str(cand)
+                break
+
+
+@pytest.fixture
+def pd_config(tmp_path):
+    """A small PD deployment config (1 prefill + 1 decode reference engine, in-process hosts)."""
+    p = tmp_path / "pd.yaml"
+    p.write_text(
+        "allocation_mode: 'troupe:(prefill:d1t1|decode:d1t1)'\n"
+        "cluster: {n_nodes: 1, n_gpus_per_node: 2}\n"
+        "scheduler: {type: inprocess}\n"
+        "sglang: {model_path: tiny, ready_timeout_s: 60, enable_memory_saver: true}\n"
+        "admin_key: test-key\n"
+    )
+    return str(p)

@@ -1,0 +1,84 @@
+"""The bindings over the real controller: configs, clusters, a PD deployment, fleet control and
+weight updates from numpy, and the error mapping."""
+
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+
+import troupe
+
+ROOT_CFG = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "examples/configs/pd-local.yaml")
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def greedy(svc):
+    return post(
+        svc.gateway_url + "/generate",
+        {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}},
+    )["output_ids"]
+
+
+def test_load_config_reads_the_yaml_and_names_bad_keys():
+    cfg = troupe.load_config(ROOT_CFG, ["cluster.n_nodes=1"])
+    assert cfg.allocation_mode.startswith("troupe:")
+    assert cfg.n_nodes == 1
+    with pytest.raises(troupe.ConfigError, match="mem_fraction_static"):
+        troupe.load_config(ROOT_CFG, ["sglang.mem_fraction_statik=0.8"])
+    with pytest.raises(troupe.ConfigError, match="allocation_mode"):
+        troupe.load_config(ROOT_CFG, ["sglang.tp_size=2"])
+    with pytest.raises(troupe.ConfigError):
+        troupe.load_config("/nonexistent.yaml")
+    assert issubclass(troupe.ConfigError, troupe.TroupeError)
+
+
+def test_an_in_process_cluster_lists_its_hosts_and_shuts_down():
+    with troupe.Cluster.in_process(2, 4) as cluster:
+        hosts = cluster.hosts
+        assert [h["index"] for h in hosts] == [0, 1]
+        assert all(len(h["gpus"]) == 4 for h in hosts)
+    with pytest.raises(troupe.ClusterError, match="shut down"):
+        cluster.hosts
+
+
+def test_serve_controls_every_engine_and_updates_weights_from_numpy(pd_config):
+    cfg = troupe.load_config(pd_config)
+    with troupe.Cluster.from_config(cfg) as cluster, cluster.serve(cfg) as svc:
+        assert svc.gateway_url.startswith("http://")
+        info = svc.server_info()
+        assert info["fleet"]["engines"] == 2
+        paused = svc.pause("in_place")
+        assert len(paused["engines"]) == 2
+        svc.resume()
+        with pytest.raises(ValueError, match="later"):
+            svc.pause("later")
+
+        before = greedy(svc)
+        h = 64  # the tiny model's hidden size
+        norm = np.random.default_rng(0).normal(size=h).astype(np.float32)
+        rep = svc.update_weights({"model.norm.weight": norm}, version="py1")
+        assert rep["version"] == "py1" and rep["buckets"] >= 1
+        assert svc.weight_version() == "py1"
+        assert greedy(svc) != before
+
+        # Bad input raises and changes nothing.
+        with pytest.raises(TypeError, match="model.norm.weight"):
+            svc.update_weights({"model.norm.weight": np.zeros(h, dtype=np.int32)}, version="bad")
+        with pytest.raises(troupe.WeightSyncError):
+            svc.update_weights({"model.no_such.weight": np.zeros(h, dtype=np.float32)}, version="bad")
+        with pytest.raises(troupe.WeightSyncError):
+            svc.update_weights({"model.norm.weight": np.zeros(h + 1, dtype=np.float32)}, version="bad")
+        assert svc.weight_version() == "py1"
+
+
+def test_an_invalid_allocation_is_an_allocation_error(pd_config):
+    cfg = troupe.load_config(pd_config, ["allocation_mode=fsdp:d1"])
+    with troupe.Cluster.in_process(1, 2) as cluster:
+        with pytest.raises(troupe.ServingError, match="no inference component"):
+            cluster.serve(cfg)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds the Python extension (python/, PyO3 + maturin) into a private venv and runs its pytest
+# suite against the workspace's `troupe` binary. Used by .ci/run after `cargo test`.
+#
+#   bash scripts/python-tests.sh
+#
+# Needs python3 with venv (Debian: python3-venv). The venv lives in target/py-venv; the
+# extension builds into the workspace's target directory, sharing its compiled crates.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+VENV="$ROOT/target/py-venv"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.5,<2" numpy pytest
+cargo build --quiet --bin troupe
+export TROUPE_BIN="$ROOT/target/debug/troupe"
+(cd python && VIRTUAL_ENV="$VENV" CARGO_TARGET_DIR="$ROOT/target" "$VENV/bin/maturin" develop --quiet)
+"$VENV/bin/python" -m pytest -q python/tests
