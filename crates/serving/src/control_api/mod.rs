@@ -247,19 +247,28 @@ impl ControlServer {
         format!("http://{}", self.addr)
     }
 
-    /// Stops serving.
+    /// Stops serving: open responses get up to 5 s to finish, then the server is dropped
+    /// (an idle keep-alive connection from a gateway must not hold up a teardown).
     pub async fn shutdown(mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
-        let _ = (&mut self.task).await;
+        if tokio::time::timeout(std::time::Duration::from_secs(5), &mut self.task)
+            .await
+            .is_err()
+        {
+            self.task.abort();
+        }
     }
 }
 
 impl Drop for ControlServer {
+    /// Dropped without `shutdown` (its deployment was dropped): stop at once, nothing outlives
+    /// the owner.
     fn drop(&mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
+            self.task.abort();
         }
     }
 }
