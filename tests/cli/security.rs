@@ -465,6 +465,9 @@ async fn troupe_serve_uses_the_config_token_and_tls_for_hosts_and_api() {
             .arg("serve")
             .arg(&cfg)
             .args(["--api-listen", "127.0.0.1:0"])
+            // Its own state file: never the working directory's, which another run may use.
+            .arg("--state-file")
+            .arg(pki.path("state.json"))
             .env("TROUPE_TOKEN", "from-env")
             .env_remove("TROUPE_TLS_CA")
             .stdout(Stdio::piped())
