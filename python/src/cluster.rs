@@ -74,6 +74,22 @@ impl Cluster {
         Ok(Cluster::wrap(c))
     }
 
+    /// Hosts already running at `addrs` (`troupe host --listen ...` on each node), with their
+    /// control-plane `token` if they require one.
+    #[staticmethod]
+    #[pyo3(signature = (addrs, token = None))]
+    fn connect(py: Python<'_>, addrs: Vec<String>, token: Option<String>) -> PyResult<Cluster> {
+        let c = wait(py, async move {
+            RustCluster::builder()
+                .registry(troupe_controller::standard_registry())
+                .token(token)
+                .connect(&addrs)
+                .await
+        })?
+        .map_err(|e| ClusterError::new_err(e.to_string()))?;
+        Ok(Cluster::wrap(c))
+    }
+
     /// Each host as `{"index", "address", "gpus"}`.
     #[getter]
     fn hosts<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {

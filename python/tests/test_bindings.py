@@ -82,3 +82,24 @@ def test_an_invalid_allocation_is_an_allocation_error(pd_config):
     with troupe.Cluster.in_process(1, 2) as cluster:
         with pytest.raises(troupe.ServingError, match="no inference component"):
             cluster.serve(cfg)
+
+
+def test_connect_reaches_running_hosts_and_names_a_wrong_token():
+    import os
+    import subprocess
+
+    host = subprocess.Popen(
+        [os.environ["TROUPE_BIN"], "host", "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TROUPE_TOKEN": "py-token"},
+    )
+    try:
+        addr = host.stdout.readline().split()[-1]
+        with pytest.raises(troupe.ClusterError):
+            troupe.Cluster.connect([addr], token="wrong")
+        with troupe.Cluster.connect([addr], token="py-token") as cluster:
+            assert len(cluster.hosts) == 1
+    finally:
+        host.kill()
+        host.wait()

@@ -67,6 +67,9 @@ class Cluster:
     def in_process(hosts: int = 1, gpus_per_host: int = 8) -> "Cluster": ...
     @staticmethod
     def local_processes(hosts: int = 1, gpus_per_host: int = 8) -> "Cluster": ...
+    @staticmethod
+    def connect(addrs: Sequence[str], token: str | None = None) -> "Cluster":
+        """Hosts already running at `addrs` (`troupe host --listen ...`)."""
     @property
     def hosts(self) -> list[dict[str, Any]]: ...
     def serve(self, cfg: Config) -> Service:
