@@ -90,6 +90,13 @@ impl Cluster {
         Ok(Cluster::wrap(c))
     }
 
+    /// The cluster's lifecycle events from now on, as an iterator of dicts.
+    fn events(&self) -> PyResult<crate::events::Events> {
+        let guard = self.inner.blocking_lock();
+        let c = guard.as_ref().ok_or_else(gone)?;
+        Ok(crate::events::Events::new(c.events()))
+    }
+
     /// Each host as `{"index", "address", "gpus"}`.
     #[getter]
     fn hosts<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {

@@ -6,6 +6,7 @@
 mod cluster;
 mod config;
 mod errors;
+mod events;
 mod runtime;
 mod service;
 
@@ -18,5 +19,6 @@ fn _troupe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cluster::register(m)?;
     service::register(m)?;
     errors::register(m)?;
+    m.add_class::<events::Events>()?;
     Ok(())
 }

@@ -103,3 +103,18 @@ def test_connect_reaches_running_hosts_and_names_a_wrong_token():
     finally:
         host.kill()
         host.wait()
+
+
+def test_events_report_the_servers_a_deployment_starts(pd_config):
+    cfg = troupe.load_config(pd_config)
+    with troupe.Cluster.from_config(cfg) as cluster:
+        events = cluster.events()
+        assert events.poll(0.05) is None
+        with cluster.serve(cfg):
+            want = {"troupe.inference", "troupe.proxy", "troupe.gateway"}
+            kinds = set()
+            while not want <= kinds and (e := events.poll(10.0)) is not None:
+                kinds.add(e.get("actor_kind"))
+            assert want <= kinds, kinds
+        with pytest.raises(ValueError, match="timeout"):
+            events.poll(-1)

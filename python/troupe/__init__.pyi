@@ -59,6 +59,13 @@ class Service:
     def __enter__(self) -> "Service": ...
     def __exit__(self, *args: object) -> bool: ...
 
+class Events:
+    """A cluster's lifecycle events: dicts with `kind` (host_lost, actor_started, ...)."""
+    def __iter__(self) -> "Events": ...
+    def __next__(self) -> dict[str, Any]: ...
+    def poll(self, timeout: float) -> dict[str, Any] | None:
+        """The next event within `timeout` seconds, or None."""
+
 class Cluster:
     """The actor hosts one controller drives."""
     @staticmethod
@@ -72,6 +79,8 @@ class Cluster:
         """Hosts already running at `addrs` (`troupe host --listen ...`)."""
     @property
     def hosts(self) -> list[dict[str, Any]]: ...
+    def events(self) -> Events:
+        """The cluster's lifecycle events from now on."""
     def serve(self, cfg: Config) -> Service:
         """Brings up the config's inference deployment on these hosts."""
     def shutdown(self) -> None:
