@@ -118,3 +118,33 @@ def test_events_report_the_servers_a_deployment_starts(pd_config):
             assert want <= kinds, kinds
         with pytest.raises(ValueError, match="timeout"):
             events.poll(-1)
+
+
+def test_ctrl_c_interrupts_a_blocking_call():
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = (
+        "import troupe\n"
+        "c = troupe.Cluster.in_process(1, 1)\n"
+        "ev = c.events()\n"
+        "print('waiting', flush=True)\n"
+        "try:\n"
+        "    ev.poll(600)\n"
+        "    print('not interrupted')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+        "c.shutdown()\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "waiting"
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=60)
+        assert "interrupted" in out and "not interrupted" not in out, out
+        assert p.returncode == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
