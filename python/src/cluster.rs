@@ -90,6 +90,37 @@ impl Cluster {
         Ok(Cluster::wrap(c))
     }
 
+    /// Starts the built-in reference trainer on host `host` (model preset `tiny` / `small`,
+    /// initialised like engines started with `--random-seed init_seed`).
+    #[pyo3(signature = (model = "tiny", host = 0, lr = 0.01, temperature = 1.0, init_seed = 0))]
+    fn spawn_trainer(
+        &self,
+        py: Python<'_>,
+        model: &str,
+        host: usize,
+        lr: f32,
+        temperature: f32,
+        init_seed: u64,
+    ) -> PyResult<crate::trainer::Trainer> {
+        let args = troupe_controller::run::trainer_actor::TrainerArgs {
+            model: model.to_string(),
+            init_seed,
+            lr,
+            temperature,
+        };
+        let inner = self.inner.clone();
+        let actor = wait(py, async move {
+            let guard = inner.lock().await;
+            let c = guard.as_ref().ok_or("the cluster was shut down")?;
+            let h = c.hosts().get(host).ok_or("no such host")?.clone();
+            h.spawn::<troupe_controller::run::trainer_actor::TrainerActor>("trainer", &args)
+                .await
+                .map_err(|e| e.to_string())
+        })?
+        .map_err(|e| ClusterError::new_err(e.to_string()))?;
+        Ok(crate::trainer::Trainer { actor })
+    }
+
     /// The cluster's lifecycle events from now on, as an iterator of dicts.
     fn events(&self) -> PyResult<crate::events::Events> {
         let guard = self.inner.blocking_lock();

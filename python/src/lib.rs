@@ -9,6 +9,7 @@ mod errors;
 mod events;
 mod runtime;
 mod service;
+mod trainer;
 
 use pyo3::prelude::*;
 
@@ -20,5 +21,6 @@ fn _troupe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     service::register(m)?;
     errors::register(m)?;
     m.add_class::<events::Events>()?;
+    m.add_class::<trainer::Trainer>()?;
     Ok(())
 }

@@ -148,3 +148,24 @@ def test_ctrl_c_interrupts_a_blocking_call():
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_the_reference_trainer_trains_and_its_weights_reach_every_engine(pd_config):
+    cfg = troupe.load_config(pd_config)
+    with troupe.Cluster.from_config(cfg) as cluster, cluster.serve(cfg) as svc:
+        trainer = cluster.spawn_trainer(model="tiny", lr=0.05)
+        w0 = trainer.get_weights()
+        assert w0["model.norm.weight"].dtype == np.float32
+        assert w0["model.norm.weight"].shape == (64,)
+        sample = {"prompt_ids": [5, 6, 7], "output_ids": [8, 9, 10], "logprobs": [-1.0, -1.0, -1.0], "advantage": 1.0}
+        report = trainer.train_batch([sample, dict(sample, advantage=-1.0)])
+        assert report["step"] == 1 and report["tokens"] == 6
+        w1 = trainer.get_weights()
+        assert any(not np.array_equal(w0[k], w1[k]) for k in w0), "a step changes the weights"
+        with pytest.raises(ValueError, match="logprob"):
+            trainer.train_batch([dict(sample, logprobs=[-1.0])])
+        with pytest.raises(KeyError, match="advantage"):
+            trainer.train_batch([{"prompt_ids": [1], "output_ids": [2], "logprobs": [-1.0]}])
+        rep = svc.update_weights(w1, version="trained-1")
+        assert rep["version"] == "trained-1"
+        assert svc.weight_version() == "trained-1"

@@ -66,6 +66,13 @@ class Events:
     def poll(self, timeout: float) -> dict[str, Any] | None:
         """The next event within `timeout` seconds, or None."""
 
+class Trainer:
+    """The built-in reference trainer, a remote actor (AReaL-lite's TrainController shape)."""
+    def train_batch(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """One GRPO step on samples {prompt_ids, output_ids, logprobs, advantage}."""
+    def get_weights(self) -> dict[str, npt.NDArray[np.float32]]:
+        """The current weights by Hugging Face name."""
+
 class Cluster:
     """The actor hosts one controller drives."""
     @staticmethod
@@ -79,6 +86,10 @@ class Cluster:
         """Hosts already running at `addrs` (`troupe host --listen ...`)."""
     @property
     def hosts(self) -> list[dict[str, Any]]: ...
+    def spawn_trainer(
+        self, model: str = "tiny", host: int = 0, lr: float = 0.01, temperature: float = 1.0, init_seed: int = 0
+    ) -> Trainer:
+        """Starts the reference trainer actor on `host`."""
     def events(self) -> Events:
         """The cluster's lifecycle events from now on."""
     def serve(self, cfg: Config) -> Service:
