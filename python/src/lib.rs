@@ -3,6 +3,7 @@
 //! (serving, weight sync, the actor runtime) stays in Rust, on the extension's own tokio
 //! runtime. Blocking calls release the GIL and stay interruptible with Ctrl-C.
 
+mod client;
 mod cluster;
 mod config;
 mod errors;
@@ -22,5 +23,6 @@ fn _troupe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<events::Events>()?;
     m.add_class::<trainer::Trainer>()?;
+    m.add_class::<client::InferenceClient>()?;
     Ok(())
 }

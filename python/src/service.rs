@@ -73,6 +73,13 @@ impl Service {
         self.gateway_url.clone()
     }
 
+    /// A generation client for this deployment's gateway (`troupe.InferenceClient`: `generate`,
+    /// and the awaitable `agenerate`).
+    fn client(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let cls = py.import("troupe")?.getattr("InferenceClient")?;
+        Ok(cls.call1((self.gateway_url.clone(),))?.unbind())
+    }
+
     /// Pauses every engine (`abort`, `in_place` or `retract`); none stays paused if one fails.
     #[pyo3(signature = (mode = "abort"))]
     fn pause(&self, py: Python<'_>, mode: &str) -> PyResult<Py<PyAny>> {

@@ -169,3 +169,25 @@ def test_the_reference_trainer_trains_and_its_weights_reach_every_engine(pd_conf
         rep = svc.update_weights(w1, version="trained-1")
         assert rep["version"] == "trained-1"
         assert svc.weight_version() == "trained-1"
+
+
+def test_the_client_generates_blocking_and_from_asyncio(pd_config):
+    import asyncio
+
+    cfg = troupe.load_config(pd_config)
+    with troupe.Cluster.from_config(cfg) as cluster, cluster.serve(cfg) as svc:
+        client = svc.client()
+        assert isinstance(client, troupe.InferenceClient)
+        g = client.generate([5, 6, 7], max_new_tokens=4, temperature=0.0, ignore_eos=True)
+        assert len(g["output_ids"]) == 4 and g["logprobs"].dtype == np.float32
+        assert g["finish_reason"] == "length"
+
+        async def many():
+            return await asyncio.gather(
+                *(client.agenerate([5, 6, 7], max_new_tokens=4, temperature=0.0, ignore_eos=True) for _ in range(4))
+            )
+
+        outs = asyncio.run(many())
+        assert all(list(o["output_ids"]) == list(g["output_ids"]) for o in outs)
+        with pytest.raises(ValueError, match="input_ids"):
+            client.generate([])

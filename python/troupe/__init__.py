@@ -9,6 +9,9 @@
             svc.update_weights({"model.norm.weight": weights}, version="1")
 """
 
+import asyncio
+
+from ._troupe import InferenceClient as _InferenceClient
 from ._troupe import (
     AllocationError,
     Cluster,
@@ -25,6 +28,18 @@ from ._troupe import (
     load_config,
 )
 
+
+
+class InferenceClient(_InferenceClient):
+    """Generation through a gateway (the Rust rollout client: aborted requests are resubmitted,
+    each token keeps its weight version). `generate` blocks with the GIL released;
+    `agenerate` is the same call awaitable from asyncio."""
+
+    async def agenerate(self, input_ids, **sampling):
+        """`generate` on a worker thread, awaitable: many run concurrently."""
+        return await asyncio.to_thread(self.generate, input_ids, **sampling)
+
+
 __all__ = [
     "AllocationError",
     "Cluster",
@@ -33,6 +48,7 @@ __all__ = [
     "ConfigError",
     "ControlError",
     "Events",
+    "InferenceClient",
     "Service",
     "ServingError",
     "Trainer",

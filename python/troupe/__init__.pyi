@@ -38,10 +38,31 @@ class Config:
 def load_config(path: str, overrides: Sequence[str] = ...) -> Config:
     """Loads a YAML config with `dotted.key=value` overrides; ConfigError names a bad key."""
 
+class InferenceClient:
+    """Generation through a gateway; aborted requests are resubmitted with their tokens so far."""
+    def __init__(self, url: str) -> None: ...
+    @property
+    def url(self) -> str: ...
+    def generate(
+        self,
+        input_ids: Sequence[int],
+        max_new_tokens: int = 16,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_token_ids: Sequence[int] = ...,
+        ignore_eos: bool = False,
+    ) -> dict[str, Any]:
+        """{output_ids, logprobs (float32 arrays), versions, finish_reason, resubmits}."""
+    async def agenerate(self, input_ids: Sequence[int], **sampling: Any) -> dict[str, Any]:
+        """`generate`, awaitable from asyncio."""
+
 class Service:
     """A running inference deployment (servers, proxies, gateway, fleet control plane)."""
     @property
     def gateway_url(self) -> str: ...
+    def client(self) -> InferenceClient:
+        """A generation client for this deployment's gateway."""
     def pause(self, mode: str = "abort") -> dict[str, Any]:
         """Pauses every engine (abort | in_place | retract); none stays paused if one fails."""
     def resume(self) -> dict[str, Any]:
