@@ -13,7 +13,7 @@ VENV="$ROOT/target/py-venv"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.5,<2" numpy pytest
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.5,<2" numpy pytest pytest-timeout ml_dtypes
 cargo build --quiet --bin troupe
 export TROUPE_BIN="$ROOT/target/debug/troupe"
 (cd python && VIRTUAL_ENV="$VENV" CARGO_TARGET_DIR="$ROOT/target" "$VENV/bin/maturin" develop --quiet)

@@ -1,15 +1,16 @@
 //! `troupe.InferenceClient`: generation through a deployment's gateway with the same client
 //! the Rust rollout controller uses (a request aborted by a weight update is resubmitted with
 //! its tokens so far; every token keeps the weight version that produced it). `generate` is
-//! blocking with the GIL released; `troupe/__init__.py` adds the awaitable `agenerate`.
+//! blocking with the GIL released; `agenerate` is the same call as an asyncio awaitable, run on
+//! the Rust runtime (no thread per request).
 
 use numpy::IntoPyArray;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use troupe_controller::rollout::{InferenceClient as RustClient, SamplingSettings};
+use troupe_controller::rollout::{Generation, InferenceClient as RustClient, SamplingSettings};
 
 use crate::errors::ServingError;
-use crate::runtime::wait;
+use crate::runtime::{awaitable, wait};
 
 /// A generation client for one gateway.
 #[pyclass(module = "troupe", subclass, name = "InferenceClient")]
@@ -34,47 +35,100 @@ impl InferenceClient {
     }
 
     /// Generates from `input_ids`: `{"output_ids", "logprobs" (float32 arrays), "versions",
-    /// "finish_reason", "resubmits"}`.
-    #[pyo3(signature = (input_ids, max_new_tokens = 16, temperature = 1.0, top_p = 1.0, seed = None, stop_token_ids = Vec::new(), ignore_eos = false))]
-    #[allow(clippy::too_many_arguments)]
+    /// "finish_reason", "resubmits"}`. Sampling arguments: `max_new_tokens` (16),
+    /// `temperature` (1.0), `top_p` (1.0), `seed`, `stop_token_ids`, `ignore_eos`.
+    #[pyo3(signature = (input_ids, **sampling))]
     fn generate<'py>(
         &self,
         py: Python<'py>,
         input_ids: Vec<u32>,
-        max_new_tokens: usize,
-        temperature: f32,
-        top_p: f32,
-        seed: Option<u64>,
-        stop_token_ids: Vec<u32>,
-        ignore_eos: bool,
+        sampling: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        if input_ids.is_empty() {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "input_ids is empty: give the prompt's token ids",
-            ));
-        }
-        if !(temperature.is_finite() && temperature >= 0.0 && top_p > 0.0 && top_p <= 1.0) {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "temperature must be >= 0 and top_p in (0, 1]",
-            ));
-        }
-        let s = SamplingSettings {
-            max_new_tokens,
-            temperature,
-            top_p,
-            seed,
-            stop_token_ids,
-            ignore_eos,
-        };
+        let s = settings(&input_ids, sampling)?;
         let client = self.inner.clone();
         let g = wait(py, async move { client.generate(&input_ids, &s).await })?
             .map_err(|e| ServingError::new_err(e.to_string()))?;
-        let d = PyDict::new(py);
-        d.set_item("output_ids", g.output_ids.into_pyarray(py))?;
-        d.set_item("logprobs", g.logprobs.into_pyarray(py))?;
-        d.set_item("versions", g.versions)?;
-        d.set_item("finish_reason", g.finish_reason)?;
-        d.set_item("resubmits", g.resubmits)?;
-        Ok(d)
+        to_dict(py, g)
     }
+
+    /// `generate` as an asyncio awaitable (same arguments and result): the request runs on the
+    /// Rust runtime, so thousands can be in flight from one event loop; cancelling the awaiting
+    /// task cancels the request.
+    #[pyo3(signature = (input_ids, **sampling))]
+    fn agenerate<'py>(
+        &self,
+        py: Python<'py>,
+        input_ids: Vec<u32>,
+        sampling: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let s = settings(&input_ids, sampling)?;
+        let client = self.inner.clone();
+        awaitable(py, async move {
+            let g = client
+                .generate(&input_ids, &s)
+                .await
+                .map_err(|e| ServingError::new_err(e.to_string()))?;
+            Python::attach(|py| to_dict(py, g).map(|d| d.unbind()))
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("InferenceClient({:?})", self.inner.url())
+    }
+}
+
+/// The sampling arguments `generate` and `agenerate` take.
+const SAMPLING: &str = "max_new_tokens, temperature, top_p, seed, stop_token_ids, ignore_eos";
+
+/// Checks the sampling arguments (one rule for `generate` and `agenerate`).
+fn settings(input_ids: &[u32], kw: Option<&Bound<'_, PyDict>>) -> PyResult<SamplingSettings> {
+    if input_ids.is_empty() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "input_ids is empty: give the prompt's token ids",
+        ));
+    }
+    let mut s = SamplingSettings {
+        max_new_tokens: 16,
+        temperature: 1.0,
+        top_p: 1.0,
+        seed: None,
+        stop_token_ids: Vec::new(),
+        ignore_eos: false,
+    };
+    for (k, v) in kw.into_iter().flatten() {
+        let key: String = k.extract()?;
+        let bad = |e: PyErr| {
+            pyo3::exceptions::PyTypeError::new_err(format!("{key}: {}", e.value(v.py())))
+        };
+        match key.as_str() {
+            "max_new_tokens" => s.max_new_tokens = v.extract().map_err(bad)?,
+            "temperature" => s.temperature = v.extract().map_err(bad)?,
+            "top_p" => s.top_p = v.extract().map_err(bad)?,
+            "seed" => s.seed = v.extract().map_err(bad)?,
+            "stop_token_ids" => s.stop_token_ids = v.extract().map_err(bad)?,
+            "ignore_eos" => s.ignore_eos = v.extract().map_err(bad)?,
+            other => {
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "unknown sampling argument {other:?}; use {SAMPLING}"
+                )));
+            }
+        }
+    }
+    if !(s.temperature.is_finite() && s.temperature >= 0.0 && s.top_p > 0.0 && s.top_p <= 1.0) {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "temperature must be >= 0 and top_p in (0, 1]",
+        ));
+    }
+    Ok(s)
+}
+
+/// One generation as the dict `generate` returns.
+fn to_dict(py: Python<'_>, g: Generation) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("output_ids", g.output_ids.into_pyarray(py))?;
+    d.set_item("logprobs", g.logprobs.into_pyarray(py))?;
+    d.set_item("versions", g.versions)?;
+    d.set_item("finish_reason", g.finish_reason)?;
+    d.set_item("resubmits", g.resubmits)?;
+    Ok(d)
 }

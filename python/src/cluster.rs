@@ -111,8 +111,15 @@ impl Cluster {
         let inner = self.inner.clone();
         let actor = wait(py, async move {
             let guard = inner.lock().await;
-            let c = guard.as_ref().ok_or("the cluster was shut down")?;
-            let h = c.hosts().get(host).ok_or("no such host")?.clone();
+            let c = guard
+                .as_ref()
+                .ok_or_else(|| "the cluster was shut down".to_string())?;
+            let n = c.hosts().len();
+            let h = c
+                .hosts()
+                .get(host)
+                .ok_or_else(|| format!("no host {host}: the cluster has {n} (0..{n})"))?
+                .clone();
             h.spawn::<troupe_controller::run::trainer_actor::TrainerActor>("trainer", &args)
                 .await
                 .map_err(|e| e.to_string())

@@ -36,12 +36,48 @@ impl Config {
         self.inner.cluster.n_gpus_per_node
     }
 
+    /// `sglang.model_path`.
+    #[getter]
+    fn model_path(&self) -> String {
+        self.inner.sglang.model_path.clone()
+    }
+
+    /// How engines receive weights: `fp8` (block-quantized, `sglang.quantization: fp8`) or
+    /// `bf16`.
+    #[getter]
+    fn weight_format(&self) -> &'static str {
+        if self.inner.sglang.quantization == "fp8" {
+            "fp8"
+        } else {
+            "bf16"
+        }
+    }
+
+    /// `train.*` with defaults filled in, as a dict (the built-in trainer and task).
+    #[getter]
+    fn train(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        as_dict(py, &self.inner.train)
+    }
+
+    /// `rollout.*` with defaults filled in, as a dict (AReaL's names).
+    #[getter]
+    fn rollout(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        as_dict(py, &self.inner.rollout)
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Config({:?}, allocation_mode={:?})",
             self.path, self.inner.allocation_mode
         )
     }
+}
+
+/// A config section as Python objects (through `json.loads`, as every JSON value here).
+fn as_dict<T: serde::Serialize>(py: Python<'_>, v: &T) -> PyResult<Py<PyAny>> {
+    let text = serde_json::to_string(v)
+        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+    Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
 }
 
 /// Loads `path` with `dotted.key=value` overrides; raises `ConfigError` naming the bad key.

@@ -46,6 +46,32 @@ create_exception!(
     TroupeError,
     "A fleet control call failed on some engine."
 );
+create_exception!(
+    troupe,
+    RolloutError,
+    TroupeError,
+    "Rollouts cannot deliver: nothing is running and too few trajectories are ready (the last workflow error says why)."
+);
+create_exception!(
+    troupe,
+    ActorError,
+    TroupeError,
+    "A call to an actor failed: it died, stopped, timed out, or its handler returned an error."
+);
+create_exception!(
+    troupe,
+    HostLostError,
+    ActorError,
+    "The host an actor lives on is gone (process died, heartbeats stopped, connection lost)."
+);
+
+/// A failed actor call as the exception of its family.
+pub fn call_error(e: troupe_controller::CallError) -> PyErr {
+    match e {
+        troupe_controller::CallError::HostLost(_) => HostLostError::new_err(e.to_string()),
+        e => ActorError::new_err(e.to_string()),
+    }
+}
 
 /// Adds the classes to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -57,5 +83,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ServingError", py.get_type::<ServingError>())?;
     m.add("WeightSyncError", py.get_type::<WeightSyncError>())?;
     m.add("ControlError", py.get_type::<ControlError>())?;
+    m.add("RolloutError", py.get_type::<RolloutError>())?;
+    m.add("ActorError", py.get_type::<ActorError>())?;
+    m.add("HostLostError", py.get_type::<HostLostError>())?;
     Ok(())
 }

@@ -3,14 +3,19 @@
 //! (serving, weight sync, the actor runtime) stays in Rust, on the extension's own tokio
 //! runtime. Blocking calls release the GIL and stay interruptible with Ctrl-C.
 
+mod arrays;
 mod client;
 mod cluster;
 mod config;
+mod control;
+mod dlpack;
 mod errors;
 mod events;
+mod rollout;
 mod runtime;
 mod service;
 mod trainer;
+mod trajectory;
 
 use pyo3::prelude::*;
 
@@ -24,5 +29,8 @@ fn _troupe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::Events>()?;
     m.add_class::<trainer::Trainer>()?;
     m.add_class::<client::InferenceClient>()?;
+    m.add_class::<control::Control>()?;
+    trajectory::register(m)?;
+    rollout::register(m)?;
     Ok(())
 }

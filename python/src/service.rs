@@ -5,15 +5,14 @@
 
 use std::sync::Arc;
 
-use numpy::PyReadonlyArrayDyn;
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyDict};
 use tokio::sync::Mutex;
 use troupe_controller::serve::Deployment;
 use troupe_serving::control_plane::{ControlPlane, HostTensor};
-use troupe_wire::PauseMode;
 
-use crate::errors::{ControlError, WeightSyncError};
+use crate::control::Control;
+use crate::errors::WeightSyncError;
 use crate::runtime::wait;
 
 /// A running inference deployment.
@@ -34,34 +33,36 @@ impl Service {
     }
 }
 
-/// A JSON value as Python objects (through `json.loads`: one conversion rule everywhere).
-fn to_py(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
-    let json = py.import("json")?;
-    Ok(json.call_method1("loads", (v.to_string(),))?.unbind())
-}
-
-fn control_err(e: troupe_wire::ApiError) -> PyErr {
-    ControlError::new_err(e.message)
-}
-
-/// f32 values of one array (float32 as is, float64 converted); any other dtype is refused.
-fn values(name: &str, a: &Bound<'_, PyAny>) -> PyResult<(Vec<usize>, Vec<f32>)> {
-    if let Ok(arr) = a.extract::<PyReadonlyArrayDyn<'_, f32>>() {
-        return Ok((
-            arr.as_array().shape().to_vec(),
-            arr.as_array().iter().copied().collect(),
-        ));
+/// A version as engines name it: a string, or an int (AReaL counts versions) written out.
+fn version_string(v: &Bound<'_, PyAny>) -> PyResult<String> {
+    if let Ok(s) = v.extract::<String>() {
+        return Ok(s);
     }
-    if let Ok(arr) = a.extract::<PyReadonlyArrayDyn<'_, f64>>() {
-        return Ok((
-            arr.as_array().shape().to_vec(),
-            arr.as_array().iter().map(|v| *v as f32).collect(),
-        ));
+    if let Ok(n) = v.extract::<u64>() {
+        return Ok(n.to_string());
     }
     Err(pyo3::exceptions::PyTypeError::new_err(format!(
-        "{name}: expected a numpy float32 or float64 array, got {}",
-        a.get_type().name()?
+        "version must be a string or a non-negative int, got {v:?}"
     )))
+}
+
+impl Service {
+    /// One weight update through the plane; its report as a dict.
+    fn push(&self, py: Python<'_>, host: Vec<HostTensor>, version: String) -> PyResult<Py<PyAny>> {
+        let plane = self.plane.clone();
+        let rep = wait(py, async move {
+            plane.update_from_tensors(&version, &host).await
+        })?
+        .map_err(|e| WeightSyncError::new_err(e.message))?;
+        let d = PyDict::new(py);
+        d.set_item("version", rep.version)?;
+        d.set_item("seconds", rep.seconds)?;
+        d.set_item("buckets", rep.buckets)?;
+        d.set_item("bytes", rep.bytes)?;
+        d.set_item("fp8_tensors", rep.fp8_tensors)?;
+        d.set_item("skipped", rep.skipped)?;
+        Ok(d.into_any().unbind())
+    }
 }
 
 #[pymethods]
@@ -80,69 +81,69 @@ impl Service {
         Ok(cls.call1((self.gateway_url.clone(),))?.unbind())
     }
 
-    /// Pauses every engine (`abort`, `in_place` or `retract`); none stays paused if one fails.
+    /// The fleet control plane (`pause`, `resume`, `is_paused`, `server_info`,
+    /// `weight_version`).
+    #[getter]
+    fn control(&self) -> Control {
+        Control {
+            plane: self.plane.clone(),
+        }
+    }
+
+    /// `control.pause(mode)`: every engine paused, or none.
     #[pyo3(signature = (mode = "abort"))]
     fn pause(&self, py: Python<'_>, mode: &str) -> PyResult<Py<PyAny>> {
-        let mode = PauseMode::parse(mode).ok_or_else(|| {
-            pyo3::exceptions::PyValueError::new_err(format!(
-                "unknown pause mode {mode:?}; use one of {}",
-                PauseMode::names()
-            ))
-        })?;
-        let plane = self.plane.clone();
-        let v = wait(py, async move { plane.pause(mode, false).await })?.map_err(control_err)?;
-        to_py(py, &v)
+        self.control().pause_with(py, mode, false)
     }
 
-    /// Resumes every engine (refused while engines serve different weight versions).
+    /// `control.resume()`.
     fn resume(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let plane = self.plane.clone();
-        let v = wait(py, async move { plane.resume().await })?.map_err(control_err)?;
-        to_py(py, &v)
+        self.control().resume(py)
     }
 
-    /// The fleet summary and every engine's `/server_info`.
+    /// `control.server_info()`.
     fn server_info(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let plane = self.plane.clone();
-        let v = wait(py, async move { plane.server_info().await })?;
-        to_py(py, &v)
+        self.control().server_info(py)
     }
 
-    /// The one weight version every serving engine reports.
+    /// `control.weight_version()`.
     fn weight_version(&self, py: Python<'_>) -> PyResult<String> {
-        let plane = self.plane.clone();
-        wait(py, async move { plane.weight_version().await })?.map_err(control_err)
+        self.control().weight_version(py)
     }
 
     /// Sends `{name: array}` to every engine as `version` (prefill and decode alike; BF16, or
-    /// FP8 blocks when the config quantizes). Bad names, shapes or dtypes raise and change
-    /// nothing. Returns the update's report.
+    /// FP8 blocks when the config quantizes). Arrays are numpy (float32, bfloat16 via
+    /// ml_dtypes or raw uint16 bits, float16, float64) or anything with `__dlpack__` (torch
+    /// CPU tensors, bf16 included), read in place where the layout allows (see `arrays.rs`).
+    /// Bad names, shapes or dtypes raise and change nothing. Returns the update's report.
     fn update_weights(
         &self,
         py: Python<'_>,
         tensors: &Bound<'_, PyDict>,
-        version: &str,
+        version: &Bound<'_, PyAny>,
     ) -> PyResult<Py<PyAny>> {
         let mut host = Vec::with_capacity(tensors.len());
         for (k, v) in tensors.iter() {
-            let name: String = k.extract()?;
-            let (shape, data) = values(&name, &v)?;
-            host.push(HostTensor { name, shape, data });
+            let name: String = k.extract().map_err(|_| {
+                pyo3::exceptions::PyTypeError::new_err(format!(
+                    "tensor names must be strings (Hugging Face parameter names), got {k:?}"
+                ))
+            })?;
+            host.push(crate::arrays::host_tensor(&name, &v)?);
         }
-        let plane = self.plane.clone();
-        let version = version.to_string();
-        let rep = wait(py, async move {
-            plane.update_from_tensors(&version, &host).await
-        })?
-        .map_err(|e| WeightSyncError::new_err(e.message))?;
-        let d = PyDict::new(py);
-        d.set_item("version", rep.version)?;
-        d.set_item("seconds", rep.seconds)?;
-        d.set_item("buckets", rep.buckets)?;
-        d.set_item("bytes", rep.bytes)?;
-        d.set_item("fp8_tensors", rep.fp8_tensors)?;
-        d.set_item("skipped", rep.skipped)?;
-        Ok(d.into_any().unbind())
+        self.push(py, host, version_string(version)?)
+    }
+
+    /// Pushes `trainer`'s current weights to every engine as `version` without passing them
+    /// through Python (trainer actor to control plane, all in Rust).
+    fn update_weights_from(
+        &self,
+        py: Python<'_>,
+        trainer: &crate::trainer::Trainer,
+        version: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        let host = trainer.host_tensors(py)?;
+        self.push(py, host, version_string(version)?)
     }
 
     /// Stops the gateway, proxies and servers. Idempotent.

@@ -9,8 +9,11 @@ use pyo3::types::{PyAny, PyDict};
 use troupe_controller::ActorHandle;
 use troupe_controller::run::trainer_actor::{GetWeights, TrainStep, TrainerActor, WireSample};
 
-use crate::errors::TroupeError;
+use troupe_serving::control_plane::HostTensor;
+
+use crate::errors::call_error;
 use crate::runtime::wait;
+use crate::trajectory::Trajectory;
 
 /// A trainer actor on one of the cluster's hosts.
 #[pyclass(module = "troupe")]
@@ -18,7 +21,23 @@ pub struct Trainer {
     pub(crate) actor: ActorHandle<TrainerActor>,
 }
 
-fn sample(d: &Bound<'_, PyAny>) -> PyResult<WireSample> {
+/// One training sample: a dict with `prompt_ids`, `output_ids`, `logprobs` and `advantage`,
+/// or a `Trajectory` (or a dict without `advantage`) when `advantage` is given separately.
+fn sample(d: &Bound<'_, PyAny>, advantage: Option<f32>) -> PyResult<WireSample> {
+    if let Ok(t) = d.downcast::<Trajectory>() {
+        let s = &t.get().sample;
+        let advantage = advantage.ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(
+                "a Trajectory carries no advantage: pass train_batch(batch, advantages=[...])",
+            )
+        })?;
+        return Ok(WireSample {
+            prompt_ids: s.prompt_ids.clone(),
+            output_ids: s.output_ids.clone(),
+            logprobs: s.logprobs.clone(),
+            advantage,
+        });
+    }
     let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
         d.get_item(k).map_err(|_| {
             pyo3::exceptions::PyKeyError::new_err(format!(
@@ -30,7 +49,10 @@ fn sample(d: &Bound<'_, PyAny>) -> PyResult<WireSample> {
         prompt_ids: get("prompt_ids")?.extract()?,
         output_ids: get("output_ids")?.extract()?,
         logprobs: get("logprobs")?.extract()?,
-        advantage: get("advantage")?.extract()?,
+        advantage: match advantage {
+            Some(a) => a,
+            None => get("advantage")?.extract()?,
+        },
     };
     if s.logprobs.len() != s.output_ids.len() {
         return Err(pyo3::exceptions::PyValueError::new_err(format!(
@@ -39,22 +61,53 @@ fn sample(d: &Bound<'_, PyAny>) -> PyResult<WireSample> {
             s.logprobs.len()
         )));
     }
+    if !s.advantage.is_finite() {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "advantage {} is not finite",
+            s.advantage
+        )));
+    }
     Ok(s)
+}
+
+impl Trainer {
+    /// The trainer's weights as update tensors (for `Service.update_weights_from`).
+    pub(crate) fn host_tensors(&self, py: Python<'_>) -> PyResult<Vec<HostTensor>> {
+        let actor = self.actor.clone();
+        let ws = wait(py, async move { actor.call(GetWeights).await })?.map_err(call_error)?;
+        Ok(ws.into_iter().map(HostTensor::from).collect())
+    }
 }
 
 #[pymethods]
 impl Trainer {
-    /// One GRPO step on `samples` (dicts with `prompt_ids`, `output_ids`, `logprobs`,
-    /// `advantage`); returns the step's report.
+    /// One GRPO step on `samples`: dicts with `prompt_ids`, `output_ids`, `logprobs`,
+    /// `advantage`, or `Trajectory` objects with `advantages` (one per sample) given apart.
+    /// Returns the step's report.
+    #[pyo3(signature = (samples, advantages = None))]
     fn train_batch<'py>(
         &self,
         py: Python<'py>,
         samples: Vec<Bound<'py, PyAny>>,
+        advantages: Option<Vec<f32>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let samples: Vec<WireSample> = samples.iter().map(sample).collect::<PyResult<_>>()?;
+        if let Some(a) = &advantages
+            && a.len() != samples.len()
+        {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "{} samples but {} advantages; give one advantage per sample",
+                samples.len(),
+                a.len()
+            )));
+        }
+        let samples: Vec<WireSample> = samples
+            .iter()
+            .enumerate()
+            .map(|(i, s)| sample(s, advantages.as_ref().map(|a| a[i])))
+            .collect::<PyResult<_>>()?;
         let actor = self.actor.clone();
         let r = wait(py, async move { actor.call(TrainStep { samples }).await })?
-            .map_err(|e| TroupeError::new_err(e.to_string()))?;
+            .map_err(call_error)?;
         let d = PyDict::new(py);
         d.set_item("step", r.step)?;
         d.set_item("loss", r.loss)?;
@@ -68,8 +121,7 @@ impl Trainer {
     /// The current weights: `{name: float32 array}`.
     fn get_weights<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let actor = self.actor.clone();
-        let ws = wait(py, async move { actor.call(GetWeights).await })?
-            .map_err(|e| TroupeError::new_err(e.to_string()))?;
+        let ws = wait(py, async move { actor.call(GetWeights).await })?.map_err(call_error)?;
         let d = PyDict::new(py);
         for w in ws {
             let arr = w.data.into_pyarray(py).reshape(w.shape.clone())?;

@@ -5,6 +5,13 @@ import pathlib
 
 import pytest
 
+PD_YAML = (
+    "allocation_mode: 'troupe:(prefill:d1t1|decode:d1t1)'\n"
+    "cluster: {n_nodes: 1, n_gpus_per_node: 2}\n"
+    "scheduler: {type: inprocess}\n"
+    "sglang: {model_path: tiny, ready_timeout_s: 60}\n"
+)
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -30,3 +37,15 @@ def pd_config(tmp_path):
         "admin_key: test-key\n"
     )
     return str(p)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """One PD deployment (1 prefill + 1 decode) per test module: `(cluster, service)`."""
+    import troupe
+
+    p = tmp_path_factory.mktemp("cfg") / "pd.yaml"
+    p.write_text(PD_YAML)
+    cfg = troupe.load_config(str(p))
+    with troupe.Cluster.from_config(cfg) as cluster, cluster.serve(cfg) as svc:
+        yield cluster, svc

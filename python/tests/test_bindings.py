@@ -55,7 +55,11 @@ def test_serve_controls_every_engine_and_updates_weights_from_numpy(pd_config):
         assert info["fleet"]["engines"] == 2
         paused = svc.pause("in_place")
         assert len(paused["engines"]) == 2
+        assert svc.control.is_paused()
         svc.resume()
+        assert not svc.control.is_paused()
+        svc.control.pause("abort", clear_cache=True)
+        svc.control.resume()
         with pytest.raises(ValueError, match="later"):
             svc.pause("later")
 
@@ -130,8 +134,8 @@ def test_ctrl_c_interrupts_a_blocking_call():
         "import troupe\n"
         "c = troupe.Cluster.in_process(1, 1)\n"
         "ev = c.events()\n"
-        "print('waiting', flush=True)\n"
         "try:\n"
+        "    print('waiting', flush=True)\n"
         "    ev.poll(600)\n"
         "    print('not interrupted')\n"
         "except KeyboardInterrupt:\n"
@@ -141,6 +145,14 @@ def test_ctrl_c_interrupts_a_blocking_call():
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "waiting"
+        # Signal once the main thread sleeps inside the call (GIL released, waiting on Rust).
+        import time
+
+        deadline = time.monotonic() + 30
+        stat = f"/proc/{p.pid}/task/{p.pid}/stat"
+        while open(stat).read().rsplit(")", 1)[1].split()[0] != "S":
+            assert time.monotonic() < deadline, "the call never blocked"
+            time.sleep(0.01)
         p.send_signal(signal.SIGINT)
         out, _ = p.communicate(timeout=60)
         assert "interrupted" in out and "not interrupted" not in out, out
@@ -166,6 +178,12 @@ def test_the_reference_trainer_trains_and_its_weights_reach_every_engine(pd_conf
             trainer.train_batch([dict(sample, logprobs=[-1.0])])
         with pytest.raises(KeyError, match="advantage"):
             trainer.train_batch([{"prompt_ids": [1], "output_ids": [2], "logprobs": [-1.0]}])
+        traj = troupe.Trajectory([5, 6, 7], [8, 9, 10], [-1.0, -1.0, -1.0])
+        assert trainer.train_batch([traj, traj], advantages=[1.0, -1.0])["step"] == 2
+        with pytest.raises(ValueError, match="advantages"):
+            trainer.train_batch([traj])
+        with pytest.raises(ValueError, match="one advantage per sample"):
+            trainer.train_batch([traj], advantages=[1.0, 2.0])
         rep = svc.update_weights(w1, version="trained-1")
         assert rep["version"] == "trained-1"
         assert svc.weight_version() == "trained-1"
@@ -191,3 +209,34 @@ def test_the_client_generates_blocking_and_from_asyncio(pd_config):
         assert all(list(o["output_ids"]) == list(g["output_ids"]) for o in outs)
         with pytest.raises(ValueError, match="input_ids"):
             client.generate([])
+
+
+def test_actor_call_failures_raise_by_family():
+    import os
+    import subprocess
+    import time
+
+    host = subprocess.Popen([os.environ["TROUPE_BIN"], "host", "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
+    try:
+        addr = host.stdout.readline().split()[-1]
+        with troupe.Cluster.connect([addr]) as cluster:
+            trainer = cluster.spawn_trainer()
+            bad = {"prompt_ids": [1], "output_ids": [100000], "logprobs": [-1.0], "advantage": 1.0}
+            with pytest.raises(troupe.ActorError, match="vocabulary"):
+                trainer.train_batch([bad])
+            with pytest.raises(troupe.ClusterError, match="no host 3"):
+                cluster.spawn_trainer(host=3)
+            host.kill()
+            host.wait()
+            deadline = time.monotonic() + 30
+            while True:  # a call racing the loss may fail as a transport error first
+                with pytest.raises(troupe.ActorError) as e:
+                    trainer.get_weights()
+                if isinstance(e.value, troupe.HostLostError):
+                    break
+                assert time.monotonic() < deadline, "the lost host was never reported"
+                time.sleep(0.05)
+            assert issubclass(troupe.HostLostError, troupe.ActorError)
+    finally:
+        host.kill()
+        host.wait()

@@ -1,58 +1,74 @@
 """Troupe from Python: the single controller as a Python script, every hot path in Rust.
 
     import troupe
-    cfg = troupe.load_config("examples/configs/pd-local.yaml", ["sglang.model_path=tiny"])
-    with troupe.Cluster.from_config(cfg) as cluster:
-        with cluster.serve(cfg) as svc:
-            print(svc.gateway_url)            # SGLang / OpenAI / vLLM endpoints, fleet control
-            svc.pause("abort"); svc.resume()
-            svc.update_weights({"model.norm.weight": weights}, version="1")
+    cfg = troupe.load_config("examples/configs/grpo-local.yaml", ["train.steps=20"])
+    with troupe.Cluster.from_config(cfg) as cluster, cluster.serve(cfg) as svc:
+        rollout = troupe.RolloutController(svc, batch_size=4, max_staleness=1)
+        workflow = troupe.RLVRWorkflow(reward_fn, n_samples=16, gconfig={"max_new_tokens": 16})
+        batch = rollout.prepare_batch(dataloader, workflow)     # list of troupe.Trajectory
+        arrays = troupe.pad_batch(batch)                         # padded numpy arrays + masks
+        svc.update_weights({"model.norm.weight": weights}, version=1)
+        rollout.set_version(1)
+
+See examples/python/grpo.py for the whole GRPO loop.
 """
 
-import asyncio
+import os as _os
+import sys as _sys
 
-from ._troupe import InferenceClient as _InferenceClient
-from ._troupe import (
+# Clusters start `troupe host` / `troupe engine` children. A venv set up by
+# scripts/python-env.sh holds the binary beside its python; use it unless TROUPE_BIN says
+# otherwise (else the controller looks on PATH).
+_bin = _os.path.join(_sys.prefix, "bin", "troupe")
+if "TROUPE_BIN" not in _os.environ and _os.path.isfile(_bin):
+    _os.environ["TROUPE_BIN"] = _bin
+
+from ._troupe import (  # noqa: E402
+    ActorError,
     AllocationError,
     Cluster,
     ClusterError,
     Config,
     ConfigError,
+    Control,
     ControlError,
     Events,
+    InferenceClient,
+    RolloutController,
+    RolloutError,
     Service,
+    HostLostError,
     ServingError,
     Trainer,
+    Trajectory,
     TroupeError,
     WeightSyncError,
     load_config,
+    pad_batch,
 )
-
-
-
-class InferenceClient(_InferenceClient):
-    """Generation through a gateway (the Rust rollout client: aborted requests are resubmitted,
-    each token keeps its weight version). `generate` blocks with the GIL released;
-    `agenerate` is the same call awaitable from asyncio."""
-
-    async def agenerate(self, input_ids, **sampling):
-        """`generate` on a worker thread, awaitable: many run concurrently."""
-        return await asyncio.to_thread(self.generate, input_ids, **sampling)
-
+from .workflow import RLVRWorkflow  # noqa: E402
 
 __all__ = [
+    "ActorError",
     "AllocationError",
     "Cluster",
     "ClusterError",
     "Config",
     "ConfigError",
+    "Control",
     "ControlError",
     "Events",
+    "HostLostError",
     "InferenceClient",
+    "RLVRWorkflow",
+    "RolloutController",
+    "RolloutError",
     "Service",
     "ServingError",
     "Trainer",
+    "Trajectory",
     "TroupeError",
     "WeightSyncError",
     "load_config",
+    "pad_batch",
 ]

@@ -1,6 +1,6 @@
 """Type stubs of Troupe's Python bindings."""
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +26,15 @@ class WeightSyncError(TroupeError):
 class ControlError(TroupeError):
     """A fleet control call failed on some engine."""
 
+class ActorError(TroupeError):
+    """A call to an actor failed: it died, stopped, timed out, or its handler returned an error."""
+
+class HostLostError(ActorError):
+    """The host an actor lives on is gone."""
+
+class RolloutError(TroupeError):
+    """Rollouts cannot deliver: nothing left running could complete the batch."""
+
 class Config:
     """A loaded, checked config (`troupe serve`'s YAML)."""
     @property
@@ -34,6 +43,17 @@ class Config:
     def n_nodes(self) -> int: ...
     @property
     def n_gpus_per_node(self) -> int: ...
+    @property
+    def model_path(self) -> str: ...
+    @property
+    def weight_format(self) -> str:
+        """`fp8` (block-quantized to the engines) or `bf16`."""
+    @property
+    def train(self) -> dict[str, Any]:
+        """`train.*` with defaults filled in."""
+    @property
+    def rollout(self) -> dict[str, Any]:
+        """`rollout.*` with defaults filled in (AReaL's names)."""
 
 def load_config(path: str, overrides: Sequence[str] = ...) -> Config:
     """Loads a YAML config with `dotted.key=value` overrides; ConfigError names a bad key."""
@@ -54,13 +74,40 @@ class InferenceClient:
         ignore_eos: bool = False,
     ) -> dict[str, Any]:
         """{output_ids, logprobs (float32 arrays), versions, finish_reason, resubmits}."""
-    async def agenerate(self, input_ids: Sequence[int], **sampling: Any) -> dict[str, Any]:
-        """`generate`, awaitable from asyncio."""
+    def agenerate(
+        self,
+        input_ids: Sequence[int],
+        max_new_tokens: int = 16,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_token_ids: Sequence[int] = ...,
+        ignore_eos: bool = False,
+    ) -> Awaitable[dict[str, Any]]:
+        """`generate` as an asyncio awaitable run on the Rust runtime; cancelling it cancels the request."""
+
+WeightArray = Any
+"""numpy float32 / float64 / float16 / bfloat16 (ml_dtypes) / uint16 (bf16 bits), or anything
+with `__dlpack__` on the CPU (torch tensors, bf16 included)."""
+
+class Control:
+    """A deployment's fleet control plane: one answer for every engine."""
+    def pause(self, mode: str = "abort", clear_cache: bool = False) -> dict[str, Any]:
+        """Pauses every engine (abort | in_place | retract); none stays paused if one fails."""
+    def resume(self) -> dict[str, Any]:
+        """Resumes every engine; refused while engines hold different weight versions."""
+    def is_paused(self) -> bool: ...
+    def server_info(self) -> dict[str, Any]:
+        """The fleet summary and each engine's /server_info."""
+    def weight_version(self) -> str:
+        """The one weight version every serving engine reports."""
 
 class Service:
     """A running inference deployment (servers, proxies, gateway, fleet control plane)."""
     @property
     def gateway_url(self) -> str: ...
+    @property
+    def control(self) -> Control: ...
     def client(self) -> InferenceClient:
         """A generation client for this deployment's gateway."""
     def pause(self, mode: str = "abort") -> dict[str, Any]:
@@ -71,10 +118,10 @@ class Service:
         """The fleet summary and each engine's /server_info."""
     def weight_version(self) -> str:
         """The one weight version every serving engine reports."""
-    def update_weights(
-        self, tensors: Mapping[str, npt.NDArray[np.float32] | npt.NDArray[np.float64]], version: str
-    ) -> dict[str, Any]:
-        """Sends the tensors to every engine as `version` (BF16 or FP8 blocks per config)."""
+    def update_weights(self, tensors: Mapping[str, WeightArray], version: str | int) -> dict[str, Any]:
+        """Sends the tensors to every engine as `version` (BF16 or FP8 blocks per config), read in place where the layout allows."""
+    def update_weights_from(self, trainer: Trainer, version: str | int) -> dict[str, Any]:
+        """Pushes the trainer actor's weights to every engine without passing them through Python."""
     def teardown(self) -> None:
         """Stops the gateway, proxies and servers."""
     def __enter__(self) -> "Service": ...
@@ -89,8 +136,10 @@ class Events:
 
 class Trainer:
     """The built-in reference trainer, a remote actor (AReaL-lite's TrainController shape)."""
-    def train_batch(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """One GRPO step on samples {prompt_ids, output_ids, logprobs, advantage}."""
+    def train_batch(
+        self, samples: Sequence[Mapping[str, Any] | "Trajectory"], advantages: Sequence[float] | None = None
+    ) -> dict[str, Any]:
+        """One GRPO step on samples {prompt_ids, output_ids, logprobs, advantage}, or Trajectory objects with `advantages`."""
     def get_weights(self) -> dict[str, npt.NDArray[np.float32]]:
         """The current weights by Hugging Face name."""
 
@@ -118,4 +167,74 @@ class Cluster:
     def shutdown(self) -> None:
         """Stops every host. Idempotent."""
     def __enter__(self) -> "Cluster": ...
+    def __exit__(self, *args: object) -> bool: ...
+
+class Trajectory:
+    """One sampled sequence; `group` is its episode's index in a batch (one GRPO group)."""
+    def __init__(
+        self,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        logprobs: Sequence[float],
+        reward: float = 0.0,
+        versions: Sequence[int] | Sequence[str] | None = None,
+    ) -> None: ...
+    @property
+    def prompt_ids(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def output_ids(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def logprobs(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def versions(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def reward(self) -> float: ...
+    @property
+    def group(self) -> int | None: ...
+    def __len__(self) -> int: ...
+
+def pad_batch(trajectories: Sequence[Trajectory | Mapping[str, Any]], pad_token_id: int = 0) -> dict[str, np.ndarray]:
+    """input_ids, attention_mask, loss_mask, logprobs, versions [B, L]; rewards, prompt_lens, seq_lens, group [B]."""
+
+class RolloutWorkflow(Protocol):
+    """AReaL-lite's workflow: one data item to a list of trajectories (None drops it)."""
+    async def arun_episode(self, client: InferenceClient, data: Any) -> list[Trajectory] | None: ...
+
+class RLVRWorkflow:
+    """n samples per prompt, each scored by `reward_fn(prompt, completion, prompt_ids, completion_ids, **data)`."""
+    def __init__(
+        self,
+        reward_fn: Callable[..., float] | Callable[..., Awaitable[float]] | str,
+        n_samples: int | None = None,
+        gconfig: Mapping[str, Any] | Any | None = None,
+        tokenizer: Any | None = None,
+    ) -> None: ...
+    async def arun_episode(self, client: InferenceClient, data: Mapping[str, Any]) -> list[Trajectory]: ...
+
+class RolloutController:
+    """Asynchronous rollouts with bounded staleness (AReaL-lite's API), workflows in Python."""
+    def __init__(
+        self,
+        service: Service | InferenceClient | str,
+        batch_size: int,
+        max_concurrent: int = 128,
+        max_staleness: int = 1,
+        stale_policy: str = "regenerate",
+    ) -> None: ...
+    def submit(self, data: Any, workflow: RolloutWorkflow, should_accept: Callable[[Any], bool] | None = None) -> None: ...
+    def wait(self, count: int, timeout: float | None = None) -> list[Trajectory]:
+        """Raises TimeoutError, or RolloutError when the batch can no longer be completed."""
+    def rollout_batch(
+        self, data: Iterable[Any], workflow: RolloutWorkflow, should_accept: Callable[[Any], bool] | None = None, timeout: float | None = None
+    ) -> list[Trajectory]: ...
+    def prepare_batch(
+        self, dataloader: Iterable[Any], workflow: RolloutWorkflow, should_accept: Callable[[Any], bool] | None = None, timeout: float | None = None
+    ) -> list[Trajectory]: ...
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+    def set_version(self, version: int) -> None: ...
+    def get_version(self) -> int: ...
+    def stats(self) -> dict[str, Any]: ...
+    def shutdown(self) -> None: ...
+    def __enter__(self) -> "RolloutController": ...
     def __exit__(self, *args: object) -> bool: ...

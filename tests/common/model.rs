@@ -16,7 +16,7 @@ pub fn trainer_weights(seed: u64) -> (Weights, Vec<HostTensor>) {
             HostTensor {
                 name: n.clone(),
                 shape: t.shape.clone(),
-                data: t.data.clone(),
+                data: t.data.clone().into(),
             }
         })
         .collect();

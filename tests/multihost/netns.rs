@@ -374,7 +374,7 @@ async fn pd_groups_forked_across_three_network_namespaces_serve_through_the_gate
                 Some(HostTensor {
                     name: n.clone(),
                     shape: t.shape.clone(),
-                    data: t.data.clone(),
+                    data: t.data.clone().into(),
                 })
             })
             .collect();

@@ -46,7 +46,7 @@ pub fn capacity(
 /// version may not use (its oldest token is more than `max_staleness` versions old). Either
 /// way the trajectory is dropped and counted in `RolloutStats::stale_dropped`; the choice is
 /// about its data item.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StalePolicy {
     /// Run the item again with the current weights (it goes first in the admission queue), so

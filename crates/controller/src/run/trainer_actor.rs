@@ -85,7 +85,7 @@ impl From<WireTensor> for HostTensor {
         HostTensor {
             name: t.name,
             shape: t.shape,
-            data: t.data,
+            data: t.data.into(),
         }
     }
 }

@@ -201,7 +201,7 @@ impl GatewaySection {
 }
 
 /// `rollout.*` (AReaL names; used by `troupe run`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutConfig {
     /// Most rollouts in flight at once.
@@ -234,7 +234,7 @@ impl Default for RolloutConfig {
 }
 
 /// `train.*`: the built-in GRPO trainer and task of `troupe run`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
     /// Training steps (each: one batch, one update, one weight sync).

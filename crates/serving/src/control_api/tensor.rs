@@ -72,7 +72,7 @@ async fn update(
         .map(|t| HostTensor {
             name: t.name,
             shape: t.shape,
-            data: t.data,
+            data: t.data.into(),
         })
         .collect();
     let version = match q.weight_version {

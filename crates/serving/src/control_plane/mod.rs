@@ -19,4 +19,7 @@ pub use control::{InferenceControl, ServerResult, VersionCheck, all_ok};
 pub use engines::{Dialect, Engine};
 pub use fleet::{CatchUp, Fleet, HeadState};
 pub use plane::ControlPlane;
-pub use weight_sync::{HostTensor, UpdateReport, WeightSync, WeightSyncError, WeightSyncOptions};
+pub use weight_sync::{
+    HostData, HostTensor, SharedValues, UpdateReport, WeightSync, WeightSyncError,
+    WeightSyncOptions,
+};

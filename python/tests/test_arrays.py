@@ -1,0 +1,187 @@
+"""`Service.update_weights` input kinds: numpy float32 / float64 / float16, bfloat16 (ml_dtypes)
+and its raw uint16 bits, DLPack producers (strided too), non-native byte order; each must reach
+the engines as the same BF16 weights, and bad input must raise and change nothing."""
+
+import ctypes
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import troupe
+
+NORM = "model.norm.weight"
+
+
+@pytest.fixture(scope="module")
+def env(served):
+    cluster, svc = served
+    return svc, cluster.spawn_trainer(model="tiny")
+
+
+class DL:
+    """A DLPack producer that is not a numpy array (as a torch tensor would be)."""
+
+    def __init__(self, a, device=(1, 0)):
+        self.a, self.device = a, device
+
+    def __dlpack__(self, **kw):
+        return self.a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class DLManagedTensor(ctypes.Structure):
+    pass
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
+DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+class BF16Producer:
+    """A DLPack producer of a bfloat16 tensor (DLPack type code 4), as torch exports one: the
+    test double for torch where torch is not installed. Counts its deleter's calls."""
+
+    def __init__(self, bits):
+        self.bits = np.ascontiguousarray(bits, dtype=np.uint16)
+        self.shape = (ctypes.c_int64 * self.bits.ndim)(*self.bits.shape)
+        self.deleted = 0
+        self.deleter = DELETER(self._delete)
+        self.managed = DLManagedTensor()
+        t = self.managed.dl_tensor
+        t.data = self.bits.ctypes.data
+        t.device = DLDevice(1, 0)
+        t.ndim = self.bits.ndim
+        t.dtype = DLDataType(4, 16, 1)
+        t.shape = self.shape
+        t.strides = None
+        t.byte_offset = 0
+        self.managed.deleter = self.deleter
+
+    def _delete(self, _ptr):
+        self.deleted += 1
+
+    def __dlpack__(self, **_kw):
+        return _capsule_new(ctypes.addressof(self.managed), b"dltensor", None)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def greedy(svc):
+    return svc.client().generate([5, 6, 7, 8], max_new_tokens=8, temperature=0.0, ignore_eos=True)["output_ids"].tolist()
+
+
+def pushed(svc, tensors, version):
+    rep = svc.update_weights(tensors, version=version)
+    assert rep["version"] == str(version) and svc.weight_version() == str(version)
+    return greedy(svc)
+
+
+def test_every_float_kind_reaches_the_engines_as_the_same_bf16_weights(env):
+    svc, _ = env
+    w = np.random.default_rng(1).normal(size=64).astype(np.float32) * 3
+    wb = w.astype(ml_dtypes.bfloat16)  # what the engines hold
+    exact = wb.astype(np.float32)
+    ref = pushed(svc, {NORM: wb}, "bf16")
+    assert pushed(svc, {NORM: np.ones(64, np.float32)}, "ones") != ref
+    assert pushed(svc, {NORM: exact}, "f32") == ref
+    assert pushed(svc, {NORM: wb.view(np.uint16)}, "bits") == ref
+    assert pushed(svc, {NORM: exact.astype(np.float64)}, 7) == ref
+    assert pushed(svc, {NORM: exact.astype(">f4")}, "big-endian") == ref
+    assert pushed(svc, {NORM: DL(exact)}, "dlpack-f32") == ref
+    assert pushed(svc, {NORM: DL(wb.view(np.uint16))}, "dlpack-bits") == ref
+    assert pushed(svc, {NORM: DL(exact.astype(np.float64))}, "dlpack-f64") == ref
+    h = w.astype(np.float16)
+    assert pushed(svc, {NORM: h}, "f16") == pushed(svc, {NORM: h.astype(np.float32)}, "f16-as-f32")
+    assert pushed(svc, {NORM: DL(h)}, "dlpack-f16") == pushed(svc, {NORM: h.astype(np.float32)}, "f16-again")
+
+
+def test_a_bf16_dlpack_tensor_is_read_and_handed_back(env):
+    svc, _ = env
+    wb = (np.random.default_rng(3).normal(size=64) * 2).astype(ml_dtypes.bfloat16)
+    ref = pushed(svc, {NORM: wb.astype(np.float32)}, "bf16-ref")
+    producer = BF16Producer(wb.view(np.uint16))
+    assert pushed(svc, {NORM: producer}, "bf16-dlpack") == ref
+    deadline = time.monotonic() + 30
+    while producer.deleted == 0:  # the consumer calls the deleter when it is done
+        assert time.monotonic() < deadline, "the DLPack deleter was never called"
+        time.sleep(0.01)
+    assert producer.deleted == 1
+
+
+def test_strided_arrays_are_read_in_their_logical_order(env):
+    svc, trainer = env
+    name, w = next((k, v) for k, v in trainer.get_weights().items() if v.ndim == 2 and v.shape[0] != v.shape[1])
+    w = (w + np.random.default_rng(2).normal(size=w.shape).astype(np.float32)).astype(ml_dtypes.bfloat16).astype(np.float32)
+    ref = pushed(svc, {name: w}, "contiguous")
+    fortran = np.asfortranarray(w)
+    assert not fortran.flags.c_contiguous
+    assert pushed(svc, {name: fortran}, "fortran") == ref
+    assert pushed(svc, {name: DL(fortran)}, "dlpack-strided") == ref
+    wide = np.zeros((w.shape[0], w.shape[1] * 2), np.float32)
+    wide[:, ::2] = w
+    assert pushed(svc, {name: DL(wide[:, ::2])}, "dlpack-step") == ref
+
+
+def test_the_rust_path_and_the_numpy_path_send_the_same_weights(env):
+    svc, trainer = env
+    via_rust = svc.update_weights_from(trainer, "rust")
+    assert via_rust["version"] == "rust"
+    a = greedy(svc)
+    assert pushed(svc, trainer.get_weights(), "numpy") == a
+
+
+def test_bad_tensors_raise_and_change_nothing(env):
+    svc, _ = env
+    pushed(svc, {NORM: np.ones(64, np.float32)}, "good")
+    before = greedy(svc)
+    cases = [
+        (TypeError, NORM, {NORM: np.zeros(64, np.int32)}),
+        (TypeError, "not the CPU", {NORM: DL(np.zeros(64, np.float32), device=(2, 0))}),
+        (TypeError, "tensor names", {3: np.zeros(64, np.float32)}),
+        (troupe.WeightSyncError, "65", {NORM: np.zeros(65, np.float32)}),
+        (troupe.WeightSyncError, "no_such", {"model.no_such.weight": np.zeros(64, np.float32)}),
+        (TypeError, NORM, {NORM: "not an array"}),
+    ]
+    for exc, match, tensors in cases:
+        with pytest.raises(exc, match=match):
+            svc.update_weights(tensors, version="bad")
+    with pytest.raises(TypeError, match="version"):
+        svc.update_weights({NORM: np.ones(64, np.float32)}, version=-1)
+    assert svc.weight_version() == "good" and greedy(svc) == before
+
+
+def test_torch_tensors_go_through_dlpack_bf16_included(env):
+    torch = pytest.importorskip("torch")
+    svc, _ = env
+    w = torch.randn(64, dtype=torch.float32).to(torch.bfloat16)
+    ref = pushed(svc, {NORM: w.float().numpy()}, "torch-ref")
+    assert pushed(svc, {NORM: w}, "torch-bf16") == ref
+    assert pushed(svc, {NORM: w.float()}, "torch-f32") == ref

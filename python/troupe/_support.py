@@ -1,0 +1,73 @@
+"""Python-side pieces of the bindings that only Python can hold: the event loop Python
+workflows run on, the walk over a dataloader, and traceback formatting."""
+
+import asyncio
+import logging
+import threading
+import traceback
+
+log = logging.getLogger("troupe.rollout")
+
+
+class LoopThread:
+    """An asyncio event loop on its own daemon thread (as AReaL's workflow executor runs one):
+    `arun_episode` coroutines run here while the training script blocks in `prepare_batch`."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="troupe-rollout-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def close(self, timeout=10.0):
+        """Cancels every episode still running, stops the loop and joins its thread."""
+        if self.loop.is_closed():
+            return
+
+        async def cancel_all():
+            me = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not me]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self._thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(timeout)
+            except Exception:  # noqa: BLE001 - a stuck episode must not stop the shutdown
+                pass
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+def items(dataloader):
+    """Data items from `dataloader`, cycling as AReaL's `cycle_dataloader` does. A loader with a
+    `batch_size` (a torch DataLoader) yields batches, whose items are submitted one by one; a
+    re-iterable (a list) starts over when exhausted; a one-shot iterator ends."""
+    batched = getattr(dataloader, "batch_size", None) is not None
+    one_shot = iter(dataloader) is dataloader
+    while True:
+        n = 0
+        for x in dataloader:
+            n += 1
+            if batched:
+                yield from x
+            else:
+                yield x
+        if one_shot or n == 0:
+            return
+
+
+def format_exception(e):
+    """The exception with its traceback, as Python prints it."""
+    return "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip()
+
+
+def report_failure(text):
+    """An episode failed: logged with its traceback (on stderr unless logging is configured)."""
+    log.error("rollout episode failed:\n%s", text)
