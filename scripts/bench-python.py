@@ -1,7 +1,8 @@
 """Python-side overhead of the bindings, one line per figure (`name value`):
 
 - generation through `InferenceClient.agenerate` vs plain aiohttp POSTs of the same request to
-  the same gateway (sequential latency, and requests/s with 32 in flight), in one run;
+  the same gateway (sequential latency, and requests/s with 32 in flight), in one run, on the
+  tiny model so the engine's own time is small beside the client's;
 - a weight update: the trainer actor's weights fetched into numpy and pushed with
   `Service.update_weights`, vs the all-Rust path (`update_weights_from`: trainer actor straight
   to the control plane), and the push alone from numpy arrays already in hand; on the `small`
@@ -25,7 +26,7 @@ import troupe
 CONFIG = """allocation_mode: 'troupe:(prefill:d1t1|decode:d1t1)'
 cluster: {{n_nodes: 1, n_gpus_per_node: 2}}
 scheduler: {{type: inprocess}}
-sglang: {{model_path: small, ready_timeout_s: 120, quantization: "{quant}"}}
+sglang: {{model_path: {model}, ready_timeout_s: 120, quantization: "{quant}"}}
 """
 BODY_IDS = [5, 6, 7, 8]
 
@@ -65,7 +66,9 @@ async def generation(url, n):
         import aiohttp
     except ImportError:
         return
-    body = {"input_ids": BODY_IDS, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+    # The body the Rust client sends (logprobs on: a trainer needs them).
+    params = {"max_new_tokens": 1, "temperature": 0.0, "top_p": 1.0, "stop_token_ids": [], "ignore_eos": False}
+    body = {"input_ids": BODY_IDS, "sampling_params": params, "return_logprob": True}
     async with aiohttp.ClientSession() as s:
 
         async def theirs():
@@ -111,15 +114,21 @@ def main():
     ap.add_argument("--updates", type=int, default=10)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        for i, quant in enumerate(["bf16", "fp8"]):
-            p = pathlib.Path(d) / f"{quant}.yaml"
-            p.write_text(CONFIG.format(quant="fp8" if quant == "fp8" else ""))
+
+        def deployment(model, quant):
+            p = pathlib.Path(d) / f"{model}-{quant}.yaml"
+            p.write_text(CONFIG.format(model=model, quant="fp8" if quant == "fp8" else ""))
             cfg = troupe.load_config(str(p))
-            with troupe.Cluster.from_config(cfg) as cluster, cluster.serve(cfg) as svc:
-                if i == 0:
-                    asyncio.run(generation(svc.gateway_url, a.requests))
-                trainer = cluster.spawn_trainer(model="small")
-                weights(svc, trainer, quant, a.updates)
+            return troupe.Cluster.from_config(cfg), cfg
+
+        # Generation on the tiny model (the engine's own time small beside the client's).
+        cluster, cfg = deployment("tiny", "bf16")
+        with cluster, cluster.serve(cfg) as svc:
+            asyncio.run(generation(svc.gateway_url, a.requests))
+        for quant in ["bf16", "fp8"]:
+            cluster, cfg = deployment("small", quant)
+            with cluster, cluster.serve(cfg) as svc:
+                weights(svc, cluster.spawn_trainer(model="small"), quant, a.updates)
 
 
 if __name__ == "__main__":

@@ -64,11 +64,11 @@ impl InferenceClient {
         let s = settings(&input_ids, sampling)?;
         let client = self.inner.clone();
         awaitable(py, async move {
-            let g = client
+            client
                 .generate(&input_ids, &s)
                 .await
-                .map_err(|e| ServingError::new_err(e.to_string()))?;
-            Python::attach(|py| to_dict(py, g).map(|d| d.unbind()))
+                .map(Answer)
+                .map_err(|e| ServingError::new_err(e.to_string()))
         })
     }
 
@@ -120,6 +120,20 @@ fn settings(input_ids: &[u32], kw: Option<&Bound<'_, PyDict>>) -> PyResult<Sampl
         ));
     }
     Ok(s)
+}
+
+/// A generation on its way to asyncio: converted to the dict where the bridge already holds
+/// the GIL to complete the future (one GIL acquisition per answer, not two).
+struct Answer(Generation);
+
+impl<'py> IntoPyObject<'py> for Answer {
+    type Target = PyDict;
+    type Output = Bound<'py, PyDict>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        to_dict(py, self.0)
+    }
 }
 
 /// One generation as the dict `generate` returns.

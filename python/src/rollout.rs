@@ -43,13 +43,18 @@ fn support(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     py.import("troupe._support")
 }
 
-/// The episode's exception with its traceback, reported once.
+/// The episode's exception with its traceback, reported once (not a cancellation: that is
+/// the controller shutting its episodes down).
 fn failure(py: Python<'_>, e: PyErr) -> EpisodeError {
     let text = support(py)
         .and_then(|m| m.call_method1("format_exception", (e.value(py),)))
         .and_then(|t| t.extract::<String>())
         .unwrap_or_else(|_| e.to_string());
-    if let Ok(m) = support(py) {
+    let cancelled = py
+        .import("asyncio")
+        .and_then(|a| a.getattr("CancelledError"))
+        .is_ok_and(|c| e.value(py).is_instance(&c).unwrap_or(false));
+    if !cancelled && let Ok(m) = support(py) {
         let _ = m.call_method1("report_failure", (text.clone(),));
     }
     EpisodeError::Workflow(text)

@@ -3,7 +3,8 @@
 //! - [`control::InferenceControl`] fans one call out to every engine (prefill and decode
 //!   alike) through [`crate::EngineClient`], in each engine's dialect ([`engines`]).
 //! - [`fleet::Fleet`] keeps which engines are routed, held or down and the one weight version.
-//! - [`weight_sync::WeightSync`] is rank 0 of a weight broadcast (BF16 or FP8 blocks).
+//! - [`weight_sync::WeightSync`] is rank 0 of a weight broadcast (BF16 or FP8 blocks) of the
+//!   trainer's [`tensors::HostTensor`]s.
 //! - [`plane::ControlPlane`] puts them together with the rules a fleet-wide operation keeps
 //!   (one at a time, atomic in effect); the gateway's control endpoints (`crate::control_api`),
 //!   the controller and its gRPC API all use it.
@@ -12,6 +13,7 @@ pub mod control;
 pub mod engines;
 pub mod fleet;
 pub mod plane;
+pub mod tensors;
 pub mod updates;
 pub mod weight_sync;
 
@@ -19,7 +21,5 @@ pub use control::{InferenceControl, ServerResult, VersionCheck, all_ok};
 pub use engines::{Dialect, Engine};
 pub use fleet::{CatchUp, Fleet, HeadState};
 pub use plane::ControlPlane;
-pub use weight_sync::{
-    HostData, HostTensor, SharedValues, UpdateReport, WeightSync, WeightSyncError,
-    WeightSyncOptions,
-};
+pub use tensors::{HostData, HostTensor, SharedValues};
+pub use weight_sync::{UpdateReport, WeightSync, WeightSyncError, WeightSyncOptions};

@@ -23,7 +23,8 @@ use super::control::{InferenceControl, ServerResult};
 use super::engines::Engine;
 use super::fleet::CatchUp;
 use super::plane::{ControlPlane, answer, failure, settle};
-use super::weight_sync::{HostTensor, UpdateReport};
+use super::tensors::HostTensor;
+use super::weight_sync::UpdateReport;
 
 /// The group name the plane uses for vLLM's transfer engine (vLLM's routes name none).
 pub const VLLM_TRANSFER_GROUP: &str = "troupe-vllm-transfer";

@@ -9,82 +9,16 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use half::bf16;
-use troupe_weights::bucket::{Bucket, TensorMeta, pack_buckets};
-use troupe_weights::fp8::{self, Fp8Options, Weights};
+use troupe_weights::bucket::{Bucket, pack_buckets};
 use troupe_weights::plan::{EngineGpus, WeightSyncPlan};
-use troupe_weights::tcp::{TensorRef, WeightSender, WireDtype};
+use troupe_weights::tcp::{TensorRef, WeightSender};
 use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
 
 use troupe_wire::PauseMode;
 
 use super::control::{InferenceControl, all_ok};
 use super::engines::Engine;
-
-/// A trainer tensor, named as the engines name it (Hugging Face names).
-#[derive(Debug, Clone)]
-pub struct HostTensor {
-    /// Parameter name.
-    pub name: String,
-    /// Dimensions, row-major.
-    pub shape: Vec<usize>,
-    /// Values.
-    pub data: HostData,
-}
-
-impl HostTensor {
-    /// A tensor of owned f32 values.
-    pub fn f32(name: impl Into<String>, shape: Vec<usize>, data: Vec<f32>) -> Self {
-        HostTensor {
-            name: name.into(),
-            shape,
-            data: HostData::F32(data),
-        }
-    }
-}
-
-/// Values another owner keeps alive, read in place: a Python array or a DLPack tensor is sent
-/// without first being copied into a Rust vector (the one copy is the encode into wire bytes).
-pub trait SharedValues: Send + Sync {
-    /// The values, row-major, in the source's own precision.
-    fn values(&self) -> Weights<'_>;
-}
-
-/// A tensor's values: owned f32 (Rust trainers, safetensors bodies) or [`SharedValues`]
-/// (bf16 or f32, read where they lie).
-#[derive(Clone)]
-pub enum HostData {
-    /// Owned f32 values.
-    F32(Vec<f32>),
-    /// Values in someone else's buffer.
-    Shared(std::sync::Arc<dyn SharedValues>),
-}
-
-impl HostData {
-    /// The values as the FP8 codec takes them.
-    pub fn values(&self) -> Weights<'_> {
-        match self {
-            HostData::F32(v) => Weights::F32(v),
-            HostData::Shared(s) => s.values(),
-        }
-    }
-}
-
-impl From<Vec<f32>> for HostData {
-    fn from(v: Vec<f32>) -> Self {
-        HostData::F32(v)
-    }
-}
-
-impl std::fmt::Debug for HostData {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (kind, n) = match self.values() {
-            Weights::F32(v) => ("f32", v.len()),
-            Weights::Bf16(v) => ("bf16", v.len()),
-        };
-        write!(f, "HostData({kind} x {n})")
-    }
-}
+use super::tensors::{HostTensor, encode};
 
 /// Settings of weight sync.
 #[derive(Debug, Clone)]
@@ -189,57 +123,6 @@ struct Core {
     opts: WeightSyncOptions,
     group: Option<Group>,
     last: Option<Cached>,
-}
-
-type Encoded = (Vec<TensorMeta>, HashMap<String, Vec<u8>>, usize);
-
-fn encode(tensors: &[HostTensor], fp8_on: bool) -> Result<Encoded, WeightSyncError> {
-    let mut metas = Vec::new();
-    let mut bytes = HashMap::new();
-    let mut n_fp8 = 0;
-    for t in tensors {
-        let numel: usize = t.shape.iter().product();
-        let values = t.data.values();
-        if numel != values.len() {
-            return Err(WeightSyncError::Encode(format!(
-                "{}: shape {:?} has {numel} elements but {} values were given",
-                t.name,
-                t.shape,
-                values.len()
-            )));
-        }
-        if fp8_on && t.shape.len() == 2 && fp8::should_quantize(&t.name, &t.shape) {
-            let q = fp8::quantize(
-                &t.name,
-                t.shape[0],
-                t.shape[1],
-                values,
-                &Fp8Options::default(),
-            )
-            .map_err(|e| WeightSyncError::Encode(e.to_string()))?;
-            let (wm, sm) = TensorMeta::for_quantized(&t.name, &q)
-                .map_err(|e| WeightSyncError::Encode(e.to_string()))?;
-            bytes.insert(sm.name.clone(), q.scales.to_le_bytes());
-            bytes.insert(wm.name.clone(), q.data);
-            metas.push(wm);
-            metas.push(sm);
-            n_fp8 += 1;
-        } else {
-            let b: Vec<u8> = match values {
-                Weights::F32(v) => v
-                    .iter()
-                    .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
-                    .collect(),
-                Weights::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            };
-            metas.push(
-                TensorMeta::new(&t.name, WireDtype::Bf16, t.shape.clone())
-                    .map_err(|e| WeightSyncError::Encode(e.to_string()))?,
-            );
-            bytes.insert(t.name.clone(), b);
-        }
-    }
-    Ok((metas, bytes, n_fp8))
 }
 
 impl WeightSync {
