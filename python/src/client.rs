@@ -36,7 +36,8 @@ impl InferenceClient {
 
     /// Generates from `input_ids`: `{"output_ids", "logprobs" (float32 arrays), "versions",
     /// "finish_reason", "resubmits"}`. Sampling arguments: `max_new_tokens` (16),
-    /// `temperature` (1.0), `top_p` (1.0), `seed`, `stop_token_ids`, `ignore_eos`.
+    /// `temperature` (1.0), `top_p` (1.0), `seed`, `stop_token_ids`, `ignore_eos`, as keywords
+    /// or as SGLang's `sampling_params={...}` dict.
     #[pyo3(signature = (input_ids, **sampling))]
     fn generate<'py>(
         &self,
@@ -78,7 +79,7 @@ impl InferenceClient {
 }
 
 /// The sampling arguments `generate` and `agenerate` take.
-const SAMPLING: &str = "max_new_tokens, temperature, top_p, seed, stop_token_ids, ignore_eos";
+const SAMPLING: &str = "max_new_tokens, temperature, top_p, seed (or sampling_seed), stop_token_ids, ignore_eos, or them in a sampling_params dict";
 
 /// Checks the sampling arguments (one rule for `generate` and `agenerate`).
 fn settings(input_ids: &[u32], kw: Option<&Bound<'_, PyDict>>) -> PyResult<SamplingSettings> {
@@ -95,8 +96,25 @@ fn settings(input_ids: &[u32], kw: Option<&Bound<'_, PyDict>>) -> PyResult<Sampl
         stop_token_ids: Vec::new(),
         ignore_eos: false,
     };
+    // SGLang's shape (`sampling_params={...}`, `sampling_seed`) and keyword arguments alike.
+    let mut pairs: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> = Vec::new();
     for (k, v) in kw.into_iter().flatten() {
+        if k.extract::<String>().is_ok_and(|k| k == "sampling_params") {
+            let d = v.downcast::<PyDict>().map_err(|_| {
+                pyo3::exceptions::PyTypeError::new_err("sampling_params must be a dict")
+            })?;
+            pairs.extend(d.iter());
+        } else {
+            pairs.push((k, v));
+        }
+    }
+    for (k, v) in pairs {
         let key: String = k.extract()?;
+        let key = if key == "sampling_seed" {
+            "seed".to_string()
+        } else {
+            key
+        };
         let bad = |e: PyErr| {
             pyo3::exceptions::PyTypeError::new_err(format!("{key}: {}", e.value(v.py())))
         };

@@ -208,6 +208,14 @@ def test_agenerate_is_native_asyncio_and_cancellable(svc):
             await asyncio.wait_for(client.agenerate([5, 6], max_new_tokens=100000, ignore_eos=True), 0.05)
         g = await client.agenerate([5, 6], max_new_tokens=2)
         assert len(g["output_ids"]) == 2
+        # SGLang's shape works too, and is the same request.
+        a = await client.agenerate(input_ids=[5, 6], sampling_params={"max_new_tokens": 4, "sampling_seed": 9})
+        b = await client.agenerate([5, 6], max_new_tokens=4, seed=9)
+        assert a["output_ids"].tolist() == b["output_ids"].tolist() and len(a["output_ids"]) == 4
+        with pytest.raises(TypeError, match="max_tokens"):
+            await client.agenerate([5, 6], max_tokens=3)
+        with pytest.raises(TypeError, match="max_new_tokens"):
+            await client.agenerate([5, 6], max_new_tokens="many")
         with pytest.raises(ValueError, match="input_ids"):
             await client.agenerate([])
 

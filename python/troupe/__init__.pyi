@@ -72,8 +72,9 @@ class InferenceClient:
         seed: int | None = None,
         stop_token_ids: Sequence[int] = ...,
         ignore_eos: bool = False,
+        sampling_params: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """{output_ids, logprobs (float32 arrays), versions, finish_reason, resubmits}."""
+        """{output_ids, logprobs (float32 arrays), versions, finish_reason, resubmits}; sampling as keywords or SGLang's sampling_params dict."""
     def agenerate(
         self,
         input_ids: Sequence[int],
@@ -83,6 +84,7 @@ class InferenceClient:
         seed: int | None = None,
         stop_token_ids: Sequence[int] = ...,
         ignore_eos: bool = False,
+        sampling_params: Mapping[str, Any] | None = None,
     ) -> Awaitable[dict[str, Any]]:
         """`generate` as an asyncio awaitable run on the Rust runtime; cancelling it cancels the request."""
 
