@@ -21,6 +21,8 @@ use crate::service::Service;
 #[pyclass(module = "troupe")]
 pub struct Cluster {
     inner: Arc<Mutex<Option<RustCluster>>>,
+    /// `python.executable` of the config (None: the controller's interpreter).
+    python: Option<String>,
 }
 
 fn gone() -> PyErr {
@@ -31,7 +33,14 @@ impl Cluster {
     fn wrap(c: RustCluster) -> Self {
         Cluster {
             inner: Arc::new(Mutex::new(Some(c))),
+            python: None,
         }
+    }
+
+    /// The hosts' handles (cheap clones).
+    fn host_handles(&self) -> PyResult<Vec<troupe_controller::HostHandle>> {
+        let guard = self.inner.blocking_lock();
+        Ok(guard.as_ref().ok_or_else(gone)?.hosts().to_vec())
     }
 }
 
@@ -41,12 +50,15 @@ impl Cluster {
     #[staticmethod]
     fn from_config(py: Python<'_>, cfg: &Config) -> PyResult<Cluster> {
         let cfg = cfg.inner.clone();
+        let python = cfg.python.executable.clone();
         let c = wait(py, async move {
             let builder = cluster_builder(&cfg).registry(troupe_controller::standard_registry());
             cluster_from(&cfg, builder).await
         })?
         .map_err(ClusterError::new_err)?;
-        Ok(Cluster::wrap(c))
+        let mut cluster = Cluster::wrap(c);
+        cluster.python = python;
+        Ok(cluster)
     }
 
     /// `hosts` hosts inside this process (the test harness: the real code path, loopback gRPC).
@@ -126,6 +138,61 @@ impl Cluster {
         })?
         .map_err(|e| ClusterError::new_err(e.to_string()))?;
         Ok(crate::trainer::Trainer { actor })
+    }
+
+    /// Host `i`, to place Python actors on (`cluster.host(0).spawn(Cls, args, gpus=[0])`).
+    fn host(&self, i: usize) -> PyResult<crate::actors::Host> {
+        let hosts = self.host_handles()?;
+        let n = hosts.len();
+        let handle = hosts.into_iter().nth(i).ok_or_else(|| {
+            ClusterError::new_err(format!("no host {i}: the cluster has {n} (0..{n})"))
+        })?;
+        Ok(crate::actors::Host {
+            handle,
+            python: self.python.clone(),
+        })
+    }
+
+    /// An SPMD group: `n` workers of `cls(*args, **kwargs)` placed over the hosts
+    /// (`gpus_per_worker` GPUs each, filling hosts in order; without GPUs, spread evenly), each
+    /// with torchrun's environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
+    /// `MASTER_PORT`, `CUDA_VISIBLE_DEVICES`), so `torch.distributed.init_process_group()`
+    /// just works. All ranks start together, or none.
+    #[pyo3(signature = (cls, n, gpus_per_worker = 0, args = None, kwargs = None, *, restarts = 0, pickle = false, python = None, env = std::collections::BTreeMap::new(), start_timeout = 120.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn spawn_group(
+        &self,
+        py: Python<'_>,
+        cls: &Bound<'_, PyAny>,
+        n: usize,
+        gpus_per_worker: usize,
+        args: Option<&Bound<'_, PyAny>>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        restarts: u32,
+        pickle: bool,
+        python: Option<String>,
+        env: std::collections::BTreeMap<String, String>,
+        start_timeout: f64,
+    ) -> PyResult<crate::actors::Group> {
+        let hosts = self.host_handles()?;
+        let s = crate::actors::spec(
+            py,
+            cls,
+            args,
+            kwargs,
+            pickle,
+            python.or_else(|| self.python.clone()),
+        )?;
+        crate::actors::spawn_group(
+            py,
+            hosts,
+            s,
+            n,
+            gpus_per_worker,
+            restarts,
+            env,
+            start_timeout,
+        )
     }
 
     /// The cluster's lifecycle events from now on, as an iterator of dicts.

@@ -65,6 +65,19 @@ create_exception!(
     "The host an actor lives on is gone (process died, heartbeats stopped, connection lost)."
 );
 
+create_exception!(
+    troupe,
+    RemoteError,
+    ActorError,
+    "A Python actor's method raised; `kind`, `remote_message` and `remote_traceback` say what. The actor keeps running."
+);
+create_exception!(
+    troupe,
+    ActorDiedError,
+    ActorError,
+    "A Python actor's worker process died during the call (it is restarted or stopped per its restart policy)."
+);
+
 /// A failed actor call as the exception of its family.
 pub fn call_error(e: troupe_controller::CallError) -> PyErr {
     match e {
@@ -86,5 +99,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RolloutError", py.get_type::<RolloutError>())?;
     m.add("ActorError", py.get_type::<ActorError>())?;
     m.add("HostLostError", py.get_type::<HostLostError>())?;
+    m.add("RemoteError", py.get_type::<RemoteError>())?;
+    m.add("ActorDiedError", py.get_type::<ActorDiedError>())?;
     Ok(())
 }

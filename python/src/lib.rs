@@ -3,6 +3,7 @@
 //! (serving, weight sync, the actor runtime) stays in Rust, on the extension's own tokio
 //! runtime. Blocking calls release the GIL and stay interruptible with Ctrl-C.
 
+mod actors;
 mod arrays;
 mod client;
 mod cluster;
@@ -31,6 +32,9 @@ fn _troupe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::InferenceClient>()?;
     m.add_class::<control::Control>()?;
     trajectory::register(m)?;
+    m.add_class::<actors::Host>()?;
+    m.add_class::<actors::ActorRef>()?;
+    m.add_class::<actors::Group>()?;
     rollout::register(m)?;
     Ok(())
 }

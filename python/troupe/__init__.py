@@ -24,7 +24,9 @@ if "TROUPE_BIN" not in _os.environ and _os.path.isfile(_bin):
     _os.environ["TROUPE_BIN"] = _bin
 
 from ._troupe import (  # noqa: E402
+    ActorDiedError,
     ActorError,
+    ActorRef,
     AllocationError,
     Cluster,
     ClusterError,
@@ -33,11 +35,14 @@ from ._troupe import (  # noqa: E402
     Control,
     ControlError,
     Events,
+    Group,
+    Host,
+    HostLostError,
     InferenceClient,
+    RemoteError,
     RolloutController,
     RolloutError,
     Service,
-    HostLostError,
     ServingError,
     Trainer,
     Trajectory,
@@ -46,10 +51,13 @@ from ._troupe import (  # noqa: E402
     load_config,
     pad_batch,
 )
+from .actors import actor  # noqa: E402
 from .workflow import RLVRWorkflow  # noqa: E402
 
 __all__ = [
+    "ActorDiedError",
     "ActorError",
+    "ActorRef",
     "AllocationError",
     "Cluster",
     "ClusterError",
@@ -58,9 +66,12 @@ __all__ = [
     "Control",
     "ControlError",
     "Events",
+    "Group",
+    "Host",
     "HostLostError",
     "InferenceClient",
     "RLVRWorkflow",
+    "RemoteError",
     "RolloutController",
     "RolloutError",
     "Service",
@@ -69,6 +80,7 @@ __all__ = [
     "Trajectory",
     "TroupeError",
     "WeightSyncError",
+    "actor",
     "load_config",
     "pad_batch",
 ]

@@ -300,6 +300,16 @@ impl Default for TrainConfig {
     }
 }
 
+/// `python.*`: how hosts run Python actors' worker processes.
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PythonConfig {
+    /// The interpreter every host starts workers with (it must have the `troupe` package);
+    /// default: the controller's own (`sys.executable`).
+    #[serde(default)]
+    pub executable: Option<String>,
+}
+
 /// The whole config.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -328,6 +338,9 @@ pub struct ServeConfig {
     /// Trainer and task settings (`troupe run`).
     #[serde(default)]
     pub train: TrainConfig,
+    /// Python actors (`cluster.host(i).spawn(...)` from the Python API).
+    #[serde(default)]
+    pub python: PythonConfig,
     /// Admin key for control endpoints of servers, router and gateway (default: a fresh random
     /// key, so control endpoints are never open by accident).
     #[serde(default)]

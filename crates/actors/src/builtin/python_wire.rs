@@ -1,0 +1,87 @@
+//! The frames between a `troupe.python` actor and its worker process (`troupe/_worker.py`):
+//! a little-endian `u32` length, then one MessagePack value with named fields. The actor sends
+//! [`Hello`] once, then one [`Request`] per call; the worker answers each with one [`Reply`].
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+/// Largest frame either side accepts (a bound on what a broken worker can make us allocate).
+pub const MAX_FRAME: usize = 2 << 30;
+
+/// What to build: the first frame.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hello {
+    /// `package.module:QualName`.
+    pub target: String,
+    /// The controller's `__main__` file, when the class lives there.
+    pub main_file: Option<String>,
+    /// Entries to put first on `sys.path`.
+    pub sys_path: Vec<String>,
+    /// Encoded `(args, kwargs)` of the constructor.
+    #[serde(with = "serde_bytes")]
+    pub init: Vec<u8>,
+}
+
+/// One call.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Request {
+    /// Method name.
+    pub method: String,
+    /// Encoded `(args, kwargs)`.
+    #[serde(with = "serde_bytes")]
+    pub args: Vec<u8>,
+}
+
+/// A Python exception, as the worker formats it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Raised {
+    /// The exception's class, e.g. `ValueError`.
+    pub kind: String,
+    /// `str(exception)`.
+    pub message: String,
+    /// The formatted traceback.
+    pub traceback: String,
+}
+
+/// The worker's answer to [`Hello`] (`Ok` with no bytes) or to a [`Request`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Reply {
+    /// Done; the encoded result.
+    Ok(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// The call (or the import / constructor) raised.
+    Raised(Raised),
+}
+
+/// Writes one frame.
+pub async fn write_frame<T: Serialize>(s: &mut UnixStream, v: &T) -> std::io::Result<()> {
+    let body = rmp_serde::to_vec_named(v).map_err(std::io::Error::other)?;
+    let len = u32::try_from(body.len())
+        .ok()
+        .filter(|&n| n as usize <= MAX_FRAME)
+        .ok_or_else(|| {
+            std::io::Error::other(format!(
+                "a frame of {} bytes exceeds the limit of {MAX_FRAME}",
+                body.len()
+            ))
+        })?;
+    s.write_all(&len.to_le_bytes()).await?;
+    s.write_all(&body).await?;
+    s.flush().await
+}
+
+/// Reads one frame; EOF, an oversized length or a bad body is an error.
+pub async fn read_frame<T: DeserializeOwned>(s: &mut UnixStream) -> std::io::Result<T> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(std::io::Error::other(format!(
+            "the worker sent a frame of {len} bytes (limit {MAX_FRAME})"
+        )));
+    }
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await?;
+    rmp_serde::from_slice(&body).map_err(std::io::Error::other)
+}

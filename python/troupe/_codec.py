@@ -1,0 +1,67 @@
+"""How arguments and results of Python actor calls travel: MessagePack, with numpy arrays as
+raw buffers (dtype, shape, bytes; bit-exact, no pickle) and pickle only when the actor was
+spawned with `pickle=True`."""
+
+import pickle as _pickle
+
+import msgpack
+import numpy as np
+
+_NDARRAY = 1
+_PICKLE = 2
+
+
+def _dtype_name(d):
+    # Standard dtypes by their array-protocol string (byte order included); extension dtypes
+    # (ml_dtypes' bfloat16, ...) by name.
+    return d.name if d.kind == "V" else d.str
+
+
+def _dtype(name):
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+def encode(obj, allow_pickle=False):
+    """`obj` as bytes."""
+
+    def default(o):
+        if isinstance(o, np.ndarray):
+            if o.dtype.hasobject:
+                if allow_pickle:
+                    return msgpack.ExtType(_PICKLE, _pickle.dumps(o))
+                raise TypeError("numpy arrays of Python objects cannot travel as MessagePack; spawn with pickle=True")
+            a = np.ascontiguousarray(o)
+            return msgpack.ExtType(_NDARRAY, msgpack.packb([_dtype_name(a.dtype), list(a.shape), a.reshape(-1).view(np.uint8).data]))
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, (tuple, set, frozenset)):
+            return list(o)
+        if allow_pickle:
+            return msgpack.ExtType(_PICKLE, _pickle.dumps(o))
+        raise TypeError(
+            f"cannot send a {type(o).__name__} as MessagePack: use None, bool, int, float, str, bytes, "
+            "lists, dicts and numpy arrays, or spawn the actor with pickle=True"
+        )
+
+    return msgpack.packb(obj, default=default, use_bin_type=True)
+
+
+def decode(data, allow_pickle=False):
+    """Bytes from `encode` back to objects (numpy arrays are writable copies)."""
+
+    def ext(code, payload):
+        if code == _NDARRAY:
+            dtype, shape, raw = msgpack.unpackb(payload, raw=False)
+            return np.frombuffer(raw, dtype=_dtype(dtype)).reshape(shape).copy()
+        if code == _PICKLE:
+            if not allow_pickle:
+                raise TypeError("a pickled value arrived but this actor was not spawned with pickle=True")
+            return _pickle.loads(payload)
+        return msgpack.ExtType(code, payload)
+
+    return msgpack.unpackb(data, ext_hook=ext, raw=False, strict_map_key=False)
