@@ -494,21 +494,24 @@ pub fn place(
     Ok(slots.into_iter().take(n).collect())
 }
 
-/// torchrun's environment for each rank of a placement.
-pub fn torchrun_env(
-    hosts: &[HostHandle],
-    placed: &[(usize, Vec<u32>)],
-    master_port: &str,
-) -> Vec<BTreeMap<String, String>> {
-    let n = placed.len();
-    let master = hosts[placed[0].0].address();
-    let master_addr = match master.rsplit_once(':') {
-        // An in-process host (`inproc:N`) lives in this process: loopback.
+/// The address ranks rendezvous at, from a host's address (`host:port`; an in-process host,
+/// `inproc://…`, lives in this process: loopback).
+pub fn master_addr(address: &str) -> String {
+    match address.rsplit_once(':') {
         Some((h, _)) if h != "inproc" && !h.is_empty() => {
             h.trim_start_matches('[').trim_end_matches(']').to_string()
         }
         _ => "127.0.0.1".to_string(),
-    };
+    }
+}
+
+/// torchrun's environment for each rank of a placement (`(host position, GPUs)` per rank).
+pub fn torchrun_env(
+    placed: &[(usize, Vec<u32>)],
+    master_addr: &str,
+    master_port: &str,
+) -> Vec<BTreeMap<String, String>> {
+    let n = placed.len();
     let mut used: Vec<usize> = placed.iter().map(|p| p.0).collect();
     used.dedup();
     placed
@@ -525,36 +528,52 @@ pub fn torchrun_env(
                 ("LOCAL_WORLD_SIZE".into(), local.len().to_string()),
                 ("GROUP_RANK".into(), node.to_string()),
                 ("NODE_RANK".into(), node.to_string()),
-                ("MASTER_ADDR".into(), master_addr.clone()),
+                ("MASTER_ADDR".into(), master_addr.to_string()),
                 ("MASTER_PORT".into(), master_port.to_string()),
             ])
         })
         .collect()
 }
 
+/// Where an SPMD group's ranks go and where they meet.
+pub struct Layout {
+    /// `(host position, GPUs)` per rank.
+    pub placed: Vec<(usize, Vec<u32>)>,
+    /// `MASTER_ADDR`.
+    pub master_addr: String,
+    /// `MASTER_PORT` when the placement reserved one (else one is picked).
+    pub master_port: Option<u16>,
+}
+
 /// Spawns an SPMD group on `hosts`: every rank at once (rank 0's rendezvous waits for the
 /// others), or none: if one rank cannot start, the ranks that did are stopped.
-#[allow(clippy::too_many_arguments)]
 pub fn spawn_group(
     py: Python<'_>,
     hosts: Vec<HostHandle>,
     s: Spec,
-    n: usize,
-    gpus_per_worker: usize,
+    layout: Layout,
     restarts: u32,
     env: BTreeMap<String, String>,
     start_timeout: f64,
 ) -> PyResult<Group> {
     check_timeout(start_timeout)?;
-    let placed = place(&hosts, n, gpus_per_worker).map_err(ClusterError::new_err)?;
-    let port = match env.get("MASTER_PORT") {
-        Some(p) => p.clone(),
-        None => std::net::TcpListener::bind("0.0.0.0:0")
+    let Layout {
+        placed,
+        master_addr,
+        master_port,
+    } = layout;
+    let n = placed.len();
+    let port = match (env.get("MASTER_PORT"), master_port) {
+        (Some(p), _) => p.clone(),
+        (None, Some(p)) => p.to_string(),
+        // A port free here (torchrun's default is a fixed 29500; `env` overrides).
+        (None, None) => std::net::TcpListener::bind("0.0.0.0:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port().to_string())
             .map_err(|e| ClusterError::new_err(format!("cannot pick MASTER_PORT: {e}")))?,
     };
-    let envs = torchrun_env(&hosts, &placed, &port);
+    let addr = env.get("MASTER_ADDR").cloned().unwrap_or(master_addr);
+    let envs = torchrun_env(&placed, &addr, &port);
     let mut futs = Vec::with_capacity(n);
     for (rank, ((h, gpus), mut e)) in placed.into_iter().zip(envs).enumerate() {
         for (k, v) in &env {

@@ -154,20 +154,23 @@ impl Cluster {
     }
 
     /// An SPMD group: `n` workers of `cls(*args, **kwargs)` placed over the hosts
-    /// (`gpus_per_worker` GPUs each, filling hosts in order; without GPUs, spread evenly), each
-    /// with torchrun's environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
+    /// (`gpus_per_worker` GPUs each, filling hosts in order; without GPUs, spread evenly), or,
+    /// with `placement=service`, exactly where that deployment's allocation put its training
+    /// component (`fsdp:d4`: four ranks, their hosts, GPUs and reserved rendezvous port). Each
+    /// rank gets torchrun's environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
     /// `MASTER_PORT`, `CUDA_VISIBLE_DEVICES`), so `torch.distributed.init_process_group()`
     /// just works. All ranks start together, or none.
-    #[pyo3(signature = (cls, n, gpus_per_worker = 0, args = None, kwargs = None, *, restarts = 0, pickle = false, python = None, env = std::collections::BTreeMap::new(), start_timeout = 120.0))]
+    #[pyo3(signature = (cls, n = None, gpus_per_worker = 0, args = None, kwargs = None, *, placement = None, restarts = 0, pickle = false, python = None, env = std::collections::BTreeMap::new(), start_timeout = 120.0))]
     #[allow(clippy::too_many_arguments)]
     fn spawn_group(
         &self,
         py: Python<'_>,
         cls: &Bound<'_, PyAny>,
-        n: usize,
+        n: Option<usize>,
         gpus_per_worker: usize,
         args: Option<&Bound<'_, PyAny>>,
         kwargs: Option<&Bound<'_, PyDict>>,
+        placement: Option<&Service>,
         restarts: u32,
         pickle: bool,
         python: Option<String>,
@@ -175,6 +178,34 @@ impl Cluster {
         start_timeout: f64,
     ) -> PyResult<crate::actors::Group> {
         let hosts = self.host_handles()?;
+        let layout = match placement {
+            Some(svc) => {
+                let layout = svc.train_layout()?.ok_or_else(|| {
+                    AllocationError::new_err(
+                        "the deployment's allocation has no training component; add one, e.g. `+fsdp:d2`",
+                    )
+                })?;
+                if let Some(n) = n.filter(|&n| n != layout.placed.len()) {
+                    return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                        "n={n} but the allocation's training component has {} ranks; leave n out",
+                        layout.placed.len()
+                    )));
+                }
+                layout
+            }
+            None => {
+                let n = n.ok_or_else(|| {
+                    pyo3::exceptions::PyValueError::new_err("give n (ranks), or placement=service")
+                })?;
+                let placed = crate::actors::place(&hosts, n, gpus_per_worker)
+                    .map_err(ClusterError::new_err)?;
+                crate::actors::Layout {
+                    master_addr: crate::actors::master_addr(hosts[placed[0].0].address()),
+                    master_port: None,
+                    placed,
+                }
+            }
+        };
         let s = crate::actors::spec(
             py,
             cls,
@@ -183,16 +214,7 @@ impl Cluster {
             pickle,
             python.or_else(|| self.python.clone()),
         )?;
-        crate::actors::spawn_group(
-            py,
-            hosts,
-            s,
-            n,
-            gpus_per_worker,
-            restarts,
-            env,
-            start_timeout,
-        )
+        crate::actors::spawn_group(py, hosts, s, layout, restarts, env, start_timeout)
     }
 
     /// The cluster's lifecycle events from now on, as an iterator of dicts.

@@ -47,6 +47,27 @@ fn version_string(v: &Bound<'_, PyAny>) -> PyResult<String> {
 }
 
 impl Service {
+    /// Where the allocation put the training component's ranks (host, GPUs, the reserved
+    /// rendezvous port), in rank order; None when the allocation has no training component.
+    pub(crate) fn train_layout(&self) -> PyResult<Option<crate::actors::Layout>> {
+        let guard = self.deployment.blocking_lock();
+        let d = guard
+            .as_ref()
+            .ok_or_else(|| crate::errors::ServingError::new_err("the deployment was torn down"))?;
+        let mut train: Vec<_> = d
+            .placement
+            .instances
+            .iter()
+            .filter(|p| p.worker_type == troupe_wire::WorkerType::Train)
+            .collect();
+        train.sort_by_key(|p| (p.component, p.group, p.instance));
+        Ok(train.first().map(|head| crate::actors::Layout {
+            master_addr: crate::actors::master_addr(&head.address),
+            master_port: head.ports.dist,
+            placed: train.iter().map(|p| (p.host, p.gpus.clone())).collect(),
+        }))
+    }
+
     /// One weight update through the plane; its report as a dict.
     fn push(&self, py: Python<'_>, host: Vec<HostTensor>, version: String) -> PyResult<Py<PyAny>> {
         let plane = self.plane.clone();

@@ -223,3 +223,27 @@ def test_gloo_all_reduce_across_a_group(cluster):
     g = cluster.spawn_group(Counter, 2)
     assert g.call_sync("allreduce") == [3.0, 3.0]
     g.stop()
+
+
+def test_a_group_goes_where_the_allocation_put_the_training_component(tmp_path):
+    p = tmp_path / "pd-train.yaml"
+    p.write_text(
+        "allocation_mode: 'troupe:(prefill:d1t1|decode:d1t1)+fsdp:d2'\n"
+        "cluster: {n_nodes: 1, n_gpus_per_node: 4}\n"
+        "scheduler: {type: inprocess}\n"
+        "sglang: {model_path: tiny, ready_timeout_s: 60}\n"
+    )
+    cfg = troupe.load_config(str(p))
+    with troupe.Cluster.from_config(cfg) as c, c.serve(cfg) as svc:
+        g = c.spawn_group(Counter, placement=svc)
+        envs = g.call_sync("env")
+        assert [e["RANK"] for e in envs] == ["0", "1"]
+        assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["2", "3"]  # after the servers' GPUs
+        assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"] and envs[0]["MASTER_ADDR"] == "127.0.0.1"
+        with pytest.raises(ValueError, match="leave n out"):
+            c.spawn_group(Counter, 3, placement=svc)
+        g.stop()
+    cfg = troupe.load_config(str(p), ["allocation_mode=troupe:(prefill:d1t1|decode:d1t1)"])
+    with troupe.Cluster.from_config(cfg) as c, c.serve(cfg) as svc:
+        with pytest.raises(troupe.AllocationError, match="no training component"):
+            c.spawn_group(Counter, placement=svc)
