@@ -13,7 +13,17 @@ VENV="$ROOT/target/py-venv"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.5,<2" numpy pytest pytest-timeout ml_dtypes
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.5,<2" numpy msgpack pytest pytest-timeout ml_dtypes
+# PyTorch (PyPI's wheel runs on the CPU) for the Python-actor examples and DLPack tests:
+# installed when TROUPE_WITH_TORCH=1 (.ci/run sets it), and then required.
+if [ "${TROUPE_WITH_TORCH:-0}" = 1 ]; then
+  if "$VENV/bin/python" -c "import torch" >/dev/null 2>&1 \
+    || "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check torch; then
+    export TROUPE_REQUIRE_TORCH=1
+  else
+    echo "warning: could not install torch; the PyTorch tests will skip" >&2
+  fi
+fi
 cargo build --quiet --bin troupe
 export TROUPE_BIN="$ROOT/target/debug/troupe"
 (cd python && VIRTUAL_ENV="$VENV" CARGO_TARGET_DIR="$ROOT/target" "$VENV/bin/maturin" develop --quiet)

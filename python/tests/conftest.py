@@ -49,3 +49,12 @@ def served(tmp_path_factory):
     cfg = troupe.load_config(str(p))
     with troupe.Cluster.from_config(cfg) as cluster, cluster.serve(cfg) as svc:
         yield cluster, svc
+
+
+def need_torch():
+    """torch, or a skip; when TROUPE_REQUIRE_TORCH=1 (CI installed it) a missing torch fails."""
+    if os.environ.get("TROUPE_REQUIRE_TORCH") == "1":
+        import torch
+
+        return torch
+    return pytest.importorskip("torch")

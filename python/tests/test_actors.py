@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import troupe
+from conftest import need_torch
 from workers import Broken, Counter, Keeper, Opaque
 
 
@@ -219,7 +220,7 @@ def test_a_failing_rank_fails_the_group_spawn_and_stops_the_others(cluster):
 
 
 def test_gloo_all_reduce_across_a_group(cluster):
-    pytest.importorskip("torch")
+    need_torch()
     g = cluster.spawn_group(Counter, 2)
     assert g.call_sync("allreduce") == [3.0, 3.0]
     g.stop()
@@ -247,3 +248,26 @@ def test_a_group_goes_where_the_allocation_put_the_training_component(tmp_path):
     with troupe.Cluster.from_config(cfg) as c, c.serve(cfg) as svc:
         with pytest.raises(troupe.AllocationError, match="no training component"):
             c.spawn_group(Counter, placement=svc)
+
+
+def test_workers_run_on_the_configured_interpreter(tmp_path):
+    import stat
+    import sys
+
+    marker = tmp_path / "used"
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f"#!/bin/sh\ntouch {marker}\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    p = tmp_path / "c.yaml"
+    p.write_text(
+        "allocation_mode: 'troupe:(prefill:d1t1|decode:d1t1)'\n"
+        "cluster: {n_nodes: 1, n_gpus_per_node: 2}\n"
+        "scheduler: {type: inprocess}\n"
+        f"python: {{executable: {wrapper}}}\n"
+    )
+    cfg = troupe.load_config(str(p))
+    with troupe.Cluster.from_config(cfg) as c:
+        a = c.host(0).spawn(Counter)
+        assert a.call_sync("incr") == 1 and marker.exists()
+    with pytest.raises(troupe.ConfigError, match="executabel"):
+        troupe.load_config(str(p), ["python.executabel=/usr/bin/python3"])

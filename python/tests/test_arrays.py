@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import troupe
+from conftest import need_torch
 
 NORM = "model.norm.weight"
 
@@ -179,7 +180,7 @@ def test_bad_tensors_raise_and_change_nothing(env):
 
 
 def test_torch_tensors_go_through_dlpack_bf16_included(env):
-    torch = pytest.importorskip("torch")
+    torch = need_torch()
     svc, _ = env
     w = torch.randn(64, dtype=torch.float32).to(torch.bfloat16)
     ref = pushed(svc, {NORM: w.float().numpy()}, "torch-ref")
