@@ -32,6 +32,18 @@ class ActorError(TroupeError):
 class HostLostError(ActorError):
     """The host an actor lives on is gone."""
 
+class RemoteError(ActorError):
+    """A Python actor's method raised; the actor keeps running."""
+    kind: str
+    remote_message: str
+    remote_traceback: str
+    rank: int
+    """Set when the call was a group call: the rank that raised."""
+
+class ActorDiedError(ActorError):
+    """A Python actor's worker process died during the call."""
+    rank: int
+
 class RolloutError(TroupeError):
     """Rollouts cannot deliver: nothing left running could complete the batch."""
 
@@ -145,6 +157,58 @@ class Trainer:
     def get_weights(self) -> dict[str, npt.NDArray[np.float32]]:
         """The current weights by Hugging Face name."""
 
+def actor(cls: type) -> type:
+    """Marks a class as a Troupe actor kind (any importable class, or one defined in the
+    controller script, can be spawned)."""
+
+class ActorRef:
+    """One Python actor: an object in a worker process on a host, owned by a `troupe.python` actor."""
+    @property
+    def id(self) -> str: ...
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        """`method(*args, **kwargs)` remotely, awaitable; calls run in the order they were made."""
+    def call_sync(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """`call`, blocking (GIL released, Ctrl-C interrupts)."""
+    def info(self) -> dict[str, Any]:
+        """{pid, env (what Troupe set), restarts}."""
+    def stop(self, grace: float = 5.0) -> None:
+        """Stops the actor and kills its worker's process group; a no-op when already gone."""
+
+class Group:
+    """The ranks of an SPMD group."""
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Awaitable[list[Any]]:
+        """Every rank, results in rank order; the first rank to fail fails the call (its `rank` set)."""
+    def call_sync(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
+    @property
+    def ranks(self) -> list[ActorRef]: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, rank: int) -> ActorRef: ...
+    def stop(self, grace: float = 5.0) -> None: ...
+
+class Host:
+    """One host of a cluster."""
+    @property
+    def index(self) -> int: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def gpus(self) -> list[int]: ...
+    def spawn(
+        self,
+        cls: type | str,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        gpus: Sequence[int] = ...,
+        restarts: int = 0,
+        pickle: bool = False,
+        name: str | None = None,
+        python: str | None = None,
+        env: Mapping[str, str] = ...,
+        start_timeout: float = 120.0,
+    ) -> ActorRef:
+        """`cls(*args, **kwargs)` in a worker process on this host; import and constructor errors fail the spawn."""
+
 class Cluster:
     """The actor hosts one controller drives."""
     @staticmethod
@@ -158,6 +222,24 @@ class Cluster:
         """Hosts already running at `addrs` (`troupe host --listen ...`)."""
     @property
     def hosts(self) -> list[dict[str, Any]]: ...
+    def host(self, i: int) -> Host:
+        """Host `i`, to place Python actors on."""
+    def spawn_group(
+        self,
+        cls: type | str,
+        n: int | None = None,
+        gpus_per_worker: int = 0,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        placement: Service | None = None,
+        restarts: int = 0,
+        pickle: bool = False,
+        python: str | None = None,
+        env: Mapping[str, str] = ...,
+        start_timeout: float = 120.0,
+    ) -> Group:
+        """An SPMD group with torchrun's environment per rank; `placement=svc` uses the allocation's training component."""
     def spawn_trainer(
         self, model: str = "tiny", host: int = 0, lr: float = 0.01, temperature: float = 1.0, init_seed: int = 0
     ) -> Trainer:

@@ -166,7 +166,10 @@ impl PyWorker {
                 return format!("the python worker (pid {}) exited ({s})", self.info.pid);
             }
             if tokio::time::Instant::now() >= deadline {
-                return format!("the python worker (pid {}) closed its socket", self.info.pid);
+                return format!(
+                    "the python worker (pid {}) closed its socket",
+                    self.info.pid
+                );
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -209,7 +212,8 @@ impl Actor for PyWorker {
                 let ok = if child_fd == 3 {
                     // Already in place: only let it survive exec.
                     let flags = libc::fcntl(child_fd, libc::F_GETFD);
-                    flags >= 0 && libc::fcntl(child_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) >= 0
+                    flags >= 0
+                        && libc::fcntl(child_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) >= 0
                 } else {
                     libc::dup2(child_fd, 3) >= 0
                 };

@@ -85,3 +85,44 @@ pub async fn read_frame<T: DeserializeOwned>(s: &mut UnixStream) -> std::io::Res
     s.read_exact(&mut body).await?;
     rmp_serde::from_slice(&body).map_err(std::io::Error::other)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_round_trip_and_bad_frames_are_refused() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let req = Request {
+            method: "train_batch".into(),
+            args: vec![0, 1, 255],
+        };
+        write_frame(&mut a, &req).await.unwrap();
+        let got: Request = read_frame(&mut b).await.unwrap();
+        assert_eq!(
+            (got.method.as_str(), got.args.as_slice()),
+            ("train_batch", &[0u8, 1, 255][..])
+        );
+
+        // What the Python worker writes: {"Raised": {...}} with named fields.
+        let raised = Reply::Raised(Raised {
+            kind: "ValueError".into(),
+            message: "bad".into(),
+            traceback: "Traceback ...".into(),
+        });
+        write_frame(&mut b, &raised).await.unwrap();
+        match read_frame::<Reply>(&mut a).await.unwrap() {
+            Reply::Raised(r) => assert_eq!(r.kind, "ValueError"),
+            Reply::Ok(_) => panic!("expected Raised"),
+        }
+
+        // A length over the limit is refused before anything is allocated.
+        a.write_all(&(MAX_FRAME as u32 + 1).to_le_bytes())
+            .await
+            .unwrap();
+        assert!(read_frame::<Reply>(&mut b).await.is_err());
+        // A closed peer is an error (EOF), not a hang.
+        drop(a);
+        assert!(read_frame::<Reply>(&mut b).await.is_err());
+    }
+}
