@@ -174,7 +174,7 @@ impl Cluster {
         restarts: u32,
         pickle: bool,
         python: Option<String>,
-        env: std::collections::BTreeMap<String, String>,
+        mut env: std::collections::BTreeMap<String, String>,
         start_timeout: f64,
     ) -> PyResult<crate::actors::Group> {
         let hosts = self.host_handles()?;
@@ -185,6 +185,10 @@ impl Cluster {
                         "the deployment's allocation has no training component; add one, e.g. `+fsdp:d2`",
                     )
                 })?;
+                if let Some(api) = svc.api_address() {
+                    // Rank 0 of an external trainer drives weight sync through it.
+                    env.entry("TROUPE_CONTROLLER_API".into()).or_insert(api);
+                }
                 if let Some(n) = n.filter(|&n| n != layout.placed.len()) {
                     return Err(pyo3::exceptions::PyValueError::new_err(format!(
                         "n={n} but the allocation's training component has {} ranks; leave n out",

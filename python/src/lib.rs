@@ -12,6 +12,7 @@ mod control;
 mod dlpack;
 mod errors;
 mod events;
+mod external;
 mod rollout;
 mod runtime;
 mod service;
@@ -36,5 +37,6 @@ fn _troupe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<actors::ActorRef>()?;
     m.add_class::<actors::Group>()?;
     rollout::register(m)?;
+    external::register(m)?;
     Ok(())
 }

@@ -21,6 +21,9 @@ pub struct Service {
     deployment: Arc<Mutex<Option<Deployment>>>,
     plane: Arc<ControlPlane>,
     gateway_url: String,
+    /// The controller API servers `serve_api` started (their address and stop signal): they
+    /// stop with the deployment.
+    apis: std::sync::Mutex<Vec<(String, tokio::sync::oneshot::Sender<()>)>>,
 }
 
 impl Service {
@@ -29,6 +32,7 @@ impl Service {
             plane: d.plane.clone(),
             gateway_url: d.gateway_url.clone(),
             deployment: Arc::new(Mutex::new(Some(d))),
+            apis: std::sync::Mutex::new(Vec::new()),
         }
     }
 }
@@ -66,6 +70,14 @@ impl Service {
             master_port: head.ports.dist,
             placed: train.iter().map(|p| (p.host, p.gpus.clone())).collect(),
         }))
+    }
+
+    /// The address of the controller API `serve_api` started, if any (the first one).
+    pub(crate) fn api_address(&self) -> Option<String> {
+        self.apis
+            .lock()
+            .ok()
+            .and_then(|a| a.first().map(|(addr, _)| addr.clone()))
     }
 
     /// One weight update through the plane; its report as a dict.
@@ -167,8 +179,52 @@ impl Service {
         self.push(py, host, version_string(version)?)
     }
 
+    /// Serves the controller's gRPC API (`troupe.v1.Controller`: the external-trainer weight
+    /// sequence) for this deployment on `listen`, until teardown; returns `host:port`. A
+    /// non-loopback address needs a `token` (callers send it as a bearer token).
+    #[pyo3(signature = (listen = "127.0.0.1:0", token = None))]
+    fn serve_api(&self, py: Python<'_>, listen: &str, token: Option<String>) -> PyResult<String> {
+        let addr: std::net::SocketAddr = listen.parse().map_err(|e| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "listen {listen:?} is not host:port ({e}), e.g. 127.0.0.1:0"
+            ))
+        })?;
+        troupe_controller::api::check_listen(addr, token.as_deref())
+            .map_err(pyo3::exceptions::PyValueError::new_err)?;
+        let api = {
+            let guard = self.deployment.blocking_lock();
+            let d = guard.as_ref().ok_or_else(|| {
+                crate::errors::ServingError::new_err("the deployment was torn down")
+            })?;
+            let gpus = d.servers().iter().map(|s| s.info.gpu_count).collect();
+            troupe_controller::api::ControllerApi::new(d.control.clone(), gpus)
+                .map_err(crate::errors::ServingError::new_err)?
+                .with_token(token)
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let bound = wait(py, async move {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            let bound = l.local_addr().map_err(|e| e.to_string())?;
+            tokio::spawn(api.serve(l, async move {
+                let _ = stopped.await;
+            }));
+            Ok::<_, String>(bound)
+        })?
+        .map_err(crate::errors::ServingError::new_err)?;
+        let bound = bound.to_string();
+        if let Ok(mut a) = self.apis.lock() {
+            a.push((bound.clone(), stop));
+        }
+        Ok(bound)
+    }
+
     /// Stops the gateway, proxies and servers. Idempotent.
     fn teardown(&self, py: Python<'_>) -> PyResult<()> {
+        if let Ok(mut a) = self.apis.lock() {
+            a.clear(); // dropping the senders stops the API servers
+        }
         let d = self.deployment.clone();
         wait(py, async move {
             if let Some(d) = d.lock().await.take() {

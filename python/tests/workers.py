@@ -34,6 +34,9 @@ class Counter:
         keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"]
         return {k: os.environ.get(k) for k in keys}
 
+    def env_of(self, key):
+        return os.environ.get(key)
+
     def pid(self):
         return os.getpid()
 

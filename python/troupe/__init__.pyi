@@ -136,6 +136,8 @@ class Service:
         """Sends the tensors to every engine as `version` (BF16 or FP8 blocks per config), read in place where the layout allows."""
     def update_weights_from(self, trainer: Trainer, version: str | int) -> dict[str, Any]:
         """Pushes the trainer actor's weights to every engine without passing them through Python."""
+    def serve_api(self, listen: str = "127.0.0.1:0", token: str | None = None) -> str:
+        """Serves the controller's gRPC API (the external-trainer weight sequence) until teardown; returns host:port."""
     def teardown(self) -> None:
         """Stops the gateway, proxies and servers."""
     def __enter__(self) -> "Service": ...
@@ -322,3 +324,33 @@ class RolloutController:
     def shutdown(self) -> None: ...
     def __enter__(self) -> "RolloutController": ...
     def __exit__(self, *args: object) -> bool: ...
+
+class ControllerClient:
+    """A client of the controller's gRPC API: what rank 0 of an external trainer calls while it broadcasts."""
+    def __init__(self, addr: str, token: str | None = None, timeout: float = 10.0) -> None: ...
+    def get_weight_plan(self) -> dict[str, Any]:
+        """{world_size, engines: [{url, rank_offset, gpus}]}; the trainer is rank 0."""
+    def init_weight_group(self, master_address: str, master_port: int, group_name: str, backend: str = "nccl") -> dict[str, Any]:
+        """Engines join rank 0's group; blocks until they did (run it on a thread while rank 0 accepts)."""
+    def begin_weight_update(self, pause_mode: str = "abort") -> dict[str, Any]: ...
+    def weight_bucket(
+        self,
+        group_name: str,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        weight_version: str,
+        flush_cache: bool = False,
+    ) -> dict[str, Any]:
+        """Engines receive one bucket; run it on a thread while rank 0 broadcasts it."""
+    def end_weight_update(self) -> dict[str, Any]: ...
+
+class TcpWeightSender:
+    """Rank 0 of Troupe's TCP weight broadcast (the reference engines' transport)."""
+    def __init__(self, world_size: int, group_name: str, host: str = "0.0.0.0") -> None: ...
+    @property
+    def port(self) -> int: ...
+    def accept_all(self, timeout: float = 60.0) -> None: ...
+    def send_bucket(self, tensors: Mapping[str, WeightArray]) -> None:
+        """Broadcasts one bucket as bf16, in the order given."""
+    def close(self) -> None: ...
