@@ -22,25 +22,8 @@ import troupe
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def prompts(target, seed):
-    """The task's prompts, endlessly (the same four templates `troupe run` uses)."""
-    t = chr(target)
-    templates = [f"Say {t}: ", f"Write the letter {t} many times: ", f"{t}{t}{t} ", f"Repeat after me, {t}: "]
-    i = 0
-    while True:
-        yield {"input_ids": list(templates[i % 4].encode()), "seed": (seed * 1_000_000_007 + i) % (1 << 64)}
-        i += 1
 
 
-def advantages(batch):
-    """GRPO: each reward normalised within its group (the samples of one prompt)."""
-    rewards = np.array([t.reward for t in batch], dtype=np.float64)
-    groups = np.array([t.group for t in batch])
-    adv = np.zeros_like(rewards)
-    for g in np.unique(groups):
-        m = groups == g
-        adv[m] = (rewards[m] - rewards[m].mean()) / (rewards[m].std() + 1e-6)
-    return adv
 
 
 def main(argv=None):
@@ -64,13 +47,12 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     tc, rc = cfg.train, cfg.rollout
-    target, max_new = tc["target"].encode()[0], tc["max_new_tokens"]
-
-    def reward_fn(prompt, completion, prompt_ids, completion_ids, **data):
-        return sum(1 for t in completion_ids if t == target) / max_new
-
+    max_new = tc["max_new_tokens"]
+    # troupe run's task (prompts asking for `train.target`; reward = the fraction of generated
+    # bytes equal to it): the same definition the Rust loop uses.
+    task = troupe.LetterTask(tc["target"], tc["seed"], max_new)
     workflow = troupe.RLVRWorkflow(
-        reward_fn,
+        task,
         n_samples=tc["group_size"],
         gconfig={"max_new_tokens": max_new, "temperature": tc["temperature"], "ignore_eos": True},
     )
@@ -84,12 +66,12 @@ def main(argv=None):
             max_staleness=rc["max_head_offpolicyness"],
             stale_policy=rc["stale_policy"],
         ) as rollout:
-            data = prompts(target, tc["seed"])
+            data = task.prompts()
             for step in range(tc["steps"]):
                 batch = rollout.prepare_batch(data, workflow)
                 # Staleness as AReaL defines it: how many versions the oldest token lags.
                 stale = max(0, step - min(int(t.versions.min(initial=step)) for t in batch))
-                report = trainer.train_batch(batch, advantages=advantages(batch).tolist())
+                report = trainer.train_batch(batch, advantages=troupe.grpo_advantages(batch).tolist())
                 sync = svc.update_weights(trainer.get_weights(), version=step + 1)
                 rollout.set_version(step + 1)
                 rewards.append(float(np.mean([t.reward for t in batch])))

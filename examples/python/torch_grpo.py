@@ -181,25 +181,8 @@ class TorchTrainer:
         return {"loss": stats[0].item(), "mean_ratio": stats[1].item() / tokens.item(), "tokens": int(tokens.item())}
 
 
-def prompts(target, seed):
-    """The task's prompts, endlessly (`troupe run`'s four templates)."""
-    t = chr(target)
-    templates = [f"Say {t}: ", f"Write the letter {t} many times: ", f"{t}{t}{t} ", f"Repeat after me, {t}: "]
-    i = 0
-    while True:
-        yield {"input_ids": list(templates[i % 4].encode()), "seed": (seed * 1_000_000_007 + i) % (1 << 64)}
-        i += 1
 
 
-def advantages(batch):
-    """Rewards normalised within each group (the samples of one prompt)."""
-    rewards = np.array([t.reward for t in batch], dtype=np.float64)
-    groups = np.array([t.group for t in batch])
-    adv = np.zeros_like(rewards)
-    for g in np.unique(groups):
-        m = groups == g
-        adv[m] = (rewards[m] - rewards[m].mean()) / (rewards[m].std() + 1e-6)
-    return adv
 
 
 def main(argv=None):
@@ -220,13 +203,12 @@ def main(argv=None):
         print("error: this example's PyTorch model is the `tiny` preset; set sglang.model_path=tiny", file=sys.stderr)
         return 2
     tc, rc = cfg.train, cfg.rollout
-    target, max_new = tc["target"].encode()[0], tc["max_new_tokens"]
-
-    def reward_fn(prompt, completion, prompt_ids, completion_ids, **data):
-        return sum(1 for t in completion_ids if t == target) / max_new
-
+    max_new = tc["max_new_tokens"]
+    # troupe run's task (prompts asking for `train.target`; reward = the fraction of generated
+    # bytes equal to it): the same definition the Rust loop uses.
+    task = troupe.LetterTask(tc["target"], tc["seed"], max_new)
     workflow = troupe.RLVRWorkflow(
-        reward_fn,
+        task,
         n_samples=tc["group_size"],
         gconfig={"max_new_tokens": max_new, "temperature": tc["temperature"], "ignore_eos": True},
     )
@@ -242,11 +224,12 @@ def main(argv=None):
             max_staleness=rc["max_head_offpolicyness"],
             stale_policy=rc["stale_policy"],
         ) as rollout:
-            data = prompts(target, tc["seed"])
+            data = task.prompts()
             for step in range(tc["steps"]):
                 batch = rollout.prepare_batch(data, workflow)
                 stale = max(0, step - min(int(t.versions.min(initial=step)) for t in batch))
-                reports = trainers.call_sync("train_batch", troupe.pad_batch(batch), advantages(batch).tolist())
+                adv = troupe.grpo_advantages(batch)
+                reports = trainers.call_sync("train_batch", troupe.pad_batch(batch), adv)
                 sync = svc.update_weights(trainers[0].call_sync("state_dict"), version=step + 1)
                 rollout.set_version(step + 1)
                 rewards.append(float(np.mean([t.reward for t in batch])))

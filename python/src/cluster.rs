@@ -176,7 +176,7 @@ impl Cluster {
         python: Option<String>,
         mut env: std::collections::BTreeMap<String, String>,
         start_timeout: f64,
-    ) -> PyResult<crate::actors::Group> {
+    ) -> PyResult<crate::spmd::Group> {
         let hosts = self.host_handles()?;
         let layout = match placement {
             Some(svc) => {
@@ -201,10 +201,10 @@ impl Cluster {
                 let n = n.ok_or_else(|| {
                     pyo3::exceptions::PyValueError::new_err("give n (ranks), or placement=service")
                 })?;
-                let placed = crate::actors::place(&hosts, n, gpus_per_worker)
+                let placed = crate::spmd::place(&hosts, n, gpus_per_worker)
                     .map_err(ClusterError::new_err)?;
-                crate::actors::Layout {
-                    master_addr: crate::actors::master_addr(hosts[placed[0].0].address()),
+                crate::spmd::Layout {
+                    master_addr: crate::spmd::master_addr(hosts[placed[0].0].address()),
                     master_port: None,
                     placed,
                 }
@@ -218,7 +218,7 @@ impl Cluster {
             pickle,
             python.or_else(|| self.python.clone()),
         )?;
-        crate::actors::spawn_group(py, hosts, s, layout, restarts, env, start_timeout)
+        crate::spmd::spawn_group(py, hosts, s, layout, restarts, env, start_timeout)
     }
 
     /// The cluster's lifecycle events from now on, as an iterator of dicts.

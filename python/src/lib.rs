@@ -16,6 +16,8 @@ mod external;
 mod rollout;
 mod runtime;
 mod service;
+mod spmd;
+mod task;
 mod trainer;
 mod trajectory;
 
@@ -35,8 +37,9 @@ fn _troupe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     trajectory::register(m)?;
     m.add_class::<actors::Host>()?;
     m.add_class::<actors::ActorRef>()?;
-    m.add_class::<actors::Group>()?;
+    m.add_class::<spmd::Group>()?;
     rollout::register(m)?;
     external::register(m)?;
+    task::register(m)?;
     Ok(())
 }

@@ -53,7 +53,7 @@ fn version_string(v: &Bound<'_, PyAny>) -> PyResult<String> {
 impl Service {
     /// Where the allocation put the training component's ranks (host, GPUs, the reserved
     /// rendezvous port), in rank order; None when the allocation has no training component.
-    pub(crate) fn train_layout(&self) -> PyResult<Option<crate::actors::Layout>> {
+    pub(crate) fn train_layout(&self) -> PyResult<Option<crate::spmd::Layout>> {
         let guard = self.deployment.blocking_lock();
         let d = guard
             .as_ref()
@@ -65,8 +65,8 @@ impl Service {
             .filter(|p| p.worker_type == troupe_wire::WorkerType::Train)
             .collect();
         train.sort_by_key(|p| (p.component, p.group, p.instance));
-        Ok(train.first().map(|head| crate::actors::Layout {
-            master_addr: crate::actors::master_addr(&head.address),
+        Ok(train.first().map(|head| crate::spmd::Layout {
+            master_addr: crate::spmd::master_addr(&head.address),
             master_port: head.ports.dist,
             placed: train.iter().map(|p| (p.host, p.gpus.clone())).collect(),
         }))

@@ -230,3 +230,26 @@ def test_config_sections_are_dicts_with_defaults():
     assert cfg.train["steps"] == 3 and cfg.train["target"] == "a"
     assert cfg.rollout["stale_policy"] == "regenerate"
     assert cfg.weight_format == "fp8" and cfg.model_path == "tiny"
+
+
+def test_the_letter_task_and_grpo_advantages_are_troupe_runs(svc):
+    task = troupe.LetterTask("a", seed=7, max_new_tokens=4)
+    it = task.prompts()
+    first = [next(it) for _ in range(5)]
+    assert bytes(first[0]["input_ids"]).decode() == "Say a: " and first[4]["input_ids"] == first[0]["input_ids"]
+    assert len({p["seed"] for p in first}) == 5
+    assert task(None, None, [1], [97, 97, 98, 97]) == 0.75
+    with pytest.raises(ValueError, match="one ASCII character"):
+        troupe.LetterTask("ab")
+
+    wf = troupe.RLVRWorkflow(task, n_samples=4, gconfig={"max_new_tokens": 4, "ignore_eos": True})
+    with troupe.RolloutController(svc, batch_size=2) as rc:
+        batch = rc.prepare_batch(it, wf, timeout=60)
+    adv = troupe.grpo_advantages(batch)
+    assert adv.dtype == np.float32 and adv.shape == (8,)
+    for g in {t.group for t in batch}:
+        r = np.array([t.reward for t in batch if t.group == g], dtype=np.float64)
+        want = (r - r.mean()) / (r.std() + 1e-6)
+        np.testing.assert_allclose(adv[[t.group == g for t in batch]], want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="no group"):
+        troupe.grpo_advantages([troupe.Trajectory([1], [2], [-1.0])])

@@ -40,6 +40,7 @@ from ._troupe import (  # noqa: E402
     Host,
     HostLostError,
     InferenceClient,
+    LetterTask,
     RemoteError,
     RolloutController,
     RolloutError,
@@ -50,6 +51,7 @@ from ._troupe import (  # noqa: E402
     Trajectory,
     TroupeError,
     WeightSyncError,
+    grpo_advantages,
     load_config,
     pad_batch,
 )
@@ -73,6 +75,7 @@ __all__ = [
     "Host",
     "HostLostError",
     "InferenceClient",
+    "LetterTask",
     "RLVRWorkflow",
     "RemoteError",
     "RolloutController",
@@ -85,6 +88,7 @@ __all__ = [
     "TroupeError",
     "WeightSyncError",
     "actor",
+    "grpo_advantages",
     "load_config",
     "pad_batch",
 ]
