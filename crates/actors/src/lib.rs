@@ -19,6 +19,7 @@
 pub mod actor;
 pub mod auth;
 pub mod builtin;
+mod call_stream;
 pub mod error;
 mod events;
 pub mod host;

@@ -8,18 +8,18 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::stream::{FuturesUnordered, StreamExt};
+use futures::stream::StreamExt;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 use tokio_stream::Stream;
-use tokio_stream::wrappers::{BroadcastStream, ReceiverStream};
+use tokio_stream::wrappers::BroadcastStream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 use troupe_wire::v1::actor_host_server::{ActorHost, ActorHostServer};
-use troupe_wire::v1::{self, call_reply};
+use troupe_wire::v1;
 
 use crate::auth::TokenCheck;
+use crate::call_stream::{CallReplies, deadline, reply};
 use crate::error::CallError;
 use crate::host::{HostCore, RestartPolicy};
 use crate::orphan::Watchers;
@@ -47,20 +47,6 @@ pub fn status_of(e: &CallError) -> Status {
         s.metadata_mut().insert(ERROR_CODE_KEY, v);
     }
     s
-}
-
-fn deadline(ms: u64) -> Option<Duration> {
-    (ms > 0).then(|| Duration::from_millis(ms))
-}
-
-fn reply(call_id: u64, r: Result<Vec<u8>, CallError>) -> v1::CallReply {
-    v1::CallReply {
-        call_id,
-        result: Some(match r {
-            Ok(p) => call_reply::Result::Payload(p),
-            Err(e) => call_reply::Result::Error(e.to_wire()),
-        }),
-    }
 }
 
 /// The gRPC face of one host.
@@ -138,43 +124,8 @@ impl ActorHost for HostService {
         &self,
         req: Request<Streaming<v1::CallRequest>>,
     ) -> Result<Response<Self::CallStreamStream>, Status> {
-        let mut inbound = req.into_inner();
-        let (tx, rx) = mpsc::channel::<Result<v1::CallReply, Status>>(1024);
-        let core = self.core.clone();
-        let stop = core.stopped();
-        tokio::spawn(async move {
-            // One task per stream: requests are dispatched in arrival order (keeping each
-            // caller's order per actor), replies are sent as they complete.
-            let mut inflight = FuturesUnordered::new();
-            let mut open = true;
-            while open || !inflight.is_empty() {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    msg = inbound.message(), if open => match msg {
-                        Ok(Some(r)) => match core.dispatch(&r.actor_id, r.method, r.payload) {
-                            Ok(rx) => {
-                                let core = core.clone();
-                                let id = r.call_id;
-                                let d = deadline(r.deadline_ms);
-                                inflight.push(async move { reply(id, core.await_reply(rx, d).await) });
-                            }
-                            Err(e) => {
-                                if tx.send(Ok(reply(r.call_id, Err(e)))).await.is_err() {
-                                    break;
-                                }
-                            }
-                        },
-                        Ok(None) | Err(_) => open = false,
-                    },
-                    Some(rep) = inflight.next(), if !inflight.is_empty() => {
-                        if tx.send(Ok(rep)).await.is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let replies = CallReplies::new(self.core.clone(), req.into_inner());
+        Ok(Response::new(Box::pin(replies)))
     }
 
     async fn stop(&self, req: Request<v1::StopRequest>) -> Result<Response<v1::StopReply>, Status> {
