@@ -4,6 +4,7 @@
 mod common;
 
 mod alloc;
+mod bench;
 mod fuzz;
 mod gateway;
 mod plan;

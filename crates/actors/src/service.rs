@@ -15,8 +15,8 @@ use tokio_stream::wrappers::BroadcastStream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
-use troupe_wire::v1::actor_host_server::{ActorHost, ActorHostServer};
 use troupe_wire::v1;
+use troupe_wire::v1::actor_host_server::{ActorHost, ActorHostServer};
 
 use crate::auth::TokenCheck;
 use crate::call_stream::{CallReplies, deadline, reply};

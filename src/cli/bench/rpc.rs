@@ -3,7 +3,9 @@
 //! Three paths, same work (an echo): (a) a bare ractor `call`, the floor; (b) a typed handle to
 //! an actor on an in-process host; (c) a typed handle to an actor on a `troupe host` subprocess.
 //! Each is measured sequentially (latency percentiles and calls/s) and pipelined with a fixed
-//! number of calls in flight (calls/s).
+//! number of calls in flight (calls/s). `--vs-ray` runs Ray's equivalent in the same
+//! invocation (a sync actor called sequentially; an async actor with the same calls in flight)
+//! and prints the remote path's ratios to it.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -26,6 +28,97 @@ pub struct RpcArgs {
     /// Calls in flight for the pipelined measurement.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub inflight: u64,
+    /// Also measure Ray's actor calls in this run with this Python (one that can `import
+    /// ray`), and print the ratios.
+    #[arg(long, value_name = "PYTHON", num_args = 0..=1, default_missing_value = "python3")]
+    pub vs_ray: Option<String>,
+}
+
+/// Ray's equivalent of the measurements: a sync actor called sequentially, and the same
+/// number of calls pipelined through an async actor, with `inflight` in flight.
+const RAY_BENCH: &str = r#"
+import sys, time, statistics
+import ray
+n, inflight = int(sys.argv[1]), int(sys.argv[2])
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+
+@ray.remote
+class Echo:
+    def echo(self, i):
+        return i
+
+@ray.remote
+class AsyncEcho:
+    async def echo(self, i):
+        return i
+
+a = Echo.remote()
+for i in range(max(n // 10, 100)):
+    ray.get(a.echo.remote(i))
+lat = []
+t0 = time.perf_counter()
+for i in range(n):
+    t = time.perf_counter()
+    ray.get(a.echo.remote(i))
+    lat.append(time.perf_counter() - t)
+total = time.perf_counter() - t0
+lat.sort()
+print("seq.p50_us", lat[len(lat) // 2] * 1e6)
+print("seq.p99_us", lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6)
+print("seq.calls_per_s", n / total)
+b = AsyncEcho.options(max_concurrency=inflight).remote()
+ray.get(b.echo.remote(0))
+t0 = time.perf_counter()
+pending = [b.echo.remote(i) for i in range(min(n, inflight))]
+sent = len(pending)
+while pending:
+    done, pending = ray.wait(pending, num_returns=1)
+    if sent < n:
+        pending.append(b.echo.remote(sent))
+        sent += 1
+print("pipelined.calls_per_s", n / (time.perf_counter() - t0))
+ray.shutdown()
+"#;
+
+/// Runs [`RAY_BENCH`] with `python` and returns its figures as `rpc.ray.*`.
+async fn ray_figures(
+    python: &str,
+    calls: u64,
+    inflight: u64,
+) -> Result<Vec<(String, f64)>, String> {
+    let out = tokio::process::Command::new(python)
+        .args(["-c", RAY_BENCH, &calls.to_string(), &inflight.to_string()])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| format!("--vs-ray: cannot run {python}: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        return Err(format!(
+            "--vs-ray: {python} could not run Ray's benchmark ({}): {last}; give a Python that can `import ray` (--vs-ray /path/to/python)",
+            out.status
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| {
+            v.trim()
+                .parse::<f64>()
+                .map(|v| (format!("rpc.ray.{k}"), v))
+                .map_err(|e| {
+                    format!(
+                        "--vs-ray: bad figure line {l:?}: {e}",
+                        l = format!("{k} {v}")
+                    )
+                })
+        })
+        .collect()
 }
 
 struct RawEcho;
@@ -163,6 +256,35 @@ pub async fn run(args: &RpcArgs) -> Result<Vec<(String, f64)>, String> {
         sequential(name, n, call, &mut out).await?;
         pipelined(name, n, k, call, &mut out).await?;
         cluster.shutdown().await;
+    }
+    if let Some(python) = &args.vs_ray {
+        let ray = ray_figures(python, n, k).await?;
+        let get = |v: &[(String, f64)], k: &str| v.iter().find(|(n, _)| n == k).map(|(_, x)| *x);
+        for (ours, theirs, ratio) in [
+            (
+                "rpc.remote.seq.calls_per_s",
+                "rpc.ray.seq.calls_per_s",
+                "rpc.remote_vs_ray.seq.ratio",
+            ),
+            (
+                "rpc.remote.pipelined.calls_per_s",
+                "rpc.ray.pipelined.calls_per_s",
+                "rpc.remote_vs_ray.pipelined.ratio",
+            ),
+        ] {
+            if let (Some(a), Some(b)) = (get(&out, ours), get(&ray, theirs))
+                && b > 0.0
+            {
+                out.push((ratio.to_string(), a / b));
+            }
+        }
+        let at = out.len()
+            - out
+                .iter()
+                .rev()
+                .take_while(|(n, _)| n.contains("_vs_ray"))
+                .count();
+        out.splice(at..at, ray);
     }
     Ok(out)
 }
