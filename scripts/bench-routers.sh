@@ -73,7 +73,14 @@ if [ -n "$QUOTA" ]; then
   echo "# each router limited to $QUOTA core(s)"
 fi
 echo "# concurrency $C, $N requests, backends with 5 ms latency"
-"$BIN" bench gateway --target "http://127.0.0.1:$PORT_T" --target-pid "$TG" --register \
-  --backend-port-base 31000 --concurrency "$C" --requests "$N" | sed 's/^gateway\./troupe.gateway./'
-"$BIN" bench gateway --target "http://127.0.0.1:$PORT_S" --target-pid "$SG" --register \
-  --backend-port-base 31010 --concurrency "$C" --requests "$N" | sed 's/^gateway\./sglang.gateway./'
+OURS=$("$BIN" bench gateway --target "http://127.0.0.1:$PORT_T" --target-pid "$TG" --register \
+  --backend-port-base 31000 --concurrency "$C" --requests "$N" | sed 's/^gateway\./troupe.gateway./')
+echo "$OURS"
+THEIRS=$("$BIN" bench gateway --target "http://127.0.0.1:$PORT_S" --target-pid "$SG" --register \
+  --backend-port-base 31010 --concurrency "$C" --requests "$N" | sed 's/^gateway\./sglang.gateway./')
+echo "$THEIRS"
+# The ratio of the two runs above (same backends, same load, same CPU quota).
+printf '%s\n%s\n' "$OURS" "$THEIRS" | awk '
+  $1 == "troupe.gateway.target.rps" { t = $2 }
+  $1 == "sglang.gateway.target.rps" { s = $2 }
+  END { if (s > 0) printf "troupe_vs_sglang.gateway.rps_ratio %.3f\n", t / s }'

@@ -10,7 +10,8 @@
 //!
 //! Non-stream requests measure the whole request; `--stream` measures the time to the first
 //! streamed event. Figures: `gateway.<direct|target>.<p50_ms|p99_ms|rps>` and
-//! `gateway.added.<p50_ms|p99_ms>` (target minus direct).
+//! `gateway.added.<p50_ms|p99_ms>` (target minus direct), per concurrency as
+//! `gateway.c<N>.…` when `--concurrency` lists several.
 //!
 //! Backends and the in-process gateway run on their own runtimes so the load generator does
 //! not delay their timers.
@@ -37,9 +38,10 @@ pub struct GatewayBenchArgs {
     /// command starts (see --backend-port-base and --register).
     #[arg(long)]
     pub target: Option<String>,
-    /// Clients in the closed loop.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=4096))]
-    pub concurrency: u64,
+    /// Clients in the closed loop; a list (`1,8,32`) measures each in turn, and the figures
+    /// are then named `gateway.c<N>.…`.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32", value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub concurrency: Vec<u64>,
     /// Requests per measurement.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
     pub requests: u64,
@@ -290,13 +292,14 @@ async fn closed_loop(
     c: &reqwest::Client,
     urls: &[String],
     args: &GatewayBenchArgs,
+    concurrency: u64,
     requests: usize,
 ) -> Result<Run, String> {
     let next = Arc::new(AtomicUsize::new(0));
     let urls: Arc<Vec<String>> = Arc::new(urls.iter().map(|u| format!("{u}/generate")).collect());
     let b = body(args.stream);
     let t0 = Instant::now();
-    let workers = (0..args.concurrency).map(|_| {
+    let workers = (0..concurrency).map(|_| {
         let (c, next, urls, b, stream) = (
             c.clone(),
             next.clone(),
@@ -356,13 +359,52 @@ async fn register(c: &reqwest::Client, target: &str, backends: &[String]) -> Res
     Ok(())
 }
 
+/// Direct and through-the-target runs at one concurrency; figures under `prefix`.
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    c: &reqwest::Client,
+    urls: &[String],
+    target: &str,
+    args: &GatewayBenchArgs,
+    conc: u64,
+    prefix: &str,
+    out: &mut Vec<(String, f64)>,
+) -> Result<(), String> {
+    let warm = (conc as usize * 4).min(args.requests as usize);
+    let n = args.requests as usize;
+    let target = [target.to_string()];
+    closed_loop(c, urls, args, conc, warm).await?;
+    let direct = closed_loop(c, urls, args, conc, n).await?;
+    closed_loop(c, &target, args, conc, warm).await?;
+    let cpu0 = args.target_pid.map(cpu_time).transpose()?;
+    let through = closed_loop(c, &target, args, conc, n).await?;
+    let cpu_per_req = match (args.target_pid, cpu0) {
+        (Some(pid), Some(t0)) => {
+            Some((cpu_time(pid)?.saturating_sub(t0)).as_secs_f64() * 1e6 / n.max(1) as f64)
+        }
+        _ => None,
+    };
+    for (name, r) in [("direct", &direct), ("target", &through)] {
+        out.push((format!("{prefix}.{name}.p50_ms"), r.p50_ms));
+        out.push((format!("{prefix}.{name}.p99_ms"), r.p99_ms));
+        out.push((format!("{prefix}.{name}.rps"), r.rps));
+    }
+    out.push((format!("{prefix}.added.p50_ms"), through.p50_ms - direct.p50_ms));
+    out.push((format!("{prefix}.added.p99_ms"), through.p99_ms - direct.p99_ms));
+    if let Some(us) = cpu_per_req {
+        out.push((format!("{prefix}.target.cpu_us_per_req"), us));
+    }
+    Ok(())
+}
+
 /// Runs the benchmark; returns the figures.
 pub async fn run(args: &GatewayBenchArgs) -> Result<Vec<(String, f64)>, String> {
     if !(args.backend_latency_ms.is_finite() && args.backend_latency_ms >= 0.0) {
         return Err("--backend-latency-ms must be a non-negative number".into());
     }
     let (_backends, urls) = start_backends(args).await?;
-    let c = client(args.concurrency as usize)?;
+    let most = args.concurrency.iter().copied().max().unwrap_or(1);
+    let c = client(most as usize)?;
     let mut _gw_side = None;
     let target = match &args.target {
         Some(t) => {
@@ -402,35 +444,14 @@ pub async fn run(args: &GatewayBenchArgs) -> Result<Vec<(String, f64)>, String> 
         }
     };
     wait_for(&c, &target, args.stream, args.target_wait_s).await?;
-    let warm = (args.concurrency as usize * 4).min(args.requests as usize);
-    let n = args.requests as usize;
-    closed_loop(&c, &urls, args, warm).await?;
-    let direct = closed_loop(&c, &urls, args, n).await?;
-    closed_loop(&c, std::slice::from_ref(&target), args, warm).await?;
-    let cpu0 = args.target_pid.map(cpu_time).transpose()?;
-    let through = closed_loop(&c, std::slice::from_ref(&target), args, n).await?;
-    let cpu_per_req = match (args.target_pid, cpu0) {
-        (Some(pid), Some(t0)) => {
-            Some((cpu_time(pid)?.saturating_sub(t0)).as_secs_f64() * 1e6 / n.max(1) as f64)
-        }
-        _ => None,
-    };
     let mut out = Vec::new();
-    for (name, r) in [("direct", &direct), ("target", &through)] {
-        out.push((format!("gateway.{name}.p50_ms"), r.p50_ms));
-        out.push((format!("gateway.{name}.p99_ms"), r.p99_ms));
-        out.push((format!("gateway.{name}.rps"), r.rps));
-    }
-    out.push((
-        "gateway.added.p50_ms".into(),
-        through.p50_ms - direct.p50_ms,
-    ));
-    out.push((
-        "gateway.added.p99_ms".into(),
-        through.p99_ms - direct.p99_ms,
-    ));
-    if let Some(us) = cpu_per_req {
-        out.push(("gateway.target.cpu_us_per_req".into(), us));
+    for &conc in &args.concurrency {
+        let prefix = if args.concurrency.len() > 1 {
+            format!("gateway.c{conc}")
+        } else {
+            "gateway".to_string()
+        };
+        measure(&c, &urls, &target, args, conc, &prefix, &mut out).await?;
     }
     Ok(out)
 }
@@ -443,7 +464,7 @@ mod tests {
     async fn in_process_run_reports_every_figure() {
         let args = GatewayBenchArgs {
             target: None,
-            concurrency: 4,
+            concurrency: vec![4],
             requests: 40,
             stream: false,
             json: false,
@@ -486,5 +507,34 @@ mod tests {
                 "the backend latency is part of every request"
             );
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_concurrency_list_reports_each_under_its_own_name() {
+        let args = GatewayBenchArgs {
+            target: None,
+            concurrency: vec![1, 4],
+            requests: 20,
+            stream: false,
+            json: false,
+            backend_latency_ms: 1.0,
+            backends: 2,
+            backend_port_base: None,
+            register: false,
+            stream_events: 3,
+            target_wait_s: 10,
+            target_pid: None,
+        };
+        let figs = tokio::time::timeout(Duration::from_secs(60), run(&args))
+            .await
+            .expect("in time")
+            .expect("runs");
+        for c in [1, 4] {
+            for f in ["direct.rps", "target.rps", "added.p50_ms", "added.p99_ms"] {
+                let name = format!("gateway.c{c}.{f}");
+                assert!(figs.iter().any(|(n, v)| *n == name && v.is_finite()), "{name}");
+            }
+        }
+        assert_eq!(figs.len(), 16);
     }
 }
