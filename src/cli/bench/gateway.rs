@@ -389,8 +389,14 @@ async fn measure(
         out.push((format!("{prefix}.{name}.p99_ms"), r.p99_ms));
         out.push((format!("{prefix}.{name}.rps"), r.rps));
     }
-    out.push((format!("{prefix}.added.p50_ms"), through.p50_ms - direct.p50_ms));
-    out.push((format!("{prefix}.added.p99_ms"), through.p99_ms - direct.p99_ms));
+    out.push((
+        format!("{prefix}.added.p50_ms"),
+        through.p50_ms - direct.p50_ms,
+    ));
+    out.push((
+        format!("{prefix}.added.p99_ms"),
+        through.p99_ms - direct.p99_ms,
+    ));
     if let Some(us) = cpu_per_req {
         out.push((format!("{prefix}.target.cpu_us_per_req"), us));
     }
@@ -532,7 +538,10 @@ mod tests {
         for c in [1, 4] {
             for f in ["direct.rps", "target.rps", "added.p50_ms", "added.p99_ms"] {
                 let name = format!("gateway.c{c}.{f}");
-                assert!(figs.iter().any(|(n, v)| *n == name && v.is_finite()), "{name}");
+                assert!(
+                    figs.iter().any(|(n, v)| *n == name && v.is_finite()),
+                    "{name}"
+                );
             }
         }
         assert_eq!(figs.len(), 16);
