@@ -112,6 +112,29 @@ impl Drop for ChildProcess {
     }
 }
 
+/// Watches a child an actor owns: when it exits on its own (not because `stopping` was
+/// cancelled first, as an actor's `stopping` does before terminating it), `on_exit` runs with
+/// the exit status, typically failing the actor so its restart policy applies. One mechanism for
+/// every actor that owns a process (inference servers, Python workers).
+pub fn watch_exit(
+    child: std::sync::Arc<tokio::sync::Mutex<ChildProcess>>,
+    stopping: tokio_util::sync::CancellationToken,
+    on_exit: impl FnOnce(std::io::Result<ExitStatus>) + Send + 'static,
+) {
+    tokio::spawn(async move {
+        let status = {
+            let mut c = child.lock().await;
+            tokio::select! {
+                _ = stopping.cancelled() => return,
+                s = c.wait() => s,
+            }
+        };
+        if !stopping.is_cancelled() {
+            on_exit(status);
+        }
+    });
+}
+
 /// Makes the child get SIGKILL when the thread that spawned it dies (Linux; elsewhere a no-op).
 /// Spawning happens on the runtime's long-lived worker threads, so in practice that is when
 /// this process dies. If the parent is already gone by the time the child runs, it exits.

@@ -27,7 +27,7 @@ use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 use super::python_wire::{Hello, Raised, Reply, Request, read_frame, write_frame};
-use crate::actor::{Actor, ActorContext, FailHandle, Handler, Message, Methods};
+use crate::actor::{Actor, ActorContext, Handler, Message, Methods};
 use crate::error::ActorError;
 use crate::process::ChildProcess;
 
@@ -129,40 +129,15 @@ fn free_port() -> Result<u16, ActorError> {
     Ok(l.local_addr()?.port())
 }
 
-/// Fails the actor when its worker exits on its own, so the restart policy applies.
-fn watch(
-    child: Arc<tokio::sync::Mutex<ChildProcess>>,
-    stopping: CancellationToken,
-    fail: Option<FailHandle>,
-) {
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = stopping.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-            }
-            let status = child.lock().await.try_status();
-            let exited = match status {
-                Ok(Some(s)) => format!("the python worker exited ({s})"),
-                Ok(None) => continue,
-                Err(e) => format!("the python worker cannot be waited on: {e}"),
-            };
-            if !stopping.is_cancelled()
-                && let Some(f) = &fail
-            {
-                f.fail(exited);
-            }
-            return;
-        }
-    });
-}
-
 impl PyWorker {
     /// Why the worker is gone, once its exit status is known (briefly waited for).
     async fn death(&self) -> String {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
         loop {
-            if let Ok(Some(s)) = self.child.lock().await.try_status() {
+            // The exit watcher holds the lock while it waits; it lets go once the worker exited.
+            if let Ok(mut c) = self.child.try_lock()
+                && let Ok(Some(s)) = c.try_status()
+            {
                 return format!("the python worker (pid {}) exited ({s})", self.info.pid);
             }
             if tokio::time::Instant::now() >= deadline {
@@ -271,7 +246,16 @@ impl Actor for PyWorker {
             )));
         }
         let stopping = CancellationToken::new();
-        watch(child.clone(), stopping.clone(), ctx.fail_handle());
+        let fail = ctx.fail_handle();
+        crate::process::watch_exit(child.clone(), stopping.clone(), move |status| {
+            let why = match status {
+                Ok(s) => format!("the python worker exited ({s})"),
+                Err(e) => format!("the python worker cannot be waited on: {e}"),
+            };
+            if let Some(f) = fail {
+                f.fail(why);
+            }
+        });
         Ok(PyWorker {
             child,
             sock,

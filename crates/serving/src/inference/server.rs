@@ -99,14 +99,7 @@ fn watch(
     name: String,
     log: PathBuf,
 ) {
-    tokio::spawn(async move {
-        let status = {
-            let mut c = child.lock().await;
-            tokio::select! {
-                _ = stopping.cancelled() => return,
-                s = c.wait() => s,
-            }
-        };
+    troupe_actors::process::watch_exit(child, stopping, move |status| {
         let why = match status {
             Ok(s) => format!("server {name} exited ({s})"),
             Err(e) => format!("server {name} could not be waited for: {e}"),
