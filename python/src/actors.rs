@@ -1,7 +1,8 @@
 //! Python actors from the controller script: `cluster.host(i).spawn(Cls, args, gpus=...)` and
 //! `cluster.spawn_group(Cls, n, ...)` start `troupe.python` actors (the Rust actor in
 //! `troupe_actors::builtin::python`, which owns a Python worker process on its host); an
-//! `ActorRef` calls one, a `Group` calls every rank of an SPMD group and gathers.
+//! `ActorRef` calls one. SPMD groups (placement, torchrun's environment, gathered calls) are in
+//! [`crate::spmd`].
 //!
 //! Arguments and results are encoded on the Python side (`troupe/_codec.py`: MessagePack,
 //! numpy as raw buffers, pickle only with `pickle=True`); this file moves bytes and turns
@@ -111,6 +112,15 @@ pub fn spawn_error(label: &str, e: CallError) -> PyErr {
     }
 }
 
+/// A stop's answer: an actor already gone (its worker died with no restarts left) counts as
+/// stopped, since that is what was asked.
+pub(crate) fn stopped(r: Result<bool, CallError>) -> PyResult<()> {
+    match r {
+        Ok(_) | Err(CallError::ActorFailed(_) | CallError::UnknownActor(_)) => Ok(()),
+        Err(e) => Err(call_error(e)),
+    }
+}
+
 /// A handle to one Python actor.
 #[pyclass(module = "troupe", frozen)]
 pub struct ActorRef {
@@ -120,7 +130,7 @@ pub struct ActorRef {
 }
 
 /// `(args, kwargs)` of one call, encoded.
-fn encode_call(
+pub(crate) fn encode_call(
     py: Python<'_>,
     args: &Bound<'_, PyTuple>,
     kwargs: Option<&Bound<'_, PyDict>>,
@@ -161,18 +171,16 @@ pub fn outcome(
 }
 
 impl ActorRef {
-    /// Sends the call now (so calls reach the actor in the order they were made) and returns
-    /// the reply's future.
+    /// Sends the call (its `(args, kwargs)` already encoded) now, so calls reach the actor in
+    /// the order they were made, and returns the reply's future.
     pub(crate) fn send(
         &self,
-        py: Python<'_>,
         method: &str,
-        args: &Bound<'_, PyTuple>,
-        kwargs: Option<&Bound<'_, PyDict>>,
+        args: Vec<u8>,
     ) -> PyResult<impl Future<Output = Result<PyOutcome, CallError>> + Send + 'static> {
         let msg = PyCall {
             method: method.to_string(),
-            args: encode_call(py, args, kwargs, self.pickle)?,
+            args,
         };
         enter(|| self.handle.call(msg))
     }
@@ -190,7 +198,7 @@ impl ActorRef {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let fut = self.send(py, method, args, kwargs)?;
+        let fut = self.send(method, encode_call(py, args, kwargs, self.pickle)?)?;
         let (label, method, pickle) = (self.label.clone(), method.to_string(), self.pickle);
         awaitable(py, async move {
             let r = fut.await;
@@ -207,7 +215,7 @@ impl ActorRef {
         args: &Bound<'_, PyTuple>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<PyAny>> {
-        let fut = self.send(py, method, args, kwargs)?;
+        let fut = self.send(method, encode_call(py, args, kwargs, self.pickle)?)?;
         let r = wait(py, fut)?;
         outcome(py, &self.label, method, r, self.pickle)
     }
@@ -229,11 +237,7 @@ impl ActorRef {
     pub(crate) fn stop(&self, py: Python<'_>, grace: f64) -> PyResult<()> {
         let grace = Duration::from_secs_f64(grace.clamp(0.0, 3600.0));
         let h = self.handle.clone();
-        match wait(py, async move { h.stop(grace).await })? {
-            // Already gone (its worker died with no restarts left): stopped is what was asked.
-            Ok(_) | Err(CallError::ActorFailed(_) | CallError::UnknownActor(_)) => Ok(()),
-            Err(e) => Err(call_error(e)),
-        }
+        stopped(wait(py, async move { h.stop(grace).await })?)
     }
 
     /// The actor's id.

@@ -174,8 +174,3 @@ fn from_numpy<'py>(
         data: HostData::Shared(Arc::new(values)),
     })
 }
-
-/// f32 values converted from an element type the sender does not take as is.
-pub fn owned(name: &str, shape: Vec<usize>, data: Vec<f32>) -> HostTensor {
-    HostTensor::f32(name, shape, data)
-}

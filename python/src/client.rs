@@ -13,9 +13,9 @@ use crate::errors::ServingError;
 use crate::runtime::{awaitable, wait};
 
 /// A generation client for one gateway.
-#[pyclass(module = "troupe", subclass, name = "InferenceClient")]
+#[pyclass(module = "troupe", name = "InferenceClient")]
 pub struct InferenceClient {
-    inner: RustClient,
+    pub(crate) inner: RustClient,
 }
 
 #[pymethods]

@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyCapsule, PyCapsuleMethods};
 use troupe_serving::control_plane::{HostData, HostTensor};
 
-use crate::arrays::{InPlace, Kind, Owner, owned};
+use crate::arrays::{InPlace, Kind, Owner};
 
 /// A DLPack tensor this process consumed; its producer is told when it is dropped.
 pub struct Managed(*mut DLManagedTensor);
@@ -220,7 +220,7 @@ unsafe fn read(name: &str, m: Managed) -> PyResult<HostTensor> {
                 }
             }
             drop(m);
-            Ok(owned(name, dims, out))
+            Ok(HostTensor::f32(name, dims, out))
         }
     }
 }

@@ -17,7 +17,6 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use troupe_controller::api::{ApiClient, connect};
-use troupe_weights::fp8::Weights;
 use troupe_weights::tcp::{TensorRef, WeightSender, WireDtype};
 use troupe_wire::v1::{
     BeginWeightUpdateRequest, EndWeightUpdateRequest, GetWeightPlanRequest, InitWeightGroupRequest,
@@ -229,13 +228,7 @@ impl TcpWeightSender {
         for (k, v) in tensors.iter() {
             let name: String = k.extract()?;
             let t = crate::arrays::host_tensor(&name, &v)?;
-            let bytes: Vec<u8> = match t.data.values() {
-                Weights::Bf16(x) => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                Weights::F32(x) => x
-                    .iter()
-                    .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-                    .collect(),
-            };
+            let bytes = t.data.values().to_bf16_le_bytes();
             items.push((name, t.shape, bytes));
         }
         let inner = self.inner.clone();

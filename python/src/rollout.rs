@@ -239,15 +239,9 @@ impl RolloutController {
                 "batch_size and max_concurrent must be at least 1",
             ));
         }
-        let policy = match stale_policy {
-            "regenerate" => StalePolicy::Regenerate,
-            "drop" => StalePolicy::Drop,
-            other => {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "unknown stale_policy {other:?}; use \"regenerate\" or \"drop\""
-                )));
-            }
-        };
+        // One spelling rule for the policy: the config's (`rollout.stale_policy`).
+        let policy: StalePolicy = serde_json::from_value(serde_json::json!(stale_policy))
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("stale_policy: {e}")))?;
         let url: String = if let Ok(u) = service.extract::<String>() {
             u
         } else if service.hasattr("gateway_url")? {
@@ -259,15 +253,19 @@ impl RolloutController {
                 "service must be a troupe.Service, a troupe.InferenceClient or a gateway URL",
             ));
         };
-        let client = py
-            .import("troupe")?
-            .getattr("InferenceClient")?
-            .call1((url.clone(),))?
-            .unbind();
+        // Workflows get the controller's own client (one connection pool).
+        let rust_client = RustClient::new(url);
+        let client = Py::new(
+            py,
+            crate::client::InferenceClient {
+                inner: rust_client.clone(),
+            },
+        )?
+        .into_any();
         let loop_thread = support(py)?.getattr("LoopThread")?.call0()?;
         let event_loop = loop_thread.getattr("loop")?.unbind();
         let inner = RustController::new(
-            RustClient::new(url),
+            rust_client,
             RolloutOptions {
                 max_concurrent,
                 max_staleness,

@@ -109,9 +109,10 @@ impl Service {
 
     /// A generation client for this deployment's gateway (`troupe.InferenceClient`: `generate`,
     /// and the awaitable `agenerate`).
-    fn client(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let cls = py.import("troupe")?.getattr("InferenceClient")?;
-        Ok(cls.call1((self.gateway_url.clone(),))?.unbind())
+    fn client(&self) -> crate::client::InferenceClient {
+        crate::client::InferenceClient {
+            inner: troupe_controller::rollout::InferenceClient::new(self.gateway_url.clone()),
+        }
     }
 
     /// The fleet control plane (`pause`, `resume`, `is_paused`, `server_info`,

@@ -12,7 +12,9 @@ use pyo3::types::{PyAny, PyDict, PyList, PyTuple};
 use troupe_actors::builtin::python::PyOutcome;
 use troupe_controller::{CallError, HostHandle};
 
-use crate::actors::{ActorRef, Spec, check_timeout, outcome, spawn_error, spawn_on};
+use crate::actors::{
+    ActorRef, Spec, check_timeout, encode_call, outcome, spawn_error, spawn_on, stopped,
+};
 use crate::errors::{ActorDiedError, ClusterError};
 use crate::runtime::{awaitable, wait};
 
@@ -35,9 +37,12 @@ impl Group {
         args: &Bound<'_, PyTuple>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<impl Future<Output = Gathered> + Send + 'static> {
+        // Every rank gets the same arguments: encoded once.
+        let pickle = self.ranks.first().is_some_and(|r| r.get().pickle);
+        let encoded = encode_call(py, args, kwargs, pickle)?;
         let mut futs = FuturesUnordered::new();
         for (i, r) in self.ranks.iter().enumerate() {
-            let f = r.get().send(py, method, args, kwargs)?;
+            let f = r.get().send(method, encoded.clone())?;
             futs.push(async move { (i, f.await) });
         }
         let n = self.ranks.len();
@@ -65,8 +70,8 @@ impl Group {
                 Ok(list.into_any().unbind())
             }
             Err((rank, r)) => {
-                let label = format!("rank {rank} ({})", self.ranks[rank].get().label);
-                let e = match outcome(py, &label, method, r, pickle) {
+                let label = &self.ranks[rank].get().label; // names the rank: `Cls[rank 1]`
+                let e = match outcome(py, label, method, r, pickle) {
                     Err(e) => e,
                     Ok(_) => ActorDiedError::new_err(format!("{label}.{method} failed")),
                 };
@@ -128,13 +133,21 @@ impl Group {
         })
     }
 
-    /// Stops every rank.
+    /// Stops every rank (all at once; a rank already gone counts as stopped).
     #[pyo3(signature = (grace = 5.0))]
     fn stop(&self, py: Python<'_>, grace: f64) -> PyResult<()> {
-        for r in &self.ranks {
-            r.get().stop(py, grace)?;
-        }
-        Ok(())
+        let grace = Duration::from_secs_f64(grace.clamp(0.0, 3600.0));
+        let stops: Vec<_> = self
+            .ranks
+            .iter()
+            .map(|r| {
+                let h = r.get().handle.clone();
+                async move { h.stop(grace).await }
+            })
+            .collect();
+        wait(py, futures::future::join_all(stops))?
+            .into_iter()
+            .try_for_each(stopped)
     }
 }
 

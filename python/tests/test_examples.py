@@ -1,4 +1,5 @@
-"""examples/python/grpo.py, `troupe run`'s GRPO loop written in Python, learns its task."""
+"""The Python examples learn their task: examples/python/grpo.py (`troupe run`'s GRPO loop in
+Python) and examples/python/torch_grpo.py (a 2-rank PyTorch trainer group)."""
 
 import json
 import pathlib
@@ -10,41 +11,37 @@ from conftest import need_torch
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def test_the_python_grpo_example_raises_the_reward(tmp_path):
-    out = tmp_path / "run.json"
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "examples/python/grpo.py"), "train.steps=14", "--summary", str(out)],
+def example(name, *args, timeout=280):
+    """Runs examples/python/`name` with `args`; the finished process."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "examples/python" / name), *args],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=timeout,
     )
+
+
+def trained(name, tmp_path, steps=14):
+    """Runs a GRPO example for `steps` steps and returns its summary, checking it learned."""
+    out = tmp_path / "run.json"
+    p = example(name, f"train.steps={steps}", "--summary", str(out))
     assert p.returncode == 0, p.stdout + p.stderr
     s = json.loads(out.read_text())
-    assert s["steps"] == 14 and s["weight_format"] == "fp8"
+    assert s["steps"] == steps and s["weight_format"] == "fp8"
     assert s["final_reward"] > s["baseline_reward"] + 0.1, s["rewards"]
-    assert "step  14" in p.stdout
+    assert f"step  {steps}" in p.stdout
+    return s
+
+
+def test_the_python_grpo_example_raises_the_reward(tmp_path):
+    trained("grpo.py", tmp_path)
 
 
 def test_the_python_grpo_example_names_a_bad_override():
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "examples/python/grpo.py"), "train.stepz=3"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    p = example("grpo.py", "train.stepz=3", timeout=60)
     assert p.returncode == 2 and "stepz" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 def test_the_pytorch_grpo_example_trains_with_a_two_rank_group(tmp_path):
     need_torch()
-    out = tmp_path / "torch.json"
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "examples/python/torch_grpo.py"), "train.steps=14", "--summary", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
-    s = json.loads(out.read_text())
-    assert s["steps"] == 14 and s["ranks"] == 2 and s["weight_format"] == "fp8"
-    assert s["final_reward"] > s["baseline_reward"] + 0.1, s["rewards"]
+    assert trained("torch_grpo.py", tmp_path)["ranks"] == 2

@@ -13,11 +13,11 @@ import os
 import socket
 import struct
 import sys
-import traceback
 
 import msgpack
 
 from troupe import _codec
+from troupe._support import format_exception
 
 MAX_FRAME = 2 << 30
 
@@ -51,7 +51,7 @@ def raised(e):
         "Raised": {
             "kind": type(e).__name__,
             "message": str(e),
-            "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip(),
+            "traceback": format_exception(e),
         }
     }
 

@@ -55,8 +55,8 @@ class RLVRWorkflow:
         if not callable(self.reward_fn):
             raise TypeError("reward_fn must be callable (or an import path string)")
         self.sampling = _sampling(gconfig)
-        n = self.sampling.pop("n_samples", None) if n_samples is None else n_samples
-        self.sampling.pop("n_samples", None)
+        from_gconfig = self.sampling.pop("n_samples", None)
+        n = n_samples if n_samples is not None else from_gconfig
         self.n_samples = 1 if n is None else int(n)
         if self.n_samples < 1:
             raise ValueError(f"n_samples must be at least 1, got {self.n_samples}")

@@ -466,12 +466,11 @@ pub async fn run(args: &GatewayBenchArgs) -> Result<Vec<(String, f64)>, String> 
 mod tests {
     use super::*;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn in_process_run_reports_every_figure() {
-        let args = GatewayBenchArgs {
+    fn small(concurrency: Vec<u64>, requests: u64) -> GatewayBenchArgs {
+        GatewayBenchArgs {
             target: None,
-            concurrency: vec![4],
-            requests: 40,
+            concurrency,
+            requests,
             stream: false,
             json: false,
             backend_latency_ms: 1.0,
@@ -481,7 +480,12 @@ mod tests {
             stream_events: 3,
             target_wait_s: 10,
             target_pid: None,
-        };
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn in_process_run_reports_every_figure() {
+        let args = small(vec![4], 40);
         for stream in [false, true] {
             let a = GatewayBenchArgs {
                 stream,
@@ -517,20 +521,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_concurrency_list_reports_each_under_its_own_name() {
-        let args = GatewayBenchArgs {
-            target: None,
-            concurrency: vec![1, 4],
-            requests: 20,
-            stream: false,
-            json: false,
-            backend_latency_ms: 1.0,
-            backends: 2,
-            backend_port_base: None,
-            register: false,
-            stream_events: 3,
-            target_wait_s: 10,
-            target_pid: None,
-        };
+        let args = small(vec![1, 4], 20);
         let figs = tokio::time::timeout(Duration::from_secs(60), run(&args))
             .await
             .expect("in time")

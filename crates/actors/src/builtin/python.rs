@@ -26,7 +26,7 @@ use tokio::net::UnixStream;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use super::python_wire::{Hello, Raised, Reply, Request, read_frame, write_frame};
+use super::python_wire::{Hello, Raised, Reply, read_frame, write_frame};
 use crate::actor::{Actor, ActorContext, Handler, Message, Methods};
 use crate::error::ActorError;
 use crate::process::ChildProcess;
@@ -51,8 +51,7 @@ pub struct PyWorkerArgs {
     /// The constructor's `(args, kwargs)`, encoded by the Python side.
     #[serde(with = "serde_bytes")]
     pub init: Vec<u8>,
-    /// Extra environment (the torchrun variables of an SPMD group). `MASTER_PORT=auto` is
-    /// replaced by a port free on this host.
+    /// Extra environment (the torchrun variables of an SPMD group).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// GPUs the worker may use, as `CUDA_VISIBLE_DEVICES` (empty: none, hidden).
@@ -67,15 +66,9 @@ fn start_timeout() -> f64 {
     120.0
 }
 
-/// One method call: `method` with its encoded `(args, kwargs)`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PyCall {
-    /// The method's name.
-    pub method: String,
-    /// Encoded `(args, kwargs)`.
-    #[serde(with = "serde_bytes")]
-    pub args: Vec<u8>,
-}
+/// One method call: `method` with its encoded `(args, kwargs)`; forwarded to the worker as the
+/// frame it is.
+pub use super::python_wire::Request as PyCall;
 
 /// How a call ended. Any of these is a successful RPC: the caller decides what to raise.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -102,7 +95,7 @@ pub struct PyInfo;
 pub struct PyWorkerInfo {
     /// The worker's pid (its process group too).
     pub pid: u32,
-    /// The environment Troupe set for it (`MASTER_PORT` as picked).
+    /// The environment Troupe set for it.
     pub env: BTreeMap<String, String>,
     /// How many times the actor (and so the worker) was restarted.
     pub restarts: u32,
@@ -119,14 +112,6 @@ pub struct PyWorker {
     sock: UnixStream,
     info: PyWorkerInfo,
     stopping: CancellationToken,
-}
-
-/// A port free on this host right now, for `MASTER_PORT` (torchrun picks its port the same
-/// way; rank 0's TCP store binds it moments later).
-fn free_port() -> Result<u16, ActorError> {
-    let l = std::net::TcpListener::bind("0.0.0.0:0")
-        .map_err(|e| ActorError::new(format!("cannot find a free port for MASTER_PORT: {e}")))?;
-    Ok(l.local_addr()?.port())
 }
 
 impl PyWorker {
@@ -159,15 +144,11 @@ impl Actor for PyWorker {
         if !(a.start_timeout_s.is_finite() && a.start_timeout_s > 0.0) {
             return Err(ActorError::new("start_timeout_s must be a positive number"));
         }
-        let mut env = a.env.clone();
-        if env.get("MASTER_PORT").is_some_and(|p| p == "auto") {
-            env.insert("MASTER_PORT".into(), free_port()?.to_string());
-        }
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
         let child_fd = theirs.as_raw_fd();
         let mut cmd = Command::new(&a.python);
         cmd.args(["-u", "-m", "troupe._worker"])
-            .envs(&env)
+            .envs(&a.env)
             .env(FD_ENV, "3")
             .env(
                 "CUDA_VISIBLE_DEVICES",
@@ -178,8 +159,7 @@ impl Actor for PyWorker {
                     .join(","),
             )
             // The host's stdout may be a pipe nobody reads; worker output goes to stderr.
-            .stdout(std::process::Stdio::from(std::io::stderr()))
-            .kill_on_drop(true);
+            .stdout(std::process::Stdio::from(std::io::stderr()));
         // SAFETY: dup2 and fcntl are async-signal-safe; nothing is allocated after fork.
         unsafe {
             cmd.pre_exec(move || {
@@ -229,7 +209,12 @@ impl Actor for PyWorker {
                 )));
             }
             Ok(Err(e)) => {
-                let status = child.lock().await.wait().await.ok();
+                // It closed the socket: normally it is exiting (give it a moment to say how).
+                let wait = async { child.lock().await.wait().await.ok() };
+                let status = tokio::time::timeout(Duration::from_secs(2), wait)
+                    .await
+                    .ok()
+                    .flatten();
                 return Err(ActorError::new(format!(
                     "the python worker for {} exited during start ({}): {e}; is the troupe package installed for {:?}?",
                     a.target,
@@ -261,7 +246,7 @@ impl Actor for PyWorker {
             sock,
             info: PyWorkerInfo {
                 pid,
-                env,
+                env: a.env,
                 restarts: ctx.restarts,
             },
             stopping,
@@ -285,12 +270,8 @@ impl Actor for PyWorker {
 
 impl Handler<PyCall> for PyWorker {
     async fn handle(&mut self, msg: PyCall, _ctx: &ActorContext) -> Result<PyOutcome, ActorError> {
-        let req = Request {
-            method: msg.method,
-            args: msg.args,
-        };
         let answer = async {
-            write_frame(&mut self.sock, &req).await?;
+            write_frame(&mut self.sock, &msg).await?;
             read_frame::<Reply>(&mut self.sock).await
         }
         .await;

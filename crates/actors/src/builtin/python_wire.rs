@@ -24,7 +24,7 @@ pub struct Hello {
     pub init: Vec<u8>,
 }
 
-/// One call.
+/// One call (also the `troupe.python` actor's message, `PyCall`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Request {
     /// Method name.

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 
-use half::bf16;
 use troupe_weights::bucket::TensorMeta;
 use troupe_weights::fp8::{self, Fp8Options, Weights};
 use troupe_weights::tcp::WireDtype;
@@ -111,13 +110,7 @@ pub(super) fn encode(tensors: &[HostTensor], fp8_on: bool) -> Result<Encoded, We
             metas.push(sm);
             n_fp8 += 1;
         } else {
-            let b: Vec<u8> = match values {
-                Weights::F32(v) => v
-                    .iter()
-                    .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
-                    .collect(),
-                Weights::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            };
+            let b = values.to_bf16_le_bytes();
             metas.push(
                 TensorMeta::new(&t.name, WireDtype::Bf16, t.shape.clone())
                     .map_err(|e| WeightSyncError::Encode(e.to_string()))?,

@@ -134,6 +134,18 @@ impl Weights<'_> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The elements as BF16 little-endian bytes, the wire form of an unquantized tensor (bf16
+    /// copied as is, f32 rounded to nearest even).
+    pub fn to_bf16_le_bytes(&self) -> Vec<u8> {
+        match self {
+            Weights::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Weights::F32(v) => v
+                .iter()
+                .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+                .collect(),
+        }
+    }
 }
 
 /// Scales of a quantized weight, in the dtype they are stored and sent in.
