@@ -404,7 +404,19 @@ impl RolloutController {
     /// thread is joined. Idempotent.
     fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
         self.inner.shutdown();
-        self.loop_thread.bind(py).call_method0("close")?;
+        // Cancel episodes until none runs (one admitted just before the shutdown may start its
+        // coroutine after a first cancel): no episode may touch Python once the script moves
+        // on, and at interpreter exit none may touch it at all.
+        let lt = self.loop_thread.bind(py);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            lt.call_method0("cancel_all")?;
+            if self.inner.stats().running == 0 || std::time::Instant::now() >= deadline {
+                break;
+            }
+            py.detach(|| std::thread::sleep(Duration::from_millis(10)));
+        }
+        lt.call_method0("close")?;
         Ok(())
     }
 

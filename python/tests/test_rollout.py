@@ -253,3 +253,17 @@ def test_the_letter_task_and_grpo_advantages_are_troupe_runs(svc):
         np.testing.assert_allclose(adv[[t.group == g for t in batch]], want, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="no group"):
         troupe.grpo_advantages([troupe.Trajectory([1], [2], [-1.0])])
+
+
+def test_shutdown_cancels_running_episodes_and_waits_for_them(svc):
+    class Slow:
+        async def arun_episode(self, client, data):
+            await asyncio.sleep(600)
+
+    rc = troupe.RolloutController(svc, batch_size=4, max_concurrent=4)
+    for i in range(4):
+        rc.submit(i, Slow())
+    until(lambda: rc.stats()["running"] == 4)
+    rc.shutdown()
+    assert rc.stats()["running"] == 0
+    rc.shutdown()  # idempotent

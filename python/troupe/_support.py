@@ -22,27 +22,30 @@ class LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def close(self, timeout=10.0):
-        """Cancels every episode still running, stops the loop and joins its thread."""
-        if self.loop.is_closed():
+    def cancel_all(self, timeout=10.0):
+        """Cancels every coroutine on the loop and waits until they are done."""
+        if not self._thread.is_alive():
             return
 
-        async def cancel_all():
+        async def cancel():
             me = asyncio.current_task()
             tasks = [t for t in asyncio.all_tasks() if t is not me]
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+        try:
+            asyncio.run_coroutine_threadsafe(cancel(), self.loop).result(timeout)
+        except Exception:  # noqa: BLE001 - a stuck episode must not stop the shutdown
+            pass
+
+    def close(self, timeout=10.0):
+        """Stops the loop and joins its thread. The loop is left stopped, not closed: a Rust
+        future that completes after this queues its callback on a stopped loop, which is
+        harmless, where a closed loop would raise from the runtime's thread."""
         if self._thread.is_alive():
-            try:
-                asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(timeout)
-            except Exception:  # noqa: BLE001 - a stuck episode must not stop the shutdown
-                pass
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout)
-        if not self._thread.is_alive():
-            self.loop.close()
 
 
 def items(dataloader):
