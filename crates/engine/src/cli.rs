@@ -64,6 +64,13 @@ pub struct EngineArgs {
     /// Most requests in the running batch.
     #[arg(long, default_value_t = 64)]
     pub max_running_requests: usize,
+    /// KV token pool (SGLang's `--max-total-tokens`): running requests' KV plus the prefix
+    /// cache. Default: the context length times `--max-running-requests`.
+    #[arg(long)]
+    pub max_total_tokens: Option<usize>,
+    /// Turn the prefix (radix) cache off: every request computes its whole prompt.
+    #[arg(long)]
+    pub disable_radix_cache: bool,
     /// Seed for weight initialisation and for requests without `sampling_seed`.
     #[arg(long, default_value_t = 0)]
     pub random_seed: u64,
@@ -159,6 +166,8 @@ impl Default for EngineArgs {
             disaggregation_prefill_keep_s: 300.0,
             disaggregation_bootstrap_secret: None,
             max_running_requests: 64,
+            max_total_tokens: None,
+            disable_radix_cache: false,
             random_seed: 0,
             api_key: None,
             admin_api_key: None,
@@ -263,6 +272,16 @@ impl EngineArgs {
         )
     }
 
+    /// The KV token pool: `--max-total-tokens`, or the context length times
+    /// `--max-running-requests` (saturating, so no flag value overflows).
+    pub fn kv_pool_tokens(&self, config: &ModelConfig) -> usize {
+        self.max_total_tokens.unwrap_or_else(|| {
+            config
+                .max_position_embeddings
+                .saturating_mul(self.max_running_requests)
+        })
+    }
+
     /// Checks every flag; errors name the flag and the accepted values.
     pub fn validate(&self) -> Result<Validated, EngineError> {
         if let Some(j) = &self.json_model_override_args
@@ -319,6 +338,11 @@ impl EngineArgs {
         if self.max_running_requests == 0 {
             return Err(EngineError::Config(
                 "--max-running-requests must be at least 1".into(),
+            ));
+        }
+        if self.max_total_tokens == Some(0) {
+            return Err(EngineError::Config(
+                "--max-total-tokens must be at least 1 (omit it for the default pool)".into(),
             ));
         }
         if let Some(q) = &self.quantization

@@ -138,6 +138,8 @@ pub async fn start(args: EngineArgs) -> Result<EngineHandle, EngineError> {
             max_running: args.max_running_requests,
             latency: v.latency,
             weight_version: args.weight_version.clone(),
+            prefix_cache_tokens: (!args.disable_radix_cache)
+                .then(|| args.kv_pool_tokens(&v.config)),
         },
         rooms.clone(),
     )?;

@@ -4,13 +4,19 @@
 //! - [`request`]: what the HTTP layer submits and what it gets back.
 //! - [`sequence`]: one running request: tokens so far, KV cache, stop checks.
 //! - [`latency`]: the optional latency model that makes a CPU engine pace like a GPU server.
+//! - [`admit`]: the prefix cache's part in admission (lookups, in-batch holding back).
+//! - [`prefix_cache`]: the radix tree of cached prompt KV (GRPO groups prefill once).
 //! - [`scheduler`]: the loop (admit, prefill, decode step, commands between steps).
 
+pub mod admit;
+mod commands;
 pub mod latency;
+pub mod prefix_cache;
 pub mod request;
 pub mod scheduler;
 pub mod sequence;
 
 pub use latency::LatencyModel;
+pub use prefix_cache::PrefixCache;
 pub use request::{Command, FinishReason, Matched, PauseMode, SeqEvent, SeqKind, SeqRequest};
 pub use scheduler::{EngineCore, EngineStatus, SchedulerConfig};

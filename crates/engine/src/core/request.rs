@@ -99,6 +99,8 @@ pub enum SeqEvent {
         reason: FinishReason,
         /// Weight version in effect when it finished.
         weight_version: String,
+        /// Prompt tokens served from the prefix cache (`meta_info.cached_tokens`).
+        cached_tokens: usize,
     },
 }
 

@@ -14,7 +14,9 @@ use rayon::prelude::*;
 use serde::Serialize;
 use tokio::sync::oneshot;
 
+use super::admit::{self, SharedCache};
 use super::latency::LatencyModel;
+use super::prefix_cache::PrefixCache;
 use super::request::{Command, FinishReason, PauseMode, Reply, SeqEvent, SeqRequest};
 use super::sequence::{PrefillOutcome, Sequence};
 use crate::error::EngineError;
@@ -31,6 +33,9 @@ pub struct SchedulerConfig {
     pub latency: LatencyModel,
     /// Initial weight version label.
     pub weight_version: String,
+    /// Token budget of the prefix cache (`--max-total-tokens`); `None` turns the cache off
+    /// (`--disable-radix-cache`).
+    pub prefix_cache_tokens: Option<usize>,
 }
 
 /// A snapshot of the scheduler, for `/v1/loads`, `/server_info` and `/metrics`.
@@ -64,6 +69,16 @@ pub struct EngineStatus {
     pub last_gen_throughput: f64,
     /// Weight updates applied since start.
     pub weight_updates_total: u64,
+    /// Prompt tokens whose KV came from the prefix cache instead of being computed.
+    pub cached_tokens_total: u64,
+    /// Prompt tokens whose KV was computed here (prefill work actually done).
+    pub prefill_computed_tokens_total: u64,
+    /// PD decode: prompt KV positions received from prefill servers.
+    pub kv_received_tokens_total: u64,
+    /// PD decode: prompt KV positions taken from this server's own prefix cache instead.
+    pub kv_local_tokens_total: u64,
+    /// Tokens held by the prefix cache now.
+    pub prefix_cache_tokens: usize,
 }
 
 /// Handle to the scheduler thread.
@@ -71,6 +86,7 @@ pub struct EngineStatus {
 pub struct EngineCore {
     tx: std_mpsc::Sender<Command>,
     status: Arc<Mutex<EngineStatus>>,
+    prefix: Option<SharedCache>,
 }
 
 /// Marks the engine dead when dropped: held by the scheduler thread for its whole life.
@@ -95,7 +111,15 @@ impl EngineCore {
             weight_version: cfg.weight_version.clone(),
             ..Default::default()
         }));
+        let prefix = cfg.prefix_cache_tokens.map(|budget| {
+            Arc::new(Mutex::new(PrefixCache::new(
+                &weights.config,
+                budget,
+                &cfg.weight_version,
+            )))
+        });
         let mut sched = Scheduler {
+            prefix: prefix.clone(),
             max_context: weights.config.max_position_embeddings,
             weights: Some(weights),
             backup: None,
@@ -119,7 +143,13 @@ impl EngineCore {
                 let _dead = dead;
                 sched.run(rx)
             })?;
-        Ok(Self { tx, status })
+        Ok(Self { tx, status, prefix })
+    }
+
+    /// The prefix cache, if enabled (a PD decode server reads what it holds before fetching
+    /// KV, so only what it lacks crosses the wire).
+    pub fn prefix_cache(&self) -> Option<SharedCache> {
+        self.prefix.clone()
     }
 
     /// Sends a command; fails only if the thread is gone.
@@ -139,10 +169,14 @@ impl EngineCore {
 
     /// The latest status snapshot.
     pub fn status(&self) -> EngineStatus {
-        self.status
+        let mut st = self
+            .status
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .clone();
+        // Read live: a flush is answered before the next snapshot is published.
+        st.prefix_cache_tokens = self.prefix.as_ref().map_or(0, |c| admit::lock(c).len());
+        st
     }
 
     /// Stops the thread (requests in flight are aborted).
@@ -151,21 +185,22 @@ impl EngineCore {
     }
 }
 
-struct Scheduler {
-    weights: Option<Weights>,
-    backup: Option<Weights>,
-    kv_released: bool,
-    waiting: VecDeque<Sequence>,
-    running: Vec<Sequence>,
-    paused: Option<PauseMode>,
+pub(super) struct Scheduler {
+    pub(super) weights: Option<Weights>,
+    pub(super) backup: Option<Weights>,
+    pub(super) kv_released: bool,
+    pub(super) waiting: VecDeque<Sequence>,
+    pub(super) running: Vec<Sequence>,
+    pub(super) paused: Option<PauseMode>,
     /// Callers of a pending `Drain`: while non-empty, no queued request is admitted.
-    drains: Vec<Reply>,
-    weight_version: String,
-    max_context: usize,
-    cfg: SchedulerConfig,
-    rooms: Option<Arc<RoomStore>>,
-    status: Arc<Mutex<EngineStatus>>,
-    counters: EngineStatus,
+    pub(super) drains: Vec<Reply>,
+    pub(super) weight_version: String,
+    pub(super) max_context: usize,
+    pub(super) cfg: SchedulerConfig,
+    pub(super) rooms: Option<Arc<RoomStore>>,
+    pub(super) status: Arc<Mutex<EngineStatus>>,
+    pub(super) counters: EngineStatus,
+    pub(super) prefix: Option<SharedCache>,
 }
 
 impl Scheduler {
@@ -220,208 +255,18 @@ impl Scheduler {
         }
     }
 
-    fn stop(&mut self) {
+    pub(super) fn stop(&mut self) {
         self.abort_matching(None, "engine shutting down");
         self.publish();
         self.status.lock().unwrap_or_else(|p| p.into_inner()).alive = false;
     }
 
-    /// Handles one command; returns false on shutdown.
-    fn handle(&mut self, cmd: Command) -> bool {
-        match cmd {
-            Command::Submit(req) => self.submit(*req),
-            Command::Abort(rid, reply) => {
-                let n = self.abort_matching(rid.as_deref(), "aborted by /abort_request");
-                self.publish();
-                let _ = reply.send(n);
-            }
-            Command::Pause(mode, reply) => {
-                let n = match mode {
-                    PauseMode::Abort => self.abort_matching(None, "aborted by pause_generation"),
-                    PauseMode::Retract => {
-                        let n = self.running.len();
-                        for mut s in self.running.drain(..).rev() {
-                            s.retract();
-                            self.waiting.push_front(s);
-                        }
-                        n
-                    }
-                    PauseMode::InPlace => self.running.len(),
-                };
-                self.paused = Some(mode);
-                self.publish();
-                let _ = reply.send(n);
-                // A pause that lands during a drain ends it: the engine is paused now.
-                for d in self.drains.drain(..) {
-                    let _ = d.send(Ok(format!("paused ({}) while draining", mode.as_str())));
-                }
-            }
-            Command::Drain(reply) => {
-                if self.weights.is_none() && !self.running.is_empty() {
-                    let _ = reply.send(Err(format!(
-                        "{} running requests cannot finish while the weights are released; wake up (or resume memory) first, or pause with mode abort",
-                        self.running.len()
-                    )));
-                } else {
-                    // As vLLM's PAUSED_NEW: requests held by an earlier pause run on and drain.
-                    self.paused = None;
-                    self.drains.push(reply);
-                    self.publish();
-                }
-            }
-            Command::Continue(reply) => {
-                self.paused = None;
-                for d in self.drains.drain(..) {
-                    let _ = d.send(Err(
-                        "resumed before the running requests finished; generation is not paused"
-                            .into(),
-                    ));
-                }
-                self.publish();
-                let _ = reply.send(());
-            }
-            Command::Flush(reply) => {
-                let busy = self.running.len() + self.waiting.len();
-                let r = if busy == 0 {
-                    Ok("Cache flushed.".to_string())
-                } else {
-                    Err(format!(
-                        "Cache not flushed: {busy} requests are running or waiting; abort them or wait until idle"
-                    ))
-                };
-                let _ = reply.send(r);
-            }
-            Command::UpdateTensors {
-                tensors,
-                version,
-                reply,
-            } => {
-                let _ = reply.send(self.update_tensors(tensors, version));
-            }
-            Command::ReplaceWeights {
-                weights,
-                version,
-                abort_all,
-                reply,
-            } => {
-                let r = if self.weights.is_none() {
-                    Err(released_msg())
-                } else {
-                    if abort_all {
-                        self.abort_matching(None, "aborted for a weight update");
-                    }
-                    self.weights = Some(*weights);
-                    self.bump_version(version);
-                    Ok(format!(
-                        "Succeeded to update model weights (version {}).",
-                        self.weight_version
-                    ))
-                };
-                let _ = reply.send(r);
-            }
-            Command::SetVersion {
-                version,
-                abort_all,
-                reply,
-            } => {
-                if abort_all {
-                    self.abort_matching(None, "aborted by update_weight_version");
-                }
-                self.weight_version = version;
-                let _ = reply.send(Ok(format!(
-                    "Weight version updated to {}",
-                    self.weight_version
-                )));
-            }
-            Command::Release {
-                weights,
-                kv_cache,
-                reply,
-            } => {
-                let r = self.release(weights, kv_cache);
-                self.publish();
-                let _ = reply.send(r);
-            }
-            Command::Resume {
-                weights,
-                kv_cache,
-                reply,
-            } => {
-                if weights && let Some(w) = self.backup.take() {
-                    self.weights = Some(w);
-                }
-                if kv_cache {
-                    self.kv_released = false;
-                }
-                self.publish();
-                let _ = reply.send(Ok("Memory resumed.".into()));
-            }
-            Command::Shutdown => return false,
-        }
-        true
-    }
-
-    fn submit(&mut self, req: SeqRequest) {
+    pub(super) fn submit(&mut self, req: SeqRequest) {
         self.waiting.push_back(Sequence::new(req, self.max_context));
     }
 
-    fn bump_version(&mut self, version: Option<String>) {
-        if let Some(v) = version {
-            self.weight_version = v;
-        }
-        self.counters.weight_updates_total += 1;
-    }
-
-    fn update_tensors(
-        &mut self,
-        tensors: Vec<(String, Vec<f32>)>,
-        version: Option<String>,
-    ) -> Result<String, String> {
-        let Some(w) = self.weights.as_mut() else {
-            return Err(released_msg());
-        };
-        // Validate everything first so a bad update changes nothing.
-        for (name, data) in &tensors {
-            let t = w
-                .get(name)
-                .ok_or_else(|| format!("unknown parameter {name:?}"))?;
-            if t.numel() != data.len() {
-                return Err(format!(
-                    "parameter {name}: {} values for {} elements",
-                    data.len(),
-                    t.numel()
-                ));
-            }
-        }
-        let n = tensors.len();
-        for (name, data) in tensors {
-            w.set(&name, data)?;
-        }
-        self.bump_version(version);
-        Ok(format!(
-            "Succeeded to update {n} parameters online (version {}).",
-            self.weight_version
-        ))
-    }
-
-    fn release(&mut self, weights: bool, kv_cache: bool) -> Result<String, String> {
-        if kv_cache && !self.running.is_empty() {
-            return Err(format!(
-                "{} requests hold KV cache; call /pause_generation with mode abort or retract (or wait until idle) before releasing kv_cache",
-                self.running.len()
-            ));
-        }
-        if weights && let Some(w) = self.weights.take() {
-            self.backup = Some(w);
-        }
-        if kv_cache {
-            self.kv_released = true;
-        }
-        Ok("Memory released.".into())
-    }
-
     /// Aborts requests with this rid (or all); returns how many.
-    fn abort_matching(&mut self, rid: Option<&str>, why: &str) -> usize {
+    pub(super) fn abort_matching(&mut self, rid: Option<&str>, why: &str) -> usize {
         let hit = |s: &Sequence| rid.is_none_or(|r| s.req.rid == r);
         let mut n = 0;
         let mut keep_running = Vec::with_capacity(self.running.len());
@@ -461,20 +306,53 @@ impl Scheduler {
         };
         let n_admit = room.min(self.waiting.len());
         let mut admitted: Vec<Sequence> = self.waiting.drain(..n_admit).collect();
+        for s in admitted.iter_mut() {
+            if let crate::core::SeqKind::Decode(h) = &s.req.kind {
+                self.counters.kv_local_tokens_total += h.kv_start as u64;
+                self.counters.kv_received_tokens_total +=
+                    h.cache.len.saturating_sub(h.kv_start) as u64;
+                s.cached_tokens = h.cached_tokens;
+            }
+        }
+        let (batch, later) = match &self.prefix {
+            Some(c) => admit::lookup(&mut admit::lock(c), admitted),
+            None => (admitted.into_iter().map(|s| (s, None)).collect(), Vec::new()),
+        };
+        for s in later.into_iter().rev() {
+            self.waiting.push_front(s);
+        }
         let decoding = self.running.len();
-        if !admitted.is_empty() {
+        let mut admitted: Vec<Sequence> = Vec::with_capacity(batch.len());
+        if !batch.is_empty() {
             let started = Instant::now();
-            let tokens: usize = admitted.iter().map(Sequence::prefill_len).sum();
-            let outcomes: Vec<PrefillOutcome> = admitted
-                .par_iter_mut()
-                .map(|s| s.prefill(weights))
+            let tokens: usize = batch.iter().map(|(s, _)| s.prefill_len()).sum();
+            let cached: usize = batch.iter().map(|(_, p)| p.as_ref().map_or(0, |p| p.len)).sum();
+            let outcomes: Vec<(Sequence, PrefillOutcome)> = batch
+                .into_par_iter()
+                .map(|(mut s, prefix)| {
+                    let o = s.prefill(weights, prefix);
+                    (s, o)
+                })
                 .collect();
-            LatencyModel::pace(self.cfg.latency.prefill_time(tokens), started.elapsed());
+            let computed = tokens - cached.min(tokens);
+            LatencyModel::pace(self.cfg.latency.prefill_time(computed), started.elapsed());
             self.counters.prompt_tokens_total += tokens as u64;
-            for (s, outcome) in admitted.iter().zip(outcomes) {
-                if let PrefillOutcome::Handoff { room, first, cache } = outcome {
-                    self.deposit(room, s, first, cache);
+            self.counters.cached_tokens_total += cached as u64;
+            self.counters.prefill_computed_tokens_total += computed as u64;
+            let in_use = self.kv_in_use();
+            for (s, outcome) in outcomes {
+                match outcome {
+                    PrefillOutcome::Handoff { room, first, cache } => {
+                        self.cache_kv(&s, &cache, in_use);
+                        self.deposit(room, &s, first, cache);
+                    }
+                    PrefillOutcome::Continue => {
+                        if let Some(kv) = &s.cache {
+                            self.cache_kv(&s, kv, in_use);
+                        }
+                    }
                 }
+                admitted.push(s);
             }
         }
         // One decode step for the requests that were already running.
@@ -514,6 +392,31 @@ impl Scheduler {
         }
     }
 
+    /// KV positions held by running requests (they count against the cache's budget).
+    fn kv_in_use(&self) -> usize {
+        self.running.iter().map(Sequence::kv_tokens).sum()
+    }
+
+    /// Offers a sequence's KV to the prefix cache.
+    fn cache_kv(&self, s: &Sequence, kv: &crate::model::KvCache, in_use: usize) {
+        if let Some(c) = &self.prefix {
+            admit::store(&mut admit::lock(c), s, kv, in_use);
+        }
+    }
+
+    pub(super) fn release_cache(&self, s: &mut Sequence) {
+        if let Some(c) = &self.prefix {
+            admit::release(&mut admit::lock(c), s);
+        }
+    }
+
+    /// Empties the prefix cache; its entries are of the current weights from now on.
+    pub(super) fn flush_cache(&self) {
+        if let Some(c) = &self.prefix {
+            admit::lock(c).clear(&self.weight_version);
+        }
+    }
+
     fn deposit(&self, room: u64, s: &Sequence, first: (u32, f32), cache: crate::model::KvCache) {
         let Some(store) = &self.rooms else {
             return;
@@ -526,13 +429,21 @@ impl Scheduler {
                 first_logprob: first.1,
                 cache,
                 weight_version: self.weight_version.clone(),
+                cached_tokens: s.cached_tokens,
+                kv_start: 0,
             })),
         );
     }
 
     /// Sends the final event for a finished sequence (and fails its room if it was a PD
     /// prefill that never produced a handoff).
-    fn emit_done(&mut self, mut s: Sequence) {
+    pub(super) fn emit_done(&mut self, mut s: Sequence) {
+        self.release_cache(&mut s);
+        if let Some(kv) = s.cache.take() {
+            // Prompt and output stay cached for a follow-up turn that extends them.
+            let in_use = self.kv_in_use();
+            self.cache_kv(&s, &kv, in_use);
+        }
         let reason = s
             .finished
             .take()
@@ -552,10 +463,11 @@ impl Scheduler {
         let _ = s.req.events.send(SeqEvent::Finished {
             reason,
             weight_version: self.weight_version.clone(),
+            cached_tokens: s.cached_tokens,
         });
     }
 
-    fn publish(&self) {
+    pub(super) fn publish(&self) {
         let mut st = self.status.lock().unwrap_or_else(|p| p.into_inner());
         *st = EngineStatus {
             alive: true,
@@ -571,9 +483,6 @@ impl Scheduler {
     }
 }
 
-fn released_msg() -> String {
-    "weights are released; call /resume_memory_occupation with tags [\"weights\"] first".into()
-}
 
 /// Shorthand used by handlers for replies that carry a user-facing message.
 pub type MessageReply = Reply;

@@ -8,6 +8,7 @@ use crate::model::{KvCache, Weights, forward_token, log_softmax};
 use crate::sampling::sample;
 use crate::tokenizer::{self, EOS_TOKEN};
 
+use super::prefix_cache::CacheLock;
 use super::request::{FinishReason, Matched, SeqEvent, SeqKind, SeqRequest};
 
 /// A request being served.
@@ -27,6 +28,10 @@ pub struct Sequence {
     pub reported_input: bool,
     /// Longest prompt + output allowed (the model's context).
     pub max_context: usize,
+    /// Prompt tokens whose KV came from a prefix cache (SGLang's `meta_info.cached_tokens`).
+    pub cached_tokens: usize,
+    /// The prefix-cache entry this request matched, held until it finishes or is retracted.
+    pub cache_lock: Option<CacheLock>,
 }
 
 /// Where a prefill's first token goes.
@@ -56,7 +61,38 @@ impl Sequence {
             finished: None,
             pending: Vec::new(),
             reported_input: false,
+            cached_tokens: 0,
+            cache_lock: None,
         }
+    }
+
+    /// Every token whose KV a prefill computes (the prompt, then any output so far).
+    pub fn tokens(&self) -> Vec<u32> {
+        self.req
+            .input_ids
+            .iter()
+            .chain(&self.output)
+            .copied()
+            .collect()
+    }
+
+    /// How much of [`Self::tokens`] a cached prefix may cover: never the last token (its
+    /// logits pick the next one), and not past the first prompt position whose input logprob
+    /// the request still wants (those positions need logits).
+    pub fn cacheable_len(&self) -> usize {
+        if matches!(self.req.kind, SeqKind::Decode(_)) {
+            return 0;
+        }
+        let n = self.req.input_ids.len() + self.output.len();
+        let mut limit = n.saturating_sub(1);
+        if self.req.return_logprob && !self.reported_input {
+            let start = self
+                .req
+                .logprob_start
+                .min(self.req.input_ids.len().saturating_sub(1));
+            limit = limit.min(start);
+        }
+        limit
     }
 
     /// Tokens whose KV a prefill has to compute: the prompt, plus (after a retraction) every
@@ -74,7 +110,9 @@ impl Sequence {
     }
 
     /// Builds the KV cache (or adopts a handed-over one) and produces the next token.
-    pub fn prefill(&mut self, w: &Weights) -> PrefillOutcome {
+    /// `prefix`, when given, is the KV of the first `prefix.len` tokens (from the prefix cache,
+    /// at most [`Self::cacheable_len`]); only the rest is computed.
+    pub fn prefill(&mut self, w: &Weights, prefix: Option<KvCache>) -> PrefillOutcome {
         let kind = std::mem::replace(&mut self.req.kind, SeqKind::Regular);
         if let SeqKind::Decode(h) = kind {
             let h = *h;
@@ -87,26 +125,23 @@ impl Sequence {
             return PrefillOutcome::Continue;
         }
         let resumed = !self.output.is_empty();
-        let tokens: Vec<u32> = self
-            .req
-            .input_ids
-            .iter()
-            .chain(&self.output)
-            .copied()
-            .collect();
+        let tokens = self.tokens();
         let n = tokens.len();
         let want_input = self.req.return_logprob && !resumed && !self.reported_input;
         let start = self
             .req
             .logprob_start
             .min(self.req.input_ids.len().saturating_sub(1));
-        let mut cache = KvCache::new(&w.config);
+        let mut cache = prefix
+            .filter(|p| p.len <= self.cacheable_len() && p.matches(&w.config))
+            .unwrap_or_else(|| KvCache::new(&w.config));
+        let skip = cache.len;
         let mut input_lps: Vec<(Option<f32>, u32)> = Vec::new();
         if want_input && n > 0 {
             input_lps.push((None, tokens[start]));
         }
         let mut last_logits = None;
-        for (i, &t) in tokens.iter().enumerate() {
+        for (i, &t) in tokens.iter().enumerate().skip(skip) {
             let need_input = want_input && i >= start && i + 1 < self.req.input_ids.len();
             let is_last = i + 1 == n;
             let logits = forward_token(w, &mut cache, t, need_input || is_last);
@@ -206,6 +241,7 @@ impl Sequence {
     }
 
     /// Drops the KV cache and keeps the tokens, so a later prefill recomputes it exactly.
+    /// The caller releases [`Self::cache_lock`].
     pub fn retract(&mut self) {
         self.cache = None;
     }

@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 use super::KvHandoff;
 use super::auth::{self, NONCE_LEN, Secret, Side, TAG_LEN};
 use super::room::RoomStore;
+use crate::model::KvCache;
 use super::wire::{self, MAGIC, VERSION};
 
 /// A running bootstrap listener.
@@ -124,14 +125,69 @@ async fn serve_one(
         r = store.take(room, wait) => r,
         _ = stream.read(&mut probe) => return Ok(()),
     };
-    match taken {
-        Ok(h) => wire::write_handoff(&mut stream, &h).await,
-        Err(msg) => wire::write_error(&mut stream, &msg).await,
+    let h = match taken {
+        Ok(h) => h,
+        Err(msg) => return wire::write_error(&mut stream, &msg).await,
+    };
+    wire::write_offer(&mut stream, h.cache.len, &h.weight_version).await?;
+    let have = stream.read_u32_le().await? as usize;
+    if have > h.cache.len {
+        return wire::write_error(
+            &mut stream,
+            &format!(
+                "the decode claims {have} cached positions of a {}-position prompt",
+                h.cache.len
+            ),
+        )
+        .await;
     }
+    wire::write_handoff(&mut stream, &h, have).await
+}
+
+/// Answers the prefill's offer: takes what `local` already holds for this weight version and
+/// KV length (an empty cache when nothing), says how much that is, reads the rest, and joins
+/// them into the whole prompt's KV.
+async fn take_offer<S, F>(stream: &mut S, local: F) -> Result<KvHandoff, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    F: FnOnce(&str, usize) -> KvCache,
+{
+    let (kv_len, version) = wire::read_offer(stream).await?;
+    let mut prefix = local(&version, kv_len);
+    if prefix.len > kv_len {
+        prefix = KvCache::default();
+    }
+    let have = prefix.len;
+    stream
+        .write_all(&(have as u32).to_le_bytes())
+        .await
+        .map_err(|e| format!("bootstrap connection failed: {e}"))?;
+    let mut tail = wire::read_handoff(stream).await?;
+    if tail.kv_start != have || have + tail.cache.len != kv_len {
+        return Err(format!(
+            "the prefill sent KV positions {}..{} of {kv_len}, not {have}..{kv_len}",
+            tail.kv_start,
+            tail.kv_start + tail.cache.len
+        ));
+    }
+    if have > 0 {
+        if prefix.layers.len() != tail.cache.layers.len() {
+            return Err("prefill KV has a different number of layers".into());
+        }
+        for (p, t) in prefix.layers.iter_mut().zip(&mut tail.cache.layers) {
+            p.k.append(&mut t.k);
+            p.v.append(&mut t.v);
+        }
+        prefix.len = kv_len;
+        tail.cache = prefix;
+    }
+    Ok(tail)
 }
 
 /// Fetches `room` from the prefill server's bootstrap listener at `host:port`, waiting at most
-/// `timeout` overall (connect, the prefill finishing, and the transfer).
+/// `timeout` overall (connect, the prefill finishing, and the transfer). When the room is
+/// ready, `local(weight_version, kv_len)` gives the leading KV this side already holds (the
+/// decode's prefix cache); only the rest is transferred, and the handoff carries the whole.
 ///
 /// With `secret`, the prefill must prove it knows it before its KV is taken (and this side
 /// proves it in turn); a prefill that does not is refused, so a request's `bootstrap_host`
@@ -142,6 +198,7 @@ pub async fn fetch_kv(
     room: u64,
     timeout: Duration,
     secret: Option<&Secret>,
+    local: impl FnOnce(&str, usize) -> KvCache,
 ) -> Result<KvHandoff, String> {
     let addr = if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
@@ -161,7 +218,7 @@ pub async fn fetch_kv(
         req.extend_from_slice(&mine);
         let io = |e: std::io::Error| format!("bootstrap connection to {addr} failed: {e}");
         stream.write_all(&req).await.map_err(io)?;
-        let status = stream.read_u8().await.map_err(io)?;
+        let mut status = stream.read_u8().await.map_err(io)?;
         match (status, secret) {
             (wire::CHALLENGE, Some(secret)) => {
                 let mut theirs = [0u8; NONCE_LEN];
@@ -175,15 +232,23 @@ pub async fn fetch_kv(
                 }
                 let answer = secret.prove(Side::Decode, &theirs, room);
                 stream.write_all(&answer).await.map_err(io)?;
-                wire::read_handoff(&mut stream).await
+                status = stream.read_u8().await.map_err(io)?;
             }
-            (wire::CHALLENGE, None) => Err(format!(
-                "the prefill at {addr} requires a bootstrap secret this decode server was not given"
-            )),
-            (_, Some(_)) => Err(format!(
-                "the prefill at {addr} did not prove this deployment's bootstrap secret; refusing its KV"
-            )),
-            (status, None) => wire::read_handoff_after(status, &mut stream).await,
+            (wire::CHALLENGE, None) => {
+                return Err(format!(
+                    "the prefill at {addr} requires a bootstrap secret this decode server was not given"
+                ));
+            }
+            (_, Some(_)) => {
+                return Err(format!(
+                    "the prefill at {addr} did not prove this deployment's bootstrap secret; refusing its KV"
+                ));
+            }
+            _ => {}
+        }
+        match status {
+            wire::OFFER => take_offer(&mut stream, local).await,
+            other => wire::read_handoff_after(other, &mut stream).await,
         }
     };
     match tokio::time::timeout(timeout, fut).await {

@@ -29,4 +29,10 @@ pub struct KvHandoff {
     pub cache: KvCache,
     /// Weight version the prefill ran with.
     pub weight_version: String,
+    /// Prompt tokens the prefill took from its prefix cache (reported as
+    /// `meta_info.cached_tokens`).
+    pub cached_tokens: usize,
+    /// Leading positions of `cache` the decode already held in its own prefix cache (so they
+    /// were not transferred); 0 on the prefill side.
+    pub kv_start: usize,
 }

@@ -154,6 +154,8 @@ mod tests {
             first_token: 3,
             first_logprob: -0.5,
             cache: KvCache::new(&ModelConfig::tiny()),
+            cached_tokens: 0,
+            kv_start: 0,
             weight_version: "v".into(),
         }
     }

@@ -22,6 +22,8 @@ use super::parse::{GenItem, parse_generate};
 use crate::cli::DisaggMode;
 use crate::core::sequence::output_text;
 use crate::core::{Command, FinishReason, SeqEvent, SeqKind, SeqRequest};
+use crate::core::admit::{self, SharedCache};
+use crate::model::KvCache;
 use crate::pd::fetch_kv;
 use crate::rng::mix;
 use crate::tokenizer;
@@ -114,8 +116,11 @@ pub fn start_item(state: &Arc<AppState>, item: &GenItem) -> mpsc::UnboundedRecei
             let state = state.clone();
             let secret = state.args.bootstrap_secret();
             tokio::spawn(async move {
+                let local = |version: &str, kv_len: usize| {
+                    local_prefix(state.core.prefix_cache(), &req.input_ids, version, kv_len)
+                };
                 let fetched = tokio::select! {
-                    r = fetch_kv(&host, port, room, state.kv_timeout, secret.as_ref()) => r,
+                    r = fetch_kv(&host, port, room, state.kv_timeout, secret.as_ref(), local) => r,
                     _ = tx.closed() => return,
                 };
                 let checked = fetched.and_then(|h| {
@@ -142,6 +147,7 @@ pub fn start_item(state: &Arc<AppState>, item: &GenItem) -> mpsc::UnboundedRecei
                         let _ = tx.send(SeqEvent::Finished {
                             reason: FinishReason::Abort(format!("KV transfer failed: {msg}")),
                             weight_version: state.core.status().weight_version,
+                            cached_tokens: 0,
                         });
                     }
                 }
@@ -152,11 +158,34 @@ pub fn start_item(state: &Arc<AppState>, item: &GenItem) -> mpsc::UnboundedRecei
     rx
 }
 
+/// What a PD decode server already holds of a prompt whose KV a prefill offers: its prefix
+/// cache's entry for these tokens if it was computed by the same weight version, else nothing.
+fn local_prefix(
+    cache: Option<SharedCache>,
+    input_ids: &[u32],
+    version: &str,
+    kv_len: usize,
+) -> KvCache {
+    let Some(cache) = cache else {
+        return KvCache::default();
+    };
+    let mut pc = admit::lock(&cache);
+    if pc.version() != version {
+        return KvCache::default();
+    }
+    let hit = pc.lookup(input_ids, kv_len);
+    if let Some(l) = hit.lock {
+        pc.unlock(l);
+    }
+    hit.cache
+}
+
 fn submit(state: &AppState, req: SeqRequest, tx: &mpsc::UnboundedSender<SeqEvent>) {
     if state.core.send(Command::Submit(Box::new(req))).is_err() {
         let _ = tx.send(SeqEvent::Finished {
             reason: FinishReason::Abort("engine is shutting down".into()),
             weight_version: String::new(),
+            cached_tokens: 0,
         });
     }
 }
@@ -174,6 +203,8 @@ pub struct ItemState {
     pub finish: Option<FinishReason>,
     /// Weight version at finish.
     pub weight_version: String,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
     started: Instant,
     sent: usize,
 }
@@ -187,6 +218,7 @@ impl ItemState {
             input_lps: Vec::new(),
             finish: None,
             weight_version: String::new(),
+            cached_tokens: 0,
             started: Instant::now(),
             sent: 0,
         }
@@ -200,9 +232,11 @@ impl ItemState {
             SeqEvent::Finished {
                 reason,
                 weight_version,
+                cached_tokens,
             } => {
                 self.finish = Some(reason);
                 self.weight_version = weight_version;
+                self.cached_tokens = cached_tokens;
             }
         }
     }
@@ -242,7 +276,7 @@ impl ItemState {
             "finish_reason": self.finish.as_ref().map(FinishReason::to_json),
             "prompt_tokens": self.item.input_ids.len(),
             "completion_tokens": self.output.len(),
-            "cached_tokens": 0,
+            "cached_tokens": self.cached_tokens,
             "weight_version": version,
             "e2e_latency": self.started.elapsed().as_secs_f64(),
         });

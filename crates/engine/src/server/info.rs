@@ -97,7 +97,9 @@ pub async fn server_info(State(state): State<Arc<AppState>>) -> Response {
         "random_seed": a.random_seed,
         "enable_memory_saver": a.enable_memory_saver,
         "context_length": state.config.max_position_embeddings,
-        "max_total_num_tokens": state.config.max_position_embeddings * a.max_running_requests,
+        "max_total_num_tokens": a.kv_pool_tokens(&state.config),
+        "max_total_tokens": a.max_total_tokens,
+        "disable_radix_cache": a.disable_radix_cache,
         "sim_prefill_tokens_per_s": a.sim_prefill_tokens_per_s,
         "sim_decode_step_ms": a.sim_decode_step_ms,
         "model_config": state.config,
@@ -108,6 +110,12 @@ pub async fn server_info(State(state): State<Arc<AppState>>) -> Response {
             "paused": st.paused,
             "weights_released": st.weights_released,
             "kv_cache_released": st.kv_cache_released,
+            "prefix_cache_tokens": st.prefix_cache_tokens,
+            "prompt_tokens_total": st.prompt_tokens_total,
+            "cached_tokens_total": st.cached_tokens_total,
+            "prefill_computed_tokens_total": st.prefill_computed_tokens_total,
+            "kv_received_tokens_total": st.kv_received_tokens_total,
+            "kv_local_tokens_total": st.kv_local_tokens_total,
         }],
         "version": concat!("troupe-engine ", env!("CARGO_PKG_VERSION")),
     }))
@@ -161,7 +169,7 @@ pub async fn get_load(State(state): State<Arc<AppState>>) -> Response {
 /// `GET /v1/loads`.
 pub async fn loads(State(state): State<Arc<AppState>>) -> Response {
     let st = state.core.status();
-    let cap = state.config.max_position_embeddings * state.args.max_running_requests;
+    let cap = state.args.kv_pool_tokens(&state.config);
     axum::Json(json!({
         "timestamp": now_s(),
         "dp_rank_count": 1,
@@ -224,6 +232,36 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         "counter",
         "Prompt tokens prefilled.",
         st.prompt_tokens_total.to_string(),
+    );
+    metric(
+        "sglang:cached_tokens_total",
+        "counter",
+        "Prompt tokens served from the prefix cache.",
+        st.cached_tokens_total.to_string(),
+    );
+    metric(
+        "sglang:cache_hit_rate",
+        "gauge",
+        "Share of prompt tokens served from the prefix cache since start.",
+        (st.cached_tokens_total as f64 / st.prompt_tokens_total.max(1) as f64).to_string(),
+    );
+    metric(
+        "troupe_engine_prefix_cache_tokens",
+        "gauge",
+        "Tokens held by the prefix cache.",
+        st.prefix_cache_tokens.to_string(),
+    );
+    metric(
+        "troupe_engine_kv_received_tokens_total",
+        "counter",
+        "PD decode: prompt KV positions received from prefill servers.",
+        st.kv_received_tokens_total.to_string(),
+    );
+    metric(
+        "troupe_engine_kv_local_tokens_total",
+        "counter",
+        "PD decode: prompt KV positions taken from this server's own prefix cache.",
+        st.kv_local_tokens_total.to_string(),
     );
     metric(
         "sglang:generation_tokens_total",
