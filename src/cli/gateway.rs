@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use troupe_serving::gateway::{self, ControlAuthMode, GatewayConfig};
 use troupe_serving::health::HealthConfig;
-use troupe_serving::policy::PolicyKind;
+use troupe_serving::policy::{CacheAwareConfig, PolicyKind};
 use troupe_serving::{RouterConfig, WorkerSpec};
 
 /// Flags of `troupe gateway`.
@@ -30,7 +30,8 @@ pub struct GatewayArgs {
     #[arg(long)]
     pub decode: Vec<String>,
     /// Policy for regular workers, and the default for prefill / decode:
-    /// round_robin | random | power_of_two | sticky (default: the gateway's, power_of_two).
+    /// round_robin | random | power_of_two | sticky | cache_aware (default: the gateway's,
+    /// power_of_two).
     #[arg(long, value_parser = parse_policy)]
     pub policy: Option<PolicyKind>,
     /// Policy for prefill workers (default: --policy).
@@ -39,6 +40,25 @@ pub struct GatewayArgs {
     /// Policy for decode workers (default: --policy).
     #[arg(long, value_parser = parse_policy)]
     pub decode_policy: Option<PolicyKind>,
+    /// cache_aware: share (0.0-1.0) of a prompt a worker's cache tree must hold for the request
+    /// to go there; else the smallest tree takes it (SGLang's flag; default 0.3).
+    #[arg(long)]
+    pub cache_threshold: Option<f64>,
+    /// cache_aware: loads are imbalanced, and the least loaded worker takes the request, when
+    /// requests in flight differ by more than this and by --balance-rel-threshold (default 64).
+    #[arg(long)]
+    pub balance_abs_threshold: Option<usize>,
+    /// cache_aware: ... and the largest load exceeds the smallest times this (at least 1;
+    /// default 1.5).
+    #[arg(long)]
+    pub balance_rel_threshold: Option<f64>,
+    /// cache_aware: seconds between sweeps evicting least recently used cache-tree entries
+    /// (default 60).
+    #[arg(long)]
+    pub eviction_interval_secs: Option<u64>,
+    /// cache_aware: characters each worker's cache tree keeps after a sweep (default 2^26).
+    #[arg(long)]
+    pub max_tree_size: Option<usize>,
     /// Retries of a failed request on another worker (pair) (default: the gateway's, 3).
     #[arg(long)]
     pub max_retries: Option<u32>,
@@ -101,6 +121,15 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
     if !(a.health_interval_s.is_finite() && a.health_interval_s >= 0.0) {
         return Err("--health-interval-s must be a non-negative number of seconds".into());
     }
+    let c = CacheAwareConfig::default();
+    let cache_aware = CacheAwareConfig {
+        cache_threshold: a.cache_threshold.unwrap_or(c.cache_threshold),
+        balance_abs_threshold: a.balance_abs_threshold.unwrap_or(c.balance_abs_threshold),
+        balance_rel_threshold: a.balance_rel_threshold.unwrap_or(c.balance_rel_threshold),
+        eviction_interval_secs: a.eviction_interval_secs.unwrap_or(c.eviction_interval_secs),
+        max_tree_size: a.max_tree_size.unwrap_or(c.max_tree_size),
+    };
+    cache_aware.check(|k| format!("--{}", k.replace('_', "-")))?;
     let d = GatewayConfig::default();
     let base = a.policy.unwrap_or(d.router.policy);
     Ok(GatewayConfig {
@@ -110,6 +139,7 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
             policy: base,
             prefill_policy: a.prefill_policy.unwrap_or(base),
             decode_policy: a.decode_policy.unwrap_or(base),
+            cache_aware,
             health: HealthConfig {
                 interval: Duration::from_secs_f64(a.health_interval_s),
                 ..d.router.health.clone()
@@ -171,6 +201,36 @@ mod tests {
         let r = parse(&["--worker-urls", "http://a:1,http://b:2"]).unwrap();
         assert!(!r.pd);
         assert_eq!(r.workers.len(), 2);
+        assert_eq!(r.router.cache_aware, CacheAwareConfig::default());
+        let c = parse(&[
+            "--worker-urls",
+            "http://a:1",
+            "--policy",
+            "cache_aware",
+            "--cache-threshold",
+            "0.5",
+            "--balance-abs-threshold",
+            "32",
+            "--balance-rel-threshold",
+            "1.1",
+            "--eviction-interval-secs",
+            "30",
+            "--max-tree-size",
+            "10000",
+        ])
+        .unwrap();
+        assert_eq!(c.router.policy, PolicyKind::CacheAware);
+        assert_eq!(c.router.prefill_policy, PolicyKind::CacheAware);
+        assert_eq!(
+            c.router.cache_aware,
+            CacheAwareConfig {
+                cache_threshold: 0.5,
+                balance_abs_threshold: 32,
+                balance_rel_threshold: 1.1,
+                eviction_interval_secs: 30,
+                max_tree_size: 10000,
+            }
+        );
         for (args, needle) in [
             (vec!["--prefill", "http://p:1,port"], "bootstrap port"),
             (vec!["--prefill", "http://p:1"], "--decode"),
@@ -180,6 +240,22 @@ mod tests {
                 "cannot be mixed",
             ),
             (vec!["--health-interval-s=-1"], "non-negative"),
+            (vec!["--cache-threshold", "1.5"], "--cache-threshold"),
+            (vec!["--cache-threshold", "NaN"], "--cache-threshold"),
+            (vec!["--cache-threshold=-0.5"], "--cache-threshold"),
+            (
+                vec!["--balance-abs-threshold=-1"],
+                "--balance-abs-threshold",
+            ),
+            (
+                vec!["--balance-rel-threshold", "0.5"],
+                "--balance-rel-threshold",
+            ),
+            (
+                vec!["--eviction-interval-secs", "0"],
+                "--eviction-interval-secs",
+            ),
+            (vec!["--max-tree-size", "0"], "--max-tree-size"),
         ] {
             let e = parse(&args).unwrap_err();
             assert!(e.contains(needle), "{args:?}: {e}");

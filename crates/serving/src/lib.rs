@@ -11,7 +11,8 @@
 //! - [`worker`]: the [`Worker`] trait, worker types and their registry entries.
 //! - [`guard`]: RAII in-flight load guards tied to response bodies.
 //! - [`breaker`]: the per-worker circuit breaker.
-//! - [`policy`]: the [`Policy`] trait and `round_robin`, `random`, `power_of_two`, `sticky`.
+//! - [`policy`]: the [`Policy`] trait and `round_robin`, `random`, `power_of_two`, `sticky`,
+//!   `cache_aware` (SGLang's, over an approximate radix tree of routed prompts).
 //! - [`router`]: the typed worker registry, `route` and `route_pd`.
 //! - [`health`]: the background `/health` prober.
 //! - [`gateway`]: the HTTP server (SGLang/OpenAI endpoints, admin REST, metrics).

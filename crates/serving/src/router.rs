@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::breaker::BreakerConfig;
 use super::error::ServingError;
 use super::health::HealthConfig;
-use super::policy::{Policy, PolicyKind, RouteContext};
+use super::policy::{CacheAwareConfig, Policy, PolicyKind, RouteContext};
 use super::worker::{HttpWorker, Worker, WorkerInfo, WorkerSpec, WorkerType, parse_url};
 
 /// Router settings. Defaults: each field's own (`PolicyKind::default()` for every policy).
@@ -32,6 +32,19 @@ pub struct RouterConfig {
     pub health: HealthConfig,
     /// Per-worker circuit breaker.
     pub breaker: BreakerConfig,
+    /// Settings of every `cache_aware` policy among the three (SGLang's router also has one set
+    /// for prefill and decode).
+    pub cache_aware: CacheAwareConfig,
+}
+
+impl RouterConfig {
+    /// Refuses settings no router can run with (today: the cache-aware ones, named
+    /// `router.cache_aware.*`), so a bad value fails the start instead of routing oddly.
+    pub fn check(&self) -> Result<(), ServingError> {
+        self.cache_aware
+            .check(|k| format!("router.cache_aware.{k}"))
+            .map_err(ServingError::Config)
+    }
 }
 
 /// The refusal of a second registration of `existing`'s URL.
@@ -69,18 +82,30 @@ pub struct Router {
     regular: Arc<dyn Policy>,
     prefill: Arc<dyn Policy>,
     decode: Arc<dyn Policy>,
+    needs_text: bool,
 }
 
 impl Router {
     /// An empty router.
     pub fn new(cfg: RouterConfig) -> Arc<Self> {
+        let regular = cfg.policy.build_with(&cfg.cache_aware);
+        let prefill = cfg.prefill_policy.build_with(&cfg.cache_aware);
+        let decode = cfg.decode_policy.build_with(&cfg.cache_aware);
+        let needs_text = regular.needs_text() || prefill.needs_text() || decode.needs_text();
         Arc::new(Self {
-            regular: cfg.policy.build(),
-            prefill: cfg.prefill_policy.build(),
-            decode: cfg.decode_policy.build(),
+            regular,
+            prefill,
+            decode,
+            needs_text,
             workers: RwLock::new(Vec::new()),
             cfg,
         })
+    }
+
+    /// Whether a policy of this router reads [`RouteContext::text`]; the gateway builds a
+    /// request's routing text only then.
+    pub fn needs_text(&self) -> bool {
+        self.needs_text
     }
 
     /// The settings it was built with.

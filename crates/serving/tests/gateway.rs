@@ -1,5 +1,6 @@
 //! The gateway over real sockets against scripted backends: forwarding, PD injection and
-//! cancellation, retries, streaming, health, admin REST and auth, errors and metrics.
+//! cancellation, retries, streaming, health, admin REST and auth, errors and metrics, and
+//! cache-aware routing of prompts shared by concurrent requests.
 
 mod support;
 
@@ -446,6 +447,143 @@ mod errors_and_metrics {
                 m.contains("troupe_gateway_request_duration_seconds_count 4"),
                 "{m}"
             );
+        })
+        .await;
+    }
+}
+
+mod cache_aware {
+    use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
+    use troupe_serving::policy::PolicyKind;
+
+    async fn cache_gw(pd: bool, workers: Vec<WorkerSpec>) -> GatewayHandle {
+        let kind = PolicyKind::CacheAware;
+        let router = RouterConfig {
+            policy: kind,
+            prefill_policy: kind,
+            decode_policy: kind,
+            ..Default::default()
+        };
+        gw_routed(pd, workers, 0, router).await
+    }
+
+    /// Which backends (by index) received each request group (`x_group` of the bodies).
+    fn homes(fakes: &[&Fake]) -> BTreeMap<u64, BTreeSet<usize>> {
+        let mut out: BTreeMap<u64, BTreeSet<usize>> = BTreeMap::new();
+        for (i, f) in fakes.iter().enumerate() {
+            for (_, body) in f.bodies.lock().iter() {
+                let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+                if let Some(g) = v["x_group"].as_u64() {
+                    out.entry(g).or_default().insert(i);
+                }
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_sharing_a_prompt_land_on_one_worker() {
+        within(30, async {
+            let fakes = [
+                fake(|_, _, _| Reply::Json(StatusCode::OK, answer(1))).await,
+                fake(|_, _, _| Reply::Json(StatusCode::OK, answer(1))).await,
+                fake(|_, _, _| Reply::Json(StatusCode::OK, answer(1))).await,
+            ];
+            let g = cache_gw(
+                false,
+                fakes.iter().map(|f| WorkerSpec::regular(&f.url)).collect(),
+            )
+            .await;
+            // Five GRPO-like groups of 8 samples, every request sent at once, through the
+            // three endpoints and both /generate forms.
+            let groups: Vec<(&str, Value)> = vec![
+                (
+                    "/generate",
+                    json!({"text": "alpha: how many primes are below 100?"}),
+                ),
+                (
+                    "/generate",
+                    json!({"text": "bravo: integrate x^2 from 0 to 3."}),
+                ),
+                (
+                    "/generate",
+                    json!({"input_ids": [[901, 17, 33, 4, 4, 4, 98]]}),
+                ),
+                (
+                    "/v1/completions",
+                    json!({"prompt": "delta: the 10th Fibonacci number is"}),
+                ),
+                (
+                    "/v1/chat/completions",
+                    json!({"messages": [
+                        {"role": "system", "content": "echo: you answer tersely."},
+                        {"role": "user", "content": [{"type": "text", "text": "what is 6 x 7?"}]}
+                    ]}),
+                ),
+            ];
+            let requests =
+                (0..8)
+                    .flat_map(|_| groups.iter().enumerate())
+                    .map(|(i, (path, body))| {
+                        let mut body = body.clone();
+                        body["x_group"] = json!(i);
+                        let url = format!("{}{path}", g.url());
+                        async move { post(&url, &body).await.0 }
+                    });
+            let statuses = futures::future::join_all(requests).await;
+            assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+            let homes = homes(&fakes.iter().collect::<Vec<_>>());
+            assert_eq!(homes.len(), 5);
+            for (group, at) in &homes {
+                assert_eq!(at.len(), 1, "group {group} was spread over backends {at:?}");
+            }
+            let used: BTreeSet<usize> = homes.values().flatten().copied().collect();
+            assert_eq!(
+                used.len(),
+                3,
+                "new prompts go to the emptiest caches: {homes:?}"
+            );
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn pd_groups_keep_one_prefill_and_one_decode() {
+        within(30, async {
+            let p1 = fake(|_, _, _| Reply::Json(StatusCode::OK, answer(0))).await;
+            let p2 = fake(|_, _, _| Reply::Json(StatusCode::OK, answer(0))).await;
+            let d1 = fake(|_, _, _| Reply::Json(StatusCode::OK, answer(1))).await;
+            let d2 = fake(|_, _, _| Reply::Json(StatusCode::OK, answer(1))).await;
+            let g = cache_gw(
+                true,
+                vec![
+                    WorkerSpec::prefill(&p1.url, Some(7001)),
+                    WorkerSpec::prefill(&p2.url, Some(7002)),
+                    WorkerSpec::decode(&d1.url),
+                    WorkerSpec::decode(&d2.url),
+                ],
+            )
+            .await;
+            let prompts = ["first: a shared GRPO prompt", "second: another one"];
+            let requests = (0..16).map(|k| {
+                let body = json!({"text": prompts[k % 2], "x_group": k % 2});
+                let url = format!("{}/generate", g.url());
+                async move { post(&url, &body).await.0 }
+            });
+            let statuses = futures::future::join_all(requests).await;
+            assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+            for fakes in [[&p1, &p2], [&d1, &d2]] {
+                let homes = homes(&fakes);
+                assert_eq!(homes.len(), 2);
+                for (group, at) in &homes {
+                    assert_eq!(at.len(), 1, "group {group} was spread over {at:?}");
+                }
+                assert_ne!(
+                    homes[&0], homes[&1],
+                    "the second prompt takes the other worker"
+                );
+            }
         })
         .await;
     }

@@ -68,7 +68,10 @@ mod policies {
     fn sticky_pins_sessions_and_balances_new_ones() {
         let ws = workers(3);
         let p = PolicyKind::Sticky.build();
-        let ctx = |s| RouteContext { session: Some(s) };
+        let ctx = |s| RouteContext {
+            session: Some(s),
+            ..Default::default()
+        };
         let a = p.pick(&ws, &ctx("traj-a"));
         // Load the pinned worker heavily: the session stays put.
         let _busy: Vec<LoadGuard> = (0..10).map(|_| LoadGuard::new(ws[a].clone())).collect();
@@ -292,5 +295,223 @@ mod registry {
             )
             .expect("fallback");
         assert_eq!(w.id(), b.id);
+    }
+}
+
+mod cache_aware {
+    use super::*;
+    use troupe_serving::policy::{CacheAware, CacheAwareConfig, Policy};
+
+    fn text(t: &str) -> RouteContext<'_> {
+        RouteContext {
+            text: Some(t),
+            ..Default::default()
+        }
+    }
+
+    fn policy(cfg: CacheAwareConfig) -> CacheAware {
+        CacheAware::new(cfg)
+    }
+
+    #[test]
+    fn a_shared_prefix_goes_to_the_worker_holding_it() {
+        let ws = workers(3);
+        let p = policy(CacheAwareConfig::default());
+        assert!(p.needs_text());
+        let prompt = "You are a careful solver. Question: what is 17 * 23?";
+        let first = p.pick(&ws, &text(prompt));
+        for _ in 0..5 {
+            assert_eq!(p.pick(&ws, &text(prompt)), first);
+        }
+        // The prompt plus a continuation (a multi-turn follow-up) follows it too.
+        let longer = format!("{prompt} Answer: 391. Now what is 391 / 17?");
+        assert_eq!(p.pick(&ws, &text(&longer)), first);
+        // An unrelated prompt goes to an empty tree instead.
+        assert_ne!(p.pick(&ws, &text("Translate 'chat' to English.")), first);
+        assert!(p.tree_size(ws[first].id()) >= longer.chars().count());
+    }
+
+    #[test]
+    fn imbalanced_loads_go_to_the_least_loaded_worker() {
+        let ws = workers(3);
+        let p = policy(CacheAwareConfig {
+            balance_abs_threshold: 4,
+            balance_rel_threshold: 2.0,
+            ..Default::default()
+        });
+        let prompt = "a prompt every request shares";
+        let home = p.pick(&ws, &text(prompt));
+        let (other, third) = ((home + 1) % 3, (home + 2) % 3);
+        let mut guards = Vec::new();
+        let mut load = |i: usize, n: usize| {
+            for _ in 0..n {
+                guards.push(LoadGuard::new(ws[i].clone()));
+            }
+        };
+        // 5 - 1 = 4 is not more than 4: balanced, the cache wins.
+        load(home, 5);
+        load(other, 1);
+        load(third, 2);
+        assert_eq!(p.pick(&ws, &text(prompt)), home);
+        // 6 - 1 > 4 and 6 > 1 x 2: imbalanced, the least loaded takes it whatever it holds.
+        load(home, 1);
+        assert_eq!(p.pick(&ws, &text(prompt)), other);
+        // 12 - 7 > 4 but 12 is not > 7 x 2: balanced again, and the prompt goes back to the
+        // worker that held it first, although `other` holds it now too.
+        load(home, 6);
+        load(other, 6);
+        load(third, 5);
+        assert_eq!(p.pick(&ws, &text(prompt)), home);
+    }
+
+    #[test]
+    fn a_low_match_goes_to_the_smallest_tree() {
+        let ws = workers(3);
+        let p = policy(CacheAwareConfig::default());
+        let long = "a".repeat(100);
+        assert_eq!(p.pick(&ws, &text(&long)), 0, "equal trees: the first");
+        assert_eq!(p.pick(&ws, &text(&"b".repeat(50))), 1);
+        assert_eq!(p.pick(&ws, &text(&"c".repeat(10))), 2);
+        let sizes: Vec<usize> = ws.iter().map(|w| p.tree_size(w.id())).collect();
+        assert_eq!(sizes, vec![100, 50, 10]);
+        // 10 of 100 characters held by worker 0 is under the 0.3 threshold: the smallest tree.
+        let low = format!("{}{}", "a".repeat(10), "z".repeat(90));
+        assert_eq!(p.pick(&ws, &text(&low)), 2);
+        // 50 of 100 is over it: worker 0, which holds them.
+        let high = format!("{}{}", "a".repeat(50), "y".repeat(50));
+        assert_eq!(p.pick(&ws, &text(&high)), 0);
+        // No text at all: the smallest tree too, and nothing is recorded.
+        let before: Vec<usize> = ws.iter().map(|w| p.tree_size(w.id())).collect();
+        assert_eq!(p.pick(&ws, &RouteContext::default()), 1);
+        let after: Vec<usize> = ws.iter().map(|w| p.tree_size(w.id())).collect();
+        assert_eq!(before, after);
+    }
+
+    #[test]
+    fn concurrent_grpo_groups_each_land_on_one_worker() {
+        let r = Router::new(RouterConfig {
+            policy: PolicyKind::CacheAware,
+            ..Default::default()
+        });
+        assert!(r.needs_text());
+        for i in 0..4 {
+            r.add_worker(&WorkerSpec::regular(format!(
+                "http://127.0.0.1:{}",
+                2000 + i
+            )))
+            .expect("add");
+        }
+        let prompts = [
+            "alpha: how many primes are below 100?",
+            "bravo: integrate x^2 from 0 to 3.",
+            "charlie: reverse the string 'troupe'.",
+            "delta: what is the 10th Fibonacci number?",
+        ];
+        // 4 groups of 16 samples, all at once; each pick holds its load guard like the
+        // gateway does while the request runs.
+        let picks: Vec<(usize, String, LoadGuard)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..64)
+                .map(|k| {
+                    let r = r.clone();
+                    let g = k % 4;
+                    let prompt = prompts[g];
+                    s.spawn(move || {
+                        let w = r
+                            .route(WorkerType::Regular, &text(prompt), &[])
+                            .expect("routed");
+                        (g, w.id().to_string(), LoadGuard::new(w))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("pick"))
+                .collect()
+        });
+        let mut homes: Vec<HashSet<String>> = vec![HashSet::new(); 4];
+        for (g, id, _) in &picks {
+            homes[*g].insert(id.clone());
+        }
+        for (g, h) in homes.iter().enumerate() {
+            assert_eq!(h.len(), 1, "group {g} went to {h:?}");
+        }
+        let used: HashSet<&String> = homes.iter().flatten().collect();
+        assert_eq!(used.len(), 4, "each new group takes an empty tree");
+    }
+
+    #[test]
+    fn removed_workers_are_forgotten() {
+        let r = Router::new(RouterConfig {
+            policy: PolicyKind::CacheAware,
+            ..Default::default()
+        });
+        let a = r
+            .add_worker(&WorkerSpec::regular("http://127.0.0.1:1"))
+            .expect("a");
+        let b = r
+            .add_worker(&WorkerSpec::regular("http://127.0.0.1:2"))
+            .expect("b");
+        let prompt = "the same prompt again and again";
+        let route = || {
+            r.route(WorkerType::Regular, &text(prompt), &[])
+                .expect("routed")
+                .id()
+                .to_string()
+        };
+        assert_eq!(route(), a.id);
+        assert_eq!(route(), a.id);
+        r.remove_worker(&a.id).expect("removed");
+        assert_eq!(route(), b.id);
+        // Registered again (a new id), it starts with an empty tree: the prompt stays on b.
+        r.add_worker(&WorkerSpec::regular("http://127.0.0.1:1"))
+            .expect("a again");
+        assert_eq!(route(), b.id);
+
+        let ws = workers(2);
+        let p = policy(CacheAwareConfig::default());
+        assert_eq!(p.pick(&ws, &text(prompt)), 0);
+        p.forget(ws[0].id());
+        assert_eq!(p.tree_size(ws[0].id()), 0);
+        assert_eq!(p.pick(&ws, &text("another prompt")), 0, "0 is empty again");
+    }
+
+    #[test]
+    fn trees_stay_bounded_by_max_tree_size() {
+        let ws = workers(1);
+        let p = policy(CacheAwareConfig {
+            max_tree_size: 100,
+            ..Default::default()
+        });
+        for i in 0..50 {
+            p.pick(&ws, &text(&format!("{i:02} distinct prompt text")));
+            assert!(
+                p.tree_size(ws[0].id()) <= 200,
+                "twice the limit between sweeps"
+            );
+        }
+        p.sweep();
+        assert!(p.tree_size(ws[0].id()) <= 100);
+        let recent = p.tree_size(ws[0].id());
+        assert!(recent > 0, "the most recent prompts stay");
+    }
+
+    #[test]
+    fn kinds_parse_and_bad_settings_are_refused() {
+        assert_eq!(
+            PolicyKind::parse("cache_aware").expect("parses"),
+            PolicyKind::CacheAware
+        );
+        let e = PolicyKind::parse("cache").unwrap_err().to_string();
+        assert!(e.contains("cache_aware"), "{e}");
+        let bad = RouterConfig {
+            cache_aware: CacheAwareConfig {
+                cache_threshold: 2.0,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let e = bad.check().unwrap_err().to_string();
+        assert!(e.contains("router.cache_aware.cache_threshold"), "{e}");
+        assert!(RouterConfig::default().check().is_ok());
     }
 }

@@ -10,11 +10,9 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_yaml_ng::Value;
-use troupe_serving::RouterConfig;
-use troupe_serving::gateway::{ControlAuthMode, GatewayConfig};
-use troupe_serving::policy::PolicyKind;
 use troupe_wire::engine_args::EngineFamily;
 
+pub use super::gateway_section::GatewaySection;
 pub use super::sched::{SchedulerConfig, SchedulerType, Words};
 
 /// Why a config could not be used.
@@ -122,81 +120,6 @@ impl Default for SglangConfig {
             ready_timeout_s: ready_timeout(),
             args: BTreeMap::new(),
         }
-    }
-}
-
-/// `gateway.*`: the YAML face of [`troupe_serving::gateway::GatewayConfig`] (the one gateway
-/// settings type), with its defaults. Policies are typed, so a typo is an error at load, naming
-/// the key, before anything launches.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GatewaySection {
-    /// Address the gateway listens on (default: its host's address, port 0 — `127.0.0.1:0`
-    /// when every host is on this machine). A non-loopback address needs an admin key.
-    #[serde(default)]
-    pub listen: String,
-    /// Policy for regular workers, and the default for prefill / decode.
-    #[serde(default)]
-    pub policy: PolicyKind,
-    /// Policy for prefill workers (default: `policy`).
-    #[serde(default)]
-    pub prefill_policy: Option<PolicyKind>,
-    /// Policy for decode workers (default: `policy`).
-    #[serde(default)]
-    pub decode_policy: Option<PolicyKind>,
-    /// Retries of a failed request on another worker (default: the gateway's).
-    #[serde(default)]
-    pub max_retries: Option<u32>,
-    /// Who may call the fleet control endpoints on the gateway: `key` (the admin key; the
-    /// default) or `none` (open, for clients such as SkyRL's that send no key; only with a
-    /// loopback `listen`).
-    #[serde(default)]
-    pub control_auth: ControlAuthMode,
-}
-
-impl GatewaySection {
-    /// The gateway settings this section describes (no workers, no admin key yet: the fork adds
-    /// them). An empty `listen` stays empty: the fork puts the gateway on its host's address.
-    pub fn to_gateway(&self) -> GatewayConfig {
-        let d = GatewayConfig::default();
-        GatewayConfig {
-            listen: self.listen.clone(),
-            router: RouterConfig {
-                policy: self.policy,
-                prefill_policy: self.prefill_policy.unwrap_or(self.policy),
-                decode_policy: self.decode_policy.unwrap_or(self.policy),
-                ..d.router.clone()
-            },
-            max_retries: self.max_retries.unwrap_or(d.max_retries),
-            control_auth: self.control_auth,
-            ..d
-        }
-    }
-
-    fn check(&self) -> Result<(), String> {
-        let host_port = |s: &str| {
-            s.parse::<std::net::SocketAddr>().is_ok()
-                || s.rsplit_once(':').is_some_and(|(h, p)| {
-                    !h.is_empty() && !h.contains(char::is_whitespace) && p.parse::<u16>().is_ok()
-                })
-        };
-        if !self.listen.is_empty() && !host_port(&self.listen) {
-            return Err(format!(
-                "gateway.listen {:?} is not an IP:PORT address, e.g. 127.0.0.1:30000 (or leave it empty for the gateway host's own address)",
-                self.listen
-            ));
-        }
-        let loopback = self
-            .listen
-            .parse::<std::net::SocketAddr>()
-            .is_ok_and(|a| a.ip().is_loopback());
-        if self.control_auth == ControlAuthMode::None && !loopback {
-            return Err(format!(
-                "gateway.control_auth none opens the fleet control endpoints to anyone who reaches the gateway, so it needs a loopback gateway.listen such as 127.0.0.1:30000 (got {:?}); or keep control_auth: key",
-                self.listen
-            ));
-        }
-        Ok(())
     }
 }
 

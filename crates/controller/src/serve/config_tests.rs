@@ -1,5 +1,7 @@
 //! Tests of config loading and validation.
 use super::*;
+use troupe_serving::gateway::GatewayConfig;
+use troupe_serving::policy::{CacheAwareConfig, PolicyKind};
 
 #[test]
 fn token_and_tls_come_from_the_config_first() {
@@ -96,6 +98,61 @@ fn enum_like_values_are_checked_at_load_naming_the_key() {
             "scheduler.startup_timeout_s=1e20",
             "scheduler.startup_timeout_s",
         ),
+    ] {
+        let e = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[o.to_string()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(needle), "{o}: {e}");
+    }
+}
+
+#[test]
+fn cache_aware_keys_use_sglangs_names_and_defaults() {
+    let c = ServeConfig::from_yaml(
+        "allocation_mode: x\ngateway: {policy: cache_aware, cache_threshold: 0.5, max_tree_size: 1000}\n",
+        "t.yaml",
+        &["gateway.balance_abs_threshold=8".into()],
+    )
+    .unwrap();
+    let r = c.gateway.to_gateway().router;
+    assert_eq!(r.policy, PolicyKind::CacheAware);
+    assert_eq!(r.decode_policy, PolicyKind::CacheAware);
+    let d = CacheAwareConfig::default();
+    assert_eq!(
+        r.cache_aware,
+        CacheAwareConfig {
+            cache_threshold: 0.5,
+            balance_abs_threshold: 8,
+            max_tree_size: 1000,
+            ..d
+        }
+    );
+    assert_eq!(
+        (d.balance_rel_threshold, d.eviction_interval_secs),
+        (1.5, 60)
+    );
+    for (o, needle) in [
+        ("gateway.cache_threshold=1.5", "gateway.cache_threshold"),
+        ("gateway.cache_threshold=-0.1", "gateway.cache_threshold"),
+        ("gateway.cache_threshold=.nan", "gateway.cache_threshold"),
+        (
+            "gateway.balance_rel_threshold=0.9",
+            "gateway.balance_rel_threshold",
+        ),
+        (
+            "gateway.balance_rel_threshold=.nan",
+            "gateway.balance_rel_threshold",
+        ),
+        (
+            "gateway.balance_abs_threshold=-1",
+            "gateway.balance_abs_threshold",
+        ),
+        (
+            "gateway.eviction_interval_secs=0",
+            "gateway.eviction_interval_secs",
+        ),
+        ("gateway.max_tree_size=0", "gateway.max_tree_size"),
+        ("gateway.max_tree_size=-5", "gateway.max_tree_size"),
     ] {
         let e = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[o.to_string()])
             .unwrap_err()

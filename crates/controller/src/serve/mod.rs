@@ -8,6 +8,7 @@
 pub mod config;
 mod deployment;
 pub mod fork;
+pub mod gateway_section;
 pub mod instances;
 pub mod plan;
 mod replace;

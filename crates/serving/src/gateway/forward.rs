@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 
 use super::GatewayState;
+use super::route_text::RouteText;
 use super::stream;
 use crate::error::ApiError;
 use crate::guard::{GuardedBody, LoadGuard};
@@ -38,6 +39,8 @@ pub(crate) struct InferReq {
     pub(crate) batch: Option<usize>,
     pub(crate) logprob: bool,
     pub(crate) session: Option<String>,
+    /// Where the routing text is in `obj` (found only when a policy reads it).
+    pub(crate) text: RouteText,
 }
 
 impl InferReq {
@@ -46,6 +49,7 @@ impl InferReq {
         headers: &HeaderMap,
         raw: Bytes,
         pd_mode: bool,
+        needs_text: bool,
     ) -> Result<Self, ApiError> {
         let obj = pd::parse_object(&raw)?;
         let stream = match obj.get("stream") {
@@ -77,6 +81,11 @@ impl InferReq {
             .get(SESSION_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        let text = if needs_text {
+            RouteText::of(ep, &obj)
+        } else {
+            RouteText::None
+        };
         Ok(Self {
             ep,
             raw,
@@ -85,12 +94,14 @@ impl InferReq {
             batch,
             logprob,
             session,
+            text,
         })
     }
 
     pub(crate) fn ctx(&self) -> RouteContext<'_> {
         RouteContext {
             session: self.session.as_deref(),
+            text: self.text.get(&self.obj),
         }
     }
 }
@@ -364,7 +375,8 @@ pub(super) async fn handle(
 ) -> Response {
     let started = Instant::now();
     state.metrics.request(ep);
-    let resp = match InferReq::parse(ep, &headers, raw, state.cfg.pd) {
+    let needs_text = state.router.needs_text();
+    let resp = match InferReq::parse(ep, &headers, raw, state.cfg.pd, needs_text) {
         Ok(req) => run(&state, &req).await,
         Err(e) => e.into_response(),
     };

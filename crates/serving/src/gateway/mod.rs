@@ -16,6 +16,7 @@
 mod admin;
 mod forward;
 mod register;
+mod route_text;
 mod stream;
 mod tokens;
 
@@ -287,6 +288,7 @@ impl Drop for GatewayHandle {
 pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
     let limits = cfg.limits();
     limits.check().map_err(ServingError::Config)?;
+    cfg.router.check()?;
     let router = Router::new(cfg.router.clone());
     let client = client::build()?;
     let state = Arc::new(GatewayState {

@@ -3,6 +3,14 @@
 //! A [`Policy`] picks one worker out of the *available* workers of one type (the router filters
 //! out unhealthy ones and open circuits first). Prefill and decode each get their own policy
 //! instance, so e.g. prefill can balance by load while decode pins sessions.
+//!
+//! This module holds the trait and the stateless or nearly stateless policies; `cache_aware`
+//! (SGLang's cache-aware policy over an approximate radix tree, `tree`) has its own files.
+
+mod cache_aware;
+mod tree;
+
+pub use cache_aware::{CacheAware, CacheAwareConfig};
 
 use std::collections::HashMap;
 use std::fmt;
@@ -16,11 +24,17 @@ use serde::{Deserialize, Serialize};
 use super::error::ServingError;
 use super::worker::Worker;
 
-/// Facts about the request a policy may use.
+/// Facts about the request a policy may use, borrowed from the request for the one routing
+/// decision (policies that need none of them ignore them).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RouteContext<'a> {
     /// The session key (header `X-Session-ID`), if the client sent one.
     pub session: Option<&'a str>,
+    /// The request's routing text, SGLang's: `/generate`'s `text` (or its `input_ids` written
+    /// as decimal numbers joined by spaces), `/v1/completions`' `prompt`, the message contents
+    /// of `/v1/chat/completions` joined by spaces. Filled only when a policy of the router asks
+    /// for it ([`Policy::needs_text`]), so other policies cost nothing.
+    pub text: Option<&'a str>,
 }
 
 /// Picks a worker.
@@ -31,6 +45,11 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn pick(&self, workers: &[Arc<dyn Worker>], ctx: &RouteContext<'_>) -> usize;
     /// Forgets state about a removed worker.
     fn forget(&self, _worker_id: &str) {}
+    /// Whether [`RouteContext::text`] matters to it: the gateway builds the routing text only
+    /// then (for a chat request it is a new string).
+    fn needs_text(&self) -> bool {
+        false
+    }
 }
 
 /// The configurable policies.
@@ -47,6 +66,10 @@ pub enum PolicyKind {
     /// Pin each `X-Session-ID` to one worker while it stays available; balance by load
     /// otherwise.
     Sticky,
+    /// SGLang's cache-aware routing: requests sharing a prefix go to the worker that holds it
+    /// in its KV cache while loads stay balanced ([`CacheAware`], settings
+    /// [`CacheAwareConfig`]).
+    CacheAware,
 }
 
 impl PolicyKind {
@@ -57,19 +80,28 @@ impl PolicyKind {
             "random" => Ok(PolicyKind::Random),
             "power_of_two" => Ok(PolicyKind::PowerOfTwo),
             "sticky" => Ok(PolicyKind::Sticky),
+            "cache_aware" => Ok(PolicyKind::CacheAware),
             other => Err(ServingError::Config(format!(
-                "unknown policy {other:?}; use round_robin, random, power_of_two or sticky"
+                "unknown policy {other:?}; use round_robin, random, power_of_two, sticky or cache_aware"
             ))),
         }
     }
 
-    /// Builds a fresh policy of this kind.
+    /// Builds a fresh policy of this kind (a cache-aware one with SGLang's default settings).
     pub fn build(self) -> Arc<dyn Policy> {
+        self.build_with(&CacheAwareConfig::default())
+    }
+
+    /// Builds a fresh policy of this kind; `cache_aware` is used by a cache-aware policy only
+    /// (the router passes its own, so prefill and decode share one set of settings, as in
+    /// SGLang's router).
+    pub fn build_with(self, cache_aware: &CacheAwareConfig) -> Arc<dyn Policy> {
         match self {
             PolicyKind::RoundRobin => Arc::new(RoundRobin::default()),
             PolicyKind::Random => Arc::new(Random),
             PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo),
             PolicyKind::Sticky => Arc::new(Sticky::default()),
+            PolicyKind::CacheAware => Arc::new(CacheAware::new(*cache_aware)),
         }
     }
 }
@@ -136,16 +168,14 @@ pub struct Sticky {
     pins: Mutex<HashMap<String, String>>,
 }
 
-impl Sticky {
-    fn least_loaded(workers: &[Arc<dyn Worker>]) -> usize {
-        // Ties go to the first, so equal loads spread by order of arrival through the loads
-        // themselves rather than by chance.
-        workers
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, w)| w.load())
-            .map_or(0, |(i, _)| i)
-    }
+/// Index of the worker with the fewest requests in flight. Ties go to the first, so equal loads
+/// spread by order of arrival through the loads themselves rather than by chance.
+fn least_loaded(workers: &[Arc<dyn Worker>]) -> usize {
+    workers
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, w)| w.load())
+        .map_or(0, |(i, _)| i)
 }
 
 impl Policy for Sticky {
@@ -154,7 +184,7 @@ impl Policy for Sticky {
     }
     fn pick(&self, workers: &[Arc<dyn Worker>], ctx: &RouteContext<'_>) -> usize {
         let Some(session) = ctx.session else {
-            return Self::least_loaded(workers);
+            return least_loaded(workers);
         };
         let mut pins = self.pins.lock();
         if let Some(id) = pins.get(session)
@@ -162,7 +192,7 @@ impl Policy for Sticky {
         {
             return i;
         }
-        let i = Self::least_loaded(workers);
+        let i = least_loaded(workers);
         if pins.len() >= MAX_SESSIONS {
             pins.clear();
         }

@@ -253,6 +253,16 @@ pub fn assert_envelope(v: &Value, code: u16) {
 
 /// A gateway over `workers` with probing off and no retry backoff.
 pub async fn gw(pd: bool, workers: Vec<WorkerSpec>, max_retries: u32) -> GatewayHandle {
+    gw_routed(pd, workers, max_retries, RouterConfig::default()).await
+}
+
+/// [`gw`] with these router settings (policies, ...); health probing is off whatever they say.
+pub async fn gw_routed(
+    pd: bool,
+    workers: Vec<WorkerSpec>,
+    max_retries: u32,
+    router: RouterConfig,
+) -> GatewayHandle {
     gateway::start(GatewayConfig {
         pd,
         workers,
@@ -263,7 +273,7 @@ pub async fn gw(pd: bool, workers: Vec<WorkerSpec>, max_retries: u32) -> Gateway
                 interval: Duration::ZERO,
                 ..Default::default()
             },
-            ..Default::default()
+            ..router
         },
         ..Default::default()
     })

@@ -1,0 +1,122 @@
+//! `gateway.*` of the serve config: the router and gateway settings, in the names of `troupe
+//! gateway`'s flags (SGLang router's for the `cache_aware` keys). Kept apart from the rest of the
+//! config so each file stays one concern.
+
+use serde::Deserialize;
+use troupe_serving::RouterConfig;
+use troupe_serving::gateway::{ControlAuthMode, GatewayConfig};
+use troupe_serving::policy::{CacheAwareConfig, PolicyKind};
+
+/// `gateway.*`: the YAML face of [`troupe_serving::gateway::GatewayConfig`] (the one gateway
+/// settings type), with its defaults. Policies are typed, so a typo is an error at load, naming
+/// the key, before anything launches.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySection {
+    /// Address the gateway listens on (default: its host's address, port 0 — `127.0.0.1:0`
+    /// when every host is on this machine). A non-loopback address needs an admin key.
+    #[serde(default)]
+    pub listen: String,
+    /// Policy for regular workers, and the default for prefill / decode.
+    #[serde(default)]
+    pub policy: PolicyKind,
+    /// Policy for prefill workers (default: `policy`).
+    #[serde(default)]
+    pub prefill_policy: Option<PolicyKind>,
+    /// Policy for decode workers (default: `policy`).
+    #[serde(default)]
+    pub decode_policy: Option<PolicyKind>,
+    /// Retries of a failed request on another worker (default: the gateway's).
+    #[serde(default)]
+    pub max_retries: Option<u32>,
+    /// Who may call the fleet control endpoints on the gateway: `key` (the admin key; the
+    /// default) or `none` (open, for clients such as SkyRL's that send no key; only with a
+    /// loopback `listen`).
+    #[serde(default)]
+    pub control_auth: ControlAuthMode,
+    /// `cache_aware` policies: share of a prompt a worker must hold to get it (SGLang's name
+    /// and default, 0.3).
+    #[serde(default)]
+    pub cache_threshold: Option<f64>,
+    /// `cache_aware` policies: loads are imbalanced past this difference in requests in flight
+    /// (and `balance_rel_threshold`) (SGLang's default, 64).
+    #[serde(default)]
+    pub balance_abs_threshold: Option<usize>,
+    /// `cache_aware` policies: loads are imbalanced past this ratio (and
+    /// `balance_abs_threshold`) (SGLang's default, 1.5).
+    #[serde(default)]
+    pub balance_rel_threshold: Option<f64>,
+    /// `cache_aware` policies: seconds between cache-tree sweeps (SGLang's default, 60).
+    #[serde(default)]
+    pub eviction_interval_secs: Option<u64>,
+    /// `cache_aware` policies: characters each worker's cache tree keeps (SGLang's default,
+    /// 2^26).
+    #[serde(default)]
+    pub max_tree_size: Option<usize>,
+}
+
+impl GatewaySection {
+    /// The gateway settings this section describes (no workers, no admin key yet: the fork adds
+    /// them). An empty `listen` stays empty: the fork puts the gateway on its host's address.
+    pub fn to_gateway(&self) -> GatewayConfig {
+        let d = GatewayConfig::default();
+        GatewayConfig {
+            listen: self.listen.clone(),
+            router: RouterConfig {
+                policy: self.policy,
+                prefill_policy: self.prefill_policy.unwrap_or(self.policy),
+                decode_policy: self.decode_policy.unwrap_or(self.policy),
+                cache_aware: self.cache_aware(),
+                ..d.router.clone()
+            },
+            max_retries: self.max_retries.unwrap_or(d.max_retries),
+            control_auth: self.control_auth,
+            ..d
+        }
+    }
+
+    /// The `cache_aware` settings: the keys given, SGLang's defaults for the rest.
+    fn cache_aware(&self) -> CacheAwareConfig {
+        let d = CacheAwareConfig::default();
+        CacheAwareConfig {
+            cache_threshold: self.cache_threshold.unwrap_or(d.cache_threshold),
+            balance_abs_threshold: self
+                .balance_abs_threshold
+                .unwrap_or(d.balance_abs_threshold),
+            balance_rel_threshold: self
+                .balance_rel_threshold
+                .unwrap_or(d.balance_rel_threshold),
+            eviction_interval_secs: self
+                .eviction_interval_secs
+                .unwrap_or(d.eviction_interval_secs),
+            max_tree_size: self.max_tree_size.unwrap_or(d.max_tree_size),
+        }
+    }
+
+    pub(super) fn check(&self) -> Result<(), String> {
+        self.cache_aware().check(|k| format!("gateway.{k}"))?;
+        let host_port = |s: &str| {
+            s.parse::<std::net::SocketAddr>().is_ok()
+                || s.rsplit_once(':').is_some_and(|(h, p)| {
+                    !h.is_empty() && !h.contains(char::is_whitespace) && p.parse::<u16>().is_ok()
+                })
+        };
+        if !self.listen.is_empty() && !host_port(&self.listen) {
+            return Err(format!(
+                "gateway.listen {:?} is not an IP:PORT address, e.g. 127.0.0.1:30000 (or leave it empty for the gateway host's own address)",
+                self.listen
+            ));
+        }
+        let loopback = self
+            .listen
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| a.ip().is_loopback());
+        if self.control_auth == ControlAuthMode::None && !loopback {
+            return Err(format!(
+                "gateway.control_auth none opens the fleet control endpoints to anyone who reaches the gateway, so it needs a loopback gateway.listen such as 127.0.0.1:30000 (got {:?}); or keep control_auth: key",
+                self.listen
+            ));
+        }
+        Ok(())
+    }
+}
