@@ -159,10 +159,11 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
 
 /// Runs `troupe gateway` until SIGINT/SIGTERM.
 pub async fn run(a: &GatewayArgs) -> Result<(), String> {
+    let mut stop = super::Shutdown::listen();
     let cfg = config(a)?;
     let handle = gateway::start(cfg).await.map_err(|e| e.to_string())?;
     println!("gateway listening on {}", handle.url());
-    super::shutdown_signal().await;
+    stop.wait().await;
     handle.shutdown().await.map_err(|e| e.to_string())
 }
 

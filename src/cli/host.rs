@@ -13,7 +13,7 @@ use troupe_scheduler::launch::report::{HostReport, ReportLink, node_name, parse_
 
 use troupe_scheduler::launch::READY_PREFIX;
 
-use super::shutdown_signal;
+use super::Shutdown;
 
 /// Flags of `troupe host`.
 #[derive(Debug, Clone, clap::Args)]
@@ -161,6 +161,7 @@ pub async fn run(args: HostArgs) -> Result<(), HostCmdError> {
 
 /// [`run`] with a custom registry (for binaries that embed extra actor kinds).
 pub async fn run_with(mut args: HostArgs, registry: Registry) -> Result<(), HostCmdError> {
+    let mut stop = Shutdown::listen();
     let mut link = match args.report_to.clone() {
         Some(to) => Some(prepare_report(&mut args, &to).await?),
         None => None,
@@ -200,12 +201,12 @@ pub async fn run_with(mut args: HostArgs, registry: Registry) -> Result<(), Host
     let stopped = core.stopped();
     match link {
         Some(l) => tokio::select! {
-            _ = shutdown_signal() => {}
+            _ = stop.wait() => {}
             _ = stopped.cancelled() => {}
             _ = l.closed() => eprintln!("the controller closed its connection; stopping"),
         },
         None => tokio::select! {
-            _ = shutdown_signal() => {}
+            _ = stop.wait() => {}
             _ = stopped.cancelled() => {}
         },
     }

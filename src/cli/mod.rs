@@ -58,6 +58,9 @@ enum BenchCmd {
     /// Fault tolerance: load through an in-process PD deployment while a random server is
     /// killed every few seconds; counts requests sent, answered, retried and lost.
     Chaos(bench::chaos::ChaosArgs),
+    /// GRPO-shaped rollouts (groups of samples per prompt) through an in-process deployment:
+    /// round robin without a prefix cache vs cache-aware routing with one; PD vs regular.
+    Rollout(bench::rollout::RolloutArgs),
     /// Weight broadcast over the chained TCP transport to 1..N in-process receivers.
     Broadcast {
         /// Receiver counts to measure, comma-separated.
@@ -233,6 +236,13 @@ pub fn main() -> ExitCode {
                 }
                 Err(e) => fail(e),
             },
+            Cmd::Bench(BenchCmd::Rollout(a)) => match bench::rollout::run(&a).await {
+                Ok(figs) => {
+                    bench::print_figures(&figs, a.json);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            },
             Cmd::Bench(BenchCmd::Chaos(a)) => match bench::chaos::run(&a).await {
                 Ok(figs) => {
                     bench::print_figures(&figs, a.json);
@@ -251,21 +261,38 @@ pub fn main() -> ExitCode {
     })
 }
 
-/// Resolves on the first SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut t), Ok(mut i)) => {
-            tokio::select! {
-                _ = t.recv() => {}
-                _ = i.recv() => {}
-            }
+/// SIGTERM and SIGINT, listened to from creation on. A command creates one before it starts
+/// anything and waits on it wherever it can be stopped: a signal that lands between two waits
+/// (say while it prints its banner) is kept and ends the next wait. Tokio drops a signal that
+/// arrives while no listener exists, and its handler replaces the default action, so a fresh
+/// listener per wait lost such a signal and the command ran on.
+pub struct Shutdown {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Shutdown {
+    /// Starts listening.
+    pub fn listen() -> Shutdown {
+        use tokio::signal::unix::{SignalKind, signal};
+        Shutdown {
+            term: signal(SignalKind::terminate()).ok(),
+            int: signal(SignalKind::interrupt()).ok(),
         }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
+    }
+
+    /// Resolves on the first SIGTERM or SIGINT since [`Shutdown::listen`] not yet waited for.
+    pub async fn wait(&mut self) {
+        match (self.term.as_mut(), self.int.as_mut()) {
+            (Some(t), Some(i)) => {
+                tokio::select! {
+                    _ = t.recv() => {}
+                    _ = i.recv() => {}
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }

@@ -10,7 +10,7 @@ use troupe_controller::serve::{Deployment, ServingEvent};
 use troupe_controller::{Cluster, api};
 use troupe_scheduler::AllocationPlan;
 
-use super::shutdown_signal;
+use super::Shutdown;
 
 /// Flags of `troupe serve`.
 #[derive(Debug, Clone, clap::Args)]
@@ -144,7 +144,7 @@ fn keep_state(
 }
 
 /// `troupe serve --recover`: reattach to what the state file names.
-async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
+async fn recover(a: &ServeArgs, cfg: &ServeConfig, mut stop: Shutdown) -> Result<(), String> {
     match cfg.scheduler.kind {
         SchedulerType::Local => {}
         SchedulerType::Inprocess => {
@@ -197,7 +197,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
         cluster.hosts().len(),
         path.display()
     );
-    shutdown_signal().await;
+    stop.wait().await;
     eprintln!("shutting down");
     keeper.abort();
     svc.teardown().await;
@@ -208,9 +208,10 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig) -> Result<(), String> {
 
 /// Runs `troupe serve`.
 pub async fn run(a: &ServeArgs) -> Result<(), String> {
+    let mut stop = Shutdown::listen();
     let cfg = ServeConfig::load(&a.config, &a.overrides).map_err(|e| e.to_string())?;
     if a.recover {
-        return recover(a, &cfg).await;
+        return recover(a, &cfg, stop).await;
     }
     let plan =
         AllocationPlan::parse(&cfg.allocation_mode).map_err(|e| format!("allocation_mode: {e}"))?;
@@ -239,7 +240,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     // launcher started, e.g. the Slurm job.
     let cluster = tokio::select! {
         c = cluster_for(&cfg) => c?,
-        _ = shutdown_signal() => return Err("interrupted while starting hosts".into()),
+        _ = stop.wait() => return Err("interrupted while starting hosts".into()),
     };
     for line in cluster.launch_info() {
         eprintln!("{line}");
@@ -257,7 +258,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     let opts = fork_options(&cfg, key.clone(), true);
     let forked = tokio::select! {
         f = Deployment::fork(&cluster, &plan, &opts) => Some(f),
-        _ = shutdown_signal() => None,
+        _ = stop.wait() => None,
     };
     let svc = match forked {
         Some(Ok(s)) => s,
@@ -318,7 +319,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
             s.info.log_path
         );
     }
-    shutdown_signal().await;
+    stop.wait().await;
     eprintln!("shutting down");
     if let Some(k) = keeper {
         k.abort();

@@ -219,6 +219,14 @@ async fn a_crashed_controllers_state_is_not_overwritten_without_discard_state() 
         }
         // With --discard-state the old hosts and their engines are stopped first.
         let (mut second, _) = serve(&["--state-file", state_arg, "--discard-state"]).await;
+        let new_hosts = children_of(second.id().unwrap());
+        let _reap_new = Reap(
+            new_hosts
+                .iter()
+                .flat_map(|h| children_of(*h))
+                .chain(new_hosts.iter().copied())
+                .collect(),
+        );
         for p in hosts.iter().chain(&engines) {
             wait_dead(*p).await;
         }
@@ -227,8 +235,13 @@ async fn a_crashed_controllers_state_is_not_overwritten_without_discard_state() 
             nix::sys::signal::Signal::SIGINT,
         )
         .unwrap();
+        // The signal lands right after the gateway line: it must not be lost between the
+        // start-up waits and the final one.
         assert!(second.wait().await.unwrap().success());
         assert!(!state.exists(), "a clean stop removes the state file");
+        for p in &new_hosts {
+            wait_dead(*p).await;
+        }
     })
     .await
 }

@@ -98,7 +98,11 @@ async fn a_group_sent_at_once_prefills_its_prompt_once() {
                 v["meta_info"]["cached_tokens"].as_u64().unwrap_or(0)
             })
             .sum();
-        assert_eq!(hits, (group - 1) * (n - 1), "one sample computes, the rest copy");
+        assert_eq!(
+            hits,
+            (group - 1) * (n - 1),
+            "one sample computes, the rest copy"
+        );
         assert_eq!(
             counter(&url, "prefill_computed_tokens_total").await,
             n + (group - 1),

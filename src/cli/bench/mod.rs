@@ -3,6 +3,7 @@
 
 pub mod chaos;
 pub mod gateway;
+pub mod rollout;
 pub mod rpc;
 
 /// Prints figures as `name value` lines, or as one JSON object.

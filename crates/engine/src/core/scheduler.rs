@@ -316,7 +316,10 @@ impl Scheduler {
         }
         let (batch, later) = match &self.prefix {
             Some(c) => admit::lookup(&mut admit::lock(c), admitted),
-            None => (admitted.into_iter().map(|s| (s, None)).collect(), Vec::new()),
+            None => (
+                admitted.into_iter().map(|s| (s, None)).collect(),
+                Vec::new(),
+            ),
         };
         for s in later.into_iter().rev() {
             self.waiting.push_front(s);
@@ -326,7 +329,10 @@ impl Scheduler {
         if !batch.is_empty() {
             let started = Instant::now();
             let tokens: usize = batch.iter().map(|(s, _)| s.prefill_len()).sum();
-            let cached: usize = batch.iter().map(|(_, p)| p.as_ref().map_or(0, |p| p.len)).sum();
+            let cached: usize = batch
+                .iter()
+                .map(|(_, p)| p.as_ref().map_or(0, |p| p.len))
+                .sum();
             let outcomes: Vec<(Sequence, PrefillOutcome)> = batch
                 .into_par_iter()
                 .map(|(mut s, prefix)| {
@@ -482,7 +488,6 @@ impl Scheduler {
         };
     }
 }
-
 
 /// Shorthand used by handlers for replies that carry a user-facing message.
 pub type MessageReply = Reply;

@@ -11,8 +11,8 @@ use tokio::task::JoinHandle;
 use super::KvHandoff;
 use super::auth::{self, NONCE_LEN, Secret, Side, TAG_LEN};
 use super::room::RoomStore;
-use crate::model::KvCache;
 use super::wire::{self, MAGIC, VERSION};
+use crate::model::KvCache;
 
 /// A running bootstrap listener.
 #[derive(Debug)]
