@@ -135,13 +135,15 @@ async fn post_stream(c: &reqwest::Client, url: &str, body: &Value) -> Value {
     )
 }
 
-/// Strips fields that legitimately differ between servers (timing, ids).
+/// Strips fields that legitimately differ between servers: timing, ids, and `cached_tokens`,
+/// which depends on what each server's prefix cache holds from earlier requests (routing history).
 fn comparable(v: &Value) -> Value {
     let mut v = v.clone();
     let strip = |x: &mut Value| {
         if let Some(m) = x["meta_info"].as_object_mut() {
             m.remove("e2e_latency");
             m.remove("id");
+            m.remove("cached_tokens");
         }
     };
     match v.as_array_mut() {
