@@ -61,6 +61,9 @@ enum BenchCmd {
     /// GRPO-shaped rollouts (groups of samples per prompt) through an in-process deployment:
     /// round robin without a prefix cache vs cache-aware routing with one; PD vs regular.
     Rollout(bench::rollout::RolloutArgs),
+    /// Controller scaling: bring-up, fan-out, weight update and host loss with many hosts
+    /// and servers (real reference-engine processes on in-process hosts).
+    Scale(bench::scale::ScaleArgs),
     /// Weight broadcast over the chained TCP transport to 1..N in-process receivers.
     Broadcast {
         /// Receiver counts to measure, comma-separated.
@@ -237,6 +240,13 @@ pub fn main() -> ExitCode {
                 Err(e) => fail(e),
             },
             Cmd::Bench(BenchCmd::Rollout(a)) => match bench::rollout::run(&a).await {
+                Ok(figs) => {
+                    bench::print_figures(&figs, a.json);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            },
+            Cmd::Bench(BenchCmd::Scale(a)) => match bench::scale::run(&a).await {
                 Ok(figs) => {
                     bench::print_figures(&figs, a.json);
                     ExitCode::SUCCESS

@@ -81,3 +81,189 @@ fn vs_ray_without_a_usable_python_says_why() {
         "{err}"
     );
 }
+
+/// Runs `troupe ARGS`, killing it after `secs`; (success, stdout, stderr).
+fn troupe_within(args: &[&str], secs: u64) -> (bool, String, String) {
+    use std::io::Read;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "troupe {} did not finish within {secs} s; stderr:\n{}",
+                args.join(" "),
+                err.join().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    (status.success(), out.join().unwrap(), err.join().unwrap())
+}
+
+const SCALE_FIGURES: [&str; 17] = [
+    "scale.hosts",
+    "scale.servers",
+    "scale.bringup_s",
+    "scale.slowest_server_s",
+    "scale.server_start_p50_s",
+    "scale.bringup_overhead_s",
+    "scale.controller_rss_mib",
+    "scale.engine_rss_mib",
+    "scale.fanout_p50_ms",
+    "scale.fanout_p99_ms",
+    "scale.fanout_max_ms",
+    "scale.weight_update_s",
+    "scale.weight_update_again_s",
+    "scale.host_loss_event_ms",
+    "scale.host_loss_detect_ms",
+    "scale.teardown_s",
+    "scale.controller_peak_rss_mib",
+];
+
+#[test]
+fn bench_scale_prints_every_figure() {
+    let (ok, text, err) = troupe_within(
+        &[
+            "bench",
+            "scale",
+            "--hosts",
+            "2",
+            "--servers",
+            "4",
+            "--rounds",
+            "3",
+        ],
+        240,
+    );
+    assert!(ok, "{err}");
+    for name in SCALE_FIGURES {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} missing from:\n{text}"));
+        let v: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(v.is_finite(), "{line}");
+    }
+    assert!(text.contains("scale.servers 4"), "{text}");
+
+    // PD, as one JSON object with the same names.
+    let (ok, text, err) = troupe_within(
+        &[
+            "bench",
+            "scale",
+            "--hosts",
+            "2",
+            "--servers",
+            "4",
+            "--layout",
+            "pd",
+            "--rounds",
+            "1",
+            "--json",
+        ],
+        240,
+    );
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    for name in SCALE_FIGURES {
+        assert!(v[name].as_f64().is_some_and(f64::is_finite), "{name}: {v}");
+    }
+}
+
+#[test]
+fn bench_scale_refuses_flags_that_make_no_fleet() {
+    for (args, says) in [
+        (
+            &["--hosts", "2", "--servers", "3"][..],
+            "not a multiple of --hosts",
+        ),
+        (&["--hosts", "1", "--servers", "3", "--layout", "pd"], "odd"),
+        (&["--servers", "0"], "--servers"),
+        (&["--hosts", "0"], "--hosts"),
+    ] {
+        let mut all = vec!["bench", "scale"];
+        all.extend_from_slice(args);
+        let (ok, _, err) = troupe_within(&all, 30);
+        assert!(!ok, "{args:?} must fail");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// `troupe bench rollout` on a small GRPO-shaped load: every figure is printed, the baseline
+/// takes nothing from a cache, and cache-aware routing serves most of each group's prompt from
+/// one (a behaviour, not a timing: groups of 4 share one prompt).
+#[test]
+fn bench_rollout_prints_every_figure_and_the_cache_serves_groups() {
+    let (ok, out, err) = troupe_within(
+        &[
+            "bench",
+            "rollout",
+            "--prompt-tokens",
+            "96",
+            "--group",
+            "4",
+            "--groups",
+            "3",
+            "--max-new-tokens",
+            "4",
+        ],
+        240,
+    );
+    assert!(ok, "{err}");
+    let fig = |name: &str| -> f64 {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from:\n{out}"))
+    };
+    for c in ["baseline", "cache_aware"] {
+        for k in [
+            "tokens_per_s",
+            "cache_hit_rate",
+            "prefill_computed_tokens",
+            "prefill_cached_tokens",
+            "kv_received_tokens",
+            "kv_local_tokens",
+        ] {
+            fig(&format!("rollout.{c}.{k}"));
+        }
+    }
+    fig("rollout.pd.tokens_per_s");
+    fig("rollout.speedup");
+    assert_eq!(fig("rollout.baseline.cache_hit_rate"), 0.0);
+    assert_eq!(
+        fig("rollout.baseline.prefill_computed_tokens"),
+        3.0 * 4.0 * 96.0
+    );
+    // Each group computes its prompt once and three samples copy all but its last token.
+    assert!(fig("rollout.cache_aware.cache_hit_rate") >= 0.7, "{out}");
+
+    let (ok, _, err) = troupe_within(&["bench", "rollout", "--layout", "ring"], 30);
+    assert!(!ok);
+    assert!(err.contains("--layout \"ring\""), "{err}");
+    let (ok, _, err) = troupe_within(&["bench", "rollout", "--policy", "fastest"], 30);
+    assert!(!ok);
+    assert!(err.contains("--policy"), "{err}");
+}

@@ -191,9 +191,8 @@ impl ClusterBuilder {
             };
             return me.launch(Arc::new(launcher), n, gpus_per_host).await;
         }
-        let mut conns = Vec::with_capacity(n);
-        let mut owned = Vec::with_capacity(n);
-        for i in 0..n {
+        // Every host starts at once.
+        let starts = (0..n).map(|i| {
             let cfg = HostConfig {
                 host_id: format!("host-{i}"),
                 gpu_ids: (0..gpus_per_host).collect(),
@@ -204,14 +203,36 @@ impl ClusterBuilder {
                 stable_after: self.stable_after,
                 ..HostConfig::default()
             };
-            let core = HostCore::start(cfg, self.registry.clone())
-                .await
-                .map_err(|source| ClusterError::Host { index: i, source })?;
-            core.set_address(format!("inproc://host-{i}"));
-            let d = core.describe();
-            conns.push((HostConn::direct(core.clone()), d));
-            owned.push(Owned::Core(core));
+            HostCore::start(cfg, self.registry.clone())
+        });
+        let mut cores = Vec::with_capacity(n);
+        let mut failed = None;
+        for (i, started) in futures::future::join_all(starts)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            match started {
+                Ok(core) => cores.push(core),
+                Err(source) => {
+                    failed = failed.or(Some(ClusterError::Host { index: i, source }));
+                }
+            }
         }
+        if let Some(e) = failed {
+            // The hosts that did start are stopped again: nothing outlives a failed build.
+            futures::future::join_all(cores.iter().map(HostCore::shutdown)).await;
+            return Err(e);
+        }
+        let conns = cores
+            .iter()
+            .enumerate()
+            .map(|(i, core)| {
+                core.set_address(format!("inproc://host-{i}"));
+                (HostConn::direct(core.clone()), core.describe())
+            })
+            .collect();
+        let owned = cores.into_iter().map(Owned::Core).collect();
         Ok(Cluster::assemble(conns, owned, self.lost_after).await)
     }
 
@@ -487,6 +508,27 @@ impl Cluster {
     /// started them.
     pub fn adopt_processes(&mut self, pids: &[u32]) {
         self.owned.extend(pids.iter().map(|p| Owned::Adopted(*p)));
+    }
+
+    /// Crashes in-process host `i` as a host crash looks to the controller: its event stream
+    /// ends at once (the cluster reports it lost, its pending calls fail), then its actors stop
+    /// and their processes with them. For benchmarks and fault drills without host processes
+    /// to kill. False, doing nothing, when host `i` is not an in-process (direct) host of this
+    /// cluster.
+    pub async fn crash_host(&self, i: usize) -> bool {
+        let Some(id) = self.hosts.get(i).map(|h| h.id().to_string()) else {
+            return false;
+        };
+        let core = self.owned.iter().find_map(|o| match o {
+            Owned::Core(c) if c.host_id() == id => Some(c.clone()),
+            _ => None,
+        });
+        let Some(core) = core else {
+            return false;
+        };
+        core.stopped().cancel();
+        core.shutdown().await;
+        true
     }
 
     /// Stops everything this cluster started: in-process hosts shut down their actors,

@@ -80,9 +80,12 @@ impl HostLauncher for InProcessLauncher {
         req: &'a LaunchRequest,
     ) -> BoxFuture<'a, Result<Vec<LaunchedHost>, LaunchError>> {
         Box::pin(async move {
+            // Every host starts at once; if one fails, the ones that started are torn down.
+            let started =
+                futures::future::join_all((0..req.n_hosts).map(|i| self.one(req, i))).await;
             let mut hosts = Vec::with_capacity(req.n_hosts);
-            for i in 0..req.n_hosts {
-                match self.one(req, i).await {
+            for h in started {
+                match h {
                     Ok(h) => hosts.push(h),
                     Err(e) => {
                         self.teardown().await;

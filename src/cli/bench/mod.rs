@@ -5,6 +5,7 @@ pub mod chaos;
 pub mod gateway;
 pub mod rollout;
 pub mod rpc;
+pub mod scale;
 
 /// Prints figures as `name value` lines, or as one JSON object.
 pub fn print_figures(figures: &[(String, f64)], json: bool) {

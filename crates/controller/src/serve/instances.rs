@@ -390,6 +390,7 @@ pub(crate) mod tests {
                 pid: 0,
                 log_path: String::new(),
                 command: Vec::new(),
+                ready_ms: 0,
             },
             actor: host.attach(format!("server-{component}-{group}-{instance}-{node_rank}")),
             proxy_url: None,

@@ -345,7 +345,6 @@ impl Deployment {
                 cluster.hosts().len()
             )));
         }
-        let mut alive: BTreeSet<(usize, String)> = BTreeSet::new();
         for (i, h) in cluster.hosts().iter().enumerate() {
             if h.id() != st.hosts[i].host_id {
                 return Err(gone(format!(
@@ -356,10 +355,13 @@ impl Deployment {
                     st.hosts[i].host_id
                 )));
             }
-            let d = h
-                .describe()
-                .await
-                .map_err(|e| gone(format!("host {i}: {e}")))?;
+        }
+        // Every host is asked at once what runs on it.
+        let described =
+            futures::future::join_all(cluster.hosts().iter().map(|h| h.describe())).await;
+        let mut alive: BTreeSet<(usize, String)> = BTreeSet::new();
+        for (i, d) in described.into_iter().enumerate() {
+            let d = d.map_err(|e| gone(format!("host {i}: {e}")))?;
             alive.extend(d.actors.into_iter().map(|a| (i, a.actor_id)));
         }
         let check = |r: &ActorRecord, what: &str| {

@@ -154,9 +154,8 @@ impl Watcher {
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
                 _ = fleet.wait_updated() => {
-                    for url in fleet.take_caught_up() {
-                        self.readmit(&url).await;
-                    }
+                    let back = fleet.take_caught_up();
+                    futures::future::join_all(back.iter().map(|url| self.readmit(url))).await;
                 }
             }
         }
@@ -202,17 +201,19 @@ impl Watcher {
                     .into_iter()
                     .filter(|i| i.hosts().contains(&host))
                     .collect();
+                // Every server of the host leaves the router at once, not one after another.
+                let reason = format!("host {host} lost: {reason}");
+                futures::future::join_all(lost.iter().map(|i| self.take_down(i, reason.clone())))
+                    .await;
                 for i in lost {
-                    let reason = format!("host {host} lost: {reason}");
-                    self.take_down(&i, reason.clone()).await;
                     match &self.replacer {
                         Some(r) => {
-                            let (me, r) = (self.clone(), r.clone());
+                            let (me, r, reason) = (self.clone(), r.clone(), reason.clone());
                             tokio::spawn(async move { me.replace(&r, i, reason).await });
                         }
                         None => self.emit(ServingEvent::Lost {
                             url: i.server_url().to_string(),
-                            reason,
+                            reason: reason.clone(),
                         }),
                     }
                 }

@@ -134,15 +134,14 @@ impl InferenceControl {
 
     /// A control client over only `urls` of these servers (same fleet, same key; its own list).
     pub fn subset(&self, urls: Vec<String>) -> InferenceControl {
-        let all = self.engines();
+        let all: std::collections::HashMap<String, Engine> = self
+            .engines()
+            .into_iter()
+            .map(|e| (e.url.clone(), e))
+            .collect();
         let engines = urls
             .into_iter()
-            .map(|u| {
-                all.iter()
-                    .find(|e| e.url == u)
-                    .cloned()
-                    .unwrap_or_else(|| Engine::sglang(u, 1))
-            })
+            .map(|u| all.get(&u).cloned().unwrap_or_else(|| Engine::sglang(u, 1)))
             .collect();
         InferenceControl {
             engines: Arc::new(std::sync::RwLock::new(engines)),

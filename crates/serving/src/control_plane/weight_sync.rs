@@ -358,14 +358,7 @@ impl Core {
         let Some(old) = self.group.take() else {
             return;
         };
-        let name = self.opts.group_name.clone();
-        let all = control.engines();
-        futures::future::join_all(
-            all.iter()
-                .filter(|e| old.members.contains(&e.url))
-                .map(|e| control.client().destroy_weight_group(e, &name)),
-        )
-        .await;
+        leave(control, &old.members, &self.opts.group_name).await;
     }
 
     /// Builds the group unless one exists for exactly these engines in this fleet generation
@@ -386,13 +379,7 @@ impl Core {
         }
         let name = self.opts.group_name.clone();
         if let Some(old) = self.group.take() {
-            let all = control.engines();
-            futures::future::join_all(
-                all.iter()
-                    .filter(|e| old.members.contains(&e.url))
-                    .map(|e| control.client().destroy_weight_group(e, &name)),
-            )
-            .await;
+            leave(control, &old.members, &name).await;
         }
         let plan = WeightSyncPlan::new(
             &name,
@@ -516,6 +503,19 @@ impl Core {
         };
         sent.map_err(|e| format!("broadcast failed: {e}"))
     }
+}
+
+/// Has every engine of `control` that is one of `members` leave group `name`, all at once
+/// (best effort).
+async fn leave(control: &InferenceControl, members: &[String], name: &str) {
+    let members: std::collections::HashSet<&str> = members.iter().map(String::as_str).collect();
+    let all = control.engines();
+    futures::future::join_all(
+        all.iter()
+            .filter(|e| members.contains(e.url.as_str()))
+            .map(|e| control.client().destroy_weight_group(e, name)),
+    )
+    .await;
 }
 
 /// The phases around the buckets that only vLLM's dialect has (a no-op for SGLang engines).

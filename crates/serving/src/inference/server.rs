@@ -46,6 +46,12 @@ pub struct ServerInfo {
     /// environment or a private file), so what runs can be compared with `troupe plan`.
     #[serde(default)]
     pub command: Vec<String>,
+    /// How long the server took to come up, in ms: from its process's spawn to its first
+    /// healthy answer (a node not waited for: to its spawn). The server's own start time, so
+    /// a fork's bring-up can be compared with its slowest server. 0 when not known (a server
+    /// reattached from an older state file).
+    #[serde(default)]
+    pub ready_ms: u64,
 }
 
 /// The InferenceServer actor.
@@ -170,14 +176,16 @@ fn troupe_bin(spec: &LaunchSpec) -> Result<String, ActorError> {
 
 async fn healthy(client: &reqwest::Client, url: &str) -> bool {
     for path in ["/health", "/ready"] {
-        if let Ok(r) = client
+        match client
             .get(format!("{url}{path}"))
             .timeout(Duration::from_secs(5))
             .send()
             .await
-            && r.status().is_success()
         {
-            return true;
+            Ok(r) if r.status().is_success() => return true,
+            // Nothing listens yet: the other path would not connect either.
+            Err(e) if e.is_connect() => return false,
+            Ok(_) | Err(_) => {}
         }
     }
     false
@@ -202,6 +210,7 @@ impl Actor for InferenceServer {
             secrets.0.push(f.path.clone());
         }
         let CommandLine { program, args, .. } = &cl;
+        let spawned = Instant::now();
         let mut child = ChildProcess::spawn(command::command(&cl), Some(&log))
             .map_err(|e| ActorError::new(format!("cannot start {program}: {e}")))?;
         tracing::info!(server = %ctx.name, %program, ?args, log = %log.display(), "server starting");
@@ -224,7 +233,14 @@ impl Actor for InferenceServer {
             if healthy(&client, &url).await {
                 // Ready only if the answer came from our child: with another deployment on this
                 // machine, its engine may answer on this port while our child fails to bind.
-                if troupe_actors::sockets::group_listens_on(child.pid(), spec.port) == Some(false) {
+                // Asked of the kernel off the async workers: hundreds of servers start at once.
+                let (pgid, port) = (child.pid(), spec.port);
+                let ours = tokio::task::spawn_blocking(move || {
+                    troupe_actors::sockets::group_listens_on(pgid, port)
+                })
+                .await
+                .unwrap_or(None);
+                if ours == Some(false) {
                     let _ = child.terminate(Duration::from_secs(5)).await;
                     return Err(ActorError::new(format!(
                         "server {}: port {} answers, but not from the server launched here: Address already in use (another process listens on it); relaunch it on other ports",
@@ -260,6 +276,7 @@ impl Actor for InferenceServer {
             command: std::iter::once(cl.program.clone())
                 .chain(cl.args.iter().cloned())
                 .collect(),
+            ready_ms: u64::try_from(spawned.elapsed().as_millis()).unwrap_or(u64::MAX),
         };
         let child = Arc::new(tokio::sync::Mutex::new(child));
         let stopping = CancellationToken::new();

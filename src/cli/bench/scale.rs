@@ -1,0 +1,416 @@
+//! `troupe bench scale`: how the controller copes with many hosts and many servers.
+//!
+//! Brings up `--servers` reference engines (the tiny model, one real child process each) on
+//! `--hosts` in-process actor hosts (`--servers / --hosts` GPUs per host), regular or PD, and
+//! measures what grows with the fleet on the controller's side:
+//!
+//! - `scale.bringup_s`: `Deployment::fork`, from placement to the gateway routing every server;
+//!   `scale.slowest_server_s` / `scale.server_start_p50_s`: the servers' own start times (each
+//!   server's spawn to its first healthy answer, [`ServerInfo::ready_ms`]); their difference
+//!   `scale.bringup_overhead_s` is what the controller adds to the slowest server;
+//! - `scale.controller_rss_mib` (VmRSS of this process after bring-up; engines are child
+//!   processes and not in it), `scale.controller_peak_rss_mib` (VmHWM at the end) and
+//!   `scale.engine_rss_mib` (the mean engine process, for sizing a machine);
+//! - `scale.fanout_p50_ms` / `scale.fanout_p99_ms`: `--rounds` pauses and resumes of the whole
+//!   fleet through its control plane (every call timed; resume includes its version check);
+//! - `scale.weight_update_s`: a tiny-model weight update to every server through the plane
+//!   (pause, broadcast group build, buckets, resume), `scale.weight_update_again_s` a second one
+//!   over the group already built;
+//! - `scale.host_loss_event_ms` / `scale.host_loss_detect_ms`: the last host crashes (its event
+//!   stream ends, then its actors and engines stop); the time until the cluster reports it lost,
+//!   and until every one of its servers has left the router;
+//! - `scale.teardown_s`.
+//!
+//! [`ServerInfo::ready_ms`]: troupe_serving::inference::ServerInfo::ready_ms
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use troupe_controller::serve::{Deployment, ForkOptions, ServingEvent};
+use troupe_controller::{Cluster, ClusterEvent};
+use troupe_scheduler::AllocationPlan;
+use troupe_serving::control_plane::HostTensor;
+use troupe_wire::PauseMode;
+
+/// How the servers are grouped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Layout {
+    /// One group of regular servers.
+    Regular,
+    /// Half prefill, half decode servers behind the PD-aware gateway.
+    Pd,
+}
+
+/// Settings of the scale benchmark.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ScaleArgs {
+    /// In-process actor hosts.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub hosts: u64,
+    /// Reference-engine servers in all (one child process each); a multiple of --hosts.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub servers: u64,
+    /// One group of regular servers, or half prefill and half decode.
+    #[arg(long, value_enum, default_value = "regular")]
+    pub layout: Layout,
+    /// Pause + resume rounds timed for the fan-out figures.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub rounds: u64,
+    /// How long each server may take to come up, in seconds.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub ready_timeout_s: u64,
+    /// Print one JSON object instead of one line per figure.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The allocation mode for `a`, or why the flags do not make one.
+pub fn allocation(a: &ScaleArgs) -> Result<String, String> {
+    if a.servers == 0 || a.hosts == 0 {
+        return Err("--servers and --hosts must be positive".into());
+    }
+    if !a.servers.is_multiple_of(a.hosts) {
+        return Err(format!(
+            "--servers {} is not a multiple of --hosts {}: every host runs the same number of servers",
+            a.servers, a.hosts
+        ));
+    }
+    if a.servers / a.hosts > 1024 {
+        return Err(format!(
+            "{} servers per host is more than the 1024 GPUs a host may advertise: raise --hosts",
+            a.servers / a.hosts
+        ));
+    }
+    match a.layout {
+        Layout::Regular => Ok(format!("troupe:d{}t1", a.servers)),
+        Layout::Pd if a.servers.is_multiple_of(2) => Ok(format!(
+            "troupe:(prefill:d{h}t1|decode:d{h}t1)",
+            h = a.servers / 2
+        )),
+        Layout::Pd => Err(format!(
+            "--layout pd splits the servers into prefill and decode halves: --servers {} is odd",
+            a.servers
+        )),
+    }
+}
+
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in MiB.
+fn status_mib(pid: &str, field: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    let kb: f64 = line
+        .trim_start_matches(field)
+        .trim_start_matches(':')
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+/// Clock ticks per second of `/proc/<pid>/stat` times.
+fn clock_ticks() -> f64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|h| *h > 0)
+        .unwrap_or(100) as f64
+}
+
+/// CPU time so far (user + system, in s) and start time (s since boot) of process `pid`
+/// (`self` for this one), from `/proc/<pid>/stat`.
+fn proc_times(pid: &str) -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the parenthesised command name: state is field 3; utime 14, stime 15 and
+    // starttime 22 (1-based, man proc).
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let field = |i: usize| -> Option<f64> { fields.get(i - 3)?.parse().ok() };
+    let hz = clock_ticks();
+    Some(((field(14)? + field(15)?) / hz, field(22)? / hz))
+}
+
+/// CPU seconds the engine processes `pids` have used so far, all together.
+fn engines_cpu(pids: &[String]) -> f64 {
+    pids.iter().filter_map(|p| proc_times(p)).map(|t| t.0).sum()
+}
+
+/// Percentile `p` (0..=1) of sorted millisecond samples.
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// The tiny model's parameters as trainer tensors (what every engine serves).
+fn tiny_tensors(seed: u64) -> Vec<HostTensor> {
+    use troupe_engine::model::{ModelConfig, Weights};
+    let w = Weights::init(&ModelConfig::tiny(), seed);
+    w.names()
+        .into_iter()
+        .filter_map(|n| {
+            let t = w.get(&n)?;
+            Some(HostTensor::f32(n.clone(), t.shape.clone(), t.data.clone()))
+        })
+        .collect()
+}
+
+fn api(what: &str, e: troupe_wire::ApiError) -> String {
+    format!("{what}: {}", e.message)
+}
+
+/// Pause + resume `rounds` times through the plane; every call's time in ms, sorted.
+async fn fanout(svc: &Deployment, rounds: u64) -> Result<Vec<f64>, String> {
+    let mut ms = Vec::with_capacity(rounds as usize * 2);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        svc.plane
+            .pause(PauseMode::Abort, false)
+            .await
+            .map_err(|e| api("pause", e))?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        svc.plane.resume().await.map_err(|e| api("resume", e))?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms)
+}
+
+/// Crashes host `victim` and times the cluster's `HostLost` and the router's removal of every
+/// server on it (ms each).
+async fn host_loss(
+    cluster: &Cluster,
+    svc: &Deployment,
+    victim: usize,
+) -> Result<(f64, f64), String> {
+    let mut events = cluster.events();
+    let mut serving = svc.serving_events();
+    let mut left: BTreeSet<String> = svc
+        .servers()
+        .into_iter()
+        .filter(|s| s.host == victim && s.node_rank == 0)
+        .map(|s| s.info.url)
+        .collect();
+    let t0 = Instant::now();
+    let watch = async {
+        let mut lost_at = None;
+        while lost_at.is_none() || !left.is_empty() {
+            tokio::select! {
+                ev = events.recv(), if lost_at.is_none() => match ev {
+                    Ok(ClusterEvent::HostLost { host, .. }) if host == victim => {
+                        lost_at = Some(t0.elapsed());
+                    }
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(e) => return Err(format!("cluster events: {e}")),
+                },
+                ev = serving.recv() => match ev {
+                    Ok(ServingEvent::Removed { url, .. }) => {
+                        left.remove(&url);
+                    }
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(e) => return Err(format!("serving events: {e}")),
+                },
+            }
+        }
+        Ok((lost_at.unwrap_or_default(), t0.elapsed()))
+    };
+    let crash = async {
+        if !cluster.crash_host(victim).await {
+            return Err(format!("host {victim} is not an in-process host"));
+        }
+        Ok(())
+    };
+    let watched = async { tokio::time::timeout(Duration::from_secs(120), watch).await };
+    let (crashed, watched) = tokio::join!(crash, watched);
+    crashed?;
+    let (lost, removed) = watched.map_err(|_| {
+        format!("host {victim} crashed, but its servers were still routed after 120 s")
+    })??;
+    Ok((lost.as_secs_f64() * 1e3, removed.as_secs_f64() * 1e3))
+}
+
+/// What runs once the deployment is up (brought up with `bringup_cpu_s` of this process's
+/// CPU); the figures it measured.
+async fn measure(
+    cluster: &Cluster,
+    svc: &Deployment,
+    a: &ScaleArgs,
+    bringup_cpu_s: f64,
+    out: &mut Vec<(String, f64)>,
+) -> Result<(), String> {
+    let mut put = |k: &str, v: f64| out.push((format!("scale.{k}"), v));
+    let servers = svc.servers();
+    let pids: Vec<String> = servers.iter().map(|s| s.info.pid.to_string()).collect();
+    let mut starts: Vec<f64> = servers
+        .iter()
+        .map(|s| s.info.ready_ms as f64 / 1e3)
+        .collect();
+    starts.sort_by(f64::total_cmp);
+    let slowest = starts.last().copied().unwrap_or(0.0);
+    let bringup = svc.bring_up.as_secs_f64();
+    put("bringup_s", bringup);
+    put("slowest_server_s", slowest);
+    put("server_start_p50_s", pct(&starts, 0.5));
+    put("bringup_overhead_s", bringup - slowest);
+    put(
+        "controller_rss_mib",
+        status_mib("self", "VmRSS").unwrap_or(0.0),
+    );
+    let engines: Vec<f64> = pids.iter().filter_map(|p| status_mib(p, "VmRSS")).collect();
+    put(
+        "engine_rss_mib",
+        engines.iter().sum::<f64>() / engines.len().max(1) as f64,
+    );
+    // Where bring-up's CPU went, and how long the controller took to get every process
+    // started (process start times have the clock-tick resolution, 10 ms).
+    put("bringup_controller_cpu_s", bringup_cpu_s);
+    put("bringup_engines_cpu_s", engines_cpu(&pids));
+    let started: Vec<f64> = pids
+        .iter()
+        .filter_map(|p| proc_times(p))
+        .map(|t| t.1)
+        .collect();
+    let first = started.iter().copied().fold(f64::INFINITY, f64::min);
+    let last = started.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    put(
+        "spawn_spread_s",
+        if started.is_empty() {
+            0.0
+        } else {
+            last - first
+        },
+    );
+
+    let (c0, e0) = (proc_times("self").map_or(0.0, |t| t.0), engines_cpu(&pids));
+    let ms = fanout(svc, a.rounds).await?;
+    let calls = ms.len().max(1) as f64;
+    put("fanout_p50_ms", pct(&ms, 0.5));
+    put("fanout_p99_ms", pct(&ms, 0.99));
+    put("fanout_max_ms", pct(&ms, 1.0));
+    // CPU per call (a pause or a resume), in ms: the controller's, and every engine's together.
+    put(
+        "fanout_controller_cpu_ms",
+        (proc_times("self").map_or(0.0, |t| t.0) - c0) * 1e3 / calls,
+    );
+    put(
+        "fanout_engines_cpu_ms",
+        (engines_cpu(&pids) - e0) * 1e3 / calls,
+    );
+
+    let tensors = tiny_tensors(7);
+    for (name, version) in [
+        ("weight_update_s", "scale-1"),
+        ("weight_update_again_s", "scale-2"),
+    ] {
+        let t = Instant::now();
+        let rep = svc
+            .plane
+            .update_from_tensors(version, &tensors)
+            .await
+            .map_err(|e| api("weight update", e))?;
+        put(name, t.elapsed().as_secs_f64());
+        if !rep.skipped.is_empty() {
+            return Err(format!(
+                "the weight update skipped servers that were down: {:?}",
+                rep.skipped
+            ));
+        }
+    }
+
+    let victim = cluster.hosts().len() - 1;
+    let (lost_ms, removed_ms) = host_loss(cluster, svc, victim).await?;
+    put("host_loss_event_ms", lost_ms);
+    put("host_loss_detect_ms", removed_ms);
+    Ok(())
+}
+
+/// Runs `troupe bench scale`: cluster, deployment, the measurements, teardown.
+pub async fn run(a: &ScaleArgs) -> Result<Vec<(String, f64)>, String> {
+    let mode = allocation(a)?;
+    let plan = AllocationPlan::parse(&mode).map_err(|e| format!("{mode}: {e}"))?;
+    let per_host = (a.servers / a.hosts) as u32;
+    let cluster = Cluster::in_process(a.hosts as usize, per_host)
+        .await
+        .map_err(|e| format!("cannot start the cluster: {e}"))?;
+    let opts = ForkOptions {
+        model: "tiny".into(),
+        ready_timeout: Duration::from_secs(a.ready_timeout_s),
+        // A server that dies is a failure to report, not something to restart around.
+        server_restarts: 0,
+        ..ForkOptions::default()
+    };
+    let cpu0 = proc_times("self").map_or(0.0, |t| t.0);
+    let svc = match Deployment::fork(&cluster, &plan, &opts).await {
+        Ok(s) => s,
+        Err(e) => {
+            cluster.shutdown().await;
+            return Err(format!("bring-up of {} servers: {e}", a.servers));
+        }
+    };
+    let mut out = vec![
+        ("scale.hosts".to_string(), a.hosts as f64),
+        ("scale.servers".to_string(), a.servers as f64),
+    ];
+    let bringup_cpu_s = proc_times("self").map_or(0.0, |t| t.0) - cpu0;
+    let measured = measure(&cluster, &svc, a, bringup_cpu_s, &mut out).await;
+    let t = Instant::now();
+    svc.teardown().await;
+    cluster.shutdown().await;
+    measured?;
+    out.push(("scale.teardown_s".into(), t.elapsed().as_secs_f64()));
+    out.push((
+        "scale.controller_peak_rss_mib".into(),
+        status_mib("self", "VmHWM").unwrap_or(0.0),
+    ));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(hosts: u64, servers: u64, layout: Layout) -> ScaleArgs {
+        ScaleArgs {
+            hosts,
+            servers,
+            layout,
+            rounds: 1,
+            ready_timeout_s: 60,
+            json: false,
+        }
+    }
+
+    #[test]
+    fn flags_become_an_allocation_or_a_clear_error() {
+        assert_eq!(
+            allocation(&args(64, 512, Layout::Regular)).unwrap(),
+            "troupe:d512t1"
+        );
+        assert_eq!(
+            allocation(&args(2, 4, Layout::Pd)).unwrap(),
+            "troupe:(prefill:d2t1|decode:d2t1)"
+        );
+        let e = allocation(&args(3, 4, Layout::Regular)).unwrap_err();
+        assert!(e.contains("not a multiple of --hosts 3"), "{e}");
+        let e = allocation(&args(1, 3, Layout::Pd)).unwrap_err();
+        assert!(e.contains("odd"), "{e}");
+        assert!(allocation(&args(0, 0, Layout::Regular)).is_err());
+        assert!(allocation(&args(1, 2048, Layout::Regular)).is_err());
+        for a in [args(64, 512, Layout::Regular), args(2, 4, Layout::Pd)] {
+            let mode = allocation(&a).unwrap();
+            let plan = AllocationPlan::parse(&mode).unwrap();
+            let servers: u64 = plan.components.iter().map(|c| c.world_size()).sum();
+            assert_eq!(servers, a.servers, "{mode}");
+        }
+    }
+
+    #[test]
+    fn status_fields_read_in_mib() {
+        assert!(status_mib("self", "VmRSS").is_some_and(|m| m > 0.0));
+        assert_eq!(status_mib("self", "NoSuchField"), None);
+        assert_eq!(pct(&[1.0, 2.0, 3.0], 0.5), 2.0);
+        assert_eq!(pct(&[], 0.5), 0.0);
+    }
+}
