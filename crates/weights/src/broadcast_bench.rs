@@ -222,6 +222,8 @@ async fn receive(
                     }
                 }
             }
+            // As an engine does once it has applied a bucket.
+            rx.recycle(got);
         }
     }
     Ok(())

@@ -290,12 +290,17 @@ pub async fn update_from_distributed(
             )));
         }
     };
-    state.groups.lock().await.insert(group, rx);
+    state.groups.lock().await.insert(group.clone(), rx);
     // Dequantizing is CPU work (rayon inside); keep it off the async workers.
-    let tensors = tokio::task::spawn_blocking(move || convert::to_parameters(&got, &pairs))
-        .await
-        .map_err(|e| bad(format!("weight conversion failed: {e}")))?
-        .map_err(|e| bad(format!("{e}; weights unchanged")))?;
+    let (tensors, got) =
+        tokio::task::spawn_blocking(move || (convert::to_parameters(&got, &pairs), got))
+            .await
+            .map_err(|e| bad(format!("weight conversion failed: {e}")))?;
+    // The next bucket is read into these buffers instead of freshly mapped memory.
+    if let Some(rx) = state.groups.lock().await.get_mut(&group) {
+        rx.recycle(got);
+    }
+    let tensors = tensors.map_err(|e| bad(format!("{e}; weights unchanged")))?;
     match state
         .core
         .call(|reply| Command::UpdateTensors {

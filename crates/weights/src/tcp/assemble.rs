@@ -37,16 +37,81 @@ pub(crate) struct Assembler<'a> {
     current: Option<OwnedTensor>,
     stage: Stage,
     pending: Vec<u8>,
+    /// Buffers of earlier tensors to fill instead of allocating (see
+    /// [`WeightReceiver::recycle`](super::WeightReceiver::recycle)).
+    spare: Vec<Vec<u8>>,
 }
 
 impl<'a> Assembler<'a> {
+    #[cfg(test)]
     pub(crate) fn new(expected: &'a [TensorSpec]) -> Self {
+        Self::with_spare(expected, Vec::new())
+    }
+
+    /// A decoder that fills the best-fitting buffer of `spare` for each tensor (the smallest
+    /// whose capacity holds it) and allocates only when none fits.
+    pub(crate) fn with_spare(expected: &'a [TensorSpec], spare: Vec<Vec<u8>>) -> Self {
         Self {
             expected,
             out: Vec::with_capacity(expected.len()),
             current: None,
             stage: Stage::Kind,
             pending: Vec::with_capacity(64),
+            spare,
+        }
+    }
+
+    /// The spare buffers no tensor of this bucket used.
+    pub(crate) fn take_spare(&mut self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut self.spare)
+    }
+
+    /// While the decoder is inside a tensor's payload: that tensor's buffer and how many bytes
+    /// it still wants. The caller appends at most that many, then says how many with
+    /// [`filled`](Self::filled), so payload is read straight into place instead of copied.
+    pub(crate) fn payload_room(&mut self) -> Option<(&mut Vec<u8>, usize)> {
+        match (&self.stage, self.current.as_mut()) {
+            (Stage::Payload { remaining }, Some(t)) => Some((&mut t.bytes, *remaining)),
+            _ => None,
+        }
+    }
+
+    /// Records that `n` payload bytes were appended to the buffer of
+    /// [`payload_room`](Self::payload_room).
+    pub(crate) fn filled(&mut self, n: usize) {
+        if let Stage::Payload { remaining } = &mut self.stage {
+            *remaining -= n.min(*remaining);
+            if *remaining == 0 {
+                self.finish_tensor();
+            }
+        }
+    }
+
+    /// Bytes still needed to complete the header piece being decoded (at least 1), so a
+    /// reader can take headers without reading into the payload that follows.
+    pub(crate) fn header_want(&self) -> usize {
+        self.want().saturating_sub(self.pending.len()).max(1)
+    }
+
+    /// An empty buffer with room for `len` bytes: the best-fitting spare, or a new one.
+    fn buffer(&mut self, len: usize) -> Vec<u8> {
+        if len == 0 {
+            return Vec::new();
+        }
+        let fit = self
+            .spare
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= len)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        match fit {
+            Some(i) => {
+                let mut b = self.spare.swap_remove(i);
+                b.clear();
+                b
+            }
+            None => Vec::with_capacity(len),
         }
     }
 
@@ -204,11 +269,12 @@ impl<'a> Assembler<'a> {
         }
         // Checked against MAX_TENSOR_BYTES above, so this fits in usize on 64-bit targets.
         let len = usize::try_from(byte_len).map_err(|_| format!("tensor {name} too large"))?;
+        let bytes = self.buffer(len);
         self.current = Some(OwnedTensor {
             name,
             dtype,
             shape,
-            bytes: Vec::with_capacity(len),
+            bytes,
         });
         if len == 0 {
             self.finish_tensor();
@@ -251,6 +317,33 @@ mod tests {
         }
         wire.extend(encode_end(2).unwrap());
         (specs, wire)
+    }
+
+    #[test]
+    fn spare_buffers_are_filled_instead_of_allocating() {
+        let (specs, wire) = bucket();
+        let mut first = Assembler::new(&specs);
+        first.feed(&wire).unwrap();
+        let first = first.into_tensors();
+        let at = first[0].bytes.as_ptr();
+        // A buffer too small to hold tensor "a", a larger one, and the one "a" was read into:
+        // the best fit (the last) is chosen, the others stay spare.
+        let spare = vec![
+            Vec::with_capacity(8),
+            Vec::with_capacity(4096),
+            first.into_iter().next().unwrap().bytes,
+        ];
+        let mut asm = Assembler::with_spare(&specs, spare);
+        asm.feed(&wire).unwrap();
+        let left: Vec<usize> = asm.take_spare().iter().map(Vec::capacity).collect();
+        let out = asm.into_tensors();
+        assert_eq!(out[0].bytes, (0..40).collect::<Vec<u8>>());
+        assert_eq!(out[0].bytes.as_ptr(), at, "the spare buffer was filled");
+        assert_eq!(left.len(), 2);
+        assert!(
+            left.contains(&4096) && left.iter().any(|&c| c < 40),
+            "{left:?}"
+        );
     }
 
     #[test]

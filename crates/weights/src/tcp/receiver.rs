@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::BufMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::assemble::Assembler;
@@ -18,9 +18,6 @@ use super::frame::{bucket_len, put_short_str, read_status};
 use super::link::{accept_link, connect_link};
 use super::{CHUNK_BYTES, MAGIC, OwnedTensor, TcpError, TensorSpec, VERSION};
 
-/// Chunks queued between reading and forwarding: lets the read of chunk k+1 overlap the write
-/// of chunk k (on another thread) without holding much memory.
-const FORWARD_DEPTH: usize = 4;
 /// How long an engine whose neighbour failed waits for rank 0 to say which rank it was.
 const VERDICT_GRACE: Duration = Duration::from_secs(10);
 
@@ -46,16 +43,6 @@ enum Failure {
     Died,
 }
 
-/// Aborts the forwarding task if the transfer is abandoned (the successor then sees its data
-/// link close, which is how the failure travels down the chain).
-struct AbortOnDrop(JoinHandle<(TcpStream, std::io::Result<()>)>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// An engine's end of a weight-update group, covering ranks `rank..rank + n_ranks`. Only `rank`
 /// is a hop of the chain: an engine's tensor-parallel ranks share one process and one copy.
 #[derive(Debug)]
@@ -70,6 +57,8 @@ pub struct WeightReceiver {
     group_name: String,
     /// Set by the first failure: `(rank, reason)`; the receiver is unusable afterwards.
     broken: Option<(u32, String)>,
+    /// Buffers handed back with [`recycle`](Self::recycle), filled by the next bucket.
+    spare: Vec<Vec<u8>>,
     /// Test hook: after this many bucket bytes, drop out as if killed.
     #[cfg(test)]
     pub(crate) die_after: Option<u64>,
@@ -192,6 +181,7 @@ impl WeightReceiver {
             succ_rank,
             group_name: group_name.to_string(),
             broken: None,
+            spare: Vec::new(),
             #[cfg(test)]
             die_after: None,
         })
@@ -256,6 +246,19 @@ impl WeightReceiver {
             Err(f) => f,
         };
         Err(self.fail(failure).await)
+    }
+
+    /// Hands back the tensors of an earlier bucket once the caller is done with them, so the
+    /// next bucket is read into memory that is already mapped. A fresh allocation of a large
+    /// tensor costs a page fault and a zeroed page per 4 KiB, which was a third of a loopback
+    /// broadcast's CPU (`troupe bench broadcast`). Holds at most the buffers of the last call
+    /// (one bucket's worth); older spares are freed, and all of them with the receiver.
+    pub fn recycle(&mut self, tensors: impl IntoIterator<Item = OwnedTensor>) {
+        self.spare = tensors
+            .into_iter()
+            .map(|t| t.bytes)
+            .filter(|b| b.capacity() > 0)
+            .collect();
     }
 
     /// Reports `failure` to rank 0 where that helps, waits for the verdict naming the rank at
@@ -338,50 +341,70 @@ impl WeightReceiver {
         total: u64,
         deadline: Instant,
     ) -> Result<Vec<OwnedTensor>, Failure> {
-        let (tx, mut fwd) = match self.downstream.take() {
-            Some(d) => {
-                let (tx, rx) = mpsc::channel::<Bytes>(FORWARD_DEPTH);
-                (Some(tx), Some(AbortOnDrop(tokio::spawn(forward(d, rx)))))
-            }
-            None => (None, None),
-        };
+        // Forwarding is done in place: every piece read is written to the successor before the
+        // next read, from the tensor buffer it was read into. Payload is read straight into
+        // its tensor, so each byte is copied twice per hop (in from the kernel, out to it), not
+        // three times with a copy into the tensor; on one machine that copy was a third of a
+        // broadcast's memory traffic. The kernel's socket buffers still overlap the hops.
+        let mut down = self.downstream.take();
+        let mut down_err: Option<String> = None;
+        let writing = AtomicBool::new(false);
         let pred = self.pred_rank;
         #[cfg(test)]
         let die_after = self.die_after;
         let upstream = &mut self.upstream;
         let control = &mut self.control;
-        let mut asm = Assembler::new(expected);
+        let mut asm = Assembler::with_spare(expected, std::mem::take(&mut self.spare));
         let read = async {
-            let mut buf = BytesMut::with_capacity(CHUNK_BYTES);
+            let mut header: Vec<u8> = Vec::with_capacity(64);
             let mut got = 0u64;
+            let up_err = |got: u64, e: std::io::Error| {
+                Failure::Upstream(format!(
+                    "data link from rank {pred} failed after {got} of {total} bytes: {e}"
+                ))
+            };
+            let closed = |got: u64| {
+                Failure::Upstream(format!(
+                    "rank {pred} closed the data link after {got} of {total} bytes"
+                ))
+            };
             while got < total {
                 #[cfg(test)]
                 if die_after.is_some_and(|n| got >= n) {
                     return Err(Failure::Died);
                 }
-                buf.reserve(CHUNK_BYTES);
-                let want = (total - got).min(CHUNK_BYTES as u64) as usize;
-                let n = upstream
-                    .read_buf(&mut (&mut buf).limit(want))
-                    .await
-                    .map_err(|e| {
-                        Failure::Upstream(format!(
-                            "data link from rank {pred} failed after {got} of {total} bytes: {e}"
-                        ))
-                    })?;
-                if n == 0 {
-                    return Err(Failure::Upstream(format!(
-                        "rank {pred} closed the data link after {got} of {total} bytes"
-                    )));
-                }
+                let left = usize::try_from(total - got).unwrap_or(usize::MAX);
+                let n = match asm.payload_room() {
+                    Some((dst, remaining)) => {
+                        let want = remaining.min(CHUNK_BYTES).min(left);
+                        let at = dst.len();
+                        let n = upstream
+                            .read_buf(&mut (&mut *dst).limit(want))
+                            .await
+                            .map_err(|e| up_err(got, e))?;
+                        if n == 0 {
+                            return Err(closed(got));
+                        }
+                        pass_on(&mut down, &mut down_err, &writing, &dst[at..at + n]).await;
+                        asm.filled(n);
+                        n
+                    }
+                    None => {
+                        header.clear();
+                        let want = asm.header_want().min(left);
+                        let n = upstream
+                            .read_buf(&mut (&mut header).limit(want))
+                            .await
+                            .map_err(|e| up_err(got, e))?;
+                        if n == 0 {
+                            return Err(closed(got));
+                        }
+                        pass_on(&mut down, &mut down_err, &writing, &header[..n]).await;
+                        asm.feed(&header[..n]).map_err(Failure::Mine)?;
+                        n
+                    }
+                };
                 got += n as u64;
-                let chunk = buf.split().freeze();
-                if let Some(tx) = &tx {
-                    // A closed channel means the forwarder failed; its error is collected below
-                    // and this engine still reads its own copy to the end.
-                    let _ = tx.send(chunk.clone()).await;
-                }
-                asm.feed(&chunk).map_err(Failure::Mine)?;
             }
             Ok(())
         };
@@ -401,50 +424,50 @@ impl WeightReceiver {
             r = read => r?,
             f = watch => return Err(f),
             _ = tokio::time::sleep_until(deadline) => {
-                return Err(Failure::Timeout(format!(
-                    "bucket of {} tensors ({total} bytes) did not arrive from rank {pred} in time",
-                    expected.len()
-                )));
+                let succ = self.succ_rank.unwrap_or(self.rank);
+                return Err(Failure::Timeout(if writing.load(Ordering::Relaxed) {
+                    format!("rank {succ} did not take the bucket in time")
+                } else {
+                    format!(
+                        "bucket of {} tensors ({total} bytes) did not arrive from rank {pred} in time",
+                        expected.len()
+                    )
+                }));
             }
         }
         if !asm.is_done() {
             return Err(Failure::Mine("bucket incomplete".into()));
         }
-        drop(tx);
-        if let Some(mut h) = fwd.take() {
+        if let Some(e) = down_err {
             let succ = self.succ_rank.unwrap_or(self.rank);
-            match tokio::time::timeout_at(deadline, &mut h.0).await {
-                Ok(Ok((down, Ok(())))) => self.downstream = Some(down),
-                Ok(Ok((_, Err(e)))) => {
-                    return Err(Failure::Downstream(format!(
-                        "forwarding to rank {succ} failed: {e}"
-                    )));
-                }
-                Ok(Err(e)) => return Err(Failure::Downstream(format!("forwarder: {e}"))),
-                Err(_) => {
-                    return Err(Failure::Timeout(format!(
-                        "rank {succ} did not take the bucket in time"
-                    )));
-                }
-            }
+            return Err(Failure::Downstream(format!(
+                "forwarding to rank {succ} failed: {e}"
+            )));
         }
+        self.downstream = down;
+        self.spare = asm.take_spare();
         Ok(asm.into_tensors())
     }
 }
 
-/// Writes every chunk to the successor, in order.
-async fn forward(
-    mut down: TcpStream,
-    mut rx: mpsc::Receiver<Bytes>,
-) -> (TcpStream, std::io::Result<()>) {
-    let r = async {
-        while let Some(c) = rx.recv().await {
-            down.write_all(&c).await?;
-        }
-        down.flush().await
+/// Writes `bytes` to the successor, if there is one and it has not failed yet; a failure is
+/// kept in `err` (reported once this engine has read its own copy) and stops forwarding.
+/// `writing` is set while a write waits, so a deadline names the rank that stalled.
+async fn pass_on(
+    down: &mut Option<TcpStream>,
+    err: &mut Option<String>,
+    writing: &AtomicBool,
+    bytes: &[u8],
+) {
+    let Some(d) = down.as_mut() else { return };
+    if err.is_some() {
+        return;
     }
-    .await;
-    (down, r)
+    writing.store(true, Ordering::Relaxed);
+    if let Err(e) = d.write_all(bytes).await {
+        *err = Some(e.to_string());
+    }
+    writing.store(false, Ordering::Relaxed);
 }
 
 /// Reads one control message from rank 0 by `deadline`, turning a failure verdict into
