@@ -4,7 +4,7 @@
 //! One pooled client per server: connections to workers are reused (a new TCP handshake per
 //! request would dominate the gateway's added latency), TCP_NODELAY is set (small JSON bodies
 //! and SSE events must not wait for Nagle), and environment proxies are ignored (a stray
-//! `http_proxy` must never reroute cluster-internal traffic).
+//! `http_proxy` must never reroute cluster-internal traffic), and redirects are not followed.
 
 use std::time::Duration;
 
@@ -23,6 +23,8 @@ pub fn build() -> Result<reqwest::Client, ServingError> {
         .pool_max_idle_per_host(1024)
         .pool_idle_timeout(Duration::from_secs(90))
         .connect_timeout(Duration::from_secs(5))
+        // A proxy passes a redirect through; following it would re-send the body elsewhere.
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| ServingError::Client(e.to_string()))
 }

@@ -144,9 +144,11 @@ pub(crate) async fn send(
     path: &str,
     body: Bytes,
 ) -> Result<reqwest::Response, Fail> {
-    let mut req = state
-        .client
-        .post(format!("{}{path}", w.url()))
+    let req = match w.endpoint(path) {
+        Some(u) => state.client.post(u),
+        None => state.client.post(format!("{}{path}", w.url())),
+    };
+    let mut req = req
         .header(header::CONTENT_TYPE, "application/json")
         .body(body);
     if let Some(k) = &state.cfg.worker_api_key {
