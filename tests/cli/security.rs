@@ -244,6 +244,22 @@ async fn a_tls_host_serves_clients_that_trust_its_ca_and_no_others() {
         let a = c.host(0).spawn::<Diag>("d", &DiagArgs {}).await.unwrap();
         a.call(Info).await.unwrap();
         let addr = c.host(0).address().to_string();
+        // Framed calls carry no TLS: a TLS host takes calls over gRPC only.
+        assert!(!c.host(0).describe().await.unwrap().framed_calls);
+        let plain = std::net::TcpStream::connect(&addr).unwrap();
+        use std::io::{Read, Write};
+        (&plain)
+            .write_all(&troupe_actors::framed::hello(None))
+            .unwrap();
+        plain
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let n = (&plain).read(&mut buf).unwrap_or(0);
+        assert!(
+            n == 0 || buf[0] == 0x15,
+            "a TLS host answered a framed hello with something other than a TLS alert or EOF"
+        );
 
         // Trusting the CA: reachable.
         let ok = Cluster::builder()

@@ -225,6 +225,8 @@ impl HostCore {
             kinds: self.inner.registry.kind_names(),
             max_message_bytes: cfg.max_message_bytes,
             pid: std::process::id(),
+            // `serve` takes framed calls on every plaintext listener.
+            framed_calls: cfg.tls.is_none(),
         }
     }
 

@@ -8,6 +8,7 @@
 //! - [`registry`]: kind name → factory.
 //! - [`host`]: the transport-free host core.
 //! - [`service`]: the gRPC face of the core.
+//! - [`framed`]: actor calls as frames on a plain TCP connection to the same port.
 //! - [`process`]: child processes that take their process tree with them.
 //! - [`builtin`]: kinds every host offers.
 //!
@@ -22,6 +23,7 @@ pub mod builtin;
 mod call_stream;
 pub mod error;
 mod events;
+pub mod framed;
 pub mod host;
 mod hosted;
 pub mod orphan;

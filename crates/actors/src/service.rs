@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::stream::StreamExt;
 use tokio::net::TcpListener;
 use tokio_stream::Stream;
-use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::{BroadcastStream, UnboundedReceiverStream};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
@@ -166,6 +166,8 @@ impl ActorHost for HostService {
 /// Serves `core` on `listener` until `shutdown` resolves or the host shuts down.
 ///
 /// TCP_NODELAY is set on every accepted socket: without it each small call stalls on Nagle.
+/// Without TLS the same port also takes framed calls ([`crate::framed`]): each connection's
+/// first bytes say which protocol it speaks.
 pub async fn serve(
     core: HostCore,
     listener: TcpListener,
@@ -177,20 +179,61 @@ pub async fn serve(
         core.set_address(a.to_string());
     }
     let stop = core.stopped();
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = &core.config().tls {
-        builder = builder.tls_config(tls.config())?;
-    }
-    builder
+    let mut builder = tonic::transport::Server::builder()
         .tcp_nodelay(true)
-        .http2_adaptive_window(Some(true))
+        .http2_adaptive_window(Some(true));
+    let until = async move {
+        tokio::select! {
+            _ = shutdown => {}
+            _ = stop.cancelled() => {}
+        }
+    };
+    if let Some(tls) = &core.config().tls {
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        return builder
+            .tls_config(tls.config())?
+            .add_service(HostService::new(core).into_server())
+            .serve_with_incoming_shutdown(incoming, until)
+            .await;
+    }
+    let (grpc_tx, grpc_rx) = tokio::sync::mpsc::unbounded_channel();
+    let accept = tokio::spawn(accept_loop(core.clone(), listener, grpc_tx));
+    let out = builder
         .add_service(HostService::new(core).into_server())
-        .serve_with_incoming_shutdown(incoming, async move {
-            tokio::select! {
-                _ = shutdown => {}
-                _ = stop.cancelled() => {}
+        .serve_with_incoming_shutdown(UnboundedReceiverStream::new(grpc_rx), until)
+        .await;
+    accept.abort();
+    out
+}
+
+/// Accepts connections and sends each to gRPC or to a framed-call task by its first bytes.
+async fn accept_loop(
+    core: HostCore,
+    listener: TcpListener,
+    grpc: tokio::sync::mpsc::UnboundedSender<std::io::Result<tokio::net::TcpStream>>,
+) {
+    // How long a new connection may stay silent before it is dropped unclassified.
+    const FIRST_BYTES: Duration = Duration::from_secs(10);
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of descriptors and the like: back off instead of spinning.
+                tracing::warn!("accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
-        })
-        .await
+        };
+        let _ = stream.set_nodelay(true);
+        let (core, grpc) = (core.clone(), grpc.clone());
+        tokio::spawn(async move {
+            match crate::framed::is_framed(&stream, FIRST_BYTES).await {
+                Some(true) => crate::framed::serve_connection(core, stream).await,
+                Some(false) => {
+                    let _ = grpc.send(Ok(stream));
+                }
+                None => {}
+            }
+        });
+    }
 }

@@ -13,7 +13,7 @@ use tokio::sync::broadcast;
 use troupe_actors::tls::{ClientTls, ServerTls, TlsFiles};
 use troupe_actors::{CallError, HostConfig, HostCore, Registry};
 
-use crate::conn::HostConn;
+use crate::conn::{CallTransport, HostConn};
 use crate::handle::HostHandle;
 use troupe_scheduler::{HostLauncher, LaunchRequest, LaunchedHost, LocalLauncher};
 
@@ -62,6 +62,7 @@ pub struct ClusterBuilder {
     token: Option<String>,
     stable_after: Duration,
     tls: TlsFiles,
+    calls: CallTransport,
 }
 
 impl Default for ClusterBuilder {
@@ -80,11 +81,19 @@ impl Default for ClusterBuilder {
                 .ok()
                 .filter(|t| !t.is_empty()),
             tls: TlsFiles::from_env(),
+            calls: CallTransport::default(),
         }
     }
 }
 
 impl ClusterBuilder {
+    /// How actor calls travel to hosts reached over the network (default: framed calls
+    /// where the host takes them, see [`CallTransport`]).
+    pub fn calls(mut self, t: CallTransport) -> Self {
+        self.calls = t;
+        self
+    }
+
     /// Actor kinds in-process hosts can spawn (default: the built-in kinds).
     pub fn registry(mut self, r: Registry) -> Self {
         self.registry = r;
@@ -296,6 +305,7 @@ impl ClusterBuilder {
                 self.startup_timeout,
                 self.token.as_deref(),
                 client_tls.as_ref(),
+                self.calls,
             )
         });
         let mut conns = Vec::new();
@@ -327,6 +337,7 @@ impl ClusterBuilder {
                 self.startup_timeout,
                 self.token.as_deref(),
                 client_tls.as_ref(),
+                self.calls,
             )
         });
         let mut conns = Vec::new();

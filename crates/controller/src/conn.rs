@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::service::interceptor::InterceptedService;
@@ -20,7 +21,9 @@ use troupe_actors::auth::TokenAttach;
 use troupe_actors::service::ERROR_CODE_KEY;
 use troupe_actors::tls::ClientTls;
 use troupe_actors::{CallError, HostCore};
-use troupe_wire::v1::{self, actor_host_client::ActorHostClient, call_reply};
+use troupe_wire::v1::{self, actor_host_client::ActorHostClient};
+
+use crate::conn_framed::FramedWriter;
 
 type Reply = Result<Vec<u8>, CallError>;
 
@@ -81,13 +84,60 @@ fn reachable_address(reported: &str, dialed: &str) -> String {
 
 struct Session {
     epoch: u64,
-    tx: mpsc::UnboundedSender<v1::CallRequest>,
+    tx: SessionTx,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let SessionTx::Framed(w) = &self.tx {
+            crate::conn_framed::close(w, "session closed");
+        }
+    }
+}
+
+/// Where a session's calls go.
+enum SessionTx {
+    /// gRPC `CallStream`'s request stream.
+    Stream(mpsc::UnboundedSender<v1::CallRequest>),
+    /// A framed-call connection ([`crate::conn_framed`]).
+    Framed(Arc<FramedWriter>),
+}
+
+impl SessionTx {
+    fn is_closed(&self) -> bool {
+        match self {
+            SessionTx::Stream(tx) => tx.is_closed(),
+            SessionTx::Framed(w) => w.is_closed(),
+        }
+    }
+
+    /// Sends `req`; `alone` when no other call is in flight (see [`FramedWriter::send`]).
+    fn send(&self, req: v1::CallRequest, alone: bool) -> bool {
+        match self {
+            SessionTx::Stream(tx) => tx.send(req).is_ok(),
+            SessionTx::Framed(w) => w.send(&req, alone),
+        }
+    }
+}
+
+/// How a controller sends actor calls to hosts reached over the network.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CallTransport {
+    /// Framed calls on the host's port where the host takes them (plaintext hosts), else
+    /// gRPC's `CallStream` (hosts serving TLS). About half the task wake-ups per call.
+    #[default]
+    Framed,
+    /// Always gRPC's `CallStream` (for comparison, or where a proxy between controller and
+    /// hosts understands only HTTP/2).
+    Grpc,
 }
 
 type Client = ActorHostClient<InterceptedService<Channel, TokenAttach>>;
 
 struct Grpc {
     client: Client,
+    /// A framed-call connection made at connect time, waiting to carry the first session.
+    framed: Mutex<Option<(OwnedReadHalf, Arc<FramedWriter>)>>,
     session: Mutex<Option<Session>>,
     pending: Mutex<HashMap<u64, (u64, oneshot::Sender<Reply>)>>,
     epochs: AtomicU64,
@@ -123,11 +173,13 @@ impl HostConn {
 
     /// Connects to `addr` (host:port) with an optional control-plane token (and over TLS,
     /// verifying the host against `tls`'s CA, when given) and reads the host's description.
+    /// Calls go as `calls` says, where the host takes that.
     pub async fn grpc(
         addr: &str,
         connect_timeout: Duration,
         token: Option<&str>,
         tls: Option<&ClientTls>,
+        calls: CallTransport,
     ) -> Result<(Arc<Self>, v1::HostDescription), CallError> {
         let attach = TokenAttach::new(token).map_err(CallError::BadRequest)?;
         let bad = |e: &dyn std::fmt::Display| {
@@ -154,12 +206,24 @@ impl HostConn {
                 _ => bad(&s),
             })?
             .into_inner();
+        let framed = if calls == CallTransport::Framed && d.framed_calls && tls.is_none() {
+            match crate::conn_framed::connect(addr, token, connect_timeout).await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!("{e}; calls to host {} go over gRPC", d.host_id);
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let conn = Arc::new(HostConn {
             host_id: d.host_id.clone(),
             address: reachable_address(&d.address, addr),
             max_message_bytes: d.max_message_bytes,
             transport: Transport::Grpc(Box::new(Grpc {
                 client,
+                framed: Mutex::new(framed),
                 session: Mutex::new(None),
                 pending: Mutex::new(HashMap::new()),
                 epochs: AtomicU64::new(0),
@@ -186,6 +250,7 @@ impl HostConn {
         }
         if let Transport::Grpc(g) = &self.transport {
             g.session.lock().take();
+            g.framed.lock().take();
             let drained: Vec<_> = g.pending.lock().drain().collect();
             for (_, (_, tx)) in drained {
                 let _ = tx.send(Err(CallError::HostLost(reason.to_string())));
@@ -254,8 +319,13 @@ impl HostConn {
                 Some(s) if !s.tx.is_closed() => s,
                 _ => session.insert(self.open_session(g)),
             };
-            g.pending.lock().insert(call_id, (s.epoch, tx));
-            if let Err(mpsc::error::SendError(_)) = s.tx.send(req) {
+            let alone = {
+                let mut p = g.pending.lock();
+                let alone = p.is_empty();
+                p.insert(call_id, (s.epoch, tx));
+                alone
+            };
+            if !s.tx.send(req, alone) {
                 g.pending.lock().remove(&call_id);
                 return Box::pin(async { Err(CallError::Transport("call stream closed".into())) });
             }
@@ -279,11 +349,34 @@ impl HostConn {
         })
     }
 
+    /// Opens the session the next calls go on: the framed connection made at connect time if
+    /// one is waiting, else a gRPC call stream.
     fn open_session(self: &Arc<Self>, g: &Grpc) -> Session {
         let epoch = g.epochs.fetch_add(1, Ordering::Relaxed) + 1;
+        let me = Arc::downgrade(self);
+        if let Some((rd, w)) = g.framed.lock().take() {
+            let writer = w.clone();
+            tokio::spawn(async move {
+                let deliver = |r: v1::CallReply| match me.upgrade() {
+                    Some(me) => {
+                        me.deliver(r);
+                        true
+                    }
+                    None => false,
+                };
+                let why = crate::conn_framed::drive(rd, &writer, deliver).await;
+                crate::conn_framed::close(&writer, &why);
+                if let Some(me) = me.upgrade() {
+                    me.end_session(epoch, why);
+                }
+            });
+            return Session {
+                epoch,
+                tx: SessionTx::Framed(w),
+            };
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let mut client = g.client.clone();
-        let me = Arc::downgrade(self);
         tokio::spawn(async move {
             let why = match client.call_stream(UnboundedReceiverStream::new(rx)).await {
                 Err(s) => format!("cannot open call stream: {s}"),
@@ -291,57 +384,64 @@ impl HostConn {
                     let mut replies = resp.into_inner();
                     loop {
                         match replies.message().await {
-                            Ok(Some(r)) => {
-                                let Some(me) = me.upgrade() else { return };
-                                let Transport::Grpc(g) = &me.transport else {
-                                    return;
-                                };
-                                let waiter = g.pending.lock().remove(&r.call_id);
-                                if let Some((_, tx)) = waiter {
-                                    let _ = tx.send(match r.result {
-                                        Some(call_reply::Result::Payload(p)) => Ok(p),
-                                        Some(call_reply::Result::Error(e)) => {
-                                            Err(CallError::from_wire(&e))
-                                        }
-                                        None => Err(CallError::Transport("empty reply".into())),
-                                    });
-                                }
-                            }
+                            Ok(Some(r)) => match me.upgrade() {
+                                Some(me) => me.deliver(r),
+                                None => return,
+                            },
                             Ok(None) => break "call stream closed by the host".to_string(),
                             Err(s) => break format!("call stream failed: {s}"),
                         }
                     }
                 }
             };
-            // Everything sent on this session is lost with it.
-            let Some(me) = me.upgrade() else { return };
-            let Transport::Grpc(g) = &me.transport else {
-                return;
-            };
-            {
-                let mut s = g.session.lock();
-                if s.as_ref().is_some_and(|s| s.epoch == epoch) {
-                    s.take();
-                }
-            }
-            let failed: Vec<_> = {
-                let mut p = g.pending.lock();
-                let ids: Vec<u64> = p
-                    .iter()
-                    .filter(|(_, (e, _))| *e == epoch)
-                    .map(|(id, _)| *id)
-                    .collect();
-                ids.into_iter().filter_map(|id| p.remove(&id)).collect()
-            };
-            let reason = me.lost_reason().unwrap_or(why);
-            for (_, tx) in failed {
-                let _ = tx.send(Err(CallError::HostLost(format!(
-                    "host {}: {reason}",
-                    me.host_id
-                ))));
+            if let Some(me) = me.upgrade() {
+                me.end_session(epoch, why);
             }
         });
-        Session { epoch, tx }
+        Session {
+            epoch,
+            tx: SessionTx::Stream(tx),
+        }
+    }
+
+    /// Hands a reply to the call waiting for it.
+    fn deliver(&self, r: v1::CallReply) {
+        let Transport::Grpc(g) = &self.transport else {
+            return;
+        };
+        let waiter = g.pending.lock().remove(&r.call_id);
+        if let Some((_, tx)) = waiter {
+            let _ = tx.send(troupe_actors::framed::reply_result(r));
+        }
+    }
+
+    /// Ends session `epoch`: everything sent on it is lost with it.
+    fn end_session(&self, epoch: u64, why: String) {
+        let Transport::Grpc(g) = &self.transport else {
+            return;
+        };
+        {
+            let mut s = g.session.lock();
+            if s.as_ref().is_some_and(|s| s.epoch == epoch) {
+                s.take();
+            }
+        }
+        let failed: Vec<_> = {
+            let mut p = g.pending.lock();
+            let ids: Vec<u64> = p
+                .iter()
+                .filter(|(_, (e, _))| *e == epoch)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter().filter_map(|id| p.remove(&id)).collect()
+        };
+        let reason = self.lost_reason().unwrap_or(why);
+        for (_, tx) in failed {
+            let _ = tx.send(Err(CallError::HostLost(format!(
+                "host {}: {reason}",
+                self.host_id
+            ))));
+        }
     }
 
     /// Reads the host's current description.

@@ -11,6 +11,7 @@
 pub mod api;
 pub mod cluster;
 mod conn;
+mod conn_framed;
 pub mod handle;
 pub mod inproc;
 pub mod membership;
@@ -20,6 +21,7 @@ pub mod run;
 pub mod serve;
 
 pub use cluster::{Cluster, ClusterBuilder, ClusterError, InProcessTransport};
+pub use conn::CallTransport;
 pub use handle::{ActorHandle, HostHandle, SpawnOptions};
 pub use membership::ClusterEvent;
 pub use troupe_actors::{

@@ -1,7 +1,8 @@
 //! `troupe bench rpc`: what an actor call costs, from raw ractor up to a call over loopback gRPC.
 //!
-//! Three paths, same work (an echo): (a) a bare ractor `call`, the floor; (b) a typed handle to
-//! an actor on an in-process host; (c) a typed handle to an actor on a `troupe host` subprocess.
+//! Four paths, same work (an echo): (a) a bare ractor `call`, the floor; (b) a typed handle to
+//! an actor on an in-process host; (c) a typed handle to an actor on a `troupe host` subprocess
+//! with framed calls, and (d) the same over gRPC's `CallStream`.
 //! Each is measured sequentially (latency percentiles and calls/s) and pipelined with a fixed
 //! number of calls in flight (calls/s). `--vs-ray` runs Ray's equivalent in the same
 //! invocation (a sync actor called sequentially; an async actor with the same calls in flight)
@@ -14,7 +15,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use troupe_actors::builtin::diag::{Diag, DiagArgs, Echo};
 
-use troupe_controller::Cluster;
+use troupe_controller::{CallTransport, Cluster};
 
 /// Settings of the RPC benchmark.
 #[derive(Debug, Clone, clap::Args)]
@@ -239,6 +240,13 @@ pub async fn run(args: &RpcArgs) -> Result<Vec<(String, f64)>, String> {
     for (name, cluster) in [
         ("local", Cluster::in_process(1, 0).await),
         ("remote", Cluster::local_processes(1, 0).await),
+        (
+            "remote_grpc",
+            Cluster::builder()
+                .calls(CallTransport::Grpc)
+                .local_processes(1, 0)
+                .await,
+        ),
     ] {
         let cluster = cluster.map_err(|e| format!("{name} cluster: {e}"))?;
         let h = cluster

@@ -1,0 +1,167 @@
+//! Framed calls (`troupe_actors::framed`) on a `troupe host` subprocess: the controller's calls
+//! keep their order and results over framed connections and over gRPC alike, and the host's
+//! port refuses a wrong token, a bad frame and a silent client without serving anyone else less.
+
+use crate::common;
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use troupe_actors::builtin::diag::{Diag, DiagArgs, Echo, Info, Sleep};
+use troupe_actors::framed::{self, encode_frame, take_frame};
+use troupe_controller::{CallError, CallTransport, Cluster};
+use troupe_wire::v1::{self, call_reply};
+
+const BIN: &str = env!("CARGO_BIN_EXE_troupe");
+const TOKEN: &str = "framed-s3cret";
+
+async fn host(calls: CallTransport) -> Cluster {
+    Cluster::builder()
+        .binary(BIN)
+        .token(Some(TOKEN.into()))
+        .calls(calls)
+        .local_processes(1, 0)
+        .await
+        .unwrap()
+}
+
+/// Reads one reply frame, or `None` when the host closed the connection.
+async fn read_reply(s: &mut TcpStream, inbox: &mut BytesMut) -> Option<v1::CallReply> {
+    loop {
+        if let Some(r) = take_frame::<v1::CallReply>(inbox, 1 << 20).unwrap() {
+            return Some(r);
+        }
+        match s.read_buf(inbox).await {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => {}
+        }
+    }
+}
+
+async fn hello(addr: &str, token: Option<&str>) -> (TcpStream, BytesMut, v1::CallReply) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&framed::hello(token)).await.unwrap();
+    let mut inbox = BytesMut::new();
+    let r = read_reply(&mut s, &mut inbox)
+        .await
+        .expect("the host answers a hello");
+    (s, inbox, r)
+}
+
+#[tokio::test]
+async fn calls_keep_order_results_and_failures_over_framed_connections_and_grpc() {
+    within(90, async {
+        for calls in [CallTransport::Framed, CallTransport::Grpc] {
+            let c = host(calls).await;
+            assert!(c.host(0).describe().await.unwrap().framed_calls);
+            let a = c.host(0).spawn::<Diag>("a", &DiagArgs {}).await.unwrap();
+            assert_eq!(a.call(Info).await.unwrap().pid, c.host(0).pid());
+            // Pipelined: 10,000 calls in flight arrive in the order they were made.
+            let futs: Vec<_> = (1..=10_000u64)
+                .map(|seq| {
+                    a.call(Echo {
+                        seq,
+                        body: "x".repeat((seq % 7) as usize * 1000),
+                    })
+                })
+                .collect();
+            for (i, r) in futures::future::join_all(futs)
+                .await
+                .into_iter()
+                .enumerate()
+            {
+                assert_eq!(r.unwrap().prev_seq, i as u64, "{calls:?}: calls overtook");
+            }
+            // A payload much larger than a socket buffer goes through whole.
+            let big = "y".repeat(8 << 20);
+            let r = a
+                .call(Echo {
+                    seq: 1,
+                    body: big.clone(),
+                })
+                .await
+                .unwrap();
+            assert_eq!(r.body.len(), big.len(), "{calls:?}");
+            // A deadline is enforced by the host; the actor stays usable.
+            let e = a
+                .with_timeout(Duration::from_millis(100))
+                .call(Sleep { ms: 5_000 })
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(e, CallError::DeadlineExceeded(_)),
+                "{calls:?}: {e}"
+            );
+            a.stop(Duration::from_secs(1)).await.unwrap();
+            assert!(matches!(
+                a.call(Info).await.unwrap_err(),
+                CallError::UnknownActor(_)
+            ));
+            c.shutdown().await;
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn the_port_refuses_wrong_tokens_bad_frames_and_silence_and_keeps_serving() {
+    within(60, async {
+        let c = host(CallTransport::Framed).await;
+        let a = c.host(0).spawn::<Diag>("a", &DiagArgs {}).await.unwrap();
+        let addr = c.host(0).address().to_string();
+
+        // A client that connects and says nothing holds no one up.
+        let _silent = TcpStream::connect(&addr).await.unwrap();
+
+        for bad in [None, Some("wrong")] {
+            let (mut s, mut inbox, r) = hello(&addr, bad).await;
+            assert_eq!(r.call_id, 0);
+            let Some(call_reply::Result::Error(e)) = r.result else {
+                panic!("{bad:?} was accepted");
+            };
+            assert!(e.message.contains("token"), "{bad:?}: {}", e.message);
+            assert!(
+                read_reply(&mut s, &mut inbox).await.is_none(),
+                "the host closes a refused connection"
+            );
+        }
+
+        // Accepted: a call to an actor that does not exist answers with its call id.
+        let (mut s, mut inbox, r) = hello(&addr, Some(TOKEN)).await;
+        assert!(matches!(r.result, Some(call_reply::Result::Payload(_))));
+        let mut out = Vec::new();
+        encode_frame(
+            &v1::CallRequest {
+                actor_id: "nobody".into(),
+                method: "m".into(),
+                payload: vec![],
+                call_id: 42,
+                deadline_ms: 0,
+            },
+            &mut out,
+        );
+        s.write_all(&out).await.unwrap();
+        let r = read_reply(&mut s, &mut inbox).await.unwrap();
+        assert_eq!(r.call_id, 42);
+        assert!(matches!(r.result, Some(call_reply::Result::Error(_))));
+
+        // A frame announced over the host's limit closes that connection, without the host
+        // allocating it; so does a frame that is not a CallRequest.
+        s.write_all(&u32::MAX.to_le_bytes()).await.unwrap();
+        assert!(read_reply(&mut s, &mut inbox).await.is_none());
+        let (mut s, mut inbox, _) = hello(&addr, Some(TOKEN)).await;
+        s.write_all(&[4, 0, 0, 0, 0xff, 0xff, 0xff, 0xff])
+            .await
+            .unwrap();
+        assert!(read_reply(&mut s, &mut inbox).await.is_none());
+
+        // Everyone else is served as before, over both protocols.
+        a.call(Info).await.unwrap();
+        assert_eq!(c.host(0).describe().await.unwrap().actors.len(), 1);
+        c.shutdown().await;
+    })
+    .await
+}
