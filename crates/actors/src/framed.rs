@@ -44,6 +44,9 @@ pub const MAX_TOKEN_BYTES: u32 = 4096;
 /// Room for the envelope around a payload (actor id, method, ids) in a frame.
 pub const FRAME_OVERHEAD: u64 = 64 << 10;
 
+/// The most [`take_frame`] reserves ahead of bytes that have arrived.
+const RESERVE_AHEAD: usize = 4 << 20;
+
 /// Why a frame could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
@@ -83,8 +86,9 @@ pub fn take_frame<M: Message + Default>(
     }
     let len = len as usize;
     if buf.len() < 4 + len {
-        // Room for the rest, so the reads that follow fill it without regrowing.
-        buf.reserve(4 + len - buf.len());
+        // Room for the rest, so the reads that follow fill it without regrowing; at most
+        // RESERVE_AHEAD at a time, so a length that is announced but never sent costs nothing.
+        buf.reserve((4 + len - buf.len()).min(RESERVE_AHEAD));
         return Ok(None);
     }
     buf.advance(4);
@@ -282,6 +286,16 @@ mod tests {
             Err(FrameError::TooLarge { .. })
         ));
         assert!(buf.capacity() < 1 << 20);
+        let mut buf = BytesMut::from(&(1u32 << 30).to_le_bytes()[..]);
+        assert!(
+            take_frame::<v1::CallRequest>(&mut buf, u32::MAX as u64)
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            buf.capacity() <= 4 + RESERVE_AHEAD,
+            "reserved what was only announced"
+        );
         let mut buf = BytesMut::from(&[3, 0, 0, 0, 0xff, 0xff, 0xff][..]);
         assert!(matches!(
             take_frame::<v1::CallRequest>(&mut buf, 1 << 20),
