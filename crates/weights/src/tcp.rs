@@ -71,9 +71,11 @@ pub(crate) const FRAME_BUCKET_END: u8 = 2;
 pub(crate) const MAX_TENSOR_BYTES: u64 = 64 << 30;
 pub(crate) const MAX_NDIM: u8 = 8;
 /// Most bytes an engine reads before forwarding them to its successor. Small enough that the
-/// pipeline fills quickly (8 hops add ~8 MiB of latency), large enough that per-chunk overhead
-/// (one channel send, one write call) is negligible.
-pub const CHUNK_BYTES: usize = 1 << 20;
+/// pipeline fills quickly (8 hops add ~2 MiB of latency) and that a piece is still in the
+/// core's cache when it is written on (on one machine, 8 receivers of 512 MiB: 0.67-0.69 s at
+/// 256 KiB against 0.69-0.90 s at 1 MiB and 0.83-0.88 s at 64 KiB), large enough that
+/// per-chunk overhead (one read, one write call) is negligible.
+pub const CHUNK_BYTES: usize = 256 << 10;
 /// How long rank 0 waits, by default, for every engine to confirm a bucket
 /// ([`WeightSender::set_bucket_timeout`]).
 pub const DEFAULT_BUCKET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
