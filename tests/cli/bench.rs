@@ -18,7 +18,7 @@ fn bench_rpc_prints_every_figure() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    for path in ["ractor", "local", "remote"] {
+    for path in ["ractor", "local", "remote", "remote_grpc"] {
         for fig in [
             "seq.p50_us",
             "seq.p99_us",

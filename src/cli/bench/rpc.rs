@@ -237,17 +237,19 @@ pub async fn run(args: &RpcArgs) -> Result<Vec<(String, f64)>, String> {
     pipelined("ractor", n, k, raw_call, &mut out).await?;
     raw.stop(None);
 
-    for (name, cluster) in [
-        ("local", Cluster::in_process(1, 0).await),
-        ("remote", Cluster::local_processes(1, 0).await),
-        (
-            "remote_grpc",
-            Cluster::builder()
-                .calls(CallTransport::Grpc)
-                .local_processes(1, 0)
-                .await,
-        ),
-    ] {
+    // Each cluster starts just before its measurement and is gone before the next starts,
+    // so no idle host shares the machine with a measurement.
+    for name in ["local", "remote", "remote_grpc"] {
+        let cluster = match name {
+            "local" => Cluster::in_process(1, 0).await,
+            "remote" => Cluster::local_processes(1, 0).await,
+            _ => {
+                Cluster::builder()
+                    .calls(CallTransport::Grpc)
+                    .local_processes(1, 0)
+                    .await
+            }
+        };
         let cluster = cluster.map_err(|e| format!("{name} cluster: {e}"))?;
         let h = cluster
             .host(0)
