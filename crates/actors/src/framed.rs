@@ -172,7 +172,9 @@ async fn run(core: HostCore, stream: TcpStream) -> Result<(), String> {
         (Some(want), Some(got)) => crate::auth::same(want.as_bytes(), got),
     };
     if !accepted {
-        let why = if core.config().auth_token.is_some() && tlen == 0 {
+        let why = if token.is_none() {
+            "the hello's token is longer than 4096 bytes"
+        } else if tlen == 0 {
             "this host requires a control-plane token (set TROUPE_TOKEN)"
         } else {
             "wrong control-plane token: use the host's token (--token, TROUPE_TOKEN or the config's `token`)"
@@ -238,7 +240,7 @@ async fn run(core: HostCore, stream: TcpStream) -> Result<(), String> {
     }
 }
 
-/// A reply frame's result as the caller sees it.
+/// A `CallReply`'s result as the caller sees it, whichever way it came (frame or `CallStream`).
 pub fn reply_result(r: v1::CallReply) -> Result<Vec<u8>, CallError> {
     match r.result {
         Some(call_reply::Result::Payload(p)) => Ok(p),
