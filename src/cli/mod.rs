@@ -128,10 +128,15 @@ fn argv() -> Vec<String> {
 pub fn main() -> ExitCode {
     let cli = Cli::parse_from(argv());
     init_tracing();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // An engine's HTTP side only parses, queues and answers (its scheduler thread does the
+    // model work), so one I/O thread serves it, as one uvicorn loop serves SGLang's: with
+    // hundreds of engines on a machine, a multi-thread runtime's worker wake-ups cost more CPU
+    // than the requests themselves (`troupe bench scale`).
+    let mut builder = match &cli.cmd {
+        Cmd::Engine(_) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
     };

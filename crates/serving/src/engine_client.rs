@@ -397,15 +397,16 @@ impl EngineClient {
         };
         let resp = req.send().await.map_err(transport)?;
         let status = resp.status();
-        let text = resp.text().await.map_err(transport)?;
+        let bytes = resp.bytes().await.map_err(transport)?;
         if !status.is_success() {
             return Err(EngineCallError::Status {
                 path,
                 status: status.as_u16(),
-                body: text,
+                body: String::from_utf8_lossy(&bytes).into_owned(),
             });
         }
-        Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        Ok(serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned())))
     }
 }
 

@@ -47,6 +47,7 @@ pub mod policy;
 pub mod proxy;
 pub mod router;
 pub mod sse;
+pub mod upstream;
 pub mod worker;
 
 pub use engine_client::{EngineCallError, EngineClient};

@@ -12,7 +12,9 @@
 //!   processes and not in it), `scale.controller_peak_rss_mib` (VmHWM at the end) and
 //!   `scale.engine_rss_mib` (the mean engine process, for sizing a machine);
 //! - `scale.fanout_p50_ms` / `scale.fanout_p99_ms`: `--rounds` pauses and resumes of the whole
-//!   fleet through its control plane (every call timed; resume includes its version check);
+//!   fleet through its control plane, each call a task on the runtime's workers as the gateway's
+//!   admin endpoints run it (every call timed; resume includes its version check), and
+//!   `scale.fanout_pause_p50_ms` / `scale.fanout_resume_p50_ms` each kind alone;
 //! - `scale.weight_update_s`: a tiny-model weight update to every server through the plane
 //!   (pause, broadcast group build, buckets, resume), `scale.weight_update_again_s` a second one
 //!   over the group already built;
@@ -160,22 +162,38 @@ fn api(what: &str, e: troupe_wire::ApiError) -> String {
     format!("{what}: {}", e.message)
 }
 
-/// Pause + resume `rounds` times through the plane; every call's time in ms, sorted.
-async fn fanout(svc: &Deployment, rounds: u64) -> Result<Vec<f64>, String> {
-    let mut ms = Vec::with_capacity(rounds as usize * 2);
+/// Pause + resume `rounds` times through the plane, each call in a task of its own on the
+/// runtime's workers (where the gateway's admin endpoints and the gRPC API run it), not on the
+/// thread that blocks on the benchmark; each call's time in ms: (pauses, resumes), sorted.
+async fn fanout(svc: &Deployment, rounds: u64) -> Result<(Vec<f64>, Vec<f64>), String> {
+    let mut pauses = Vec::with_capacity(rounds as usize);
+    let mut resumes = Vec::with_capacity(rounds as usize);
+    let joined = |e: tokio::task::JoinError| format!("fan-out task: {e}");
     for _ in 0..rounds {
-        let t = Instant::now();
-        svc.plane
-            .pause(PauseMode::Abort, false)
-            .await
-            .map_err(|e| api("pause", e))?;
-        ms.push(t.elapsed().as_secs_f64() * 1e3);
-        let t = Instant::now();
-        svc.plane.resume().await.map_err(|e| api("resume", e))?;
-        ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let plane = svc.plane.clone();
+        let ms = tokio::spawn(async move {
+            let t = Instant::now();
+            let r = plane.pause(PauseMode::Abort, false).await;
+            r.map(|_| t.elapsed().as_secs_f64() * 1e3)
+        })
+        .await
+        .map_err(joined)?
+        .map_err(|e| api("pause", e))?;
+        pauses.push(ms);
+        let plane = svc.plane.clone();
+        let ms = tokio::spawn(async move {
+            let t = Instant::now();
+            let r = plane.resume().await;
+            r.map(|_| t.elapsed().as_secs_f64() * 1e3)
+        })
+        .await
+        .map_err(joined)?
+        .map_err(|e| api("resume", e))?;
+        resumes.push(ms);
     }
-    ms.sort_by(f64::total_cmp);
-    Ok(ms)
+    pauses.sort_by(f64::total_cmp);
+    resumes.sort_by(f64::total_cmp);
+    Ok((pauses, resumes))
 }
 
 /// Crashes host `victim` and times the cluster's `HostLost` and the router's removal of every
@@ -284,11 +302,15 @@ async fn measure(
     );
 
     let (c0, e0) = (proc_times("self").map_or(0.0, |t| t.0), engines_cpu(&pids));
-    let ms = fanout(svc, a.rounds).await?;
+    let (pauses, resumes) = fanout(svc, a.rounds).await?;
+    let mut ms = [pauses.as_slice(), resumes.as_slice()].concat();
+    ms.sort_by(f64::total_cmp);
     let calls = ms.len().max(1) as f64;
     put("fanout_p50_ms", pct(&ms, 0.5));
     put("fanout_p99_ms", pct(&ms, 0.99));
     put("fanout_max_ms", pct(&ms, 1.0));
+    put("fanout_pause_p50_ms", pct(&pauses, 0.5));
+    put("fanout_resume_p50_ms", pct(&resumes, 0.5));
     // CPU per call (a pause or a resume), in ms: the controller's, and every engine's together.
     put(
         "fanout_controller_cpu_ms",

@@ -136,7 +136,8 @@ impl ControlPlane {
         for e in found {
             d.insert(e.url.clone(), e);
         }
-        d.retain(|u, _| urls.contains(u));
+        let routed: std::collections::HashSet<&String> = urls.iter().collect();
+        d.retain(|u, _| routed.contains(u));
         let engines = urls
             .iter()
             .map(|u| {

@@ -14,6 +14,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use hyper::body::Incoming;
 use serde_json::{Map, Value};
 
 use super::GatewayState;
@@ -24,6 +25,7 @@ use crate::guard::{GuardedBody, LoadGuard};
 use crate::metrics::Endpoint;
 use crate::pd;
 use crate::policy::RouteContext;
+use crate::upstream::read_body;
 use crate::worker::{Worker, WorkerType};
 
 /// The header that pins a session (trajectory) to one worker under the `sticky` policy.
@@ -143,18 +145,13 @@ pub(crate) async fn send(
     w: &Arc<dyn Worker>,
     path: &str,
     body: Bytes,
-) -> Result<reqwest::Response, Fail> {
-    let req = match w.endpoint(path) {
-        Some(u) => state.client.post(u),
-        None => state.client.post(format!("{}{path}", w.url())),
+) -> Result<Response<Incoming>, Fail> {
+    let Some(uri) = w.endpoint(path) else {
+        return Err(Fail::Final(Box::new(
+            ApiError::bad_gateway(format!("{}{path} is not a valid URL", w.url())).into_response(),
+        )));
     };
-    let mut req = req
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(body);
-    if let Some(k) = &state.cfg.worker_api_key {
-        req = req.bearer_auth(k);
-    }
-    let resp = match req.send().await {
+    let resp = match state.upstream.post(uri, body).await {
         Ok(r) => r,
         Err(e) => {
             w.record_outcome(false);
@@ -168,7 +165,7 @@ pub(crate) async fn send(
     if status.is_success() {
         return Ok(resp);
     }
-    let text = resp.bytes().await.unwrap_or_default();
+    let text = read_body(resp).await.unwrap_or_default();
     if retryable(status) {
         if status.is_server_error() {
             w.record_outcome(false);
@@ -222,7 +219,7 @@ pub(crate) async fn send_full(
     body: Bytes,
 ) -> Result<Bytes, Fail> {
     let resp = send(state, w, path, body).await?;
-    resp.bytes().await.map_err(|e| {
+    read_body(resp).await.map_err(|e| {
         w.record_outcome(false);
         Fail::retry(format!("{} {}: body: {e}", w.worker_type(), w.url()), w)
     })
@@ -464,22 +461,18 @@ pub(super) async fn any_worker(state: &GatewayState, path: &str, body: Option<By
         Ok(w) => w,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let url = format!("{}{path}", w.url());
-    let mut req = match body {
-        Some(b) => state
-            .client
-            .post(url)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(b),
-        None => state.client.get(url),
+    let Some(uri) = w.endpoint(path) else {
+        return ApiError::bad_gateway(format!("{}{path} is not a valid URL", w.url()))
+            .into_response();
     };
-    if let Some(k) = &state.cfg.worker_api_key {
-        req = req.bearer_auth(k);
-    }
-    match req.send().await {
+    let sent = match body {
+        Some(b) => state.upstream.post(uri, b).await,
+        None => state.upstream.get(uri).await,
+    };
+    match sent {
         Ok(r) => {
             let status = r.status();
-            match r.bytes().await {
+            match read_body(r).await {
                 Ok(b) if !status.is_success() => upstream_error(&w, status, &b),
                 Ok(b) => (status, [(header::CONTENT_TYPE, "application/json")], b).into_response(),
                 Err(e) => ApiError::bad_gateway(format!("{}: {e}", w.url())).into_response(),

@@ -41,6 +41,7 @@ use super::error::{ApiError, ServingError};
 use super::listen::{self, ServeLimits};
 use super::metrics::Metrics;
 use super::router::{Router, RouterConfig};
+use super::upstream::UpstreamClient;
 use super::worker::{WorkerSpec, WorkerType};
 
 /// Everything the gateway is started from: the one gateway settings type, built from the YAML's
@@ -151,7 +152,10 @@ impl Default for GatewayConfig {
 pub(crate) struct GatewayState {
     pub(crate) cfg: GatewayConfig,
     pub(crate) router: Arc<Router>,
+    /// The control path's client (worker registration checks, engine control calls).
     pub(crate) client: reqwest::Client,
+    /// The data path's client (inference requests forwarded to workers).
+    pub(crate) upstream: UpstreamClient,
     pub(crate) metrics: Metrics,
 }
 
@@ -291,9 +295,11 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
     cfg.router.check()?;
     let router = Router::new(cfg.router.clone());
     let client = client::build()?;
+    let upstream = UpstreamClient::new(cfg.worker_api_key.as_deref())?;
     let state = Arc::new(GatewayState {
         router: router.clone(),
         client: client.clone(),
+        upstream,
         metrics: Metrics::default(),
         cfg,
     });

@@ -19,6 +19,7 @@ use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::Response;
 use futures::{Stream, StreamExt};
+use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
 use super::GatewayState;
@@ -29,7 +30,7 @@ use crate::pd;
 use crate::sse::{self, EventSplitter};
 use crate::worker::{Worker, WorkerType};
 
-type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, hyper::Error>> + Send>>;
 
 /// An upstream SSE stream positioned after its first event.
 struct Upstream {
@@ -70,7 +71,7 @@ async fn open(
 ) -> Result<(Bytes, Upstream), Fail> {
     let resp = send(state, w, req.ep.path(), body).await?;
     let mut up = Upstream {
-        bytes: Box::pin(resp.bytes_stream()),
+        bytes: Box::pin(resp.into_body().into_data_stream()),
         split: EventSplitter::default(),
         worker: w.clone(),
     };
