@@ -23,6 +23,9 @@ use troupe_wire::vllm::{
 };
 
 use crate::control_plane::{Dialect, Engine};
+use crate::upstream::{UpstreamClient, bearer, read_body};
+use axum::body::Bytes;
+use axum::http::{HeaderValue, Uri};
 
 /// Longest a control call may take (a weight bucket waits for its whole transfer).
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(120);
@@ -64,32 +67,25 @@ pub enum EngineCallError {
 /// the deployment's admin key). Cheap to clone: the connection pool is shared.
 #[derive(Debug, Clone)]
 pub struct EngineClient {
-    http: reqwest::Client,
+    http: UpstreamClient,
     admin_key: Option<String>,
+    /// `Bearer <admin key>`, or why the key cannot be sent (every call then fails with it).
+    auth: Result<Option<HeaderValue>, String>,
     timeout: Duration,
 }
 
 impl EngineClient {
-    /// A client that sends `admin_key` (if any) as a bearer token, over the pooled
-    /// TCP_NODELAY client of [`crate::client::build`] (reqwest's default client if that cannot
-    /// be built, which only a broken TLS backend causes).
+    /// A client that sends `admin_key` (if any) as a bearer token, over a pool of its own.
     pub fn new(admin_key: Option<String>) -> Self {
-        let http = crate::client::build().unwrap_or_else(|e| {
-            tracing::warn!("pooled HTTP client unavailable ({e}); using a default one");
-            reqwest::Client::default()
-        });
-        EngineClient {
-            http,
-            admin_key,
-            timeout: CONTROL_TIMEOUT,
-        }
+        Self::over(UpstreamClient::new(), admin_key)
     }
 
-    /// A client over an existing pooled `http` client (the gateway's own), sending `key` (if
-    /// any) as a bearer token: for callers that already hold a pool and must not open another.
-    pub fn over(http: reqwest::Client, key: Option<String>) -> Self {
+    /// A client over an existing pool (the gateway's own), sending `key` (if any) as a bearer
+    /// token: for callers that already hold a pool and must not open another.
+    pub fn over(http: UpstreamClient, key: Option<String>) -> Self {
         EngineClient {
             http,
+            auth: bearer(key.as_deref(), "the admin API key"),
             admin_key: key,
             timeout: CONTROL_TIMEOUT,
         }
@@ -382,22 +378,30 @@ impl EngineClient {
         path_and_query: &str,
         body: Option<&B>,
     ) -> Result<Value, EngineCallError> {
+        let transport = |reason: String| EngineCallError::Transport { path, reason };
+        let auth = self.auth.clone().map_err(transport)?;
         let full = format!("{}{path_and_query}", url.trim_end_matches('/'));
-        let mut req = match body {
-            Some(b) => self.http.post(full).json(b),
-            None => self.http.get(full),
-        }
-        .timeout(self.timeout);
-        if let Some(k) = &self.admin_key {
-            req = req.bearer_auth(k);
-        }
-        let transport = |e: reqwest::Error| EngineCallError::Transport {
-            path,
-            reason: e.to_string(),
+        let uri: Uri = full
+            .parse()
+            .map_err(|e| transport(format!("{full:?} is not a valid URL: {e}")))?;
+        let body = match body {
+            Some(b) => Some(Bytes::from(serde_json::to_vec(b).map_err(|e| {
+                transport(format!("the request body does not serialize: {e}"))
+            })?)),
+            None => None,
         };
-        let resp = req.send().await.map_err(transport)?;
-        let status = resp.status();
-        let bytes = resp.bytes().await.map_err(transport)?;
+        let call = async {
+            let resp = match body {
+                Some(b) => self.http.post(uri, b, auth.as_ref()).await,
+                None => self.http.get(uri, auth.as_ref()).await,
+            }?;
+            let status = resp.status();
+            read_body(resp).await.map(|b| (status, b))
+        };
+        let (status, bytes) = tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| transport(format!("no answer within {:?}", self.timeout)))?
+            .map_err(transport)?;
         if !status.is_success() {
             return Err(EngineCallError::Status {
                 path,

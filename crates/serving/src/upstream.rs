@@ -1,13 +1,15 @@
-//! [`UpstreamClient`]: the gateway's client for the data path, forwarding inference requests to
-//! workers.
+//! [`UpstreamClient`]: the HTTP client for workers and engines: the gateway forwards inference
+//! requests over it, and [`crate::engine_client::EngineClient`] makes its control calls over it.
 //!
-//! Why not the pooled `reqwest` client the control path uses ([`crate::client::build`]): a
-//! forwarded request needs none of reqwest's layers (redirect policy, retry layer, URL to URI
+//! Why not the pooled `reqwest` client of [`crate::client::build`] (the data proxies' and the
+//! health probes'): a forwarded request needs none of reqwest's layers (redirect policy, retry layer, URL to URI
 //! conversion, request builder), and profiling the gateway at 64 concurrent requests put them
 //! at about a tenth of its CPU per request. This is hyper's pooled HTTP/1 client with the same
 //! settings: connections reused (up to 1024 idle per worker, 90 s), TCP_NODELAY, plain HTTP
 //! only (workers are reached over plain HTTP; [`crate::worker::parse_url`]), no proxies, no
-//! redirects, a 5 s connect timeout. Per-request deadlines are the caller's.
+//! redirects, a 5 s connect timeout. Per-request deadlines are the caller's. The engines'
+//! control calls ([`crate::engine_client::EngineClient`]) go over it too: a fleet-wide pause
+//! is one call per engine, and at 512 engines its CPU is the controller's fan-out cost.
 
 use std::time::Duration;
 
@@ -19,31 +21,21 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::error::ServingError;
-
-/// A pooled HTTP/1 client that sends the workers' API key, if any, with every request.
+/// A pooled HTTP/1 client for workers and engines. Cheap to clone: the pool is shared.
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
     http: Client<HttpConnector, Full<Bytes>>,
-    bearer: Option<HeaderValue>,
+}
+
+impl Default for UpstreamClient {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl UpstreamClient {
-    /// A client sending `api_key` (if any) as `Authorization: Bearer <key>`. Fails when the key
-    /// cannot be a header value (a control character in it).
-    pub fn new(api_key: Option<&str>) -> Result<Self, ServingError> {
-        let bearer = match api_key {
-            None => None,
-            Some(k) => {
-                let mut v = HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
-                    ServingError::Config(
-                        "worker_api_key must be printable text (no control characters or newlines): it is sent as an HTTP header".into(),
-                    )
-                })?;
-                v.set_sensitive(true);
-                Some(v)
-            }
-        };
+    /// A client with its own pool.
+    pub fn new() -> Self {
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
         conn.set_connect_timeout(Some(Duration::from_secs(5)));
@@ -52,18 +44,27 @@ impl UpstreamClient {
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_timer(TokioTimer::new())
             .build(conn);
-        Ok(UpstreamClient { http, bearer })
+        UpstreamClient { http }
     }
 
-    /// `POST uri` with a JSON `body`; the response as it arrives (read its body with
-    /// [`read_body`] or stream it).
-    pub async fn post(&self, uri: Uri, body: Bytes) -> Result<Response<Incoming>, String> {
-        self.send(Method::POST, uri, Some(body)).await
+    /// `POST uri` with a JSON `body` and `auth` (if any) as its `Authorization`; the response as
+    /// it arrives (read its body with [`read_body`] or stream it).
+    pub async fn post(
+        &self,
+        uri: Uri,
+        body: Bytes,
+        auth: Option<&HeaderValue>,
+    ) -> Result<Response<Incoming>, String> {
+        self.send(Method::POST, uri, Some(body), auth).await
     }
 
-    /// `GET uri`.
-    pub async fn get(&self, uri: Uri) -> Result<Response<Incoming>, String> {
-        self.send(Method::GET, uri, None).await
+    /// `GET uri` with `auth` (if any) as its `Authorization`.
+    pub async fn get(
+        &self,
+        uri: Uri,
+        auth: Option<&HeaderValue>,
+    ) -> Result<Response<Incoming>, String> {
+        self.send(Method::GET, uri, None, auth).await
     }
 
     async fn send(
@@ -71,22 +72,37 @@ impl UpstreamClient {
         method: Method,
         uri: Uri,
         body: Option<Bytes>,
+        auth: Option<&HeaderValue>,
     ) -> Result<Response<Incoming>, String> {
-        let mut req = Request::new(Full::new(body.clone().unwrap_or_default()));
+        let json = body.is_some();
+        let mut req = Request::new(Full::new(body.unwrap_or_default()));
         *req.method_mut() = method;
         *req.uri_mut() = uri;
         let h = req.headers_mut();
-        if body.is_some() {
+        if json {
             h.insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
         }
-        if let Some(b) = &self.bearer {
-            h.insert(header::AUTHORIZATION, b.clone());
+        if let Some(a) = auth {
+            h.insert(header::AUTHORIZATION, a.clone());
         }
         self.http.request(req).await.map_err(|e| chain(&e))
     }
+}
+
+/// `Bearer <key>` as a header value (marked sensitive, so it is never logged); `None` for no
+/// key. Fails, naming `what`, when the key cannot be a header value (a control character).
+pub fn bearer(key: Option<&str>, what: &str) -> Result<Option<HeaderValue>, String> {
+    let Some(k) = key else { return Ok(None) };
+    let mut v = HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
+        format!(
+            "{what} must be printable text (no control characters or newlines): it is sent as an HTTP header"
+        )
+    })?;
+    v.set_sensitive(true);
+    Ok(Some(v))
 }
 
 /// Reads a whole response body.
@@ -118,9 +134,11 @@ mod tests {
 
     #[test]
     fn a_key_with_a_newline_is_refused_with_its_name() {
-        let e = UpstreamClient::new(Some("a\nb")).unwrap_err().to_string();
+        let e = bearer(Some("a\nb"), "worker_api_key").unwrap_err();
         assert!(e.contains("worker_api_key"), "{e}");
-        assert!(UpstreamClient::new(Some("sk-1")).is_ok());
+        let v = bearer(Some("sk-1"), "worker_api_key").unwrap().unwrap();
+        assert_eq!(v.to_str().unwrap(), "Bearer sk-1");
+        assert!(bearer(None, "worker_api_key").unwrap().is_none());
     }
 
     #[tokio::test]
@@ -128,9 +146,9 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         drop(l);
-        let up = UpstreamClient::new(None).unwrap();
+        let up = UpstreamClient::new();
         let uri: Uri = format!("http://{addr}/generate").parse().unwrap();
-        let e = tokio::time::timeout(Duration::from_secs(10), up.post(uri, Bytes::new()))
+        let e = tokio::time::timeout(Duration::from_secs(10), up.post(uri, Bytes::new(), None))
             .await
             .unwrap()
             .unwrap_err();

@@ -152,10 +152,10 @@ impl Default for GatewayConfig {
 pub(crate) struct GatewayState {
     pub(crate) cfg: GatewayConfig,
     pub(crate) router: Arc<Router>,
-    /// The control path's client (worker registration checks, engine control calls).
-    pub(crate) client: reqwest::Client,
-    /// The data path's client (inference requests forwarded to workers).
+    /// Workers' and engines' client: inference requests forwarded, engine control calls.
     pub(crate) upstream: UpstreamClient,
+    /// `Bearer <worker_api_key>`, sent with every forwarded request.
+    pub(crate) worker_auth: Option<axum::http::HeaderValue>,
     pub(crate) metrics: Metrics,
 }
 
@@ -295,11 +295,13 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
     cfg.router.check()?;
     let router = Router::new(cfg.router.clone());
     let client = client::build()?;
-    let upstream = UpstreamClient::new(cfg.worker_api_key.as_deref())?;
+    let upstream = UpstreamClient::new();
+    let worker_auth = super::upstream::bearer(cfg.worker_api_key.as_deref(), "worker_api_key")
+        .map_err(ServingError::Config)?;
     let state = Arc::new(GatewayState {
         router: router.clone(),
-        client: client.clone(),
-        upstream,
+        upstream: upstream.clone(),
+        worker_auth,
         metrics: Metrics::default(),
         cfg,
     });
@@ -324,7 +326,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
             });
             Control::Local(ControlPlane::over_router(
                 router.clone(),
-                EngineClient::over(client.clone(), state.cfg.worker_api_key.clone()),
+                EngineClient::over(upstream.clone(), state.cfg.worker_api_key.clone()),
                 WeightSyncOptions {
                     group_name: "troupe-fleet".into(),
                     fp8: state.cfg.weights_fp8,

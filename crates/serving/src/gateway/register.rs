@@ -30,7 +30,7 @@ impl GatewayState {
         if let Some(dup) = self.router.get(worker.url()) {
             return Err(duplicate(dup.as_ref()));
         }
-        let engine = EngineClient::over(self.client.clone(), self.cfg.worker_api_key.clone())
+        let engine = EngineClient::over(self.upstream.clone(), self.cfg.worker_api_key.clone())
             .with_timeout(PROBE_TIMEOUT);
         let unchecked = match engine.disaggregation_mode(worker.url()).await {
             Ok(Some(mode)) => match type_of_mode(&mode) {
