@@ -37,6 +37,68 @@ mod forwarding {
     }
 
     #[tokio::test]
+    async fn worker_api_key_goes_with_every_forwarded_request() {
+        within(20, async {
+            let b = fake(|path, _, _| {
+                if path == "/generate" {
+                    Reply::Json(StatusCode::OK, answer(1))
+                } else {
+                    Reply::Sse(vec![json!({"text": "a"}).to_string()], false)
+                }
+            })
+            .await;
+            let g = gateway::start(GatewayConfig {
+                workers: vec![WorkerSpec::regular(&b.url)],
+                worker_api_key: Some("wk-1".into()),
+                retry_backoff: Duration::ZERO,
+                router: RouterConfig {
+                    health: HealthConfig {
+                        interval: Duration::ZERO,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+            .await
+            .expect("gateway starts");
+            let (st, v) = post(&format!("{}/generate", g.url()), &json!({"text": "x"})).await;
+            assert_eq!(st, 200, "{v}");
+            let r = client()
+                .post(format!("{}/v1/completions", g.url()))
+                .json(&json!({"prompt": "x", "stream": true}))
+                .send()
+                .await
+                .expect("sent");
+            assert_eq!(r.status(), 200);
+            let _ = r.bytes().await;
+            let seen = b.auths.lock().clone();
+            for ep in ["/generate", "/v1/completions"] {
+                let auth = seen
+                    .iter()
+                    .rev()
+                    .find(|(p, _)| p == ep)
+                    .map(|(_, a)| a.clone());
+                assert_eq!(
+                    auth,
+                    Some(Some("Bearer wk-1".to_string())),
+                    "{ep}: {seen:?}"
+                );
+            }
+
+            // A key that cannot be a header value is refused at start, by name.
+            let e = gateway::start(GatewayConfig {
+                worker_api_key: Some("a\nb".into()),
+                ..Default::default()
+            })
+            .await
+            .expect_err("refused");
+            assert!(e.to_string().contains("worker_api_key"), "{e}");
+        })
+        .await;
+    }
+
+    #[tokio::test]
     async fn pd_adds_bootstrap_fields_and_merges_prefill_logprobs() {
         within(20, async {
             let p = fake(|_, _, _| {

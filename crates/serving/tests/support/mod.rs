@@ -51,6 +51,8 @@ type Script = dyn Fn(&str, &Value, usize) -> Reply + Send + Sync;
 pub struct Fake {
     pub url: String,
     pub bodies: Arc<Mutex<Vec<(String, Bytes)>>>,
+    /// The `Authorization` header of every request, by path, in order.
+    pub auths: Arc<Mutex<Vec<(String, Option<String>)>>>,
     pub hits: Arc<AtomicUsize>,
     pub dropped: Arc<AtomicUsize>,
     pub health_status: Arc<Mutex<StatusCode>>,
@@ -83,6 +85,7 @@ impl Fake {
 struct FakeState {
     script: Arc<Script>,
     bodies: Arc<Mutex<Vec<(String, Bytes)>>>,
+    auths: Arc<Mutex<Vec<(String, Option<String>)>>>,
     hits: Arc<AtomicUsize>,
     dropped: Arc<AtomicUsize>,
     health: Arc<Mutex<StatusCode>>,
@@ -97,6 +100,12 @@ impl Drop for DropFlag {
 
 async fn handle(State(s): State<Arc<FakeState>>, req: axum::extract::Request) -> Response {
     let path = req.uri().path().to_string();
+    let auth = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    s.auths.lock().push((path.clone(), auth));
     if path == "/health" {
         return (*s.health.lock()).into_response();
     }
@@ -153,12 +162,14 @@ async fn handle(State(s): State<Arc<FakeState>>, req: axum::extract::Request) ->
 /// requests do not count in `nth_request` or `hits`).
 pub async fn fake(script: impl Fn(&str, &Value, usize) -> Reply + Send + Sync + 'static) -> Fake {
     let bodies = Arc::new(Mutex::new(Vec::new()));
+    let auths = Arc::new(Mutex::new(Vec::new()));
     let hits = Arc::new(AtomicUsize::new(0));
     let dropped = Arc::new(AtomicUsize::new(0));
     let health = Arc::new(Mutex::new(StatusCode::OK));
     let state = Arc::new(FakeState {
         script: Arc::new(script),
         bodies: bodies.clone(),
+        auths: auths.clone(),
         hits: hits.clone(),
         dropped: dropped.clone(),
         health: health.clone(),
@@ -174,6 +185,7 @@ pub async fn fake(script: impl Fn(&str, &Value, usize) -> Reply + Send + Sync + 
     Fake {
         url,
         bodies,
+        auths,
         hits,
         dropped,
         health_status: health,
