@@ -77,7 +77,11 @@ impl Scheduler {
                 version,
                 reply,
             } => {
-                let _ = reply.send(self.update_tensors(tensors, version));
+                let r = self.update_tensors(tensors, version);
+                // Published before the answer: a `/get_weight_version` right after it must
+                // see the new version (the control plane's resume checks exactly that).
+                self.publish();
+                let _ = reply.send(r);
             }
             Command::ReplaceWeights {
                 weights,
@@ -99,6 +103,7 @@ impl Scheduler {
                         self.weight_version
                     ))
                 };
+                self.publish();
                 let _ = reply.send(r);
             }
             Command::SetVersion {
@@ -111,6 +116,7 @@ impl Scheduler {
                 }
                 self.weight_version = version;
                 self.flush_cache();
+                self.publish();
                 let _ = reply.send(Ok(format!(
                     "Weight version updated to {}",
                     self.weight_version
@@ -204,4 +210,68 @@ impl Scheduler {
 
 fn released_msg() -> String {
     "weights are released; call /resume_memory_occupation with tags [\"weights\"] first".into()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::core::LatencyModel;
+    use crate::core::request::{Command, SeqKind, SeqRequest};
+    use crate::core::scheduler::{EngineCore, SchedulerConfig};
+    use crate::model::{ModelConfig, Weights};
+    use crate::sampling::SamplingParams;
+
+    /// A version set through the scheduler is visible the moment the call returns, even while
+    /// the scheduler is busy decoding: the control plane's resume reads `/get_weight_version`
+    /// right after an update and refuses mixed versions, so a stale snapshot would fail it.
+    #[tokio::test]
+    async fn a_set_version_is_published_before_the_answer() {
+        let core = EngineCore::start(
+            Weights::init(&ModelConfig::tiny(), 1),
+            SchedulerConfig {
+                max_running: 4,
+                // Every decode step takes 20 ms, so the loop's next snapshot is far away.
+                latency: LatencyModel {
+                    decode_step_ms: Some(20.0),
+                    ..LatencyModel::default()
+                },
+                weight_version: "v0".into(),
+                prefix_cache_tokens: None,
+            },
+            None,
+        )
+        .expect("scheduler starts");
+        let (events, _keep) = tokio::sync::mpsc::unbounded_channel();
+        core.send(Command::Submit(Box::new(SeqRequest {
+            rid: "busy".into(),
+            input_ids: vec![1, 2, 3],
+            params: SamplingParams {
+                max_new_tokens: 1000,
+                ignore_eos: true,
+                ..SamplingParams::default()
+            },
+            seed: 1,
+            return_logprob: false,
+            logprob_start: 0,
+            kind: SeqKind::Regular,
+            events,
+        })))
+        .expect("submitted");
+        tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            for i in 0..5 {
+                let v = format!("v{}", i + 1);
+                core.call(|reply| Command::SetVersion {
+                    version: v.clone(),
+                    abort_all: false,
+                    reply,
+                })
+                .await
+                .expect("scheduler alive")
+                .expect("set");
+                assert_eq!(core.status().weight_version, v, "round {i}");
+            }
+        })
+        .await
+        .expect("in time");
+        core.shutdown();
+    }
 }
