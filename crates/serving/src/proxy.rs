@@ -32,9 +32,10 @@ use troupe_wire::sglang::meta;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use hyper::body::Incoming;
 use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -43,6 +44,7 @@ use super::client;
 use super::error::{ApiError, ServingError};
 use super::listen::{self, ServeLimits};
 use super::pd;
+use super::upstream::{UpstreamClient, bearer, read_body};
 use super::worker::parse_url;
 
 /// SGLang's default `max_new_tokens` when a request gives none.
@@ -112,7 +114,9 @@ struct ProxyState {
     backends: Vec<String>,
     next: AtomicUsize,
     resubmits: AtomicU64,
-    client: reqwest::Client,
+    client: UpstreamClient,
+    /// `Bearer <backend_api_key>`, sent when the client sent no `Authorization`.
+    key: Option<HeaderValue>,
 }
 
 impl ProxyState {
@@ -121,17 +125,16 @@ impl ProxyState {
         &self.backends[i]
     }
 
-    fn auth(
-        &self,
-        mut req: reqwest::RequestBuilder,
-        headers: &HeaderMap,
-    ) -> reqwest::RequestBuilder {
-        if let Some(a) = headers.get(header::AUTHORIZATION) {
-            req = req.header(header::AUTHORIZATION, a.clone());
-        } else if let Some(k) = &self.cfg.backend_api_key {
-            req = req.bearer_auth(k);
-        }
-        req
+    /// The client's own `Authorization`, else the backend key's.
+    fn auth<'a>(&'a self, headers: &'a HeaderMap) -> Option<&'a HeaderValue> {
+        headers.get(header::AUTHORIZATION).or(self.key.as_ref())
+    }
+
+    /// `backend` + `path` as a URI (backends are `http://host:port`, checked at start).
+    fn uri(backend: &str, path: &str) -> Result<Uri, String> {
+        format!("{backend}{path}")
+            .parse()
+            .map_err(|e| format!("{backend}{path} is not a valid URL: {e}"))
     }
 }
 
@@ -198,11 +201,14 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle, ServingError> {
         .collect::<Result<Vec<_>, _>>()?;
     let limits = cfg.limits();
     limits.check().map_err(ServingError::Config)?;
+    let key =
+        bearer(cfg.backend_api_key.as_deref(), "backend_api_key").map_err(ServingError::Config)?;
     let state = Arc::new(ProxyState {
         backends,
         next: AtomicUsize::new(0),
         resubmits: AtomicU64::new(0),
-        client: client::build()?,
+        client: UpstreamClient::new(),
+        key,
         cfg,
     });
     let listener = client::bind(&state.cfg.listen).await?;
@@ -251,16 +257,17 @@ async fn pass(
     body: Bytes,
 ) -> Response {
     let backend = state.backend();
-    let mut req = state
-        .client
-        .request(method, format!("{backend}{path}"))
-        .body(body);
-    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-        req = req.header(header::CONTENT_TYPE, ct.clone());
-    }
-    req = state.auth(req, headers);
+    let uri = match ProxyState::uri(backend, path) {
+        Ok(u) => u,
+        Err(e) => return upstream_error(backend, e),
+    };
+    let ct = headers.get(header::CONTENT_TYPE);
     let info = is_server_info(path);
-    match req.send().await {
+    match state
+        .client
+        .request(method, uri, body, ct, state.auth(headers))
+        .await
+    {
         Ok(r) if info => redacted(r)
             .await
             .unwrap_or_else(|e| upstream_error(backend, e)),
@@ -269,7 +276,7 @@ async fn pass(
             if let Some(ct) = r.headers().get(header::CONTENT_TYPE) {
                 out = out.header(header::CONTENT_TYPE, ct.clone());
             }
-            out.body(Body::from_stream(r.bytes_stream()))
+            out.body(Body::new(r.into_body()))
                 .unwrap_or_else(|e| upstream_error(backend, e))
         }
         Err(e) => upstream_error(backend, e),
@@ -308,9 +315,9 @@ pub(crate) fn redact(v: &mut Value) {
 
 /// A server-info answer with its secrets redacted: SGLang returns its launch arguments there,
 /// the admin key among them, and the proxy must not hand them to whoever asks.
-async fn redacted(r: reqwest::Response) -> Result<Response, String> {
+async fn redacted(r: axum::http::Response<Incoming>) -> Result<Response, String> {
     let status = r.status();
-    let bytes = r.bytes().await.map_err(|e| e.to_string())?;
+    let bytes = read_body(r).await?;
     let body = match serde_json::from_slice::<Value>(&bytes) {
         Ok(mut v) => {
             redact(&mut v);
@@ -367,11 +374,16 @@ async fn generate(
 async fn wait_until_serving(state: &ProxyState, backend: &str, headers: &HeaderMap) -> bool {
     let deadline = tokio::time::Instant::now() + state.cfg.pause_wait;
     while tokio::time::Instant::now() < deadline {
-        let req = state.auth(state.client.get(format!("{backend}/server_info")), headers);
-        if let Ok(r) = req.timeout(Duration::from_secs(5)).send().await
-            && r.status().is_success()
-            && let Ok(v) = r.json::<Value>().await
-        {
+        let info = async {
+            let uri = ProxyState::uri(backend, "/server_info")?;
+            let r = state.client.get(uri, state.auth(headers)).await?;
+            if !r.status().is_success() {
+                return Err(format!("/server_info answered {}", r.status()));
+            }
+            let b = read_body(r).await?;
+            serde_json::from_slice::<Value>(&b).map_err(|e| e.to_string())
+        };
+        if let Ok(Ok(v)) = tokio::time::timeout(Duration::from_secs(5), info).await {
             let paused = v
                 .get("internal_states")
                 .and_then(Value::as_array)
@@ -410,18 +422,20 @@ async fn resubmit_loop(
     let mut resubmits = 0u32;
     let mut body = raw;
     let mut last = loop {
-        let mut req = state
+        let uri = match ProxyState::uri(&backend, "/generate") {
+            Ok(u) => u,
+            Err(e) => return upstream_error(&backend, e),
+        };
+        let resp = match state
             .client
-            .post(format!("{backend}/generate"))
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body.clone());
-        req = state.auth(req, headers);
-        let resp = match req.send().await {
+            .post(uri, body.clone(), state.auth(headers))
+            .await
+        {
             Ok(r) => r,
             Err(e) => return upstream_error(&backend, e),
         };
         let status = resp.status();
-        let bytes = match resp.bytes().await {
+        let bytes = match read_body(resp).await {
             Ok(b) => b,
             Err(e) => return upstream_error(&backend, e),
         };

@@ -1,8 +1,9 @@
 //! [`UpstreamClient`]: the HTTP client for workers and engines: the gateway forwards inference
-//! requests over it, and [`crate::engine_client::EngineClient`] makes its control calls over it.
+//! requests over it, data proxies ([`crate::proxy`]) pass requests to their engine over it, and
+//! [`crate::engine_client::EngineClient`] makes its control calls over it.
 //!
-//! Why not the pooled `reqwest` client of [`crate::client::build`] (the data proxies' and the
-//! health probes'): a forwarded request needs none of reqwest's layers (redirect policy, retry layer, URL to URI
+//! Why not the pooled `reqwest` client of [`crate::client::build`] (the health probes' and the
+//! control API's forwarder): a forwarded request needs none of reqwest's layers (redirect policy, retry layer, URL to URI
 //! conversion, request builder), and profiling the gateway at 64 concurrent requests put them
 //! at about a tenth of its CPU per request. This is hyper's pooled HTTP/1 client with the same
 //! settings: connections reused (up to 1024 idle per worker, 90 s), TCP_NODELAY, plain HTTP
@@ -74,16 +75,28 @@ impl UpstreamClient {
         body: Option<Bytes>,
         auth: Option<&HeaderValue>,
     ) -> Result<Response<Incoming>, String> {
-        let json = body.is_some();
-        let mut req = Request::new(Full::new(body.unwrap_or_default()));
+        let json = HeaderValue::from_static("application/json");
+        let ct = body.is_some().then_some(&json);
+        self.request(method, uri, body.unwrap_or_default(), ct, auth)
+            .await
+    }
+
+    /// Any request: `body` with `content_type` (if any) and `auth` (if any) as its
+    /// `Authorization`; what a data proxy passes through.
+    pub async fn request(
+        &self,
+        method: Method,
+        uri: Uri,
+        body: Bytes,
+        content_type: Option<&HeaderValue>,
+        auth: Option<&HeaderValue>,
+    ) -> Result<Response<Incoming>, String> {
+        let mut req = Request::new(Full::new(body));
         *req.method_mut() = method;
         *req.uri_mut() = uri;
         let h = req.headers_mut();
-        if json {
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
+        if let Some(ct) = content_type {
+            h.insert(header::CONTENT_TYPE, ct.clone());
         }
         if let Some(a) = auth {
             h.insert(header::AUTHORIZATION, a.clone());

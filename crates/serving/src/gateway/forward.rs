@@ -151,7 +151,11 @@ pub(crate) async fn send(
             ApiError::bad_gateway(format!("{}{path} is not a valid URL", w.url())).into_response(),
         )));
     };
-    let resp = match state.upstream.post(uri, body, state.worker_auth.as_ref()).await {
+    let resp = match state
+        .upstream
+        .post(uri, body, state.worker_auth.as_ref())
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
             w.record_outcome(false);
@@ -466,7 +470,12 @@ pub(super) async fn any_worker(state: &GatewayState, path: &str, body: Option<By
             .into_response();
     };
     let sent = match body {
-        Some(b) => state.upstream.post(uri, b, state.worker_auth.as_ref()).await,
+        Some(b) => {
+            state
+                .upstream
+                .post(uri, b, state.worker_auth.as_ref())
+                .await
+        }
         None => state.upstream.get(uri, state.worker_auth.as_ref()).await,
     };
     match sent {
