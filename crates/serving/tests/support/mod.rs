@@ -47,12 +47,15 @@ pub enum Reply {
 
 type Script = dyn Fn(&str, &Value, usize) -> Reply + Send + Sync;
 
+/// `(path, Authorization header)` of every request a [`Fake`] saw, in order.
+pub type Auths = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
 /// A scripted backend.
 pub struct Fake {
     pub url: String,
     pub bodies: Arc<Mutex<Vec<(String, Bytes)>>>,
     /// The `Authorization` header of every request, by path, in order.
-    pub auths: Arc<Mutex<Vec<(String, Option<String>)>>>,
+    pub auths: Auths,
     pub hits: Arc<AtomicUsize>,
     pub dropped: Arc<AtomicUsize>,
     pub health_status: Arc<Mutex<StatusCode>>,
@@ -85,7 +88,7 @@ impl Fake {
 struct FakeState {
     script: Arc<Script>,
     bodies: Arc<Mutex<Vec<(String, Bytes)>>>,
-    auths: Arc<Mutex<Vec<(String, Option<String>)>>>,
+    auths: Auths,
     hits: Arc<AtomicUsize>,
     dropped: Arc<AtomicUsize>,
     health: Arc<Mutex<StatusCode>>,
