@@ -79,8 +79,16 @@ echo "$OURS"
 THEIRS=$("$BIN" bench gateway --target "http://127.0.0.1:$PORT_S" --target-pid "$SG" --register \
   --backend-port-base 31010 --concurrency "$C" --requests "$N" | sed 's/^gateway\./sglang.gateway./')
 echo "$THEIRS"
-# The ratio of the two runs above (same backends, same load, same CPU quota).
+# The ratios of the two runs above (same backends, same load, same CPU quota): requests/s, and
+# CPU per request (SGLang's router's over Troupe's gateway). When a router serves nearly what the
+# load generator sends the backends directly (`…direct.rps`), the load generator, not the router,
+# bounds its requests/s; the CPU ratio measures the routers either way.
 printf '%s\n%s\n' "$OURS" "$THEIRS" | awk '
   $1 == "troupe.gateway.target.rps" { t = $2 }
   $1 == "sglang.gateway.target.rps" { s = $2 }
-  END { if (s > 0) printf "troupe_vs_sglang.gateway.rps_ratio %.3f\n", t / s }'
+  $1 == "troupe.gateway.target.cpu_us_per_req" { tc = $2 }
+  $1 == "sglang.gateway.target.cpu_us_per_req" { sc = $2 }
+  END {
+    if (s > 0) printf "troupe_vs_sglang.gateway.rps_ratio %.3f\n", t / s
+    if (tc > 0) printf "troupe_vs_sglang.gateway.cpu_per_req_ratio %.3f\n", sc / tc
+  }'
