@@ -3,11 +3,12 @@
 # process fronting the same kind of fixed-latency backends, driven by `troupe bench gateway`.
 #
 #   bash scripts/bench-routers.sh                 # both routers share the machine with the load
-#   QUOTA=0.5 bash scripts/bench-routers.sh       # each router limited to half a core (root)
+#   QUOTA=0.25 bash scripts/bench-routers.sh      # each router limited to a quarter core (root)
 #
 # On a small machine the load generator and backends need most of the CPU, so without a quota
 # both routers run as fast as the load allows and tie. QUOTA gives each router the same CPU
-# budget (a cgroup CPU quota), so the router is the bottleneck and requests/s measures the router.
+# budget (a cgroup CPU quota), so the router is the bottleneck and requests/s measures the router
+# (on 2 cores Troupe's gateway nearly keeps up with the load generator at QUOTA=0.5; use 0.25).
 # Either way each run prints `gateway.target.cpu_us_per_req`: the router process's own CPU time per
 # request, which does not depend on what else shares the machine.
 #
