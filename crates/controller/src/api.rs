@@ -61,7 +61,7 @@ pub async fn connect(
         .map_err(|e| {
             format!(
                 "cannot connect to the controller api at {addr}: {}",
-                crate::conn::error_chain(&e)
+                troupe_wire::error_chain(&e)
             )
         })?;
     Ok(ControllerClient::with_interceptor(channel, attach))

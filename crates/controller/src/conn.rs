@@ -21,6 +21,7 @@ use troupe_actors::auth::TokenAttach;
 use troupe_actors::service::ERROR_CODE_KEY;
 use troupe_actors::tls::ClientTls;
 use troupe_actors::{CallError, HostCore};
+use troupe_wire::error_chain;
 use troupe_wire::v1::{self, actor_host_client::ActorHostClient};
 
 use crate::conn_framed::FramedWriter;
@@ -52,19 +53,6 @@ pub(crate) fn from_status(s: &tonic::Status) -> CallError {
         tonic::Code::DeadlineExceeded => CallError::DeadlineExceeded(Duration::ZERO),
         _ => CallError::Transport(format!("{:?}: {}", s.code(), s.message())),
     }
-}
-
-/// `e` and its sources: tonic's own message stops at "transport error", while the cause
-/// (connection refused, handshake failure, unknown CA) is what the reader needs.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut m = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        m.push_str(": ");
-        m.push_str(&s.to_string());
-        src = s.source();
-    }
-    m
 }
 
 /// Where a host is reached: the address it reports, unless that is empty or a wildcard

@@ -21,6 +21,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use troupe_wire::error_chain;
 
 /// A pooled HTTP/1 client for workers and engines. Cheap to clone: the pool is shared.
 #[derive(Debug, Clone)]
@@ -56,7 +57,9 @@ impl UpstreamClient {
         body: Bytes,
         auth: Option<&HeaderValue>,
     ) -> Result<Response<Incoming>, String> {
-        self.send(Method::POST, uri, Some(body), auth).await
+        let json = HeaderValue::from_static("application/json");
+        self.request(Method::POST, uri, body, Some(&json), auth)
+            .await
     }
 
     /// `GET uri` with `auth` (if any) as its `Authorization`.
@@ -65,19 +68,7 @@ impl UpstreamClient {
         uri: Uri,
         auth: Option<&HeaderValue>,
     ) -> Result<Response<Incoming>, String> {
-        self.send(Method::GET, uri, None, auth).await
-    }
-
-    async fn send(
-        &self,
-        method: Method,
-        uri: Uri,
-        body: Option<Bytes>,
-        auth: Option<&HeaderValue>,
-    ) -> Result<Response<Incoming>, String> {
-        let json = HeaderValue::from_static("application/json");
-        let ct = body.is_some().then_some(&json);
-        self.request(method, uri, body.unwrap_or_default(), ct, auth)
+        self.request(Method::GET, uri, Bytes::new(), None, auth)
             .await
     }
 
@@ -101,7 +92,7 @@ impl UpstreamClient {
         if let Some(a) = auth {
             h.insert(header::AUTHORIZATION, a.clone());
         }
-        self.http.request(req).await.map_err(|e| chain(&e))
+        self.http.request(req).await.map_err(|e| error_chain(&e))
     }
 }
 
@@ -125,20 +116,7 @@ pub async fn read_body(resp: Response<Incoming>) -> Result<Bytes, String> {
         .collect()
         .await
         .map(|c| c.to_bytes())
-        .map_err(|e| chain(&e))
-}
-
-/// An error with its causes, `outer: inner: ...`: hyper's own messages ("client error
-/// (Connect)") say what failed only in their sources.
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        src = s.source();
-    }
-    out
+        .map_err(|e| error_chain(&e))
 }
 
 #[cfg(test)]

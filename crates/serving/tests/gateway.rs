@@ -1,17 +1,15 @@
 //! The gateway over real sockets against scripted backends: forwarding, PD injection and
-//! cancellation, retries, streaming, health, admin REST and auth, errors and metrics, and
-//! cache-aware routing of prompts shared by concurrent requests.
+//! cancellation, retries, the workers' key, errors and metrics, and cache-aware routing of
+//! prompts shared by concurrent requests. Admin REST and auth: `admin.rs`.
 
 mod support;
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 use support::*;
 use troupe_serving::gateway::{self, GatewayConfig, GatewayHandle};
-use troupe_serving::health::HealthConfig;
 use troupe_serving::{RouterConfig, WorkerSpec};
 
 mod forwarding {
@@ -47,21 +45,12 @@ mod forwarding {
                 }
             })
             .await;
-            let g = gateway::start(GatewayConfig {
+            let g = gw_with(GatewayConfig {
                 workers: vec![WorkerSpec::regular(&b.url)],
                 worker_api_key: Some("wk-1".into()),
-                retry_backoff: Duration::ZERO,
-                router: RouterConfig {
-                    health: HealthConfig {
-                        interval: Duration::ZERO,
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                },
                 ..Default::default()
             })
-            .await
-            .expect("gateway starts");
+            .await;
             let (st, v) = post(&format!("{}/generate", g.url()), &json!({"text": "x"})).await;
             assert_eq!(st, 200, "{v}");
             let r = client()
@@ -321,117 +310,6 @@ mod failures {
             let (st, v) = post(&format!("{}/generate", empty.url()), &json!({"text": "x"})).await;
             assert_eq!(st, 503);
             assert_envelope(&v, 503);
-        })
-        .await;
-    }
-}
-
-mod admin {
-    use super::*;
-
-    async fn keyed(pd: bool) -> GatewayHandle {
-        gateway::start(GatewayConfig {
-            pd,
-            admin_key: Some("sekret".into()),
-            router: RouterConfig {
-                health: HealthConfig {
-                    interval: Duration::ZERO,
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-            ..Default::default()
-        })
-        .await
-        .expect("gateway")
-    }
-
-    #[tokio::test]
-    async fn worker_rest_requires_the_admin_key() {
-        within(20, async {
-            let g = keyed(true).await;
-            let url = format!("{}/workers", g.url());
-            let body = r#"{"url": "http://127.0.0.1:31000", "worker_type": "prefill", "bootstrap_port": 8998}"#;
-            for key in [None, Some("wrong")] {
-                let (st, v) = post_raw(&url, body, key).await;
-                assert_eq!(st, 401);
-                assert_envelope(&v, 401);
-                assert_eq!(get(&url, key).await.0, 401);
-            }
-            assert!(g.router().list().is_empty(), "rejected calls change nothing");
-            let (st, v) = post_raw(&url, body, Some("sekret")).await;
-            assert_eq!(st, 202, "{v}");
-            let id = v["worker_id"].as_str().expect("id").to_string();
-            let (st, v) = get(&url, Some("sekret")).await;
-            assert_eq!(st, 200);
-            assert_eq!(v["total"], 1);
-            assert_eq!(v["workers"][0]["worker_type"], "prefill");
-            assert_eq!(v["workers"][0]["bootstrap_port"], 8998);
-            assert_eq!(v["stats"]["prefill_count"], 1);
-            let del = client().delete(format!("{url}/{id}")).send().await.expect("sent");
-            assert_eq!(del.status(), 401);
-            let del = client().delete(format!("{url}/{id}")).bearer_auth("sekret").send().await.expect("sent");
-            assert_eq!(del.status(), 200);
-            assert!(g.router().list().is_empty());
-            // Inference and health stay open.
-            assert_eq!(get(&format!("{}/health", g.url()), None).await.0, 200);
-        })
-        .await;
-    }
-
-    #[tokio::test]
-    async fn a_gateway_without_an_admin_key_refuses_a_non_loopback_address() {
-        within(20, async {
-            let open = gateway::start(GatewayConfig {
-                listen: "0.0.0.0:0".into(),
-                ..Default::default()
-            })
-            .await
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-            assert!(open.contains("without an admin key"), "{open}");
-            // With a key it serves there, and its admin endpoints still refuse a wrong key.
-            let g = gateway::start(GatewayConfig {
-                listen: "0.0.0.0:0".into(),
-                admin_key: Some("sekret".into()),
-                ..Default::default()
-            })
-            .await
-            .expect("gateway");
-            let url = format!("http://127.0.0.1:{}/workers", g.addr().port());
-            let body = r#"{"url": "http://127.0.0.1:31000", "worker_type": "regular"}"#;
-            assert_eq!(post_raw(&url, body, Some("wrong")).await.0, 401);
-            assert!(
-                g.router().list().is_empty(),
-                "rejected calls change nothing"
-            );
-        })
-        .await;
-    }
-
-    #[tokio::test]
-    async fn bad_registrations_are_400_and_change_nothing() {
-        within(20, async {
-            let g = keyed(true).await;
-            let url = format!("{}/workers", g.url());
-            for bad in [
-                "{not json",
-                "[]",
-                r#"{"worker_type": "decode"}"#,
-                r#"{"url": "127.0.0.1:1", "worker_type": "decode"}"#,
-                r#"{"url": "http://127.0.0.1:1", "worker_type": "both"}"#,
-                r#"{"url": "http://127.0.0.1:1", "worker_type": "prefill", "bootstrap_port": 70000}"#,
-                r#"{"url": "http://127.0.0.1:1", "worker_type": "decode", "bootstrap_port": 9}"#,
-                r#"{"url": "http://127.0.0.1:1", "worker_type": "regular"}"#,
-            ] {
-                let (st, v) = post_raw(&url, bad, Some("sekret")).await;
-                assert_eq!(st, 400, "{bad}: {v}");
-                assert_envelope(&v, 400);
-            }
-            assert!(g.router().list().is_empty());
-            let del = client().delete(format!("{url}/nope")).bearer_auth("sekret").send().await.expect("sent");
-            assert_eq!(del.status(), 404);
         })
         .await;
     }

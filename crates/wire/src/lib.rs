@@ -20,6 +20,7 @@ pub mod codec;
 pub mod engine_args;
 pub mod env;
 pub mod envelope;
+pub mod error_chain;
 pub mod pause;
 pub mod sglang;
 pub mod vllm;
@@ -33,5 +34,6 @@ pub mod v1 {
 
 pub use codec::{CodecError, decode, encode};
 pub use envelope::ApiError;
+pub use error_chain::error_chain;
 pub use pause::PauseMode;
 pub use vocab::{Backend, Role, WorkerType};

@@ -168,32 +168,34 @@ fn api(what: &str, e: troupe_wire::ApiError) -> String {
 async fn fanout(svc: &Deployment, rounds: u64) -> Result<(Vec<f64>, Vec<f64>), String> {
     let mut pauses = Vec::with_capacity(rounds as usize);
     let mut resumes = Vec::with_capacity(rounds as usize);
-    let joined = |e: tokio::task::JoinError| format!("fan-out task: {e}");
     for _ in 0..rounds {
         let plane = svc.plane.clone();
-        let ms = tokio::spawn(async move {
-            let t = Instant::now();
-            let r = plane.pause(PauseMode::Abort, false).await;
-            r.map(|_| t.elapsed().as_secs_f64() * 1e3)
-        })
-        .await
-        .map_err(joined)?
-        .map_err(|e| api("pause", e))?;
-        pauses.push(ms);
+        pauses.push(
+            timed("pause", async move {
+                plane.pause(PauseMode::Abort, false).await
+            })
+            .await?,
+        );
         let plane = svc.plane.clone();
-        let ms = tokio::spawn(async move {
-            let t = Instant::now();
-            let r = plane.resume().await;
-            r.map(|_| t.elapsed().as_secs_f64() * 1e3)
-        })
-        .await
-        .map_err(joined)?
-        .map_err(|e| api("resume", e))?;
-        resumes.push(ms);
+        resumes.push(timed("resume", async move { plane.resume().await }).await?);
     }
     pauses.sort_by(f64::total_cmp);
     resumes.sort_by(f64::total_cmp);
     Ok((pauses, resumes))
+}
+
+/// Runs one plane call as a task of its own; its time in ms.
+async fn timed<T: Send + 'static>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, troupe_wire::ApiError>> + Send + 'static,
+) -> Result<f64, String> {
+    tokio::spawn(async move {
+        let t = Instant::now();
+        call.await.map(|_| t.elapsed().as_secs_f64() * 1e3)
+    })
+    .await
+    .map_err(|e| format!("{what} task: {e}"))?
+    .map_err(|e| api(what, e))
 }
 
 /// Crashes host `victim` and times the cluster's `HostLost` and the router's removal of every

@@ -138,6 +138,12 @@ fn retryable(status: StatusCode) -> bool {
     matches!(status.as_u16(), 408 | 429 | 500 | 502 | 503 | 504)
 }
 
+/// `path` on `w` as a URI, or the 502 that says it is not one.
+fn endpoint(w: &Arc<dyn Worker>, path: &str) -> Result<axum::http::Uri, ApiError> {
+    w.endpoint(path)
+        .ok_or_else(|| ApiError::bad_gateway(format!("{}{path} is not a valid URL", w.url())))
+}
+
 /// Sends `body` to `path` on `w`, mapping transport errors and retryable statuses to
 /// [`Fail::Retry`] and other error statuses to a [`Fail::Final`] answer ([`upstream_error`]).
 pub(crate) async fn send(
@@ -146,11 +152,7 @@ pub(crate) async fn send(
     path: &str,
     body: Bytes,
 ) -> Result<Response<Incoming>, Fail> {
-    let Some(uri) = w.endpoint(path) else {
-        return Err(Fail::Final(Box::new(
-            ApiError::bad_gateway(format!("{}{path} is not a valid URL", w.url())).into_response(),
-        )));
-    };
+    let uri = endpoint(w, path)?;
     let resp = match state
         .upstream
         .post(uri, body, state.worker_auth.as_ref())
@@ -465,9 +467,9 @@ pub(super) async fn any_worker(state: &GatewayState, path: &str, body: Option<By
         Ok(w) => w,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let Some(uri) = w.endpoint(path) else {
-        return ApiError::bad_gateway(format!("{}{path} is not a valid URL", w.url()))
-            .into_response();
+    let uri = match endpoint(&w, path) {
+        Ok(u) => u,
+        Err(e) => return e.into_response(),
     };
     let sent = match body {
         Some(b) => {

@@ -278,20 +278,23 @@ pub async fn gw_routed(
     max_retries: u32,
     router: RouterConfig,
 ) -> GatewayHandle {
-    gateway::start(GatewayConfig {
+    gw_with(GatewayConfig {
         pd,
         workers,
         max_retries,
-        retry_backoff: Duration::ZERO,
-        router: RouterConfig {
-            health: HealthConfig {
-                interval: Duration::ZERO,
-                ..Default::default()
-            },
-            ..router
-        },
+        router,
         ..Default::default()
     })
     .await
-    .expect("gateway starts")
+}
+
+/// A gateway started from `cfg` with health probing off and no retry backoff, as every
+/// gateway in these tests runs.
+pub async fn gw_with(mut cfg: GatewayConfig) -> GatewayHandle {
+    cfg.retry_backoff = Duration::ZERO;
+    cfg.router.health = HealthConfig {
+        interval: Duration::ZERO,
+        ..cfg.router.health
+    };
+    gateway::start(cfg).await.expect("gateway starts")
 }
