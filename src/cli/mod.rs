@@ -75,6 +75,13 @@ enum BenchCmd {
         /// Quantize to FP8 on the way (quantize time included).
         #[arg(long)]
         fp8: bool,
+        /// Keep every receiver on the TCP chain (what engines on other machines use) instead of
+        /// the shared-memory ring that engines on rank 0's machine read from.
+        #[arg(long)]
+        chain: bool,
+        /// Size of the shared-memory ring in KiB.
+        #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(64..=1048576))]
+        ring_kib: u64,
         /// Print one JSON object instead of one line per figure.
         #[arg(long)]
         json: bool,
@@ -218,6 +225,8 @@ pub fn main() -> ExitCode {
                 receivers,
                 mib,
                 fp8,
+                chain,
+                ring_kib,
                 json,
             }) => {
                 if receivers.is_empty() || receivers.contains(&0) {
@@ -227,6 +236,7 @@ pub fn main() -> ExitCode {
                     &receivers,
                     mib as usize,
                     fp8,
+                    (!chain).then_some(ring_kib as usize * 1024),
                 )
                 .await
                 {

@@ -61,6 +61,11 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
             tokio::join!(init, sender.accept_all(std::time::Duration::from_secs(30)));
         assert!(joined.unwrap().into_inner().ok);
         accepted.unwrap();
+        // The engines are processes on this machine: they read buckets from the trainer's
+        // shared-memory ring, not over the TCP chain.
+        if cfg!(target_os = "linux") {
+            assert_eq!(sender.shared_memory_receivers(), vec![1, 2]);
+        }
 
         // A malformed bucket is refused and changes nothing.
         let bad = api

@@ -45,6 +45,9 @@ async fn tcp_group_updates_every_engine_atomically() {
         assert_eq!(ra.0, 200, "{}", ra.1);
         assert_eq!(rb.0, 200, "{}", rb.1);
         acc.unwrap();
+        if cfg!(target_os = "linux") {
+            assert_eq!(sender.shared_memory_receivers(), vec![1, 2], "both engines on the ring");
+        }
 
         // Bucket: every tensor of the seed-99 model, f32.
         let cfg = ModelConfig::tiny();

@@ -1,10 +1,11 @@
 //! Runs the chain-broadcast benchmark without the `troupe` CLI:
-//! `cargo run --release -p troupe-weights --example bench_broadcast -- 1,2,4,8 512 [fp8]`.
+//! `cargo run --release -p troupe-weights --example bench_broadcast -- 1,2,4,8 512 [fp8] [chain]`
+//! (`chain`: every receiver on the TCP chain, none on the shared-memory ring).
 
 #[tokio::main]
 async fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: bench_broadcast RECEIVERS(e.g. 1,2,4,8) MIB [fp8]";
+    let usage = "usage: bench_broadcast RECEIVERS(e.g. 1,2,4,8) MIB [fp8] [chain]";
     let receivers = args
         .first()
         .ok_or(usage)?
@@ -20,8 +21,15 @@ async fn main() -> Result<(), String> {
         .ok_or(usage)?
         .parse::<usize>()
         .map_err(|e| format!("{usage}: {e}"))?;
-    let fp8 = args.get(2).is_some_and(|a| a == "fp8");
-    for (k, v) in troupe_weights::broadcast_bench::bench_broadcast(&receivers, mib, fp8).await? {
+    let fp8 = args[2..].iter().any(|a| a == "fp8");
+    let ring = if args[2..].iter().any(|a| a == "chain") {
+        None
+    } else {
+        Some(troupe_weights::tcp::shm::DEFAULT_RING_BYTES)
+    };
+    for (k, v) in
+        troupe_weights::broadcast_bench::bench_broadcast(&receivers, mib, fp8, ring).await?
+    {
         println!("{k} {v}");
     }
     Ok(())

@@ -1,7 +1,9 @@
 //! Throughput of the chain broadcast as the number of engines grows (`troupe bench broadcast`).
 //!
-//! Real TCP on loopback, with in-process receivers running the real [`WeightReceiver`] code (no
-//! engine around it). The payload is a Llama-shaped set of bf16 decoder-layer tensors of about
+//! Real TCP on loopback and a real shared-memory ring ([`crate::tcp::shm`]), with in-process
+//! receivers running the real [`WeightReceiver`] code (no engine around it). Receivers on rank
+//! 0's machine read from the ring unless `ring` is `None`, which measures the TCP chain that
+//! engines on other machines use. The payload is a Llama-shaped set of bf16 decoder-layer tensors of about
 //! `mib` MiB; with `fp8`, every projection is quantized with the FP8 block codec on the way
 //! (128x128 blocks, f32 scales) and the quantization time is part of each run, as it is part of
 //! a real weight sync. The point of the chain is that time stays nearly flat in the number of
@@ -56,6 +58,8 @@ impl WireTensor {
 /// - `broadcast.receivers_<n>.gb_per_s`: model bytes (the bf16 size, also with `fp8`) over
 ///   that time, so FP8 and BF16 figures compare the same model;
 ///
+/// - `broadcast.receivers_<n>.on_ring`: how many of the `n` read from the shared-memory ring;
+///
 /// plus `broadcast.model_bytes` and `broadcast.wire_bytes` (what each receiver reads) once.
 /// Every receiver's copy is checked byte for byte against what was sent. Needs a multi-thread
 /// tokio runtime (receivers run as tasks).
@@ -63,6 +67,7 @@ pub async fn bench_broadcast(
     receivers: &[usize],
     mib: usize,
     fp8: bool,
+    ring: Option<usize>,
 ) -> Result<Vec<(String, f64)>, String> {
     if receivers.is_empty() || receivers.iter().any(|&n| n == 0 || n > MAX_RECEIVERS) {
         return Err(format!(
@@ -112,9 +117,10 @@ pub async fn bench_broadcast(
         ("broadcast.wire_bytes".to_string(), wire_bytes as f64),
     ];
     for &n in receivers {
-        let (secs, w) = measure(
+        let (secs, on_ring, w) = measure(
             n,
             fp8,
+            ring,
             model.clone(),
             expected.clone(),
             buckets.clone(),
@@ -127,24 +133,27 @@ pub async fn bench_broadcast(
             format!("broadcast.receivers_{n}.gb_per_s"),
             model_bytes as f64 / secs / 1e9,
         ));
+        out.push((format!("broadcast.receivers_{n}.on_ring"), on_ring as f64));
     }
     Ok(out)
 }
 
 /// One receiver count: a fresh group, one warm-up and [`RUNS`] timed syncs. Returns the best
-/// time and the work buffers for reuse.
+/// time, how many receivers were on the ring, and the work buffers for reuse.
 async fn measure(
     n: usize,
     fp8: bool,
+    ring: Option<usize>,
     model: Arc<Model>,
     expected: Arc<Vec<WireTensor>>,
     buckets: Arc<Vec<Vec<usize>>>,
     mut work: Vec<WireTensor>,
-) -> Result<(f64, Vec<WireTensor>), String> {
+) -> Result<(f64, usize, Vec<WireTensor>), String> {
     let mut sender = WeightSender::bind("127.0.0.1:0", n + 1, "bench")
         .await
         .map_err(|e| e.to_string())?;
     sender.set_bucket_timeout(TIMEOUT);
+    sender.set_shared_memory(ring).map_err(|e| e.to_string())?;
     let addr = sender.local_addr().map_err(|e| e.to_string())?.to_string();
     let total_runs = RUNS + 1;
     let mut tasks = Vec::with_capacity(n);
@@ -158,6 +167,7 @@ async fn measure(
         .accept_all(Duration::from_secs(60))
         .await
         .map_err(|e| e.to_string())?;
+    let on_ring = sender.shared_memory_receivers().len();
     let mut best = f64::INFINITY;
     for _ in 0..total_runs {
         let start = Instant::now();
@@ -188,7 +198,7 @@ async fn measure(
         t.await.map_err(|e| format!("receiver task: {e}"))??;
     }
     sender.close().await.map_err(|e| e.to_string())?;
-    Ok((best, work))
+    Ok((best, on_ring, work))
 }
 
 /// A receiver: joins, reads `runs` syncs, and checks the last one byte for byte.
@@ -348,13 +358,25 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn bench_reports_every_count_and_checks_bytes() {
         let r = tokio::time::timeout(Duration::from_secs(120), async {
-            for fp8 in [false, true] {
-                let out = bench_broadcast(&[1, 3], 2, fp8).await.unwrap();
+            use crate::tcp::shm::DEFAULT_RING_BYTES;
+            for (fp8, ring) in [
+                (false, None),
+                (true, None),
+                (false, Some(DEFAULT_RING_BYTES)),
+            ] {
+                let out = bench_broadcast(&[1, 3], 2, fp8, ring).await.unwrap();
                 let get = |k: &str| out.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
                 for n in [1, 3] {
                     let s = get(&format!("broadcast.receivers_{n}.seconds")).unwrap();
                     let g = get(&format!("broadcast.receivers_{n}.gb_per_s")).unwrap();
                     assert!(s > 0.0 && g > 0.0);
+                    let on_ring = get(&format!("broadcast.receivers_{n}.on_ring")).unwrap();
+                    let want = if ring.is_some() && cfg!(target_os = "linux") {
+                        n
+                    } else {
+                        0
+                    };
+                    assert_eq!(on_ring, want as f64, "{n} receivers, ring {ring:?}");
                 }
                 let (model, wire) = (
                     get("broadcast.model_bytes").unwrap(),
@@ -366,9 +388,13 @@ mod tests {
                     assert_eq!(wire, model);
                 }
             }
-            assert!(bench_broadcast(&[], 2, false).await.is_err());
-            assert!(bench_broadcast(&[0], 2, false).await.is_err());
-            assert!(bench_broadcast(&[1], 0, false).await.is_err());
+            assert!(bench_broadcast(&[], 2, false, None).await.is_err());
+            assert!(bench_broadcast(&[0], 2, false, None).await.is_err());
+            assert!(bench_broadcast(&[1], 0, false, None).await.is_err());
+            let tiny = bench_broadcast(&[1], 2, false, Some(100))
+                .await
+                .unwrap_err();
+            assert!(tiny.contains("ring"), "{tiny}");
         })
         .await;
         r.expect("bench test timed out");

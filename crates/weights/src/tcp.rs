@@ -1,5 +1,6 @@
 //! The `tcp` weight-update transport: rank 0 (the trainer) sends named tensors, every engine
-//! receives the same tensors in the same order, through a pipelined chain broadcast.
+//! receives the same tensors in the same order, through a pipelined chain broadcast (and, for
+//! engines on rank 0's own machine, a shared-memory ring).
 //!
 //! This is the reference engine's stand-in for an NCCL broadcast group. The shape of the API
 //! mirrors SGLang's: engines *join* a group named `group_name` of `world_size` ranks, where rank 0
@@ -17,6 +18,17 @@
 //! first rank is a chain member (the others are bookkeeping that keeps `world_size` and the
 //! offsets identical to an NCCL group).
 //!
+//! # Engines on rank 0's machine: a shared-memory ring
+//!
+//! On one machine a chain still copies every byte through the kernel twice per engine. So an
+//! engine whose control connection comes from rank 0's own address is offered a shared-memory
+//! ring ([`shm`]): rank 0 writes each bucket once into it and every such engine copies it out
+//! (9 copies for 8 engines instead of 16). Engines that map it are not chain members; the rest
+//! (other machines, or any engine that could not map it) chain as above, beside the ring. Their
+//! data link from rank 0 carries ring positions instead of bytes, so failures surface as on the
+//! chain. `TROUPE_SHM_DISABLE=1` in rank 0's environment, or
+//! [`WeightSender::set_shared_memory`]`(None)`, keeps every engine on the chain.
+//!
 //! Every engine also keeps a *control* connection to rank 0. That is how the chain is wired and
 //! how failures are reported: rank 0 learns each engine's listening address in the handshake and,
 //! once every rank has joined, tells each engine its predecessor's rank and its successor's
@@ -26,16 +38,18 @@
 //!
 //! # Wire format (all integers little-endian)
 //!
-//! Control connection (engine -> rank 0), handshake: `b"TRWU"`, `u16 version (=2)`, `u32 rank`,
+//! Control connection (engine -> rank 0), handshake: `b"TRWU"`, `u16 version (=3)`, `u32 rank`,
 //! `u32 n_ranks`, `u16 len` + group name, `u16 len` + the engine's data address (`ip:port`).
 //! Reply: `u8 status` (0 = accepted, 1 = rejected, then `u32 len` + UTF-8 reason). A malformed
 //! or older handshake is answered with a rejection saying what was wrong.
 //!
-//! Control messages, rank 0 -> engine: `10` topology (`u32 predecessor rank`, `u8 has_successor`
-//! [, `u32 successor rank`, `u16 len` + address], `u64 token`), `11` group ready, `12` bucket
-//! committed, `13` failed (`u32 rank`, `u32 len` + reason), `3` close. Engine -> rank 0: `20`
-//! ready, `21` bucket received, `22` error (`u8` whose fault: 0 mine, 1 my predecessor's, 2 my
-//! successor's; `u32 rank`, `u32 len` + reason).
+//! Control messages, rank 0 -> engine: `14` ring offer (`u16 len` + path, 16-byte nonce, `u64`
+//! ring bytes; only to engines on rank 0's machine, before the topology), `10` topology (`u32
+//! predecessor rank`, `u8 has_successor` [, `u32 successor rank`, `u16 len` + address], `u64
+//! token`, `u8 on_ring`), `11` group ready, `12` bucket committed, `13` failed (`u32 rank`, `u32
+//! len` + reason), `3` close. Engine -> rank 0: `23` ring answer (`u8` 0 mapped, 1 not, then
+//! `u32 len` + why), `20` ready, `21` bucket received, `22` error (`u8` whose fault: 0 mine, 1
+//! my predecessor's, 2 my successor's; `u32 rank`, `u32 len` + reason).
 //!
 //! Data link (predecessor -> successor, rank 0 -> first engine): hello `b"TRWD"`, `u16 version`,
 //! `u64 token`, `u32 from rank`, `u32 to rank`, answered with a status byte as above; then per
@@ -44,26 +58,34 @@
 //!   `u64 byte_len`, then the raw bytes (row-major, little-endian elements).
 //! - `2` end of bucket: `u32 tensor_count`.
 //!
+//! A ring engine's data link carries `u64` absolute ring positions instead: rank 0 -> engine
+//! "written up to", engine -> rank 0 "read up to"; the ring holds the frames above.
+//!
 //! The engine knows the exact byte length of a bucket from the names, dtypes and shapes it was
 //! given, so data links carry nothing but bucket bytes and need no extra framing.
 
 mod assemble;
+mod collect;
 mod control;
 mod frame;
 mod link;
 mod receiver;
+mod ring;
 mod sender;
+pub mod shm;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_chain;
+#[cfg(test)]
+mod tests_shm;
 
 pub use receiver::WeightReceiver;
 pub use sender::WeightSender;
 
 pub(crate) const MAGIC: &[u8; 4] = b"TRWU";
 pub(crate) const DATA_MAGIC: &[u8; 4] = b"TRWD";
-pub(crate) const VERSION: u16 = 2;
+pub(crate) const VERSION: u16 = 3;
 pub(crate) const FRAME_TENSOR: u8 = 1;
 pub(crate) const FRAME_BUCKET_END: u8 = 2;
 /// Upper bound on one tensor's byte length, so a corrupt header cannot make a receiver allocate

@@ -5,15 +5,18 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::TcpError;
 use super::frame::{put_message, put_short_str, read_message, read_short_str};
+use super::shm::Offer;
 
 const TOPOLOGY: u8 = 10;
 const GROUP_READY: u8 = 11;
 const COMMIT: u8 = 12;
 const FAILED: u8 = 13;
+const SHM_OFFER: u8 = 14;
 const CLOSE: u8 = 3;
 const READY: u8 = 20;
 const ACK: u8 = 21;
 const ERROR: u8 = 22;
+const MAPPED: u8 = 23;
 
 /// Where an engine sits in the chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,15 +28,23 @@ pub(crate) struct Topology {
     /// Group secret that data-link hellos must carry, so a stray connection (an old group, a
     /// port scanner) is told apart from the real predecessor.
     pub token: u64,
+    /// The engine reads buckets from the shared-memory ring it mapped (its data link from rank
+    /// 0 then carries ring positions, not bytes); such engines are not chain members.
+    pub shm: bool,
 }
 
 /// Rank 0 -> engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ToEngine {
+    /// Rank 0 runs on this engine's machine: map this ring if you can.
+    ShmOffer(Offer),
     Topology(Topology),
     GroupReady,
     Commit,
-    Failed { rank: u32, reason: String },
+    Failed {
+        rank: u32,
+        reason: String,
+    },
     Close,
 }
 
@@ -51,6 +62,8 @@ pub(crate) enum Fault {
 /// Engine -> rank 0.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum FromEngine {
+    /// Answer to a [`ToEngine::ShmOffer`]: `None` mapped, `Some(why not)` stays on TCP.
+    Mapped(Option<String>),
     Ready,
     Ack,
     Error {
@@ -78,6 +91,13 @@ pub(crate) async fn write_to_engine<S: AsyncWrite + Unpin>(
                 None => buf.push(0),
             }
             buf.extend_from_slice(&t.token.to_le_bytes());
+            buf.push(u8::from(t.shm));
+        }
+        ToEngine::ShmOffer(o) => {
+            buf.push(SHM_OFFER);
+            put_short_str(&mut buf, &o.path)?;
+            buf.extend_from_slice(&o.nonce);
+            buf.extend_from_slice(&o.ring.to_le_bytes());
         }
         ToEngine::GroupReady => buf.push(GROUP_READY),
         ToEngine::Commit => buf.push(COMMIT),
@@ -110,11 +130,24 @@ pub(crate) async fn read_to_engine_rest<S: AsyncRead + Unpin>(
                 b => return Err(TcpError::Protocol(format!("topology successor flag {b}"))),
             };
             let token = s.read_u64_le().await?;
+            let shm = match s.read_u8().await? {
+                0 => false,
+                1 => true,
+                b => return Err(TcpError::Protocol(format!("topology shm flag {b}"))),
+            };
             ToEngine::Topology(Topology {
                 pred_rank,
                 succ,
                 token,
+                shm,
             })
+        }
+        SHM_OFFER => {
+            let path = read_short_str(s, "ring path").await?;
+            let mut nonce = [0u8; 16];
+            s.read_exact(&mut nonce).await?;
+            let ring = s.read_u64_le().await?;
+            ToEngine::ShmOffer(Offer { path, nonce, ring })
         }
         GROUP_READY => ToEngine::GroupReady,
         COMMIT => ToEngine::Commit,
@@ -145,6 +178,16 @@ pub(crate) async fn write_from_engine<S: AsyncWrite + Unpin>(
 ) -> Result<(), TcpError> {
     let mut buf = Vec::with_capacity(16);
     match msg {
+        FromEngine::Mapped(why_not) => {
+            buf.push(MAPPED);
+            match why_not {
+                None => buf.push(0),
+                Some(reason) => {
+                    buf.push(1);
+                    put_message(&mut buf, reason);
+                }
+            }
+        }
         FromEngine::Ready => buf.push(READY),
         FromEngine::Ack => buf.push(ACK),
         FromEngine::Error {
@@ -170,6 +213,11 @@ pub(crate) async fn read_from_engine<S: AsyncRead + Unpin>(
     s: &mut S,
 ) -> Result<FromEngine, TcpError> {
     Ok(match s.read_u8().await? {
+        MAPPED => FromEngine::Mapped(match s.read_u8().await? {
+            0 => None,
+            1 => Some(read_message(s).await?),
+            b => return Err(TcpError::Protocol(format!("mapped flag {b}"))),
+        }),
         READY => FromEngine::Ready,
         ACK => FromEngine::Ack,
         ERROR => {

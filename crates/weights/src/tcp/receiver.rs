@@ -16,7 +16,8 @@ use super::control::{
 };
 use super::frame::{bucket_len, put_short_str, read_status};
 use super::link::{accept_link, connect_link};
-use super::{CHUNK_BYTES, MAGIC, OwnedTensor, TcpError, TensorSpec, VERSION};
+use super::ring::{RingFailure, RingReceiver};
+use super::{CHUNK_BYTES, MAGIC, OwnedTensor, TcpError, TensorSpec, VERSION, shm};
 
 /// How long an engine whose neighbour failed waits for rank 0 to say which rank it was.
 const VERDICT_GRACE: Duration = Duration::from_secs(10);
@@ -48,8 +49,11 @@ enum Failure {
 #[derive(Debug)]
 pub struct WeightReceiver {
     control: TcpStream,
+    /// From the predecessor: bucket bytes on the chain, ring positions with a ring.
     upstream: TcpStream,
     downstream: Option<TcpStream>,
+    /// Rank 0's shared-memory ring, when this engine is on its machine and could map it.
+    ring: Option<RingReceiver>,
     rank: u32,
     n_ranks: u32,
     pred_rank: u32,
@@ -137,9 +141,32 @@ impl WeightReceiver {
                 )));
             }
         }
+        let mut mapped = None;
         let topo = match read_control(&mut control, deadline, "the chain topology").await? {
+            ToEngine::ShmOffer(offer) => {
+                let seg = map_offer(&offer, group_name, rank);
+                let why_not = seg.as_ref().err().cloned();
+                if let Some(why) = &why_not {
+                    tracing::debug!(rank, %why, "weight ring not mapped; receiving over TCP");
+                }
+                write_from_engine(&mut control, &FromEngine::Mapped(why_not)).await?;
+                mapped = seg.ok();
+                match read_control(&mut control, deadline, "the chain topology").await? {
+                    ToEngine::Topology(t) => t,
+                    other => return Err(unexpected(other, "the chain topology")),
+                }
+            }
             ToEngine::Topology(t) => t,
             other => return Err(unexpected(other, "the chain topology")),
+        };
+        let ring = match (topo.shm, mapped) {
+            (true, Some(seg)) => Some(RingReceiver::new(seg)),
+            (true, None) => {
+                return Err(TcpError::Protocol(
+                    "rank 0 put this engine on a shared-memory ring it did not map".into(),
+                ));
+            }
+            (false, _) => None,
         };
         let succ_rank = topo.succ.as_ref().map(|(r, _)| *r);
         let (up, down) = tokio::join!(
@@ -175,6 +202,7 @@ impl WeightReceiver {
             control,
             upstream: up?,
             downstream: down?,
+            ring,
             rank,
             n_ranks,
             pred_rank: topo.pred_rank,
@@ -190,6 +218,12 @@ impl WeightReceiver {
     /// First rank this receiver covers (its place in the chain).
     pub fn rank(&self) -> u32 {
         self.rank
+    }
+
+    /// Whether buckets arrive through rank 0's shared-memory ring (this engine runs on rank 0's
+    /// machine and could map it) rather than over the TCP chain.
+    pub fn uses_shared_memory(&self) -> bool {
+        self.ring.is_some()
     }
 
     /// Number of ranks this receiver covers.
@@ -354,8 +388,26 @@ impl WeightReceiver {
         let die_after = self.die_after;
         let upstream = &mut self.upstream;
         let control = &mut self.control;
+        let ring = &mut self.ring;
         let mut asm = Assembler::with_spare(expected, std::mem::take(&mut self.spare));
         let read = async {
+            if let Some(ring) = ring.as_mut() {
+                #[cfg(test)]
+                let stop = die_after;
+                #[cfg(not(test))]
+                let stop = None;
+                return ring
+                    .receive(upstream, &mut asm, total, stop)
+                    .await
+                    .map_err(|f| match f {
+                        RingFailure::Upstream(m) => Failure::Upstream(m),
+                        RingFailure::Mine(m) => Failure::Mine(m),
+                        #[cfg(test)]
+                        RingFailure::Stopped => Failure::Died,
+                        #[cfg(not(test))]
+                        RingFailure::Stopped => Failure::Upstream("stopped".into()),
+                    });
+            }
             let mut header: Vec<u8> = Vec::with_capacity(64);
             let mut got = 0u64;
             let up_err = |got: u64, e: std::io::Error| {
@@ -468,6 +520,16 @@ async fn pass_on(
         *err = Some(e.to_string());
     }
     writing.store(false, Ordering::Relaxed);
+}
+
+/// Maps rank 0's ring, or says why not.
+fn map_offer(offer: &shm::Offer, group: &str, rank: u32) -> Result<shm::Segment, String> {
+    #[cfg(test)]
+    if super::tests_shm::refuses_ring(group, rank) {
+        return Err("refused by the test".into());
+    }
+    let _ = (group, rank);
+    shm::open(offer)
 }
 
 /// Reads one control message from rank 0 by `deadline`, turning a failure verdict into

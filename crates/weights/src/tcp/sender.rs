@@ -10,36 +10,32 @@ use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::control::{Fault, FromEngine, ToEngine, Topology, read_from_engine, write_to_engine};
+use super::collect::{
+    Outcome, Peer, culprit, join_collect, restore, spawn_collect, spawn_collect_until,
+};
+use super::control::{ToEngine, Topology, write_to_engine};
 use super::frame::{encode_end, encode_header, read_short_str, write_status};
 use super::link::connect_link;
+use super::ring::RingSender;
+use super::shm::{self, DEFAULT_RING_BYTES, MAX_RING_BYTES, MIN_RING_BYTES};
 use super::{DEFAULT_BUCKET_TIMEOUT, MAGIC, TcpError, TensorRef, VERSION};
+
+/// The default ring size: [`DEFAULT_RING_BYTES`], or none when `TROUPE_SHM_DISABLE=1` (as
+/// `NCCL_SHM_DISABLE=1` keeps NCCL off shared memory).
+fn ring_from_env() -> Option<usize> {
+    match std::env::var("TROUPE_SHM_DISABLE") {
+        Ok(v) if v.trim() == "1" => None,
+        _ => Some(DEFAULT_RING_BYTES),
+    }
+}
+
+/// How long rank 0 still waits for engines' reports once a data link failed: enough for an
+/// engine that died to be seen as gone on its control connection too.
+const LINK_FAILURE_GRACE: Duration = Duration::from_millis(500);
 
 /// Longest a single connection may take to send its handshake before it is dropped (so one
 /// silent client cannot hold up the others).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// One connected engine, as seen by rank 0.
-#[derive(Debug)]
-struct Peer {
-    rank: u32,
-    n_ranks: u32,
-    data_addr: String,
-    control: TcpStream,
-}
-
-/// What one engine said about a bucket (or the chain wiring).
-#[derive(Debug)]
-enum Outcome {
-    Ok,
-    Reported {
-        fault: Fault,
-        rank: u32,
-        reason: String,
-    },
-    Lost(String),
-    TimedOut,
-}
 
 /// Rank 0 of a weight-update group: listens on `master_port`, admits every engine, wires them
 /// into a chain and sends buckets of tensors down it.
@@ -49,10 +45,16 @@ pub struct WeightSender {
     world_size: u32,
     group_name: String,
     token: u64,
-    /// Engines in chain order (ascending rank) once wired; in accept order before.
+    /// Engines in rank order once wired; in accept order before.
     peers: Vec<Peer>,
-    /// Data link to the first engine of the chain.
+    /// Whether every engine is linked (by the chain or the ring).
+    wired: bool,
+    /// Data link to the first engine of the chain (`None` when every engine is on the ring).
     data: Option<TcpStream>,
+    /// The shared-memory ring and its engines, when any engine on this machine mapped it.
+    ring: Option<RingSender>,
+    /// Ring size to offer local engines; `None` keeps every engine on the chain.
+    ring_bytes: Option<usize>,
     /// Set by the first failure: `(rank, reason)`; the group is unusable afterwards.
     broken: Option<(u32, String)>,
     bucket_timeout: Duration,
@@ -86,7 +88,10 @@ impl WeightSender {
             group_name: group_name.to_string(),
             token: h.finish(),
             peers: Vec::new(),
+            wired: false,
             data: None,
+            ring: None,
+            ring_bytes: ring_from_env(),
             broken: None,
             bucket_timeout: DEFAULT_BUCKET_TIMEOUT,
         })
@@ -115,6 +120,29 @@ impl WeightSender {
         self.bucket_timeout = timeout;
     }
 
+    /// Whether engines on this machine may read buckets from a shared-memory ring of
+    /// `ring_bytes` (default [`DEFAULT_RING_BYTES`], or `None` when the environment has
+    /// `TROUPE_SHM_DISABLE=1`) instead of the TCP chain; `None` keeps every engine on the chain. Takes effect at [`accept_all`](Self::accept_all); engines
+    /// elsewhere, and any that cannot map the ring, stay on the chain either way.
+    pub fn set_shared_memory(&mut self, ring_bytes: Option<usize>) -> Result<(), TcpError> {
+        if let Some(n) = ring_bytes
+            && !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&n)
+        {
+            return Err(TcpError::InvalidArgument(format!(
+                "shared-memory ring of {n} bytes: give between {MIN_RING_BYTES} and \
+                 {MAX_RING_BYTES} bytes, or None to keep every engine on the TCP chain"
+            )));
+        }
+        self.ring_bytes = ring_bytes;
+        Ok(())
+    }
+
+    /// First ranks of the engines that read from the shared-memory ring (empty before
+    /// [`accept_all`](Self::accept_all), or when none could).
+    pub fn shared_memory_receivers(&self) -> Vec<u32> {
+        self.ring.iter().flat_map(|r| r.ranks()).collect()
+    }
+
     /// Accepts engines until ranks `1..world_size` are all covered, rejecting wrong group
     /// names, malformed handshakes, out-of-range and overlapping ranks (those connections get a
     /// reason and are dropped; the wait goes on); then wires the chain in ascending rank order
@@ -129,7 +157,7 @@ impl WeightSender {
                 reason: format!("the group failed earlier ({reason}); bind a new sender"),
             });
         }
-        if self.data.is_some() {
+        if self.wired {
             return Ok(());
         }
         self.admit(deadline).await?;
@@ -158,6 +186,10 @@ impl WeightSender {
                 }
             };
             stream.set_nodelay(true)?;
+            let local = match (stream.local_addr(), stream.peer_addr()) {
+                (Ok(me), Ok(them)) => me.ip() == them.ip(),
+                _ => false,
+            };
             let hello_by = deadline.min(Instant::now() + HELLO_TIMEOUT);
             let verdict = match tokio::time::timeout_at(hello_by, read_hello(&mut stream)).await {
                 Ok(Ok(h)) => self.check_join(&h, &covered).map(|()| h),
@@ -175,6 +207,8 @@ impl WeightSender {
                         n_ranks: h.n_ranks,
                         data_addr: h.data_addr,
                         control: stream,
+                        local,
+                        on_ring: false,
                     });
                 }
                 Err(reason) => {
@@ -209,17 +243,43 @@ impl WeightSender {
         Ok(())
     }
 
-    /// Tells each engine its place in the chain, links rank 0 to the first one, and waits for
-    /// every engine to report its links up.
+    /// Offers the ring to engines on this machine, tells each engine its place (on the ring,
+    /// or in the chain of the others, in ascending rank order), links rank 0 to the first
+    /// chain engine and to every ring engine, and waits for every engine to report its links up.
     async fn wire_chain(&mut self, deadline: Instant) -> Result<(), TcpError> {
         self.peers.sort_by_key(|p| p.rank);
-        let n = self.peers.len();
-        for i in 0..n {
-            let topo = Topology {
-                pred_rank: if i == 0 { 0 } else { self.peers[i - 1].rank },
-                succ: self.peers.get(i + 1).map(|p| (p.rank, p.data_addr.clone())),
-                token: self.token,
+        let seg = self.offer_ring(deadline).await?;
+        let chain: Vec<usize> = (0..self.peers.len())
+            .filter(|&i| !self.peers[i].on_ring)
+            .collect();
+        let mut targets = Vec::new();
+        for i in 0..self.peers.len() {
+            let p = &self.peers[i];
+            let topo = if p.on_ring {
+                Topology {
+                    pred_rank: 0,
+                    succ: None,
+                    token: self.token,
+                    shm: true,
+                }
+            } else {
+                let k = chain.iter().position(|&c| c == i).unwrap_or(0);
+                Topology {
+                    pred_rank: if k == 0 {
+                        0
+                    } else {
+                        self.peers[chain[k - 1]].rank
+                    },
+                    succ: chain
+                        .get(k + 1)
+                        .map(|&j| (self.peers[j].rank, self.peers[j].data_addr.clone())),
+                    token: self.token,
+                    shm: false,
+                }
             };
+            if p.on_ring || chain.first() == Some(&i) {
+                targets.push((p.rank, p.data_addr.clone(), p.on_ring));
+            }
             let sent = write_to_engine(&mut self.peers[i].control, &ToEngine::Topology(topo)).await;
             if let Err(e) = sent {
                 let rank = self.peers[i].rank;
@@ -228,21 +288,103 @@ impl WeightSender {
                     .await;
             }
         }
-        let (first_rank, first_addr) = (self.peers[0].rank, self.peers[0].data_addr.clone());
         let mut tasks = spawn_collect(std::mem::take(&mut self.peers), deadline);
-        let link = connect_link(&first_addr, self.token, 0, first_rank, deadline).await;
+        let mut connects = JoinSet::new();
+        for (rank, addr, on_ring) in targets {
+            let token = self.token;
+            connects.spawn(async move {
+                let link = connect_link(&addr, token, 0, rank, deadline).await;
+                (rank, on_ring, link)
+            });
+        }
+        let mut links = Vec::new();
+        let mut link_err = None;
+        while let Some(j) = connects.join_next().await {
+            match j {
+                Ok((rank, on_ring, Ok(link))) => links.push((rank, on_ring, link)),
+                Ok((rank, _, Err(e))) => link_err = link_err.or(Some((rank, e.to_string()))),
+                Err(e) => link_err = link_err.or(Some((0, format!("link task: {e}")))),
+            }
+        }
         let outcomes = join_collect(&mut tasks, &mut self.peers).await;
-        let link_err = link.as_ref().err().map(|e| e.to_string());
-        if let Some((rank, reason)) = culprit(&outcomes, link_err.map(|e| (first_rank, e))) {
+        if let Some((rank, reason)) = culprit(&outcomes, link_err) {
             return self.fail(rank, reason).await;
         }
-        let data = link?;
-        data.set_nodelay(true)?;
+        links.sort_by_key(|(rank, ..)| *rank);
+        let mut ring_links = Vec::new();
+        for (rank, on_ring, link) in links {
+            if on_ring {
+                ring_links.push((rank, link));
+            } else {
+                self.data = Some(link);
+            }
+        }
         for p in &mut self.peers {
             write_to_engine(&mut p.control, &ToEngine::GroupReady).await?;
         }
-        self.data = Some(data);
+        self.ring = seg
+            .filter(|_| !ring_links.is_empty())
+            .map(|seg| RingSender::new(seg, ring_links));
+        self.wired = true;
         Ok(())
+    }
+
+    /// Offers a shared-memory ring to the engines on this machine (when allowed and possible)
+    /// and marks those that mapped it; returns the ring if any did. An engine that cannot map
+    /// it stays on the chain; one that does not answer fails the group, naming it.
+    async fn offer_ring(&mut self, deadline: Instant) -> Result<Option<shm::Segment>, TcpError> {
+        let Some(bytes) = self.ring_bytes else {
+            return Ok(None);
+        };
+        if !self.peers.iter().any(|p| p.local) {
+            return Ok(None);
+        }
+        let (seg, offer) = match shm::create(bytes) {
+            Ok(made) => made,
+            Err(e) => {
+                tracing::debug!(error = %e, "no shared-memory weight ring; every engine on TCP");
+                return Ok(None);
+            }
+        };
+        let (local, rest): (Vec<Peer>, Vec<Peer>) = std::mem::take(&mut self.peers)
+            .into_iter()
+            .partition(|p| p.local);
+        self.peers = rest;
+        let mut offered = Vec::new();
+        for mut p in local {
+            let sent = write_to_engine(&mut p.control, &ToEngine::ShmOffer(offer.clone())).await;
+            let rank = p.rank;
+            offered.push(p);
+            if let Err(e) = sent {
+                self.peers.append(&mut offered);
+                return self
+                    .fail(rank, format!("lost while offering the weight ring: {e}"))
+                    .await;
+            }
+        }
+        let mut tasks = spawn_collect(offered, deadline);
+        let mut outcomes = join_collect(&mut tasks, &mut self.peers).await;
+        self.peers.sort_by_key(|p| p.rank);
+        for (rank, o) in &mut outcomes {
+            match o {
+                Outcome::Mapped(None) => {
+                    if let Some(p) = self.peers.iter_mut().find(|p| p.rank == *rank) {
+                        p.on_ring = true;
+                    }
+                    *o = Outcome::Ok;
+                }
+                Outcome::Mapped(Some(why)) => {
+                    tracing::info!(rank = *rank, %why, "engine on this machine stays on TCP");
+                    *o = Outcome::Ok;
+                }
+                Outcome::Ok => *o = Outcome::Lost("answered the ring offer out of turn".into()),
+                _ => {}
+            }
+        }
+        if let Some((rank, reason)) = culprit(&outcomes, None) {
+            return self.fail(rank, reason).await;
+        }
+        Ok(self.peers.iter().any(|p| p.on_ring).then_some(seg))
     }
 
     /// Marks the group failed at `rank`, tells every engine still connected, and returns the
@@ -258,11 +400,12 @@ impl WeightSender {
         if let Some(mut d) = self.data.take() {
             let _ = d.shutdown().await;
         }
+        self.ring = None;
         self.broken = Some((rank, reason.clone()));
         Err(TcpError::RankFailed { rank, reason })
     }
 
-    /// Sends these tensors, in this order, down the chain, and returns once every engine has
+    /// Sends these tensors, in this order, down the chain (and through the ring), and returns once every engine has
     /// confirmed the whole bucket (then every engine is told it is committed). Tensors are
     /// checked first: an inconsistent one sends nothing. If any engine fails, every engine and
     /// the caller get [`TcpError::RankFailed`] naming the same rank, and the group is unusable.
@@ -275,7 +418,7 @@ impl WeightSender {
                 ),
             });
         }
-        if self.peers.is_empty() || self.data.is_none() {
+        if self.peers.is_empty() || !self.wired {
             return Err(TcpError::InvalidArgument(
                 "no receivers: call accept_all first".into(),
             ));
@@ -286,26 +429,60 @@ impl WeightSender {
             .collect::<Result<Vec<_>, _>>()?;
         let end = encode_end(tensors.len())?;
         let deadline = Instant::now() + self.bucket_timeout;
-        let first_rank = self.peers[0].rank;
-        let mut tasks = spawn_collect(std::mem::take(&mut self.peers), deadline);
-        let Some(data) = self.data.as_mut() else {
-            return Err(TcpError::InvalidArgument("no data link".into()));
+        let first_rank = self.peers.iter().find(|p| !p.on_ring).map_or(0, |p| p.rank);
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(2 * tensors.len() + 1);
+        for (h, t) in headers.iter().zip(tensors) {
+            pieces.push(h);
+            pieces.push(t.bytes);
+        }
+        pieces.push(&end);
+        // Engines on the ring do not notice when rank 0 stops writing to it, so once a data link
+        // fails, rank 0 waits only briefly for the others' reports before deciding.
+        let (cancel, cancelled) = tokio::sync::watch::channel(false);
+        let mut tasks =
+            spawn_collect_until(std::mem::take(&mut self.peers), deadline, Some(cancelled));
+        let (data, ring) = (&mut self.data, &mut self.ring);
+        let pieces = &pieces;
+        let chain = async {
+            let Some(data) = data.as_mut() else {
+                return Ok(());
+            };
+            let sent = async {
+                for p in pieces {
+                    data.write_all(p).await?;
+                }
+                data.flush().await
+            };
+            sent.await
+                .map_err(|e| (first_rank, format!("data link to rank {first_rank}: {e}")))
+        };
+        let shared = async {
+            match ring.as_mut() {
+                Some(ring) => ring.send(pieces).await,
+                None => Ok(()),
+            }
         };
         let write = async {
-            for (h, t) in headers.iter().zip(tensors) {
-                data.write_all(h).await?;
-                data.write_all(t.bytes).await?;
-            }
-            data.write_all(&end).await?;
-            data.flush().await
+            let (a, b) = tokio::join!(chain, shared);
+            a.and(b)
         };
-        // Boxed so it can be dropped (ending its borrow of the data link) before `fail`.
+        // Boxed so it can be dropped (ending its borrow of the links) before `fail`.
         let mut write = Box::pin(write);
-        let mut write_res: Option<std::io::Result<()>> = None;
+        let mut write_res: Option<Result<(), (u32, String)>> = None;
         let mut outcomes = Vec::new();
+        let grace = tokio::time::sleep_until(deadline);
+        tokio::pin!(grace);
         loop {
             tokio::select! {
-                r = &mut write, if write_res.is_none() => write_res = Some(r),
+                r = &mut write, if write_res.is_none() => {
+                    if r.is_err() {
+                        grace.as_mut().reset(Instant::now() + LINK_FAILURE_GRACE);
+                    }
+                    write_res = Some(r);
+                }
+                () = &mut grace, if write_res.as_ref().is_some_and(Result::is_err) => {
+                    let _ = cancel.send(true);
+                }
                 j = tasks.join_next() => match j {
                     None => break,
                     Some(Ok((i, p, o))) => outcomes.push((i, p, o)),
@@ -318,10 +495,7 @@ impl WeightSender {
         }
         drop(write);
         let outcomes = restore(outcomes, &mut self.peers);
-        let link_err = match write_res {
-            Some(Err(e)) => Some((first_rank, format!("data link to rank {first_rank}: {e}"))),
-            _ => None,
-        };
+        let link_err = write_res.and_then(Result::err);
         if let Some((rank, reason)) = culprit(&outcomes, link_err) {
             return self.fail(rank, reason).await;
         }
@@ -340,97 +514,9 @@ impl WeightSender {
         if let Some(mut d) = self.data.take() {
             let _ = d.shutdown().await;
         }
+        self.ring = None;
         Ok(())
     }
-}
-
-type Collected = (usize, Peer, Outcome);
-
-/// Reads one report from every engine concurrently, each bounded by `deadline`.
-fn spawn_collect(peers: Vec<Peer>, deadline: Instant) -> JoinSet<Collected> {
-    let mut tasks = JoinSet::new();
-    for (i, mut p) in peers.into_iter().enumerate() {
-        tasks.spawn(async move {
-            let o = match tokio::time::timeout_at(deadline, read_from_engine(&mut p.control)).await
-            {
-                Err(_) => Outcome::TimedOut,
-                Ok(Ok(FromEngine::Ready | FromEngine::Ack)) => Outcome::Ok,
-                Ok(Ok(FromEngine::Error {
-                    fault,
-                    rank,
-                    reason,
-                })) => Outcome::Reported {
-                    fault,
-                    rank,
-                    reason,
-                },
-                Ok(Err(e)) => Outcome::Lost(e.to_string()),
-            };
-            (i, p, o)
-        });
-    }
-    tasks
-}
-
-async fn join_collect(
-    tasks: &mut JoinSet<Collected>,
-    peers: &mut Vec<Peer>,
-) -> Vec<(u32, Outcome)> {
-    let mut got = Vec::new();
-    while let Some(j) = tasks.join_next().await {
-        // A collector only panics if the runtime is shutting down; that engine counts as lost.
-        if let Ok(c) = j {
-            got.push(c);
-        }
-    }
-    restore(got, peers)
-}
-
-/// Puts the peers back in chain order and returns `(rank, outcome)` in the same order.
-fn restore(mut got: Vec<Collected>, peers: &mut Vec<Peer>) -> Vec<(u32, Outcome)> {
-    got.sort_by_key(|(i, _, _)| *i);
-    let mut out = Vec::with_capacity(got.len());
-    for (_, p, o) in got {
-        out.push((p.rank, o));
-        peers.push(p);
-    }
-    out
-}
-
-/// Which rank to blame, if anything failed: an engine whose control connection died first (in
-/// chain order), then one that refused the bucket itself, then whatever a neighbour reported,
-/// then a failed data link from rank 0, then the first engine that never answered.
-fn culprit(outcomes: &[(u32, Outcome)], link_err: Option<(u32, String)>) -> Option<(u32, String)> {
-    let lost = outcomes.iter().find_map(|(r, o)| match o {
-        Outcome::Lost(e) => Some((*r, format!("rank {r} went away: {e}"))),
-        _ => None,
-    });
-    let mine = outcomes.iter().find_map(|(r, o)| match o {
-        Outcome::Reported {
-            fault: Fault::Mine,
-            reason,
-            ..
-        } => Some((*r, format!("rank {r} refused the bucket: {reason}"))),
-        _ => None,
-    });
-    let neighbour = outcomes.iter().find_map(|(r, o)| match o {
-        Outcome::Reported { rank, reason, .. } => {
-            Some((*rank, format!("reported by rank {r}: {reason}")))
-        }
-        _ => None,
-    });
-    let silent = outcomes.iter().find_map(|(r, o)| match o {
-        Outcome::TimedOut => Some((
-            *r,
-            format!(
-                "rank {r} did not confirm in time; is /update_weights_from_distributed (or \
-                 /init_weights_update_group) being called on that engine with the same names, \
-                 dtypes and shapes?"
-            ),
-        )),
-        _ => None,
-    });
-    lost.or(mine).or(neighbour).or(link_err).or(silent)
 }
 
 /// A receiver's handshake.

@@ -11,28 +11,39 @@ use super::frame::{put_short_str, read_status};
 use super::link::{accept_link, connect_link};
 use super::*;
 
-const T: Duration = Duration::from_secs(20);
+pub(super) const T: Duration = Duration::from_secs(20);
 
-async fn with_timeout<F: std::future::Future>(f: F) -> F::Output {
+pub(super) async fn with_timeout<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(60), f)
         .await
         .expect("test timed out")
 }
 
-/// A group whose engines cover `layout[i]` ranks each; engines join in reverse order so the
-/// chain order (ascending rank) is not the join order. Receivers come back sorted by rank.
+/// A chain-only group whose engines cover `layout[i]` ranks each; engines join in reverse
+/// order so the chain order (ascending rank) is not the join order. Receivers come back sorted
+/// by rank.
 async fn group(layout: &[u32]) -> (WeightSender, Vec<WeightReceiver>) {
+    group_with(layout, "chain", None).await
+}
+
+/// As [`group`], named `name`, offering a shared-memory ring of `ring` bytes (`None`: none).
+pub(super) async fn group_with(
+    layout: &[u32],
+    name: &'static str,
+    ring: Option<usize>,
+) -> (WeightSender, Vec<WeightReceiver>) {
     let world = 1 + layout.iter().sum::<u32>() as usize;
-    let mut sender = WeightSender::bind("127.0.0.1:0", world, "chain")
+    let mut sender = WeightSender::bind("127.0.0.1:0", world, name)
         .await
         .unwrap();
+    sender.set_shared_memory(ring).unwrap();
     let addr = sender.local_addr().unwrap().to_string();
     let mut offset = 1;
     let mut joins = Vec::new();
     for &n in layout {
         let (addr, rank) = (addr.clone(), offset);
         joins.push(tokio::spawn(async move {
-            WeightReceiver::connect(&addr, "chain", rank, n, T).await
+            WeightReceiver::connect(&addr, name, rank, n, T).await
         }));
         offset += n;
     }
@@ -47,7 +58,7 @@ async fn group(layout: &[u32]) -> (WeightSender, Vec<WeightReceiver>) {
 }
 
 /// Deterministic bytes that differ per tensor and per position.
-fn pattern(seed: u32, len: usize) -> Vec<u8> {
+pub(super) fn pattern(seed: u32, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
     (0..len)
         .map(|_| {
@@ -59,15 +70,15 @@ fn pattern(seed: u32, len: usize) -> Vec<u8> {
         .collect()
 }
 
-struct Owned {
-    name: String,
-    dtype: WireDtype,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
+pub(super) struct Owned {
+    pub(super) name: String,
+    pub(super) dtype: WireDtype,
+    pub(super) shape: Vec<usize>,
+    pub(super) bytes: Vec<u8>,
 }
 
 /// A bucket spanning several chunks, with odd sizes and an empty tensor.
-fn bucket(seed: u32) -> Vec<Owned> {
+pub(super) fn bucket(seed: u32) -> Vec<Owned> {
     let mk = |name: &str, dtype: WireDtype, shape: Vec<usize>, s: u32| {
         let len = shape.iter().product::<usize>() * dtype.elem_size();
         Owned {
@@ -86,7 +97,7 @@ fn bucket(seed: u32) -> Vec<Owned> {
     ]
 }
 
-fn refs(b: &[Owned]) -> Vec<TensorRef<'_>> {
+pub(super) fn refs(b: &[Owned]) -> Vec<TensorRef<'_>> {
     b.iter()
         .map(|t| TensorRef {
             name: &t.name,
@@ -97,7 +108,7 @@ fn refs(b: &[Owned]) -> Vec<TensorRef<'_>> {
         .collect()
 }
 
-fn specs(b: &[Owned]) -> Vec<TensorSpec> {
+pub(super) fn specs(b: &[Owned]) -> Vec<TensorSpec> {
     b.iter()
         .map(|t| TensorSpec {
             name: t.name.clone(),
@@ -107,7 +118,7 @@ fn specs(b: &[Owned]) -> Vec<TensorSpec> {
         .collect()
 }
 
-type RecvTask = tokio::task::JoinHandle<(
+pub(super) type RecvTask = tokio::task::JoinHandle<(
     u32,
     Option<WeightReceiver>,
     Result<Vec<OwnedTensor>, TcpError>,
@@ -115,7 +126,7 @@ type RecvTask = tokio::task::JoinHandle<(
 
 /// Receives one bucket; a receiver set to die is dropped (all its sockets closed, as when the
 /// process is killed) the moment it stops.
-fn spawn_recv(mut rx: WeightReceiver, expected: Vec<TensorSpec>) -> RecvTask {
+pub(super) fn spawn_recv(mut rx: WeightReceiver, expected: Vec<TensorSpec>) -> RecvTask {
     tokio::spawn(async move {
         let r = rx.recv_bucket(&expected, T).await;
         let rank = rx.rank();
@@ -250,7 +261,7 @@ async fn bad_handshakes_are_rejected_with_a_reason() {
         v1.extend_from_slice(&[0; 12]);
         let old = raw_hello(&addr, &v1).await.unwrap_err();
         assert!(
-            old.contains("version 1") && old.contains("speaks 2"),
+            old.contains("version 1") && old.contains(&format!("speaks {VERSION}")),
             "{old}"
         );
         let mut bad_addr = MAGIC.to_vec();
