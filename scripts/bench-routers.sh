@@ -61,7 +61,10 @@ wait_port() {
   echo "nothing listens on port $1" >&2; exit 1
 }
 
-"$BIN" gateway --listen "127.0.0.1:$PORT_T" --policy round_robin --health-interval-s 0 >/dev/null &
+# TROUPE_GATEWAY_ARGS: extra flags for Troupe's gateway, e.g. --io-threads 1 to match a quota of
+# at most one core (it serves on one thread per core by default).
+# shellcheck disable=SC2086
+"$BIN" gateway --listen "127.0.0.1:$PORT_T" --policy round_robin --health-interval-s 0 ${TROUPE_GATEWAY_ARGS:-} >/dev/null &
 TG=$!; PIDS+=("$TG")
 sglang-router launch --host 127.0.0.1 --port "$PORT_S" --policy round_robin --log-level warn >/dev/null 2>&1 &
 PIDS+=("$!")

@@ -82,6 +82,10 @@ pub struct GatewayArgs {
     /// Address the engines dial for this gateway's weight broadcast (default: the --listen host).
     #[arg(long)]
     pub weights_master_host: Option<String>,
+    /// Threads serving requests, each with its own single-threaded runtime (default: one per
+    /// core; 0 serves on the process's multi-threaded runtime).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1024))]
+    pub io_threads: Option<u64>,
 }
 
 fn parse_control_auth(s: &str) -> Result<ControlAuthMode, String> {
@@ -153,6 +157,10 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
         control_auth: a.control_auth,
         weights_fp8: a.weights_fp8,
         weights_master_host: a.weights_master_host.clone(),
+        io_threads: match a.io_threads {
+            Some(n) => n as usize,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        },
         ..d
     })
 }
@@ -203,6 +211,11 @@ mod tests {
         assert!(!r.pd);
         assert_eq!(r.workers.len(), 2);
         assert_eq!(r.router.cache_aware, CacheAwareConfig::default());
+        // One serving thread per core unless told otherwise.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(r.io_threads, cores);
+        let one = parse(&["--worker-urls", "http://a:1", "--io-threads", "0"]).unwrap();
+        assert_eq!(one.io_threads, 0);
         let c = parse(&[
             "--worker-urls",
             "http://a:1",
@@ -257,6 +270,8 @@ mod tests {
                 "--eviction-interval-secs",
             ),
             (vec!["--max-tree-size", "0"], "--max-tree-size"),
+            (vec!["--io-threads", "5000"], "--io-threads"),
+            (vec!["--io-threads=-1"], "--io-threads"),
         ] {
             let e = parse(&args).unwrap_err();
             assert!(e.contains(needle), "{args:?}: {e}");

@@ -227,6 +227,66 @@ pub async fn serve(
     Ok(())
 }
 
+/// Serves `app` as [`serve`] does, on `threads` threads of its own, each running a
+/// single-threaded runtime that accepts from `listener` (one thread per core, as nginx's
+/// workers): a connection, the requests on it and the upstream calls they make (each thread
+/// has its own pool in [`crate::upstream::UpstreamClient`]) then stay on one thread, where a
+/// multi-threaded runtime passes each request between threads several times. Returns a task
+/// (on the caller's runtime) that, once `shutdown` resolves, stops every thread as [`serve`]
+/// stops and returns the first error any of them met. If that task is dropped, or its runtime
+/// ends, the threads stop too.
+pub fn serve_on_threads(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: ServeLimits,
+    threads: usize,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
+    let listener = listener.into_std()?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut done = Vec::with_capacity(threads);
+    for i in 0..threads.max(1) {
+        let l = listener.try_clone()?;
+        let app = app.clone();
+        let mut stop = stop_rx.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("gateway-io-{i}"))
+            .spawn(move || {
+                let run = || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?;
+                    rt.block_on(async move {
+                        let l = TcpListener::from_std(l)?;
+                        // Ends when told to, or when the sender is gone (the task below was
+                        // dropped): either way the thread stops.
+                        let stopped = async move {
+                            let _ = stop.wait_for(|s| *s).await;
+                        };
+                        serve(l, app, limits, stopped).await
+                    })
+                };
+                let _ = tx.send(run());
+            })?;
+        done.push(rx);
+    }
+    Ok(tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+        let mut first = Ok(());
+        for rx in done {
+            let r = rx
+                .await
+                .unwrap_or_else(|_| Err(std::io::Error::other("a gateway I/O thread panicked")));
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }))
+}
+
 /// Serves one connection until it ends, the server stops, or it stays idle too long.
 async fn connection(
     tcp: tokio::net::TcpStream,

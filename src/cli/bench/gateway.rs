@@ -428,8 +428,11 @@ pub async fn run(args: &GatewayBenchArgs) -> Result<Vec<(String, f64)>, String> 
             t
         }
         None => {
-            let rt = runtime(2, "bench-gateway")?;
+            // The gateway serves on 2 threads of its own (as `troupe gateway` does on this
+            // 2-core machine); its runtime here only starts it and probes health.
+            let rt = runtime(1, "bench-gateway")?;
             let cfg = GatewayConfig {
+                io_threads: 2,
                 workers: urls.iter().map(WorkerSpec::regular).collect(),
                 router: RouterConfig {
                     policy: PolicyKind::RoundRobin,

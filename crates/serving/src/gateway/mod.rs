@@ -96,7 +96,14 @@ pub struct GatewayConfig {
     /// The address engines dial for this gateway's weight broadcast (default: the listen
     /// address's host, or 127.0.0.1 when it listens on every interface).
     pub weights_master_host: Option<String>,
+    /// Threads of its own to serve on, each a single-threaded runtime accepting connections
+    /// (`troupe gateway`: one per core); 0 serves on the runtime that started the gateway (a
+    /// gateway embedded in a controller). See [`crate::listen::serve_on_threads`].
+    pub io_threads: usize,
 }
+
+/// Most [`GatewayConfig::io_threads`] accepted.
+pub const MAX_IO_THREADS: usize = 1024;
 
 /// Who may call the gateway's fleet control endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -143,6 +150,7 @@ impl Default for GatewayConfig {
             control_upstream: None,
             weights_fp8: false,
             weights_master_host: None,
+            io_threads: 0,
         }
     }
 }
@@ -292,6 +300,12 @@ impl Drop for GatewayHandle {
 pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
     let limits = cfg.limits();
     limits.check().map_err(ServingError::Config)?;
+    if cfg.io_threads > MAX_IO_THREADS {
+        return Err(ServingError::Config(format!(
+            "io_threads {} is more than {MAX_IO_THREADS}; one per core is what it is for (0 serves on the caller's runtime)",
+            cfg.io_threads
+        )));
+    }
     cfg.router.check()?;
     let router = Router::new(cfg.router.clone());
     let client = client::build()?;
@@ -349,9 +363,13 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
     };
     let app = app(state.clone()).merge(control_routes);
     let (tx, rx) = oneshot::channel::<()>();
-    let server = tokio::spawn(listen::serve(listener, app, limits, async {
+    let stopped = async {
         let _ = rx.await;
-    }));
+    };
+    let server = match state.cfg.io_threads {
+        0 => tokio::spawn(listen::serve(listener, app, limits, stopped)),
+        n => listen::serve_on_threads(listener, app, limits, n, stopped)?,
+    };
     let health = super::health::spawn(router, client);
     tracing::info!(%addr, pd = state.cfg.pd, "gateway started");
     Ok(GatewayHandle {
