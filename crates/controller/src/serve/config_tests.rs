@@ -114,6 +114,11 @@ fn cache_aware_keys_use_sglangs_names_and_defaults() {
         &["gateway.balance_abs_threshold=8".into()],
     )
     .unwrap();
+    assert_eq!(
+        c.gateway.to_gateway().io_threads,
+        0,
+        "on the host's runtime by default"
+    );
     let r = c.gateway.to_gateway().router;
     assert_eq!(r.policy, PolicyKind::CacheAware);
     assert_eq!(r.decode_policy, PolicyKind::CacheAware);
@@ -153,6 +158,8 @@ fn cache_aware_keys_use_sglangs_names_and_defaults() {
         ),
         ("gateway.max_tree_size=0", "gateway.max_tree_size"),
         ("gateway.max_tree_size=-5", "gateway.max_tree_size"),
+        ("gateway.io_threads=5000", "gateway.io_threads"),
+        ("gateway.io_threads=-1", "gateway.io_threads"),
     ] {
         let e = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[o.to_string()])
             .unwrap_err()

@@ -53,6 +53,10 @@ pub struct GatewaySection {
     /// 2^26).
     #[serde(default)]
     pub max_tree_size: Option<usize>,
+    /// Threads of its own the gateway serves on, one single-threaded runtime each (default 0:
+    /// the runtime of the host it runs on; `troupe gateway` uses one per core).
+    #[serde(default)]
+    pub io_threads: Option<usize>,
 }
 
 impl GatewaySection {
@@ -71,6 +75,7 @@ impl GatewaySection {
             },
             max_retries: self.max_retries.unwrap_or(d.max_retries),
             control_auth: self.control_auth,
+            io_threads: self.io_threads.unwrap_or(d.io_threads),
             ..d
         }
     }
@@ -95,6 +100,14 @@ impl GatewaySection {
 
     pub(super) fn check(&self) -> Result<(), String> {
         self.cache_aware().check(|k| format!("gateway.{k}"))?;
+        if let Some(n) = self.io_threads
+            && n > troupe_serving::gateway::MAX_IO_THREADS
+        {
+            return Err(format!(
+                "gateway.io_threads {n} is more than {}; give about one per core (0 serves on the host's runtime)",
+                troupe_serving::gateway::MAX_IO_THREADS
+            ));
+        }
         let host_port = |s: &str| {
             s.parse::<std::net::SocketAddr>().is_ok()
                 || s.rsplit_once(':').is_some_and(|(h, p)| {
