@@ -23,15 +23,23 @@ use super::{DEFAULT_BUCKET_TIMEOUT, MAGIC, TcpError, TensorRef, VERSION};
 /// The default ring size: [`DEFAULT_RING_BYTES`], or none when `TROUPE_SHM_DISABLE=1` (as
 /// `NCCL_SHM_DISABLE=1` keeps NCCL off shared memory).
 fn ring_from_env() -> Option<usize> {
-    match std::env::var("TROUPE_SHM_DISABLE") {
-        Ok(v) if v.trim() == "1" => None,
+    ring_unless_disabled(std::env::var("TROUPE_SHM_DISABLE").ok().as_deref())
+}
+
+/// [`ring_from_env`] given the variable's value.
+pub(crate) fn ring_unless_disabled(shm_disable: Option<&str>) -> Option<usize> {
+    match shm_disable {
+        Some(v) if v.trim() == "1" => None,
         _ => Some(DEFAULT_RING_BYTES),
     }
 }
 
-/// How long rank 0 still waits for engines' reports once a data link failed: enough for an
-/// engine that died to be seen as gone on its control connection too.
-const LINK_FAILURE_GRACE: Duration = Duration::from_millis(500);
+/// How long rank 0 still waits for engines' reports once a bucket failed (a data link broke, or
+/// an engine reported a fault): enough for an engine that died to be seen as gone on its
+/// control connection too, and for its neighbours to say what they saw. Engines behind a
+/// stalled writer (a ring engine that refused the bucket stops reading; so does a chain engine)
+/// would otherwise be waited for until the bucket's deadline.
+const FAILURE_GRACE: Duration = Duration::from_millis(500);
 
 /// Longest a single connection may take to send its handshake before it is dropped (so one
 /// silent client cannot hold up the others).
@@ -470,22 +478,32 @@ impl WeightSender {
         let mut write = Box::pin(write);
         let mut write_res: Option<Result<(), (u32, String)>> = None;
         let mut outcomes = Vec::new();
+        // Armed by the first failure (a data link, or an engine's report): engines that can
+        // no longer finish the bucket are not waited for past it.
         let grace = tokio::time::sleep_until(deadline);
         tokio::pin!(grace);
+        let mut failing = false;
         loop {
             tokio::select! {
                 r = &mut write, if write_res.is_none() => {
-                    if r.is_err() {
-                        grace.as_mut().reset(Instant::now() + LINK_FAILURE_GRACE);
+                    if r.is_err() && !failing {
+                        failing = true;
+                        grace.as_mut().reset(Instant::now() + FAILURE_GRACE);
                     }
                     write_res = Some(r);
                 }
-                () = &mut grace, if write_res.as_ref().is_some_and(Result::is_err) => {
+                () = &mut grace, if failing => {
                     let _ = cancel.send(true);
                 }
                 j = tasks.join_next() => match j {
                     None => break,
-                    Some(Ok((i, p, o))) => outcomes.push((i, p, o)),
+                    Some(Ok((i, p, o))) => {
+                        if !matches!(o, Outcome::Ok) && !failing {
+                            failing = true;
+                            grace.as_mut().reset(Instant::now() + FAILURE_GRACE);
+                        }
+                        outcomes.push((i, p, o));
+                    }
                     Some(Err(e)) => return Err(TcpError::Protocol(format!("collector task: {e}"))),
                 },
             }

@@ -134,6 +134,50 @@ async fn ring_engine_dying_mid_bucket_is_named_everywhere() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_refusing_a_bucket_fails_it_for_every_ring_engine_at_once() {
+    // The refusing engine stops reading, so the ring fills and the others cannot finish; they
+    // must hear the verdict well before the bucket's 300 s deadline (the test allows 60).
+    with_timeout(async {
+        let (mut sender, mut rxs) =
+            group_with(&[1, 1, 1], "ring-refuse", Some(MIN_RING_BYTES)).await;
+        let mut b = bucket(9);
+        b[0].shape = vec![4096, 1024];
+        b[0].bytes = pattern(91, 4096 * 1024 * 4);
+        let mut tasks = Vec::new();
+        for rx in rxs.drain(..) {
+            let mut want = specs(&b);
+            if rx.rank() == 2 {
+                want[0].shape = vec![1024, 4096];
+            }
+            tasks.push(spawn_recv(rx, want));
+        }
+        let sent = sender.send_bucket(&refs(&b)).await;
+        assert!(
+            matches!(sent, Err(TcpError::RankFailed { rank: 2, ref reason }) if reason.contains("refused")),
+            "sender: {sent:?}"
+        );
+        for t in tasks {
+            let (me, _rx, got) = t.await.unwrap();
+            match got {
+                Err(TcpError::Protocol(m)) if me == 2 => assert!(m.contains("refused"), "{m}"),
+                Err(TcpError::RankFailed { rank: 2, .. }) if me != 2 => {}
+                other => panic!("rank {me}: {other:?}"),
+            }
+        }
+    })
+    .await;
+}
+
+#[test]
+fn troupe_shm_disable_keeps_every_engine_on_the_chain() {
+    use super::sender::ring_unless_disabled;
+    assert_eq!(ring_unless_disabled(None), Some(DEFAULT_RING_BYTES));
+    assert_eq!(ring_unless_disabled(Some("0")), Some(DEFAULT_RING_BYTES));
+    assert_eq!(ring_unless_disabled(Some("1")), None);
+    assert_eq!(ring_unless_disabled(Some(" 1\n")), None);
+}
+
 #[tokio::test]
 async fn ring_sizes_out_of_range_are_refused_by_name() {
     let mut sender = WeightSender::bind("127.0.0.1:0", 2, "g").await.unwrap();
