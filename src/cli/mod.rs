@@ -64,7 +64,8 @@ enum BenchCmd {
     /// Controller scaling: bring-up, fan-out, weight update and host loss with many hosts
     /// and servers (real reference-engine processes on in-process hosts).
     Scale(bench::scale::ScaleArgs),
-    /// Weight broadcast over the chained TCP transport to 1..N in-process receivers.
+    /// Weight broadcast to 1..N in-process receivers: through the shared-memory ring (receivers
+    /// on this machine) or, with --chain, the chained TCP transport used between machines.
     Broadcast {
         /// Receiver counts to measure, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]

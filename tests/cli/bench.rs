@@ -1,5 +1,5 @@
-//! `troupe bench rpc` as users run it: every figure printed, and `--vs-ray` saying clearly why
-//! it cannot run (timings are never asserted: benchmarks measure, tests check behaviour).
+//! `troupe bench rpc` (and `broadcast`, `scale`, `rollout`) as users run them: every figure
+//! printed, and bad flags or `--vs-ray` saying clearly why they cannot run (timings are never asserted: benchmarks measure, tests check behaviour).
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
@@ -38,6 +38,45 @@ fn bench_rpc_prints_every_figure() {
         !text.contains("rpc.ray."),
         "no Ray figures without --vs-ray"
     );
+}
+
+#[test]
+fn bench_broadcast_reads_from_the_ring_unless_told_to_chain() {
+    // (flags, receivers on the ring per count) for 1 and 3 receivers of 2 MiB.
+    let ring = if cfg!(target_os = "linux") {
+        [1, 3]
+    } else {
+        [0, 0]
+    };
+    for (extra, on_ring) in [(None, ring), (Some("--chain"), [0, 0])] {
+        let mut args = vec!["bench", "broadcast", "--receivers", "1,3", "--mib", "2"];
+        args.extend(extra);
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        for (n, want) in [1, 3].into_iter().zip(on_ring) {
+            let line = format!("broadcast.receivers_{n}.on_ring {want}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "{args:?}: no {line:?} in\n{text}"
+            );
+            assert!(
+                text.contains(&format!("broadcast.receivers_{n}.seconds ")),
+                "{text}"
+            );
+        }
+    }
+    let out = Command::new(BIN)
+        .args(["bench", "broadcast", "--mib", "2", "--ring-kib", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--ring-kib"), "{err}");
 }
 
 #[test]
