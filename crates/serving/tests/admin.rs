@@ -20,14 +20,21 @@ async fn worker_rest_requires_the_admin_key() {
     within(20, async {
         let g = keyed(true).await;
         let url = format!("{}/workers", g.url());
-        let body = r#"{"url": "http://127.0.0.1:31000", "worker_type": "prefill", "bootstrap_port": 8998}"#;
+        let body = format!(
+            r#"{{"url": "{}", "worker_type": "prefill", "bootstrap_port": 8998}}"#,
+            dead_url()
+        );
+        let body = body.as_str();
         for key in [None, Some("wrong")] {
             let (st, v) = post_raw(&url, body, key).await;
             assert_eq!(st, 401);
             assert_envelope(&v, 401);
             assert_eq!(get(&url, key).await.0, 401);
         }
-        assert!(g.router().list().is_empty(), "rejected calls change nothing");
+        assert!(
+            g.router().list().is_empty(),
+            "rejected calls change nothing"
+        );
         let (st, v) = post_raw(&url, body, Some("sekret")).await;
         assert_eq!(st, 202, "{v}");
         let id = v["worker_id"].as_str().expect("id").to_string();
@@ -37,9 +44,18 @@ async fn worker_rest_requires_the_admin_key() {
         assert_eq!(v["workers"][0]["worker_type"], "prefill");
         assert_eq!(v["workers"][0]["bootstrap_port"], 8998);
         assert_eq!(v["stats"]["prefill_count"], 1);
-        let del = client().delete(format!("{url}/{id}")).send().await.expect("sent");
+        let del = client()
+            .delete(format!("{url}/{id}"))
+            .send()
+            .await
+            .expect("sent");
         assert_eq!(del.status(), 401);
-        let del = client().delete(format!("{url}/{id}")).bearer_auth("sekret").send().await.expect("sent");
+        let del = client()
+            .delete(format!("{url}/{id}"))
+            .bearer_auth("sekret")
+            .send()
+            .await
+            .expect("sent");
         assert_eq!(del.status(), 200);
         assert!(g.router().list().is_empty());
         // Inference and health stay open.
@@ -69,7 +85,8 @@ async fn a_gateway_without_an_admin_key_refuses_a_non_loopback_address() {
         .await
         .expect("gateway");
         let url = format!("http://127.0.0.1:{}/workers", g.addr().port());
-        let body = r#"{"url": "http://127.0.0.1:31000", "worker_type": "regular"}"#;
+        let body = format!(r#"{{"url": "{}", "worker_type": "regular"}}"#, dead_url());
+        let body = body.as_str();
         assert_eq!(post_raw(&url, body, Some("wrong")).await.0, 401);
         assert!(
             g.router().list().is_empty(),

@@ -37,14 +37,7 @@ mod forwarding {
     #[tokio::test]
     async fn worker_api_key_goes_with_every_forwarded_request() {
         within(20, async {
-            let b = fake(|path, _, _| {
-                if path == "/generate" {
-                    Reply::Json(StatusCode::OK, answer(1))
-                } else {
-                    Reply::Sse(vec![json!({"text": "a"}).to_string()], false)
-                }
-            })
-            .await;
+            let b = plain_and_stream(1).await;
             let g = gw_with(GatewayConfig {
                 workers: vec![WorkerSpec::regular(&b.url)],
                 worker_api_key: Some("wk-1".into()),
@@ -281,10 +274,7 @@ mod failures {
                 Reply::Json(StatusCode::OK, json!({"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": "engine shutting down"}}}))
             })
             .await;
-            let dead_url = {
-                let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-                format!("http://{}", l.local_addr().expect("addr"))
-            };
+            let dead_url = dead_url();
             let good = fake(|_, _, _| Reply::Json(StatusCode::OK, answer(2))).await;
             let g = gw(false, vec![WorkerSpec::regular(&aborting.url), WorkerSpec::regular(&dead_url), WorkerSpec::regular(&good.url)], 3).await;
             for _ in 0..5 {

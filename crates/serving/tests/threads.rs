@@ -7,7 +7,6 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use axum::http::StatusCode;
 use serde_json::json;
 use support::*;
 use troupe_serving::WorkerSpec;
@@ -44,14 +43,7 @@ async fn threads_are(n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_on_its_own_threads_serves_and_its_threads_end_with_it() {
     within(60, async {
-        let b = fake(|path, _, _| {
-            if path == "/generate" {
-                Reply::Json(StatusCode::OK, answer(2))
-            } else {
-                Reply::Sse(vec![json!({"text": "a"}).to_string()], false)
-            }
-        })
-        .await;
+        let b = plain_and_stream(2).await;
         let cfg = GatewayConfig {
             workers: vec![WorkerSpec::regular(&b.url)],
             io_threads: 3,

@@ -298,3 +298,23 @@ pub async fn gw_with(mut cfg: GatewayConfig) -> GatewayHandle {
     };
     gateway::start(cfg).await.expect("gateway starts")
 }
+
+/// `http://127.0.0.1:PORT` where nothing listens: a port the OS just handed out and took back,
+/// so a test never reaches another deployment's server on a fixed port.
+pub fn dead_url() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    format!("http://{}", l.local_addr().expect("addr"))
+}
+
+/// A backend that answers `/generate` with [`answer`]`(n)` and every other path with a
+/// one-event stream.
+pub async fn plain_and_stream(n: usize) -> Fake {
+    fake(move |path, _, _| {
+        if path == "/generate" {
+            Reply::Json(StatusCode::OK, answer(n))
+        } else {
+            Reply::Sse(vec![serde_json::json!({"text": "a"}).to_string()], false)
+        }
+    })
+    .await
+}

@@ -261,6 +261,9 @@ impl WeightSender {
             .filter(|&i| !self.peers[i].on_ring)
             .collect();
         let mut targets = Vec::new();
+        // Peers are in rank order, so chain members come up in chain order: `k` is the place of
+        // the next one.
+        let mut k = 0;
         for i in 0..self.peers.len() {
             let p = &self.peers[i];
             let topo = if p.on_ring {
@@ -271,8 +274,7 @@ impl WeightSender {
                     shm: true,
                 }
             } else {
-                let k = chain.iter().position(|&c| c == i).unwrap_or(0);
-                Topology {
+                let topo = Topology {
                     pred_rank: if k == 0 {
                         0
                     } else {
@@ -283,7 +285,9 @@ impl WeightSender {
                         .map(|&j| (self.peers[j].rank, self.peers[j].data_addr.clone())),
                     token: self.token,
                     shm: false,
-                }
+                };
+                k += 1;
+                topo
             };
             if p.on_ring || chain.first() == Some(&i) {
                 targets.push((p.rank, p.data_addr.clone(), p.on_ring));

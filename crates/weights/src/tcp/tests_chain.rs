@@ -97,6 +97,15 @@ pub(super) fn bucket(seed: u32) -> Vec<Owned> {
     ]
 }
 
+/// [`bucket`] with a 16 MiB first tensor: large enough that an engine failing early leaves
+/// most of the bucket still to come.
+pub(super) fn big_bucket(seed: u32) -> Vec<Owned> {
+    let mut b = bucket(seed);
+    b[0].shape = vec![4096, 1024];
+    b[0].bytes = pattern(seed * 10 + 9, 4096 * 1024 * 4);
+    b
+}
+
 pub(super) fn refs(b: &[Owned]) -> Vec<TensorRef<'_>> {
     b.iter()
         .map(|t| TensorRef {
@@ -157,7 +166,17 @@ async fn chain_delivers_identical_bytes(layout: &[u32]) {
             .collect::<Vec<_>>()
     );
     // Two buckets in a row: the links stay aligned across bucket boundaries.
-    for seed in [1, 2] {
+    buckets_arrive_intact(&mut sender, &mut rxs, &[1, 2]).await;
+    sender.close().await.unwrap();
+}
+
+/// Sends one bucket per seed and checks every engine got each byte for byte.
+pub(super) async fn buckets_arrive_intact(
+    sender: &mut WeightSender,
+    rxs: &mut Vec<WeightReceiver>,
+    seeds: &[u32],
+) {
+    for &seed in seeds {
         let b = bucket(seed);
         let tasks: Vec<RecvTask> = rxs.drain(..).map(|rx| spawn_recv(rx, specs(&b))).collect();
         sender.send_bucket(&refs(&b)).await.unwrap();
@@ -175,7 +194,6 @@ async fn chain_delivers_identical_bytes(layout: &[u32]) {
             rxs.extend(rx);
         }
     }
-    sender.close().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,10 +218,7 @@ async fn receiver_dying_mid_transfer_is_named_everywhere() {
         let victim = rxs[2].rank();
         assert_eq!(victim, 4);
         rxs[2].die_after = Some(CHUNK_BYTES as u64);
-        // Large enough that the victim dies with most of the bucket still to come.
-        let mut b = bucket(3);
-        b[0].shape = vec![4096, 1024];
-        b[0].bytes = pattern(99, 4096 * 1024 * 4);
+        let b = big_bucket(3);
         let tasks: Vec<RecvTask> = rxs.drain(..).map(|rx| spawn_recv(rx, specs(&b))).collect();
         let sent = sender.send_bucket(&refs(&b)).await;
         assert!(

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use super::shm::{self, DEFAULT_RING_BYTES, MIN_RING_BYTES};
 use super::tests_chain::{
-    RecvTask, bucket, group_with, pattern, refs, spawn_recv, specs, with_timeout,
+    RecvTask, big_bucket, buckets_arrive_intact, group_with, refs, spawn_recv, specs, with_timeout,
 };
 use super::*;
 
@@ -28,28 +28,6 @@ fn refuse(group: &str, ranks: &[u32]) {
     }
 }
 
-/// Sends three buckets and checks every engine got each byte for byte.
-async fn three_buckets_arrive_intact(sender: &mut WeightSender, rxs: &mut Vec<WeightReceiver>) {
-    for seed in [1, 2, 3] {
-        let b = bucket(seed);
-        let tasks: Vec<RecvTask> = rxs.drain(..).map(|rx| spawn_recv(rx, specs(&b))).collect();
-        sender.send_bucket(&refs(&b)).await.unwrap();
-        for t in tasks {
-            let (rank, rx, got) = t.await.unwrap();
-            let got = got.unwrap();
-            assert_eq!(got.len(), b.len());
-            for (g, want) in got.iter().zip(&b) {
-                assert_eq!(
-                    (&g.name, g.dtype, &g.shape),
-                    (&want.name, want.dtype, &want.shape)
-                );
-                assert!(g.bytes == want.bytes, "rank {rank}: {} differs", g.name);
-            }
-            rxs.extend(rx);
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engines_on_this_machine_read_identical_bytes_from_the_ring() {
     with_timeout(async {
@@ -58,7 +36,7 @@ async fn engines_on_this_machine_read_identical_bytes_from_the_ring() {
             let (mut sender, mut rxs) = group_with(&[1, 2, 1], name, Some(ring)).await;
             assert!(rxs.iter().all(|r| r.uses_shared_memory()), "{name}");
             assert_eq!(sender.shared_memory_receivers(), vec![1, 2, 4]);
-            three_buckets_arrive_intact(&mut sender, &mut rxs).await;
+            buckets_arrive_intact(&mut sender, &mut rxs, &[1, 2, 3]).await;
             sender.close().await.unwrap();
         }
     })
@@ -85,7 +63,7 @@ async fn engines_that_cannot_map_the_ring_form_a_chain_beside_it() {
             .map(|r| (r.rank(), r.predecessor_rank(), r.successor_rank()))
             .collect();
         assert_eq!(chained, vec![(2, 0, Some(5)), (5, 2, None)]);
-        three_buckets_arrive_intact(&mut sender, &mut rxs).await;
+        buckets_arrive_intact(&mut sender, &mut rxs, &[1, 2, 3]).await;
         sender.close().await.unwrap();
     })
     .await;
@@ -97,7 +75,7 @@ async fn without_shared_memory_every_engine_chains() {
         let (mut sender, mut rxs) = group_with(&[1, 1], "no-ring", None).await;
         assert!(rxs.iter().all(|r| !r.uses_shared_memory()));
         assert!(sender.shared_memory_receivers().is_empty());
-        three_buckets_arrive_intact(&mut sender, &mut rxs).await;
+        buckets_arrive_intact(&mut sender, &mut rxs, &[1, 2, 3]).await;
     })
     .await;
 }
@@ -108,9 +86,7 @@ async fn ring_engine_dying_mid_bucket_is_named_everywhere() {
         let (mut sender, mut rxs) =
             group_with(&[1, 1, 1], "ring-death", Some(MIN_RING_BYTES)).await;
         rxs[1].die_after = Some(CHUNK_BYTES as u64);
-        let mut b = bucket(7);
-        b[0].shape = vec![4096, 1024];
-        b[0].bytes = pattern(77, 4096 * 1024 * 4);
+        let b = big_bucket(7);
         let tasks: Vec<RecvTask> = rxs.drain(..).map(|rx| spawn_recv(rx, specs(&b))).collect();
         let sent = sender.send_bucket(&refs(&b)).await;
         assert!(
@@ -141,9 +117,7 @@ async fn an_engine_refusing_a_bucket_fails_it_for_every_ring_engine_at_once() {
     with_timeout(async {
         let (mut sender, mut rxs) =
             group_with(&[1, 1, 1], "ring-refuse", Some(MIN_RING_BYTES)).await;
-        let mut b = bucket(9);
-        b[0].shape = vec![4096, 1024];
-        b[0].bytes = pattern(91, 4096 * 1024 * 4);
+        let b = big_bucket(9);
         let mut tasks = Vec::new();
         for rx in rxs.drain(..) {
             let mut want = specs(&b);
