@@ -35,6 +35,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -160,7 +161,7 @@ pub async fn start(args: EngineArgs) -> Result<EngineHandle, EngineError> {
     let app = server::router(state);
     let (tx, rx) = oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        axum::serve(listener, app)
+        axum::serve(listener.tap_io(server::keep_alive::accepted), app)
             .with_graceful_shutdown(async {
                 let _ = rx.await;
             })

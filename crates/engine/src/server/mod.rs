@@ -8,13 +8,15 @@
 //! - [`vllm`], [`vllm_transfer`]: vLLM's RL routes over the same operations.
 //! - [`tokens`]: vLLM's `/tokenize`, `/detokenize`; [`inference`]: its token-in/token-out
 //!   `/inference/v1/generate`.
-//! - [`parse`], [`error`]: request parsing and SGLang-style errors.
+//! - [`parse`], [`error`]: request parsing and SGLang-style errors; [`keep_alive`]: small
+//!   bodies read before routing, so every answer leaves the connection reusable.
 
 pub mod control;
 pub mod error;
 pub mod generate;
 pub mod inference;
 pub mod info;
+pub mod keep_alive;
 pub mod openai;
 pub mod parse;
 pub mod tokens;
@@ -182,5 +184,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(vllm::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn(keep_alive::read_small_body))
         .with_state(state)
 }
