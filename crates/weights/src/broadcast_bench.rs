@@ -20,8 +20,9 @@ use crate::bucket::{DEFAULT_BUCKET_BYTES, TensorMeta, pack_buckets};
 use crate::fp8::{self, Fp8Options, Weights};
 use crate::tcp::{TensorRef, TensorSpec, WeightReceiver, WeightSender, WireDtype};
 
-/// Timed runs per receiver count (after one warm-up); the fastest is reported.
-pub const RUNS: usize = 3;
+/// Timed runs per receiver count (after one warm-up); the fastest is reported, as other
+/// processes on a shared machine slow some runs down.
+pub const RUNS: usize = 5;
 /// Most receivers one measurement may use.
 pub const MAX_RECEIVERS: usize = 64;
 /// Largest payload accepted, in MiB.
@@ -59,6 +60,10 @@ impl WireTensor {
 ///   that time, so FP8 and BF16 figures compare the same model;
 ///
 /// - `broadcast.receivers_<n>.on_ring`: how many of the `n` read from the shared-memory ring;
+/// - `broadcast.receivers_<n>.floor_seconds`: the [`copy_floor`](crate::copy_floor) of `n`
+///   receivers, what their own copies of the payload take on this machine with nothing else;
+/// - with 1 among the counts, `broadcast.receivers_<n>.vs_1` (time against one receiver's) and
+///   `broadcast.receivers_<n>.floor_vs_1` (the floor's growth: the machine's bound for it);
 ///
 /// plus `broadcast.model_bytes` and `broadcast.wire_bytes` (what each receiver reads) once.
 /// Every receiver's copy is checked byte for byte against what was sent. Needs a multi-thread
@@ -116,6 +121,7 @@ pub async fn bench_broadcast(
         ("broadcast.model_bytes".to_string(), model_bytes as f64),
         ("broadcast.wire_bytes".to_string(), wire_bytes as f64),
     ];
+    let mut times = Vec::with_capacity(receivers.len());
     for &n in receivers {
         let (secs, on_ring, w) = measure(
             n,
@@ -134,6 +140,24 @@ pub async fn bench_broadcast(
             model_bytes as f64 / secs / 1e9,
         ));
         out.push((format!("broadcast.receivers_{n}.on_ring"), on_ring as f64));
+        let ring_bytes = ring.unwrap_or(crate::tcp::shm::DEFAULT_RING_BYTES);
+        let floor = tokio::task::spawn_blocking(move || {
+            crate::copy_floor::copy_floor(n, wire_bytes, ring_bytes, RUNS)
+        })
+        .await
+        .map_err(|e| format!("measuring the copy floor failed: {e}"))?;
+        out.push((format!("broadcast.receivers_{n}.floor_seconds"), floor));
+        times.push((n, secs, floor));
+    }
+    // Against one receiver, when one was measured: the broadcast's growth and the floor's.
+    if let Some(&(_, one, one_floor)) = times.iter().find(|(n, _, _)| *n == 1) {
+        for &(n, secs, floor) in times.iter().filter(|(n, _, _)| *n != 1) {
+            out.push((format!("broadcast.receivers_{n}.vs_1"), secs / one));
+            out.push((
+                format!("broadcast.receivers_{n}.floor_vs_1"),
+                floor / one_floor,
+            ));
+        }
     }
     Ok(out)
 }
@@ -377,6 +401,12 @@ mod tests {
                         0
                     };
                     assert_eq!(on_ring, want as f64, "{n} receivers, ring {ring:?}");
+                    let floor = get(&format!("broadcast.receivers_{n}.floor_seconds")).unwrap();
+                    assert!(floor > 0.0 && floor.is_finite());
+                }
+                for k in ["vs_1", "floor_vs_1"] {
+                    assert!(get(&format!("broadcast.receivers_3.{k}")).unwrap() > 0.0);
+                    assert!(get(&format!("broadcast.receivers_1.{k}")).is_none());
                 }
                 let (model, wire) = (
                     get("broadcast.model_bytes").unwrap(),

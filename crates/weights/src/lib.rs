@@ -6,7 +6,8 @@
 //! - [`bucket`]: tensors packed into byte-bounded buckets (FP8 weights with their scales).
 //! - [`quantize_file`]: offline BF16 -> FP8 conversion of a safetensors checkpoint.
 //! - [`bench`](mod@bench): FP8 quantizer throughput beside memcpy bandwidth.
-//! - [`broadcast_bench`]: chain-broadcast time as the number of receivers grows.
+//! - [`broadcast_bench`]: chain-broadcast time as the number of receivers grows, beside
+//!   [`copy_floor`], the time the same receivers' unavoidable copies take on this machine.
 //! - [`tcp`]: the `tcp` weight-update transport used by the reference engine (rank 0 sends, every
 //!   engine receives the same tensors in the same order), a pipelined chain like NCCL's ring.
 
@@ -15,6 +16,7 @@
 pub mod bench;
 pub mod broadcast_bench;
 pub mod bucket;
+pub mod copy_floor;
 pub mod floats;
 pub mod fp8;
 pub mod plan;

@@ -70,7 +70,7 @@ mod control;
 mod frame;
 mod link;
 mod receiver;
-mod ring;
+pub(crate) mod ring;
 mod sender;
 pub mod shm;
 #[cfg(test)]

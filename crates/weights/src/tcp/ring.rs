@@ -250,7 +250,7 @@ const STREAM_MIN: usize = 64 << 10;
 /// Appends `src` to `dst` with non-temporal stores when it is large: a tensor is written once
 /// here and read much later, so pulling its lines into the cache first (as an ordinary copy
 /// does) only costs memory bandwidth that the other engines reading the ring need.
-fn append_streaming(dst: &mut Vec<u8>, src: &[u8]) {
+pub(crate) fn append_streaming(dst: &mut Vec<u8>, src: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     if src.len() >= STREAM_MIN {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
