@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::service::interceptor::InterceptedService;
@@ -24,7 +23,7 @@ use troupe_actors::{CallError, HostCore};
 use troupe_wire::error_chain;
 use troupe_wire::v1::{self, actor_host_client::ActorHostClient};
 
-use crate::conn_framed::FramedWriter;
+use crate::conn_framed::FramedConn;
 
 type Reply = Result<Vec<u8>, CallError>;
 
@@ -88,7 +87,7 @@ enum SessionTx {
     /// gRPC `CallStream`'s request stream.
     Stream(mpsc::UnboundedSender<v1::CallRequest>),
     /// A framed-call connection ([`crate::conn_framed`]).
-    Framed(Arc<FramedWriter>),
+    Framed(Arc<FramedConn>),
 }
 
 impl SessionTx {
@@ -99,7 +98,7 @@ impl SessionTx {
         }
     }
 
-    /// Sends `req`; `alone` when no other call is in flight (see [`FramedWriter::send`]).
+    /// Sends `req`; `alone` when no other call is in flight (see [`FramedConn::send`]).
     fn send(&self, req: v1::CallRequest, alone: bool) -> bool {
         match self {
             SessionTx::Stream(tx) => tx.send(req).is_ok(),
@@ -125,7 +124,7 @@ type Client = ActorHostClient<InterceptedService<Channel, TokenAttach>>;
 struct Grpc {
     client: Client,
     /// A framed-call connection made at connect time, waiting to carry the first session.
-    framed: Mutex<Option<(OwnedReadHalf, Arc<FramedWriter>)>>,
+    framed: Mutex<Option<Arc<FramedConn>>>,
     session: Mutex<Option<Session>>,
     pending: Mutex<HashMap<u64, (u64, oneshot::Sender<Reply>)>>,
     epochs: AtomicU64,
@@ -294,6 +293,7 @@ impl HostConn {
     ) -> CallFuture {
         let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
+        let lone;
         let req = v1::CallRequest {
             actor_id: actor_id.to_string(),
             method: method.to_string(),
@@ -317,11 +317,25 @@ impl HostConn {
                 g.pending.lock().remove(&call_id);
                 return Box::pin(async { Err(CallError::Transport("call stream closed".into())) });
             }
+            // A lone framed call times its round trip, and reads its reply itself while recent
+            // round trips were short (see `conn_framed`).
+            lone = match &s.tx {
+                SessionTx::Framed(c) if alone => Some((c.clone(), std::time::Instant::now())),
+                _ => None,
+            };
         }
         let me = self.clone();
         Box::pin(async move {
             let died = || CallError::HostLost("call stream ended before the reply".into());
-            match deadline {
+            let mut rx = rx;
+            if let Some((c, sent)) = &lone
+                && c.round_trips.worth_polling()
+                && let Some(r) = me.poll_for_reply(c, &mut rx, *sent + crate::conn_framed::POLL_FOR)
+            {
+                c.round_trips.record(sent.elapsed());
+                return r.map_err(|_| died())?;
+            }
+            let r = match deadline {
                 None => rx.await.map_err(|_| died())?,
                 // The host enforces the deadline; ours is a backstop against a silent host.
                 Some(d) => match tokio::time::timeout(d + Duration::from_millis(250), rx).await {
@@ -333,8 +347,38 @@ impl HostConn {
                         Err(CallError::DeadlineExceeded(d))
                     }
                 },
+            };
+            if let Some((c, sent)) = &lone {
+                c.round_trips.record(sent.elapsed());
             }
+            r
         })
+    }
+
+    /// Reads `c` for replies until `rx`'s has come (then it, or `Err` if its session ended) or
+    /// `until` passes (`None`); every reply read goes to its own caller on the way.
+    fn poll_for_reply(
+        &self,
+        c: &FramedConn,
+        rx: &mut oneshot::Receiver<Reply>,
+        until: std::time::Instant,
+    ) -> Option<Result<Reply, ()>> {
+        let mut deliver = |r: v1::CallReply| {
+            self.deliver(r);
+            true
+        };
+        loop {
+            c.poll_replies(&mut deliver);
+            match rx.try_recv() {
+                Ok(r) => return Some(Ok(r)),
+                Err(oneshot::error::TryRecvError::Closed) => return Some(Err(())),
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            if std::time::Instant::now() >= until {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// Opens the session the next calls go on: the framed connection made at connect time if
@@ -342,8 +386,8 @@ impl HostConn {
     fn open_session(self: &Arc<Self>, g: &Grpc) -> Session {
         let epoch = g.epochs.fetch_add(1, Ordering::Relaxed) + 1;
         let me = Arc::downgrade(self);
-        if let Some((rd, w)) = g.framed.lock().take() {
-            let writer = w.clone();
+        if let Some(w) = g.framed.lock().take() {
+            let conn = w.clone();
             tokio::spawn(async move {
                 let deliver = |r: v1::CallReply| match me.upgrade() {
                     Some(me) => {
@@ -352,8 +396,8 @@ impl HostConn {
                     }
                     None => false,
                 };
-                let why = crate::conn_framed::drive(rd, &writer, deliver).await;
-                crate::conn_framed::close(&writer, &why);
+                let why = crate::conn_framed::drive(&conn, deliver).await;
+                crate::conn_framed::close(&conn, &why);
                 if let Some(me) = me.upgrade() {
                     me.end_session(epoch, why);
                 }
