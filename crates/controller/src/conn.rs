@@ -328,9 +328,10 @@ impl HostConn {
         Box::pin(async move {
             let died = || CallError::HostLost("call stream ended before the reply".into());
             let mut rx = rx;
+            let window = crate::conn_framed::poll_for();
             if let Some((c, sent)) = &lone
-                && c.round_trips.worth_polling()
-                && let Some(r) = me.poll_for_reply(c, &mut rx, *sent + crate::conn_framed::POLL_FOR)
+                && c.round_trips.worth_polling(window)
+                && let Some(r) = me.poll_for_reply(c, &mut rx, *sent + window)
             {
                 c.round_trips.record(sent.elapsed());
                 return r.map_err(|_| died())?;
@@ -377,7 +378,10 @@ impl HostConn {
             if std::time::Instant::now() >= until {
                 return None;
             }
-            std::hint::spin_loop();
+            // Not a bare spin: the process that is to answer may be waiting for this very CPU
+            // (a Python actor's worker on a 2-core machine), and yielding lets it run while
+            // keeping the CPU from going idle.
+            std::thread::yield_now();
         }
     }
 

@@ -4,7 +4,8 @@
 //! take at once).
 //!
 //! A lone call whose replies have lately come back quickly does not wait for that task: it reads
-//! the socket itself for up to [`POLL_FOR`] ([`FramedConn::poll_replies`]), as NCCL's proxies
+//! the socket itself for up to [`POLL_FOR`] ([`FramedConn::poll_replies`]; `TROUPE_CALL_POLL_US`
+//! sets the window, 0 turns it off), as NCCL's proxies
 //! and kernel busy-polling do. Waiting the ordinary way parks the worker thread, and on a virtual
 //! machine an idle vCPU takes tens of microseconds to wake: on 2 vCPUs a sequential call's
 //! round trip is 53-68 µs when both sides park and about 30 µs when they do not.
@@ -31,8 +32,41 @@ const KEEP_OUTBOX: usize = 1 << 20;
 
 /// Longest a lone call reads the socket for its own reply before it waits the ordinary way; and
 /// the recent round trip (a moving average) above which it does not try at all, so calls that
-/// take longer (an actor that computes) never spin.
-pub(crate) const POLL_FOR: Duration = Duration::from_micros(100);
+/// take longer (an actor that computes) never spin. `TROUPE_CALL_POLL_US` overrides it (0: never
+/// poll, as on a machine whose cores are all needed by others).
+pub(crate) const POLL_FOR: Duration = Duration::from_micros(250);
+
+/// Most microseconds `TROUPE_CALL_POLL_US` may ask for.
+pub(crate) const MAX_POLL_US: u64 = 10_000;
+
+/// The environment variable that sets [`poll_for`].
+pub(crate) const POLL_ENV: &str = "TROUPE_CALL_POLL_US";
+
+/// The polling window: [`POLL_FOR`], or `TROUPE_CALL_POLL_US` read once. A bad value is named
+/// in a warning and the default is kept.
+pub(crate) fn poll_for() -> Duration {
+    static WINDOW: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *WINDOW.get_or_init(|| {
+        poll_window(std::env::var(POLL_ENV).ok().as_deref()).unwrap_or_else(|why| {
+            tracing::warn!("{why}; polling for replies for {POLL_FOR:?}");
+            POLL_FOR
+        })
+    })
+}
+
+/// [`poll_for`] given the variable's value.
+pub(crate) fn poll_window(value: Option<&str>) -> Result<Duration, String> {
+    let Some(v) = value else {
+        return Ok(POLL_FOR);
+    };
+    match v.trim().parse::<u64>() {
+        Ok(us) if us <= MAX_POLL_US => Ok(Duration::from_micros(us)),
+        _ => Err(format!(
+            "{POLL_ENV}={v:?} is not a number of microseconds from 0 to {MAX_POLL_US} (0 turns \
+             polling for call replies off)"
+        )),
+    }
+}
 
 /// Bytes read per `recv` while polling.
 const POLL_CHUNK: usize = 16 << 10;
@@ -136,10 +170,10 @@ impl FramedConn {
 pub(crate) struct RoundTrips(AtomicU64);
 
 impl RoundTrips {
-    /// Whether a lone call sent now should read its reply itself: recent round trips averaged
-    /// at most [`POLL_FOR`] (and before any was measured).
-    pub fn worth_polling(&self) -> bool {
-        self.0.load(Ordering::Relaxed) <= POLL_FOR.as_nanos() as u64
+    /// Whether a lone call sent now should read its reply itself for up to `window`: recent
+    /// round trips averaged at most that (or none was measured yet).
+    pub fn worth_polling(&self, window: Duration) -> bool {
+        !window.is_zero() && self.0.load(Ordering::Relaxed) <= window.as_nanos() as u64
     }
 
     /// Adds a lone call's round trip.
@@ -380,17 +414,32 @@ mod tests {
     #[test]
     fn polling_stops_paying_once_round_trips_are_long_and_resumes_when_short() {
         let rt = RoundTrips::default();
-        assert!(rt.worth_polling(), "nothing measured yet");
+        assert!(rt.worth_polling(POLL_FOR), "nothing measured yet");
         rt.record(Duration::from_micros(30));
-        assert!(rt.worth_polling());
+        assert!(rt.worth_polling(POLL_FOR));
+        assert!(!rt.worth_polling(Duration::ZERO), "0 turns polling off");
         // One slow call (an actor that computes) is enough to stop spinning...
         rt.record(Duration::from_millis(5));
-        assert!(!rt.worth_polling());
+        assert!(!rt.worth_polling(POLL_FOR));
         // ...and a run of quick ones brings it back.
         for _ in 0..40 {
             rt.record(Duration::from_micros(30));
         }
-        assert!(rt.worth_polling());
+        assert!(rt.worth_polling(POLL_FOR));
+    }
+
+    #[test]
+    fn the_polling_window_comes_from_the_environment_or_a_clear_error() {
+        assert_eq!(poll_window(None), Ok(POLL_FOR));
+        assert_eq!(poll_window(Some("0")), Ok(Duration::ZERO));
+        assert_eq!(poll_window(Some(" 250 ")), Ok(Duration::from_micros(250)));
+        for bad in ["-1", "1e3", "fast", "", "10001"] {
+            let e = poll_window(Some(bad)).unwrap_err();
+            assert!(
+                e.contains(POLL_ENV) && e.contains("0 to 10000"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

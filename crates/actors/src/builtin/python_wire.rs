@@ -54,20 +54,22 @@ pub enum Reply {
     Raised(Raised),
 }
 
-/// Writes one frame.
+/// Writes one frame, its length and body in one write: the worker reads the length first, and a
+/// length that arrived alone would wake it twice per call.
 pub async fn write_frame<T: Serialize>(s: &mut UnixStream, v: &T) -> std::io::Result<()> {
-    let body = rmp_serde::to_vec_named(v).map_err(std::io::Error::other)?;
-    let len = u32::try_from(body.len())
+    let mut frame = vec![0u8; 4];
+    rmp_serde::encode::write_named(&mut frame, v).map_err(std::io::Error::other)?;
+    let body = frame.len() - 4;
+    let len = u32::try_from(body)
         .ok()
         .filter(|&n| n as usize <= MAX_FRAME)
         .ok_or_else(|| {
             std::io::Error::other(format!(
-                "a frame of {} bytes exceeds the limit of {MAX_FRAME}",
-                body.len()
+                "a frame of {body} bytes exceeds the limit of {MAX_FRAME}"
             ))
         })?;
-    s.write_all(&len.to_le_bytes()).await?;
-    s.write_all(&body).await?;
+    frame[..4].copy_from_slice(&len.to_le_bytes());
+    s.write_all(&frame).await?;
     s.flush().await
 }
 
