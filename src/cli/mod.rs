@@ -109,6 +109,17 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// A benchmark's outcome: its figures printed (one line each, or JSON), or its error.
+fn figures(r: Result<Vec<(String, f64)>, impl std::fmt::Display>, json: bool) -> ExitCode {
+    match r {
+        Ok(figs) => {
+            bench::print_figures(&figs, json);
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
 /// argv, with the SGLang flags `troupe engine` does not take left out (and named, once, on
 /// stderr): one launch command or config serves both the reference engine and SGLang.
 fn argv() -> Vec<String> {
@@ -247,56 +258,20 @@ async fn run(cmd: Cmd) -> ExitCode {
             if receivers.is_empty() || receivers.contains(&0) {
                 return fail("--receivers takes positive counts, e.g. --receivers 1,2,4,8");
             }
-            match troupe_weights::broadcast_bench::bench_broadcast(
+            let figs = troupe_weights::broadcast_bench::bench_broadcast(
                 &receivers,
                 mib as usize,
                 fp8,
                 (!chain).then_some(ring_kib as usize * 1024),
             )
-            .await
-            {
-                Ok(figs) => {
-                    bench::print_figures(&figs, json);
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(e),
-            }
+            .await;
+            figures(figs, json)
         }
-        Cmd::Bench(BenchCmd::Gateway(a)) => match bench::gateway::run(&a).await {
-            Ok(figs) => {
-                bench::print_figures(&figs, a.json);
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(e),
-        },
-        Cmd::Bench(BenchCmd::Rollout(a)) => match bench::rollout::run(&a).await {
-            Ok(figs) => {
-                bench::print_figures(&figs, a.json);
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(e),
-        },
-        Cmd::Bench(BenchCmd::Scale(a)) => match bench::scale::run(&a).await {
-            Ok(figs) => {
-                bench::print_figures(&figs, a.json);
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(e),
-        },
-        Cmd::Bench(BenchCmd::Chaos(a)) => match bench::chaos::run(&a).await {
-            Ok(figs) => {
-                bench::print_figures(&figs, a.json);
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(e),
-        },
-        Cmd::Bench(BenchCmd::Rpc(a)) => match bench::rpc::run(&a).await {
-            Ok(figs) => {
-                bench::print_figures(&figs, a.json);
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(e),
-        },
+        Cmd::Bench(BenchCmd::Gateway(a)) => figures(bench::gateway::run(&a).await, a.json),
+        Cmd::Bench(BenchCmd::Rollout(a)) => figures(bench::rollout::run(&a).await, a.json),
+        Cmd::Bench(BenchCmd::Scale(a)) => figures(bench::scale::run(&a).await, a.json),
+        Cmd::Bench(BenchCmd::Chaos(a)) => figures(bench::chaos::run(&a).await, a.json),
+        Cmd::Bench(BenchCmd::Rpc(a)) => figures(bench::rpc::run(&a).await, a.json),
     }
 }
 

@@ -5,10 +5,10 @@
 //!
 //! A lone call whose replies have lately come back quickly does not wait for that task: it reads
 //! the socket itself for up to [`POLL_FOR`] ([`FramedConn::poll_replies`]; `TROUPE_CALL_POLL_US`
-//! sets the window, 0 turns it off), as NCCL's proxies
-//! and kernel busy-polling do. Waiting the ordinary way parks the worker thread, and on a virtual
-//! machine an idle vCPU takes tens of microseconds to wake: on 2 vCPUs a sequential call's
-//! round trip is 53-68 µs when both sides park and about 30 µs when they do not.
+//! sets the window, 0 turns it off), as NCCL's proxies and kernel busy-polling do. Waiting the
+//! ordinary way parks the worker thread, and on a virtual machine an idle vCPU takes tens of
+//! microseconds to wake: on 2 vCPUs a sequential call's round trip was 53-68 µs when both sides
+//! parked and is 24-27 µs polling.
 
 use std::io::{self, Read};
 use std::sync::Arc;
@@ -37,10 +37,10 @@ const KEEP_OUTBOX: usize = 1 << 20;
 pub(crate) const POLL_FOR: Duration = Duration::from_micros(250);
 
 /// Most microseconds `TROUPE_CALL_POLL_US` may ask for.
-pub(crate) const MAX_POLL_US: u64 = 10_000;
+const MAX_POLL_US: u64 = 10_000;
 
 /// The environment variable that sets [`poll_for`].
-pub(crate) const POLL_ENV: &str = "TROUPE_CALL_POLL_US";
+const POLL_ENV: &str = "TROUPE_CALL_POLL_US";
 
 /// The polling window: [`POLL_FOR`], or `TROUPE_CALL_POLL_US` read once. A bad value is named
 /// in a warning and the default is kept.
@@ -55,7 +55,7 @@ pub(crate) fn poll_for() -> Duration {
 }
 
 /// [`poll_for`] given the variable's value.
-pub(crate) fn poll_window(value: Option<&str>) -> Result<Duration, String> {
+fn poll_window(value: Option<&str>) -> Result<Duration, String> {
     let Some(v) = value else {
         return Ok(POLL_FOR);
     };
@@ -102,6 +102,31 @@ struct Outbox {
     stalled: bool,
     /// Why the connection cannot send any more.
     closed: Option<String>,
+}
+
+/// A moving average of lone calls' round trips (weight 1/8): whether polling for the next
+/// reply is likely to pay.
+#[derive(Debug, Default)]
+pub(crate) struct RoundTrips(AtomicU64);
+
+impl RoundTrips {
+    /// Whether a lone call sent now should read its reply itself for up to `window`: recent
+    /// round trips averaged at most that (or none was measured yet).
+    pub fn worth_polling(&self, window: Duration) -> bool {
+        !window.is_zero() && self.0.load(Ordering::Relaxed) <= window.as_nanos() as u64
+    }
+
+    /// Adds a lone call's round trip.
+    pub fn record(&self, took: Duration) {
+        let sample = took.as_nanos().min(u64::MAX as u128) as u64;
+        let old = self.0.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            sample
+        } else {
+            old - old / 8 + sample / 8
+        };
+        self.0.store(new, Ordering::Relaxed);
+    }
 }
 
 impl FramedConn {
@@ -162,38 +187,12 @@ impl FramedConn {
             self.stalled.notify_one();
         }
     }
-}
 
-/// A moving average of lone calls' round trips (weight 1/8): whether polling for the next
-/// reply is likely to pay.
-#[derive(Debug, Default)]
-pub(crate) struct RoundTrips(AtomicU64);
-
-impl RoundTrips {
-    /// Whether a lone call sent now should read its reply itself for up to `window`: recent
-    /// round trips averaged at most that (or none was measured yet).
-    pub fn worth_polling(&self, window: Duration) -> bool {
-        !window.is_zero() && self.0.load(Ordering::Relaxed) <= window.as_nanos() as u64
-    }
-
-    /// Adds a lone call's round trip.
-    pub fn record(&self, took: Duration) {
-        let sample = took.as_nanos().min(u64::MAX as u128) as u64;
-        let old = self.0.load(Ordering::Relaxed);
-        let new = if old == 0 {
-            sample
-        } else {
-            old - old / 8 + sample / 8
-        };
-        self.0.store(new, Ordering::Relaxed);
-    }
-}
-
-impl FramedConn {
     /// Reads whatever replies have arrived and hands each to `deliver`, without waiting and
     /// without the runtime (which learns of arrived bytes only when a worker next polls for
     /// I/O). Does nothing while the connection's task is reading, and leaves the end of the
-    /// connection and errors to that task.
+    /// connection and read errors to that task; a reply it cannot decode closes the connection
+    /// (the task would not see those bytes again).
     pub fn poll_replies(&self, deliver: &mut impl FnMut(v1::CallReply) -> bool) {
         let Some(mut inbox) = self.inbox.try_lock() else {
             return;
@@ -209,7 +208,8 @@ impl FramedConn {
                 Ok(0) => return,
                 Ok(n) => {
                     buf.extend_from_slice(&scratch[..n]);
-                    if take_replies(buf, deliver).is_err() {
+                    if let Err(why) = take_replies(buf, deliver) {
+                        close(self, &why);
                         return;
                     }
                 }
@@ -372,9 +372,18 @@ mod tests {
         }
     }
 
-    /// A host that accepts the hello, then answers each request frame with the replies
-    /// `answers` gives for its call id, in one write.
-    async fn fake_host(answers: fn(u64) -> Vec<v1::CallReply>) -> String {
+    /// `replies` as the bytes of their frames.
+    fn frames(replies: &[v1::CallReply]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for r in replies {
+            encode_frame(r, &mut out);
+        }
+        out
+    }
+
+    /// A host that accepts the hello, then answers each request frame with the bytes `answers`
+    /// gives for its call id, in one write.
+    async fn fake_host(answers: fn(u64) -> Vec<u8>) -> String {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap().to_string();
         tokio::spawn(async move {
@@ -387,11 +396,7 @@ mod tests {
             let mut inbox = BytesMut::new();
             loop {
                 while let Some(r) = take_frame::<v1::CallRequest>(&mut inbox, 1 << 20).unwrap() {
-                    let mut out = Vec::new();
-                    for a in answers(r.call_id) {
-                        encode_frame(&a, &mut out);
-                    }
-                    s.write_all(&out).await.unwrap();
+                    s.write_all(&answers(r.call_id)).await.unwrap();
                 }
                 if s.read_buf(&mut inbox).await.unwrap_or(0) == 0 {
                     return;
@@ -428,6 +433,29 @@ mod tests {
         assert!(rt.worth_polling(POLL_FOR));
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reply_that_cannot_be_decoded_while_polling_closes_the_connection() {
+        let within = Duration::from_secs(20);
+        tokio::time::timeout(within, async {
+            // A 3-byte frame that is no CallReply.
+            let addr = fake_host(|_| vec![3, 0, 0, 0, 0xff, 0xff, 0xff]).await;
+            let c = connect(&addr, None, Duration::from_secs(5)).await.unwrap();
+            assert!(c.send(&request(1), true));
+            let deadline = Instant::now() + within;
+            while !c.is_closed() && Instant::now() < deadline {
+                c.poll_replies(&mut |_| true);
+                tokio::task::yield_now().await;
+            }
+            assert!(
+                c.is_closed(),
+                "a bad reply must end the connection, not leave it hanging"
+            );
+            assert!(!c.send(&request(2), true));
+        })
+        .await
+        .expect("test timed out");
+    }
+
     #[test]
     fn the_polling_window_comes_from_the_environment_or_a_clear_error() {
         assert_eq!(poll_window(None), Ok(POLL_FOR));
@@ -447,7 +475,7 @@ mod tests {
         let within = Duration::from_secs(20);
         tokio::time::timeout(within, async {
             // Two replies per request, the second for a call the caller is not waiting on.
-            let addr = fake_host(|id| vec![ok(id, b"mine"), ok(id + 100, b"other")]).await;
+            let addr = fake_host(|id| frames(&[ok(id, b"mine"), ok(id + 100, b"other")])).await;
             let c = connect(&addr, None, Duration::from_secs(5)).await.unwrap();
             assert!(c.send(&request(1), true));
             // No task drives the connection: only polling can see the replies.

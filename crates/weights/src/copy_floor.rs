@@ -7,8 +7,8 @@
 //! a cache-resident source the size of the ring with the ring's streaming copy, interleaved in
 //! the ring's steps, on as many threads as there are cores (at most `n`). Its time against one
 //! receiver's is the bound the machine sets: `n / min(n, cores)` when copies are limited by the
-//! cores, more when they are limited by memory bandwidth (two cores that each copy 16 GB/s
-//! alone may share 25 GB/s of memory writes).
+//! cores, more when they are limited by memory bandwidth (on the 2-core VM of the README, one
+//! thread copies ~25 GB/s alone, and two share ~50 GB/s in bursts but ~27 GB/s sustained).
 
 use std::time::Instant;
 

@@ -103,10 +103,11 @@ impl Deployment {
         };
         // While the gateway starts, the plane opens its connection to every engine (the
         // answers are not needed), so the first fleet operation does not also pay one connect
-        // per server: at 512 servers that made the first pause ~3x slower than the rest.
+        // per server: at 512 servers that made the first pause ~3x slower than the rest. An
+        // engine slow to answer delays bring-up by at most WARM_UP.
         let (gateway, _) = tokio::join!(
             cluster.host(0).spawn::<GatewayActor>("gateway", &args),
-            plane.control().weight_versions()
+            tokio::time::timeout(WARM_UP, plane.control().weight_versions())
         );
         let gateway = gateway.map_err(|e| serving(&format!("the gateway failed to start: {e}")))?;
         let gateway_url = match gateway.call(GetUrl).await {
@@ -143,15 +144,18 @@ impl Deployment {
     }
 }
 
+/// Longest bring-up waits for the control plane's first connection to every engine.
+const WARM_UP: Duration = Duration::from_secs(2);
+
+/// The broadcast group name of the plane's own tensor pushes (distinct from a caller's own
+/// `WeightSync`, whose default is `troupe-weights`).
+pub(crate) const FLEET_GROUP: &str = "troupe-fleet";
+
 /// The deployment's fleet control plane (fan-out + weight sync + the fleet's one record of
 /// updates) and the control server it answers on, in this process: the gateway passes its
 /// control endpoints here, so an update through the gateway is the controller's own. It
 /// listens where engines and the gateway's host reach this process (the weight broadcast's
 /// master address).
-/// The broadcast group name of the plane's own tensor pushes (distinct from a caller's own
-/// `WeightSync`, whose default is `troupe-weights`).
-pub(crate) const FLEET_GROUP: &str = "troupe-fleet";
-
 pub(crate) async fn open_control(
     cluster: &Cluster,
     control: &InferenceControl,
