@@ -20,8 +20,14 @@ BIN=${TROUPE_BIN:-target/release/troupe}
 C=${CONCURRENCY:-64}
 N=${REQUESTS:-20000}
 QUOTA=${QUOTA:-}
-PORT_T=${PORT_TROUPE:-39000}
-PORT_S=${PORT_SGLANG:-39001}
+
+# free_port: a port nothing listens on now (the kernel's pick), so two runs, or a run beside a
+# deployment, never share one.
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+PORT_T=${PORT_TROUPE:-$(free_port)}
+PORT_S=${PORT_SGLANG:-$(free_port)}
 
 [ -x "$BIN" ] || { echo "no $BIN: run cargo build --release -p troupe-controller" >&2; exit 2; }
 command -v sglang-router >/dev/null || { echo "no sglang-router: pip install sglang-router" >&2; exit 2; }
@@ -66,22 +72,21 @@ wait_port() {
 # shellcheck disable=SC2086
 "$BIN" gateway --listen "127.0.0.1:$PORT_T" --policy round_robin --health-interval-s 0 ${TROUPE_GATEWAY_ARGS:-} >/dev/null &
 TG=$!; PIDS+=("$TG")
+# The launcher is the router (it renames itself `sglang::router`).
 sglang-router launch --host 127.0.0.1 --port "$PORT_S" --policy round_robin --log-level warn >/dev/null 2>&1 &
-PIDS+=("$!")
+SG=$!; PIDS+=("$SG")
 wait_port "$PORT_T"; wait_port "$PORT_S"
-SG=$(pgrep -f "sglang::router" | head -1)
-PIDS+=("$SG")
 if [ -n "$QUOTA" ]; then
-  limit "$TG" troupe-bench-gateway
-  limit "$SG" troupe-bench-sglang
+  limit "$TG" "troupe-bench-gateway-$$"
+  limit "$SG" "troupe-bench-sglang-$$"
   echo "# each router limited to $QUOTA core(s)"
 fi
 echo "# concurrency $C, $N requests, backends with 5 ms latency"
 OURS=$("$BIN" bench gateway --target "http://127.0.0.1:$PORT_T" --target-pid "$TG" --register \
-  --backend-port-base 31000 --concurrency "$C" --requests "$N" | sed 's/^gateway\./troupe.gateway./')
+  --concurrency "$C" --requests "$N" | sed 's/^gateway\./troupe.gateway./')
 echo "$OURS"
 THEIRS=$("$BIN" bench gateway --target "http://127.0.0.1:$PORT_S" --target-pid "$SG" --register \
-  --backend-port-base 31010 --concurrency "$C" --requests "$N" | sed 's/^gateway\./sglang.gateway./')
+  --concurrency "$C" --requests "$N" | sed 's/^gateway\./sglang.gateway./')
 echo "$THEIRS"
 # The ratios of the two runs above (same backends, same load, same CPU quota): requests/s, and
 # CPU per request (SGLang's router's over Troupe's gateway). When a router serves nearly what the

@@ -177,14 +177,6 @@ pub async fn start(args: EngineArgs) -> Result<EngineHandle, EngineError> {
     })
 }
 
-/// Resolves once the engine's scheduler thread is gone (it panicked): a zombie whose HTTP
-/// side still answers must not keep a port and a place in the router.
-async fn scheduler_stopped(handle: &EngineHandle) {
-    while handle.core.status().alive {
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
-}
-
 async fn termination() {
     #[cfg(unix)]
     {
@@ -217,7 +209,8 @@ pub async fn serve(args: EngineArgs) -> Result<(), EngineError> {
     }
     tokio::select! {
         _ = termination() => {}
-        _ = scheduler_stopped(&handle) => {
+        // A zombie whose HTTP side still answers must not keep a port and a place in the router.
+        _ = handle.core.stopped() => {
             tracing::error!("the scheduler thread stopped: exiting so the engine is restarted");
             let _ = handle.shutdown().await;
             return Err(EngineError::SchedulerStopped);

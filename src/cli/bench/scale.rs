@@ -11,9 +11,13 @@
 //! - `scale.controller_rss_mib` (VmRSS of this process after bring-up; engines are child
 //!   processes and not in it), `scale.controller_peak_rss_mib` (VmHWM at the end) and
 //!   `scale.engine_rss_mib` (the mean engine process, for sizing a machine);
-//! - `scale.fanout_p50_ms` / `scale.fanout_p99_ms`: `--rounds` pauses and resumes of the whole
-//!   fleet through its control plane, each call a task on the runtime's workers as the gateway's
-//!   admin endpoints run it (every call timed; resume includes its version check), and
+//! - `scale.fanout_first_pause_ms` / `scale.fanout_first_resume_ms`: the first pause and resume
+//!   of the whole fleet after bring-up, through its control plane, each call a task on the
+//!   runtime's workers as the gateway's admin endpoints run it; every engine runs its pause
+//!   and resume code for the first time then (page faults, cold caches), which cost about as
+//!   much again as the call, once;
+//! - `scale.fanout_p50_ms` / `scale.fanout_p99_ms`: the `--rounds` pauses and resumes after
+//!   that first round (every call timed; resume includes its version check), and
 //!   `scale.fanout_pause_p50_ms` / `scale.fanout_resume_p50_ms` each kind alone;
 //! - `scale.weight_update_s`: a tiny-model weight update to every server through the plane
 //!   (pause, broadcast group build, buckets, resume), `scale.weight_update_again_s` a second one
@@ -55,7 +59,7 @@ pub struct ScaleArgs {
     /// One group of regular servers, or half prefill and half decode.
     #[arg(long, value_enum, default_value = "regular")]
     pub layout: Layout,
-    /// Pause + resume rounds timed for the fan-out figures.
+    /// Pause + resume rounds timed for the fan-out figures (after a first round timed apart).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub rounds: u64,
     /// How long each server may take to come up, in seconds.
@@ -162,22 +166,28 @@ fn api(what: &str, e: troupe_wire::ApiError) -> String {
     format!("{what}: {}", e.message)
 }
 
-/// Pause + resume `rounds` times through the plane, each call in a task of its own on the
-/// runtime's workers (where the gateway's admin endpoints and the gRPC API run it), not on the
-/// thread that blocks on the benchmark; each call's time in ms: (pauses, resumes), sorted.
+/// One pause and one resume of the whole fleet through the plane (ms each), each call in a
+/// task of its own on the runtime's workers (where the gateway's admin endpoints and the gRPC
+/// API run it), not on the thread that blocks on the benchmark.
+async fn round(svc: &Deployment) -> Result<(f64, f64), String> {
+    let plane = svc.plane.clone();
+    let pause = timed("pause", async move {
+        plane.pause(PauseMode::Abort, false).await
+    })
+    .await?;
+    let plane = svc.plane.clone();
+    let resume = timed("resume", async move { plane.resume().await }).await?;
+    Ok((pause, resume))
+}
+
+/// `rounds` rounds; each call's time in ms: (pauses, resumes), sorted.
 async fn fanout(svc: &Deployment, rounds: u64) -> Result<(Vec<f64>, Vec<f64>), String> {
     let mut pauses = Vec::with_capacity(rounds as usize);
     let mut resumes = Vec::with_capacity(rounds as usize);
     for _ in 0..rounds {
-        let plane = svc.plane.clone();
-        pauses.push(
-            timed("pause", async move {
-                plane.pause(PauseMode::Abort, false).await
-            })
-            .await?,
-        );
-        let plane = svc.plane.clone();
-        resumes.push(timed("resume", async move { plane.resume().await }).await?);
+        let (p, r) = round(svc).await?;
+        pauses.push(p);
+        resumes.push(r);
     }
     pauses.sort_by(f64::total_cmp);
     resumes.sort_by(f64::total_cmp);
@@ -303,6 +313,10 @@ async fn measure(
         },
     );
 
+    // The engines run their pause and resume code for the first time here: timed apart.
+    let (first_pause, first_resume) = round(svc).await?;
+    put("fanout_first_pause_ms", first_pause);
+    put("fanout_first_resume_ms", first_resume);
     let (c0, e0) = (proc_times("self").map_or(0.0, |t| t.0), engines_cpu(&pids));
     let (pauses, resumes) = fanout(svc, a.rounds).await?;
     let mut ms = [pauses.as_slice(), resumes.as_slice()].concat();

@@ -274,4 +274,37 @@ mod tests {
         .expect("in time");
         core.shutdown();
     }
+
+    /// `stopped` resolves when the scheduler thread ends, for a waiter that started before
+    /// and one that starts after (what `troupe engine` exits on instead of polling).
+    #[tokio::test]
+    async fn stopped_resolves_when_the_scheduler_thread_ends() {
+        let core = EngineCore::start(
+            Weights::init(&ModelConfig::tiny(), 1),
+            SchedulerConfig {
+                max_running: 4,
+                latency: LatencyModel::default(),
+                weight_version: "v0".into(),
+                prefix_cache_tokens: None,
+            },
+            None,
+        )
+        .expect("scheduler starts");
+        let early = tokio::spawn({
+            let core = core.clone();
+            async move { core.stopped().await }
+        });
+        let running = tokio::time::timeout(std::time::Duration::from_millis(50), core.stopped());
+        assert!(running.await.is_err(), "stopped while the thread runs");
+        core.shutdown();
+        let wait = std::time::Duration::from_secs(30);
+        tokio::time::timeout(wait, early)
+            .await
+            .expect("the early waiter is woken")
+            .expect("joined");
+        tokio::time::timeout(wait, core.stopped())
+            .await
+            .expect("a late waiter returns at once");
+        assert!(!core.status().alive);
+    }
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 use serde::Serialize;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use super::admit::{self, SharedCache};
 use super::latency::LatencyModel;
@@ -87,14 +87,18 @@ pub struct EngineCore {
     tx: std_mpsc::Sender<Command>,
     status: Arc<Mutex<EngineStatus>>,
     prefix: Option<SharedCache>,
+    /// Turns false (or closes) when the scheduler thread ends: what [`EngineCore::stopped`]
+    /// waits on, so nothing polls the status to notice.
+    alive: watch::Receiver<bool>,
 }
 
 /// Marks the engine dead when dropped: held by the scheduler thread for its whole life.
-struct MarkDead(Arc<Mutex<EngineStatus>>);
+struct MarkDead(Arc<Mutex<EngineStatus>>, watch::Sender<bool>);
 
 impl Drop for MarkDead {
     fn drop(&mut self) {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).alive = false;
+        self.1.send_replace(false);
     }
 }
 
@@ -134,7 +138,8 @@ impl EngineCore {
             status: status.clone(),
             counters: EngineStatus::default(),
         };
-        let dead = MarkDead(status.clone());
+        let (alive_tx, alive) = watch::channel(true);
+        let dead = MarkDead(status.clone(), alive_tx);
         std::thread::Builder::new()
             .name("troupe-engine-scheduler".into())
             .spawn(move || {
@@ -143,7 +148,19 @@ impl EngineCore {
                 let _dead = dead;
                 sched.run(rx)
             })?;
-        Ok(Self { tx, status, prefix })
+        Ok(Self {
+            tx,
+            status,
+            prefix,
+            alive,
+        })
+    }
+
+    /// Resolves once the scheduler thread has ended (shut down or panicked).
+    pub async fn stopped(&self) {
+        let mut alive = self.alive.clone();
+        // An error means the sender is gone with the thread: stopped as well.
+        let _ = alive.wait_for(|a| !*a).await;
     }
 
     /// The prefix cache, if enabled (a PD decode server reads what it holds before fetching
