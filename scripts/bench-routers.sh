@@ -21,13 +21,15 @@ C=${CONCURRENCY:-64}
 N=${REQUESTS:-20000}
 QUOTA=${QUOTA:-}
 
-# free_port: a port nothing listens on now (the kernel's pick), so two runs, or a run beside a
-# deployment, never share one.
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-PORT_T=${PORT_TROUPE:-$(free_port)}
-PORT_S=${PORT_SGLANG:-$(free_port)}
+# Two ports nothing listens on now (the kernel's picks, both held until both are chosen, so
+# they differ), so two runs, or a run beside a deployment, never share one.
+read -r FREE_T FREE_S < <(python3 -c '
+import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*(x.getsockname()[1] for x in s))')
+PORT_T=${PORT_TROUPE:-$FREE_T}
+PORT_S=${PORT_SGLANG:-$FREE_S}
 
 [ -x "$BIN" ] || { echo "no $BIN: run cargo build --release -p troupe-controller" >&2; exit 2; }
 command -v sglang-router >/dev/null || { echo "no sglang-router: pip install sglang-router" >&2; exit 2; }
