@@ -160,7 +160,7 @@ fn troupe_within(args: &[&str], secs: u64) -> (bool, String, String) {
     (status.success(), out.join().unwrap(), err.join().unwrap())
 }
 
-const SCALE_FIGURES: [&str; 17] = [
+const SCALE_FIGURES: [&str; 21] = [
     "scale.hosts",
     "scale.servers",
     "scale.bringup_s",
@@ -169,9 +169,13 @@ const SCALE_FIGURES: [&str; 17] = [
     "scale.bringup_overhead_s",
     "scale.controller_rss_mib",
     "scale.engine_rss_mib",
+    "scale.fanout_first_pause_ms",
+    "scale.fanout_first_resume_ms",
     "scale.fanout_p50_ms",
     "scale.fanout_p99_ms",
     "scale.fanout_max_ms",
+    "scale.fanout_controller_cpu_ms",
+    "scale.fanout_engines_cpu_ms",
     "scale.weight_update_s",
     "scale.weight_update_again_s",
     "scale.host_loss_event_ms",
@@ -205,6 +209,12 @@ fn bench_scale_prints_every_figure() {
         assert!(v.is_finite(), "{line}");
     }
     assert!(text.contains("scale.servers 4"), "{text}");
+    // The engines' few µs per call are counted (ticks of 10 ms would read 0 here).
+    let engines_cpu = text
+        .lines()
+        .find_map(|l| l.strip_prefix("scale.fanout_engines_cpu_ms "))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(engines_cpu.is_some_and(|v| v > 0.0), "{text}");
 
     // PD, as one JSON object with the same names.
     let (ok, text, err) = troupe_within(

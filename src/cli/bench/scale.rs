@@ -145,15 +145,25 @@ fn engines_cpu(pids: &[String]) -> f64 {
         .sum()
 }
 
-/// Seconds every thread of process `pid` has run, from the scheduler's own accounting.
+/// Seconds every thread of process `pid` has run, from the scheduler's own accounting (a
+/// thread that ends while this reads is left out); `None` when the process or the file is not
+/// there.
 fn run_time(pid: &str) -> Option<f64> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut ns = 0u64;
+    let mut ns = None;
     for t in tasks.flatten() {
-        let stat = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
-        ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+        let Ok(stat) = std::fs::read_to_string(t.path().join("schedstat")) else {
+            continue;
+        };
+        if let Some(n) = stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            ns = Some(ns.unwrap_or(0) + n);
+        }
     }
-    Some(ns as f64 / 1e9)
+    ns.map(|n| n as f64 / 1e9)
 }
 
 /// Percentile `p` (0..=1) of sorted millisecond samples.
