@@ -18,7 +18,6 @@
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::header::CONTENT_LENGTH;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::net::TcpStream;
 
@@ -35,29 +34,26 @@ pub fn accepted(tcp: &mut TcpStream) {
 /// control request and nearly every generation request is smaller.
 pub const READ_AHEAD_BYTES: u64 = 64 << 10;
 
-/// Middleware, outermost: reads a body of a declared size up to [`READ_AHEAD_BYTES`] before
-/// the request goes on. A client that stops mid-body is answered 400 (it is usually gone by
-/// then); other requests pass untouched.
-pub async fn read_small_body(req: Request, next: Next) -> Response {
+/// Reads a body of a declared size up to [`READ_AHEAD_BYTES`] before the request is routed
+/// (the engine's one middleware, [`super::admit`], calls it first). A client that stops
+/// mid-body is answered 400 (it is usually gone by then); other requests pass untouched.
+pub async fn read_ahead(req: Request) -> Result<Request, Response> {
     let declared = req
         .headers()
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     let Some(len) = declared.filter(|&n| n > 0 && n <= READ_AHEAD_BYTES) else {
-        return next.run(req).await;
+        return Ok(req);
     };
     let (parts, body) = req.into_parts();
     match axum::body::to_bytes(body, len as usize).await {
-        Ok(bytes) => {
-            next.run(Request::from_parts(parts, Body::from(bytes)))
-                .await
-        }
-        Err(e) => ApiError::bad_request(format!(
+        Ok(bytes) => Ok(Request::from_parts(parts, Body::from(bytes))),
+        Err(e) => Err(ApiError::bad_request(format!(
             "could not read the {len}-byte request body ({e}); send the whole body its \
              Content-Length announces"
         ))
-        .into_response(),
+        .into_response()),
     }
 }
 

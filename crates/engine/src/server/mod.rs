@@ -95,10 +95,26 @@ fn bearer(req: &Request) -> Option<&str> {
         .strip_prefix("Bearer ")
 }
 
-async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+/// The engine's one middleware (one layer, so one boxed service clone per request): reads a
+/// small body first ([`keep_alive::read_ahead`]), then checks the key ([`denied`]).
+async fn admit(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let req = match keep_alive::read_ahead(req).await {
+        Ok(r) => r,
+        Err(answer) => return answer,
+    };
+    if let Some(answer) = denied(&state, &req) {
+        return answer;
+    }
+    next.run(req).await
+}
+
+/// The 401 for a request without the key its endpoint needs: control endpoints the admin key
+/// (or the API key when no admin key is set), the rest the API key (or the admin key), health
+/// and metrics none.
+fn denied(state: &AppState, req: &Request) -> Option<Response> {
     let path = req.uri().path();
     let open = path.starts_with("/health") || path == "/metrics" || path == "/ready";
-    let given = bearer(&req);
+    let given = bearer(req);
     if ADMIN_PATHS.contains(&path) || vllm::CONTROL_PATHS.contains(&path) {
         let want = state
             .args
@@ -108,23 +124,27 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
         if let Some(key) = want
             && given != Some(key)
         {
-            return ApiError::unauthorized(format!(
-                "{path} is a control-plane endpoint: send Authorization: Bearer <admin api key>"
-            ))
-            .control()
-            .into_response();
+            return Some(
+                ApiError::unauthorized(format!(
+                    "{path} is a control-plane endpoint: send Authorization: Bearer <admin api key>"
+                ))
+                .control()
+                .into_response(),
+            );
         }
     } else if !open
         && let Some(key) = state.args.api_key.as_deref()
         && given != Some(key)
         && given != state.args.admin_api_key.as_deref()
     {
-        return ApiError::unauthorized(
-            "missing or wrong API key: send Authorization: Bearer <api key>",
-        )
-        .into_response();
+        return Some(
+            ApiError::unauthorized(
+                "missing or wrong API key: send Authorization: Bearer <api key>",
+            )
+            .into_response(),
+        );
     }
-    next.run(req).await
+    None
 }
 
 async fn not_found(req: Request) -> ApiError {
@@ -183,7 +203,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/inference/v1/generate", post(inference::generate))
         .merge(vllm::routes())
         .fallback(not_found)
-        .layer(middleware::from_fn_with_state(state.clone(), auth))
-        .layer(middleware::from_fn(keep_alive::read_small_body))
+        .layer(middleware::from_fn_with_state(state.clone(), admit))
         .with_state(state)
 }
