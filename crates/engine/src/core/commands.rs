@@ -223,23 +223,28 @@ mod tests {
     /// A version set through the scheduler is visible the moment the call returns, even while
     /// the scheduler is busy decoding: the control plane's resume reads `/get_weight_version`
     /// right after an update and refuses mixed versions, so a stale snapshot would fail it.
-    #[tokio::test]
-    async fn a_set_version_is_published_before_the_answer() {
-        let core = EngineCore::start(
+    /// A scheduler over the tiny model at version `v0`, paced by `latency`.
+    fn core(latency: LatencyModel) -> EngineCore {
+        EngineCore::start(
             Weights::init(&ModelConfig::tiny(), 1),
             SchedulerConfig {
                 max_running: 4,
-                // Every decode step takes 20 ms, so the loop's next snapshot is far away.
-                latency: LatencyModel {
-                    decode_step_ms: Some(20.0),
-                    ..LatencyModel::default()
-                },
+                latency,
                 weight_version: "v0".into(),
                 prefix_cache_tokens: None,
             },
             None,
         )
-        .expect("scheduler starts");
+        .expect("scheduler starts")
+    }
+
+    #[tokio::test]
+    async fn a_set_version_is_published_before_the_answer() {
+        // Every decode step takes 20 ms, so the loop's next snapshot is far away.
+        let core = core(LatencyModel {
+            decode_step_ms: Some(20.0),
+            ..LatencyModel::default()
+        });
         let (events, _keep) = tokio::sync::mpsc::unbounded_channel();
         core.send(Command::Submit(Box::new(SeqRequest {
             rid: "busy".into(),
@@ -279,17 +284,7 @@ mod tests {
     /// and one that starts after (what `troupe engine` exits on instead of polling).
     #[tokio::test]
     async fn stopped_resolves_when_the_scheduler_thread_ends() {
-        let core = EngineCore::start(
-            Weights::init(&ModelConfig::tiny(), 1),
-            SchedulerConfig {
-                max_running: 4,
-                latency: LatencyModel::default(),
-                weight_version: "v0".into(),
-                prefix_cache_tokens: None,
-            },
-            None,
-        )
-        .expect("scheduler starts");
+        let core = core(LatencyModel::default());
         let early = tokio::spawn({
             let core = core.clone();
             async move { core.stopped().await }

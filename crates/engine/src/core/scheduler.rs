@@ -87,18 +87,21 @@ pub struct EngineCore {
     tx: std_mpsc::Sender<Command>,
     status: Arc<Mutex<EngineStatus>>,
     prefix: Option<SharedCache>,
-    /// Turns false (or closes) when the scheduler thread ends: what [`EngineCore::stopped`]
-    /// waits on, so nothing polls the status to notice.
-    alive: watch::Receiver<bool>,
+    /// Closes when the scheduler thread ends (its sender goes with [`MarkDead`]): what
+    /// [`EngineCore::stopped`] waits on, so nothing polls the status to notice.
+    ended: watch::Receiver<()>,
 }
 
-/// Marks the engine dead when dropped: held by the scheduler thread for its whole life.
-struct MarkDead(Arc<Mutex<EngineStatus>>, watch::Sender<bool>);
+/// Marks the engine dead when dropped: held by the scheduler thread for its whole life. Its
+/// sender is dropped after the status says so, which wakes [`EngineCore::stopped`].
+struct MarkDead {
+    status: Arc<Mutex<EngineStatus>>,
+    _ended: watch::Sender<()>,
+}
 
 impl Drop for MarkDead {
     fn drop(&mut self) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).alive = false;
-        self.1.send_replace(false);
+        self.status.lock().unwrap_or_else(|p| p.into_inner()).alive = false;
     }
 }
 
@@ -138,8 +141,11 @@ impl EngineCore {
             status: status.clone(),
             counters: EngineStatus::default(),
         };
-        let (alive_tx, alive) = watch::channel(true);
-        let dead = MarkDead(status.clone(), alive_tx);
+        let (ended_tx, ended) = watch::channel(());
+        let dead = MarkDead {
+            status: status.clone(),
+            _ended: ended_tx,
+        };
         std::thread::Builder::new()
             .name("troupe-engine-scheduler".into())
             .spawn(move || {
@@ -152,15 +158,15 @@ impl EngineCore {
             tx,
             status,
             prefix,
-            alive,
+            ended,
         })
     }
 
     /// Resolves once the scheduler thread has ended (shut down or panicked).
     pub async fn stopped(&self) {
-        let mut alive = self.alive.clone();
-        // An error means the sender is gone with the thread: stopped as well.
-        let _ = alive.wait_for(|a| !*a).await;
+        // Nothing is ever sent: `changed` returns only once the sender is gone with the thread.
+        let mut ended = self.ended.clone();
+        while ended.changed().await.is_ok() {}
     }
 
     /// The prefix cache, if enabled (a PD decode server reads what it holds before fetching
