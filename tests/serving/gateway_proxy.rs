@@ -71,8 +71,20 @@ async fn weight_update_abort_is_resubmitted_and_stitched() {
         assert_eq!(st, 200, "{v}");
         let (st, v) = post(&format!("{e}/update_weight_version"), &json!({"new_version": "v2"})).await;
         assert_eq!(st, 200, "{v}");
-        let (st, v) = post(&format!("{e}/continue_generation"), &json!({})).await;
-        assert_eq!(st, 200, "{v}");
+        // A conditional resume through the proxy stays conditional: the old version is
+        // refused (the engine stays paused), the new one resumes.
+        let resume_if = |tag: &'static str| {
+            client()
+                .post(format!("{}/continue_generation", p.url()))
+                .header("if-match", tag)
+                .json(&json!({}))
+                .send()
+        };
+        let r = resume_if("\"default\"").await.expect("sent");
+        assert_eq!(r.status(), 412);
+        assert!(!pending.is_finished());
+        let r = resume_if("\"v2\"").await.expect("sent");
+        assert_eq!(r.status(), 200);
         let (st, got) = pending.await.expect("joined");
         assert_eq!(st, 200, "{got}");
         let meta = &got["meta_info"];

@@ -192,3 +192,84 @@ async fn abort_request_flush_and_memory_release() {
     })
     .await;
 }
+
+/// `POST /continue_generation` with `If-Match` (and nothing else): status, body and `ETag`.
+async fn continue_if(u: &str, tag: &str) -> (u16, Value, Option<String>) {
+    let r = client()
+        .post(format!("{u}/continue_generation"))
+        .header("if-match", tag)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let etag = r
+        .headers()
+        .get("etag")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, r.json().await.unwrap(), etag)
+}
+
+async fn paused(u: &str) -> Value {
+    get(&format!("{u}/server_info")).await.1["internal_states"][0]["paused"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continue_with_if_match_resumes_only_on_the_version_it_names() {
+    within(60, async {
+        let e = engine(args("null")).await;
+        let u = e.url();
+        let pause = || async {
+            let (s, r) = post(
+                &format!("{u}/pause_generation"),
+                &json!({"mode": "in_place"}),
+            )
+            .await;
+            assert_eq!(s, 200, "{r}");
+        };
+        let (_, v) = get(&format!("{u}/get_weight_version")).await;
+        let held = v["weight_version"].as_str().unwrap().to_string();
+
+        // Another version: 412 naming the one held, still paused.
+        pause().await;
+        let (s, r, etag) = continue_if(&u, "\"v9\"").await;
+        assert_eq!(s, 412, "{r}");
+        assert_eq!(r["type"], "PreconditionFailedError", "{r}");
+        assert_eq!(r["success"], false, "{r}");
+        assert_eq!(r["weight_version"], held.as_str(), "{r}");
+        assert_eq!(etag.as_deref(), Some(format!("\"{held}\"").as_str()));
+        assert_eq!(paused(&u).await, "in_place");
+
+        // Bad headers: 400 naming the fix, still paused.
+        for bad in ["v9", "W/\"v9\"", "\"v9", "\"a\"b", ","] {
+            let (s, r, _) = continue_if(&u, bad).await;
+            assert_eq!(s, 400, "{bad}: {r}");
+            assert!(r["message"].as_str().unwrap().contains("If-Match"), "{r}");
+            assert_eq!(paused(&u).await, "in_place", "{bad}");
+        }
+
+        // The held version in a list (one with a comma inside a tag): resumed.
+        let (s, r, _) = continue_if(&u, &format!("\"x,y\", \"{held}\"")).await;
+        assert_eq!(s, 200, "{r}");
+        assert_eq!(paused(&u).await, Value::Null);
+
+        // After an update the old version no longer matches, the new one and `*` do.
+        pause().await;
+        let (s, r) = post(
+            &format!("{u}/update_weight_version"),
+            &json!({"new_version": "v2"}),
+        )
+        .await;
+        assert_eq!(s, 200, "{r}");
+        let (s, r, _) = continue_if(&u, &format!("\"{held}\"")).await;
+        assert_eq!((s, r["weight_version"].as_str()), (412, Some("v2")), "{r}");
+        let (s, r, _) = continue_if(&u, "\"v2\"").await;
+        assert_eq!(s, 200, "{r}");
+        pause().await;
+        let (s, r, _) = continue_if(&u, "*").await;
+        assert_eq!(s, 200, "{r}");
+        assert_eq!(paused(&u).await, Value::Null);
+        e.shutdown().await.unwrap();
+    })
+    .await;
+}

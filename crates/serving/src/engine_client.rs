@@ -63,6 +63,26 @@ pub enum EngineCallError {
     },
 }
 
+/// `version` as an HTTP entity tag (`"v1"`) for `If-Match`; `None` when it cannot be one (a
+/// quote or a control character in it): resume such versions the two-call way.
+pub fn version_tag(version: &str) -> Option<HeaderValue> {
+    if version.contains('"') {
+        return None;
+    }
+    HeaderValue::from_str(&format!("\"{version}\"")).ok()
+}
+
+/// Why a conditional resume ([`EngineClient::resume_if`]) left an engine paused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// It holds this other weight version (412), and nothing changed.
+    #[error("holds weight version {0:?}")]
+    Version(String),
+    /// The call failed as any control call can.
+    #[error(transparent)]
+    Failed(EngineCallError),
+}
+
 /// A typed client for one deployment's engines' control endpoints (any engine URL; the key is
 /// the deployment's admin key). Cheap to clone: the connection pool is shared.
 #[derive(Debug, Clone)]
@@ -128,6 +148,25 @@ impl EngineClient {
             Dialect::Vllm => "/resume",
         };
         self.post(&e.url, path, &json!({})).await
+    }
+
+    /// Resumes generation only if the engine holds the weight version `tag` names
+    /// (`POST /continue_generation` with `If-Match: tag`, made by [`version_tag`]; for engines
+    /// that honour it: [`Engine::resume_if_match`]). [`Refusal::Version`] names the version the
+    /// engine holds instead; it stays paused.
+    pub async fn resume_if(&self, e: &Engine, tag: &HeaderValue) -> Result<Value, Refusal> {
+        const PATH: &str = "/continue_generation";
+        let r = self
+            .exchange(&e.url, PATH, PATH, Some(&json!({})), Some(tag))
+            .await;
+        r.map_err(|err| match &err {
+            EngineCallError::Status {
+                status: 412, body, ..
+            } => serde_json::from_str::<WeightVersion>(body)
+                .map(|w| Refusal::Version(w.weight_version))
+                .unwrap_or(Refusal::Failed(err)),
+            _ => Refusal::Failed(err),
+        })
     }
 
     /// Drops the prefix cache: SGLang `POST /flush_cache`, vLLM `POST /reset_prefix_cache`.
@@ -286,7 +325,8 @@ impl EngineClient {
                 .unwrap_or(1)
                 .max(1);
             let gpus = u32::try_from(tp.max(1).saturating_mul(pp)).unwrap_or(1);
-            return Engine::new(url, gpus, Dialect::Sglang);
+            let if_match = info.get("resume_if_match").and_then(Value::as_bool) == Some(true);
+            return Engine::new(url, gpus, Dialect::Sglang).with_resume_if_match(if_match);
         }
         const PATH: &str = "/get_world_size";
         if let Ok(v) = self.call(url, PATH, PATH, None::<&()>).await
@@ -378,6 +418,18 @@ impl EngineClient {
         path_and_query: &str,
         body: Option<&B>,
     ) -> Result<Value, EngineCallError> {
+        self.exchange(url, path, path_and_query, body, None).await
+    }
+
+    /// [`EngineClient::call`], with an `If-Match` header when given.
+    async fn exchange<B: Serialize + ?Sized>(
+        &self,
+        url: &str,
+        path: &'static str,
+        path_and_query: &str,
+        body: Option<&B>,
+        if_match: Option<&HeaderValue>,
+    ) -> Result<Value, EngineCallError> {
         let transport = |reason: String| EngineCallError::Transport { path, reason };
         let auth = self.auth.clone().map_err(transport)?;
         let full = format!("{}{path_and_query}", url.trim_end_matches('/'));
@@ -392,7 +444,7 @@ impl EngineClient {
         };
         let call = async {
             let resp = match body {
-                Some(b) => self.http.post(uri, b, auth.as_ref()).await,
+                Some(b) => self.http.post_if(uri, b, auth.as_ref(), if_match).await,
                 None => self.http.get(uri, auth.as_ref()).await,
             }?;
             let status = resp.status();

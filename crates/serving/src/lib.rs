@@ -50,7 +50,7 @@ pub mod sse;
 pub mod upstream;
 pub mod worker;
 
-pub use engine_client::{EngineCallError, EngineClient};
+pub use engine_client::{EngineCallError, EngineClient, Refusal};
 pub use error::{ApiError, ServingError};
 pub use policy::{Policy, PolicyKind};
 pub use router::{PdPair, Router, RouterConfig};

@@ -265,7 +265,14 @@ async fn pass(
     let info = is_server_info(path);
     match state
         .client
-        .request(method, uri, body, ct, state.auth(headers))
+        .request_if(
+            method,
+            uri,
+            body,
+            ct,
+            state.auth(headers),
+            headers.get(header::IF_MATCH),
+        )
         .await
     {
         Ok(r) if info => redacted(r)

@@ -108,8 +108,20 @@ impl UpstreamClient {
         body: Bytes,
         auth: Option<&HeaderValue>,
     ) -> Result<Response<Incoming>, String> {
+        self.post_if(uri, body, auth, None).await
+    }
+
+    /// [`UpstreamClient::post`] with an `If-Match` header when given (a conditional control
+    /// call: the engine acts only if it holds that version).
+    pub async fn post_if(
+        &self,
+        uri: Uri,
+        body: Bytes,
+        auth: Option<&HeaderValue>,
+        if_match: Option<&HeaderValue>,
+    ) -> Result<Response<Incoming>, String> {
         let json = HeaderValue::from_static("application/json");
-        self.request(Method::POST, uri, body, Some(&json), auth)
+        self.request_if(Method::POST, uri, body, Some(&json), auth, if_match)
             .await
     }
 
@@ -124,7 +136,7 @@ impl UpstreamClient {
     }
 
     /// Any request: `body` with `content_type` (if any) and `auth` (if any) as its
-    /// `Authorization`; what a data proxy passes through.
+    /// `Authorization`.
     pub async fn request(
         &self,
         method: Method,
@@ -132,6 +144,21 @@ impl UpstreamClient {
         body: Bytes,
         content_type: Option<&HeaderValue>,
         auth: Option<&HeaderValue>,
+    ) -> Result<Response<Incoming>, String> {
+        self.request_if(method, uri, body, content_type, auth, None)
+            .await
+    }
+
+    /// [`UpstreamClient::request`] with the caller's `If-Match` (if any): what a data proxy
+    /// passes through, so a conditional call stays conditional.
+    pub async fn request_if(
+        &self,
+        method: Method,
+        uri: Uri,
+        body: Bytes,
+        content_type: Option<&HeaderValue>,
+        auth: Option<&HeaderValue>,
+        if_match: Option<&HeaderValue>,
     ) -> Result<Response<Incoming>, String> {
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = method;
@@ -142,6 +169,9 @@ impl UpstreamClient {
         }
         if let Some(a) = auth {
             h.insert(header::AUTHORIZATION, a.clone());
+        }
+        if let Some(tag) = if_match {
+            h.insert(header::IF_MATCH, tag.clone());
         }
         self.send(req).await.map_err(|e| error_chain(&e))
     }

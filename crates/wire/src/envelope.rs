@@ -106,6 +106,7 @@ pub fn kind_of(status: StatusCode) -> &'static str {
         StatusCode::UNAUTHORIZED => "AuthenticationError",
         StatusCode::NOT_FOUND => "NotFoundError",
         StatusCode::CONFLICT => "ConflictError",
+        StatusCode::PRECONDITION_FAILED => "PreconditionFailedError",
         StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
         StatusCode::REQUEST_TIMEOUT => "RequestTimeoutError",
         StatusCode::PAYLOAD_TOO_LARGE => "PayloadTooLargeError",

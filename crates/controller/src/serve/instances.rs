@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use troupe_serving::actors::ProxyActor;
-use troupe_serving::control_plane::{Dialect, Engine};
+use troupe_serving::control_plane::Engine;
 use troupe_serving::inference::{InferenceServer, LaunchSpec, ServerInfo, WorkerType};
 use troupe_serving::worker::WorkerSpec;
 
@@ -116,11 +116,7 @@ impl Instance {
     /// The instance as the control plane sees it: its server, GPUs and dialect (vLLM's routes
     /// for `vllm` servers, SGLang's for the others).
     pub fn engine(&self) -> Engine {
-        Engine::new(
-            self.server_url(),
-            self.gpus(),
-            Dialect::from(self.head.spec.backend),
-        )
+        Engine::of_backend(self.server_url(), self.gpus(), self.head.spec.backend)
     }
 
     /// Cluster hosts it runs on, the head's first.

@@ -49,7 +49,12 @@ impl Scheduler {
                     self.publish();
                 }
             }
-            Command::Continue(reply) => {
+            Command::Continue(Some(versions), reply)
+                if !versions.contains(&self.weight_version) =>
+            {
+                let _ = reply.send(Err(self.weight_version.clone()));
+            }
+            Command::Continue(_, reply) => {
                 self.paused = None;
                 for d in self.drains.drain(..) {
                     let _ = d.send(Err(
@@ -58,7 +63,7 @@ impl Scheduler {
                     ));
                 }
                 self.publish();
-                let _ = reply.send(());
+                let _ = reply.send(Ok(()));
             }
             Command::Flush(reply) => {
                 let busy = self.running.len() + self.waiting.len();

@@ -123,8 +123,10 @@ pub enum Command {
     /// pause (queued ones stay queued until resume). Answered once drained; `Err` if a resume
     /// arrived first or the running requests cannot progress (weights released).
     Drain(Reply),
-    /// Resume generation.
-    Continue(oneshot::Sender<()>),
+    /// Resume generation; with a version list (`If-Match`), only if the weight version is one
+    /// of them: checked here, between batches, so no update can land between the check and the
+    /// resume. `Err` carries the version held (nothing changed).
+    Continue(Option<Vec<String>>, oneshot::Sender<Result<(), String>>),
     /// Flush caches (only when idle, like SGLang).
     Flush(Reply),
     /// Replace some tensors (already validated and converted) and optionally set the version.

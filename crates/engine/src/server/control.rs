@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
@@ -87,13 +88,110 @@ pub async fn pause_generation(
 
 /// `POST /continue_generation` (also lifts a vLLM `/pause`'s refusal of new requests: there is
 /// one scheduler, and any resume resumes it).
-pub async fn continue_generation(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
-    state.core.call(Command::Continue).await?;
-    state.vllm.accept_new();
+///
+/// With `If-Match: "<weight version>"` (a list, or `*`, as HTTP allows) it resumes only if the
+/// engine holds one of those versions, and otherwise answers 412 with the version it holds
+/// (`ETag` and `weight_version`) and stays paused: a fleet's version check and its resume in one
+/// call, the check made between batches so no update lands in between.
+pub async fn continue_generation(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let wanted = if_match(&headers)?;
+    if let Err(held) = resume(&state, wanted).await? {
+        return Ok(precondition_failed(&held, &headers));
+    }
     Ok(axum::Json(
         json!({"success": true, "status": "ok", "message": "Generation continued successfully."}),
     )
     .into_response())
+}
+
+/// Resumes the scheduler (if it holds one of `versions`, when given) and lets new requests in
+/// again; `Ok(Err(held))`: it holds another version and nothing changed.
+pub(super) async fn resume(
+    state: &AppState,
+    versions: Option<Vec<String>>,
+) -> Result<Result<(), String>, ApiError> {
+    let r = state
+        .core
+        .call(|tx| Command::Continue(versions, tx))
+        .await?;
+    if r.is_ok() {
+        state.vllm.accept_new();
+    }
+    Ok(r)
+}
+
+/// The versions an `If-Match` header allows: `None` when absent or `*` (any); each entity tag
+/// must be quoted (`"v1"`, RFC 9110 §13.1.1), weak tags (`W/"v1"`) never match a strong
+/// comparison and are refused.
+fn if_match(headers: &HeaderMap) -> Result<Option<Vec<String>>, ApiError> {
+    let Some(raw) = headers.get(header::IF_MATCH) else {
+        return Ok(None);
+    };
+    let bad = |why: &str| {
+        ApiError::bad_request(format!(
+            "If-Match {raw:?} {why}; send the weight version quoted, e.g. If-Match: \"v1\" (or a comma-separated list, or *)"
+        ))
+        .control()
+    };
+    let text = raw
+        .to_str()
+        .map_err(|_| bad("is not visible ASCII"))?
+        .trim();
+    if text == "*" {
+        return Ok(None);
+    }
+    let mut tags = Vec::new();
+    let mut rest = text;
+    loop {
+        rest = rest.trim_start_matches([' ', '\t', ',']);
+        if rest.is_empty() {
+            break;
+        }
+        if rest.starts_with("W/") {
+            return Err(bad("has a weak tag, which never matches a weight version"));
+        }
+        let Some(open) = rest.strip_prefix('"') else {
+            return Err(bad("is not a list of quoted entity tags"));
+        };
+        let Some(end) = open.find('"') else {
+            return Err(bad("has an unclosed quote"));
+        };
+        tags.push(open[..end].to_string());
+        rest = &open[end + 1..];
+        if !(rest.is_empty() || rest.starts_with([' ', '\t', ','])) {
+            return Err(bad("is not a list of quoted entity tags"));
+        }
+    }
+    if tags.is_empty() {
+        return Err(bad("names no entity tag"));
+    }
+    Ok(Some(tags))
+}
+
+/// 412: the engine holds `held`, not what `If-Match` asked for. The envelope adds
+/// `weight_version`, and `ETag` carries it as HTTP has it.
+fn precondition_failed(held: &str, headers: &HeaderMap) -> Response {
+    let asked = headers
+        .get(header::IF_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let err = ApiError::new(
+        StatusCode::PRECONDITION_FAILED,
+        format!(
+            "not resumed: this engine holds weight version {held:?}, not {asked}; update its weights (or resume without If-Match)"
+        ),
+    )
+    .control();
+    let mut body = err.body();
+    body["weight_version"] = json!(held);
+    let mut r = (StatusCode::PRECONDITION_FAILED, axum::Json(body)).into_response();
+    if let Ok(tag) = HeaderValue::from_str(&format!("\"{held}\"")) {
+        r.headers_mut().insert(header::ETAG, tag);
+    }
+    r
 }
 
 fn tags(obj: &serde_json::Map<String, Value>) -> Result<(bool, bool), ApiError> {

@@ -118,6 +118,9 @@ pub async fn server_info(State(state): State<Arc<AppState>>) -> Response {
             "kv_local_tokens_total": st.kv_local_tokens_total,
         }],
         "version": concat!("troupe-engine ", env!("CARGO_PKG_VERSION")),
+        // `/continue_generation` honours `If-Match: "<weight version>"`: a gateway that only
+        // has this server's URL learns here that it may check and resume in one call.
+        "resume_if_match": true,
     }))
     .into_response()
 }

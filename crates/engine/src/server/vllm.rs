@@ -207,8 +207,8 @@ async fn pause(State(state): State<Arc<AppState>>, uri: Uri) -> Result<Response,
 
 /// `POST /resume`: continues generation and accepts new requests again.
 async fn resume(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
-    state.core.call(Command::Continue).await?;
-    state.vllm.accept_new();
+    // Without versions to match nothing refuses it.
+    let _ = control::resume(&state, None).await?;
     Ok(axum::Json(json!({"status": "resumed"})).into_response())
 }
 
@@ -301,8 +301,8 @@ async fn wake_up(State(state): State<Arc<AppState>>, uri: Uri) -> Result<Respons
     let st = status(&state);
     let awake = !st.weights_released && !st.kv_cache_released;
     if awake {
-        state.core.call(Command::Continue).await?;
-        state.vllm.accept_new();
+        // Without versions to match nothing refuses it.
+        let _ = control::resume(&state, None).await?;
     }
     Ok(
         axum::Json(json!({"status": if awake { "awake" } else { "sleeping" }, "tags": listed}))

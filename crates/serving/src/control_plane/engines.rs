@@ -45,6 +45,10 @@ pub struct Engine {
     pub gpus: u32,
     /// Which control endpoints it speaks.
     pub dialect: Dialect,
+    /// Whether `/continue_generation` honours `If-Match: "<weight version>"` (the reference
+    /// engine does; SGLang and vLLM ignore the header): the fleet's version check and its
+    /// resume are then one call to each engine instead of two.
+    pub resume_if_match: bool,
 }
 
 impl Engine {
@@ -54,6 +58,7 @@ impl Engine {
             url: url.into(),
             gpus,
             dialect: Dialect::Sglang,
+            resume_if_match: false,
         }
     }
 
@@ -63,7 +68,23 @@ impl Engine {
             url: url.into(),
             gpus,
             dialect,
+            resume_if_match: false,
         }
+    }
+
+    /// A server of `backend` that a deployment started: its dialect, and whether it resumes
+    /// conditionally (Troupe's own engine).
+    pub fn of_backend(url: impl Into<String>, gpus: u32, backend: Backend) -> Self {
+        Engine {
+            resume_if_match: backend == Backend::Troupe,
+            ..Engine::new(url, gpus, Dialect::from(backend))
+        }
+    }
+
+    /// The same engine, marked as resuming conditionally (or not).
+    pub fn with_resume_if_match(mut self, yes: bool) -> Self {
+        self.resume_if_match = yes;
+        self
     }
 }
 
@@ -77,6 +98,8 @@ enum EngineRepr {
         gpus: u32,
         #[serde(default)]
         dialect: Dialect,
+        #[serde(default)]
+        resume_if_match: bool,
     },
 }
 
@@ -84,7 +107,17 @@ impl<'de> Deserialize<'de> for Engine {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Ok(match EngineRepr::deserialize(d)? {
             EngineRepr::Pair(url, gpus) => Engine::sglang(url, gpus),
-            EngineRepr::Full { url, gpus, dialect } => Engine { url, gpus, dialect },
+            EngineRepr::Full {
+                url,
+                gpus,
+                dialect,
+                resume_if_match,
+            } => Engine {
+                url,
+                gpus,
+                dialect,
+                resume_if_match,
+            },
         })
     }
 }
@@ -104,5 +137,25 @@ mod tests {
         let back: Vec<Engine> =
             serde_json::from_str(&serde_json::to_string(&new).unwrap()).unwrap();
         assert_eq!(back, new);
+    }
+
+    #[test]
+    fn only_troupe_engines_resume_conditionally_and_the_mark_survives_a_state_file() {
+        let made = [Backend::Troupe, Backend::Sglang, Backend::Vllm]
+            .map(|b| Engine::of_backend("http://a:1", 1, b));
+        assert_eq!(
+            made.each_ref().map(|e| e.resume_if_match),
+            [true, false, false]
+        );
+        assert_eq!(
+            made.each_ref().map(|e| e.dialect),
+            [Dialect::Sglang, Dialect::Sglang, Dialect::Vllm]
+        );
+        let back: Engine = serde_json::from_str(&serde_json::to_string(&made[0]).unwrap()).unwrap();
+        assert_eq!(back, made[0]);
+        let old: Engine =
+            serde_json::from_str(r#"{"url": "http://b:2", "gpus": 1, "dialect": "sglang"}"#)
+                .unwrap();
+        assert!(!old.resume_if_match);
     }
 }

@@ -13,6 +13,7 @@ pub mod control;
 pub mod engines;
 pub mod fleet;
 pub mod plane;
+pub mod resume;
 pub mod tensors;
 pub mod updates;
 pub mod weight_sync;

@@ -44,6 +44,10 @@ pub(crate) struct OpState {
     pub(crate) last: Option<LastUpdate>,
     /// Memory was released through the plane and not resumed since.
     pub(crate) sleeping: bool,
+    /// The weight version the serving engines last agreed on at a resume, or that the last
+    /// update through the plane set: what the next resume asks engines that resume
+    /// conditionally to hold (see [`super::resume`]). Only a guess: each engine checks it.
+    pub(crate) agreed: Option<String>,
 }
 
 /// The fleet control plane: [`InferenceControl`] (fan-out through the typed engine client) and
@@ -208,31 +212,6 @@ impl ControlPlane {
         st.paused = Some(mode);
         extra.insert("mode".into(), json!(mode.as_str()));
         Ok(answer("paused", &results, &skipped, extra))
-    }
-
-    /// Resumes every engine, unless the engines that serve traffic hold different weight
-    /// versions (409 naming them: finish the update first).
-    pub async fn resume(&self) -> Result<Value, ApiError> {
-        self.refresh().await;
-        let mut st = self.op.lock().await;
-        let check = self.serving().weight_versions().await;
-        if !check.consistent() {
-            return Err(ApiError::conflict(format!(
-                "engines hold different weight versions {:?}; refusing to resume serving on mixed weights: finish the weight update so every engine has one version, then resume",
-                check.distinct()
-            ))
-            .control()
-            .with_engines(breakdown(&check.versions.iter().map(|r| ServerResult {
-                url: r.url.clone(),
-                result: r.result.clone().map(Value::String),
-            }).collect::<Vec<_>>())));
-        }
-        let (control, skipped) = self.targets();
-        let results = control.resume().await;
-        if results.iter().all(|r| r.result.is_ok()) {
-            st.paused = None;
-        }
-        settle("resume", &results, &skipped, Map::new())
     }
 
     /// Whether the fleet is paused through the plane.

@@ -317,6 +317,7 @@ impl ControlPlane {
         if let Some(v) = &req.weight_version {
             let reached: Vec<String> = group.members.iter().map(|(e, _)| e.url.clone()).collect();
             self.fleet().updated(v, &reached);
+            st.agreed = Some(v.clone());
             st.last = Some(LastUpdate::Broadcast);
         }
         Ok(r)
@@ -374,6 +375,7 @@ impl ControlPlane {
         if let Some(Some(v)) = finish {
             let reached: Vec<String> = group.members.iter().map(|(e, _)| e.url.clone()).collect();
             self.fleet().updated(&v, &reached);
+            st.agreed = Some(v);
             st.last = Some(LastUpdate::Broadcast);
         }
         Ok(r)
@@ -409,6 +411,7 @@ impl ControlPlane {
         let r = settle("update_weights_from_disk", &results, &skipped, Map::new())?;
         if let Some(v) = version {
             self.fleet().updated(&v, &control.urls());
+            st.agreed = Some(v);
         }
         st.last = Some(LastUpdate::Disk(body));
         Ok(r)
