@@ -460,6 +460,7 @@ impl ControlPlane {
         match r {
             Ok(rep) => {
                 st.last = Some(LastUpdate::Tensors);
+                st.agreed = Some(version.to_string());
                 Ok(rep)
             }
             Err(super::WeightSyncError::Encode(m)) => Err(bad(m)),
