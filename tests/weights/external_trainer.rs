@@ -152,6 +152,75 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
             .await
             .unwrap();
         assert_eq!(v["meta_info"]["weight_version"], "ext-1");
+
+        // One engine moved on alone (updated directly): the end of the next update refuses to
+        // resume, and every engine stays paused (the ones that resumed on ext-1 are paused
+        // again); once all hold one version it resumes.
+        let engines = svc.control.urls();
+        let key = svc.control.client().admin_key().map(str::to_string);
+        let set = |url: String, v: &'static str| {
+            let key = key.clone();
+            async move {
+                let mut r = reqwest::Client::new()
+                    .post(format!("{url}/update_weight_version"))
+                    .json(&serde_json::json!({"new_version": v}));
+                if let Some(k) = key {
+                    r = r.bearer_auth(k);
+                }
+                assert_eq!(r.send().await.unwrap().status(), 200);
+            }
+        };
+        let paused = |url: String| {
+            let key = key.clone();
+            async move {
+                let mut r = reqwest::Client::new().get(format!("{url}/server_info"));
+                if let Some(k) = key {
+                    r = r.bearer_auth(k);
+                }
+                let v: serde_json::Value = r.send().await.unwrap().json().await.unwrap();
+                !v["internal_states"][0]["paused"].is_null()
+            }
+        };
+        let begin = BeginWeightUpdateRequest {
+            pause_mode: "in_place".into(),
+        };
+        assert!(
+            api.begin_weight_update(begin.clone())
+                .await
+                .unwrap()
+                .into_inner()
+                .ok
+        );
+        set(engines[0].clone(), "ext-2").await;
+        let refused = api
+            .end_weight_update(EndWeightUpdateRequest {})
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::FailedPrecondition,
+            "{refused:?}"
+        );
+        assert!(
+            refused.message().contains(r#"["ext-1", "ext-2"]"#),
+            "{refused:?}"
+        );
+        for u in &engines {
+            assert!(paused(u.clone()).await, "{u} resumed on mixed weights");
+        }
+        for u in &engines[1..] {
+            set(u.clone(), "ext-2").await;
+        }
+        assert!(
+            api.end_weight_update(EndWeightUpdateRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .ok
+        );
+        for u in &engines {
+            assert!(!paused(u.clone()).await, "{u} still paused");
+        }
         svc.teardown().await;
         cluster.shutdown().await;
     })

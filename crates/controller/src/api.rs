@@ -10,6 +10,7 @@
 //! serve over TLS. [`connect`] is the matching client.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use tokio::net::TcpListener;
@@ -36,6 +37,9 @@ use troupe_wire::PauseMode;
 pub struct ControllerApi {
     control: InferenceControl,
     gpus: Vec<u32>,
+    /// The weight version the last bucket carried: what `EndWeightUpdate` expects every
+    /// engine to hold (engines that honour `If-Match` then check and resume in one call).
+    expected: Arc<Mutex<Option<String>>>,
     token: Option<String>,
     tls: Option<ServerTls>,
 }
@@ -95,6 +99,7 @@ impl ControllerApi {
         Ok(ControllerApi {
             control,
             gpus,
+            expected: Arc::default(),
             token: None,
             tls: None,
         })
@@ -274,6 +279,10 @@ impl Controller for ControllerApi {
                 r.shapes.len()
             )));
         }
+        if !r.weight_version.is_empty() {
+            *self.expected.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(r.weight_version.clone());
+        }
         let req = UpdateWeightsFromDistributed {
             names: r.names,
             dtypes: r.dtypes,
@@ -299,18 +308,26 @@ impl Controller for ControllerApi {
         &self,
         _r: Request<EndWeightUpdateRequest>,
     ) -> Result<Response<WeightAck>, Status> {
-        let check = self.control.weight_versions().await;
-        if !check.consistent() {
-            return Err(Status::failed_precondition(format!(
-                "engines hold different weight versions {:?}; finish the update (resend the failed buckets) before resuming",
-                check.distinct()
-            )));
-        }
+        let expected = self
+            .expected
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let r = self
+            .control
+            .resume_on_one_version(None, expected.as_deref())
+            .await
+            .map_err(|m| {
+                Status::failed_precondition(format!(
+                    "engines hold different weight versions {:?}; finish the update (resend the failed buckets) before resuming{}",
+                    m.versions, m.undone
+                ))
+            })?;
         // Servers that came back held (restarted on initial weights) and took this update may
         // be routed again: the serving watcher readmits them.
-        if let Some(v) = check.agreed() {
-            self.control.fleet().updated(&v, &check.reached());
+        if let Some(v) = &r.version {
+            self.control.fleet().updated(v, &r.reached);
         }
-        Ok(Response::new(ack(self.control.resume().await)))
+        Ok(Response::new(ack(r.results)))
     }
 }

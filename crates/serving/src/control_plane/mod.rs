@@ -22,5 +22,6 @@ pub use control::{InferenceControl, ServerResult, VersionCheck, all_ok};
 pub use engines::{Dialect, Engine};
 pub use fleet::{CatchUp, Fleet, HeadState};
 pub use plane::ControlPlane;
+pub use resume::{Mixed, Resumed};
 pub use tensors::{HostData, HostTensor, SharedValues};
 pub use weight_sync::{UpdateReport, WeightSync, WeightSyncError, WeightSyncOptions};

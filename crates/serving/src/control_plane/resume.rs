@@ -1,79 +1,137 @@
-//! Resume: the fleet serves again only on one weight version.
+//! Resume: the fleet serves again only on one weight version. The one home of that rule: the
+//! plane's resume (gateway control endpoints, the controller) and the gRPC API's
+//! `EndWeightUpdate` both call [`InferenceControl::resume_on_one_version`].
 //!
-//! Clients such as slime update engines directly, so before resuming the plane must learn what
-//! every serving engine holds. With SGLang or vLLM engines that is two fan-outs: every engine's
+//! Clients such as slime update engines directly, so before resuming, what every serving engine
+//! holds must be learnt. With SGLang or vLLM engines that is two fan-outs: every engine's
 //! `/get_weight_version`, then (if they agree) `/continue_generation`. Engines that honour
 //! `If-Match` on `/continue_generation` (Troupe's own, [`Engine::resume_if_match`]) check and
-//! resume in one call: the plane asks each to resume if it holds the version the fleet last
-//! agreed on, and an engine that holds another answers 412 with it and stays paused. So:
+//! resume in one call: each is asked to resume if it holds the version the fleet is expected to
+//! hold, and one that holds another answers 412 with it and stays paused. So:
 //!
 //! - every engine resumed: they all held that version when they resumed (one fan-out);
 //! - none resumed, all on one other version (a direct update of the whole fleet): the same
 //!   call again with that version (two fan-outs, as the check would have been);
 //! - some resumed on it, others hold other versions (a partly failed direct update): the ones
-//!   that resumed are paused again in place and the answer is the 409 the check gives. While
-//!   they ran, only engines on that one version were serving: never mixed weights.
+//!   that resumed are paused again in place and the answer is [`Mixed`], as the check gives.
+//!   While they ran, only engines on that one version were serving: never mixed weights.
 //!
 //! Engines that are routed-but-held (restarted, not yet caught up) are resumed only after the
-//! serving ones, as before.
+//! serving ones agreed.
+//!
+//! [`Engine::resume_if_match`]: super::Engine::resume_if_match
+
+use std::collections::HashSet;
 
 use serde_json::{Map, Value};
 use troupe_wire::{ApiError, PauseMode};
 
 use super::control::{InferenceControl, ServerResult};
-use super::plane::{ControlPlane, OpState, breakdown, settle};
+use super::plane::{ControlPlane, breakdown, settle};
 use crate::Refusal;
 use crate::engine_client::version_tag;
 
-impl ControlPlane {
-    /// Resumes every engine, unless the engines that serve traffic hold different weight
-    /// versions (409 naming them: finish the update first).
-    pub async fn resume(&self) -> Result<Value, ApiError> {
-        self.refresh().await;
-        let mut st = self.op.lock().await;
-        let serving = self.serving();
-        if let Some(v) = st.agreed.clone()
-            && serving.engines().iter().all(|e| e.resume_if_match)
-            && let Some(r) = self.resume_checked(&mut st, &serving, v).await
-        {
-            return r;
+/// A resume that went ahead: the serving engines agreed on `version`.
+#[derive(Debug, Clone)]
+pub struct Resumed {
+    /// The version the serving engines hold (`None`: none of them answered).
+    pub version: Option<String>,
+    /// The serving engines known to hold it.
+    pub reached: Vec<String>,
+    /// Every engine's answer to the resume (the serving ones, then the rest).
+    pub results: Vec<ServerResult<Value>>,
+}
+
+/// A resume refused: the serving engines hold different versions, and none is left resumed.
+#[derive(Debug, Clone)]
+pub struct Mixed {
+    /// The versions found, sorted.
+    pub versions: Vec<String>,
+    /// Each serving engine's version, or its refusal or error.
+    pub results: Vec<ServerResult<Value>>,
+    /// What was undone (engines that had resumed and were paused again), if anything.
+    pub undone: String,
+}
+
+impl Mixed {
+    /// What is wrong and how to fix it.
+    pub fn message(&self) -> String {
+        format!(
+            "engines hold different weight versions {:?}; refusing to resume serving on mixed weights: finish the weight update so every engine has one version, then resume{}",
+            self.versions, self.undone
+        )
+    }
+}
+
+impl From<Mixed> for ApiError {
+    /// 409 with each engine's answer.
+    fn from(m: Mixed) -> Self {
+        ApiError::conflict(m.message())
+            .control()
+            .with_engines(breakdown(&m.results))
+    }
+}
+
+impl InferenceControl {
+    /// Resumes these engines (the ones that serve traffic) only if they all hold one weight
+    /// version, then the engines of `rest` (held ones: not routed, so not checked). `expected`
+    /// is the version they are thought to hold: when every engine here honours `If-Match`,
+    /// the check and the resume are one call; otherwise (or with no guess) the versions are
+    /// read first.
+    pub async fn resume_on_one_version(
+        &self,
+        rest: Option<&InferenceControl>,
+        expected: Option<&str>,
+    ) -> Result<Resumed, Mixed> {
+        let engines = self.engines();
+        let one_call = engines.iter().all(|e| e.resume_if_match);
+        let mut r = match expected.filter(|_| one_call) {
+            Some(v) => match self.resume_if(v).await {
+                Some(r) => r?,
+                None => self.check_then_resume().await?,
+            },
+            None => self.check_then_resume().await?,
+        };
+        if let Some(rest) = rest.filter(|r| !r.engines().is_empty()) {
+            r.results.extend(rest.resume().await);
         }
-        let check = serving.weight_versions().await;
+        Ok(r)
+    }
+
+    /// Reads every version, then resumes if they agree (two fan-outs).
+    async fn check_then_resume(&self) -> Result<Resumed, Mixed> {
+        let check = self.weight_versions().await;
         if !check.consistent() {
-            return Err(mixed(
-                &check.distinct(),
-                &check
+            return Err(Mixed {
+                versions: check.distinct(),
+                results: check
                     .versions
                     .iter()
                     .map(|r| ServerResult {
                         url: r.url.clone(),
                         result: r.result.clone().map(Value::String),
                     })
-                    .collect::<Vec<_>>(),
-                "",
-            ));
+                    .collect(),
+                undone: String::new(),
+            });
         }
-        st.agreed = check.agreed();
-        let (control, skipped) = self.targets();
-        let results = control.resume().await;
-        if results.iter().all(|r| r.result.is_ok()) {
-            st.paused = None;
-        }
-        settle("resume", &results, &skipped, Map::new())
+        Ok(Resumed {
+            version: check.agreed(),
+            reached: check.reached(),
+            results: self.resume().await,
+        })
     }
 
-    /// The one-call resume of engines that honour `If-Match`, starting from `version`; `None`
-    /// when `version` cannot be sent as an entity tag (nothing was sent: check first).
-    async fn resume_checked(
-        &self,
-        st: &mut OpState,
-        serving: &InferenceControl,
-        mut version: String,
-    ) -> Option<Result<Value, ApiError>> {
-        let engines = serving.engines();
-        for attempt in 0..2 {
+    /// The one-call resume, starting from `version`; `None` when a version cannot be sent as
+    /// an entity tag (nothing was sent: check first).
+    async fn resume_if(&self, version: &str) -> Option<Result<Resumed, Mixed>> {
+        let engines = self.engines();
+        let mut version = version.to_string();
+        let mut asked = 0;
+        loop {
+            asked += 1;
             let tag = version_tag(&version)?;
-            let client = serving.client();
+            let client = self.client();
             let outs =
                 futures::future::join_all(engines.iter().map(|e| client.resume_if(e, &tag))).await;
             let mut held = Vec::new();
@@ -94,72 +152,76 @@ impl ControlPlane {
                 })
                 .collect();
             if held.is_empty() {
-                return Some(self.resume_rest(st, serving, results, version).await);
+                return Some(Ok(Resumed {
+                    version: Some(version),
+                    reached: resumed,
+                    results,
+                }));
             }
             held.sort();
             held.dedup();
-            if resumed.is_empty() && held.len() == 1 && attempt == 0 {
+            if resumed.is_empty() && held.len() == 1 && asked == 1 {
                 // The whole fleet moved to one other version (updated directly): ask again.
                 version = held.remove(0);
                 continue;
             }
-            if resumed.is_empty() {
-                return Some(Err(mixed(&held, &results, "")));
-            }
-            held.push(version.clone());
-            held.sort();
-            held.dedup();
-            let again = serving
-                .subset(resumed.clone())
-                .pause(PauseMode::InPlace)
-                .await;
-            let still = again.iter().filter(|r| r.result.is_err()).count();
-            let note = format!(
-                "; the {} engines on {version:?} that resumed were paused again in place{}",
-                resumed.len(),
-                if still > 0 {
-                    format!(" ({still} of them did not answer the pause)")
+            let mut undone = String::new();
+            if !resumed.is_empty() {
+                held.push(version.clone());
+                held.sort();
+                held.dedup();
+                let n = resumed.len();
+                let again = self.subset(resumed).pause(PauseMode::InPlace).await;
+                let missed = again.iter().filter(|r| r.result.is_err()).count();
+                let who = if n == 1 {
+                    "the engine".to_string()
                 } else {
-                    String::new()
-                }
-            );
-            return Some(Err(mixed(&held, &results, &note)));
+                    format!("the {n} engines")
+                };
+                undone = format!(
+                    "; {who} on {version:?} that had resumed {} paused again in place{}",
+                    if n == 1 { "was" } else { "were" },
+                    if missed > 0 {
+                        format!(" ({missed} of them did not answer the pause)")
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            return Some(Err(Mixed {
+                versions: held,
+                results,
+                undone,
+            }));
         }
-        None
-    }
-
-    /// Every serving engine resumed on `version`: resume the routed-but-held ones too and
-    /// answer for all.
-    async fn resume_rest(
-        &self,
-        st: &mut OpState,
-        serving: &InferenceControl,
-        mut results: Vec<ServerResult<Value>>,
-        version: String,
-    ) -> Result<Value, ApiError> {
-        let (control, skipped) = self.targets();
-        let serving_urls: std::collections::HashSet<String> = serving.urls().into_iter().collect();
-        let rest: Vec<String> = control
-            .urls()
-            .into_iter()
-            .filter(|u| !serving_urls.contains(u))
-            .collect();
-        if !rest.is_empty() {
-            results.extend(control.subset(rest).resume().await);
-        }
-        st.agreed = Some(version);
-        if results.iter().all(|r| r.result.is_ok()) {
-            st.paused = None;
-        }
-        settle("resume", &results, &skipped, Map::new())
     }
 }
 
-/// 409: the serving engines hold `versions`; `results` is each engine's answer.
-fn mixed(versions: &[String], results: &[ServerResult<Value>], note: &str) -> ApiError {
-    ApiError::conflict(format!(
-        "engines hold different weight versions {versions:?}; refusing to resume serving on mixed weights: finish the weight update so every engine has one version, then resume{note}"
-    ))
-    .control()
-    .with_engines(breakdown(results))
+impl ControlPlane {
+    /// Resumes every engine, unless the engines that serve traffic hold different weight
+    /// versions (409 naming them: finish the update first).
+    pub async fn resume(&self) -> Result<Value, ApiError> {
+        self.refresh().await;
+        let mut st = self.op.lock().await;
+        let serving = self.serving();
+        let (control, skipped) = self.targets();
+        let checked: HashSet<String> = serving.urls().into_iter().collect();
+        let rest = control.subset(
+            control
+                .urls()
+                .into_iter()
+                .filter(|u| !checked.contains(u))
+                .collect(),
+        );
+        let r = serving
+            .resume_on_one_version(Some(&rest), st.agreed.as_deref())
+            .await?;
+        if r.version.is_some() {
+            st.agreed = r.version;
+        }
+        if r.results.iter().all(|r| r.result.is_ok()) {
+            st.paused = None;
+        }
+        settle("resume", &r.results, &skipped, Map::new())
+    }
 }

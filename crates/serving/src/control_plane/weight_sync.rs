@@ -329,26 +329,31 @@ impl Core {
 
     /// After a failed update: resume only if every reachable engine serves one version.
     async fn recover(&self, control: &InferenceControl, keep_paused: bool) -> String {
-        let check = control.weight_versions().await;
         if keep_paused {
             return format!(
                 "servers stay paused as the caller left them; versions now {:?}",
-                check.distinct()
+                control.weight_versions().await.distinct()
             );
         }
-        if check.consistent() {
-            let resumed = control.resume().await;
-            let ok = resumed.iter().filter(|r| r.result.is_ok()).count();
-            format!(
-                "{ok} reachable servers resumed on one weight version {}; unreachable: {:?}",
-                check.agreed().unwrap_or_default(),
-                check.unreachable()
-            )
-        } else {
-            format!(
+        // No version to expect after a failure: read them first.
+        match control.resume_on_one_version(None, None).await {
+            Ok(r) => {
+                let ok = r.results.iter().filter(|r| r.result.is_ok()).count();
+                let reached: std::collections::HashSet<&String> = r.reached.iter().collect();
+                let unreachable: Vec<String> = control
+                    .urls()
+                    .into_iter()
+                    .filter(|u| !reached.contains(u))
+                    .collect();
+                format!(
+                    "{ok} reachable servers resumed on one weight version {}; unreachable: {unreachable:?}",
+                    r.version.unwrap_or_default(),
+                )
+            }
+            Err(m) => format!(
                 "servers hold different weight versions {:?}, so they stay paused; call update_weights again to bring every server to one version and resume",
-                check.distinct()
-            )
+                m.versions
+            ),
         }
     }
 
