@@ -66,9 +66,10 @@ pub fn data(event: &[u8]) -> Option<String> {
     out
 }
 
-/// Whether an event is `data: [DONE]`.
+/// Whether an event is `data: [DONE]` (asked of every relayed event: most are not, and say so
+/// without a copy of their data).
 pub fn is_done(event: &[u8]) -> bool {
-    data(event).is_some_and(|d| d.trim() == "[DONE]")
+    event.windows(6).any(|w| w == b"[DONE]") && data(event).is_some_and(|d| d.trim() == "[DONE]")
 }
 
 /// An SSE event carrying `v`.

@@ -27,6 +27,7 @@ use serde_json::{Map, Value};
 use troupe_wire::{ApiError, PauseMode};
 
 use super::control::{InferenceControl, ServerResult};
+use super::engines::Dialect;
 use super::plane::{ControlPlane, breakdown, settle};
 use crate::Refusal;
 use crate::engine_client::version_tag;
@@ -84,7 +85,10 @@ impl InferenceControl {
         expected: Option<&str>,
     ) -> Result<Resumed, Mixed> {
         let engines = self.engines();
-        let one_call = engines.iter().all(|e| e.resume_if_match);
+        // `If-Match` is honoured on SGLang's route (`/continue_generation`) only.
+        let one_call = engines
+            .iter()
+            .all(|e| e.resume_if_match && e.dialect == Dialect::Sglang);
         let mut r = match expected.filter(|_| one_call) {
             Some(v) => match self.resume_if(v).await {
                 Some(r) => r?,
