@@ -43,7 +43,8 @@ pub struct Resumed {
     pub results: Vec<ServerResult<Value>>,
 }
 
-/// A resume refused: the serving engines hold different versions, and none is left resumed.
+/// A resume refused: the serving engines hold different versions, and none is left resumed by
+/// it (unless the pause that undoes an engine's resume failed: `undone` says so).
 #[derive(Debug, Clone)]
 pub struct Mixed {
     /// The versions found, sorted.
@@ -157,17 +158,21 @@ impl InferenceControl {
                 .collect();
             if held.is_empty() {
                 return Some(Ok(Resumed {
-                    version: Some(version),
+                    version: (!resumed.is_empty()).then_some(version),
                     reached: resumed,
                     results,
                 }));
             }
             held.sort();
             held.dedup();
-            if resumed.is_empty() && held.len() == 1 && asked == 1 {
-                // The whole fleet moved to one other version (updated directly): ask again.
-                version = held.remove(0);
-                continue;
+            if resumed.is_empty() && held.len() == 1 {
+                if asked == 1 {
+                    // The whole fleet moved to one other version (updated directly): ask again.
+                    version = held.remove(0);
+                    continue;
+                }
+                // It moved again in between (an update racing the resume): read, then resume.
+                return Some(self.check_then_resume().await);
             }
             let mut undone = String::new();
             if !resumed.is_empty() {
