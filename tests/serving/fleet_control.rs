@@ -136,6 +136,12 @@ async fn sglang_names_reach_every_engine_of_a_pd_fleet_once() {
         let cluster = Cluster::in_process(1, 2).await.unwrap();
         let svc = pd(&cluster, 0).await;
         let f = Fleet::new(&svc.gateway_url, Some("k"));
+        // Bring-up read every engine's version: the first resume already expects it (one
+        // call per reference engine).
+        assert_eq!(
+            svc.plane.expected_version().await.as_deref(),
+            Some(f.version().await.as_str())
+        );
 
         // The key is required, and nothing happens without it.
         let open = Fleet::new(&svc.gateway_url, None);

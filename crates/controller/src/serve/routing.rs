@@ -101,14 +101,17 @@ impl Deployment {
             control_upstream: Some(control_server.url()),
             ..opts.gateway.clone()
         };
-        // While the gateway starts, the plane opens its connection to every engine (the
-        // answers are not needed), so the first fleet operation does not also pay one connect
-        // per server: at 512 servers that made the first pause ~3x slower than the rest. An
-        // engine slow to answer delays bring-up by at most WARM_UP.
-        let (gateway, _) = tokio::join!(
+        // While the gateway starts, the plane opens its connection to every engine, so the
+        // first fleet operation does not also pay one connect per server: at 512 servers that
+        // made the first pause ~3x slower than the rest. The versions read are what the first
+        // resume expects. An engine slow to answer delays bring-up by at most WARM_UP.
+        let (gateway, warm) = tokio::join!(
             cluster.host(0).spawn::<GatewayActor>("gateway", &args),
             tokio::time::timeout(WARM_UP, plane.control().weight_versions())
         );
+        if let Some(v) = warm.ok().and_then(|check| check.agreed()) {
+            plane.expect_version(v).await;
+        }
         let gateway = gateway.map_err(|e| serving(&format!("the gateway failed to start: {e}")))?;
         let gateway_url = match gateway.call(GetUrl).await {
             Ok(u) => u,

@@ -207,6 +207,22 @@ impl InferenceControl {
 }
 
 impl ControlPlane {
+    /// Records `version` as the one the engines hold, from a read of every engine's version
+    /// that agreed (the controller's at bring-up), so that even the first resume asks engines
+    /// that honour `If-Match` in one call. Only a guess: each engine checks it.
+    pub async fn expect_version(&self, version: String) {
+        let mut st = self.op.lock().await;
+        if st.agreed.is_none() {
+            st.agreed = Some(version);
+        }
+    }
+
+    /// The version the next resume asks engines that honour `If-Match` to hold, if one is
+    /// known.
+    pub async fn expected_version(&self) -> Option<String> {
+        self.op.lock().await.agreed.clone()
+    }
+
     /// Resumes every engine, unless the engines that serve traffic hold different weight
     /// versions (409 naming them: finish the update first).
     pub async fn resume(&self) -> Result<Value, ApiError> {
