@@ -139,7 +139,7 @@ async fn sglang_names_reach_every_engine_of_a_pd_fleet_once() {
         // Bring-up read every engine's version: the first resume already expects it (one
         // call per reference engine).
         assert_eq!(
-            svc.plane.expected_version().await.as_deref(),
+            svc.plane.fleet().expected_version().as_deref(),
             Some(f.version().await.as_str())
         );
 

@@ -12,12 +12,13 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use common::within;
-use serde_json::{Value, json};
+use serde_json::json;
 use troupe_engine::EngineHandle;
 use troupe_serving::WorkerSpec;
 use troupe_serving::gateway::{self, GatewayConfig};
 
 use super::fleet_control::Fleet;
+use super::fleet_standalone::{engine, is_paused};
 
 /// A real engine behind a pass-through that records every path it forwards.
 struct Recorded {
@@ -49,12 +50,7 @@ async fn pass(State(p): State<Pass>, m: Method, uri: Uri, h: HeaderMap, body: By
 
 impl Recorded {
     async fn start() -> Self {
-        let engine = troupe_engine::start(troupe_engine::cli::EngineArgs {
-            port: 0,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        let engine = engine().await;
         let paths = Arc::new(Mutex::new(Vec::new()));
         let state = Pass {
             to: engine.url(),
@@ -96,15 +92,7 @@ impl Recorded {
     }
 
     async fn paused(&self) -> bool {
-        let v: Value = reqwest::Client::new()
-            .get(format!("{}/server_info", self.engine.url()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        !v["internal_states"][0]["paused"].is_null()
+        is_paused(&reqwest::Client::new(), &self.engine.url()).await
     }
 
     async fn stop(self) {

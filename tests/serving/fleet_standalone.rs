@@ -11,7 +11,8 @@ use troupe_serving::gateway::{self, ControlAuthMode, GatewayConfig};
 
 use super::fleet_control::{Fleet, safetensors};
 
-async fn engine() -> EngineHandle {
+/// A reference engine on a port of the kernel's choosing.
+pub(crate) async fn engine() -> EngineHandle {
     troupe_engine::start(troupe_engine::cli::EngineArgs {
         port: 0,
         ..Default::default()
@@ -20,7 +21,8 @@ async fn engine() -> EngineHandle {
     .unwrap()
 }
 
-async fn is_paused(http: &reqwest::Client, url: &str) -> bool {
+/// Whether the engine at `url` says it is paused.
+pub(crate) async fn is_paused(http: &reqwest::Client, url: &str) -> bool {
     let v: Value = http
         .get(format!("{url}/server_info"))
         .send()

@@ -10,7 +10,6 @@
 //! serve over TLS. [`connect`] is the matching client.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use tokio::net::TcpListener;
@@ -37,9 +36,6 @@ use troupe_wire::PauseMode;
 pub struct ControllerApi {
     control: InferenceControl,
     gpus: Vec<u32>,
-    /// The weight version the last bucket carried: what `EndWeightUpdate` expects every
-    /// engine to hold (engines that honour `If-Match` then check and resume in one call).
-    expected: Arc<Mutex<Option<String>>>,
     token: Option<String>,
     tls: Option<ServerTls>,
 }
@@ -99,7 +95,6 @@ impl ControllerApi {
         Ok(ControllerApi {
             control,
             gpus,
-            expected: Arc::default(),
             token: None,
             tls: None,
         })
@@ -279,9 +274,10 @@ impl Controller for ControllerApi {
                 r.shapes.len()
             )));
         }
+        // What `EndWeightUpdate` expects every engine to hold (engines that honour `If-Match`
+        // then check and resume in one call).
         if !r.weight_version.is_empty() {
-            *self.expected.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some(r.weight_version.clone());
+            self.control.fleet().expect_version(&r.weight_version);
         }
         let req = UpdateWeightsFromDistributed {
             names: r.names,
@@ -308,11 +304,7 @@ impl Controller for ControllerApi {
         &self,
         _r: Request<EndWeightUpdateRequest>,
     ) -> Result<Response<WeightAck>, Status> {
-        let expected = self
-            .expected
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let expected = self.control.fleet().expected_version();
         let r = self
             .control
             .resume_on_one_version(None, expected.as_deref())

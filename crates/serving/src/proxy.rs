@@ -265,7 +265,7 @@ async fn pass(
     let info = is_server_info(path);
     match state
         .client
-        .request_if(
+        .request(
             method,
             uri,
             body,

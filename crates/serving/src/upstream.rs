@@ -121,7 +121,7 @@ impl UpstreamClient {
         if_match: Option<&HeaderValue>,
     ) -> Result<Response<Incoming>, String> {
         let json = HeaderValue::from_static("application/json");
-        self.request_if(Method::POST, uri, body, Some(&json), auth, if_match)
+        self.request(Method::POST, uri, body, Some(&json), auth, if_match)
             .await
     }
 
@@ -131,27 +131,14 @@ impl UpstreamClient {
         uri: Uri,
         auth: Option<&HeaderValue>,
     ) -> Result<Response<Incoming>, String> {
-        self.request(Method::GET, uri, Bytes::new(), None, auth)
+        self.request(Method::GET, uri, Bytes::new(), None, auth, None)
             .await
     }
 
-    /// Any request: `body` with `content_type` (if any) and `auth` (if any) as its
-    /// `Authorization`.
+    /// Any request: `body` with `content_type`, `auth` (as its `Authorization`) and the
+    /// caller's `If-Match`, each if any: what a data proxy passes through, so a conditional
+    /// call stays conditional.
     pub async fn request(
-        &self,
-        method: Method,
-        uri: Uri,
-        body: Bytes,
-        content_type: Option<&HeaderValue>,
-        auth: Option<&HeaderValue>,
-    ) -> Result<Response<Incoming>, String> {
-        self.request_if(method, uri, body, content_type, auth, None)
-            .await
-    }
-
-    /// [`UpstreamClient::request`] with the caller's `If-Match` (if any): what a data proxy
-    /// passes through, so a conditional call stays conditional.
-    pub async fn request_if(
         &self,
         method: Method,
         uri: Uri,

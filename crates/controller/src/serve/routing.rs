@@ -110,7 +110,7 @@ impl Deployment {
             tokio::time::timeout(WARM_UP, plane.control().weight_versions())
         );
         if let Some(v) = warm.ok().and_then(|check| check.agreed()) {
-            plane.expect_version(v).await;
+            plane.fleet().expect_version(&v);
         }
         let gateway = gateway.map_err(|e| serving(&format!("the gateway failed to start: {e}")))?;
         let gateway_url = match gateway.call(GetUrl).await {

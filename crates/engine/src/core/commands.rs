@@ -225,9 +225,6 @@ mod tests {
     use crate::model::{ModelConfig, Weights};
     use crate::sampling::SamplingParams;
 
-    /// A version set through the scheduler is visible the moment the call returns, even while
-    /// the scheduler is busy decoding: the control plane's resume reads `/get_weight_version`
-    /// right after an update and refuses mixed versions, so a stale snapshot would fail it.
     /// A scheduler over the tiny model at version `v0`, paced by `latency`.
     fn core(latency: LatencyModel) -> EngineCore {
         EngineCore::start(
@@ -243,6 +240,9 @@ mod tests {
         .expect("scheduler starts")
     }
 
+    /// A version set through the scheduler is visible the moment the call returns, even while
+    /// the scheduler is busy decoding: the control plane's resume may read `/get_weight_version`
+    /// right after an update and refuses mixed versions, so a stale snapshot would fail it.
     #[tokio::test]
     async fn a_set_version_is_published_before_the_answer() {
         // Every decode step takes 20 ms, so the loop's next snapshot is far away.

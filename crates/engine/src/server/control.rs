@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -95,11 +95,13 @@ pub async fn pause_generation(
 /// call, the check made between batches so no update lands in between.
 pub async fn continue_generation(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    // The request itself, not a `HeaderMap` (which would copy every header of every call).
+    req: Request,
 ) -> Result<Response, ApiError> {
-    let wanted = if_match(&headers)?;
+    let headers = req.headers();
+    let wanted = if_match(headers)?;
     if let Err(held) = resume(&state, wanted).await? {
-        return Ok(precondition_failed(&held, &headers));
+        return Ok(precondition_failed(&held, headers));
     }
     Ok(axum::Json(
         json!({"success": true, "status": "ok", "message": "Generation continued successfully."}),

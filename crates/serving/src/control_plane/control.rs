@@ -77,6 +77,17 @@ impl VersionCheck {
         self.distinct().len() <= 1
     }
 
+    /// Each engine's version (or why it gave none), as a fan-out's per-engine answers.
+    pub fn answers(&self) -> Vec<ServerResult<Value>> {
+        self.versions
+            .iter()
+            .map(|r| ServerResult {
+                url: r.url.clone(),
+                result: r.result.clone().map(Value::String),
+            })
+            .collect()
+    }
+
     /// The engines that answered.
     pub fn reached(&self) -> Vec<String> {
         self.versions

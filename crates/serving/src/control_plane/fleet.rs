@@ -44,6 +44,8 @@ struct Inner {
     held: BTreeSet<String>,
     generation: u64,
     version: Option<String>,
+    /// The version the serving heads are thought to hold (see [`Fleet::expected_version`]).
+    expected: Option<String>,
     /// Held heads that a finished update brought to the current version: to readmit.
     caught_up: Vec<String>,
 }
@@ -135,6 +137,19 @@ impl Fleet {
         self.with(|i| i.version.clone())
     }
 
+    /// The version the serving heads are thought to hold: the last update's, or the last one
+    /// they were all seen on ([`Fleet::expect_version`]). What a resume asks engines that honour
+    /// `If-Match` to hold (`super::resume`); only a guess, each engine checks it.
+    pub fn expected_version(&self) -> Option<String> {
+        self.with(|i| i.expected.clone())
+    }
+
+    /// Every serving head was seen on `version` (a read of all their versions that agreed, a
+    /// resume on it), or an update to it is under way.
+    pub fn expect_version(&self, version: &str) {
+        self.with(|i| i.expected = Some(version.to_string()));
+    }
+
     /// Heads whose process is dead.
     pub fn down(&self) -> Vec<String> {
         self.with(|i| i.down.iter().cloned().collect())
@@ -145,6 +160,7 @@ impl Fleet {
     pub fn updated(&self, version: &str, reached: &[String]) {
         self.with(|i| {
             i.version = Some(version.to_string());
+            i.expected = Some(version.to_string());
             for u in reached {
                 if i.held.contains(u) && !i.caught_up.contains(u) {
                     i.caught_up.push(u.clone());
@@ -207,6 +223,20 @@ mod tests {
         assert!(f.mark_back("a"));
         assert_eq!(f.state("a"), HeadState::Serving);
         assert_eq!(f.generation(), 1);
+    }
+
+    #[test]
+    fn an_expected_version_is_only_a_guess_and_every_update_replaces_it() {
+        let f = Fleet::default();
+        assert_eq!(f.expected_version(), None);
+        f.expect_version("initial");
+        assert_eq!(f.expected_version().as_deref(), Some("initial"));
+        // No update happened: a restarted server still serves at once.
+        f.mark_down("a");
+        assert!(f.mark_back("a"));
+        assert_eq!(f.version(), None);
+        f.updated("v1", &["a".into()]);
+        assert_eq!(f.expected_version().as_deref(), Some("v1"));
     }
 
     #[test]

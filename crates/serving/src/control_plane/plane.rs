@@ -44,10 +44,6 @@ pub(crate) struct OpState {
     pub(crate) last: Option<LastUpdate>,
     /// Memory was released through the plane and not resumed since.
     pub(crate) sleeping: bool,
-    /// The weight version the serving engines last agreed on at a resume, or that the last
-    /// update through the plane set: what the next resume asks engines that resume
-    /// conditionally to hold (see [`super::resume`]). Only a guess: each engine checks it.
-    pub(crate) agreed: Option<String>,
 }
 
 /// The fleet control plane: [`InferenceControl`] (fan-out through the typed engine client) and
@@ -254,16 +250,7 @@ impl ControlPlane {
                     .map(|r| format!("{}={}", r.url, r.result.clone().unwrap_or_else(|e| e)))
                     .collect::<Vec<_>>()
             ))
-            .with_engines(breakdown(
-                &check
-                    .versions
-                    .iter()
-                    .map(|r| ServerResult {
-                        url: r.url.clone(),
-                        result: r.result.clone().map(Value::String),
-                    })
-                    .collect::<Vec<_>>(),
-            ))),
+            .with_engines(breakdown(&check.answers()))),
         }
     }
 

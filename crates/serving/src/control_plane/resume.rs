@@ -77,9 +77,12 @@ impl From<Mixed> for ApiError {
 impl InferenceControl {
     /// Resumes these engines (the ones that serve traffic) only if they all hold one weight
     /// version, then the engines of `rest` (held ones: not routed, so not checked). `expected`
-    /// is the version they are thought to hold: when every engine here honours `If-Match`,
-    /// the check and the resume are one call; otherwise (or with no guess) the versions are
-    /// read first.
+    /// is the version they are thought to hold (usually [`Fleet::expected_version`]): when every
+    /// engine here honours `If-Match`, the check and the resume are one call; otherwise (or
+    /// with no guess) the versions are read first. The version they resumed on becomes the
+    /// fleet's expectation.
+    ///
+    /// [`Fleet::expected_version`]: super::Fleet::expected_version
     pub async fn resume_on_one_version(
         &self,
         rest: Option<&InferenceControl>,
@@ -90,13 +93,17 @@ impl InferenceControl {
         let one_call = engines
             .iter()
             .all(|e| e.resume_if_match && e.dialect == Dialect::Sglang);
-        let mut r = match expected.filter(|_| one_call) {
-            Some(v) => match self.resume_if(v).await {
-                Some(r) => r?,
-                None => self.check_then_resume().await?,
-            },
+        let tried = match expected.filter(|_| one_call) {
+            Some(v) => self.resume_if(v).await,
+            None => None,
+        };
+        let mut r = match tried {
+            Some(r) => r?,
             None => self.check_then_resume().await?,
         };
+        if let Some(v) = &r.version {
+            self.fleet().expect_version(v);
+        }
         if let Some(rest) = rest.filter(|r| !r.engines().is_empty()) {
             r.results.extend(rest.resume().await);
         }
@@ -109,14 +116,7 @@ impl InferenceControl {
         if !check.consistent() {
             return Err(Mixed {
                 versions: check.distinct(),
-                results: check
-                    .versions
-                    .iter()
-                    .map(|r| ServerResult {
-                        url: r.url.clone(),
-                        result: r.result.clone().map(Value::String),
-                    })
-                    .collect(),
+                results: check.answers(),
                 undone: String::new(),
             });
         }
@@ -207,22 +207,6 @@ impl InferenceControl {
 }
 
 impl ControlPlane {
-    /// Records `version` as the one the engines hold, from a read of every engine's version
-    /// that agreed (the controller's at bring-up), so that even the first resume asks engines
-    /// that honour `If-Match` in one call. Only a guess: each engine checks it.
-    pub async fn expect_version(&self, version: String) {
-        let mut st = self.op.lock().await;
-        if st.agreed.is_none() {
-            st.agreed = Some(version);
-        }
-    }
-
-    /// The version the next resume asks engines that honour `If-Match` to hold, if one is
-    /// known.
-    pub async fn expected_version(&self) -> Option<String> {
-        self.op.lock().await.agreed.clone()
-    }
-
     /// Resumes every engine, unless the engines that serve traffic hold different weight
     /// versions (409 naming them: finish the update first).
     pub async fn resume(&self) -> Result<Value, ApiError> {
@@ -238,12 +222,10 @@ impl ControlPlane {
                 .filter(|u| !checked.contains(u))
                 .collect(),
         );
+        let expected = self.fleet().expected_version();
         let r = serving
-            .resume_on_one_version(Some(&rest), st.agreed.as_deref())
+            .resume_on_one_version(Some(&rest), expected.as_deref())
             .await?;
-        if r.version.is_some() {
-            st.agreed = r.version;
-        }
         if r.results.iter().all(|r| r.result.is_ok()) {
             st.paused = None;
         }

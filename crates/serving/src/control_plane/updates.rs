@@ -317,7 +317,6 @@ impl ControlPlane {
         if let Some(v) = &req.weight_version {
             let reached: Vec<String> = group.members.iter().map(|(e, _)| e.url.clone()).collect();
             self.fleet().updated(v, &reached);
-            st.agreed = Some(v.clone());
             st.last = Some(LastUpdate::Broadcast);
         }
         Ok(r)
@@ -375,7 +374,6 @@ impl ControlPlane {
         if let Some(Some(v)) = finish {
             let reached: Vec<String> = group.members.iter().map(|(e, _)| e.url.clone()).collect();
             self.fleet().updated(&v, &reached);
-            st.agreed = Some(v);
             st.last = Some(LastUpdate::Broadcast);
         }
         Ok(r)
@@ -411,7 +409,6 @@ impl ControlPlane {
         let r = settle("update_weights_from_disk", &results, &skipped, Map::new())?;
         if let Some(v) = version {
             self.fleet().updated(&v, &control.urls());
-            st.agreed = Some(v);
         }
         st.last = Some(LastUpdate::Disk(body));
         Ok(r)
@@ -460,7 +457,6 @@ impl ControlPlane {
         match r {
             Ok(rep) => {
                 st.last = Some(LastUpdate::Tensors);
-                st.agreed = Some(version.to_string());
                 Ok(rep)
             }
             Err(super::WeightSyncError::Encode(m)) => Err(bad(m)),
