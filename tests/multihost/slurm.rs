@@ -234,7 +234,9 @@ async fn serve_on_slurm_puts_hosts_on_distinct_nodes_and_sigint_cancels_the_job(
 
         // Serving works through the gateway.
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
-        let body = json!({"text": "Hello", "sampling_params": {"max_new_tokens": 8}});
+        // `ignore_eos`: an unseeded sample may draw the end token early; 8 tokens means 8.
+        let body =
+            json!({"text": "Hello", "sampling_params": {"max_new_tokens": 8, "ignore_eos": true}});
         for _ in 0..3 {
             let r = client
                 .post(format!("{url}/generate"))
