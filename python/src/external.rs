@@ -38,6 +38,8 @@ fn ack<'py>(py: Python<'py>, a: WeightAck) -> PyResult<Bound<'py, PyDict>> {
         servers.append(e)?;
     }
     d.set_item("servers", servers)?;
+    d.set_item("message", a.message)?;
+    d.set_item("skipped", a.skipped)?;
     Ok(d)
 }
 

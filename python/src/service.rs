@@ -197,10 +197,7 @@ impl Service {
             let d = guard.as_ref().ok_or_else(|| {
                 crate::errors::ServingError::new_err("the deployment was torn down")
             })?;
-            let gpus = d.servers().iter().map(|s| s.info.gpu_count).collect();
-            troupe_controller::api::ControllerApi::new(d.control.clone(), gpus)
-                .map_err(crate::errors::ServingError::new_err)?
-                .with_token(token)
+            troupe_controller::api::ControllerApi::new(d.plane.clone()).with_token(token)
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let bound = wait(py, async move {

@@ -49,7 +49,8 @@ def test_rank_zero_drives_weight_sync_through_the_controller_api(served):
 
     trainer = cluster.spawn_trainer(model="tiny", init_seed=5)
     weights = {k: v.astype(ml_dtypes.bfloat16) for k, v in trainer.get_weights().items()}
-    assert api.begin_weight_update()["ok"]
+    begun = api.begin_weight_update()
+    assert begun["ok"] and begun["message"] == "paused on 2 engines" and begun["skipped"] == []
     names = list(weights)
     loaded = in_thread(
         api.weight_bucket,

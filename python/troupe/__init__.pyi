@@ -326,7 +326,13 @@ class RolloutController:
     def __exit__(self, *args: object) -> bool: ...
 
 class ControllerClient:
-    """A client of the controller's gRPC API: what rank 0 of an external trainer calls while it broadcasts."""
+    """A client of the controller's gRPC API: what rank 0 of an external trainer calls while it broadcasts.
+
+    Each call is an operation of the deployment's control plane (the gateway's control endpoints
+    are the same plane) and answers {ok, servers: [{url, ok, error}], message, skipped}: `ok` is
+    False when some engine failed (the plane has undone what it undoes: no engine stays paused by
+    a failed begin, no engine stays in a group some failed to join), `skipped` the engines the
+    fleet marks down. Bad arguments and mixed weight versions at the end raise ControlError."""
     def __init__(self, addr: str, token: str | None = None, timeout: float = 10.0) -> None: ...
     def get_weight_plan(self) -> dict[str, Any]:
         """{world_size, engines: [{url, rank_offset, gpus}]}; the trainer is rank 0."""

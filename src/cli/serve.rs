@@ -286,13 +286,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     };
     println!("gateway: {}", svc.gateway_url);
     if let Some(addr) = a.api_listen {
-        let heads: Vec<u32> = svc
-            .servers()
-            .iter()
-            .filter(|s| s.node_rank == 0)
-            .map(|s| s.info.gpu_count)
-            .collect();
-        let api = api::ControllerApi::new(svc.control.clone(), heads)?
+        let api = api::ControllerApi::new(svc.plane.clone())
             .with_token(token)
             .with_tls(api_tls);
         match api.spawn(addr).await {

@@ -100,9 +100,7 @@ async fn is_unauthenticated<T: std::fmt::Debug>(r: Result<tonic::Response<T>, to
 async fn the_controller_api_refuses_calls_without_the_token_and_they_change_nothing() {
     within(120, async {
         let (cluster, svc) = one_engine().await;
-        let gpus: Vec<u32> = svc.servers().iter().map(|s| s.info.gpu_count).collect();
-        let addr = ControllerApi::new(svc.control.clone(), gpus)
-            .unwrap()
+        let addr = ControllerApi::new(svc.plane.clone())
             .with_token(Some("api-s3cret".into()))
             .spawn("127.0.0.1:0".parse().unwrap())
             .await
@@ -193,8 +191,7 @@ async fn the_controller_api_refuses_calls_without_the_token_and_they_change_noth
 async fn the_controller_api_refuses_a_non_loopback_address_without_a_token() {
     within(60, async {
         let (cluster, svc) = one_engine().await;
-        let gpus: Vec<u32> = svc.servers().iter().map(|s| s.info.gpu_count).collect();
-        let api = ControllerApi::new(svc.control.clone(), gpus).unwrap();
+        let api = ControllerApi::new(svc.plane.clone());
         let e = api
             .clone()
             .spawn("0.0.0.0:0".parse().unwrap())
@@ -337,9 +334,7 @@ async fn the_controller_api_over_tls_with_a_token() {
         let pki = Pki::new("api");
         let other = Pki::new("other");
         let (cluster, svc) = one_engine().await;
-        let gpus: Vec<u32> = svc.servers().iter().map(|s| s.info.gpu_count).collect();
-        let addr = ControllerApi::new(svc.control.clone(), gpus)
-            .unwrap()
+        let addr = ControllerApi::new(svc.plane.clone())
             .with_token(Some("k".into()))
             .with_tls(Some(pki.server()))
             .spawn("127.0.0.1:0".parse().unwrap())

@@ -25,9 +25,7 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
         let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
             .await
             .unwrap();
-        let gpus: Vec<u32> = svc.servers().iter().map(|s| s.info.gpu_count).collect();
-        let addr = ControllerApi::new(svc.control.clone(), gpus)
-            .unwrap()
+        let addr = ControllerApi::new(svc.plane.clone())
             .spawn("127.0.0.1:0".parse().unwrap())
             .await
             .unwrap();
@@ -221,6 +219,135 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
         for u in &engines {
             assert!(!paused(u.clone()).await, "{u} still paused");
         }
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
+
+/// POST `body` to `path` on the gateway: (status, JSON answer).
+async fn gateway_post(
+    svc: &Deployment,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{}{path}", svc.gateway_url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let s = r.status().as_u16();
+    (s, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+/// The API's calls are operations of the deployment's control plane, the one behind the
+/// gateway's control endpoints: a pause through either is ended by the other, a group opened
+/// over gRPC is the plane's group, and a gRPC update is the fleet's last update.
+#[tokio::test]
+async fn grpc_calls_are_operations_of_the_gateways_control_plane() {
+    within(120, async {
+        let cluster = Cluster::in_process(1, 2).await.unwrap();
+        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
+        let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
+            .await
+            .unwrap();
+        let addr = ControllerApi::new(svc.plane.clone())
+            .spawn("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let mut api = ControllerClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let begin = BeginWeightUpdateRequest {
+            pause_mode: "abort".into(),
+        };
+
+        // A gRPC pause is the plane's: the gateway's resume ends it, and the other way round.
+        let a = api.begin_weight_update(begin.clone()).await.unwrap().into_inner();
+        assert!(a.ok && a.servers.len() == 2, "{a:?}");
+        assert!(a.message.contains("paused on 2 engines"), "{a:?}");
+        assert!(a.skipped.is_empty(), "{a:?}");
+        assert!(svc.plane.is_paused().await);
+        let (s, v) = gateway_post(&svc, "/continue_generation", serde_json::json!({})).await;
+        assert_eq!(s, 200, "{v}");
+        assert!(!svc.plane.is_paused().await);
+        let (s, v) = gateway_post(&svc, "/pause_generation", serde_json::json!({"mode": "abort"})).await;
+        assert_eq!(s, 200, "{v}");
+        assert!(svc.plane.is_paused().await);
+        let e = api.end_weight_update(EndWeightUpdateRequest {}).await.unwrap().into_inner();
+        assert!(e.ok && e.message.contains("resume on 2 engines"), "{e:?}");
+        assert!(!svc.plane.is_paused().await);
+
+        // A bucket for a group nobody opened is refused before any engine sees it, naming the
+        // call that opens one.
+        let refused = api
+            .weight_bucket(WeightBucketRequest {
+                group_name: "nobody".into(),
+                names: vec!["model.norm.weight".into()],
+                dtypes: vec!["bfloat16".into()],
+                shapes: vec![Shape { dims: vec![4] }],
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().contains("init_weights_update_group"), "{refused:?}");
+
+        // A group opened over gRPC is the plane's: the gateway will not open it a second time.
+        let p = api.get_weight_plan(GetWeightPlanRequest {}).await.unwrap().into_inner();
+        assert_eq!(p.world_size, 3);
+        let mut sender = WeightSender::bind("127.0.0.1:0", p.world_size as usize, "g")
+            .await
+            .unwrap();
+        let port = sender.local_addr().unwrap().port();
+        let init = api.init_weight_group(InitWeightGroupRequest {
+            master_address: "127.0.0.1".into(),
+            master_port: port as u32,
+            group_name: "g".into(),
+            backend: "tcp".into(),
+        });
+        let (joined, accepted) =
+            tokio::join!(init, sender.accept_all(std::time::Duration::from_secs(30)));
+        accepted.unwrap();
+        let joined = joined.unwrap().into_inner();
+        assert!(joined.ok, "{joined:?}");
+        assert!(svc.plane.has_group("g").await);
+        let again = serde_json::json!({"master_address": "127.0.0.1", "master_port": port, "group_name": "g", "backend": "tcp"});
+        let (s, v) = gateway_post(&svc, "/init_weights_update_group", again).await;
+        assert_eq!(s, 400, "{v}");
+        assert!(v.to_string().contains("exists"), "{v}");
+
+        // A gRPC update is the fleet's last update: a server that restarts afterwards is told
+        // it cannot be caught up from a client's own broadcast (not that no update happened).
+        assert!(api.begin_weight_update(begin).await.unwrap().into_inner().ok);
+        let h = ModelConfig::tiny().hidden_size;
+        let bytes: Vec<u8> = (0..h).flat_map(|_| bf16::from_f32(0.5).to_le_bytes()).collect();
+        let shape = vec![h];
+        let bucket = api.weight_bucket(WeightBucketRequest {
+            group_name: "g".into(),
+            names: vec!["model.norm.weight".into()],
+            dtypes: vec!["bfloat16".into()],
+            shapes: vec![Shape { dims: vec![h as u64] }],
+            weight_version: "g-1".into(),
+            flush_cache: true,
+        });
+        let refs = [TensorRef {
+            name: "model.norm.weight",
+            dtype: WireDtype::Bf16,
+            shape: &shape,
+            bytes: &bytes,
+        }];
+        let (acked, sent) = tokio::join!(bucket, sender.send_bucket(&refs));
+        sent.unwrap();
+        assert!(acked.unwrap().into_inner().ok);
+        assert!(api.end_weight_update(EndWeightUpdateRequest {}).await.unwrap().into_inner().ok);
+        assert_eq!(svc.plane.fleet().version().as_deref(), Some("g-1"));
+        let engine = svc.control.engines()[0].clone();
+        let catcher = svc.plane.fleet().catcher().expect("the plane catches servers up");
+        let why = catcher.catch_up(&svc.control, &engine).await.unwrap_err();
+        assert!(why.contains("cannot be replayed"), "{why}");
+
         svc.teardown().await;
         cluster.shutdown().await;
     })

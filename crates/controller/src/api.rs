@@ -2,7 +2,10 @@
 //!
 //! An external trainer (rank 0, e.g. a Python FSDP process with NCCL) broadcasts the tensors;
 //! this service tells every engine what to expect, concurrently, and never resumes serving on
-//! mixed weight versions.
+//! mixed weight versions. Every call is an operation of the deployment's [`ControlPlane`], the
+//! one the gateway's control endpoints use, so the two never interleave (one operation at a
+//! time), the plane knows a gRPC pause as its own, and a gRPC update is the fleet's last update
+//! like any other.
 //!
 //! It controls every engine, so it is guarded like the hosts: with a token every request must
 //! carry `authorization: Bearer <token>` (refused before it reaches a handler, so a refused call
@@ -10,32 +13,33 @@
 //! serve over TLS. [`connect`] is the matching client.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 use troupe_actors::auth::{TokenAttach, TokenCheck};
 use troupe_actors::tls::{ClientTls, ServerTls};
-use troupe_weights::plan::{EngineGpus, WeightSyncPlan};
+use troupe_serving::control_plane::ControlPlane;
+use troupe_serving::control_plane::updates::FleetGroupRequest;
+use troupe_wire::sglang::UpdateWeightsFromDistributed;
 use troupe_wire::v1::controller_client::ControllerClient;
 use troupe_wire::v1::controller_server::{Controller, ControllerServer};
 use troupe_wire::v1::{
     BeginWeightUpdateRequest, EndWeightUpdateRequest, EngineRank, GetWeightPlanRequest,
     InitWeightGroupRequest, ServerStatus, WeightAck, WeightBucketRequest, WeightPlan,
 };
+use troupe_wire::{ApiError, PauseMode};
 
-use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
+/// The trainer is rank 0; the fleet's ranks start here.
+const FIRST_ENGINE_RANK: u32 = 1;
 
-use troupe_serving::control_plane::{InferenceControl, ServerResult};
-use troupe_wire::PauseMode;
-
-/// The `troupe.v1.Controller` service over a set of engines.
+/// The `troupe.v1.Controller` service over a deployment's control plane.
 #[derive(Clone)]
 pub struct ControllerApi {
-    control: InferenceControl,
-    gpus: Vec<u32>,
+    plane: Arc<ControlPlane>,
     token: Option<String>,
     tls: Option<ServerTls>,
 }
@@ -67,37 +71,74 @@ pub async fn connect(
     Ok(ControllerClient::with_interceptor(channel, attach))
 }
 
-fn ack(results: Vec<ServerResult<Value>>) -> WeightAck {
-    let servers: Vec<ServerStatus> = results
-        .into_iter()
-        .map(|r| ServerStatus {
-            ok: r.result.is_ok(),
-            error: r.result.err().unwrap_or_default(),
-            url: r.url,
+/// Each engine's line of a plane answer's `engines` breakdown (`{url, success, error?}`).
+fn servers(engines: Option<&Value>) -> Vec<ServerStatus> {
+    engines
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .map(|e| ServerStatus {
+                    url: e["url"].as_str().unwrap_or_default().to_string(),
+                    ok: e["success"].as_bool().unwrap_or(false),
+                    error: e["error"].as_str().unwrap_or_default().to_string(),
+                })
+                .collect()
         })
-        .collect();
-    WeightAck {
-        ok: servers.iter().all(|s| s.ok),
-        servers,
+        .unwrap_or_default()
+}
+
+/// The gRPC answer to a plane operation: its per-engine breakdown as a [`WeightAck`] (`ok:
+/// false` with the message when some engine failed: the plane has undone what it undoes), or
+/// the status that matches the plane's refusal (bad input, mixed versions, no engine).
+fn ack(r: Result<Value, ApiError>) -> Result<Response<WeightAck>, Status> {
+    match r {
+        Ok(v) => Ok(Response::new(WeightAck {
+            ok: true,
+            servers: servers(v.get("engines")),
+            message: v["message"].as_str().unwrap_or_default().to_string(),
+            skipped: v["skipped"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|u| u.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })),
+        Err(e) if e.status.as_u16() == 502 && e.engines.is_some() => Ok(Response::new(WeightAck {
+            ok: false,
+            servers: servers(e.engines.as_ref()),
+            message: e.message,
+            skipped: Vec::new(),
+        })),
+        Err(e) => Err(status_of(&e)),
     }
 }
 
+/// The gRPC status for a plane refusal with HTTP status `e.status`.
+fn status_of(e: &ApiError) -> Status {
+    let code = match e.status.as_u16() {
+        400 | 413 | 422 => Code::InvalidArgument,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::NotFound,
+        409 => Code::FailedPrecondition,
+        503 | 502 => Code::Unavailable,
+        504 => Code::DeadlineExceeded,
+        _ => Code::Internal,
+    };
+    Status::new(code, e.message.clone())
+}
+
 impl ControllerApi {
-    /// An API over `control`'s engines; `gpus[i]` is engine i's GPU count (its rank span).
-    pub fn new(control: InferenceControl, gpus: Vec<u32>) -> Result<Self, String> {
-        if gpus.len() != control.urls().len() {
-            return Err(format!(
-                "{} engines but {} GPU counts",
-                control.urls().len(),
-                gpus.len()
-            ));
-        }
-        Ok(ControllerApi {
-            control,
-            gpus,
+    /// An API over `plane`'s engines: each call is one of its operations, serialized with the
+    /// gateway's control endpoints and recorded in the same fleet state.
+    pub fn new(plane: Arc<ControlPlane>) -> Self {
+        ControllerApi {
+            plane,
             token: None,
             tls: None,
-        })
+        }
     }
 
     /// Requires `token` on every request (None: no check, and loopback addresses only).
@@ -110,21 +151,6 @@ impl ControllerApi {
     pub fn with_tls(mut self, tls: Option<ServerTls>) -> Self {
         self.tls = tls;
         self
-    }
-
-    fn plan(&self) -> Result<WeightSyncPlan, Status> {
-        let engines: Vec<EngineGpus> = self
-            .control
-            .urls()
-            .iter()
-            .zip(&self.gpus)
-            .map(|(u, g)| EngineGpus {
-                engine: u.clone(),
-                gpus: *g,
-            })
-            .collect();
-        WeightSyncPlan::new("troupe-weights", &engines, 1)
-            .map_err(|e| Status::failed_precondition(e.to_string()))
     }
 
     /// Serves the API on `listener` until `shutdown` resolves (TCP_NODELAY on every socket).
@@ -181,20 +207,21 @@ impl Controller for ControllerApi {
         &self,
         _r: Request<GetWeightPlanRequest>,
     ) -> Result<Response<WeightPlan>, Status> {
-        let plan = self.plan()?;
-        let engines = self
-            .control
-            .urls()
-            .iter()
-            .enumerate()
-            .map(|(i, u)| EngineRank {
-                url: u.clone(),
-                rank_offset: plan.rank_offset(i).unwrap_or(0),
-                gpus: self.gpus[i],
+        let (members, world_size) = self
+            .plane
+            .group_ranks(FIRST_ENGINE_RANK)
+            .await
+            .map_err(|e| status_of(&e))?;
+        let engines = members
+            .into_iter()
+            .map(|(e, rank_offset)| EngineRank {
+                url: e.url,
+                rank_offset,
+                gpus: e.gpus,
             })
             .collect();
         Ok(Response::new(WeightPlan {
-            world_size: plan.world_size(),
+            world_size,
             engines,
         }))
     }
@@ -204,11 +231,12 @@ impl Controller for ControllerApi {
         r: Request<InitWeightGroupRequest>,
     ) -> Result<Response<WeightAck>, Status> {
         let r = r.into_inner();
-        if r.master_address.is_empty() || r.master_port == 0 || r.master_port > 65535 {
+        let port = u16::try_from(r.master_port).ok().filter(|p| *p != 0);
+        let (false, Some(master_port)) = (r.master_address.is_empty(), port) else {
             return Err(Status::invalid_argument(
                 "master_address and master_port (1-65535) are required, e.g. 10.0.0.1:29500",
             ));
-        }
+        };
         if r.group_name.is_empty() {
             return Err(Status::invalid_argument("group_name is required"));
         }
@@ -217,31 +245,17 @@ impl Controller for ControllerApi {
         } else {
             r.backend
         };
-        let plan = self.plan()?;
-        let world = plan.world_size();
-        let engines = self.control.engines();
-        let calls = engines.iter().enumerate().map(|(i, e)| {
-            let req = InitWeightsUpdateGroup {
-                master_address: r.master_address.clone(),
-                master_port: u16::try_from(r.master_port).unwrap_or(0),
-                rank_offset: plan.rank_offset(i).unwrap_or(0),
-                world_size: world,
-                group_name: r.group_name.clone(),
-                backend: backend.clone(),
-            };
-            async move {
-                ServerResult {
-                    url: e.url.clone(),
-                    result: self
-                        .control
-                        .client()
-                        .init_weight_group(e, &req)
-                        .await
-                        .map_err(|e| e.to_string()),
-                }
-            }
-        });
-        Ok(Response::new(ack(futures::future::join_all(calls).await)))
+        ack(self
+            .plane
+            .init_group(FleetGroupRequest {
+                master_address: r.master_address,
+                master_port,
+                group_name: r.group_name,
+                backend,
+                world_size: None,
+                rank_offset: Some(FIRST_ENGINE_RANK),
+            })
+            .await)
     }
 
     async fn begin_weight_update(
@@ -257,7 +271,7 @@ impl Controller for ControllerApi {
                 ))
             })?,
         };
-        Ok(Response::new(ack(self.control.pause(mode).await)))
+        ack(self.plane.pause(mode, false).await)
     }
 
     async fn weight_bucket(
@@ -265,61 +279,33 @@ impl Controller for ControllerApi {
         r: Request<WeightBucketRequest>,
     ) -> Result<Response<WeightAck>, Status> {
         let r = r.into_inner();
-        let n = r.names.len();
-        if n == 0 || r.dtypes.len() != n || r.shapes.len() != n {
-            return Err(Status::invalid_argument(format!(
-                "names, dtypes and shapes must be non-empty and of equal length (got {}, {}, {})",
-                n,
-                r.dtypes.len(),
-                r.shapes.len()
-            )));
-        }
-        // What `EndWeightUpdate` expects every engine to hold (engines that honour `If-Match`
-        // then check and resume in one call).
-        if !r.weight_version.is_empty() {
-            self.control.fleet().expect_version(&r.weight_version);
-        }
         let req = UpdateWeightsFromDistributed {
             names: r.names,
             dtypes: r.dtypes,
             shapes: r
                 .shapes
                 .iter()
-                .map(|s| s.dims.iter().map(|&d| d as usize).collect())
+                .map(|s| {
+                    s.dims
+                        .iter()
+                        .map(|&d| usize::try_from(d).unwrap_or(usize::MAX))
+                        .collect()
+                })
                 .collect(),
             group_name: r.group_name,
             flush_cache: r.flush_cache,
-            weight_version: Some(r.weight_version),
+            weight_version: Some(r.weight_version).filter(|v| !v.is_empty()),
             packed: false,
         };
-        let req = &req;
-        let res = self
-            .control
-            .fan_out(|c, u| async move { c.update_weights(&u, req).await })
-            .await;
-        Ok(Response::new(ack(res)))
+        // With a version, the plane records it once every member took the bucket: the fleet
+        // then expects it, so `EndWeightUpdate` checks and resumes in one call per engine.
+        ack(self.plane.update_distributed(req).await)
     }
 
     async fn end_weight_update(
         &self,
         _r: Request<EndWeightUpdateRequest>,
     ) -> Result<Response<WeightAck>, Status> {
-        let expected = self.control.fleet().expected_version();
-        let r = self
-            .control
-            .resume_on_one_version(None, expected.as_deref())
-            .await
-            .map_err(|m| {
-                Status::failed_precondition(format!(
-                    "engines hold different weight versions {:?}; finish the update (resend the failed buckets) before resuming{}",
-                    m.versions, m.undone
-                ))
-            })?;
-        // Servers that came back held (restarted on initial weights) and took this update may
-        // be routed again: the serving watcher readmits them.
-        if let Some(v) = &r.version {
-            self.control.fleet().updated(v, &r.reached);
-        }
-        Ok(Response::new(ack(r.results)))
+        ack(self.plane.resume().await)
     }
 }

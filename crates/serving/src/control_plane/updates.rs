@@ -170,7 +170,39 @@ pub fn check_bucket(
     Ok(())
 }
 
+/// Each engine's first rank in a group whose fleet starts at rank `base` (ranks before it are
+/// the trainer's), in order, and the group's world size.
+fn ranks(engines: Vec<Engine>, base: u32) -> Result<(Vec<(Engine, u32)>, u32), ApiError> {
+    if engines.is_empty() {
+        return Err(ApiError::unavailable("no live engine to join the group").control());
+    }
+    if base == 0 {
+        return Err(bad(
+            "rank_offset 0 is the trainer's rank; the fleet starts at 1 or later",
+        ));
+    }
+    let mut members = Vec::with_capacity(engines.len());
+    let mut next = base;
+    for e in engines {
+        let gpus = e.gpus;
+        members.push((e, next));
+        next = next
+            .checked_add(gpus)
+            .ok_or_else(|| bad("rank_offset + GPUs overflows"))?;
+    }
+    Ok((members, next))
+}
+
 impl ControlPlane {
+    /// The ranks [`ControlPlane::init_group`] would give now with the fleet starting at rank
+    /// `base`: each live engine with its first rank, and the world size. What a trainer sizes
+    /// its broadcast by before it opens the group.
+    pub async fn group_ranks(&self, base: u32) -> Result<(Vec<(Engine, u32)>, u32), ApiError> {
+        self.refresh().await;
+        let _st = self.op.lock().await;
+        ranks(self.targets().0.engines(), base)
+    }
+
     /// Opens a weight group with a client as rank 0: every live engine joins at its cumulative
     /// rank offset (`rank_offset`, default 1, is the first). A `world_size` that does not add
     /// up is a 400 naming the right value; if some engine fails to join, the others leave
@@ -191,25 +223,8 @@ impl ControlPlane {
             )));
         }
         let (control, skipped) = self.targets();
-        let engines = control.engines();
-        if engines.is_empty() {
-            return Err(ApiError::unavailable("no live engine to join the group").control());
-        }
         let base = req.rank_offset.unwrap_or(1);
-        if base == 0 {
-            return Err(bad(
-                "rank_offset 0 is the trainer's rank; the fleet starts at 1 or later",
-            ));
-        }
-        let mut members = Vec::new();
-        let mut next = base;
-        for e in &engines {
-            members.push((e.clone(), next));
-            next = next
-                .checked_add(e.gpus)
-                .ok_or_else(|| bad("rank_offset + GPUs overflows"))?;
-        }
-        let world = next;
+        let (members, world) = ranks(control.engines(), base)?;
         if let Some(w) = req.world_size
             && w != world
         {
