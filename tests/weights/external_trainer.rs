@@ -17,21 +17,34 @@ use troupe_wire::v1::{
     Shape, WeightBucketRequest,
 };
 
+/// A deployment of `plan` on one in-process host with `gpus` GPUs, its gRPC API, and a client.
+async fn served(
+    gpus: u32,
+    plan: &str,
+) -> (
+    Cluster,
+    Deployment,
+    ControllerClient<tonic::transport::Channel>,
+) {
+    let cluster = Cluster::in_process(1, gpus).await.unwrap();
+    let plan = AllocationPlan::parse(plan).unwrap();
+    let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
+        .await
+        .unwrap();
+    let addr = ControllerApi::new(svc.plane.clone())
+        .spawn("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let api = ControllerClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    (cluster, svc, api)
+}
+
 #[tokio::test]
 async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
     within(120, async {
-        let cluster = Cluster::in_process(1, 4).await.unwrap();
-        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t2)").unwrap();
-        let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
-            .await
-            .unwrap();
-        let addr = ControllerApi::new(svc.plane.clone())
-            .spawn("127.0.0.1:0".parse().unwrap())
-            .await
-            .unwrap();
-        let mut api = ControllerClient::connect(format!("http://{addr}"))
-            .await
-            .unwrap();
+        let (cluster, svc, mut api) = served(4, "troupe:(prefill:d1t1|decode:d1t2)").await;
 
         let p = api
             .get_weight_plan(GetWeightPlanRequest {})
@@ -247,18 +260,7 @@ async fn gateway_post(
 #[tokio::test]
 async fn grpc_calls_are_operations_of_the_gateways_control_plane() {
     within(120, async {
-        let cluster = Cluster::in_process(1, 2).await.unwrap();
-        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
-        let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
-            .await
-            .unwrap();
-        let addr = ControllerApi::new(svc.plane.clone())
-            .spawn("127.0.0.1:0".parse().unwrap())
-            .await
-            .unwrap();
-        let mut api = ControllerClient::connect(format!("http://{addr}"))
-            .await
-            .unwrap();
+        let (cluster, svc, mut api) = served(2, "troupe:(prefill:d1t1|decode:d1t1)").await;
         let begin = BeginWeightUpdateRequest {
             pause_mode: "abort".into(),
         };
