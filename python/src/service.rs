@@ -21,9 +21,8 @@ pub struct Service {
     deployment: Arc<Mutex<Option<Deployment>>>,
     plane: Arc<ControlPlane>,
     gateway_url: String,
-    /// The controller API servers `serve_api` started (their address and stop signal): they
-    /// stop with the deployment.
-    apis: std::sync::Mutex<Vec<(String, tokio::sync::oneshot::Sender<()>)>>,
+    /// The controller API servers `serve_api` started: they stop with the deployment.
+    apis: std::sync::Mutex<Vec<troupe_controller::api::ApiServer>>,
 }
 
 impl Service {
@@ -77,7 +76,7 @@ impl Service {
         self.apis
             .lock()
             .ok()
-            .and_then(|a| a.first().map(|(addr, _)| addr.clone()))
+            .and_then(|a| a.first().map(|s| s.addr().to_string()))
     }
 
     /// One weight update through the plane; its report as a dict.
@@ -199,21 +198,10 @@ impl Service {
             })?;
             troupe_controller::api::ControllerApi::new(d.plane.clone()).with_token(token)
         };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let bound = wait(py, async move {
-            let l = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-            let bound = l.local_addr().map_err(|e| e.to_string())?;
-            tokio::spawn(api.serve(l, async move {
-                let _ = stopped.await;
-            }));
-            Ok::<_, String>(bound)
-        })?
-        .map_err(crate::errors::ServingError::new_err)?;
-        let bound = bound.to_string();
+        let server = wait(py, api.spawn(addr))?.map_err(crate::errors::ServingError::new_err)?;
+        let bound = server.addr().to_string();
         if let Ok(mut a) = self.apis.lock() {
-            a.push((bound.clone(), stop));
+            a.push(server);
         }
         Ok(bound)
     }
@@ -221,7 +209,7 @@ impl Service {
     /// Stops the gateway, proxies and servers. Idempotent.
     fn teardown(&self, py: Python<'_>) -> PyResult<()> {
         if let Ok(mut a) = self.apis.lock() {
-            a.clear(); // dropping the senders stops the API servers
+            a.clear(); // dropping them stops the API servers
         }
         let d = self.deployment.clone();
         wait(py, async move {

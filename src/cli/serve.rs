@@ -285,12 +285,17 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
         None => None,
     };
     println!("gateway: {}", svc.gateway_url);
+    // Serves until shutdown below: it stops before the deployment it controls is torn down.
+    let mut api_server = None;
     if let Some(addr) = a.api_listen {
         let api = api::ControllerApi::new(svc.plane.clone())
             .with_token(token)
             .with_tls(api_tls);
         match api.spawn(addr).await {
-            Ok(bound) => println!("controller api: {bound}"),
+            Ok(server) => {
+                println!("controller api: {}", server.addr());
+                api_server = Some(server);
+            }
             Err(e) => {
                 svc.teardown().await;
                 cluster.shutdown().await;
@@ -315,6 +320,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     }
     stop.wait().await;
     eprintln!("shutting down");
+    drop(api_server);
     if let Some(k) = keeper {
         k.abort();
     }

@@ -100,12 +100,12 @@ async fn is_unauthenticated<T: std::fmt::Debug>(r: Result<tonic::Response<T>, to
 async fn the_controller_api_refuses_calls_without_the_token_and_they_change_nothing() {
     within(120, async {
         let (cluster, svc) = one_engine().await;
-        let addr = ControllerApi::new(svc.plane.clone())
+        let server = ControllerApi::new(svc.plane.clone())
             .with_token(Some("api-s3cret".into()))
             .spawn("127.0.0.1:0".parse().unwrap())
             .await
-            .unwrap()
-            .to_string();
+            .unwrap();
+        let addr = server.addr().to_string();
         // A trainer's broadcast master that engines would join if an init went through.
         let mut master = WeightSender::bind("127.0.0.1:0", 2, "g").await.unwrap();
         let port = master.local_addr().unwrap().port() as u32;
@@ -334,13 +334,13 @@ async fn the_controller_api_over_tls_with_a_token() {
         let pki = Pki::new("api");
         let other = Pki::new("other");
         let (cluster, svc) = one_engine().await;
-        let addr = ControllerApi::new(svc.plane.clone())
+        let server = ControllerApi::new(svc.plane.clone())
             .with_token(Some("k".into()))
             .with_tls(Some(pki.server()))
             .spawn("127.0.0.1:0".parse().unwrap())
             .await
-            .unwrap()
-            .to_string();
+            .unwrap();
+        let addr = server.addr().to_string();
         let t = Duration::from_secs(5);
         let mut c = api::connect(&addr, Some("k"), Some(&pki.client()), t)
             .await

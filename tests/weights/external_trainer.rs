@@ -6,7 +6,7 @@ use crate::common;
 use common::within;
 use half::bf16;
 use troupe_controller::Cluster;
-use troupe_controller::api::ControllerApi;
+use troupe_controller::api::{ApiServer, ControllerApi};
 use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_engine::model::{ModelConfig, Weights};
 use troupe_scheduler::AllocationPlan;
@@ -17,13 +17,15 @@ use troupe_wire::v1::{
     Shape, WeightBucketRequest,
 };
 
-/// A deployment of `plan` on one in-process host with `gpus` GPUs, its gRPC API, and a client.
+/// A deployment of `plan` on one in-process host with `gpus` GPUs, its gRPC API (serving while
+/// the [`ApiServer`] lives), and a client.
 async fn served(
     gpus: u32,
     plan: &str,
 ) -> (
     Cluster,
     Deployment,
+    ApiServer,
     ControllerClient<tonic::transport::Channel>,
 ) {
     let cluster = Cluster::in_process(1, gpus).await.unwrap();
@@ -31,20 +33,20 @@ async fn served(
     let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
         .await
         .unwrap();
-    let addr = ControllerApi::new(svc.plane.clone())
+    let server = ControllerApi::new(svc.plane.clone())
         .spawn("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    let api = ControllerClient::connect(format!("http://{addr}"))
+    let api = ControllerClient::connect(format!("http://{}", server.addr()))
         .await
         .unwrap();
-    (cluster, svc, api)
+    (cluster, svc, server, api)
 }
 
 #[tokio::test]
 async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
     within(120, async {
-        let (cluster, svc, mut api) = served(4, "troupe:(prefill:d1t1|decode:d1t2)").await;
+        let (cluster, svc, _server, mut api) = served(4, "troupe:(prefill:d1t1|decode:d1t2)").await;
 
         let p = api
             .get_weight_plan(GetWeightPlanRequest {})
@@ -260,7 +262,7 @@ async fn gateway_post(
 #[tokio::test]
 async fn grpc_calls_are_operations_of_the_gateways_control_plane() {
     within(120, async {
-        let (cluster, svc, mut api) = served(2, "troupe:(prefill:d1t1|decode:d1t1)").await;
+        let (cluster, svc, _server, mut api) = served(2, "troupe:(prefill:d1t1|decode:d1t1)").await;
         let begin = BeginWeightUpdateRequest {
             pause_mode: "abort".into(),
         };

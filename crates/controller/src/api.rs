@@ -172,22 +172,45 @@ impl ControllerApi {
             .await
     }
 
-    /// Binds `addr` and serves in the background; returns the bound address. Refuses a
-    /// non-loopback address without a token: anyone who reached it could pause every engine
-    /// or load weights into them.
-    pub async fn spawn(self, addr: SocketAddr) -> Result<SocketAddr, String> {
+    /// Binds `addr` and serves in the background until the returned [`ApiServer`] is dropped.
+    /// Refuses a non-loopback address without a token: anyone who reached it could pause
+    /// every engine or load weights into them.
+    pub async fn spawn(self, addr: SocketAddr) -> Result<ApiServer, String> {
         check_listen(addr, self.token.as_deref())?;
         let l = TcpListener::bind(addr)
             .await
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let bound = l.local_addr().map_err(|e| e.to_string())?;
-        let served = self.serve(l, std::future::pending());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = self.serve(l, async move {
+            let _ = stopped.await;
+        });
         tokio::spawn(async move {
             if let Err(e) = served.await {
                 tracing::error!("controller api on {bound} stopped: {e}");
             }
         });
-        Ok(bound)
+        Ok(ApiServer {
+            addr: bound,
+            _stop: stop,
+        })
+    }
+}
+
+/// A controller API serving in the background: it stops (and frees its port) when this is
+/// dropped, so it never outlives its owner (`troupe serve`, a Python `Service`, a test) or
+/// keeps the deployment's plane alive after it.
+#[derive(Debug)]
+pub struct ApiServer {
+    addr: SocketAddr,
+    /// Dropping it ends the server's shutdown future.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl ApiServer {
+    /// The address it listens on (the bound port when `:0` was asked for).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 }
 
@@ -307,5 +330,48 @@ impl Controller for ControllerApi {
         _r: Request<EndWeightUpdateRequest>,
     ) -> Result<Response<WeightAck>, Status> {
         ack(self.plane.resume().await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use troupe_serving::control_plane::{InferenceControl, WeightSync};
+
+    use super::*;
+
+    /// Dropping the handle stops the server: its port refuses connections (no API outlives
+    /// its owner, e.g. a test beside a running job), and an empty fleet is refused as such.
+    #[tokio::test]
+    async fn an_api_server_stops_when_its_handle_is_dropped() {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let plane = ControlPlane::new(
+                InferenceControl::with_engines(Vec::new(), None),
+                WeightSync::new(Default::default()),
+            );
+            let server = ControllerApi::new(plane)
+                .spawn("127.0.0.1:0".parse().expect("address"))
+                .await
+                .expect("serves");
+            let addr = server.addr();
+            let mut c = ControllerClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connects");
+            let e = c
+                .get_weight_plan(GetWeightPlanRequest {})
+                .await
+                .expect_err("no engine");
+            assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+            assert!(e.message().contains("no live engine"), "{e:?}");
+            drop(c);
+            drop(server);
+            // Stopping is asynchronous: poll until the port refuses.
+            while tokio::net::TcpStream::connect(addr).await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the server stopped in time");
     }
 }
