@@ -17,7 +17,8 @@
 //!   and resume code for the first time then (page faults, cold caches), which cost about as
 //!   much again as the call, once;
 //! - `scale.fanout_p50_ms` / `scale.fanout_p99_ms`: the `--rounds` pauses and resumes after
-//!   that first round (every call timed; resume includes its version check), and
+//!   that first round (every call timed; resume includes its version check; 100 rounds by
+//!   default, 200 calls, so the p99 is not simply the slowest call, `scale.fanout_max_ms`), and
 //!   `scale.fanout_pause_p50_ms` / `scale.fanout_resume_p50_ms` each kind alone;
 //! - `scale.weight_update_s`: a tiny-model weight update to every server through the plane
 //!   (pause, broadcast group build, buckets, resume), `scale.weight_update_again_s` a second one
@@ -59,8 +60,9 @@ pub struct ScaleArgs {
     /// One group of regular servers, or half prefill and half decode.
     #[arg(long, value_enum, default_value = "regular")]
     pub layout: Layout,
-    /// Pause + resume rounds timed for the fan-out figures (after a first round timed apart).
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    /// Pause + resume rounds timed for the fan-out figures (after a first round timed apart);
+    /// at least 50 for a p99 that is not the maximum.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub rounds: u64,
     /// How long each server may take to come up, in seconds.
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
