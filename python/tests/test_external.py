@@ -45,7 +45,8 @@ def test_rank_zero_drives_weight_sync_through_the_controller_api(served):
     sender = troupe.TcpWeightSender(plan["world_size"], "ext", host="127.0.0.1")
     joined = in_thread(api.init_weight_group, "127.0.0.1", sender.port, "ext", "tcp")
     sender.accept_all(60)
-    assert joined()["ok"]
+    j = joined()
+    assert j["ok"] and [s["ok"] for s in j["servers"]] == [True, True], j
 
     trainer = cluster.spawn_trainer(model="tiny", init_seed=5)
     weights = {k: v.astype(ml_dtypes.bfloat16) for k, v in trainer.get_weights().items()}

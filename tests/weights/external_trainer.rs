@@ -269,7 +269,7 @@ async fn grpc_calls_are_operations_of_the_gateways_control_plane() {
 
         // A gRPC pause is the plane's: the gateway's resume ends it, and the other way round.
         let a = api.begin_weight_update(begin.clone()).await.unwrap().into_inner();
-        assert!(a.ok && a.servers.len() == 2, "{a:?}");
+        assert!(a.ok && a.servers.len() == 2 && a.servers.iter().all(|s| s.ok), "{a:?}");
         assert!(a.message.contains("paused on 2 engines"), "{a:?}");
         assert!(a.skipped.is_empty(), "{a:?}");
         assert!(svc.plane.is_paused().await);
@@ -316,6 +316,8 @@ async fn grpc_calls_are_operations_of_the_gateways_control_plane() {
         accepted.unwrap();
         let joined = joined.unwrap().into_inner();
         assert!(joined.ok, "{joined:?}");
+        assert_eq!(joined.servers.len(), 2, "{joined:?}");
+        assert!(joined.servers.iter().all(|s| s.ok && s.error.is_empty()), "{joined:?}");
         assert!(svc.plane.has_group("g").await);
         let again = serde_json::json!({"master_address": "127.0.0.1", "master_port": port, "group_name": "g", "backend": "tcp"});
         let (s, v) = gateway_post(&svc, "/init_weights_update_group", again).await;

@@ -71,15 +71,17 @@ pub async fn connect(
     Ok(ControllerClient::with_interceptor(channel, attach))
 }
 
-/// Each engine's line of a plane answer's `engines` breakdown (`{url, success, error?}`).
-fn servers(engines: Option<&Value>) -> Vec<ServerStatus> {
+/// Each engine's line of a plane answer's `engines` list: `{url, success, error?}` after a
+/// failure; after a success every listed engine succeeded (`ok`), whatever else its entry
+/// says (`init_group` lists `{url, rank_offset, gpus}`).
+fn servers(engines: Option<&Value>, succeeded: bool) -> Vec<ServerStatus> {
     engines
         .and_then(Value::as_array)
         .map(|list| {
             list.iter()
                 .map(|e| ServerStatus {
                     url: e["url"].as_str().unwrap_or_default().to_string(),
-                    ok: e["success"].as_bool().unwrap_or(false),
+                    ok: succeeded || e["success"].as_bool().unwrap_or(false),
                     error: e["error"].as_str().unwrap_or_default().to_string(),
                 })
                 .collect()
@@ -94,7 +96,7 @@ fn ack(r: Result<Value, ApiError>) -> Result<Response<WeightAck>, Status> {
     match r {
         Ok(v) => Ok(Response::new(WeightAck {
             ok: true,
-            servers: servers(v.get("engines")),
+            servers: servers(v.get("engines"), true),
             message: v["message"].as_str().unwrap_or_default().to_string(),
             skipped: v["skipped"]
                 .as_array()
@@ -107,7 +109,7 @@ fn ack(r: Result<Value, ApiError>) -> Result<Response<WeightAck>, Status> {
         })),
         Err(e) if e.status.as_u16() == 502 && e.engines.is_some() => Ok(Response::new(WeightAck {
             ok: false,
-            servers: servers(e.engines.as_ref()),
+            servers: servers(e.engines.as_ref(), false),
             message: e.message,
             skipped: Vec::new(),
         })),
