@@ -28,6 +28,9 @@ use super::{BoxFuture, HostLauncher, LaunchError, LaunchRequest, LaunchedHost, t
 const POLL: Duration = Duration::from_millis(500);
 /// Lines of the job's output quoted in errors.
 const TAIL_LINES: usize = 20;
+/// How long a COMPLETING job (its processes exiting) is given to settle into its final state
+/// before an error reports it as it is.
+const SETTLE: Duration = Duration::from_secs(10);
 /// How often a running job is checked after start-up.
 const WATCH: Duration = Duration::from_secs(2);
 
@@ -155,7 +158,7 @@ impl SlurmLauncher {
     async fn ended(&self) -> Option<String> {
         if let Some(job) = self.job_id() {
             return match job_info(&job).await {
-                Some(j) if j.is_finished() => Some(j.summary()),
+                Some(j) if j.is_finished() => Some(settled(&job, j).await.summary()),
                 Some(j) if j.is_hopeless() => {
                     let _ = Command::new("scancel").arg(&job).output().await;
                     Some(format!(
@@ -259,6 +262,7 @@ impl SlurmLauncher {
                 if let Some(j) = job_info(&job).await
                     && j.state != "RUNNING"
                 {
+                    let j = settled(&job, j).await;
                     let out = output
                         .as_deref()
                         .map(|p| tail(p, TAIL_LINES))
@@ -317,6 +321,20 @@ impl SlurmLauncher {
             }
         }
     }
+}
+
+/// `j` once it has left COMPLETING (within [`SETTLE`]): an error then says how the job ended
+/// (FAILED, COMPLETED, CANCELLED, with Slurm's reason), not that it was ending.
+async fn settled(job: &str, mut j: JobInfo) -> JobInfo {
+    let until = tokio::time::Instant::now() + SETTLE;
+    while j.state == "COMPLETING" && tokio::time::Instant::now() < until {
+        tokio::time::sleep(POLL).await;
+        match job_info(job).await {
+            Some(now) => j = now,
+            None => break,
+        }
+    }
+    j
 }
 
 async fn job_info(job: &str) -> Option<JobInfo> {
