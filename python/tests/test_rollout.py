@@ -206,7 +206,7 @@ def test_agenerate_is_native_asyncio_and_cancellable(svc):
         # Cancelling the asyncio task drops the Rust request; the client stays usable.
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(client.agenerate([5, 6], max_new_tokens=100000, ignore_eos=True), 0.05)
-        g = await client.agenerate([5, 6], max_new_tokens=2)
+        g = await client.agenerate([5, 6], max_new_tokens=2, ignore_eos=True)
         assert len(g["output_ids"]) == 2
         # SGLang's shape works too, and is the same request.
         a = await client.agenerate(input_ids=[5, 6], sampling_params={"max_new_tokens": 4, "sampling_seed": 9})
