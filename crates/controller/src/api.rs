@@ -111,7 +111,7 @@ fn ack(r: Result<Value, ApiError>) -> Result<Response<WeightAck>, Status> {
             ok: false,
             servers: servers(e.engines.as_ref(), false),
             message: e.message,
-            skipped: Vec::new(),
+            skipped: e.skipped,
         })),
         Err(e) => Err(status_of(&e)),
     }

@@ -20,6 +20,8 @@ pub struct ApiError {
     /// A fleet-wide control call's per-engine breakdown (`"engines": [...]`), so a client
     /// sees which engine failed and what the others answered.
     pub engines: Option<Value>,
+    /// Engines a fleet-wide call skipped because the fleet marks them down (`"skipped"`).
+    pub skipped: Vec<String>,
 }
 
 impl ApiError {
@@ -30,6 +32,7 @@ impl ApiError {
             message: message.into(),
             control: false,
             engines: None,
+            skipped: Vec::new(),
         }
     }
 
@@ -75,6 +78,12 @@ impl ApiError {
         self
     }
 
+    /// Adds the engines a fleet-wide call skipped (`"skipped"` in the body, when any).
+    pub fn with_skipped(mut self, skipped: &[String]) -> Self {
+        self.skipped = skipped.to_vec();
+        self
+    }
+
     /// The `type` field, spelled as SGLang and OpenAI spell it: the one kind table.
     pub fn kind(&self) -> &'static str {
         kind_of(self.status)
@@ -94,6 +103,9 @@ impl ApiError {
         }
         if let Some(e) = &self.engines {
             v["engines"] = e.clone();
+        }
+        if !self.skipped.is_empty() {
+            v["skipped"] = json!(self.skipped);
         }
         v
     }
@@ -156,5 +168,19 @@ mod tests {
         assert_eq!(c.body()["success"], json!(false));
         assert_eq!(c.body()["type"], json!("ServiceUnavailableError"));
         assert_eq!(kind_of(StatusCode::REQUEST_TIMEOUT), "RequestTimeoutError");
+    }
+
+    #[test]
+    fn a_fleet_failure_lists_its_engines_and_the_ones_it_skipped() {
+        let e = ApiError::bad_gateway("pause failed on 1 of 1 engines")
+            .control()
+            .with_engines(json!([{"url": "http://a", "success": false, "error": "refused"}]));
+        assert!(
+            e.body().get("skipped").is_none(),
+            "none skipped: none listed"
+        );
+        let e = e.with_skipped(&["http://b".to_string()]);
+        assert_eq!(e.body()["skipped"], json!(["http://b"]));
+        assert_eq!(e.body()["engines"][0]["url"], "http://a");
     }
 }

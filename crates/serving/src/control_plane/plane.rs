@@ -389,6 +389,7 @@ pub(crate) fn failure(
     ))
     .control()
     .with_engines(breakdown(results))
+    .with_skipped(skipped)
 }
 
 /// [`answer`] if every engine succeeded, else [`failure`].
