@@ -14,7 +14,7 @@ use troupe_weights::tcp::{TensorRef, WeightSender, WireDtype};
 use troupe_wire::v1::controller_client::ControllerClient;
 use troupe_wire::v1::{
     BeginWeightUpdateRequest, EndWeightUpdateRequest, GetWeightPlanRequest, InitWeightGroupRequest,
-    Shape, WeightBucketRequest,
+    Shape, WeightAck, WeightBucketRequest,
 };
 
 /// A deployment of `plan` on one in-process host with `gpus` GPUs, its gRPC API (serving while
@@ -43,6 +43,29 @@ async fn served(
     (cluster, svc, server, api)
 }
 
+/// The trainer side of `InitWeightGroup`: binds the broadcast master (rank 0 of `world`) for
+/// group `name` and accepts the engines while the API makes them join; the API's answer.
+async fn open_group(
+    api: &mut ControllerClient<tonic::transport::Channel>,
+    world: u32,
+    name: &str,
+) -> (WeightSender, WeightAck) {
+    let mut sender = WeightSender::bind("127.0.0.1:0", world as usize, name)
+        .await
+        .unwrap();
+    let port = sender.local_addr().unwrap().port();
+    let init = api.init_weight_group(InitWeightGroupRequest {
+        master_address: "127.0.0.1".into(),
+        master_port: port as u32,
+        group_name: name.into(),
+        backend: "tcp".into(),
+    });
+    let (joined, accepted) =
+        tokio::join!(init, sender.accept_all(std::time::Duration::from_secs(30)));
+    accepted.unwrap();
+    (sender, joined.unwrap().into_inner())
+}
+
 #[tokio::test]
 async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
     within(120, async {
@@ -60,20 +83,8 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
         );
 
         // The trainer side: bind the broadcast master, let the controller join the engines.
-        let mut sender = WeightSender::bind("127.0.0.1:0", p.world_size as usize, "ext")
-            .await
-            .unwrap();
-        let port = sender.local_addr().unwrap().port();
-        let init = api.init_weight_group(InitWeightGroupRequest {
-            master_address: "127.0.0.1".into(),
-            master_port: port as u32,
-            group_name: "ext".into(),
-            backend: "tcp".into(),
-        });
-        let (joined, accepted) =
-            tokio::join!(init, sender.accept_all(std::time::Duration::from_secs(30)));
-        assert!(joined.unwrap().into_inner().ok);
-        accepted.unwrap();
+        let (mut sender, joined) = open_group(&mut api, p.world_size, "ext").await;
+        assert!(joined.ok, "{joined:?}");
         // The engines are processes on this machine: they read buckets from the trainer's
         // shared-memory ring, not over the TCP chain.
         if cfg!(target_os = "linux") {
@@ -301,20 +312,8 @@ async fn grpc_calls_are_operations_of_the_gateways_control_plane() {
         // A group opened over gRPC is the plane's: the gateway will not open it a second time.
         let p = api.get_weight_plan(GetWeightPlanRequest {}).await.unwrap().into_inner();
         assert_eq!(p.world_size, 3);
-        let mut sender = WeightSender::bind("127.0.0.1:0", p.world_size as usize, "g")
-            .await
-            .unwrap();
+        let (mut sender, joined) = open_group(&mut api, p.world_size, "g").await;
         let port = sender.local_addr().unwrap().port();
-        let init = api.init_weight_group(InitWeightGroupRequest {
-            master_address: "127.0.0.1".into(),
-            master_port: port as u32,
-            group_name: "g".into(),
-            backend: "tcp".into(),
-        });
-        let (joined, accepted) =
-            tokio::join!(init, sender.accept_all(std::time::Duration::from_secs(30)));
-        accepted.unwrap();
-        let joined = joined.unwrap().into_inner();
         assert!(joined.ok, "{joined:?}");
         assert_eq!(joined.servers.len(), 2, "{joined:?}");
         assert!(joined.servers.iter().all(|s| s.ok && s.error.is_empty()), "{joined:?}");
