@@ -15,10 +15,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.5,<2" numpy msgpack pytest pytest-timeout ml_dtypes
 # PyTorch (PyPI's wheel runs on the CPU) for the Python-actor examples and DLPack tests:
-# installed when TROUPE_WITH_TORCH=1 (.ci/run sets it), and then required.
+# installed when TROUPE_WITH_TORCH=1 (.ci/run sets it), and then required. PyPI's wheel brings
+# ~3 GB of CUDA libraries; --no-cache-dir keeps pip from keeping a second copy of them in its
+# cache (CI's disk once ran out here).
 if [ "${TROUPE_WITH_TORCH:-0}" = 1 ]; then
   if "$VENV/bin/python" -c "import torch" >/dev/null 2>&1 \
-    || "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check torch; then
+    || "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir torch; then
     export TROUPE_REQUIRE_TORCH=1
   else
     echo "warning: could not install torch; the PyTorch tests will skip" >&2
