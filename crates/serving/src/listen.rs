@@ -36,7 +36,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// Most headers hyper itself parses. Above [`crate::envelope::MAX_HEADERS`] so that a request
@@ -87,13 +87,14 @@ impl ServeLimits {
 }
 
 /// What one connection's idle watcher needs: how many requests are in flight and since when
-/// none has been.
+/// none has been. Requests only write these; the watcher reads them when its timer fires (no
+/// wake-up per request: a notification on every request and response cost each forwarded
+/// request two extra polls of its connection and a timer re-armed twice).
 #[derive(Debug)]
 struct Activity {
     in_flight: AtomicUsize,
     served: AtomicBool,
     idle_since: Mutex<Instant>,
-    changed: Notify,
 }
 
 impl Activity {
@@ -102,7 +103,6 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             served: AtomicBool::new(false),
             idle_since: Mutex::new(Instant::now()),
-            changed: Notify::new(),
         }
     }
 
@@ -132,7 +132,6 @@ impl Busy {
     fn new(a: &Arc<Activity>) -> Self {
         a.in_flight.fetch_add(1, Ordering::SeqCst);
         a.served.store(true, Ordering::SeqCst);
-        a.changed.notify_one();
         Busy(a.clone())
     }
 }
@@ -141,7 +140,6 @@ impl Drop for Busy {
     fn drop(&mut self) {
         *self.0.idle_since.lock() = Instant::now();
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.0.changed.notify_one();
     }
 }
 
@@ -327,8 +325,15 @@ async fn connection(
     if closing {
         conn.as_mut().graceful_shutdown();
     }
+    // The idle timer is armed at a lower bound of the deadline and, when it fires, either
+    // closes the connection or moves to the deadline as it stands then: `idle_since` only
+    // moves forward, and a connection busy now cannot be idle-expired before `now + idle`.
+    let first = activity
+        .deadline(limits.idle_timeout, limits.header_read_timeout)
+        .unwrap_or_else(|| Instant::now() + limits.idle_timeout);
+    let idle = tokio::time::sleep_until(first);
+    tokio::pin!(idle);
     loop {
-        let deadline = activity.deadline(limits.idle_timeout, limits.header_read_timeout);
         tokio::select! {
             r = conn.as_mut() => {
                 if let Err(e) = r {
@@ -340,15 +345,16 @@ async fn connection(
                 closing = true;
                 conn.as_mut().graceful_shutdown();
             }
-            () = activity.changed.notified() => {}
-            () = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if !closing && deadline.is_some() => {
-                if activity
-                    .deadline(limits.idle_timeout, limits.header_read_timeout)
-                    .is_some_and(|d| d <= Instant::now())
-                {
-                    tracing::debug!("closing an idle connection");
-                    closing = true;
-                    conn.as_mut().graceful_shutdown();
+            () = idle.as_mut(), if !closing => {
+                let now = Instant::now();
+                match activity.deadline(limits.idle_timeout, limits.header_read_timeout) {
+                    Some(d) if d <= now => {
+                        tracing::debug!("closing an idle connection");
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    Some(d) => idle.as_mut().reset(d),
+                    None => idle.as_mut().reset(now + limits.idle_timeout),
                 }
             }
         }
