@@ -14,6 +14,10 @@ use troupe_serving::health::HealthConfig;
 use troupe_serving::policy::{CacheAwareConfig, PolicyKind};
 use troupe_serving::{RouterConfig, WorkerSpec};
 
+/// Longest `--health-interval-s`: a day (past it a worker's failure would go unnoticed for
+/// longer than any job runs; a larger float would not even fit a `Duration`).
+const MAX_HEALTH_INTERVAL_S: f64 = 86_400.0;
+
 /// Flags of `troupe gateway`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewayArgs {
@@ -122,8 +126,12 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
     if pd && (a.prefill.is_empty() || a.decode.is_empty()) {
         return Err("PD mode needs at least one --prefill and one --decode".into());
     }
-    if !(a.health_interval_s.is_finite() && a.health_interval_s >= 0.0) {
-        return Err("--health-interval-s must be a non-negative number of seconds".into());
+    if !(a.health_interval_s.is_finite()
+        && (0.0..=MAX_HEALTH_INTERVAL_S).contains(&a.health_interval_s))
+    {
+        return Err(format!(
+            "--health-interval-s must be a non-negative number of seconds, at most {MAX_HEALTH_INTERVAL_S} (a day)"
+        ));
     }
     let c = CacheAwareConfig::default();
     let cache_aware = CacheAwareConfig {
@@ -254,6 +262,7 @@ mod tests {
                 "cannot be mixed",
             ),
             (vec!["--health-interval-s=-1"], "non-negative"),
+            (vec!["--health-interval-s", "1e300"], "at most"),
             (vec!["--cache-threshold", "1.5"], "--cache-threshold"),
             (vec!["--cache-threshold", "NaN"], "--cache-threshold"),
             (vec!["--cache-threshold=-0.5"], "--cache-threshold"),

@@ -1,18 +1,29 @@
 //! Background health probing.
 //!
-//! Every `interval`, each worker's health endpoint is fetched concurrently with a timeout. A
-//! healthy worker turns unhealthy after `failure_threshold` consecutive failed probes; an
-//! unhealthy one turns healthy again after `success_threshold` consecutive good ones (SGLang
-//! router's `--health-*` flags). Unhealthy workers get no new requests.
+//! Every worker's health endpoint is fetched once per `interval`, with a timeout. A healthy
+//! worker turns unhealthy after `failure_threshold` consecutive failed probes; an unhealthy one
+//! turns healthy again after `success_threshold` consecutive good ones (SGLang router's
+//! `--health-*` flags). Unhealthy workers get no new requests.
+//!
+//! The probes of one round are spread evenly across the interval (worker `i` of `n` at
+//! `i * interval / n`), not sent at once as SGLang's router does: with 512 engines, a round
+//! sent at once was 512 requests and 512 engine wake-ups in one burst, about 60 ms of CPU on
+//! a 2-core machine, which landed on whatever fleet call ran then (`troupe bench scale`'s
+//! slowest pause/resume fan-outs). Each worker is still probed once per interval, so a dead one
+//! is noticed as soon as before.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use super::router::Router;
+use super::worker::Worker;
 
 /// Health-probe settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -62,40 +73,157 @@ fn apply(streak: &mut Streak, ok: bool, healthy: bool, cfg: &HealthConfig) -> Op
 
 /// Starts the prober; it runs until the returned task is aborted.
 pub fn spawn(router: Arc<Router>, client: reqwest::Client) -> Option<JoinHandle<()>> {
-    let cfg = router.config().health.clone();
+    let mut cfg = router.config().health.clone();
     if cfg.interval.is_zero() {
         return None;
     }
+    // A day at most, as `troupe gateway --health-interval-s` allows: far-future instants would
+    // overflow.
+    cfg.interval = cfg.interval.min(Duration::from_secs(86_400));
     Some(tokio::spawn(async move {
         let mut streaks: HashMap<String, Streak> = HashMap::new();
-        let mut tick = tokio::time::interval(cfg.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut in_flight = FuturesUnordered::new();
+        let mut round = Round::default();
+        let mut next = Instant::now();
         loop {
-            tick.tick().await;
-            let workers = router.workers();
-            let probes = workers.iter().map(|w| {
-                let req = client
-                    .get(format!("{}{}", w.url(), cfg.endpoint))
-                    .timeout(cfg.timeout)
-                    .send();
-                async move { matches!(req.await, Ok(r) if r.status().is_success()) }
-            });
-            let results = futures::future::join_all(probes).await;
-            streaks.retain(|id, _| workers.iter().any(|w| w.id() == id));
-            for (w, ok) in workers.iter().zip(results) {
-                let s = streaks.entry(w.id().to_string()).or_default();
-                if let Some(h) = apply(s, ok, w.is_healthy(), &cfg) {
-                    tracing::warn!(id = %w.id(), url = %w.url(), healthy = h, "worker health changed");
-                    w.set_healthy(h);
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {
+                    if round.is_done() {
+                        let workers = router.workers();
+                        streaks.retain(|id, _| workers.iter().any(|w| w.id() == id));
+                        round = Round::start(workers, cfg.interval, next);
+                    }
+                    if let Some(w) = round.next_worker() {
+                        let req = client
+                            .get(format!("{}{}", w.url(), cfg.endpoint))
+                            .timeout(cfg.timeout)
+                            .send();
+                        in_flight.push(async move {
+                            let ok = matches!(req.await, Ok(r) if r.status().is_success());
+                            (w, ok)
+                        });
+                    }
+                    next = round.next_at().max(Instant::now());
+                }
+                Some((w, ok)) = in_flight.next(), if !in_flight.is_empty() => {
+                    let s = streaks.entry(w.id().to_string()).or_default();
+                    if let Some(h) = apply(s, ok, w.is_healthy(), &cfg) {
+                        tracing::warn!(id = %w.id(), url = %w.url(), healthy = h, "worker health changed");
+                        w.set_healthy(h);
+                    }
                 }
             }
         }
     }))
 }
 
+/// One probe round: the workers as they were when it began, each given its own moment in the
+/// interval.
+#[derive(Default)]
+struct Round {
+    workers: Vec<Arc<dyn Worker>>,
+    /// Probes sent so far this round.
+    sent: usize,
+    start: Option<Instant>,
+    interval: Duration,
+}
+
+impl Round {
+    fn start(workers: Vec<Arc<dyn Worker>>, interval: Duration, at: Instant) -> Self {
+        Round {
+            workers,
+            sent: 0,
+            start: Some(at),
+            interval,
+        }
+    }
+
+    /// Whether every worker of this round has been probed and its interval is over (a round
+    /// with no workers is over once its interval is).
+    fn is_done(&self) -> bool {
+        match self.start {
+            None => true,
+            Some(start) => {
+                self.sent >= self.workers.len() && Instant::now() >= start + self.interval
+            }
+        }
+    }
+
+    /// The next worker to probe now, if any is left.
+    fn next_worker(&mut self) -> Option<Arc<dyn Worker>> {
+        let w = self.workers.get(self.sent).cloned();
+        if w.is_some() {
+            self.sent += 1;
+        }
+        w
+    }
+
+    /// When the next probe is due: worker `i` of `n` at `start + i * interval / n`, and the next
+    /// round at `start + interval`.
+    fn next_at(&self) -> Instant {
+        let Some(start) = self.start else {
+            return Instant::now();
+        };
+        let n = self.workers.len();
+        if self.sent >= n {
+            return start + self.interval;
+        }
+        let offset = self.interval.as_secs_f64() * self.sent as f64 / n as f64;
+        start + Duration::from_secs_f64(offset)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::breaker::BreakerConfig;
+    use crate::worker::{HttpWorker, WorkerSpec};
+
+    fn workers(n: usize) -> Vec<Arc<dyn Worker>> {
+        (0..n)
+            .map(|i| {
+                let w: Arc<dyn Worker> = HttpWorker::new(
+                    &WorkerSpec::regular(format!("http://127.0.0.1:{}", 1000 + i)),
+                    BreakerConfig::default(),
+                )
+                .expect("worker");
+                w
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_round_spreads_its_probes_across_the_interval() {
+        let start = Instant::now();
+        let interval = Duration::from_millis(400);
+        let mut r = Round::start(workers(4), interval, start);
+        let mut due = Vec::new();
+        while let Some(w) = r.next_worker() {
+            due.push((w.url().to_string(), r.next_at() - start));
+        }
+        let ms: Vec<u128> = due.iter().map(|(_, d)| d.as_millis()).collect();
+        assert_eq!(ms, vec![100, 200, 300, 400], "one probe every interval / n");
+        let urls: Vec<&str> = due.iter().map(|(u, _)| u.as_str()).collect();
+        assert_eq!(urls.len(), 4);
+        assert!(!r.is_done(), "all sent, but the interval is not over");
+        let mut late = Round::start(workers(2), interval, start - interval);
+        assert!(
+            !late.is_done(),
+            "its interval is over, but not every worker was probed"
+        );
+        while late.next_worker().is_some() {}
+        assert!(late.is_done());
+    }
+
+    #[test]
+    fn an_empty_round_waits_out_its_interval() {
+        let start = Instant::now();
+        let mut r = Round::start(Vec::new(), Duration::from_secs(60), start);
+        assert!(r.next_worker().is_none());
+        assert_eq!(r.next_at(), start + Duration::from_secs(60));
+        assert!(!r.is_done());
+        assert!(Round::default().is_done(), "no round yet: start one");
+    }
 
     #[test]
     fn thresholds_need_consecutive_results() {
