@@ -83,8 +83,9 @@ pub fn spawn(router: Arc<Router>, client: reqwest::Client) -> Option<JoinHandle<
     Some(tokio::spawn(async move {
         let mut streaks: HashMap<String, Streak> = HashMap::new();
         let mut in_flight = FuturesUnordered::new();
-        let mut round = Round::default();
+        // An empty round that is already over: the first real one starts at once.
         let mut next = Instant::now();
+        let mut round = Round::start(Vec::new(), Duration::ZERO, next);
         loop {
             tokio::select! {
                 () = tokio::time::sleep_until(next) => {
@@ -119,12 +120,11 @@ pub fn spawn(router: Arc<Router>, client: reqwest::Client) -> Option<JoinHandle<
 
 /// One probe round: the workers as they were when it began, each given its own moment in the
 /// interval.
-#[derive(Default)]
 struct Round {
     workers: Vec<Arc<dyn Worker>>,
     /// Probes sent so far this round.
     sent: usize,
-    start: Option<Instant>,
+    start: Instant,
     interval: Duration,
 }
 
@@ -133,20 +133,16 @@ impl Round {
         Round {
             workers,
             sent: 0,
-            start: Some(at),
+            start: at,
             interval,
         }
     }
 
-    /// Whether every worker of this round has been probed and its interval is over (a round
-    /// with no workers is over once its interval is).
+    /// Whether every worker of this round has been probed. The prober only looks when its
+    /// timer fires, and once every probe is sent that is [`Round::next_at`]'s end of the
+    /// interval, so a done round's interval is over too.
     fn is_done(&self) -> bool {
-        match self.start {
-            None => true,
-            Some(start) => {
-                self.sent >= self.workers.len() && Instant::now() >= start + self.interval
-            }
-        }
+        self.sent >= self.workers.len()
     }
 
     /// The next worker to probe now, if any is left.
@@ -161,15 +157,12 @@ impl Round {
     /// When the next probe is due: worker `i` of `n` at `start + i * interval / n`, and the next
     /// round at `start + interval`.
     fn next_at(&self) -> Instant {
-        let Some(start) = self.start else {
-            return Instant::now();
-        };
         let n = self.workers.len();
         if self.sent >= n {
-            return start + self.interval;
+            return self.start + self.interval;
         }
         let offset = self.interval.as_secs_f64() * self.sent as f64 / n as f64;
-        start + Duration::from_secs_f64(offset)
+        self.start + Duration::from_secs_f64(offset)
     }
 }
 
@@ -204,15 +197,16 @@ mod tests {
         let ms: Vec<u128> = due.iter().map(|(_, d)| d.as_millis()).collect();
         assert_eq!(ms, vec![100, 200, 300, 400], "one probe every interval / n");
         let urls: Vec<&str> = due.iter().map(|(u, _)| u.as_str()).collect();
-        assert_eq!(urls.len(), 4);
-        assert!(!r.is_done(), "all sent, but the interval is not over");
-        let mut late = Round::start(workers(2), interval, start - interval);
-        assert!(
-            !late.is_done(),
-            "its interval is over, but not every worker was probed"
+        let want: Vec<String> = (1000..1004)
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect();
+        assert_eq!(urls, want, "every worker once, in order");
+        assert!(r.is_done());
+        assert_eq!(
+            r.next_at(),
+            start + interval,
+            "the next round at the interval's end"
         );
-        while late.next_worker().is_some() {}
-        assert!(late.is_done());
     }
 
     #[test]
@@ -220,9 +214,12 @@ mod tests {
         let start = Instant::now();
         let mut r = Round::start(Vec::new(), Duration::from_secs(60), start);
         assert!(r.next_worker().is_none());
-        assert_eq!(r.next_at(), start + Duration::from_secs(60));
-        assert!(!r.is_done());
-        assert!(Round::default().is_done(), "no round yet: start one");
+        assert!(r.is_done());
+        assert_eq!(
+            r.next_at(),
+            start + Duration::from_secs(60),
+            "no probe, and no new round before the interval is over"
+        );
     }
 
     #[test]
