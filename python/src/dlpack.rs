@@ -78,20 +78,47 @@ impl Elem {
 }
 
 /// A tensor with `__dlpack__` as a tensor of the update.
+///
+/// A tensor on an accelerator (a trainer's CUDA parameters) is asked for a host copy the way
+/// the array API standard says (`__dlpack__(dl_device=(kDLCPU, 0), copy=True)`; torch and
+/// CuPy do it), so `svc.update_weights(model.state_dict())` works from a GPU trainer as it is.
 pub fn host_tensor(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<HostTensor> {
-    if obj.hasattr("__dlpack_device__")? {
-        let (dev, _): (i64, i64) = obj.call_method0("__dlpack_device__")?.extract()?;
-        let cpu = [DLDeviceType::CPU.0, DLDeviceType::CUDAHOST.0].map(i64::from);
-        if !cpu.contains(&dev) {
-            return Err(type_error(
+    let py = obj.py();
+    // Producers without `__dlpack_device__` (older numpy) only export host memory.
+    let dev: i64 = if obj.hasattr("__dlpack_device__")? {
+        let (d, _): (i64, i64) = obj
+            .call_method0("__dlpack_device__")?
+            .extract()
+            .map_err(|e| type_error(name, format!("__dlpack_device__() is not (type, id): {e}")))?;
+        d
+    } else {
+        DLDeviceType::CPU.0.into()
+    };
+    let on_host = [DLDeviceType::CPU.0, DLDeviceType::CUDAHOST.0]
+        .map(i64::from)
+        .contains(&dev);
+    let cap = if on_host {
+        obj.call_method0("__dlpack__")
+    } else {
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item("dl_device", (i64::from(DLDeviceType::CPU.0), 0))?;
+        kwargs.set_item("copy", true)?;
+        obj.call_method("__dlpack__", (), Some(&kwargs))
+    };
+    let cap = cap.map_err(|e| {
+        let why = e.value(py).to_string();
+        let kind = e.get_type(py).name().map(|n| n.to_string()).unwrap_or_default();
+        if on_host {
+            type_error(name, format!("the producer would not export it ({kind}: {why})"))
+        } else {
+            type_error(
                 name,
                 format!(
-                    "the tensor is on DLPack device type {dev}, not the CPU; move it first (torch: `t.cpu()`), or have rank 0 broadcast over NCCL"
+                    "the tensor is on DLPack device type {dev}, not the CPU, and its producer would not copy it to the host ({kind}: {why}); move it first (torch: `t.detach().cpu()`), or have rank 0 broadcast over NCCL"
                 ),
-            ));
+            )
         }
-    }
-    let cap = obj.call_method0("__dlpack__")?;
+    })?;
     let cap = cap
         .downcast::<PyCapsule>()
         .map_err(|_| type_error(name, "__dlpack__ did not return a capsule"))?;
@@ -122,6 +149,17 @@ pub fn host_tensor(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<HostTensor> {
 unsafe fn read(name: &str, m: Managed) -> PyResult<HostTensor> {
     // SAFETY: per the caller.
     let t = unsafe { &(*m.0).dl_tensor };
+    // The capsule's own word decides: reading device memory from the host would crash.
+    let dev = t.device.device_type;
+    if dev != DLDeviceType::CPU && dev != DLDeviceType::CUDAHOST {
+        return Err(type_error(
+            name,
+            format!(
+                "__dlpack__ gave a tensor on DLPack device type {}, not the CPU; move it first (torch: `t.detach().cpu()`)",
+                dev.0
+            ),
+        ));
+    }
     let dt = t.dtype;
     if dt.lanes != 1 {
         return Err(type_error(

@@ -34,6 +34,30 @@ class DL:
         return self.device
 
 
+class OnDevice:
+    """A DLPack producer on an accelerator (DLPack device type 2, CUDA) that exports to the host
+    only when asked with `dl_device=(1, 0), copy=True`, as a torch CUDA tensor does."""
+
+    def __init__(self, a):
+        self.a, self.asked = a, []
+
+    def __dlpack__(self, stream=None, dl_device=None, copy=None):
+        self.asked.append((dl_device, copy))
+        if dl_device != (1, 0) or not copy:
+            raise BufferError("device memory cannot be read from the host")
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+class OldOnDevice(OnDevice):
+    """An accelerator tensor of an older producer, whose `__dlpack__` takes no arguments."""
+
+    def __dlpack__(self):
+        raise BufferError("device memory cannot be read from the host")
+
+
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 
@@ -69,7 +93,7 @@ class BF16Producer:
     """A DLPack producer of a bfloat16 tensor (DLPack type code 4), as torch exports one: the
     test double for torch where torch is not installed. Counts its deleter's calls."""
 
-    def __init__(self, bits):
+    def __init__(self, bits, device_type=1):
         self.bits = np.ascontiguousarray(bits, dtype=np.uint16)
         self.shape = (ctypes.c_int64 * self.bits.ndim)(*self.bits.shape)
         self.deleted = 0
@@ -77,7 +101,7 @@ class BF16Producer:
         self.managed = DLManagedTensor()
         t = self.managed.dl_tensor
         t.data = self.bits.ctypes.data
-        t.device = DLDevice(1, 0)
+        t.device = DLDevice(device_type, 0)
         t.ndim = self.bits.ndim
         t.dtype = DLDataType(4, 16, 1)
         t.shape = self.shape
@@ -165,7 +189,8 @@ def test_bad_tensors_raise_and_change_nothing(env):
     before = greedy(svc)
     cases = [
         (TypeError, NORM, {NORM: np.zeros(64, np.int32)}),
-        (TypeError, "not the CPU", {NORM: DL(np.zeros(64, np.float32), device=(2, 0))}),
+        (TypeError, "device type 2, not the CPU.*would not copy", {NORM: OldOnDevice(np.zeros(64, np.float32))}),
+        (TypeError, f"{NORM}: the producer would not export it \\(BufferError: grad", {NORM: Refuses()}),
         (TypeError, "tensor names", {3: np.zeros(64, np.float32)}),
         (troupe.WeightSyncError, "65", {NORM: np.zeros(65, np.float32)}),
         (troupe.WeightSyncError, "no_such", {"model.no_such.weight": np.zeros(64, np.float32)}),
@@ -179,6 +204,36 @@ def test_bad_tensors_raise_and_change_nothing(env):
     assert svc.weight_version() == "good" and greedy(svc) == before
 
 
+class Refuses:
+    """A host tensor whose producer refuses to export it (torch does for a tensor needing grad)."""
+
+    def __dlpack__(self, **_kw):
+        raise BufferError("grad")
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_an_accelerator_tensor_is_copied_to_the_host_on_the_way(env):
+    svc, _ = env
+    w = (np.random.default_rng(4).normal(size=64) * 2).astype(ml_dtypes.bfloat16).astype(np.float32)
+    ref = pushed(svc, {NORM: w}, "host-ref")
+    on_device = OnDevice(w)
+    assert pushed(svc, {NORM: on_device}, "from-device") == ref
+    assert on_device.asked == [((1, 0), True)]
+
+
+def test_a_capsule_on_a_device_is_refused_whatever_its_producer_said(env):
+    svc, _ = env
+    pushed(svc, {NORM: np.ones(64, np.float32)}, "before-liar")
+    before = greedy(svc)
+    liar = BF16Producer(np.zeros(64, np.uint16), device_type=2)
+    with pytest.raises(TypeError, match="gave a tensor on DLPack device type 2"):
+        svc.update_weights({NORM: liar}, version="liar")
+    assert liar.deleted == 1, "a refused capsule is still handed back to its producer"
+    assert svc.weight_version() == "before-liar" and greedy(svc) == before
+
+
 def test_torch_tensors_go_through_dlpack_bf16_included(env):
     torch = need_torch()
     svc, _ = env
@@ -186,3 +241,27 @@ def test_torch_tensors_go_through_dlpack_bf16_included(env):
     ref = pushed(svc, {NORM: w.float().numpy()}, "torch-ref")
     assert pushed(svc, {NORM: w}, "torch-bf16") == ref
     assert pushed(svc, {NORM: w.float()}, "torch-f32") == ref
+    p = torch.nn.Parameter(w.float())  # named_parameters() needs detach(); torch says so
+    with pytest.raises(TypeError, match=f"{NORM}.*detach"):
+        svc.update_weights({NORM: p}, version="param")
+    assert pushed(svc, {NORM: p.detach()}, "param-detached") == ref
+
+
+def test_cuda_tensors_reach_the_engines_from_a_gpu_trainer(env):
+    torch = need_torch()
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    svc, trainer = env
+    w = torch.randn(64, dtype=torch.float32).to(torch.bfloat16)
+    ref = pushed(svc, {NORM: w}, "cuda-ref")
+    assert pushed(svc, {NORM: w.cuda()}, "cuda-bf16") == ref
+    assert pushed(svc, {NORM: w.float().cuda()}, "cuda-f32") == ref
+    # A whole model's weights as a GPU trainer's state_dict holds them (bf16 on the device),
+    # one of them a non-contiguous view.
+    host = {k: v.astype(ml_dtypes.bfloat16).astype(np.float32) for k, v in trainer.get_weights().items()}
+    ref = pushed(svc, host, "model-ref")
+    sd = {k: torch.from_numpy(v).to(torch.bfloat16).cuda() for k, v in host.items()}
+    name = next(k for k, v in host.items() if v.ndim == 2 and v.shape[0] != v.shape[1])
+    sd[name] = sd[name].t().contiguous().t()
+    assert not sd[name].is_contiguous() and all(t.is_cuda for t in sd.values())
+    assert pushed(svc, sd, "model-cuda") == ref

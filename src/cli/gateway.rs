@@ -165,12 +165,15 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
         control_auth: a.control_auth,
         weights_fp8: a.weights_fp8,
         weights_master_host: a.weights_master_host.clone(),
-        io_threads: match a.io_threads {
-            Some(n) => n as usize,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        },
+        io_threads: a.io_threads.map_or_else(default_io_threads, |n| n as usize),
         ..d
     })
+}
+
+/// Serving threads when `--io-threads` is not given: one per core, so the gateway's CPU (the
+/// bound under load) grows with the machine. `troupe bench gateway` starts its gateway the same way.
+pub fn default_io_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Runs `troupe gateway` until SIGINT/SIGTERM.

@@ -260,6 +260,24 @@ fn bench_scale_refuses_flags_that_make_no_fleet() {
     }
 }
 
+#[test]
+fn bench_gateway_refuses_bad_flags() {
+    for (args, says) in [
+        (&["--io-threads", "0"][..], "--io-threads"),
+        (&["--io-threads", "x"], "--io-threads"),
+        (&["--concurrency", "0"], "--concurrency"),
+        (&["--backend-latency-ms=-1"], "--backend-latency-ms"),
+        (&["--backend-latency-ms", "NaN"], "--backend-latency-ms"),
+    ] {
+        let mut all = vec!["bench", "gateway"];
+        all.extend_from_slice(args);
+        let (ok, _, err) = troupe_within(&all, 30);
+        assert!(!ok, "{args:?} must fail");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
 /// `troupe bench rollout` on a small GRPO-shaped load: every figure is printed, the baseline
 /// takes nothing from a cache, and cache-aware routing serves most of each group's prompt from
 /// one (a behaviour, not a timing: groups of 4 share one prompt).

@@ -76,6 +76,9 @@ pub struct GatewayBenchArgs {
     /// shares the machine.
     #[arg(long)]
     pub target_pid: Option<u32>,
+    /// Serving threads of the in-process gateway (default: one per core, as `troupe gateway`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub io_threads: Option<u64>,
 }
 
 /// User plus system CPU time of process `pid` so far.
@@ -428,11 +431,13 @@ pub async fn run(args: &GatewayBenchArgs) -> Result<Vec<(String, f64)>, String> 
             t
         }
         None => {
-            // The gateway serves on 2 threads of its own (as `troupe gateway` does on this
-            // 2-core machine); its runtime here only starts it and probes health.
+            // The gateway serves on threads of its own, as many as `troupe gateway` starts;
+            // its runtime here only starts it and probes health.
             let rt = runtime(1, "bench-gateway")?;
             let cfg = GatewayConfig {
-                io_threads: 2,
+                io_threads: args
+                    .io_threads
+                    .map_or_else(crate::cli::gateway::default_io_threads, |n| n as usize),
                 workers: urls.iter().map(WorkerSpec::regular).collect(),
                 router: RouterConfig {
                     policy: PolicyKind::RoundRobin,
@@ -490,6 +495,7 @@ mod tests {
             stream_events: 3,
             target_wait_s: 10,
             target_pid: None,
+            io_threads: Some(2),
         }
     }
 
