@@ -7,7 +7,8 @@ The Rust codec in `crates/weights/src/fp8/` must match these bytes bit for bit, 
 Reference semantics (DeepSeek / Hugging Face FP8 checkpoints, DESIGN.md section 8):
 
     per block of bm x bn (edge blocks hold only their real elements):
-        scale = max(amax(|x|), 1e-10) / 448            (f32; optionally rounded to bf16)
+        scale = max(amax(|x|), 1e-10) / 448   (f32, the correctly rounded quotient; optionally
+                                                rounded to bf16)
         q     = clamp(x.float() / scale, -448, 448).to(torch.float8_e4m3fn)
     stored scale = the dequant multiplier (w ~= q * scale), shape ceil(M/bm) x ceil(N/bn)
 
@@ -17,6 +18,13 @@ Usage (PyTorch from PyPI is enough; the CPU is fine):
 
     python3 -m venv /tmp/fp8venv && /tmp/fp8venv/bin/pip install torch safetensors numpy
     /tmp/fp8venv/bin/python scripts/fp8_vectors.py crates/weights/tests/data/fp8_vectors.safetensors
+
+Check mode, on any device PyTorch has (a GPU converts to e4m3 in hardware):
+
+    python scripts/fp8_vectors.py --check cuda crates/weights/tests/data/fp8_vectors.safetensors
+
+re-quantizes every stored input there and compares each byte with the stored bytes (which the
+Rust codec matches); it needs only torch (the file is read without `safetensors`).
 
 Output: one safetensors file. For every case `C` it holds `C.input` (bf16 or f32), `C.q`
 (float8_e4m3fn) and `C.scale` (f32 or bf16); `__metadata__["cases"]` is a JSON list describing
@@ -28,11 +36,24 @@ import math
 import sys
 
 import torch
-from safetensors.torch import save_file
 
 E4M3_MAX = 448.0
 BLOCK_EPS = 1e-10
 TENSOR_EPS = 1e-12
+
+
+# On a CUDA tensor, PyTorch computes `t / 448.0` (a Python number) as `t * (1 / 448.0)`, which
+# can differ from the true quotient in the last bit; a CPU tensor gets the true quotient, as the
+# Rust codec does. Dividing by a tensor on the same device gives the true quotient everywhere.
+NAIVE_DIVISION = False
+
+
+def to_scale(amax, eps):
+    """`max(amax, eps) / 448` in f32, correctly rounded on any device."""
+    amax = amax.clamp(min=eps)
+    if NAIVE_DIVISION:
+        return amax / E4M3_MAX
+    return amax / torch.tensor(E4M3_MAX, dtype=amax.dtype, device=amax.device)
 
 
 def quantize_blocks(x, bm, bn, scale_dtype):
@@ -40,12 +61,12 @@ def quantize_blocks(x, bm, bn, scale_dtype):
     m, n = x.shape
     xf = x.float()
     rows, cols = math.ceil(m / bm), math.ceil(n / bn)
-    q = torch.empty(m, n, dtype=torch.float8_e4m3fn)
-    scales = torch.empty(rows, cols, dtype=torch.float32)
+    q = torch.empty(m, n, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(rows, cols, dtype=torch.float32, device=x.device)
     for i in range(rows):
         for j in range(cols):
             block = xf[i * bm : (i + 1) * bm, j * bn : (j + 1) * bn]
-            scale = block.abs().amax().clamp(min=BLOCK_EPS) / E4M3_MAX
+            scale = to_scale(block.abs().amax(), BLOCK_EPS)
             if scale_dtype == "bf16":
                 scale = scale.to(torch.bfloat16).float()
             q[i * bm : (i + 1) * bm, j * bn : (j + 1) * bn] = (
@@ -65,11 +86,11 @@ def quantize_blocks_padded(x, bm, bn):
     """
     m, n = x.shape
     pm, pn = math.ceil(m / bm) * bm, math.ceil(n / bn) * bn
-    padded = torch.zeros(pm, pn, dtype=torch.float32)
+    padded = torch.zeros(pm, pn, dtype=torch.float32, device=x.device)
     padded[:m, :n] = x.float()
     view = padded.view(pm // bm, bm, pn // bn, bn)
     amax = view.abs().amax(dim=(1, 3), keepdim=True)
-    scale = amax.clamp(min=BLOCK_EPS) / E4M3_MAX
+    scale = to_scale(amax, BLOCK_EPS)
     q = (view / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.view(pm, pn)[:m, :n].contiguous(), scale.view(pm // bm, pn // bn)
 
@@ -77,7 +98,7 @@ def quantize_blocks_padded(x, bm, bn):
 def quantize_tensor(x):
     """Per-tensor fallback: one scale for the whole matrix, stored with shape [1]."""
     xf = x.float()
-    scale = xf.abs().amax().clamp(min=TENSOR_EPS) / E4M3_MAX
+    scale = to_scale(xf.abs().amax(), TENSOR_EPS)
     q = (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q, scale.reshape(1)
 
@@ -150,19 +171,81 @@ def build_cases():
     ]
 
 
+ST_DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "F8_E4M3": torch.float8_e4m3fn}
+
+
+def read_safetensors(path):
+    """`(tensors, metadata)` of a safetensors file, read with torch alone."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    meta = header.pop("__metadata__", {})
+    body = raw[8 + n :]
+    tensors = {}
+    for name, t in header.items():
+        a, b = t["data_offsets"]
+        flat = torch.frombuffer(bytearray(body[a:b]), dtype=torch.uint8)
+        tensors[name] = flat.view(ST_DTYPES[t["dtype"]]).reshape(t["shape"])
+    return tensors, meta
+
+
+def quantize_case(x, block, scale_dtype):
+    if block is None:
+        return quantize_tensor(x)
+    if scale_dtype == "f32":
+        # The vectorized form, as a GPU trainer runs it; the loop form must agree with it.
+        q, scale = quantize_blocks_padded(x, block[0], block[1])
+        q2, scale2 = quantize_blocks(x, block[0], block[1], scale_dtype)
+        assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(scale, scale2)
+        return q, scale
+    return quantize_blocks(x, block[0], block[1], scale_dtype)
+
+
+def check(device, path, naive=False):
+    """Every stored case re-quantized on `device`; returns the names whose bytes differ. With
+    `naive`, scales are computed as `amax / 448.0` (see NAIVE_DIVISION)."""
+    global NAIVE_DIVISION
+    NAIVE_DIVISION = naive
+    try:
+        return _check(device, path)
+    finally:
+        NAIVE_DIVISION = False
+
+
+def _check(device, path):
+    tensors, meta = read_safetensors(path)
+    bad = []
+    for case in json.loads(meta["cases"]):
+        name, block = case["name"], case["block"]
+        x = tensors[f"{name}.input"].to(device)
+        q, scale = quantize_case(x, block, case["scale_dtype"])
+        same_q = torch.equal(q.cpu().view(torch.uint8), tensors[f"{name}.q"].view(torch.uint8))
+        want_scale = tensors[f"{name}.scale"]
+        same_s = torch.equal(scale.cpu().view(-1).view(torch.uint8), want_scale.view(-1).view(torch.uint8))
+        if not (same_q and same_s):
+            bad.append(name)
+    return bad
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--check":
+        bad = check(sys.argv[2], sys.argv[3])
+        if bad:
+            sys.exit(f"{len(bad)} cases differ on {sys.argv[2]}: {bad}")
+        naive = check(sys.argv[2], sys.argv[3], naive=True)
+        print(
+            f"every case matches on {sys.argv[2]} (torch {torch.__version__}); with scales as "
+            f"`amax / 448.0` there, {len(naive)} of them would differ: {naive}"
+        )
+        return
     if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OUT.safetensors")
+        sys.exit(f"usage: {sys.argv[0]} OUT.safetensors | --check DEVICE VECTORS.safetensors")
+    from safetensors.torch import save_file
+
     tensors, meta = {}, []
     for name, x, block, scale_dtype in build_cases():
-        if block is None:
-            q, scale = quantize_tensor(x)
-        else:
-            q, scale = quantize_blocks(x, block[0], block[1], scale_dtype)
-            if scale_dtype == "f32":
-                q2, scale2 = quantize_blocks_padded(x, block[0], block[1])
-                assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)), name
-                assert torch.equal(scale, scale2), name
+        q, scale = quantize_case(x, block, scale_dtype)
         tensors[f"{name}.input"] = x.contiguous()
         tensors[f"{name}.q"] = q.contiguous()
         tensors[f"{name}.scale"] = scale.contiguous()
