@@ -20,8 +20,10 @@ use crate::bucket::{DEFAULT_BUCKET_BYTES, TensorMeta, pack_buckets};
 use crate::fp8::{self, Fp8Options, Weights};
 use crate::tcp::{TensorRef, TensorSpec, WeightReceiver, WeightSender, WireDtype};
 
-/// Timed runs per receiver count (after one warm-up); the fastest is reported, as other
-/// processes on a shared machine slow some runs down.
+/// Rounds; in each, every receiver count is timed once (after a warm-up of its own) and its
+/// copy floor once, so all counts sample the same stretches of a noisy shared machine (a ratio
+/// of two counts measured a minute apart says more about the machine than the code). The
+/// fastest round of each is reported.
 pub const RUNS: usize = 5;
 /// Most receivers one measurement may use.
 pub const MAX_RECEIVERS: usize = 64;
@@ -121,31 +123,39 @@ pub async fn bench_broadcast(
         ("broadcast.model_bytes".to_string(), model_bytes as f64),
         ("broadcast.wire_bytes".to_string(), wire_bytes as f64),
     ];
+    // Best time, receivers on the ring and best floor per count, filled round by round.
+    let mut best = vec![(f64::INFINITY, 0usize, f64::INFINITY); receivers.len()];
+    let ring_bytes = ring.unwrap_or(crate::tcp::shm::DEFAULT_RING_BYTES);
+    for _ in 0..RUNS {
+        for (k, &n) in receivers.iter().enumerate() {
+            let (secs, on_ring, w) = measure(
+                n,
+                fp8,
+                ring,
+                model.clone(),
+                expected.clone(),
+                buckets.clone(),
+                work.take().unwrap_or_default(),
+            )
+            .await?;
+            work = Some(w);
+            let floor = tokio::task::spawn_blocking(move || {
+                crate::copy_floor::copy_floor(n, wire_bytes, ring_bytes, 1)
+            })
+            .await
+            .map_err(|e| format!("measuring the copy floor failed: {e}"))?;
+            let b = &mut best[k];
+            *b = (b.0.min(secs), on_ring, b.2.min(floor));
+        }
+    }
     let mut times = Vec::with_capacity(receivers.len());
-    for &n in receivers {
-        let (secs, on_ring, w) = measure(
-            n,
-            fp8,
-            ring,
-            model.clone(),
-            expected.clone(),
-            buckets.clone(),
-            work.take().unwrap_or_default(),
-        )
-        .await?;
-        work = Some(w);
+    for (&n, &(secs, on_ring, floor)) in receivers.iter().zip(&best) {
         out.push((format!("broadcast.receivers_{n}.seconds"), secs));
         out.push((
             format!("broadcast.receivers_{n}.gb_per_s"),
             model_bytes as f64 / secs / 1e9,
         ));
         out.push((format!("broadcast.receivers_{n}.on_ring"), on_ring as f64));
-        let ring_bytes = ring.unwrap_or(crate::tcp::shm::DEFAULT_RING_BYTES);
-        let floor = tokio::task::spawn_blocking(move || {
-            crate::copy_floor::copy_floor(n, wire_bytes, ring_bytes, RUNS)
-        })
-        .await
-        .map_err(|e| format!("measuring the copy floor failed: {e}"))?;
         out.push((format!("broadcast.receivers_{n}.floor_seconds"), floor));
         times.push((n, secs, floor));
     }
@@ -162,8 +172,8 @@ pub async fn bench_broadcast(
     Ok(out)
 }
 
-/// One receiver count: a fresh group, one warm-up and [`RUNS`] timed syncs. Returns the best
-/// time, how many receivers were on the ring, and the work buffers for reuse.
+/// One receiver count: a fresh group, one warm-up and one timed sync. Returns its time, how
+/// many receivers were on the ring, and the work buffers for reuse.
 async fn measure(
     n: usize,
     fp8: bool,
@@ -179,7 +189,8 @@ async fn measure(
     sender.set_bucket_timeout(TIMEOUT);
     sender.set_shared_memory(ring).map_err(|e| e.to_string())?;
     let addr = sender.local_addr().map_err(|e| e.to_string())?.to_string();
-    let total_runs = RUNS + 1;
+    // A warm-up (connections, first touches of every buffer), then the timed sync.
+    let total_runs = 2;
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
         let (addr, expected, buckets) = (addr.clone(), expected.clone(), buckets.clone());
@@ -192,8 +203,8 @@ async fn measure(
         .await
         .map_err(|e| e.to_string())?;
     let on_ring = sender.shared_memory_receivers().len();
-    let mut best = f64::INFINITY;
-    for _ in 0..total_runs {
+    let mut timed = f64::INFINITY;
+    for run in 0..total_runs {
         let start = Instant::now();
         if fp8 {
             let (m, w) = (model.clone(), std::mem::take(&mut work));
@@ -216,13 +227,15 @@ async fn measure(
                 .await
                 .map_err(|e| format!("{n} receivers: {e}"))?;
         }
-        best = best.min(start.elapsed().as_secs_f64());
+        if run + 1 == total_runs {
+            timed = start.elapsed().as_secs_f64();
+        }
     }
     for t in tasks {
         t.await.map_err(|e| format!("receiver task: {e}"))??;
     }
     sender.close().await.map_err(|e| e.to_string())?;
-    Ok((best, on_ring, work))
+    Ok((timed, on_ring, work))
 }
 
 /// A receiver: joins, reads `runs` syncs, and checks the last one byte for byte.
