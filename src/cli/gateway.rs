@@ -10,13 +10,9 @@
 use std::time::Duration;
 
 use troupe_serving::gateway::{self, ControlAuthMode, GatewayConfig};
-use troupe_serving::health::HealthConfig;
+use troupe_serving::health::{self, HealthConfig};
 use troupe_serving::policy::{CacheAwareConfig, PolicyKind};
 use troupe_serving::{RouterConfig, WorkerSpec};
-
-/// Longest `--health-interval-s`: a day (past it a worker's failure would go unnoticed for
-/// longer than any job runs; a larger float would not even fit a `Duration`).
-const MAX_HEALTH_INTERVAL_S: f64 = 86_400.0;
 
 /// Flags of `troupe gateway`.
 #[derive(Debug, Clone, clap::Args)]
@@ -126,11 +122,10 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
     if pd && (a.prefill.is_empty() || a.decode.is_empty()) {
         return Err("PD mode needs at least one --prefill and one --decode".into());
     }
-    if !(a.health_interval_s.is_finite()
-        && (0.0..=MAX_HEALTH_INTERVAL_S).contains(&a.health_interval_s))
-    {
+    let most = health::MAX_INTERVAL.as_secs_f64();
+    if !(a.health_interval_s.is_finite() && (0.0..=most).contains(&a.health_interval_s)) {
         return Err(format!(
-            "--health-interval-s must be a non-negative number of seconds, at most {MAX_HEALTH_INTERVAL_S} (a day)"
+            "--health-interval-s must be a non-negative number of seconds, at most {most} (a day)"
         ));
     }
     let c = CacheAwareConfig::default();

@@ -25,6 +25,11 @@ use tokio::time::Instant;
 use super::router::Router;
 use super::worker::Worker;
 
+/// Longest probe interval: a day. Past it a worker's failure would go unnoticed for longer
+/// than any job runs, and far-future instants overflow. Longer settings are cut to it;
+/// `troupe gateway --health-interval-s` refuses them.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(86_400);
+
 /// Health-probe settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HealthConfig {
@@ -77,9 +82,7 @@ pub fn spawn(router: Arc<Router>, client: reqwest::Client) -> Option<JoinHandle<
     if cfg.interval.is_zero() {
         return None;
     }
-    // A day at most, as `troupe gateway --health-interval-s` allows: far-future instants would
-    // overflow.
-    cfg.interval = cfg.interval.min(Duration::from_secs(86_400));
+    cfg.interval = cfg.interval.min(MAX_INTERVAL);
     Some(tokio::spawn(async move {
         let mut streaks: HashMap<String, Streak> = HashMap::new();
         let mut in_flight = FuturesUnordered::new();
