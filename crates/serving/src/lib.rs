@@ -31,6 +31,7 @@
 pub mod actors;
 pub mod breaker;
 pub mod client;
+pub mod coalesce;
 pub mod control_api;
 pub mod control_plane;
 pub mod engine_client;

@@ -41,6 +41,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::client;
+use super::coalesce::Coalesced;
 use super::error::{ApiError, ServingError};
 use super::listen::{self, ServeLimits};
 use super::pd;
@@ -283,7 +284,7 @@ async fn pass(
             if let Some(ct) = r.headers().get(header::CONTENT_TYPE) {
                 out = out.header(header::CONTENT_TYPE, ct.clone());
             }
-            out.body(Body::new(r.into_body()))
+            out.body(Body::new(Coalesced::new(r.into_body())))
                 .unwrap_or_else(|e| upstream_error(backend, e))
         }
         Err(e) => upstream_error(backend, e),

@@ -113,32 +113,81 @@ mod streaming {
         .await;
     }
 
+    fn event(i: usize) -> Result<axum::body::Bytes, std::io::Error> {
+        Ok(format!("data: {}\n\n", json!({"output_ids": [i]})).into())
+    }
+
+    #[tokio::test]
+    async fn a_burst_of_events_reaches_the_client_in_few_frames_and_in_order() {
+        within(20, async {
+            let (url, tx) = driven_backend().await;
+            let g = gw(false, vec![WorkerSpec::regular(&url)], 0).await;
+            // Everything is queued before the request: the backend writes it all at once.
+            for i in 0..32 {
+                tx.send(event(i)).expect("send");
+            }
+            tx.send(Ok("data: [DONE]\n\n".into())).expect("send");
+            drop(tx);
+            let mut r = client()
+                .post(format!("{}/generate", g.url()))
+                .json(&json!({"text": "x", "stream": true}))
+                .send()
+                .await
+                .expect("sent");
+            let (mut frames, mut text) = (0, String::new());
+            while let Some(c) = r.chunk().await.expect("chunk") {
+                frames += 1;
+                text.push_str(std::str::from_utf8(&c).expect("utf-8"));
+            }
+            let want: Vec<String> = (0..32)
+                .map(|i| json!({"output_ids": [i]}).to_string())
+                .chain(["[DONE]".to_string()])
+                .collect();
+            assert_eq!(events(&text), want);
+            // One frame per event before; now the first, then what arrived together.
+            assert!(frames <= 4, "33 events in {frames} frames");
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn an_event_that_arrives_alone_is_not_held_for_the_next() {
+        within(20, async {
+            let (url, tx) = driven_backend().await;
+            let g = gw(false, vec![WorkerSpec::regular(&url)], 0).await;
+            tx.send(event(0)).expect("send");
+            let mut r = client()
+                .post(format!("{}/generate", g.url()))
+                .json(&json!({"text": "x", "stream": true}))
+                .send()
+                .await
+                .expect("sent");
+            let mut text = String::new();
+            // Each event must reach the client while the backend sends nothing more.
+            for i in 0..3 {
+                if i > 0 {
+                    tx.send(event(i)).expect("send");
+                }
+                while events(&text).len() <= i {
+                    let c = r.chunk().await.expect("chunk").expect("stream open");
+                    text.push_str(std::str::from_utf8(&c).expect("utf-8"));
+                }
+                assert_eq!(events(&text)[i], json!({"output_ids": [i]}).to_string());
+            }
+            tx.send(Ok("data: [DONE]\n\n".into())).expect("send");
+            drop(tx);
+            while let Some(c) = r.chunk().await.expect("chunk") {
+                text.push_str(std::str::from_utf8(&c).expect("utf-8"));
+            }
+            assert_eq!(events(&text).len(), 4);
+        })
+        .await;
+    }
+
     #[tokio::test]
     async fn load_guard_lives_as_long_as_the_stream() {
         within(20, async {
-            let (tx, rx) =
-                tokio::sync::mpsc::unbounded_channel::<Result<axum::body::Bytes, std::io::Error>>();
-            let rx = std::sync::Arc::new(parking_lot::Mutex::new(Some(rx)));
-            // A backend whose stream we drive by hand.
-            let app = axum::Router::new().route(
-                "/generate",
-                axum::routing::post(move || {
-                    let rx = rx.lock().take().expect("one request");
-                    async move {
-                        axum::response::Response::builder()
-                            .header("content-type", "text/event-stream")
-                            .body(axum::body::Body::from_stream(
-                                tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
-                            ))
-                            .expect("response")
-                    }
-                }),
-            );
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            let url = format!("http://{}", l.local_addr().expect("addr"));
-            tokio::spawn(async move { axum::serve(l, app).await });
+            let (url, tx) = driven_backend().await;
             let g = gw(false, vec![WorkerSpec::regular(&url)], 0).await;
             tx.send(Ok("data: {\"output_ids\": [1]}\n\n".into()))
                 .expect("send");

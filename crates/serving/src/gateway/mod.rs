@@ -16,6 +16,7 @@
 mod admin;
 mod forward;
 mod register;
+mod relay;
 mod route_text;
 mod stream;
 mod tokens;

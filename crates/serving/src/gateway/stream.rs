@@ -1,6 +1,7 @@
 //! Streaming attempts.
 //!
-//! The upstream SSE is split into whole events and relayed one event per body frame. Before
+//! The upstream SSE is split into whole events and relayed whole ([`super::relay`]: a burst of
+//! events that arrived together goes out in one frame). Before
 //! the first event reaches the client nothing is committed, so a failure up to then (transport
 //! error, error status, an aborted first event, a failed prefill) is retried on a new worker or
 //! pair; after it, a failure becomes one JSON error event followed by `data: [DONE]`, so the
@@ -12,54 +13,23 @@
 //! time to first token), and with `return_logprob` every decode event gets prefill's
 //! `input_token_logprobs` prepended (per `index` for batches).
 
-use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::Response;
-use futures::{Stream, StreamExt};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
 use super::GatewayState;
 use super::forward::{Fail, InferReq, send, send_full};
+use super::relay::{Relay, Upstream};
+use crate::coalesce::Coalesced;
 use crate::error::ApiError;
 use crate::guard::{GuardedBody, LoadGuard};
 use crate::pd;
 use crate::sse::{self, EventSplitter};
 use crate::worker::{Worker, WorkerType};
-
-type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, hyper::Error>> + Send>>;
-
-/// An upstream SSE stream positioned after its first event.
-struct Upstream {
-    bytes: ByteStream,
-    split: EventSplitter,
-    worker: Arc<dyn Worker>,
-}
-
-impl Upstream {
-    /// The next whole event; `Ok(None)` at a clean end of stream.
-    async fn next(&mut self) -> Result<Option<Bytes>, String> {
-        loop {
-            if let Some(ev) = self.split.next_event() {
-                return Ok(Some(ev));
-            }
-            match self.bytes.next().await {
-                Some(Ok(chunk)) => self.split.push(&chunk),
-                Some(Err(e)) => {
-                    return Err(format!(
-                        "{} {}: {e}",
-                        self.worker.worker_type(),
-                        self.worker.url()
-                    ));
-                }
-                None => return Ok(None),
-            }
-        }
-    }
-}
 
 /// Opens a stream on `w` and waits for its first data event.
 async fn open(
@@ -70,11 +40,7 @@ async fn open(
     last: bool,
 ) -> Result<(Bytes, Upstream), Fail> {
     let resp = send(state, w, req.ep.path(), body).await?;
-    let mut up = Upstream {
-        bytes: Box::pin(resp.into_body().into_data_stream()),
-        split: EventSplitter::default(),
-        worker: w.clone(),
-    };
+    let mut up = Upstream::new(Box::pin(resp.into_body().into_data_stream()), w);
     loop {
         match up.next().await {
             Ok(Some(ev)) => {
@@ -155,70 +121,18 @@ pub fn error_event(message: &str) -> Bytes {
     sse::event(&json!({"error": ApiError::bad_gateway(message).body()}))
 }
 
+/// The client's response: `first`, then the rest of `up` ([`Relay`]; bursts in one write,
+/// [`Coalesced`]), holding `guards` until the body is sent or dropped.
 fn relay(
     first: Bytes,
     up: Upstream,
     prefill: Option<Arc<Value>>,
     guards: Vec<LoadGuard>,
 ) -> Response {
-    let rewrite = move |ev: Bytes| -> Bytes {
-        let Some(p) = &prefill else { return ev };
-        let Some(d) = sse::data(&ev) else { return ev };
-        match serde_json::from_str::<Value>(&d) {
-            Ok(mut v) if v.is_object() && v.get("error").is_none() => {
-                pd::merge_event(&mut v, p);
-                sse::event(&v)
-            }
-            _ => ev,
-        }
-    };
-    let first = rewrite(first);
-    enum St {
-        Open(Upstream),
-        Done,
-    }
-    let rest = futures::stream::unfold((St::Open(up), rewrite), |(st, rewrite)| async move {
-        let St::Open(mut up) = st else { return None };
-        match up.next().await {
-            Ok(Some(ev)) if sse::is_done(&ev) => {
-                up.worker.record_outcome(true);
-                Some((vec![ev], (St::Done, rewrite)))
-            }
-            Ok(Some(ev)) => {
-                let out = if sse::data(&ev).is_some() {
-                    vec![rewrite(ev)]
-                } else {
-                    vec![ev]
-                };
-                Some((out, (St::Open(up), rewrite)))
-            }
-            Ok(None) => {
-                let msg = format!(
-                    "{} {} closed the stream before [DONE]",
-                    up.worker.worker_type(),
-                    up.worker.url()
-                );
-                up.worker.record_outcome(false);
-                Some((
-                    vec![error_event(&msg), Bytes::from_static(sse::DONE)],
-                    (St::Done, rewrite),
-                ))
-            }
-            Err(e) => {
-                up.worker.record_outcome(false);
-                Some((
-                    vec![error_event(&e), Bytes::from_static(sse::DONE)],
-                    (St::Done, rewrite),
-                ))
-            }
-        }
-    });
-    let body = futures::stream::once(async move { vec![first] })
-        .chain(rest)
-        .flat_map(|evs| {
-            futures::stream::iter(evs.into_iter().map(Ok::<_, std::convert::Infallible>))
-        });
-    let mut r = Response::new(GuardedBody::new(Body::from_stream(body), guards).into_body());
+    let body = Body::new(Coalesced::new(Body::from_stream(Relay::new(
+        first, up, prefill,
+    ))));
+    let mut r = Response::new(GuardedBody::new(body, guards).into_body());
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_TYPE,

@@ -318,3 +318,32 @@ pub async fn plain_and_stream(n: usize) -> Fake {
     })
     .await
 }
+
+pub type Frames = tokio::sync::mpsc::UnboundedSender<Result<axum::body::Bytes, std::io::Error>>;
+
+/// A backend whose one `/generate` stream the test writes by hand: each item sent is one
+/// body frame, and frames queued together leave the backend in one write.
+pub async fn driven_backend() -> (String, Frames) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let rx = std::sync::Arc::new(parking_lot::Mutex::new(Some(rx)));
+    let app = axum::Router::new().route(
+        "/generate",
+        axum::routing::post(move || {
+            let rx = rx.lock().take().expect("one request");
+            async move {
+                axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(axum::body::Body::from_stream(
+                        tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+                    ))
+                    .expect("response")
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (url, tx)
+}
