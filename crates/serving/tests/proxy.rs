@@ -102,17 +102,7 @@ mod resubmit {
                 tx.send(Ok(ev.into())).expect("send");
             }
             drop(tx);
-            let mut r = client()
-                .post(format!("{}/generate", p.url()))
-                .json(&json!({"text": "x", "stream": true}))
-                .send()
-                .await
-                .expect("sent");
-            let (mut frames, mut got) = (0, String::new());
-            while let Some(c) = r.chunk().await.expect("chunk") {
-                frames += 1;
-                got.push_str(std::str::from_utf8(&c).expect("utf-8"));
-            }
+            let (frames, got) = read_frames(&mut open_stream(&p.url()).await).await;
             assert_eq!(got, sent);
             // hyper's client hands the proxy one frame at a time: without coalescing, 32.
             assert!(frames <= 3, "32 frames arrived as {frames}");

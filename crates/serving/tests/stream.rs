@@ -113,6 +113,12 @@ mod streaming {
         .await;
     }
 
+    /// A gateway in front of one [`driven_backend`].
+    async fn driven_gateway() -> (gateway::GatewayHandle, Frames) {
+        let (url, tx) = driven_backend().await;
+        (gw(false, vec![WorkerSpec::regular(&url)], 0).await, tx)
+    }
+
     fn event(i: usize) -> Result<axum::body::Bytes, std::io::Error> {
         Ok(format!("data: {}\n\n", json!({"output_ids": [i]})).into())
     }
@@ -120,25 +126,15 @@ mod streaming {
     #[tokio::test]
     async fn a_burst_of_events_reaches_the_client_in_few_frames_and_in_order() {
         within(20, async {
-            let (url, tx) = driven_backend().await;
-            let g = gw(false, vec![WorkerSpec::regular(&url)], 0).await;
+            let (g, tx) = driven_gateway().await;
             // Everything is queued before the request: the backend writes it all at once.
             for i in 0..32 {
                 tx.send(event(i)).expect("send");
             }
             tx.send(Ok("data: [DONE]\n\n".into())).expect("send");
             drop(tx);
-            let mut r = client()
-                .post(format!("{}/generate", g.url()))
-                .json(&json!({"text": "x", "stream": true}))
-                .send()
-                .await
-                .expect("sent");
-            let (mut frames, mut text) = (0, String::new());
-            while let Some(c) = r.chunk().await.expect("chunk") {
-                frames += 1;
-                text.push_str(std::str::from_utf8(&c).expect("utf-8"));
-            }
+            let mut r = open_stream(&g.url()).await;
+            let (frames, text) = read_frames(&mut r).await;
             let want: Vec<String> = (0..32)
                 .map(|i| json!({"output_ids": [i]}).to_string())
                 .chain(["[DONE]".to_string()])
@@ -153,15 +149,9 @@ mod streaming {
     #[tokio::test]
     async fn an_event_that_arrives_alone_is_not_held_for_the_next() {
         within(20, async {
-            let (url, tx) = driven_backend().await;
-            let g = gw(false, vec![WorkerSpec::regular(&url)], 0).await;
+            let (g, tx) = driven_gateway().await;
             tx.send(event(0)).expect("send");
-            let mut r = client()
-                .post(format!("{}/generate", g.url()))
-                .json(&json!({"text": "x", "stream": true}))
-                .send()
-                .await
-                .expect("sent");
+            let mut r = open_stream(&g.url()).await;
             let mut text = String::new();
             // Each event must reach the client while the backend sends nothing more.
             for i in 0..3 {
@@ -176,9 +166,7 @@ mod streaming {
             }
             tx.send(Ok("data: [DONE]\n\n".into())).expect("send");
             drop(tx);
-            while let Some(c) = r.chunk().await.expect("chunk") {
-                text.push_str(std::str::from_utf8(&c).expect("utf-8"));
-            }
+            text.push_str(&read_frames(&mut r).await.1);
             assert_eq!(events(&text).len(), 4);
         })
         .await;
@@ -187,16 +175,10 @@ mod streaming {
     #[tokio::test]
     async fn load_guard_lives_as_long_as_the_stream() {
         within(20, async {
-            let (url, tx) = driven_backend().await;
-            let g = gw(false, vec![WorkerSpec::regular(&url)], 0).await;
+            let (g, tx) = driven_gateway().await;
             tx.send(Ok("data: {\"output_ids\": [1]}\n\n".into()))
                 .expect("send");
-            let mut r = client()
-                .post(format!("{}/generate", g.url()))
-                .json(&json!({"text": "x", "stream": true}))
-                .send()
-                .await
-                .expect("sent");
+            let mut r = open_stream(&g.url()).await;
             let first = r.chunk().await.expect("chunk").expect("first event");
             assert!(first.starts_with(b"data: "));
             let w = g.router().workers()[0].clone();

@@ -347,3 +347,23 @@ pub async fn driven_backend() -> (String, Frames) {
     tokio::spawn(async move { axum::serve(l, app).await });
     (url, tx)
 }
+
+/// `POST {base}/generate` asking for a stream; the response, its body unread.
+pub async fn open_stream(base: &str) -> reqwest::Response {
+    client()
+        .post(format!("{base}/generate"))
+        .json(&serde_json::json!({"text": "x", "stream": true}))
+        .send()
+        .await
+        .expect("sent")
+}
+
+/// Reads the rest of `r`'s body: how many frames (HTTP chunks) it came in, and its text.
+pub async fn read_frames(r: &mut reqwest::Response) -> (usize, String) {
+    let (mut frames, mut text) = (0, String::new());
+    while let Some(c) = r.chunk().await.expect("chunk") {
+        frames += 1;
+        text.push_str(std::str::from_utf8(&c).expect("utf-8"));
+    }
+    (frames, text)
+}
