@@ -11,7 +11,12 @@
 //! Non-stream requests measure the whole request; `--stream` measures the time to the first
 //! streamed event. Figures: `gateway.<direct|target>.<p50_ms|p99_ms|rps>` and
 //! `gateway.added.<p50_ms|p99_ms>` (target minus direct), per concurrency as
-//! `gateway.c<N>.…` when `--concurrency` lists several.
+//! `gateway.c<N>.…` when `--concurrency` lists several. CPU per request, which a shared machine
+//! moves less than latency: `gateway.direct.cpu_us_per_req` (this process during the direct
+//! run: the load generator's and the backends' cost of a request, which a proxy repeats, since
+//! it is a server and a client in one) and `gateway.target.cpu_us_per_req` (the in-process
+//! gateway's threads, or the `--target-pid` process). In a closed loop with more clients than
+//! cores the latency a router adds is about `concurrency × its CPU per request / cores`.
 //!
 //! Backends and the in-process gateway run on their own runtimes so the load generator does
 //! not delay their timers.
@@ -30,6 +35,8 @@ use troupe_serving::gateway::{self, GatewayConfig};
 use troupe_serving::health::HealthConfig;
 use troupe_serving::policy::PolicyKind;
 use troupe_serving::{RouterConfig, WorkerSpec};
+
+use super::proc_cpu::run_time;
 
 /// Settings of the gateway benchmark.
 #[derive(Debug, Clone, clap::Args)]
@@ -81,29 +88,17 @@ pub struct GatewayBenchArgs {
     pub io_threads: Option<u64>,
 }
 
-/// User plus system CPU time of process `pid` so far.
-fn cpu_time(pid: u32) -> Result<Duration, String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map_err(|e| format!("--target-pid {pid}: {e}"))?;
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    // After the command name: state is field 3, utime 14 and stime 15 (1-based, man proc).
-    let ticks = |i: usize| -> Result<u64, String> {
-        fields
-            .get(i - 3)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| format!("--target-pid {pid}: unreadable /proc/{pid}/stat"))
-    };
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .filter(|h| *h > 0)
-        .unwrap_or(100) as f64;
-    Ok(Duration::from_secs_f64(
-        (ticks(14)? + ticks(15)?) as f64 / hz,
-    ))
+/// Seconds of CPU the router has used so far: the `--target-pid` process, or the in-process
+/// gateway's I/O threads (named `gateway-io-*` by [`troupe_serving::listen::serve_on_threads`]);
+/// `Ok(None)` for a `--target` without a pid.
+fn router_cpu(args: &GatewayBenchArgs) -> Result<Option<f64>, String> {
+    match (&args.target, args.target_pid) {
+        (_, Some(pid)) => run_time(&pid.to_string(), None)
+            .map(Some)
+            .ok_or_else(|| format!("--target-pid {pid}: no such process in /proc")),
+        (None, None) => Ok(run_time("self", Some("gateway-io-"))),
+        (Some(_), None) => Ok(None),
+    }
 }
 
 #[derive(Debug)]
@@ -383,17 +378,17 @@ async fn measure(
     let warm = (conc as usize * 4).min(args.requests as usize);
     let n = args.requests as usize;
     let target = [target.to_string()];
+    let per_req = |secs: f64| secs * 1e6 / n.max(1) as f64;
     closed_loop(c, urls, args, conc, warm).await?;
+    let own0 = run_time("self", None);
     let direct = closed_loop(c, urls, args, conc, n).await?;
+    let direct_cpu = own0
+        .zip(run_time("self", None))
+        .map(|(a, b)| per_req(b - a));
     closed_loop(c, &target, args, conc, warm).await?;
-    let cpu0 = args.target_pid.map(cpu_time).transpose()?;
+    let router0 = router_cpu(args)?;
     let through = closed_loop(c, &target, args, conc, n).await?;
-    let cpu_per_req = match (args.target_pid, cpu0) {
-        (Some(pid), Some(t0)) => {
-            Some((cpu_time(pid)?.saturating_sub(t0)).as_secs_f64() * 1e6 / n.max(1) as f64)
-        }
-        _ => None,
-    };
+    let router_cpu = router0.zip(router_cpu(args)?).map(|(a, b)| per_req(b - a));
     for (name, r) in [("direct", &direct), ("target", &through)] {
         out.push((format!("{prefix}.{name}.p50_ms"), r.p50_ms));
         out.push((format!("{prefix}.{name}.p99_ms"), r.p99_ms));
@@ -407,7 +402,10 @@ async fn measure(
         format!("{prefix}.added.p99_ms"),
         through.p99_ms - direct.p99_ms,
     ));
-    if let Some(us) = cpu_per_req {
+    if let Some(us) = direct_cpu {
+        out.push((format!("{prefix}.direct.cpu_us_per_req"), us));
+    }
+    if let Some(us) = router_cpu {
         out.push((format!("{prefix}.target.cpu_us_per_req"), us));
     }
     Ok(())
@@ -522,12 +520,16 @@ mod tests {
                     "gateway.target.p99_ms",
                     "gateway.target.rps",
                     "gateway.added.p50_ms",
-                    "gateway.added.p99_ms"
+                    "gateway.added.p99_ms",
+                    "gateway.direct.cpu_us_per_req",
+                    "gateway.target.cpu_us_per_req"
                 ]
             );
             for (n, v) in &figs {
                 assert!(v.is_finite(), "{n}");
             }
+            // Both sides did work for every request: the gateway's own threads included.
+            assert!(figs[8].1 > 0.0 && figs[9].1 > 0.0, "{figs:?}");
             assert!(
                 figs[0].1 >= 1.0,
                 "the backend latency is part of every request"
@@ -551,6 +553,6 @@ mod tests {
                 );
             }
         }
-        assert_eq!(figs.len(), 16);
+        assert_eq!(figs.len(), 20);
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod chaos;
 pub mod gateway;
+pub mod proc_cpu;
 pub mod rollout;
 pub mod rpc;
 pub mod scale;

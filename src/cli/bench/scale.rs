@@ -39,6 +39,8 @@ use troupe_scheduler::AllocationPlan;
 use troupe_serving::control_plane::HostTensor;
 use troupe_wire::PauseMode;
 
+use super::proc_cpu::{proc_times, run_time};
+
 /// How the servers are grouped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Layout {
@@ -116,56 +118,14 @@ fn status_mib(pid: &str, field: &str) -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-/// Clock ticks per second of `/proc/<pid>/stat` times.
-fn clock_ticks() -> f64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .filter(|h| *h > 0)
-        .unwrap_or(100) as f64
-}
-
-/// CPU time so far (user + system, in s) and start time (s since boot) of process `pid`
-/// (`self` for this one), from `/proc/<pid>/stat`.
-fn proc_times(pid: &str) -> Option<(f64, f64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the parenthesised command name: state is field 3; utime 14, stime 15 and
-    // starttime 22 (1-based, man proc).
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let field = |i: usize| -> Option<f64> { fields.get(i - 3)?.parse().ok() };
-    let hz = clock_ticks();
-    Some(((field(14)? + field(15)?) / hz, field(22)? / hz))
-}
-
 /// CPU seconds the engine processes `pids` have used so far, all together. Each engine uses a
 /// few ms per measurement, under the 10 ms tick of `/proc/<pid>/stat`, so this sums the
 /// nanosecond run times of their threads (`/proc/<pid>/task/*/schedstat`; an engine's threads
 /// live as long as it does), and uses the ticks only where that file is missing.
 fn engines_cpu(pids: &[String]) -> f64 {
     pids.iter()
-        .filter_map(|p| run_time(p).or_else(|| proc_times(p).map(|t| t.0)))
+        .filter_map(|p| run_time(p, None).or_else(|| proc_times(p).map(|t| t.0)))
         .sum()
-}
-
-/// Seconds every thread of process `pid` has run, from the scheduler's own accounting (a
-/// thread that ends while this reads is left out); `None` when the process or the file is not
-/// there.
-fn run_time(pid: &str) -> Option<f64> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut ns = None;
-    for t in tasks.flatten() {
-        let Ok(stat) = std::fs::read_to_string(t.path().join("schedstat")) else {
-            continue;
-        };
-        if let Some(n) = stat
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            ns = Some(ns.unwrap_or(0) + n);
-        }
-    }
-    ns.map(|n| n as f64 / 1e9)
 }
 
 /// Percentile `p` (0..=1) of sorted millisecond samples.
@@ -449,26 +409,8 @@ mod tests {
     }
 
     #[test]
-    fn run_times_are_read_to_the_nanosecond() {
-        // A process that only started and went to sleep ran for well under one 10 ms tick,
-        // which `/proc/<pid>/stat` rounds to nothing; its threads' run times do not.
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .expect("sleep runs");
-        let pid = child.id().to_string();
-        // A task's run time is brought up to date when it leaves the CPU: poll until it has.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut ran = 0.0;
-        while ran == 0.0 && Instant::now() < deadline {
-            ran = run_time(&pid).expect("schedstat readable");
-            std::thread::yield_now();
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        assert!(ran > 0.0 && ran < 1.0, "{ran}");
-        assert_eq!(engines_cpu(&[pid]), 0.0, "gone: counted as nothing");
-        assert_eq!(run_time("no-such-process"), None);
+    fn engines_that_are_gone_count_as_nothing() {
+        assert_eq!(engines_cpu(&["no-such-process".to_string()]), 0.0);
     }
 
     #[test]
