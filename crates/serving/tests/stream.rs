@@ -147,6 +147,43 @@ mod streaming {
     }
 
     #[tokio::test]
+    async fn an_http2_client_gets_every_event_of_a_burst_and_each_lone_one() {
+        within(20, async {
+            let (g, tx) = driven_gateway().await;
+            let h2 = reqwest::Client::builder()
+                .http2_prior_knowledge()
+                .build()
+                .expect("client");
+            tx.send(event(0)).expect("send");
+            let mut r = h2
+                .post(format!("{}/generate", g.url()))
+                .json(&json!({"text": "x", "stream": true}))
+                .send()
+                .await
+                .expect("sent");
+            assert_eq!(r.version(), reqwest::Version::HTTP_2);
+            let mut text = String::new();
+            // A lone event arrives while the backend sends nothing more, then a burst.
+            while events(&text).is_empty() {
+                let c = r.chunk().await.expect("chunk").expect("stream open");
+                text.push_str(std::str::from_utf8(&c).expect("utf-8"));
+            }
+            for i in 1..=16 {
+                tx.send(event(i)).expect("send");
+            }
+            tx.send(Ok("data: [DONE]\n\n".into())).expect("send");
+            drop(tx);
+            text.push_str(&read_frames(&mut r).await.1);
+            let want: Vec<String> = (0..=16)
+                .map(|i| json!({"output_ids": [i]}).to_string())
+                .chain(["[DONE]".to_string()])
+                .collect();
+            assert_eq!(events(&text), want);
+        })
+        .await;
+    }
+
+    #[tokio::test]
     async fn an_event_that_arrives_alone_is_not_held_for_the_next() {
         within(20, async {
             let (g, tx) = driven_gateway().await;
