@@ -42,21 +42,20 @@ BLOCK_EPS = 1e-10
 TENSOR_EPS = 1e-12
 
 
-# On a CUDA tensor, PyTorch computes `t / 448.0` (a Python number) as `t * (1 / 448.0)`, which
-# can differ from the true quotient in the last bit; a CPU tensor gets the true quotient, as the
-# Rust codec does. Dividing by a tensor on the same device gives the true quotient everywhere.
-NAIVE_DIVISION = False
+def to_scale(amax, eps, naive=False):
+    """`max(amax, eps) / 448` in f32, correctly rounded on any device.
 
-
-def to_scale(amax, eps):
-    """`max(amax, eps) / 448` in f32, correctly rounded on any device."""
+    On a CUDA tensor, PyTorch computes `t / 448.0` (a Python number) as `t * (1 / 448.0)`, which
+    can differ from the true quotient in the last bit; a CPU tensor gets the true quotient, as
+    the Rust codec does. Dividing by a tensor on the same device gives the true quotient
+    everywhere; `naive` computes `amax / 448.0` instead, to show the difference."""
     amax = amax.clamp(min=eps)
-    if NAIVE_DIVISION:
+    if naive:
         return amax / E4M3_MAX
     return amax / torch.tensor(E4M3_MAX, dtype=amax.dtype, device=amax.device)
 
 
-def quantize_blocks(x, bm, bn, scale_dtype):
+def quantize_blocks(x, bm, bn, scale_dtype, naive=False):
     """The specification, written block by block: edge blocks use only their real elements."""
     m, n = x.shape
     xf = x.float()
@@ -66,7 +65,7 @@ def quantize_blocks(x, bm, bn, scale_dtype):
     for i in range(rows):
         for j in range(cols):
             block = xf[i * bm : (i + 1) * bm, j * bn : (j + 1) * bn]
-            scale = to_scale(block.abs().amax(), BLOCK_EPS)
+            scale = to_scale(block.abs().amax(), BLOCK_EPS, naive)
             if scale_dtype == "bf16":
                 scale = scale.to(torch.bfloat16).float()
             q[i * bm : (i + 1) * bm, j * bn : (j + 1) * bn] = (
@@ -78,7 +77,7 @@ def quantize_blocks(x, bm, bn, scale_dtype):
     return q, scales
 
 
-def quantize_blocks_padded(x, bm, bn):
+def quantize_blocks_padded(x, bm, bn, naive=False):
     """The vectorized, zero-padded formulation used by DeepSeek / AReaL kernels (f32 scales).
 
     Zero padding cannot change a block's amax, so it must agree with `quantize_blocks`; the script
@@ -90,15 +89,15 @@ def quantize_blocks_padded(x, bm, bn):
     padded[:m, :n] = x.float()
     view = padded.view(pm // bm, bm, pn // bn, bn)
     amax = view.abs().amax(dim=(1, 3), keepdim=True)
-    scale = to_scale(amax, BLOCK_EPS)
+    scale = to_scale(amax, BLOCK_EPS, naive)
     q = (view / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.view(pm, pn)[:m, :n].contiguous(), scale.view(pm // bm, pn // bn)
 
 
-def quantize_tensor(x):
+def quantize_tensor(x, naive=False):
     """Per-tensor fallback: one scale for the whole matrix, stored with shape [1]."""
     xf = x.float()
-    scale = to_scale(xf.abs().amax(), TENSOR_EPS)
+    scale = to_scale(xf.abs().amax(), TENSOR_EPS, naive)
     q = (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q, scale.reshape(1)
 
@@ -190,36 +189,27 @@ def read_safetensors(path):
     return tensors, meta
 
 
-def quantize_case(x, block, scale_dtype):
+def quantize_case(x, block, scale_dtype, naive=False):
     if block is None:
-        return quantize_tensor(x)
+        return quantize_tensor(x, naive)
     if scale_dtype == "f32":
         # The vectorized form, as a GPU trainer runs it; the loop form must agree with it.
-        q, scale = quantize_blocks_padded(x, block[0], block[1])
-        q2, scale2 = quantize_blocks(x, block[0], block[1], scale_dtype)
+        q, scale = quantize_blocks_padded(x, block[0], block[1], naive)
+        q2, scale2 = quantize_blocks(x, block[0], block[1], scale_dtype, naive)
         assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(scale, scale2)
         return q, scale
-    return quantize_blocks(x, block[0], block[1], scale_dtype)
+    return quantize_blocks(x, block[0], block[1], scale_dtype, naive)
 
 
 def check(device, path, naive=False):
     """Every stored case re-quantized on `device`; returns the names whose bytes differ. With
-    `naive`, scales are computed as `amax / 448.0` (see NAIVE_DIVISION)."""
-    global NAIVE_DIVISION
-    NAIVE_DIVISION = naive
-    try:
-        return _check(device, path)
-    finally:
-        NAIVE_DIVISION = False
-
-
-def _check(device, path):
+    `naive`, scales are computed as `amax / 448.0` (see `to_scale`)."""
     tensors, meta = read_safetensors(path)
     bad = []
     for case in json.loads(meta["cases"]):
         name, block = case["name"], case["block"]
         x = tensors[f"{name}.input"].to(device)
-        q, scale = quantize_case(x, block, case["scale_dtype"])
+        q, scale = quantize_case(x, block, case["scale_dtype"], naive)
         same_q = torch.equal(q.cpu().view(torch.uint8), tensors[f"{name}.q"].view(torch.uint8))
         want_scale = tensors[f"{name}.scale"]
         same_s = torch.equal(scale.cpu().view(-1).view(torch.uint8), want_scale.view(-1).view(torch.uint8))

@@ -77,6 +77,14 @@ impl Elem {
     }
 }
 
+/// Whether DLPack device type `dev` is memory the host can read: the CPU's, or CUDA's pinned
+/// host memory.
+fn is_host(dev: i64) -> bool {
+    [DLDeviceType::CPU.0, DLDeviceType::CUDAHOST.0]
+        .map(i64::from)
+        .contains(&dev)
+}
+
 /// A tensor with `__dlpack__` as a tensor of the update.
 ///
 /// A tensor on an accelerator (a trainer's CUDA parameters) is asked for a host copy the way
@@ -94,9 +102,7 @@ pub fn host_tensor(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<HostTensor> {
     } else {
         DLDeviceType::CPU.0.into()
     };
-    let on_host = [DLDeviceType::CPU.0, DLDeviceType::CUDAHOST.0]
-        .map(i64::from)
-        .contains(&dev);
+    let on_host = is_host(dev);
     let cap = if on_host {
         obj.call_method0("__dlpack__")
     } else {
@@ -151,7 +157,7 @@ unsafe fn read(name: &str, m: Managed) -> PyResult<HostTensor> {
     let t = unsafe { &(*m.0).dl_tensor };
     // The capsule's own word decides: reading device memory from the host would crash.
     let dev = t.device.device_type;
-    if dev != DLDeviceType::CPU && dev != DLDeviceType::CUDAHOST {
+    if !is_host(dev.0.into()) {
         return Err(type_error(
             name,
             format!(

@@ -225,6 +225,10 @@ pub async fn serve(
     Ok(())
 }
 
+/// What the names of [`serve_on_threads`]'s threads start with (then their number), so tools
+/// can find them (`troupe bench gateway` reads their CPU time).
+pub const IO_THREAD_PREFIX: &str = "gateway-io-";
+
 /// Serves `app` as [`serve`] does, on `threads` threads of its own, each running a
 /// single-threaded runtime that accepts from `listener` (one thread per core, as nginx's
 /// workers): a connection, the requests on it and the upstream calls they make (each thread
@@ -249,7 +253,7 @@ pub fn serve_on_threads(
         let mut stop = stop_rx.clone();
         let (tx, rx) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
-            .name(format!("gateway-io-{i}"))
+            .name(format!("{IO_THREAD_PREFIX}{i}"))
             .spawn(move || {
                 let run = || {
                     let rt = tokio::runtime::Builder::new_current_thread()

@@ -11,6 +11,7 @@ use serde_json::json;
 use support::*;
 use troupe_serving::WorkerSpec;
 use troupe_serving::gateway::{self, GatewayConfig};
+use troupe_serving::listen::IO_THREAD_PREFIX;
 
 /// Threads of this process named `gateway-io-*` (Linux; elsewhere 0).
 fn io_threads() -> usize {
@@ -21,7 +22,7 @@ fn io_threads() -> usize {
         .flatten()
         .filter(|t| {
             std::fs::read_to_string(t.path().join("comm"))
-                .is_ok_and(|c| c.trim_end().starts_with("gateway-io-"))
+                .is_ok_and(|c| c.trim_end().starts_with(IO_THREAD_PREFIX))
         })
         .count()
 }

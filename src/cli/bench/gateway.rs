@@ -33,6 +33,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use troupe_serving::gateway::{self, GatewayConfig};
 use troupe_serving::health::HealthConfig;
+use troupe_serving::listen::IO_THREAD_PREFIX;
 use troupe_serving::policy::PolicyKind;
 use troupe_serving::{RouterConfig, WorkerSpec};
 
@@ -89,14 +90,14 @@ pub struct GatewayBenchArgs {
 }
 
 /// Seconds of CPU the router has used so far: the `--target-pid` process, or the in-process
-/// gateway's I/O threads (named `gateway-io-*` by [`troupe_serving::listen::serve_on_threads`]);
+/// gateway's I/O threads (named by [`troupe_serving::listen::serve_on_threads`]);
 /// `Ok(None)` for a `--target` without a pid.
 fn router_cpu(args: &GatewayBenchArgs) -> Result<Option<f64>, String> {
     match (&args.target, args.target_pid) {
         (_, Some(pid)) => run_time(&pid.to_string(), None)
             .map(Some)
             .ok_or_else(|| format!("--target-pid {pid}: no such process in /proc")),
-        (None, None) => Ok(run_time("self", Some("gateway-io-"))),
+        (None, None) => Ok(run_time("self", Some(IO_THREAD_PREFIX))),
         (Some(_), None) => Ok(None),
     }
 }

@@ -26,9 +26,9 @@ pub(super) type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, hyper::Erro
 
 /// An upstream SSE stream, split into whole events.
 pub(super) struct Upstream {
-    pub(super) bytes: ByteStream,
-    pub(super) split: EventSplitter,
-    pub(super) worker: Arc<dyn Worker>,
+    bytes: ByteStream,
+    split: EventSplitter,
+    worker: Arc<dyn Worker>,
 }
 
 impl Upstream {
