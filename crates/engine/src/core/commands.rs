@@ -1,5 +1,7 @@
 //! Commands to the scheduler: pause, drain, weights, memory, flush. Each is applied between
-//! batches by the scheduler loop ([`super::scheduler`]), never inside one.
+//! batches, never inside one: by the scheduler loop ([`super::scheduler`]), or, for the cheap
+//! ones while that loop is idle, by the caller holding the scheduler's lock
+//! ([`Command::runs_inline`]).
 
 use super::request::{Command, PauseMode};
 use super::scheduler::Scheduler;
@@ -151,6 +153,7 @@ impl Scheduler {
                 let _ = reply.send(Ok("Memory resumed.".into()));
             }
             Command::Shutdown => return false,
+            Command::Wake => {}
         }
         true
     }
@@ -221,7 +224,7 @@ fn released_msg() -> String {
 mod tests {
     use crate::core::LatencyModel;
     use crate::core::request::{Command, SeqKind, SeqRequest};
-    use crate::core::scheduler::{EngineCore, SchedulerConfig};
+    use crate::core::{EngineCore, SchedulerConfig};
     use crate::model::{ModelConfig, Weights};
     use crate::sampling::SamplingParams;
 

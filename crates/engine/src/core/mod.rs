@@ -7,16 +7,19 @@
 //! - [`admit`]: the prefix cache's part in admission (lookups, in-batch holding back).
 //! - [`prefix_cache`]: the radix tree of cached prompt KV (GRPO groups prefill once).
 //! - [`scheduler`]: the loop (admit, prefill, decode step, commands between steps).
+//! - [`handle`]: the handle to the loop's thread (commands in, cheap ones applied in place).
 
 pub mod admit;
 mod commands;
+pub mod handle;
 pub mod latency;
 pub mod prefix_cache;
 pub mod request;
 pub mod scheduler;
 pub mod sequence;
 
+pub use handle::EngineCore;
 pub use latency::LatencyModel;
 pub use prefix_cache::PrefixCache;
 pub use request::{Command, FinishReason, Matched, PauseMode, SeqEvent, SeqKind, SeqRequest};
-pub use scheduler::{EngineCore, EngineStatus, SchedulerConfig};
+pub use scheduler::{EngineStatus, SchedulerConfig};

@@ -4,25 +4,27 @@
 //! batches, never inside one), admit waiting requests up to `max_running_requests` and prefill
 //! them, run one decode step for every running request (sequences in parallel with rayon, each
 //! computed independently so results never depend on batch composition), then publish events.
+//!
+//! The thread holds the scheduler's lock while it works and lets go of it only to wait for a
+//! command; [`super::handle`] starts it and applies cheap commands itself while it waits.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use rayon::prelude::*;
-use serde::Serialize;
-use tokio::sync::{oneshot, watch};
-
 use super::admit::{self, SharedCache};
+use super::handle::{Shared, lock};
 use super::latency::LatencyModel;
 use super::prefix_cache::PrefixCache;
 use super::request::{Command, FinishReason, PauseMode, Reply, SeqEvent, SeqRequest};
 use super::sequence::{PrefillOutcome, Sequence};
-use crate::error::EngineError;
 use crate::model::Weights;
 use crate::pd::KvHandoff;
 use crate::pd::room::{RoomState, RoomStore};
+use rayon::prelude::*;
+use serde::Serialize;
 
 /// Static scheduler settings.
 #[derive(Debug, Clone)]
@@ -81,133 +83,6 @@ pub struct EngineStatus {
     pub prefix_cache_tokens: usize,
 }
 
-/// Handle to the scheduler thread.
-#[derive(Debug, Clone)]
-pub struct EngineCore {
-    tx: std_mpsc::Sender<Command>,
-    status: Arc<Mutex<EngineStatus>>,
-    prefix: Option<SharedCache>,
-    /// Closes when the scheduler thread ends (its sender goes with [`MarkDead`]): what
-    /// [`EngineCore::stopped`] waits on, so nothing polls the status to notice.
-    ended: watch::Receiver<()>,
-}
-
-/// Marks the engine dead when dropped: held by the scheduler thread for its whole life. Its
-/// sender is dropped after the status says so, which wakes [`EngineCore::stopped`].
-struct MarkDead {
-    status: Arc<Mutex<EngineStatus>>,
-    _ended: watch::Sender<()>,
-}
-
-impl Drop for MarkDead {
-    fn drop(&mut self) {
-        self.status.lock().unwrap_or_else(|p| p.into_inner()).alive = false;
-    }
-}
-
-impl EngineCore {
-    /// Starts the scheduler thread with these weights. `rooms` is set on a PD prefill server.
-    pub fn start(
-        weights: Weights,
-        cfg: SchedulerConfig,
-        rooms: Option<Arc<RoomStore>>,
-    ) -> Result<Self, EngineError> {
-        let (tx, rx) = std_mpsc::channel();
-        let status = Arc::new(Mutex::new(EngineStatus {
-            alive: true,
-            weight_version: cfg.weight_version.clone(),
-            ..Default::default()
-        }));
-        let prefix = cfg.prefix_cache_tokens.map(|budget| {
-            Arc::new(Mutex::new(PrefixCache::new(
-                &weights.config,
-                budget,
-                &cfg.weight_version,
-            )))
-        });
-        let mut sched = Scheduler {
-            prefix: prefix.clone(),
-            max_context: weights.config.max_position_embeddings,
-            weights: Some(weights),
-            backup: None,
-            kv_released: false,
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            paused: None,
-            drains: Vec::new(),
-            weight_version: cfg.weight_version.clone(),
-            cfg,
-            rooms,
-            status: status.clone(),
-            counters: EngineStatus::default(),
-        };
-        let (ended_tx, ended) = watch::channel(());
-        let dead = MarkDead {
-            status: status.clone(),
-            _ended: ended_tx,
-        };
-        std::thread::Builder::new()
-            .name("troupe-engine-scheduler".into())
-            .spawn(move || {
-                // However the thread ends (shutdown or a panic), the engine reports it: `/health`
-                // turns 503 and `troupe engine` exits non-zero, so supervision restarts it.
-                let _dead = dead;
-                sched.run(rx)
-            })?;
-        Ok(Self {
-            tx,
-            status,
-            prefix,
-            ended,
-        })
-    }
-
-    /// Resolves once the scheduler thread has ended (shut down or panicked).
-    pub async fn stopped(&self) {
-        // Nothing is ever sent: `changed` returns only once the sender is gone with the thread.
-        let mut ended = self.ended.clone();
-        while ended.changed().await.is_ok() {}
-    }
-
-    /// The prefix cache, if enabled (a PD decode server reads what it holds before fetching
-    /// KV, so only what it lacks crosses the wire).
-    pub fn prefix_cache(&self) -> Option<SharedCache> {
-        self.prefix.clone()
-    }
-
-    /// Sends a command; fails only if the thread is gone.
-    pub fn send(&self, cmd: Command) -> Result<(), EngineError> {
-        self.tx.send(cmd).map_err(|_| EngineError::SchedulerStopped)
-    }
-
-    /// Sends a command carrying a reply channel and awaits the answer.
-    pub async fn call<T>(
-        &self,
-        make: impl FnOnce(oneshot::Sender<T>) -> Command,
-    ) -> Result<T, EngineError> {
-        let (tx, rx) = oneshot::channel();
-        self.send(make(tx))?;
-        rx.await.map_err(|_| EngineError::SchedulerStopped)
-    }
-
-    /// The latest status snapshot.
-    pub fn status(&self) -> EngineStatus {
-        let mut st = self
-            .status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        // Read live: a flush is answered before the next snapshot is published.
-        st.prefix_cache_tokens = self.prefix.as_ref().map_or(0, |c| admit::lock(c).len());
-        st
-    }
-
-    /// Stops the thread (requests in flight are aborted).
-    pub fn shutdown(&self) {
-        let _ = self.tx.send(Command::Shutdown);
-    }
-}
-
 pub(super) struct Scheduler {
     pub(super) weights: Option<Weights>,
     pub(super) backup: Option<Weights>,
@@ -224,21 +99,60 @@ pub(super) struct Scheduler {
     pub(super) status: Arc<Mutex<EngineStatus>>,
     pub(super) counters: EngineStatus,
     pub(super) prefix: Option<SharedCache>,
+    /// Set once the loop has ended: nothing is applied inline after that.
+    pub(super) stopped: bool,
 }
 
 impl Scheduler {
-    fn blocked(&self) -> bool {
+    /// A scheduler over these weights, idle; `rooms` is set on a PD prefill server.
+    pub(super) fn new(
+        weights: Weights,
+        cfg: SchedulerConfig,
+        rooms: Option<Arc<RoomStore>>,
+    ) -> Self {
+        let status = Arc::new(Mutex::new(EngineStatus {
+            alive: true,
+            weight_version: cfg.weight_version.clone(),
+            ..Default::default()
+        }));
+        let prefix = cfg.prefix_cache_tokens.map(|budget| {
+            Arc::new(Mutex::new(PrefixCache::new(
+                &weights.config,
+                budget,
+                &cfg.weight_version,
+            )))
+        });
+        Scheduler {
+            prefix,
+            max_context: weights.config.max_position_embeddings,
+            weights: Some(weights),
+            backup: None,
+            kv_released: false,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            paused: None,
+            drains: Vec::new(),
+            weight_version: cfg.weight_version.clone(),
+            cfg,
+            rooms,
+            status,
+            counters: EngineStatus::default(),
+            stopped: false,
+        }
+    }
+
+    pub(super) fn blocked(&self) -> bool {
         self.paused.is_some() || self.weights.is_none() || self.kv_released
     }
 
-    fn has_work(&self) -> bool {
+    pub(super) fn has_work(&self) -> bool {
         let draining = !self.drains.is_empty();
         !self.blocked() && (!self.running.is_empty() || (!draining && !self.waiting.is_empty()))
     }
 
     /// Completes a pending drain once nothing runs: the engine is then paused in place (the
     /// queued requests stay queued).
-    fn finish_drain(&mut self) {
+    pub(super) fn finish_drain(&mut self) {
         if self.drains.is_empty() || !self.running.is_empty() {
             return;
         }
@@ -251,34 +165,42 @@ impl Scheduler {
         }
     }
 
-    fn run(&mut self, rx: std_mpsc::Receiver<Command>) {
+    /// The scheduler thread: holds the lock while it works, lets go only to wait for a command.
+    pub(super) fn run(shared: &Shared, rx: std_mpsc::Receiver<Command>) {
+        let take = |s: &mut Scheduler, cmd: Command| {
+            shared.queued.fetch_sub(1, Ordering::SeqCst);
+            s.handle(cmd)
+        };
+        let mut s = lock(&shared.sched);
         loop {
-            self.finish_drain();
+            s.finish_drain();
             // Block when idle; otherwise take whatever arrived since the last step.
-            if !self.has_work() {
-                self.publish();
-                match rx.recv() {
-                    Ok(cmd) => {
-                        if !self.handle(cmd) {
-                            return self.stop();
-                        }
-                    }
-                    Err(_) => return self.stop(),
+            if !s.has_work() {
+                s.publish();
+                drop(s);
+                let cmd = rx.recv();
+                s = lock(&shared.sched);
+                let Ok(cmd) = cmd else {
+                    return s.stop();
+                };
+                if !take(&mut s, cmd) {
+                    return s.stop();
                 }
             }
             while let Ok(cmd) = rx.try_recv() {
-                if !self.handle(cmd) {
-                    return self.stop();
+                if !take(&mut s, cmd) {
+                    return s.stop();
                 }
             }
-            if self.has_work() {
-                self.step();
+            if s.has_work() {
+                s.step();
             }
-            self.publish();
+            s.publish();
         }
     }
 
     pub(super) fn stop(&mut self) {
+        self.stopped = true;
         self.abort_matching(None, "engine shutting down");
         self.publish();
         self.status.lock().unwrap_or_else(|p| p.into_inner()).alive = false;
