@@ -9,6 +9,10 @@
 # both routers run as fast as the load allows and tie. QUOTA gives each router the same CPU
 # budget (a cgroup CPU quota), so the router is the bottleneck and requests/s measures the router
 # (on 2 cores Troupe's gateway nearly keeps up with the load generator at QUOTA=0.5; use 0.25).
+# Each router starts inside its cgroup, as in a container with that CPU limit, so it sizes its
+# threads for the quota (both ask the kernel: Rust's available_parallelism reads the cgroup's
+# quota). QUOTA_AFTER_START=1 moves each into its cgroup after it started instead, so each keeps
+# the threads it chose for the whole machine (how this script measured before).
 # Either way each run prints `gateway.target.cpu_us_per_req`: the router process's own CPU time per
 # request, which does not depend on what else shares the machine.
 #
@@ -44,20 +48,45 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# limit PID NAME: moves every thread of PID into a cgroup capped at QUOTA cores.
-limit() {
-  local pid=$1 name=$2 us
+# cgroup NAME: makes a cgroup capped at QUOTA cores; sets JOIN to the file a process writes its
+# pid (v2) or each of its threads' ids (v1) into to join it.
+cgroup() {
+  local name=$1 us d
   us=$(awk -v q="$QUOTA" 'BEGIN { printf "%d", q * 100000 }')
   if [ -d /sys/fs/cgroup/cpu ] && [ ! -f /sys/fs/cgroup/cgroup.controllers ]; then
-    local d=/sys/fs/cgroup/cpu/$name
+    d=/sys/fs/cgroup/cpu/$name
     mkdir -p "$d"; CGROUPS+=("$d")
     echo 100000 > "$d/cpu.cfs_period_us"; echo "$us" > "$d/cpu.cfs_quota_us"
-    for t in /proc/"$pid"/task/*; do basename "$t" > "$d/tasks"; done
+    JOIN=$d/tasks
   else
-    local d=/sys/fs/cgroup/$name
+    d=/sys/fs/cgroup/$name
     mkdir -p "$d"; CGROUPS+=("$d")
     echo "$us 100000" > "$d/cpu.max"
-    echo "$pid" > "$d/cgroup.procs"
+    JOIN=$d/cgroup.procs
+  fi
+}
+
+# launch NAME CMD...: runs CMD in the background (its pid in LAUNCHED), inside cgroup NAME from
+# its first instruction when QUOTA is set (before it starts any thread, so all of them inherit).
+launch() {
+  local name=$1; shift
+  if [ -n "$QUOTA" ] && [ -z "${QUOTA_AFTER_START:-}" ]; then
+    cgroup "$name"
+    bash -c 'echo $$ > "$0" && exec "$@"' "$JOIN" "$@" &
+  else
+    "$@" &
+  fi
+  LAUNCHED=$!
+}
+
+# limit PID NAME: moves every thread of a running PID into a new cgroup capped at QUOTA cores.
+limit() {
+  local pid=$1 name=$2
+  cgroup "$name"
+  if [ "${JOIN##*/}" = tasks ]; then
+    for t in /proc/"$pid"/task/*; do basename "$t" > "$JOIN"; done
+  else
+    echo "$pid" > "$JOIN"
   fi
 }
 
@@ -72,16 +101,25 @@ wait_port() {
 # TROUPE_GATEWAY_ARGS: extra flags for Troupe's gateway, e.g. --io-threads 1 to match a quota of
 # at most one core (it serves on one thread per core by default).
 # shellcheck disable=SC2086
-"$BIN" gateway --listen "127.0.0.1:$PORT_T" --policy round_robin --health-interval-s 0 ${TROUPE_GATEWAY_ARGS:-} >/dev/null &
-TG=$!; PIDS+=("$TG")
+launch "troupe-bench-gateway-$$" "$BIN" gateway --listen "127.0.0.1:$PORT_T" --policy round_robin \
+  --health-interval-s 0 ${TROUPE_GATEWAY_ARGS:-} >/dev/null
+TG=$LAUNCHED; PIDS+=("$TG")
 # The launcher is the router (it renames itself `sglang::router`).
-sglang-router launch --host 127.0.0.1 --port "$PORT_S" --policy round_robin --log-level warn >/dev/null 2>&1 &
-SG=$!; PIDS+=("$SG")
+launch "troupe-bench-sglang-$$" sglang-router launch --host 127.0.0.1 --port "$PORT_S" \
+  --policy round_robin --log-level warn >/dev/null 2>&1
+SG=$LAUNCHED; PIDS+=("$SG")
 wait_port "$PORT_T"; wait_port "$PORT_S"
 if [ -n "$QUOTA" ]; then
-  limit "$TG" "troupe-bench-gateway-$$"
-  limit "$SG" "troupe-bench-sglang-$$"
-  echo "# each router limited to $QUOTA core(s)"
+  if [ -n "${QUOTA_AFTER_START:-}" ]; then
+    limit "$TG" "troupe-bench-gateway-$$"
+    limit "$SG" "troupe-bench-sglang-$$"
+    echo "# each router limited to $QUOTA core(s), moved into its cgroup after it started"
+  else
+    echo "# each router limited to $QUOTA core(s), started inside its cgroup"
+  fi
+fi
+if [ -n "$TG" ]; then
+  echo "# threads: troupe gateway $(ls /proc/"$TG"/task | wc -l), sglang-router $(ls /proc/"$SG"/task | wc -l)"
 fi
 echo "# concurrency $C, $N requests, backends with 5 ms latency"
 OURS=$("$BIN" bench gateway --target "http://127.0.0.1:$PORT_T" --target-pid "$TG" --register \
