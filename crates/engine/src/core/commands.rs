@@ -222,25 +222,13 @@ fn released_msg() -> String {
 
 #[cfg(test)]
 mod tests {
+    use crate::core::EngineCore;
     use crate::core::LatencyModel;
-    use crate::core::request::{Command, SeqKind, SeqRequest};
-    use crate::core::{EngineCore, SchedulerConfig};
-    use crate::model::{ModelConfig, Weights};
-    use crate::sampling::SamplingParams;
+    use crate::core::request::Command;
 
     /// A scheduler over the tiny model at version `v0`, paced by `latency`.
     fn core(latency: LatencyModel) -> EngineCore {
-        EngineCore::start(
-            Weights::init(&ModelConfig::tiny(), 1),
-            SchedulerConfig {
-                max_running: 4,
-                latency,
-                weight_version: "v0".into(),
-                prefix_cache_tokens: None,
-            },
-            None,
-        )
-        .expect("scheduler starts")
+        EngineCore::for_tests(latency)
     }
 
     /// A version set through the scheduler is visible the moment the call returns, even while
@@ -253,22 +241,7 @@ mod tests {
             decode_step_ms: Some(20.0),
             ..LatencyModel::default()
         });
-        let (events, _keep) = tokio::sync::mpsc::unbounded_channel();
-        core.send(Command::Submit(Box::new(SeqRequest {
-            rid: "busy".into(),
-            input_ids: vec![1, 2, 3],
-            params: SamplingParams {
-                max_new_tokens: 1000,
-                ignore_eos: true,
-                ..SamplingParams::default()
-            },
-            seed: 1,
-            return_logprob: false,
-            logprob_start: 0,
-            kind: SeqKind::Regular,
-            events,
-        })))
-        .expect("submitted");
+        let _keep = core.submit_for_tests("busy", 1000);
         tokio::time::timeout(std::time::Duration::from_secs(30), async {
             for i in 0..5 {
                 let v = format!("v{}", i + 1);

@@ -195,27 +195,15 @@ impl EngineCore {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::atomic::Ordering;
-    use std::time::{Duration, Instant};
-
-    use tokio::sync::{mpsc, oneshot};
-
-    use super::EngineCore;
-    use crate::core::request::{Command, FinishReason, PauseMode, SeqEvent, SeqKind, SeqRequest};
-    use crate::core::{LatencyModel, SchedulerConfig};
-    use crate::error::EngineError;
-    use crate::model::{ModelConfig, Weights};
-    use crate::sampling::SamplingParams;
-
-    const WAIT: Duration = Duration::from_secs(30);
-
-    fn core() -> EngineCore {
-        EngineCore::start(
-            Weights::init(&ModelConfig::tiny(), 1),
+impl EngineCore {
+    /// A scheduler over the tiny model at version `v0` (4 running requests at most, no prefix
+    /// cache), paced by `latency`: the core the unit tests drive.
+    pub(crate) fn for_tests(latency: super::LatencyModel) -> Self {
+        Self::start(
+            Weights::init(&crate::model::ModelConfig::tiny(), 1),
             SchedulerConfig {
                 max_running: 4,
-                latency: LatencyModel::default(),
+                latency,
                 weight_version: "v0".into(),
                 prefix_cache_tokens: None,
             },
@@ -224,16 +212,21 @@ mod tests {
         .expect("scheduler starts")
     }
 
-    /// Submits a request for `tokens` new tokens; its events.
-    fn submit(core: &EngineCore, rid: &str, tokens: usize) -> mpsc::UnboundedReceiver<SeqEvent> {
-        let (events, rx) = mpsc::unbounded_channel();
-        core.send(Command::Submit(Box::new(SeqRequest {
+    /// Submits a request for `tokens` new tokens (greedy past EOS, prompt `[1, 2, 3]`); its events.
+    pub(crate) fn submit_for_tests(
+        &self,
+        rid: &str,
+        tokens: usize,
+    ) -> tokio::sync::mpsc::UnboundedReceiver<super::SeqEvent> {
+        use super::request::{SeqKind, SeqRequest};
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.send(Command::Submit(Box::new(SeqRequest {
             rid: rid.into(),
             input_ids: vec![1, 2, 3],
-            params: SamplingParams {
+            params: crate::sampling::SamplingParams {
                 max_new_tokens: tokens,
                 ignore_eos: true,
-                ..SamplingParams::default()
+                ..Default::default()
             },
             seed: 1,
             return_logprob: false,
@@ -243,6 +236,25 @@ mod tests {
         })))
         .expect("submitted");
         rx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    use tokio::sync::{mpsc, oneshot};
+
+    use super::EngineCore;
+    use crate::core::LatencyModel;
+    use crate::core::request::{Command, FinishReason, PauseMode, SeqEvent};
+    use crate::error::EngineError;
+
+    const WAIT: Duration = Duration::from_secs(30);
+
+    fn core() -> EngineCore {
+        EngineCore::for_tests(LatencyModel::default())
     }
 
     /// Why the request behind `events` finished.
@@ -307,7 +319,7 @@ mod tests {
         core.shared.queued.fetch_sub(1, Ordering::SeqCst);
         // And for real: a pause right after a submit aborts that request, every time.
         for i in 0..200 {
-            let mut events = submit(&core, &format!("r{i}"), 1_000_000);
+            let mut events = core.submit_for_tests(&format!("r{i}"), 1_000_000);
             core.call(|tx| Command::Pause(PauseMode::Abort, tx))
                 .await
                 .expect("alive");
@@ -331,7 +343,7 @@ mod tests {
         core.call(|tx| Command::Pause(PauseMode::Abort, tx))
             .await
             .expect("alive");
-        let mut events = submit(&core, "waits", 4);
+        let mut events = core.submit_for_tests("waits", 4);
         // The submit is taken while paused; then the thread waits again with work queued.
         let deadline = Instant::now() + WAIT;
         while core.status().num_waiting_reqs == 0 {
