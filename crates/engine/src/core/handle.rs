@@ -50,8 +50,9 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-/// The scheduler, also after a panic elsewhere left its lock poisoned (its state is consistent
-/// between commands, and a panicked inline command shuts the engine down anyway).
+/// Takes the scheduler's lock, poisoned or not: only a panic on the scheduler thread itself can
+/// poison it (an inline command's panic is caught while its guard is still held, and shuts the
+/// engine down), and that thread has ended by then.
 pub(super) fn lock(m: &Mutex<Scheduler>) -> MutexGuard<'_, Scheduler> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
