@@ -40,11 +40,21 @@ command -v sglang-router >/dev/null || { echo "no sglang-router: pip install sgl
 
 PIDS=()
 CGROUPS=()
+# Stops both routers (and anything they started inside their cgroups), then removes the cgroups:
+# a cgroup stays busy until its last task is reaped, so each removal is retried for a while.
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   sleep 0.5
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  for d in "${CGROUPS[@]}"; do rmdir "$d" 2>/dev/null || true; done
+  for d in "${CGROUPS[@]}"; do
+    for t in $(cat "$d/tasks" "$d/cgroup.procs" 2>/dev/null); do kill -9 "$t" 2>/dev/null || true; done
+  done
+  wait 2>/dev/null || true
+  for d in "${CGROUPS[@]}"; do
+    for _ in $(seq 1 50); do rmdir "$d" 2>/dev/null && break; sleep 0.1; done
+    [ -d "$d" ] && echo "# could not remove cgroup $d" >&2
+  done
+  return 0
 }
 trap cleanup EXIT
 
