@@ -16,7 +16,11 @@
 # Either way each run prints `gateway.target.cpu_us_per_req`: the router process's own CPU time per
 # request, which does not depend on what else shares the machine.
 #
-# Needs: a release build (`cargo build --release -p troupe-controller`), `pip install
+# ROUNDS (default 3) measures the two routers in turn that many times, so a slow or fast spell of
+# a shared machine lands on both; each round's figures are printed under `round<N>.`, then every
+# figure's median under its plain name, and the ratios of the medians (and each round's).
+#
+# Needs: a release build (`cargo build --release`), `pip install
 # sglang-router`, and for QUOTA root with cgroup v1 (/sys/fs/cgroup/cpu) or v2 (cpu.max).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +28,10 @@ BIN=${TROUPE_BIN:-target/release/troupe}
 C=${CONCURRENCY:-64}
 N=${REQUESTS:-20000}
 QUOTA=${QUOTA:-}
+ROUNDS=${ROUNDS:-3}
+case "$ROUNDS" in
+  ''|*[!0-9]*|0) echo "ROUNDS must be a positive whole number, got '$ROUNDS'" >&2; exit 2 ;;
+esac
 
 # Two ports nothing listens on now (the kernel's picks, both held until both are chosen, so
 # they differ), so two runs, or a run beside a deployment, never share one.
@@ -35,7 +43,7 @@ print(*(x.getsockname()[1] for x in s))')
 PORT_T=${PORT_TROUPE:-$FREE_T}
 PORT_S=${PORT_SGLANG:-$FREE_S}
 
-[ -x "$BIN" ] || { echo "no $BIN: run cargo build --release -p troupe-controller" >&2; exit 2; }
+[ -x "$BIN" ] || { echo "no $BIN: run cargo build --release" >&2; exit 2; }
 command -v sglang-router >/dev/null || { echo "no sglang-router: pip install sglang-router" >&2; exit 2; }
 
 PIDS=()
@@ -131,23 +139,60 @@ fi
 if [ -n "$TG" ]; then
   echo "# threads: troupe gateway $(ls /proc/"$TG"/task | wc -l), sglang-router $(ls /proc/"$SG"/task | wc -l)"
 fi
-echo "# concurrency $C, $N requests, backends with 5 ms latency"
-OURS=$("$BIN" bench gateway --target "http://127.0.0.1:$PORT_T" --target-pid "$TG" --register \
-  --concurrency "$C" --requests "$N" | sed 's/^gateway\./troupe.gateway./')
-echo "$OURS"
-THEIRS=$("$BIN" bench gateway --target "http://127.0.0.1:$PORT_S" --target-pid "$SG" --register \
-  --concurrency "$C" --requests "$N" | sed 's/^gateway\./sglang.gateway./')
-echo "$THEIRS"
-# The ratios of the two runs above (same backends, same load, same CPU quota): requests/s, and
-# CPU per request (SGLang's router's over Troupe's gateway). When a router serves nearly what the
-# load generator sends the backends directly (`…direct.rps`), the load generator, not the router,
-# bounds its requests/s; the CPU ratio measures the routers either way.
-printf '%s\n%s\n' "$OURS" "$THEIRS" | awk '
-  $1 == "troupe.gateway.target.rps" { t = $2 }
-  $1 == "sglang.gateway.target.rps" { s = $2 }
-  $1 == "troupe.gateway.target.cpu_us_per_req" { tc = $2 }
-  $1 == "sglang.gateway.target.cpu_us_per_req" { sc = $2 }
+echo "# concurrency $C, $N requests, backends with 5 ms latency, $ROUNDS round(s)"
+# Each router gets two backends of its own on two consecutive free ports, started anew by every
+# round's bench on the same ports (registered in the first round only).
+read -r BASE_T BASE_S < <(python3 -c '
+import socket
+def pair():
+    while True:
+        a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
+        b = socket.socket()
+        try:
+            b.bind(("127.0.0.1", p + 1))
+            return a, b, p
+        except OSError:
+            a.close(); b.close()
+t = pair(); s = pair()
+while s[2] in (t[2] - 1, t[2], t[2] + 1):
+    s = pair()
+print(t[2], s[2])')
+ALL=""
+for r in $(seq 1 "$ROUNDS"); do
+  REG=""; [ "$r" = 1 ] && REG=--register
+  OURS=$("$BIN" bench gateway --target "http://127.0.0.1:$PORT_T" --target-pid "$TG" $REG \
+    --backend-port-base "$BASE_T" --concurrency "$C" --requests "$N" | sed 's/^gateway\./troupe.gateway./')
+  THEIRS=$("$BIN" bench gateway --target "http://127.0.0.1:$PORT_S" --target-pid "$SG" $REG \
+    --backend-port-base "$BASE_S" --concurrency "$C" --requests "$N" | sed 's/^gateway\./sglang.gateway./')
+  if [ "$ROUNDS" = 1 ]; then
+    printf '%s\n%s\n' "$OURS" "$THEIRS"
+  else
+    printf '%s\n%s\n' "$OURS" "$THEIRS" | sed "s/^/round$r./"
+  fi
+  ALL+="$(printf '%s\n%s\n' "$OURS" "$THEIRS" | sed "s/^/$r /")"$'\n'
+done
+# With several rounds (the two routers measured in turn, so a slower or faster spell of the
+# machine lands on both), every figure once more under its plain name: its median over rounds.
+# Then the ratios (same backends, same load, same CPU quota): requests/s, and CPU per request
+# (SGLang's router's over Troupe's gateway), of those medians, and each round's. When a router
+# serves nearly what the load generator sends the backends directly (`…direct.rps`), the load
+# generator, not the router, bounds its requests/s; the CPU ratio measures the routers either way.
+printf '%s' "$ALL" | awk -v rounds="$ROUNDS" '
+  function median(k,   n, i, j, t, a) {
+    n = 0
+    for (i = 1; i <= rounds; i++) if ((k, i) in v) a[++n] = v[k, i]
+    for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+  }
+  NF == 3 { v[$2, $1] = $3; if (!($2 in seen)) { seen[$2] = 1; order[++names] = $2 } }
   END {
+    if (rounds > 1) for (i = 1; i <= names; i++) printf "%s %s\n", order[i], median(order[i])
+    t = median("troupe.gateway.target.rps"); s = median("sglang.gateway.target.rps")
+    tc = median("troupe.gateway.target.cpu_us_per_req"); sc = median("sglang.gateway.target.cpu_us_per_req")
     if (s > 0) printf "troupe_vs_sglang.gateway.rps_ratio %.3f\n", t / s
     if (tc > 0) printf "troupe_vs_sglang.gateway.cpu_per_req_ratio %.3f\n", sc / tc
+    if (rounds > 1) for (r = 1; r <= rounds; r++) {
+      t = v["troupe.gateway.target.rps", r]; s = v["sglang.gateway.target.rps", r]
+      if (s > 0) printf "round%d.troupe_vs_sglang.gateway.rps_ratio %.3f\n", r, t / s
+    }
   }'
