@@ -191,7 +191,7 @@ impl EngineCore {
 
     /// Stops the thread (requests in flight are aborted).
     pub fn shutdown(&self) {
-        let _ = self.tx.send(Command::Shutdown);
+        let _ = self.send(Command::Shutdown);
     }
 }
 
@@ -273,10 +273,15 @@ mod tests {
         .expect("finished in time")
     }
 
-    /// Polls until the scheduler thread waits for a command (its lock is free).
+    /// Returns once the scheduler thread waits for a command: it has taken a `Wake` sent now
+    /// (so it has started and taken everything sent before) and let go of its lock, which it
+    /// takes again only for a new command.
     fn until_idle(core: &EngineCore) {
+        core.send(Command::Wake).expect("alive");
         let deadline = Instant::now() + WAIT;
-        while core.shared.sched.try_lock().is_err() {
+        while core.shared.queued.load(Ordering::SeqCst) != 0
+            || core.shared.sched.try_lock().is_err()
+        {
             assert!(Instant::now() < deadline, "the scheduler never went idle");
             std::thread::yield_now();
         }

@@ -14,6 +14,9 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use rayon::prelude::*;
+use serde::Serialize;
+
 use super::admit::{self, SharedCache};
 use super::handle::{Shared, lock};
 use super::latency::LatencyModel;
@@ -23,8 +26,6 @@ use super::sequence::{PrefillOutcome, Sequence};
 use crate::model::Weights;
 use crate::pd::KvHandoff;
 use crate::pd::room::{RoomState, RoomStore};
-use rayon::prelude::*;
-use serde::Serialize;
 
 /// Static scheduler settings.
 #[derive(Debug, Clone)]
@@ -141,7 +142,7 @@ impl Scheduler {
         }
     }
 
-    pub(super) fn blocked(&self) -> bool {
+    fn blocked(&self) -> bool {
         self.paused.is_some() || self.weights.is_none() || self.kv_released
     }
 
