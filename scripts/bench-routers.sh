@@ -136,9 +136,7 @@ if [ -n "$QUOTA" ]; then
     echo "# each router limited to $QUOTA core(s), started inside its cgroup"
   fi
 fi
-if [ -n "$TG" ]; then
-  echo "# threads: troupe gateway $(ls /proc/"$TG"/task | wc -l), sglang-router $(ls /proc/"$SG"/task | wc -l)"
-fi
+echo "# threads: troupe gateway $(ls /proc/"$TG"/task | wc -l), sglang-router $(ls /proc/"$SG"/task | wc -l)"
 echo "# concurrency $C, $N requests, backends with 5 ms latency, $ROUNDS round(s)"
 # Each router gets two backends of its own on two consecutive free ports, started anew by every
 # round's bench on the same ports (registered in the first round only).
