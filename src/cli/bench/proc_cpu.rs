@@ -79,17 +79,27 @@ mod tests {
 
     #[test]
     fn threads_are_counted_by_name() {
-        let spin = |d: Duration| {
-            let t0 = Instant::now();
-            while t0.elapsed() < d {
-                std::hint::spin_loop();
+        // Spins until this thread has run 30 ms on a CPU (its own schedstat, not the code under
+        // test): 30 ms of wall time is less CPU time than that when the cores are shared.
+        let spin_cpu = |ns: u64| {
+            let ran = || {
+                std::fs::read_to_string("/proc/thread-self/schedstat")
+                    .ok()
+                    .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while ran() < ns && Instant::now() < deadline {
+                for _ in 0..10_000 {
+                    std::hint::spin_loop();
+                }
             }
         };
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let worker = std::thread::Builder::new()
             .name("proc-cpu-probe".into())
             .spawn(move || {
-                spin(Duration::from_millis(30));
+                spin_cpu(30_000_000);
                 let _ = rx.recv();
             })
             .expect("thread starts");
