@@ -32,6 +32,10 @@ ROUNDS=${ROUNDS:-3}
 case "$ROUNDS" in
   ''|*[!0-9]*|0) echo "ROUNDS must be a positive whole number, got '$ROUNDS'" >&2; exit 2 ;;
 esac
+# A cgroup's quota is at least 1 ms per 100 ms period, so QUOTA (cores) is at least 0.01.
+if [ -n "$QUOTA" ] && ! awk -v q="$QUOTA" 'BEGIN { exit !(q ~ /^[0-9]*\.?[0-9]+$/ && q >= 0.01) }'; then
+  echo "QUOTA must be a number of cores of at least 0.01 (e.g. 0.25), got '$QUOTA'" >&2; exit 2
+fi
 
 # Two ports nothing listens on now (the kernel's picks, both held until both are chosen, so
 # they differ), so two runs, or a run beside a deployment, never share one.
