@@ -20,8 +20,15 @@
 # a shared machine lands on both; each round's figures are printed under `round<N>.`, then every
 # figure's median under its plain name, and the ratios of the medians (and each round's).
 #
+# PEER=floor measures against `examples/proxy_floor.rs` instead of sglang-router: a hand-written
+# proxy that does none of a router's work (no policy, retries, limits, JSON), the floor of what any
+# HTTP/1 router costs on this machine; its figures are `floor.gateway.*` and the ratios
+# `troupe_vs_floor.*`. LATENCY_MS (default 5) is the backends' latency (0: the gateway row of
+# `troupe bench gateway`, e.g. `PEER=floor LATENCY_MS=0 CONCURRENCY=32 QUOTA=1`).
+#
 # Needs: a release build (`cargo build --release`), `pip install
-# sglang-router`, and for QUOTA root with cgroup v1 (/sys/fs/cgroup/cpu) or v2 (cpu.max).
+# sglang-router` (PEER=floor: `cargo build --release --example proxy_floor` instead), and for
+# QUOTA root with cgroup v1 (/sys/fs/cgroup/cpu) or v2 (cpu.max).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${TROUPE_BIN:-target/release/troupe}
@@ -29,6 +36,16 @@ C=${CONCURRENCY:-64}
 N=${REQUESTS:-20000}
 QUOTA=${QUOTA:-}
 ROUNDS=${ROUNDS:-3}
+PEER=${PEER:-sglang}
+LATENCY_MS=${LATENCY_MS:-5}
+FLOOR=${FLOOR_BIN:-target/release/examples/proxy_floor}
+case "$PEER" in
+  sglang|floor) ;;
+  *) echo "PEER must be sglang or floor, got '$PEER'" >&2; exit 2 ;;
+esac
+if ! awk -v l="$LATENCY_MS" 'BEGIN { exit !(l ~ /^[0-9]*\.?[0-9]+$/) }'; then
+  echo "LATENCY_MS must be a number of milliseconds of at least 0, got '$LATENCY_MS'" >&2; exit 2
+fi
 case "$ROUNDS" in
   ''|*[!0-9]*|0) echo "ROUNDS must be a positive whole number, got '$ROUNDS'" >&2; exit 2 ;;
 esac
@@ -48,7 +65,11 @@ PORT_T=${PORT_TROUPE:-$FREE_T}
 PORT_S=${PORT_SGLANG:-$FREE_S}
 
 [ -x "$BIN" ] || { echo "no $BIN: run cargo build --release" >&2; exit 2; }
-command -v sglang-router >/dev/null || { echo "no sglang-router: pip install sglang-router" >&2; exit 2; }
+if [ "$PEER" = sglang ]; then
+  command -v sglang-router >/dev/null || { echo "no sglang-router: pip install sglang-router" >&2; exit 2; }
+else
+  [ -x "$FLOOR" ] || { echo "no $FLOOR: run cargo build --release --example proxy_floor" >&2; exit 2; }
+fi
 
 PIDS=()
 CGROUPS=()
@@ -120,28 +141,6 @@ wait_port() {
   echo "nothing listens on port $1" >&2; exit 1
 }
 
-# TROUPE_GATEWAY_ARGS: extra flags for Troupe's gateway, e.g. --io-threads 1 to match a quota of
-# at most one core (it serves on one thread per core by default).
-# shellcheck disable=SC2086
-launch "troupe-bench-gateway-$$" "$BIN" gateway --listen "127.0.0.1:$PORT_T" --policy round_robin \
-  --health-interval-s 0 ${TROUPE_GATEWAY_ARGS:-} >/dev/null
-TG=$LAUNCHED; PIDS+=("$TG")
-# The launcher is the router (it renames itself `sglang::router`).
-launch "troupe-bench-sglang-$$" sglang-router launch --host 127.0.0.1 --port "$PORT_S" \
-  --policy round_robin --log-level warn >/dev/null 2>&1
-SG=$LAUNCHED; PIDS+=("$SG")
-wait_port "$PORT_T"; wait_port "$PORT_S"
-if [ -n "$QUOTA" ]; then
-  if [ -n "${QUOTA_AFTER_START:-}" ]; then
-    limit "$TG" "troupe-bench-gateway-$$"
-    limit "$SG" "troupe-bench-sglang-$$"
-    echo "# each router limited to $QUOTA core(s), moved into its cgroup after it started"
-  else
-    echo "# each router limited to $QUOTA core(s), started inside its cgroup"
-  fi
-fi
-echo "# threads: troupe gateway $(ls /proc/"$TG"/task | wc -l), sglang-router $(ls /proc/"$SG"/task | wc -l)"
-echo "# concurrency $C, $N requests, backends with 5 ms latency, $ROUNDS round(s)"
 # Each router gets two backends of its own on two consecutive free ports, started anew by every
 # round's bench on the same ports (registered in the first round only).
 read -r BASE_T BASE_S < <(python3 -c '
@@ -159,13 +158,44 @@ t = pair(); s = pair()
 while s[2] in (t[2] - 1, t[2], t[2] + 1):
     s = pair()
 print(t[2], s[2])')
+# TROUPE_GATEWAY_ARGS: extra flags for Troupe's gateway, e.g. --io-threads 1 to match a quota of
+# at most one core (it serves on one thread per core by default).
+# shellcheck disable=SC2086
+launch "troupe-bench-gateway-$$" "$BIN" gateway --listen "127.0.0.1:$PORT_T" --policy round_robin \
+  --health-interval-s 0 ${TROUPE_GATEWAY_ARGS:-} >/dev/null
+TG=$LAUNCHED; PIDS+=("$TG")
+if [ "$PEER" = sglang ]; then
+  # The launcher is the router (it renames itself `sglang::router`).
+  launch "troupe-bench-$PEER-$$" sglang-router launch --host 127.0.0.1 --port "$PORT_S" \
+    --policy round_robin --log-level warn >/dev/null 2>&1
+else
+  # The floor proxy is given its backends (it has no `POST /workers`).
+  launch "troupe-bench-$PEER-$$" "$FLOOR" "127.0.0.1:$PORT_S" "http://127.0.0.1:$BASE_S" \
+    "http://127.0.0.1:$((BASE_S + 1))" >/dev/null
+fi
+SG=$LAUNCHED; PIDS+=("$SG")
+wait_port "$PORT_T"; wait_port "$PORT_S"
+if [ -n "$QUOTA" ]; then
+  if [ -n "${QUOTA_AFTER_START:-}" ]; then
+    limit "$TG" "troupe-bench-gateway-$$"
+    limit "$SG" "troupe-bench-$PEER-$$"
+    echo "# each router limited to $QUOTA core(s), moved into its cgroup after it started"
+  else
+    echo "# each router limited to $QUOTA core(s), started inside its cgroup"
+  fi
+fi
+echo "# threads: troupe gateway $(ls /proc/"$TG"/task | wc -l), $PEER $(ls /proc/"$SG"/task | wc -l)"
+echo "# concurrency $C, $N requests, backends with $LATENCY_MS ms latency, $ROUNDS round(s)"
 ALL=""
 for r in $(seq 1 "$ROUNDS"); do
   REG=""; [ "$r" = 1 ] && REG=--register
+  PEER_REG=$REG; [ "$PEER" = floor ] && PEER_REG=""
   OURS=$("$BIN" bench gateway --target "http://127.0.0.1:$PORT_T" --target-pid "$TG" $REG \
-    --backend-port-base "$BASE_T" --concurrency "$C" --requests "$N" | sed 's/^gateway\./troupe.gateway./')
-  THEIRS=$("$BIN" bench gateway --target "http://127.0.0.1:$PORT_S" --target-pid "$SG" $REG \
-    --backend-port-base "$BASE_S" --concurrency "$C" --requests "$N" | sed 's/^gateway\./sglang.gateway./')
+    --backend-port-base "$BASE_T" --concurrency "$C" --requests "$N" \
+    --backend-latency-ms "$LATENCY_MS" | sed 's/^gateway\./troupe.gateway./')
+  THEIRS=$("$BIN" bench gateway --target "http://127.0.0.1:$PORT_S" --target-pid "$SG" $PEER_REG \
+    --backend-port-base "$BASE_S" --concurrency "$C" --requests "$N" \
+    --backend-latency-ms "$LATENCY_MS" | sed "s/^gateway\\./$PEER.gateway./")
   if [ "$ROUNDS" = 1 ]; then
     printf '%s\n%s\n' "$OURS" "$THEIRS"
   else
@@ -179,7 +209,7 @@ done
 # (SGLang's router's over Troupe's gateway), of those medians, and each round's. When a router
 # serves nearly what the load generator sends the backends directly (`…direct.rps`), the load
 # generator, not the router, bounds its requests/s; the CPU ratio measures the routers either way.
-printf '%s' "$ALL" | awk -v rounds="$ROUNDS" '
+printf '%s' "$ALL" | awk -v rounds="$ROUNDS" -v peer="$PEER" '
   function median(k,   n, i, j, t, a) {
     n = 0
     for (i = 1; i <= rounds; i++) if ((k, i) in v) a[++n] = v[k, i]
@@ -189,12 +219,12 @@ printf '%s' "$ALL" | awk -v rounds="$ROUNDS" '
   NF == 3 { v[$2, $1] = $3; if (!($2 in seen)) { seen[$2] = 1; order[++names] = $2 } }
   END {
     if (rounds > 1) for (i = 1; i <= names; i++) printf "%s %s\n", order[i], median(order[i])
-    t = median("troupe.gateway.target.rps"); s = median("sglang.gateway.target.rps")
-    tc = median("troupe.gateway.target.cpu_us_per_req"); sc = median("sglang.gateway.target.cpu_us_per_req")
-    if (s > 0) printf "troupe_vs_sglang.gateway.rps_ratio %.3f\n", t / s
-    if (tc > 0) printf "troupe_vs_sglang.gateway.cpu_per_req_ratio %.3f\n", sc / tc
+    t = median("troupe.gateway.target.rps"); s = median(peer ".gateway.target.rps")
+    tc = median("troupe.gateway.target.cpu_us_per_req"); sc = median(peer ".gateway.target.cpu_us_per_req")
+    if (s > 0) printf "troupe_vs_%s.gateway.rps_ratio %.3f\n", peer, t / s
+    if (tc > 0) printf "troupe_vs_%s.gateway.cpu_per_req_ratio %.3f\n", peer, sc / tc
     if (rounds > 1) for (r = 1; r <= rounds; r++) {
-      t = v["troupe.gateway.target.rps", r]; s = v["sglang.gateway.target.rps", r]
-      if (s > 0) printf "round%d.troupe_vs_sglang.gateway.rps_ratio %.3f\n", r, t / s
+      t = v["troupe.gateway.target.rps", r]; s = v[peer ".gateway.target.rps", r]
+      if (s > 0) printf "round%d.troupe_vs_%s.gateway.rps_ratio %.3f\n", r, peer, t / s
     }
   }'
