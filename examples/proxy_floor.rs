@@ -10,8 +10,8 @@
 //! and a minimal event loop, and that bounds the gateway's added latency in a closed loop on a
 //! small machine (`concurrency × CPU per request / cores`). Not for any other use.
 //!
-//! Run: `cargo run --release --example proxy_floor -- 127.0.0.1:0 http://127.0.0.1:30000 ...`
-//! (prints the address it listens on; one serving thread per core, each on its own
+//! Run: `cargo run --release --example proxy_floor -- 127.0.0.1:0 http://<ip>:<port>...` (port 0:
+//! any free one; it prints the address it listens on; one serving thread per core, each on its own
 //! single-threaded runtime, as `troupe gateway` serves).
 
 use std::net::SocketAddr;
@@ -134,7 +134,16 @@ fn thread(listener: std::net::TcpListener, backends: Arc<Vec<SocketAddr>>) -> st
         let pool: Pool = Arc::new(Mutex::new(backends.iter().map(|_| Vec::new()).collect()));
         let next = Arc::new(AtomicUsize::new(0));
         loop {
-            let (c, _) = listener.accept().await?;
+            // A failed accept (a connection reset before it was taken, no file descriptors
+            // left) ends neither the thread nor the measurement.
+            let c = match listener.accept().await {
+                Ok((c, _)) => c,
+                Err(e) => {
+                    eprintln!("proxy_floor: accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
             let _ = c.set_nodelay(true);
             tokio::spawn(serve(c, backends.clone(), pool.clone(), next.clone()));
         }

@@ -23,7 +23,7 @@
 # PEER=floor measures against `examples/proxy_floor.rs` instead of sglang-router: a hand-written
 # proxy that does none of a router's work (no policy, retries, limits, JSON), the floor of what any
 # HTTP/1 router costs on this machine; its figures are `floor.gateway.*` and the ratios
-# `troupe_vs_floor.*`. LATENCY_MS (default 5) is the backends' latency (0: the gateway row of
+# `troupe_vs_floor.*` (FLOOR_BIN: another build of it). LATENCY_MS (default 5) is the backends' latency (0: the gateway row of
 # `troupe bench gateway`, e.g. `PEER=floor LATENCY_MS=0 CONCURRENCY=32 QUOTA=1`).
 #
 # Needs: a release build (`cargo build --release`), `pip install
