@@ -13,11 +13,7 @@ use tonic::{Request, Status};
 /// Environment variable hosts and controllers read the token from.
 pub const TOKEN_ENV: &str = "TROUPE_TOKEN";
 
-/// Compares in time independent of where the first difference is (so response timing does not
-/// reveal how much of a guessed key was right).
-pub fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+pub use troupe_wire::auth::same;
 
 /// Server side: refuses requests without the expected bearer token (none expected: all pass).
 #[derive(Clone, Default)]
@@ -29,7 +25,7 @@ impl TokenCheck {
     /// Expects `token` (or nothing, with `None`).
     pub fn new(token: Option<&str>) -> Self {
         TokenCheck {
-            expected: token.map(|t| Arc::from(format!("Bearer {t}"))),
+            expected: token.map(Arc::from),
         }
     }
 }
@@ -39,8 +35,14 @@ impl Interceptor for TokenCheck {
         let Some(want) = &self.expected else {
             return Ok(req);
         };
-        match req.metadata().get("authorization").map(|v| v.as_bytes()) {
-            Some(got) if same(got, want.as_bytes()) => Ok(req),
+        let given = req.metadata().get("authorization").map(|v| {
+            v.to_str()
+                .ok()
+                .and_then(troupe_wire::auth::bearer_value)
+                .unwrap_or("")
+        });
+        match given {
+            Some(got) if same(got.as_bytes(), want.as_bytes()) => Ok(req),
             Some(_) => Err(Status::unauthenticated(
                 "wrong control-plane token: use the server's token (--token, TROUPE_TOKEN or the config's `token`)",
             )),

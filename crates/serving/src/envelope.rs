@@ -2,7 +2,9 @@
 //! handlers (applied by [`crate::listen::serve`] to the gateway and the DataProxy alike).
 //!
 //! Before a handler runs: the URI (at most [`MAX_URI_BYTES`]) and the headers (at most
-//! [`MAX_HEADERS`], [`MAX_HEADER_BYTES`] in all) are checked, and the body is read in full here,
+//! [`MAX_HEADERS`], [`MAX_HEADER_BYTES`] in all) are checked, then the route's key
+//! ([`crate::keys::KeyedRoutes`]: a request without it is answered 401 before a byte of its body
+//! is read), and the body is read in full here,
 //! with the one body limit (`max_body_bytes`, checked against `Content-Length` before reading a
 //! byte) and the body read timeout. Over a limit the answer is 414, 431 or 413, past the
 //! timeout 408, all in the JSON envelope and with `Connection: close`, since the rest of the
@@ -17,6 +19,7 @@
 //! ~400 KiB read buffer, a URI over 64 KiB) never reach this layer: hyper answers them with a
 //! bare status line and closes the connection.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -27,6 +30,7 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, Limited};
 
 use crate::error::ApiError;
+use crate::keys::KeyedRoutes;
 use crate::listen::ServeLimits;
 
 /// Longest accepted path and query, in bytes (414 past it).
@@ -38,9 +42,12 @@ pub const MAX_HEADER_BYTES: usize = 64 << 10;
 /// Most bytes of a non-JSON error body read to become the envelope's message.
 const MAX_ERROR_TEXT: usize = 4 << 10;
 
-/// Applies the request limits and the envelope mapping to every route of `app`.
-pub fn wrap(app: axum::Router, limits: ServeLimits) -> axum::Router {
-    app.layer(axum::middleware::from_fn_with_state(limits, guard))
+/// Applies the request limits, the route keys and the envelope mapping to every route of `app`.
+pub fn wrap(app: axum::Router, limits: ServeLimits, keys: KeyedRoutes) -> axum::Router {
+    app.layer(axum::middleware::from_fn_with_state(
+        Arc::new((limits, keys)),
+        guard,
+    ))
 }
 
 /// An envelope answer after which the connection closes (the request was not read in full).
@@ -53,7 +60,12 @@ fn closing(e: ApiError) -> Response {
 
 /// Checks the request head, buffers the body within the limits, runs the handler and maps a
 /// non-JSON error answer to the envelope.
-async fn guard(State(limits): State<ServeLimits>, req: Request, next: Next) -> Response {
+async fn guard(
+    State(cfg): State<Arc<(ServeLimits, KeyedRoutes)>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let (limits, keys) = (&cfg.0, &cfg.1);
     let uri_len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if uri_len > MAX_URI_BYTES {
         return closing(ApiError::new(
@@ -75,7 +87,10 @@ async fn guard(State(limits): State<ServeLimits>, req: Request, next: Next) -> R
             ),
         ));
     }
-    let req = match buffer(req, limits).await {
+    if let Some(refused) = keys.refusal(req.uri().path(), req.headers()) {
+        return refused;
+    }
+    let req = match buffer(req, *limits).await {
         Ok(r) => r,
         Err(resp) => return resp,
     };

@@ -39,6 +39,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::keys::KeyedRoutes;
+
 /// Most headers hyper itself parses. Above [`crate::envelope::MAX_HEADERS`] so that a request
 /// with too many headers still reaches the envelope layer and gets a JSON 431; past this hyper
 /// answers a bare 431 itself.
@@ -181,15 +183,17 @@ fn per_connection(e: &std::io::Error) -> bool {
 }
 
 /// Serves `app` on `listener` with TCP_NODELAY on every accepted socket, the connection bounds
-/// and request limits of `limits`, until `shutdown` resolves; then stops accepting, lets open
-/// responses finish and returns once every connection has closed.
+/// and request limits of `limits`, the route keys of `keys` (checked before a body is read),
+/// until `shutdown` resolves; then stops accepting, lets open responses finish and returns once
+/// every connection has closed.
 pub async fn serve(
     listener: TcpListener,
     app: axum::Router,
     limits: ServeLimits,
+    keys: KeyedRoutes,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = crate::envelope::wrap(app, limits);
+    let app = crate::envelope::wrap(app, limits, keys);
     let (stop_tx, stop_rx) = watch::channel(false);
     let (open_tx, open_rx) = watch::channel(());
     tokio::pin!(shutdown);
@@ -241,6 +245,7 @@ pub fn serve_on_threads(
     listener: TcpListener,
     app: axum::Router,
     limits: ServeLimits,
+    keys: KeyedRoutes,
     threads: usize,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
@@ -250,6 +255,7 @@ pub fn serve_on_threads(
     for i in 0..threads.max(1) {
         let l = listener.try_clone()?;
         let app = app.clone();
+        let keys = keys.clone();
         let mut stop = stop_rx.clone();
         let (tx, rx) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
@@ -266,7 +272,7 @@ pub fn serve_on_threads(
                         let stopped = async move {
                             let _ = stop.wait_for(|s| *s).await;
                         };
-                        serve(l, app, limits, stopped).await
+                        serve(l, app, limits, keys, stopped).await
                     })
                 };
                 let _ = tx.send(run());

@@ -220,7 +220,9 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle, ServingError> {
         .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
         .with_state(state.clone());
     let (tx, rx) = oneshot::channel::<()>();
-    let server = tokio::spawn(listen::serve(listener, app, limits, async {
+    // Open: the backend checks its own keys, and no body here may pass max_body_bytes.
+    let keys = crate::keys::KeyedRoutes::open();
+    let server = tokio::spawn(listen::serve(listener, app, limits, keys, async {
         let _ = rx.await;
     }));
     tracing::info!(%addr, backends = ?state.backends, "data proxy started");

@@ -299,3 +299,87 @@ mod envelope {
         .await;
     }
 }
+
+/// Keyed routes are refused from the request head: a client without the key never gets the
+/// gateway to read (and hold) its body, however large it announces it to be.
+mod auth_before_body {
+    use super::*;
+
+    /// Sends a head announcing `len` body bytes plus the first 16 of them, and reads the answer
+    /// (the server closes the connection after it).
+    async fn announce(addr: SocketAddr, path: &str, auth: Option<&str>, len: u64) -> (u16, String, Value) {
+        let mut s = connect(addr).await;
+        let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
+        s.write_all(
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/octet-stream\r\nContent-Length: {len}\r\n\r\n0123456789abcdef"
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("write");
+        parse_response(&read_until_closed(&mut s).await)
+    }
+
+    #[tokio::test]
+    async fn unauthenticated_bodies_on_keyed_routes_are_refused_before_they_are_read() {
+        // The body read timeout is far past the test's deadline: an answer in time means the
+        // body was never waited for.
+        within(20, async {
+            let own = gw_with(vec![], |c| {
+                c.admin_key = Some("adm".into());
+                c.body_read_timeout = Duration::from_secs(600);
+            })
+            .await;
+            let fwd = gw_with(vec![], |c| {
+                c.admin_key = Some("adm".into());
+                c.body_read_timeout = Duration::from_secs(600);
+                c.control_upstream = Some("http://127.0.0.1:9".into());
+            })
+            .await;
+            for g in [&own, &fwd] {
+                for (path, len) in [
+                    ("/update_weights_from_tensor", 1u64 << 30),
+                    ("/update_weights_from_distributed", 1 << 20),
+                    ("/workers", 1 << 20),
+                ] {
+                    for auth in [None, Some("Bearer wrong"), Some("Basic adm")] {
+                        let t = Instant::now();
+                        let (st, head, v) = announce(g.addr(), path, auth, len).await;
+                        assert_eq!(st, 401, "{path} {auth:?}: {v}");
+                        assert_eq!(v["code"], 401, "{v}");
+                        assert_eq!(v["type"], "AuthenticationError", "{v}");
+                        assert!(head.contains("connection: close"), "{head}");
+                        assert!(t.elapsed() < Duration::from_secs(10), "{path}");
+                    }
+                }
+            }
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn the_bearer_scheme_is_case_insensitive() {
+        within(20, async {
+            let g = gw_with(vec![], |c| c.admin_key = Some("adm".into())).await;
+            let client = reqwest::Client::new();
+            for scheme in ["Bearer", "bearer", "BEARER"] {
+                let r = client
+                    .get(format!("{}/workers", g.url()))
+                    .header("authorization", format!("{scheme} adm"))
+                    .send()
+                    .await
+                    .expect("send");
+                assert_eq!(r.status(), 200, "{scheme}");
+            }
+            let r = client
+                .get(format!("{}/workers", g.url()))
+                .header("authorization", "Bearer Adm")
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(r.status(), 401, "the key itself is exact");
+        })
+        .await;
+    }
+}

@@ -77,6 +77,18 @@ pub enum QuantizeFileError {
         /// The file.
         path: PathBuf,
     },
+    /// The output path exists and is not a regular file (a device, FIFO, symlink, directory):
+    /// renaming the result over it would replace that object.
+    #[error(
+        "output `{path}` exists and is {kind}, not a regular file; name a new file or a regular \
+         file to replace"
+    )]
+    OutputNotRegular {
+        /// The output path as given.
+        path: PathBuf,
+        /// What it is ("a symlink", "a character device", ...).
+        kind: &'static str,
+    },
     /// Quantizing a tensor failed (non-finite values, ...).
     #[error("in `{path}`: {source}")]
     Quantize {
@@ -171,6 +183,7 @@ pub fn quantize_file_with_progress(
         path: input.to_path_buf(),
         source,
     };
+    check_output(output)?;
     let file = File::open(input).map_err(read_err)?;
     let bytes_before = file.metadata().map_err(read_err)?.len();
     if let (Ok(a), Ok(b)) = (fs::canonicalize(input), fs::canonicalize(output))
@@ -235,6 +248,8 @@ pub fn quantize_file_with_progress(
         .metadata()
         .map_err(|e| write_err(&temp.path, e))?
         .len();
+    // Checked again right before the rename: the output may have been replaced meanwhile.
+    check_output(output)?;
     temp.persist(output)?;
 
     let summary = QuantizeSummary {
@@ -446,6 +461,60 @@ fn quantize_bytes(
                 .collect();
             fp8::quantize(name, rows, cols, Weights::F32(&v), opts)
         }
+    }
+}
+
+/// Refuses an output that exists and is not a regular file. `symlink_metadata` does not follow a
+/// symlink, so a link is refused as itself (the rename would replace the link, never write
+/// through it, but a user naming a link almost always means its target).
+fn check_output(output: &Path) -> Result<(), QuantizeFileError> {
+    let meta = match fs::symlink_metadata(output) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(QuantizeFileError::Write {
+                path: output.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let kind = file_kind(&meta.file_type());
+    if kind == "a regular file" {
+        Ok(())
+    } else {
+        Err(QuantizeFileError::OutputNotRegular {
+            path: output.to_path_buf(),
+            kind,
+        })
+    }
+}
+
+/// Names a file type for an error message.
+fn file_kind(t: &fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    if t.is_symlink() {
+        "a symlink"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_file() {
+        "a regular file"
+    } else {
+        "not a regular file"
     }
 }
 

@@ -360,3 +360,43 @@ fn output_problems_are_reported_and_the_input_is_never_overwritten() {
     assert!(matches!(err, QuantizeFileError::Write { .. }), "{err:?}");
     assert_eq!(dir.listing(), vec!["in.safetensors"]);
 }
+
+/// An output that exists and is not a regular file (FIFO, symlink, directory) is refused by name
+/// and left as it was; the input is not read into a temporary file beside it.
+#[test]
+fn an_output_that_is_not_a_regular_file_is_refused_and_left_alone() {
+    use std::os::unix::fs::{FileTypeExt, symlink};
+    let dir = Dir::new();
+    let input = dir.path("in.safetensors");
+    write_model(&input, &model());
+
+    let fifo = dir.path("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().expect("utf-8 path")).expect("no NUL");
+    // SAFETY: a valid NUL-terminated path; mkfifo has no other preconditions.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let target = dir.path("target.bin");
+    fs::write(&target, b"keep me").expect("target");
+    let link = dir.path("link");
+    symlink(&target, &link).expect("symlink");
+    let sub = dir.path("sub");
+    fs::create_dir(&sub).expect("dir");
+    let before = dir.listing();
+
+    for (out, kind) in [
+        (&fifo, "a FIFO"),
+        (&link, "a symlink"),
+        (&sub, "a directory"),
+    ] {
+        let err = quantize_file(&input, out, &Fp8Options::default()).unwrap_err();
+        assert!(
+            matches!(err, QuantizeFileError::OutputNotRegular { kind: k, .. } if k == kind),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(msg.contains(&out.display().to_string()) && msg.contains(kind), "{msg}");
+    }
+    assert!(fs::symlink_metadata(&fifo).expect("fifo").file_type().is_fifo());
+    assert!(fs::symlink_metadata(&link).expect("link").file_type().is_symlink());
+    assert_eq!(fs::read(&target).expect("target"), b"keep me");
+    assert_eq!(dir.listing(), before);
+}

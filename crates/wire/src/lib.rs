@@ -9,6 +9,7 @@
 //! - [`sglang`]: the typed bodies of SGLang's control and weight-update endpoints, and the
 //!   `meta_info` fields Troupe reads;
 //! - [`envelope`]: the one JSON error envelope every Troupe HTTP server answers with;
+//! - [`auth`]: reading and comparing bearer keys;
 //! - [`env`]: environment variables one Troupe process sets for another.
 //!
 //! Keeping it in one leaf crate lets every other crate agree on the bytes and the words without
@@ -16,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod codec;
 pub mod engine_args;
 pub mod env;

@@ -87,24 +87,22 @@ const ADMIN_PATHS: &[&str] = &[
     "/update_weight_version",
 ];
 
-fn bearer(req: &Request) -> Option<&str> {
-    req.headers()
-        .get(axum::http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
+/// Whether `given` is `want` (compared in constant time).
+fn is_key(given: Option<&str>, want: &str) -> bool {
+    given.is_some_and(|g| troupe_wire::auth::same(g.as_bytes(), want.as_bytes()))
 }
 
-/// The engine's one middleware (one layer, so one boxed service clone per request): reads a
-/// small body first ([`keep_alive::read_ahead`]), then checks the key ([`denied`]).
+/// The engine's one middleware (one layer, so one boxed service clone per request): checks the
+/// key from the head ([`denied`]: a refused request's body is never read), then reads a small
+/// body ([`keep_alive::read_ahead`]).
 async fn admit(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(answer) = denied(&state, &req) {
+        return answer;
+    }
     let req = match keep_alive::read_ahead(req).await {
         Ok(r) => r,
         Err(answer) => return answer,
     };
-    if let Some(answer) = denied(&state, &req) {
-        return answer;
-    }
     next.run(req).await
 }
 
@@ -114,7 +112,7 @@ async fn admit(State(state): State<Arc<AppState>>, req: Request, next: Next) -> 
 fn denied(state: &AppState, req: &Request) -> Option<Response> {
     let path = req.uri().path();
     let open = path.starts_with("/health") || path == "/metrics" || path == "/ready";
-    let given = bearer(req);
+    let given = troupe_wire::auth::bearer(req.headers());
     if ADMIN_PATHS.contains(&path) || vllm::CONTROL_PATHS.contains(&path) {
         let want = state
             .args
@@ -122,7 +120,7 @@ fn denied(state: &AppState, req: &Request) -> Option<Response> {
             .as_deref()
             .or(state.args.api_key.as_deref());
         if let Some(key) = want
-            && given != Some(key)
+            && !is_key(given, key)
         {
             return Some(
                 ApiError::unauthorized(format!(
@@ -134,8 +132,12 @@ fn denied(state: &AppState, req: &Request) -> Option<Response> {
         }
     } else if !open
         && let Some(key) = state.args.api_key.as_deref()
-        && given != Some(key)
-        && given != state.args.admin_api_key.as_deref()
+        && !is_key(given, key)
+        && !state
+            .args
+            .admin_api_key
+            .as_deref()
+            .is_some_and(|a| is_key(given, a))
     {
         return Some(
             ApiError::unauthorized(

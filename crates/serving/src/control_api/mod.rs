@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, header};
+use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 
 use crate::control_plane::ControlPlane;
 use crate::error::{ApiError, ServingError};
+use crate::keys::{KeyedRoutes, Paths};
 use crate::listen::ServeLimits;
 
 /// Every control path, by dialect (the router and the forwarder serve exactly these).
@@ -80,28 +81,24 @@ pub enum ControlAuth {
 }
 
 impl ControlAuth {
-    fn allows(&self, headers: &HeaderMap) -> bool {
-        match self {
-            ControlAuth::Open => true,
-            ControlAuth::Key(k) => headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .is_some_and(|g| troupe_actors::auth::same(g.as_bytes(), k.as_bytes())),
-        }
+    /// The key rule of the control routes, for the server's [`KeyedRoutes`] (checked before a
+    /// body is read) and for the routes' own layer.
+    pub fn keyed(&self, routes: KeyedRoutes) -> KeyedRoutes {
+        let key = match self {
+            ControlAuth::Key(k) => Some(k.as_str()),
+            ControlAuth::Open => None,
+        };
+        routes.with(Paths::Exact(ENDPOINTS), key, "a fleet control endpoint")
     }
 }
 
-async fn check_auth(State(auth): State<Arc<ControlAuth>>, req: Request, next: Next) -> Response {
-    if auth.allows(req.headers()) {
-        return next.run(req).await;
+/// The routes' own check (the same rule as the server's head check, so a router served
+/// elsewhere is never open by accident).
+async fn check_auth(State(keys): State<Arc<KeyedRoutes>>, req: Request, next: Next) -> Response {
+    match keys.refusal(req.uri().path(), req.headers()) {
+        Some(refused) => refused,
+        None => next.run(req).await,
     }
-    ApiError::unauthorized(format!(
-        "{} is a fleet control endpoint: send Authorization: Bearer <admin key>",
-        req.uri().path()
-    ))
-    .control()
-    .into_response()
 }
 
 /// The control endpoints served from `plane`, behind `auth`. Weight pushes
@@ -116,7 +113,8 @@ pub fn router(
         .merge(vllm::routes())
         .merge(tensor::routes(max_tensor_bytes))
         .with_state(plane);
-    r.layer(middleware::from_fn_with_state(Arc::new(auth), check_auth))
+    let keys = auth.keyed(KeyedRoutes::open());
+    r.layer(middleware::from_fn_with_state(Arc::new(keys), check_auth))
 }
 
 /// The control endpoints answered by the plane behind `upstream` (another server's
@@ -140,7 +138,10 @@ pub fn forwarder(
     }
     r.with_state(fwd)
         .layer(axum::extract::DefaultBodyLimit::max(max_tensor_bytes))
-        .layer(middleware::from_fn_with_state(Arc::new(auth), check_auth))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(auth.keyed(KeyedRoutes::open())),
+            check_auth,
+        ))
 }
 
 /// Where a forwarding gateway sends control requests; settable while it runs (a controller
@@ -294,9 +295,10 @@ pub async fn serve(
             )));
         }
     };
+    let keys = auth.keyed(KeyedRoutes::open());
     let app = router(plane, auth, max_tensor_bytes);
     let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(crate::listen::serve(listener, app, limits, async {
+    let task = tokio::spawn(crate::listen::serve(listener, app, limits, keys, async {
         let _ = rx.await;
     }));
     Ok(ControlServer {

@@ -8,29 +8,27 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::GatewayState;
 use crate::error::ApiError;
+use crate::keys::{KeyedRoutes, Paths};
 use crate::worker::{WorkerSpec, WorkerType};
 
+/// The admin routes' key rule, for the server's [`KeyedRoutes`] (checked before a body is read)
+/// and for the handlers' own check.
+pub(super) fn keyed(admin_key: Option<&str>, routes: KeyedRoutes) -> KeyedRoutes {
+    routes.with(
+        Paths::Tree("/workers"),
+        admin_key,
+        "worker management, a control-plane endpoint",
+    )
+}
+
 fn authorize(state: &GatewayState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = state.cfg.admin_key.as_deref() else {
-        return Ok(());
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if given.is_some_and(|g| troupe_actors::auth::same(g.as_bytes(), key.as_bytes())) {
-        Ok(())
-    } else {
-        Err(ApiError::unauthorized(
-            "worker management is a control-plane endpoint: send Authorization: Bearer <admin key>",
-        ))
-    }
+    keyed(state.cfg.admin_key.as_deref(), KeyedRoutes::open()).check("/workers", headers)
 }
 
 /// Parses `POST /workers` strictly enough to name what is wrong.

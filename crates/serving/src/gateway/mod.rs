@@ -329,6 +329,10 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
     }
     state.admit_all(&state.cfg.workers).await?;
     let auth = control_auth(&state.cfg, addr)?;
+    let keys = auth.keyed(admin::keyed(
+        state.cfg.admin_key.as_deref(),
+        crate::keys::KeyedRoutes::open(),
+    ));
     let control = match &state.cfg.control_upstream {
         Some(u) => Control::Upstream(Arc::new(parking_lot::RwLock::new(Some(u.clone())))),
         None => {
@@ -368,8 +372,8 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         let _ = rx.await;
     };
     let server = match state.cfg.io_threads {
-        0 => tokio::spawn(listen::serve(listener, app, limits, stopped)),
-        n => listen::serve_on_threads(listener, app, limits, n, stopped)?,
+        0 => tokio::spawn(listen::serve(listener, app, limits, keys, stopped)),
+        n => listen::serve_on_threads(listener, app, limits, keys, n, stopped)?,
     };
     let health = super::health::spawn(router, client);
     tracing::info!(%addr, pd = state.cfg.pd, "gateway started");
