@@ -69,9 +69,8 @@ impl Control {
     }
 
     /// Whether the fleet is paused.
-    fn is_paused(&self, py: Python<'_>) -> PyResult<bool> {
-        let plane = self.plane.clone();
-        wait(py, async move { plane.is_paused().await })
+    fn is_paused(&self) -> bool {
+        self.plane.is_paused()
     }
 
     /// The fleet summary and every engine's `/server_info`.

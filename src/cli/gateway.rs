@@ -82,6 +82,11 @@ pub struct GatewayArgs {
     /// Address the engines dial for this gateway's weight broadcast (default: the --listen host).
     #[arg(long)]
     pub weights_master_host: Option<String>,
+    /// Seconds a fleet control call to one engine is waited for; a pause or resume still
+    /// unanswered then stays open and its engine is brought to the fleet's state once it
+    /// answers (default 120).
+    #[arg(long)]
+    pub control_timeout_s: Option<f64>,
     /// Threads serving requests, each with its own single-threaded runtime (default: one per
     /// core; 0 serves on the process's multi-threaded runtime).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1024))]
@@ -138,6 +143,18 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
     };
     cache_aware.check(|k| format!("--{}", k.replace('_', "-")))?;
     let d = GatewayConfig::default();
+    let control_timeout = match a.control_timeout_s {
+        None => d.control_timeout,
+        Some(s) => {
+            let most = gateway::MAX_CONTROL_TIMEOUT.as_secs_f64();
+            if !(s.is_finite() && s > 0.0 && s <= most) {
+                return Err(format!(
+                    "--control-timeout-s must be a positive number of seconds, at most {most} (an hour)"
+                ));
+            }
+            Duration::from_secs_f64(s)
+        }
+    };
     let base = a.policy.unwrap_or(d.router.policy);
     Ok(GatewayConfig {
         listen: a.listen.clone(),
@@ -160,6 +177,7 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
         control_auth: a.control_auth,
         weights_fp8: a.weights_fp8,
         weights_master_host: a.weights_master_host.clone(),
+        control_timeout,
         io_threads: a.io_threads.map_or_else(default_io_threads, |n| n as usize),
         ..d
     })

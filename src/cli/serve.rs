@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use troupe_controller::serve::config::{SchedulerType, ServeConfig};
+use troupe_controller::serve::recover::Settled;
 use troupe_controller::serve::setup::{admin_key, cluster_builder, cluster_for, fork_options};
 use troupe_controller::serve::state::ServeState;
 use troupe_controller::serve::{Deployment, ServingEvent};
@@ -126,18 +127,25 @@ fn keep_state(
         "state: {} (after a controller crash, `troupe serve CONFIG --recover` reattaches)",
         path.display()
     );
-    // Re-placements change the heads and engines: write the state again after each.
+    // Re-placements change the heads and engines, fleet operations the fleet's status (a
+    // client's pause): write the state again after each.
     let mut events = svc.serving_events();
+    let mut status = svc.plane.watch_status();
     Ok(tokio::spawn(async move {
         loop {
-            match events.recv().await {
-                Ok(ServingEvent::Replaced { .. }) => {
-                    if let Err(e) = snapshot().save(&path) {
-                        tracing::warn!("cannot update the state file: {e}");
-                    }
-                }
-                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(_) => return,
+            let changed = tokio::select! {
+                e = events.recv() => match e {
+                    Ok(ServingEvent::Replaced { .. }) => true,
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => false,
+                    Err(_) => return,
+                },
+                r = status.changed() => match r {
+                    Ok(()) => true,
+                    Err(_) => return,
+                },
+            };
+            if changed && let Err(e) = snapshot().save(&path) {
+                tracing::warn!("cannot update the state file: {e}");
             }
         }
     }))
@@ -184,6 +192,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig, mut stop: Shutdown) -> Result
             ));
         }
     };
+    let settled = svc.settle_recovered(st.fleet).await;
     let keeper = keep_state(
         path.clone(),
         &svc,
@@ -191,6 +200,10 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig, mut stop: Shutdown) -> Result
         cfg.token().or(st.token.clone()),
     )?;
     println!("gateway: {}", svc.gateway_url);
+    match &settled {
+        Settled::Held(m) => eprintln!("warning: {m}"),
+        Settled::Serving(m) | Settled::Paused(m) => eprintln!("{m}"),
+    }
     eprintln!(
         "recovered {} servers on {} hosts from {}",
         svc.inf_addrs.len(),

@@ -54,3 +54,71 @@ pub fn kill9(pid: u32) {
         nix::sys::signal::Signal::SIGKILL,
     );
 }
+
+/// A reference engine as a child process of its own (`troupe engine --port 0`), so a test can
+/// freeze it (SIGSTOP) or kill it; killed when dropped.
+pub struct EngineProcess {
+    /// The child (killed on drop).
+    pub child: tokio::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+}
+
+impl EngineProcess {
+    /// Starts one with `extra` flags and waits for its `engine listening on` line.
+    pub async fn start(extra: &[&str]) -> EngineProcess {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_troupe"))
+            .args(["engine", "--port", "0"])
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("troupe engine starts");
+        let out = child.stdout.take().expect("stdout piped");
+        let mut lines = tokio::io::BufReader::new(out).lines();
+        let addr = super::within(60, async {
+            loop {
+                let line = lines
+                    .next_line()
+                    .await
+                    .expect("engine stdout")
+                    .expect("the engine printed its address before exiting");
+                if let Some(a) = line.strip_prefix("engine listening on ") {
+                    return a.trim().to_string();
+                }
+            }
+        })
+        .await;
+        // Keep draining stdout so the engine never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        EngineProcess {
+            child,
+            url: format!("http://{addr}"),
+        }
+    }
+
+    /// The engine's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// Sends `sig` to the engine.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid() as i32), sig)
+            .expect("signal sent");
+    }
+}
+
+impl Drop for EngineProcess {
+    fn drop(&mut self) {
+        // A stopped process dies of SIGKILL too; continue it first anyway so nothing is left
+        // stopped if the kill is refused.
+        if let Some(pid) = self.child.id() {
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}

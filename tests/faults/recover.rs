@@ -245,3 +245,163 @@ async fn a_crashed_controllers_state_is_not_overwritten_without_discard_state() 
     })
     .await
 }
+
+/// The `--port` an engine process was started with, from its command line.
+fn engine_url(pid: u32) -> String {
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let args: Vec<String> = cmd
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let i = args.iter().position(|a| a == "--port").expect("--port");
+    format!("http://127.0.0.1:{}", args[i + 1])
+}
+
+/// Whether the engine at `url` says it is paused.
+async fn engine_paused(client: &reqwest::Client, url: &str) -> bool {
+    let v: Value = client
+        .get(format!("{url}/server_info"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    !v["internal_states"][0]["paused"].is_null()
+}
+
+fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
+}
+
+#[tokio::test]
+async fn a_controller_killed_mid_update_leaves_a_fleet_that_recovery_brings_back() {
+    use nix::sys::signal::Signal;
+    within(300, async {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state.json");
+        let state_arg = state.to_str().unwrap();
+        let (mut first, url) = serve(&["--state-file", state_arg]).await;
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        generate(&client, &url, 0).await;
+        let hosts = children_of(first.id().unwrap());
+        let engines: Vec<u32> = hosts.iter().flat_map(|h| children_of(*h)).collect();
+        let _reap = Reap(hosts.iter().chain(&engines).copied().collect());
+        let urls: Vec<String> = engines.iter().map(|p| engine_url(*p)).collect();
+
+        // One engine is frozen, and an update starts: the controller pauses the others and
+        // waits on it. Then the controller dies, and the frozen engine wakes.
+        signal(engines[0], Signal::SIGSTOP);
+        let push = {
+            let (client, url) = (client.clone(), url.clone());
+            let body = common::model::trainer_weights(5)
+                .0
+                .to_safetensors_bytes()
+                .unwrap();
+            tokio::spawn(async move {
+                client
+                    .post(format!(
+                        "{url}/update_weights_from_tensor?weight_version=v2"
+                    ))
+                    .bearer_auth("recover-key")
+                    .header("content-type", "application/octet-stream")
+                    .body(body)
+                    .send()
+                    .await
+            })
+        };
+        for u in &urls[1..] {
+            while !engine_paused(&client, u).await {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+        first.start_kill().unwrap();
+        first.wait().await.unwrap();
+        push.abort();
+        signal(engines[0], Signal::SIGCONT);
+        assert!(
+            engine_paused(&client, &urls[1]).await,
+            "left paused by the dead controller"
+        );
+
+        // The recovering controller reads the engines and resumes them on their one version.
+        let (mut second, _) = serve(&["--state-file", state_arg, "--recover"]).await;
+        for u in &urls {
+            assert!(!engine_paused(&client, u).await, "{u} serves again");
+        }
+        let paused = client
+            .get(format!("{url}/is_paused"))
+            .bearer_auth("recover-key")
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap();
+        assert_eq!(paused["is_paused"], false, "{paused}");
+        for i in 1..9 {
+            generate(&client, &url, i).await;
+        }
+
+        // A client's pause is part of the fleet's state: a controller that dies while the
+        // fleet is paused leaves it paused after recovery, and says so.
+        let r = client
+            .post(format!("{url}/pause_generation"))
+            .bearer_auth("recover-key")
+            .json(&json!({"mode": "in_place"}))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+        // The state file is rewritten when the fleet's status changes.
+        while !std::fs::read_to_string(&state)
+            .unwrap_or_default()
+            .contains("in_place")
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        second.start_kill().unwrap();
+        second.wait().await.unwrap();
+        // Resumed behind the fleet's back: recovery pauses it again, as the client left it.
+        let direct = client
+            .post(format!("{}/continue_generation", urls[2]))
+            .bearer_auth("recover-key")
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        assert!(direct.status().is_success());
+        let (mut third, _) = serve(&["--state-file", state_arg, "--recover"]).await;
+        for u in &urls {
+            assert!(
+                engine_paused(&client, u).await,
+                "{u} is paused as the client left it"
+            );
+        }
+        let paused = client
+            .get(format!("{url}/is_paused"))
+            .bearer_auth("recover-key")
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap();
+        assert_eq!(paused["is_paused"], true, "{paused}");
+        let r = client
+            .post(format!("{url}/continue_generation"))
+            .bearer_auth("recover-key")
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+        generate(&client, &url, 9).await;
+        signal(third.id().unwrap(), Signal::SIGINT);
+        assert!(third.wait().await.unwrap().success());
+        for p in hosts.iter().chain(&engines) {
+            wait_dead(*p).await;
+        }
+    })
+    .await
+}

@@ -4,6 +4,7 @@
 mod common;
 
 mod fleet_control;
+mod fleet_faults;
 mod fleet_resume;
 mod fleet_standalone;
 mod fleet_vllm;

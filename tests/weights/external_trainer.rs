@@ -283,16 +283,16 @@ async fn grpc_calls_are_operations_of_the_gateways_control_plane() {
         assert!(a.ok && a.servers.len() == 2 && a.servers.iter().all(|s| s.ok), "{a:?}");
         assert!(a.message.contains("paused on 2 engines"), "{a:?}");
         assert!(a.skipped.is_empty(), "{a:?}");
-        assert!(svc.plane.is_paused().await);
+        assert!(svc.plane.is_paused());
         let (s, v) = gateway_post(&svc, "/continue_generation", serde_json::json!({})).await;
         assert_eq!(s, 200, "{v}");
-        assert!(!svc.plane.is_paused().await);
+        assert!(!svc.plane.is_paused());
         let (s, v) = gateway_post(&svc, "/pause_generation", serde_json::json!({"mode": "abort"})).await;
         assert_eq!(s, 200, "{v}");
-        assert!(svc.plane.is_paused().await);
+        assert!(svc.plane.is_paused());
         let e = api.end_weight_update(EndWeightUpdateRequest {}).await.unwrap().into_inner();
         assert!(e.ok && e.message.contains("resume on 2 engines"), "{e:?}");
-        assert!(!svc.plane.is_paused().await);
+        assert!(!svc.plane.is_paused());
 
         // A bucket for a group nobody opened is refused before any engine sees it, naming the
         // call that opens one.

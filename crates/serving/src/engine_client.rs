@@ -117,6 +117,11 @@ impl EngineClient {
         self
     }
 
+    /// How long one call may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// The admin key the calls carry.
     pub fn admin_key(&self) -> Option<&str> {
         self.admin_key.as_deref()
@@ -314,9 +319,12 @@ impl EngineClient {
 
     /// What one engine is, for a gateway that was only given its URL: SGLang and the
     /// reference engine answer `GET /server_info` with `tp_size` (their GPU count); vLLM
-    /// answers `GET /get_world_size`. An engine that answers neither counts as one SGLang GPU.
-    pub async fn describe(&self, url: &str) -> Engine {
-        if let Ok(info) = self.server_info(url).await
+    /// answers `GET /get_world_size`. An engine that answers but neither way counts as one
+    /// SGLang GPU; an error when it does not answer at all (it may be frozen or starting: ask
+    /// again later rather than remember a guess).
+    pub async fn describe(&self, url: &str) -> Result<Engine, EngineCallError> {
+        let info = self.server_info(url).await;
+        if let Ok(info) = &info
             && let Some(tp) = info.get("tp_size").and_then(Value::as_u64)
         {
             let pp = info
@@ -326,15 +334,19 @@ impl EngineClient {
                 .max(1);
             let gpus = u32::try_from(tp.max(1).saturating_mul(pp)).unwrap_or(1);
             let if_match = info.get("resume_if_match").and_then(Value::as_bool) == Some(true);
-            return Engine::new(url, gpus, Dialect::Sglang).with_resume_if_match(if_match);
+            return Ok(Engine::new(url, gpus, Dialect::Sglang).with_resume_if_match(if_match));
         }
         const PATH: &str = "/get_world_size";
-        if let Ok(v) = self.call(url, PATH, PATH, None::<&()>).await
-            && let Ok(w) = typed::<WorldSize>(PATH, v)
-        {
-            return Engine::new(url, w.world_size.max(1), Dialect::Vllm);
+        match self.call(url, PATH, PATH, None::<&()>).await {
+            Ok(v) => {
+                if let Ok(w) = typed::<WorldSize>(PATH, v) {
+                    return Ok(Engine::new(url, w.world_size.max(1), Dialect::Vllm));
+                }
+                Ok(Engine::sglang(url, 1))
+            }
+            Err(e @ EngineCallError::Transport { .. }) if info.is_err() => Err(e),
+            Err(_) => Ok(Engine::sglang(url, 1)),
         }
-        Engine::sglang(url, 1)
     }
 
     /// Any other control call in the engine's own dialect, body as given (the gateway's
@@ -365,6 +377,27 @@ impl EngineClient {
             r => r?,
         };
         typed::<WeightVersion>(path, v).map(|w| w.weight_version)
+    }
+
+    /// Whether the engine says it is paused: vLLM `GET /is_paused`; engines of SGLang's
+    /// dialect that report it in `GET /server_info` (`internal_states[0].paused`, the reference
+    /// engine's: null or the pause mode). `Ok(None)`: the engine does not say (SGLang 0.5.23
+    /// reports no paused state).
+    pub async fn is_paused(&self, e: &Engine) -> Result<Option<bool>, EngineCallError> {
+        match e.dialect {
+            Dialect::Vllm => {
+                const PATH: &str = "/is_paused";
+                let v = self.call(&e.url, PATH, PATH, None::<&()>).await?;
+                Ok(v.get("is_paused").and_then(Value::as_bool))
+            }
+            Dialect::Sglang => {
+                let info = self.server_info(&e.url).await?;
+                Ok(info
+                    .pointer("/internal_states/0")
+                    .and_then(|s| s.get("paused"))
+                    .map(|p| !p.is_null()))
+            }
+        }
     }
 
     /// `GET /server_info`.

@@ -42,6 +42,8 @@ struct Rule {
     key: Arc<str>,
     /// What the routes are, for the 401's message ("a fleet control endpoint").
     what: &'static str,
+    /// Answer in SGLang's control envelope (with `"success": false`).
+    control: bool,
 }
 
 /// The keyed routes of one server (none: every route open).
@@ -58,12 +60,23 @@ impl KeyedRoutes {
 
     /// Adds: `paths` need `key` (`None`: no rule, those paths stay open). The first rule that
     /// matches a path decides.
-    pub fn with(mut self, paths: Paths, key: Option<&str>, what: &'static str) -> Self {
+    pub fn with(self, paths: Paths, key: Option<&str>, what: &'static str) -> Self {
+        self.rule(paths, key, what, false)
+    }
+
+    /// [`KeyedRoutes::with`] for SGLang's control endpoints, whose errors carry
+    /// `"success": false`.
+    pub fn with_control(self, paths: Paths, key: Option<&str>, what: &'static str) -> Self {
+        self.rule(paths, key, what, true)
+    }
+
+    fn rule(mut self, paths: Paths, key: Option<&str>, what: &'static str, control: bool) -> Self {
         if let Some(k) = key {
             self.rules.push(Rule {
                 paths,
                 key: Arc::from(k),
                 what,
+                control,
             });
         }
         self
@@ -82,14 +95,14 @@ impl KeyedRoutes {
         if troupe_wire::auth::has_key(headers, &rule.key) {
             return Ok(());
         }
-        Err(ApiError::new(
+        let e = ApiError::new(
             StatusCode::UNAUTHORIZED,
             format!(
                 "{path} is {}: send Authorization: Bearer <admin key>",
                 rule.what
             ),
-        )
-        .control())
+        );
+        Err(if rule.control { e.control() } else { e })
     }
 
     /// The 401 answer for a request to `path` that lacks its key, or `None` when it may
@@ -109,7 +122,10 @@ mod tests {
 
     fn with_auth(v: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
-        h.insert(header::AUTHORIZATION, HeaderValue::from_str(v).unwrap_or_else(|_| HeaderValue::from_static("")));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(v).unwrap_or_else(|_| HeaderValue::from_static("")),
+        );
         h
     }
 
@@ -117,7 +133,11 @@ mod tests {
     fn rules_match_their_paths_only_and_need_the_exact_key() {
         let k = KeyedRoutes::open()
             .with(Paths::Tree("/workers"), Some("adm"), "worker management")
-            .with(Paths::Exact(&["/pause"]), Some("ctl"), "a fleet control endpoint")
+            .with(
+                Paths::Exact(&["/pause"]),
+                Some("ctl"),
+                "a fleet control endpoint",
+            )
             .with(Paths::Exact(&["/open"]), None, "never");
         let none = HeaderMap::new();
         assert!(k.allows("/generate", &none));

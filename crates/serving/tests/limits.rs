@@ -307,7 +307,12 @@ mod auth_before_body {
 
     /// Sends a head announcing `len` body bytes plus the first 16 of them, and reads the answer
     /// (the server closes the connection after it).
-    async fn announce(addr: SocketAddr, path: &str, auth: Option<&str>, len: u64) -> (u16, String, Value) {
+    async fn announce(
+        addr: SocketAddr,
+        path: &str,
+        auth: Option<&str>,
+        len: u64,
+    ) -> (u16, String, Value) {
         let mut s = connect(addr).await;
         let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
         s.write_all(

@@ -393,10 +393,23 @@ fn an_output_that_is_not_a_regular_file_is_refused_and_left_alone() {
             "{err:?}"
         );
         let msg = err.to_string();
-        assert!(msg.contains(&out.display().to_string()) && msg.contains(kind), "{msg}");
+        assert!(
+            msg.contains(&out.display().to_string()) && msg.contains(kind),
+            "{msg}"
+        );
     }
-    assert!(fs::symlink_metadata(&fifo).expect("fifo").file_type().is_fifo());
-    assert!(fs::symlink_metadata(&link).expect("link").file_type().is_symlink());
+    assert!(
+        fs::symlink_metadata(&fifo)
+            .expect("fifo")
+            .file_type()
+            .is_fifo()
+    );
+    assert!(
+        fs::symlink_metadata(&link)
+            .expect("link")
+            .file_type()
+            .is_symlink()
+    );
     assert_eq!(fs::read(&target).expect("target"), b"keep me");
     assert_eq!(dir.listing(), before);
 }

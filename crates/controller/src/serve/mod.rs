@@ -11,6 +11,7 @@ pub mod fork;
 pub mod gateway_section;
 pub mod instances;
 pub mod plan;
+pub mod recover;
 mod replace;
 mod routing;
 pub mod sched;

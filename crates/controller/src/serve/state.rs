@@ -17,7 +17,7 @@ use troupe_serving::inference::{LaunchSpec, ServerInfo};
 use troupe_serving::worker::WorkerSpec;
 
 use troupe_serving::actors::{GatewayActor, SetControlUpstream};
-use troupe_serving::control_plane::InferenceControl;
+use troupe_serving::control_plane::{InferenceControl, Status};
 
 use super::deployment::Deployment;
 use super::fork::{ForkError, ForkOptions};
@@ -102,6 +102,10 @@ pub struct ServeState {
     /// over while it still runs.
     #[serde(default)]
     pub controller_pid: u32,
+    /// The fleet as its control plane last left it (whether a client paused it): what a
+    /// recovering controller brings the engines back to (`super::recover`).
+    #[serde(default)]
+    pub fleet: Status,
 }
 
 /// Why the state file could not be used.
@@ -313,8 +317,13 @@ impl Deployment {
             token: None,
             launcher: serde_json::Value::Null,
             controller_pid: std::process::id(),
+            fleet: Status::default(),
         };
-        let (instances, control) = (self.instances.clone(), self.control.clone());
+        let (instances, control, plane) = (
+            self.instances.clone(),
+            self.control.clone(),
+            self.plane.clone(),
+        );
         move || {
             let mut st = base.clone();
             st.instances = instances
@@ -323,6 +332,7 @@ impl Deployment {
                 .map(|i| InstanceRecord::of(i, &host_of))
                 .collect();
             st.engines = control.engines();
+            st.fleet = plane.status();
             st
         }
     }

@@ -88,7 +88,7 @@ impl ControlAuth {
             ControlAuth::Key(k) => Some(k.as_str()),
             ControlAuth::Open => None,
         };
-        routes.with(Paths::Exact(ENDPOINTS), key, "a fleet control endpoint")
+        routes.with_control(Paths::Exact(ENDPOINTS), key, "a fleet control endpoint")
     }
 }
 

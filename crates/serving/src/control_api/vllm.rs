@@ -121,12 +121,12 @@ async fn resume(State(p): Plane) -> Answer {
 }
 
 async fn is_paused(State(p): Plane) -> Answer {
-    Ok(json(json!({"is_paused": p.is_paused().await})))
+    Ok(json(json!({"is_paused": p.is_paused()})))
 }
 
 /// `GET /is_sleeping`: whether the fleet released memory through the plane.
 async fn is_sleeping(State(p): Plane) -> Answer {
-    Ok(json(json!({"is_sleeping": p.is_sleeping().await})))
+    Ok(json(json!({"is_sleeping": p.is_sleeping()})))
 }
 
 fn tags(q: &[(String, String)]) -> Result<Vec<String>, ApiError> {

@@ -8,6 +8,7 @@ use serde_json::Value;
 use troupe_wire::PauseMode;
 
 use super::engines::Engine;
+use super::reconcile::{Reconcile, STALE_PATIENCE, Stale};
 use crate::{EngineCallError, EngineClient};
 
 /// One server's outcome of a fanned-out control call.
@@ -27,6 +28,51 @@ pub struct InferenceControl {
     engines: Arc<std::sync::RwLock<Vec<Engine>>>,
     client: EngineClient,
     fleet: Arc<super::fleet::Fleet>,
+}
+
+/// A patient call not yet answered: handed to the reconciler if it is still open when its
+/// caller stops waiting (timeout, or the caller's future dropped).
+struct Open<T: Send + 'static> {
+    task: Option<tokio::task::JoinHandle<T>>,
+    engine: Engine,
+    op: &'static str,
+    /// `None`: nobody reconciles, so an unanswered call is cut.
+    reconciler: Option<Arc<dyn Reconcile>>,
+}
+
+impl<T: Send + 'static> Drop for Open<T> {
+    fn drop(&mut self) {
+        let Some(task) = self.task.take() else {
+            return;
+        };
+        if task.is_finished() {
+            return;
+        }
+        let Some(reconciler) = &self.reconciler else {
+            task.abort();
+            return;
+        };
+        let abort = task.abort_handle();
+        reconciler.reconcile(Stale {
+            engine: self.engine.clone(),
+            op: self.op,
+            done: Box::pin(async move {
+                let _ = task.await;
+            }),
+            abort,
+        });
+    }
+}
+
+/// Per-server results of calls that answer `Result<Value, EngineCallError>`, as one result each.
+fn flatten(results: Vec<ServerResult<Result<Value, EngineCallError>>>) -> Vec<ServerResult<Value>> {
+    results
+        .into_iter()
+        .map(|r| ServerResult {
+            url: r.url,
+            result: r.result.and_then(|a| a.map_err(|e| e.to_string())),
+        })
+        .collect()
 }
 
 /// Turns per-server results into one error naming every server that failed, if any did.
@@ -160,6 +206,15 @@ impl InferenceControl {
         }
     }
 
+    /// The same servers (same list, fleet and key) with calls cut after `timeout`: for reads,
+    /// which change nothing and need not wait a whole control timeout on a frozen engine.
+    pub fn with_timeout(&self, timeout: std::time::Duration) -> InferenceControl {
+        InferenceControl {
+            client: self.client.clone().with_timeout(timeout),
+            ..self.clone()
+        }
+    }
+
     /// The servers this handle controls, in group order.
     pub fn urls(&self) -> Vec<String> {
         self.engines().into_iter().map(|e| e.url).collect()
@@ -211,15 +266,74 @@ impl InferenceControl {
         futures::future::join_all(calls).await
     }
 
-    /// `/pause_generation` on every server.
-    pub async fn pause(&self, mode: PauseMode) -> Vec<ServerResult<Value>> {
-        self.fan_out(|c, e| async move { c.pause(&e, mode).await })
-            .await
+    /// Runs a state-changing `call` on every server at once, each as a task of its own, and
+    /// waits for each up to the client's timeout: `Ok(answer)` (the call's own result, whatever
+    /// it is) or `Err` when it did not answer in time. A call still unanswered then (or when
+    /// this future is dropped) is not cut: the engine may yet apply it, so it stays open and
+    /// goes to the fleet's reconciler (`super::reconcile`), which brings the engine to the
+    /// fleet's state once it answers. Without a reconciler, calls are cut at the timeout.
+    pub async fn fan_out_patient<T, F, Fut>(
+        &self,
+        op: &'static str,
+        call: F,
+    ) -> Vec<ServerResult<T>>
+    where
+        T: Send + 'static,
+        F: Fn(EngineClient, Engine) -> Fut,
+        Fut: std::future::Future<Output = T> + Send + 'static,
+    {
+        let reconciler = self.fleet.reconciler();
+        let wait = self.client.timeout();
+        let client = match reconciler {
+            Some(_) => self.client.clone().with_timeout(STALE_PATIENCE),
+            None => self.client.clone(),
+        };
+        let calls = self.engines().into_iter().map(|e| {
+            let mut open = Open {
+                task: Some(tokio::spawn(call(client.clone(), e.clone()))),
+                engine: e,
+                op,
+                reconciler: reconciler.clone(),
+            };
+            async move {
+                let result = match open.task.as_mut() {
+                    None => Err(format!("{op}: not sent")),
+                    Some(task) => match tokio::time::timeout(wait, task).await {
+                        Ok(joined) => {
+                            drop(open.task.take());
+                            joined.map_err(|j| format!("{op}: the call failed: {j}"))
+                        }
+                        Err(_) if open.reconciler.is_some() => Err(format!(
+                            "{op}: no answer within {wait:?}; the call stays open and the engine is brought to the fleet's state once it answers"
+                        )),
+                        Err(_) => Err(format!("{op}: no answer within {wait:?}")),
+                    },
+                };
+                ServerResult {
+                    url: open.engine.url.clone(),
+                    result,
+                }
+            }
+        });
+        futures::future::join_all(calls).await
     }
 
-    /// `/continue_generation` on every server.
+    /// `/pause_generation` on every server (calls unanswered in time stay open, see
+    /// [`InferenceControl::fan_out_patient`]).
+    pub async fn pause(&self, mode: PauseMode) -> Vec<ServerResult<Value>> {
+        flatten(
+            self.fan_out_patient("pause", move |c, e| async move { c.pause(&e, mode).await })
+                .await,
+        )
+    }
+
+    /// `/continue_generation` on every server (calls unanswered in time stay open, see
+    /// [`InferenceControl::fan_out_patient`]).
     pub async fn resume(&self) -> Vec<ServerResult<Value>> {
-        self.fan_out(|c, e| async move { c.resume(&e).await }).await
+        flatten(
+            self.fan_out_patient("resume", |c, e| async move { c.resume(&e).await })
+                .await,
+        )
     }
 
     /// `/flush_cache` on every server.

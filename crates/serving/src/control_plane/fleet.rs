@@ -7,7 +7,7 @@
 //! restart bumps `generation`, which tells the weight sync that its broadcast group no longer
 //! matches the running processes and must be rebuilt.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 
 use super::control::InferenceControl;
 use super::engines::Engine;
+use super::reconcile::Reconcile;
 
 /// Something that can bring one restarted server onto the current weights (the weight sync,
 /// when it keeps the last update).
@@ -48,6 +49,9 @@ struct Inner {
     expected: Option<String>,
     /// Held heads that a finished update brought to the current version: to readmit.
     caught_up: Vec<String>,
+    /// Heads with control calls still open past the control timeout, and how many (see
+    /// `super::reconcile`): their paused state is not known until those calls end.
+    doubts: BTreeMap<String, usize>,
 }
 
 /// Shared liveness and weight-version bookkeeping over the serving heads (keyed by the
@@ -57,6 +61,7 @@ pub struct Fleet {
     inner: Mutex<Inner>,
     changed: Notify,
     catch_up: Mutex<Option<Arc<dyn CatchUp>>>,
+    reconciler: Mutex<Option<Arc<dyn Reconcile>>>,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -184,6 +189,48 @@ impl Fleet {
     /// Who catches restarted servers up, if anyone.
     pub fn catcher(&self) -> Option<Arc<dyn CatchUp>> {
         self.catch_up
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A control call to `url` is still open past the control timeout: its state is in doubt
+    /// until [`Fleet::settled`] is called as many times.
+    pub fn doubt(&self, url: &str) {
+        self.with(|i| *i.doubts.entry(url.to_string()).or_default() += 1);
+    }
+
+    /// One open call to `url` ended and its engine was brought to the fleet's state.
+    pub fn settled(&self, url: &str) {
+        self.with(|i| {
+            if let Some(n) = i.doubts.get_mut(url) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    i.doubts.remove(url);
+                }
+            }
+        });
+    }
+
+    /// How many control calls to `url` are open past the control timeout.
+    pub fn doubts(&self, url: &str) -> usize {
+        self.with(|i| i.doubts.get(url).copied().unwrap_or(0))
+    }
+
+    /// Heads whose paused state is in doubt (a control call to them is still open).
+    pub fn in_doubt(&self) -> Vec<String> {
+        self.with(|i| i.doubts.keys().cloned().collect())
+    }
+
+    /// Registers who settles engines in doubt (the control plane; replaces any earlier one).
+    pub fn set_reconciler(&self, r: Arc<dyn Reconcile>) {
+        *self.reconciler.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+    }
+
+    /// Who settles engines in doubt, if anyone: without one, control calls are not kept open
+    /// past their timeout.
+    pub fn reconciler(&self) -> Option<Arc<dyn Reconcile>> {
+        self.reconciler
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()

@@ -2,7 +2,9 @@
 //!
 //! - [`control::InferenceControl`] fans one call out to every engine (prefill and decode
 //!   alike) through [`crate::EngineClient`], in each engine's dialect ([`engines`]).
-//! - [`fleet::Fleet`] keeps which engines are routed, held or down and the one weight version.
+//! - [`fleet::Fleet`] keeps which engines are routed, held or down (or in doubt: a control
+//!   call to them still open past its timeout) and the one weight version.
+//! - [`reconcile`] brings an engine in doubt to the fleet's state once its open call ends.
 //! - [`weight_sync::WeightSync`] is rank 0 of a weight broadcast (BF16 or FP8 blocks) of the
 //!   trainer's [`tensors::HostTensor`]s.
 //! - [`plane::ControlPlane`] puts them together with the rules a fleet-wide operation keeps
@@ -13,6 +15,7 @@ pub mod control;
 pub mod engines;
 pub mod fleet;
 pub mod plane;
+pub mod reconcile;
 pub mod resume;
 pub mod tensors;
 pub mod updates;
@@ -21,7 +24,7 @@ pub mod weight_sync;
 pub use control::{InferenceControl, ServerResult, VersionCheck, all_ok};
 pub use engines::{Dialect, Engine};
 pub use fleet::{CatchUp, Fleet, HeadState};
-pub use plane::ControlPlane;
+pub use plane::{ControlPlane, Status};
 pub use resume::{Mixed, Resumed};
 pub use tensors::{HostData, HostTensor, SharedValues};
 pub use weight_sync::{UpdateReport, WeightSync, WeightSyncError, WeightSyncOptions};

@@ -20,9 +20,13 @@ use troupe_wire::{ApiError, PauseMode};
 use super::control::{InferenceControl, ServerResult};
 use super::engines::Engine;
 use super::fleet::{Fleet, HeadState};
+use super::reconcile::{PlaneReconcile, Reconciler};
 use super::updates::{ClientGroup, LastUpdate};
 use super::weight_sync::{WeightSync, WeightSyncOptions};
 use crate::router::Router;
+
+/// Longest a status read waits for one engine (see [`ControlPlane::read_timeout`]).
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Where the plane's engine list comes from.
 #[derive(Clone)]
@@ -33,17 +37,24 @@ pub(crate) enum Source {
     Router(Arc<Router>),
 }
 
+/// What the fleet is, as the plane's operations left it: written only under the operation
+/// lock, read without it, so a status endpoint (`/is_paused`, `/is_sleeping`) answers at once
+/// even while an operation waits on a stuck engine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Status {
+    /// How the fleet was paused through the plane (`None`: serving).
+    pub paused: Option<PauseMode>,
+    /// Memory was released through the plane and not resumed since.
+    pub sleeping: bool,
+}
+
 /// Mutable state behind the operation lock.
 #[derive(Default)]
 pub(crate) struct OpState {
-    /// How the fleet was paused through the plane (`None`: serving).
-    pub(crate) paused: Option<PauseMode>,
     /// Weight groups a client (rank 0) opened through the plane, by name.
     pub(crate) groups: HashMap<String, ClientGroup>,
     /// The last weight update that came through the plane (catch-up replays it).
     pub(crate) last: Option<LastUpdate>,
-    /// Memory was released through the plane and not resumed since.
-    pub(crate) sleeping: bool,
 }
 
 /// The fleet control plane: [`InferenceControl`] (fan-out through the typed engine client) and
@@ -53,6 +64,10 @@ pub struct ControlPlane {
     pub(crate) sync: WeightSync,
     pub(crate) source: Source,
     pub(crate) op: tokio::sync::Mutex<OpState>,
+    /// See [`Status`]: set under `op`, read without it; watched by whoever persists it.
+    status: tokio::sync::watch::Sender<Status>,
+    /// Settles engines whose calls went stale (`super::reconcile`).
+    pub(crate) reconciler: Reconciler,
     /// Standalone gateways: each engine's (gpus, dialect) once described.
     described: parking_lot::Mutex<HashMap<String, Engine>>,
 }
@@ -74,9 +89,11 @@ impl ControlPlane {
             sync,
             source: Source::Fixed,
             op: tokio::sync::Mutex::new(OpState::default()),
+            status: tokio::sync::watch::Sender::new(Status::default()),
+            reconciler: Reconciler::default(),
             described: parking_lot::Mutex::new(HashMap::new()),
         });
-        super::updates::attach(&plane);
+        attach(&plane);
         plane
     }
 
@@ -92,10 +109,32 @@ impl ControlPlane {
             sync: WeightSync::new(opts),
             source: Source::Router(router),
             op: tokio::sync::Mutex::new(OpState::default()),
+            status: tokio::sync::watch::Sender::new(Status::default()),
+            reconciler: Reconciler::default(),
             described: parking_lot::Mutex::new(HashMap::new()),
         });
-        super::updates::attach(&plane);
+        attach(&plane);
         plane
+    }
+
+    /// What the fleet is as the plane's last operation left it (never waits for one).
+    pub fn status(&self) -> Status {
+        *self.status.borrow()
+    }
+
+    /// Every change of [`ControlPlane::status`] (`troupe serve` writes it to its state file, so
+    /// a controller that recovers the deployment knows whether a client paused the fleet).
+    pub fn watch_status(&self) -> tokio::sync::watch::Receiver<Status> {
+        self.status.subscribe()
+    }
+
+    /// Changes the status; callers hold the operation lock (the guard is asked for to say so).
+    pub(crate) fn set_status(&self, _op: &OpState, f: impl FnOnce(&mut Status)) {
+        self.status.send_if_modified(|s| {
+            let before = *s;
+            f(s);
+            before != *s
+        });
     }
 
     /// The fan-out client (its fleet, engines and key).
@@ -126,14 +165,16 @@ impl ControlPlane {
                 .cloned()
                 .collect()
         };
-        let found = futures::future::join_all(
-            unknown
-                .iter()
-                .map(|u| self.control.client().describe(u.as_str())),
-        )
-        .await;
+        let reads = self
+            .control
+            .client()
+            .clone()
+            .with_timeout(self.read_timeout());
+        let found =
+            futures::future::join_all(unknown.iter().map(|u| reads.describe(u.as_str()))).await;
         let mut d = self.described.lock();
-        for e in found {
+        // An engine that did not answer is asked again next time, not remembered as a guess.
+        for e in found.into_iter().flatten() {
             d.insert(e.url.clone(), e);
         }
         let routed: std::collections::HashSet<&String> = urls.iter().collect();
@@ -178,11 +219,11 @@ impl ControlPlane {
     /// the answer is 502 with every engine's result: no engine stays paused because of it.
     pub async fn pause(&self, mode: PauseMode, clear_cache: bool) -> Result<Value, ApiError> {
         self.refresh().await;
-        let mut st = self.op.lock().await;
+        let st = self.op.lock().await;
         let (control, skipped) = self.targets();
         let results = control.pause(mode).await;
         if results.iter().any(|r| r.result.is_err()) {
-            if st.paused.is_none() {
+            if self.status().paused.is_none() {
                 let paused: Vec<String> = results
                     .iter()
                     .filter(|r| r.result.is_ok())
@@ -190,12 +231,15 @@ impl ControlPlane {
                     .collect();
                 control.subset(paused).resume().await;
             }
-            return Err(failure(
-                "pause",
-                &results,
-                &skipped,
-                "no engine stays paused by this call",
-            ));
+            let doubt = self.fleet().in_doubt();
+            let after = if doubt.is_empty() {
+                "no engine stays paused by this call".to_string()
+            } else {
+                format!(
+                    "no engine stays paused by this call: the ones that paused were resumed, and {doubt:?} (in doubt: a call to them is still open) are brought to the fleet's state once they answer"
+                )
+            };
+            return Err(failure("pause", &results, &skipped, &after));
         }
         let mut extra = Map::new();
         if clear_cache {
@@ -205,14 +249,15 @@ impl ControlPlane {
                 json!(flushed.iter().all(|r| r.result.is_ok())),
             );
         }
-        st.paused = Some(mode);
+        self.set_status(&st, |s| s.paused = Some(mode));
         extra.insert("mode".into(), json!(mode.as_str()));
         Ok(answer("paused", &results, &skipped, extra))
     }
 
-    /// Whether the fleet is paused through the plane.
-    pub async fn is_paused(&self) -> bool {
-        self.op.lock().await.paused.is_some()
+    /// Whether the fleet is paused through the plane (answers at once, even while an operation
+    /// is under way: the state its last operation left).
+    pub fn is_paused(&self) -> bool {
+        self.status().paused.is_some()
     }
 
     /// Any fan-out without extra rules (flush, memory, abort, health): every engine, one
@@ -232,10 +277,21 @@ impl ControlPlane {
         settle(op, &results, &skipped, Map::new())
     }
 
+    /// How long a read (versions, server info, describing an engine) waits for one engine:
+    /// [`READ_TIMEOUT`], or the control timeout when that is shorter. Reads change nothing,
+    /// so a frozen engine need not hold a status answer for a whole control timeout.
+    pub(crate) fn read_timeout(&self) -> std::time::Duration {
+        READ_TIMEOUT.min(self.control.client().timeout())
+    }
+
     /// The fleet's one weight version, or 409 naming the engines that disagree.
     pub async fn weight_version(&self) -> Result<String, ApiError> {
         self.refresh().await;
-        let check = self.serving().weight_versions().await;
+        let check = self
+            .serving()
+            .with_timeout(self.read_timeout())
+            .weight_versions()
+            .await;
         match (check.agreed(), check.distinct().len()) {
             (Some(v), _) => Ok(v),
             (None, 0) => Err(ApiError::bad_gateway(format!(
@@ -258,8 +314,13 @@ impl ControlPlane {
     pub async fn server_info(&self) -> Value {
         self.refresh().await;
         let engines = self.control.engines();
-        let infos = self.control.server_info().await;
+        let infos = self
+            .control
+            .with_timeout(self.read_timeout())
+            .server_info()
+            .await;
         let fleet = self.fleet();
+        let doubt = fleet.in_doubt();
         let list: Vec<Value> = engines
             .iter()
             .zip(&infos)
@@ -269,7 +330,7 @@ impl ControlPlane {
                     HeadState::Held => "held",
                     HeadState::Down => "down",
                 };
-                let mut v = json!({"url": e.url, "gpus": e.gpus, "dialect": e.dialect.to_string(), "state": state});
+                let mut v = json!({"url": e.url, "gpus": e.gpus, "dialect": e.dialect.to_string(), "state": state, "in_doubt": doubt.contains(&e.url)});
                 match &r.result {
                     Ok(info) => {
                         let mut info = info.clone();
@@ -287,6 +348,8 @@ impl ControlPlane {
                 "world_size": engines.iter().map(|e| e.gpus).sum::<u32>(),
                 "weight_version": fleet.version(),
                 "down": fleet.down(),
+                "in_doubt": doubt,
+                "paused": self.status().paused.map(|m| m.as_str()),
             },
             "engines": list,
         })
@@ -294,12 +357,13 @@ impl ControlPlane {
 
     /// Records that memory was released (`true`) or taken back (`false`) fleet-wide.
     pub async fn mark_sleeping(&self, sleeping: bool) {
-        self.op.lock().await.sleeping = sleeping;
+        let st = self.op.lock().await;
+        self.set_status(&st, |s| s.sleeping = sleeping);
     }
 
-    /// Whether memory was released through the plane and not resumed since.
-    pub async fn is_sleeping(&self) -> bool {
-        self.op.lock().await.sleeping
+    /// Whether memory was released through the plane and not resumed since (answers at once).
+    pub fn is_sleeping(&self) -> bool {
+        self.status().sleeping
     }
 
     /// The first reachable engine's `/model_info` (model path, architecture, ...).
@@ -329,6 +393,15 @@ impl ControlPlane {
         self.refresh().await;
         self.control.engines().iter().map(|e| e.gpus).sum()
     }
+}
+
+/// Registers `plane` on its fleet as the one that catches restarted servers up and settles
+/// engines in doubt.
+fn attach(plane: &Arc<ControlPlane>) {
+    super::updates::attach(plane);
+    plane
+        .fleet()
+        .set_reconciler(Arc::new(PlaneReconcile(Arc::downgrade(plane))));
 }
 
 /// `[{url, success, answer | error}]` for a fan-out's results.

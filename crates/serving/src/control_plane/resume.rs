@@ -130,29 +130,30 @@ impl InferenceControl {
     /// The one-call resume, starting from `version`; `None` when a version cannot be sent as
     /// an entity tag (nothing was sent: check first).
     async fn resume_if(&self, version: &str) -> Option<Result<Resumed, Mixed>> {
-        let engines = self.engines();
         let mut version = version.to_string();
         let mut asked = 0;
         loop {
             asked += 1;
             let tag = version_tag(&version)?;
-            let client = self.client();
-            let outs =
-                futures::future::join_all(engines.iter().map(|e| client.resume_if(e, &tag))).await;
+            let outs = self
+                .fan_out_patient("resume", move |c, e| {
+                    let tag = tag.clone();
+                    async move { c.resume_if(&e, &tag).await }
+                })
+                .await;
             let mut held = Vec::new();
             let mut resumed = Vec::new();
-            let results: Vec<ServerResult<Value>> = engines
-                .iter()
-                .zip(outs)
-                .map(|(e, r)| {
-                    match &r {
-                        Ok(_) => resumed.push(e.url.clone()),
-                        Err(Refusal::Version(v)) => held.push(v.clone()),
-                        Err(Refusal::Failed(_)) => {}
+            let results: Vec<ServerResult<Value>> = outs
+                .into_iter()
+                .map(|r| {
+                    match &r.result {
+                        Ok(Ok(_)) => resumed.push(r.url.clone()),
+                        Ok(Err(Refusal::Version(v))) => held.push(v.clone()),
+                        Ok(Err(Refusal::Failed(_))) | Err(_) => {}
                     }
                     ServerResult {
-                        url: e.url.clone(),
-                        result: r.map_err(|e| e.to_string()),
+                        url: r.url,
+                        result: r.result.and_then(|a| a.map_err(|e| e.to_string())),
                     }
                 })
                 .collect();
@@ -211,7 +212,7 @@ impl ControlPlane {
     /// versions (409 naming them: finish the update first).
     pub async fn resume(&self) -> Result<Value, ApiError> {
         self.refresh().await;
-        let mut st = self.op.lock().await;
+        let st = self.op.lock().await;
         let serving = self.serving();
         let (control, skipped) = self.targets();
         let checked: HashSet<String> = serving.urls().into_iter().collect();
@@ -227,7 +228,7 @@ impl ControlPlane {
             .resume_on_one_version(Some(&rest), expected.as_deref())
             .await?;
         if r.results.iter().all(|r| r.result.is_ok()) {
-            st.paused = None;
+            self.set_status(&st, |s| s.paused = None);
         }
         settle("resume", &r.results, &skipped, Map::new())
     }

@@ -463,7 +463,7 @@ impl ControlPlane {
         }
         self.refresh().await;
         let mut st = self.op.lock().await;
-        let keep_paused = st.paused.is_some();
+        let keep_paused = self.status().paused.is_some();
         let engines = self.control.engines();
         let r = self
             .sync

@@ -97,11 +97,18 @@ pub struct GatewayConfig {
     /// The address engines dial for this gateway's weight broadcast (default: the listen
     /// address's host, or 127.0.0.1 when it listens on every interface).
     pub weights_master_host: Option<String>,
+    /// Longest a fleet control call to one engine is waited for (default 120 s, a weight
+    /// bucket's whole transfer). A pause or resume still unanswered then stays open and its
+    /// engine is brought to the fleet's state once it answers (`control_plane::reconcile`).
+    pub control_timeout: Duration,
     /// Threads of its own to serve on, each a single-threaded runtime accepting connections
     /// (`troupe gateway`: one per core); 0 serves on the runtime that started the gateway (a
     /// gateway embedded in a controller). See [`crate::listen::serve_on_threads`].
     pub io_threads: usize,
 }
+
+/// Longest [`GatewayConfig::control_timeout`] accepted (an hour).
+pub const MAX_CONTROL_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Most [`GatewayConfig::io_threads`] accepted.
 pub const MAX_IO_THREADS: usize = 1024;
@@ -151,6 +158,7 @@ impl Default for GatewayConfig {
             control_upstream: None,
             weights_fp8: false,
             weights_master_host: None,
+            control_timeout: super::engine_client::CONTROL_TIMEOUT,
             io_threads: 0,
         }
     }
@@ -308,6 +316,12 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         )));
     }
     cfg.router.check()?;
+    if cfg.control_timeout.is_zero() || cfg.control_timeout > MAX_CONTROL_TIMEOUT {
+        return Err(ServingError::Config(format!(
+            "control_timeout must be positive and at most {MAX_CONTROL_TIMEOUT:?}, got {:?}",
+            cfg.control_timeout
+        )));
+    }
     let router = Router::new(cfg.router.clone());
     let client = client::build()?;
     let upstream = UpstreamClient::new();
@@ -345,7 +359,8 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
             });
             Control::Local(ControlPlane::over_router(
                 router.clone(),
-                EngineClient::over(upstream.clone(), state.cfg.worker_api_key.clone()),
+                EngineClient::over(upstream.clone(), state.cfg.worker_api_key.clone())
+                    .with_timeout(state.cfg.control_timeout),
                 WeightSyncOptions {
                     group_name: "troupe-fleet".into(),
                     fp8: state.cfg.weights_fp8,
