@@ -165,3 +165,61 @@ async fn the_port_refuses_wrong_tokens_bad_frames_and_silence_and_keeps_serving(
     })
     .await
 }
+
+/// Reads until the peer closes the connection (EOF or reset); what arrived is discarded.
+async fn closed(mut s: TcpStream) {
+    let mut buf = [0u8; 1024];
+    loop {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn half_sent_hellos_and_prefaces_are_closed_and_capped_while_callers_are_served() {
+    // The host's handshake timeout is 10 s and its cap on connections still to identify
+    // themselves 256: every connection below is closed well within the test's deadline.
+    within(90, async {
+        let c = host(CallTransport::Framed).await;
+        let a = c.host(0).spawn::<Diag>("a", &DiagArgs {}).await.unwrap();
+        let addr = c.host(0).address().to_string();
+        a.call(Info).await.unwrap();
+
+        // A hello that announces a 4096-byte token and sends none of it, and an HTTP/2 preface
+        // cut short.
+        let mut partial_hello = framed::MAGIC.to_vec();
+        partial_hello.extend_from_slice(&4096u32.to_le_bytes());
+        let partial_preface = b"PRI * HTTP/2.0\r\n".to_vec();
+        let mut held = Vec::new();
+        for i in 0..280 {
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            let first = if i % 2 == 0 {
+                &partial_hello
+            } else {
+                &partial_preface
+            };
+            s.write_all(first).await.unwrap();
+            held.push(tokio::spawn(closed(s)));
+        }
+        // Past the cap new connections are closed on arrival, and the calls of a connection
+        // that authenticated before go on being answered meanwhile.
+        let over = TcpStream::connect(&addr).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), closed(over))
+            .await
+            .expect("a connection over the cap is closed at once");
+        for _ in 0..5 {
+            a.call(Info).await.unwrap();
+        }
+        for h in held {
+            h.await.unwrap();
+        }
+        // Once they are gone, new connections are served as before, over both protocols.
+        let (_s, _inbox, r) = hello(&addr, Some(TOKEN)).await;
+        assert!(matches!(r.result, Some(call_reply::Result::Payload(_))));
+        assert_eq!(c.host(0).describe().await.unwrap().actors.len(), 1);
+        c.shutdown().await;
+    })
+    .await
+}

@@ -106,12 +106,23 @@ pub fn hello(token: Option<&str>) -> Vec<u8> {
     out
 }
 
-/// Whether `stream`'s first bytes are [`MAGIC`] (`Some(true)`), something else such as
-/// HTTP/2's preface (`Some(false)`), or nothing within `wait` (`None`: drop it). Only peeks, so
-/// a connection that is not framed reaches gRPC whole.
-pub async fn is_framed(stream: &TcpStream, wait: Duration) -> Option<bool> {
-    let deadline = tokio::time::Instant::now() + wait;
-    let mut b = [0u8; MAGIC.len()];
+/// What a new connection speaks, by its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Framed calls: [`MAGIC`] arrived.
+    Framed,
+    /// gRPC: HTTP/2's whole connection preface arrived.
+    Grpc,
+}
+
+/// HTTP/2's connection preface (RFC 9113 §3.4): every HTTP/2 client sends exactly this first.
+pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads (without consuming) `stream`'s first bytes until they are [`MAGIC`] or the whole
+/// [`H2_PREFACE`]: `None` when they are neither, the peer closes, or `deadline` passes
+/// first (a client that sends part of either and stops is not waited for).
+pub async fn classify(stream: &TcpStream, deadline: tokio::time::Instant) -> Option<Protocol> {
+    let mut b = [0u8; H2_PREFACE.len()];
     loop {
         let n = tokio::time::timeout_at(deadline, stream.peek(&mut b))
             .await
@@ -120,14 +131,16 @@ pub async fn is_framed(stream: &TcpStream, wait: Duration) -> Option<bool> {
         if n == 0 {
             return None;
         }
-        if b[..n] != MAGIC[..n] {
-            return Some(false);
+        let framed = b[..n.min(MAGIC.len())] == MAGIC[..n.min(MAGIC.len())];
+        let h2 = b[..n] == H2_PREFACE[..n];
+        match (framed, h2) {
+            (true, _) if n >= MAGIC.len() => return Some(Protocol::Framed),
+            (_, true) if n == H2_PREFACE.len() => return Some(Protocol::Grpc),
+            (false, false) => return None,
+            _ => {}
         }
-        if n == MAGIC.len() {
-            return Some(true);
-        }
-        // A prefix of the magic arrived alone: readiness stays set until the rest comes, so
-        // wait a little rather than spin on peek.
+        // A prefix arrived alone: readiness stays set until more comes, so wait a little
+        // rather than spin on peek.
         if tokio::time::Instant::now() >= deadline {
             return None;
         }
@@ -136,36 +149,56 @@ pub async fn is_framed(stream: &TcpStream, wait: Duration) -> Option<bool> {
 }
 
 /// Serves one framed connection (its magic not yet consumed) until the caller closes it, a
-/// frame is bad, or the host stops.
-pub async fn serve_connection(core: HostCore, stream: TcpStream) {
+/// frame is bad, or the host stops. The whole hello must arrive by `by`; `pending` (the
+/// connection's place among those not yet authenticated) is given back once it has.
+pub async fn serve_connection<P: Send>(
+    core: HostCore,
+    stream: TcpStream,
+    by: tokio::time::Instant,
+    pending: P,
+) {
     let peer = stream
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    if let Err(why) = run(core, stream).await {
+    if let Err(why) = run(core, stream, by, pending).await {
         tracing::debug!(%peer, "framed call connection closed: {why}");
     }
 }
 
-async fn run(core: HostCore, stream: TcpStream) -> Result<(), String> {
+/// Reads the hello (magic, token length, token) by `by`: the token, or `None` when its
+/// announced length is over [`MAX_TOKEN_BYTES`] (not read).
+async fn read_hello(
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
+    by: tokio::time::Instant,
+) -> Result<Option<Vec<u8>>, String> {
+    let read = async {
+        let mut head = [0u8; 12];
+        rd.read_exact(&mut head).await?;
+        let tlen = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+        if tlen > MAX_TOKEN_BYTES {
+            return Ok(None);
+        }
+        let mut t = vec![0u8; tlen as usize];
+        rd.read_exact(&mut t).await?;
+        Ok::<_, std::io::Error>(Some(t))
+    };
+    tokio::time::timeout_at(by, read)
+        .await
+        .map_err(|_| "the hello did not arrive whole within the handshake timeout".to_string())?
+        .map_err(|e| format!("reading the hello: {e}"))
+}
+
+async fn run<P>(
+    core: HostCore,
+    stream: TcpStream,
+    by: tokio::time::Instant,
+    pending: P,
+) -> Result<(), String> {
     let (mut rd, mut wr) = stream.into_split();
     let mut out = Vec::with_capacity(4096);
-    // Hello: magic, token.
-    let mut head = [0u8; 12];
-    tokio::time::timeout(Duration::from_secs(10), rd.read_exact(&mut head))
-        .await
-        .map_err(|_| "no hello within 10 s".to_string())?
-        .map_err(|e| format!("reading the hello: {e}"))?;
-    let tlen = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
-    let token = if tlen > MAX_TOKEN_BYTES {
-        None
-    } else {
-        let mut t = vec![0u8; tlen as usize];
-        rd.read_exact(&mut t)
-            .await
-            .map_err(|e| format!("reading the hello: {e}"))?;
-        Some(t)
-    };
+    let token = read_hello(&mut rd, by).await?;
+    let tlen = token.as_ref().map_or(0, Vec::len);
     let accepted = match (&core.config().auth_token, &token) {
         (_, None) => false,
         (None, Some(_)) => true,
@@ -189,6 +222,8 @@ async fn run(core: HostCore, stream: TcpStream) -> Result<(), String> {
         .await
         .map_err(|e| format!("writing the hello's answer: {e}"))?;
     out.clear();
+    // Authenticated: no longer one of the connections that have not said who they are.
+    drop(pending);
 
     let limit = core
         .config()

@@ -49,6 +49,13 @@ pub struct HostConfig {
     /// Stop the host when no controller has watched it this long (None: never). See
     /// [`crate::orphan`].
     pub orphan_grace: Option<Duration>,
+    /// A new connection must say what it is within this: a framed call's whole hello (magic
+    /// and token), or HTTP/2's whole 24-byte preface. Past it, the connection is closed.
+    pub handshake_timeout: Duration,
+    /// Most connections at once that have not yet identified themselves (and, for framed
+    /// calls, shown the token); more are closed at once, so silent connections cannot take
+    /// every descriptor from the controller's.
+    pub max_pending_connections: usize,
 }
 
 impl Default for HostConfig {
@@ -65,6 +72,8 @@ impl Default for HostConfig {
             max_message_bytes: 64 << 20,
             shutdown_grace: Duration::from_secs(5),
             auth_token: None,
+            handshake_timeout: Duration::from_secs(10),
+            max_pending_connections: 256,
             tls: None,
             orphan_grace: None,
         }

@@ -21,6 +21,7 @@ use troupe_wire::v1::actor_host_server::{ActorHost, ActorHostServer};
 use crate::auth::TokenCheck;
 use crate::call_stream::{CallReplies, deadline, reply};
 use crate::error::CallError;
+use crate::framed::Protocol;
 use crate::host::{HostCore, RestartPolicy};
 use crate::orphan::Watchers;
 
@@ -163,6 +164,11 @@ impl ActorHost for HostService {
     }
 }
 
+/// How often the host pings each gRPC connection.
+const GRPC_PING_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a ping may go unanswered before its connection is closed.
+const GRPC_PING_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// Serves `core` on `listener` until `shutdown` resolves or the host shuts down.
 ///
 /// TCP_NODELAY is set on every accepted socket: without it each small call stalls on Nagle.
@@ -179,9 +185,13 @@ pub async fn serve(
         core.set_address(a.to_string());
     }
     let stop = core.stopped();
+    // A gRPC connection whose peer stops answering HTTP/2 pings (a raw socket that sent the
+    // preface and nothing else) is closed; every real HTTP/2 client answers them.
     let mut builder = tonic::transport::Server::builder()
         .tcp_nodelay(true)
-        .http2_adaptive_window(Some(true));
+        .http2_adaptive_window(Some(true))
+        .http2_keepalive_interval(Some(GRPC_PING_INTERVAL))
+        .http2_keepalive_timeout(Some(GRPC_PING_TIMEOUT));
     let until = async move {
         tokio::select! {
             _ = shutdown => {}
@@ -207,13 +217,22 @@ pub async fn serve(
 }
 
 /// Accepts connections and sends each to gRPC or to a framed-call task by its first bytes.
+///
+/// A connection must identify itself within the host's `handshake_timeout` (the whole framed
+/// hello, token included, or HTTP/2's whole preface) or it is closed; at most
+/// `max_pending_connections` may be at that stage at once, and more are closed on arrival,
+/// so silent or half-open connections cannot hold the host's descriptors.
 async fn accept_loop(
     core: HostCore,
     listener: TcpListener,
     grpc: tokio::sync::mpsc::UnboundedSender<std::io::Result<tokio::net::TcpStream>>,
 ) {
-    // How long a new connection may stay silent before it is dropped unclassified.
-    const FIRST_BYTES: Duration = Duration::from_secs(10);
+    let cfg = core.config();
+    let wait = cfg.handshake_timeout;
+    let pending = Arc::new(tokio::sync::Semaphore::new(
+        cfg.max_pending_connections.max(1),
+    ));
+    let mut refused = 0u64;
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -224,12 +243,27 @@ async fn accept_loop(
                 continue;
             }
         };
+        let Ok(permit) = pending.clone().try_acquire_owned() else {
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(
+                    refused,
+                    "closing new connections: {} are still to identify themselves (max_pending_connections)",
+                    cfg.max_pending_connections
+                );
+            }
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let (core, grpc) = (core.clone(), grpc.clone());
         tokio::spawn(async move {
-            match crate::framed::is_framed(&stream, FIRST_BYTES).await {
-                Some(true) => crate::framed::serve_connection(core, stream).await,
-                Some(false) => {
+            let deadline = tokio::time::Instant::now() + wait;
+            match crate::framed::classify(&stream, deadline).await {
+                Some(Protocol::Framed) => {
+                    crate::framed::serve_connection(core, stream, deadline, permit).await
+                }
+                Some(Protocol::Grpc) => {
+                    drop(permit);
                     let _ = grpc.send(Ok(stream));
                 }
                 None => {}
