@@ -17,6 +17,7 @@
 //! - [`health`]: the background `/health` prober.
 //! - [`gateway`]: the HTTP server (SGLang/OpenAI endpoints, admin REST, metrics).
 //! - [`listen`]: serving inbound HTTP with header-read, body-read and idle timeouts.
+//! - [`hops`]: loop detection between gateways (the `x-troupe-via` chain).
 //! - [`keys`]: which routes need which bearer key, checked before a body is read.
 //! - [`envelope`]: request size limits and the JSON error envelope for every error answer.
 //! - [`control_api`]: the fleet control endpoints in SGLang's, vLLM's and SkyRL's names.
@@ -41,6 +42,7 @@ pub mod error;
 pub mod gateway;
 pub mod guard;
 pub mod health;
+pub mod hops;
 pub mod inference;
 pub mod keys;
 pub mod listen;

@@ -160,6 +160,10 @@ impl UpstreamClient {
         if let Some(tag) = if_match {
             h.insert(header::IF_MATCH, tag.clone());
         }
+        // Served on behalf of a gateway's request: say which gateways it passed.
+        if let Some(via) = crate::hops::current() {
+            h.insert(crate::hops::VIA_HEADER, via);
+        }
         self.send(req).await.map_err(|e| error_chain(&e))
     }
 }

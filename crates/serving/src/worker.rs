@@ -145,17 +145,19 @@ pub fn parse_url(url: &str) -> Result<(String, String), ServingError> {
 }
 
 /// A host name or IPv4 address in its one spelling: lowercase, no trailing dot, `localhost` as
-/// `127.0.0.1`, IPv4 addresses as parsed.
+/// `127.0.0.1`, IPv4 addresses in dotted decimal whichever way they were written. A host whose
+/// last label is a number is an IPv4 address, read as the resolver (`inet_aton`) and URL
+/// parsers read it: one to four parts, each decimal, octal (leading `0`) or hex (`0x`), so
+/// `0x7f.0.0.1`, `0x7f000001`, `2130706433` and `127.1` are all `127.0.0.1`.
 fn canonical_host(host: &str) -> Result<String, String> {
     let h = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
     if h == "localhost" {
         return Ok("127.0.0.1".into());
     }
-    if let Ok(ip) = h.parse::<std::net::Ipv4Addr>() {
-        return Ok(ip.to_string());
-    }
-    if h.chars().all(|c| c.is_ascii_digit() || c == '.') {
-        return Err("has an invalid IPv4 address".into());
+    if ends_in_number(&h) {
+        return numeric_ipv4(&h)
+            .map(|ip| ip.to_string())
+            .ok_or_else(|| "has an invalid IPv4 address".to_string());
     }
     let label_ok = |l: &str| {
         !l.is_empty()
@@ -167,6 +169,54 @@ fn canonical_host(host: &str) -> Result<String, String> {
         return Err("has an invalid host name".into());
     }
     Ok(h)
+}
+
+/// Whether the last dot-separated label of `host` is a number (decimal digits, or `0x` and hex
+/// digits): then the host is an IPv4 address or invalid, never a name.
+fn ends_in_number(host: &str) -> bool {
+    let last = host.rsplit('.').next().unwrap_or("");
+    (!last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()))
+        || last
+            .strip_prefix("0x")
+            .is_some_and(|x| x.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// `inet_aton`'s reading of a numeric IPv4 host (see [`canonical_host`]).
+fn numeric_ipv4(host: &str) -> Option<std::net::Ipv4Addr> {
+    let parts: Vec<&str> = host.split('.').collect();
+    if parts.is_empty() || parts.len() > 4 {
+        return None;
+    }
+    let mut nums = Vec::with_capacity(parts.len());
+    for p in &parts {
+        let n = if let Some(x) = p.strip_prefix("0x") {
+            if x.is_empty() {
+                0
+            } else {
+                u64::from_str_radix(x, 16).ok()?
+            }
+        } else if p.len() > 1 && p.starts_with('0') {
+            u64::from_str_radix(&p[1..], 8).ok()?
+        } else if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) {
+            p.parse::<u64>().ok()?
+        } else {
+            return None;
+        };
+        nums.push(n);
+    }
+    let (last, head) = nums.split_last()?;
+    if head.iter().any(|n| *n > 255) {
+        return None;
+    }
+    let room = 8 * (5 - nums.len() as u32);
+    if room < 64 && *last >= 1u64 << room {
+        return None;
+    }
+    let mut v: u64 = *last;
+    for (i, n) in head.iter().enumerate() {
+        v += n << (8 * (3 - i as u32));
+    }
+    u32::try_from(v).ok().map(std::net::Ipv4Addr::from)
 }
 
 /// The worker type a server reports for itself: SGLang's `disaggregation_mode` in
@@ -431,9 +481,33 @@ mod tests {
             "http://127.0.0.1:30000//",
             "http://[::ffff:127.0.0.1]:30000",
             "http://localhost.:30000",
+            // The resolver's numeric forms: hex, one 32-bit number, octal, shorthand.
+            "http://0x7f.0.0.1:30000",
+            "http://0x7f000001:30000",
+            "http://2130706433:30000",
+            "http://0177.0.0.01:30000",
+            "http://127.1:30000",
+            "http://127.0.1:30000",
+            "http://0X7F.1:30000",
         ] {
             assert_eq!(parse_url(same).unwrap().0, canon, "{same}");
         }
+        for bad in [
+            "http://0x100000000:1",
+            "http://256.0.0.1:1",
+            "http://1.2.3.4.5:1",
+            "http://08.0.0.1:1",
+            "http://0xg.1:1",
+            "http://1.2.65536:1",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_url("http://1.2.65535:1").unwrap().1, "1.2.255.255");
+        assert_eq!(
+            parse_url("http://0x7f.example:1").unwrap().1,
+            "0x7f.example",
+            "a name whose last label is not a number stays a name"
+        );
         assert_eq!(
             parse_url("http://[0:0:0:0:0:0:0:1]:1").unwrap().0,
             "http://[::1]:1"

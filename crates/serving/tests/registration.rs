@@ -226,3 +226,103 @@ async fn a_server_that_cannot_say_is_registered_as_given() {
     })
     .await;
 }
+
+/// A gateway is never its own worker, however its address is written, and requests that come
+/// back to a gateway through another one end with 508 instead of going round.
+mod loops {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_gateway_refuses_itself_as_a_worker_in_any_spelling() {
+        within(20, async {
+            let g = gw(false, vec![], 0).await;
+            let port = g.addr().port();
+            for url in [
+                g.url(),
+                format!("http://localhost:{port}"),
+                format!("http://0x7f000001:{port}"),
+                format!("http://0x7f.0.0.1:{port}"),
+                format!("http://2130706433:{port}/"),
+            ] {
+                let (st, v) = add(&g.url(), json!({"url": url})).await;
+                assert_eq!(st, 400, "{url}: {v}");
+                let msg = v["message"].as_str().unwrap_or("");
+                assert!(msg.contains("this gateway itself"), "{url}: {msg}");
+            }
+            assert_eq!(
+                get(&format!("{}/workers", g.url()), None).await.1["total"],
+                0
+            );
+
+            // Listening on every interface, any local address with its port is itself.
+            let all = gw_with(GatewayConfig {
+                listen: "0.0.0.0:0".into(),
+                admin_key: Some("k".into()),
+                ..GatewayConfig::default()
+            })
+            .await;
+            let url = format!("http://127.0.0.1:{}", all.addr().port());
+            let r = client()
+                .post(format!("{url}/workers"))
+                .bearer_auth("k")
+                .json(&json!({"url": url}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 400);
+            let v: Value = r.json().await.unwrap();
+            assert!(
+                v["message"].as_str().unwrap_or("").contains("itself"),
+                "{v}"
+            );
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn one_server_by_two_spellings_is_registered_once() {
+        within(20, async {
+            let b = reporting(json!("null"), "/server_info").await;
+            let g = gw(false, vec![], 0).await;
+            let port = port_of(&b.url).to_string();
+            let (st, v) = add(&g.url(), json!({"url": b.url})).await;
+            assert_eq!(st, 202, "{v}");
+            for other in [
+                format!("http://0x7f.0.0.1:{port}"),
+                format!("http://0x7f000001:{port}"),
+                format!("http://127.1:{port}"),
+            ] {
+                let (st, v) = add(&g.url(), json!({"url": other})).await;
+                assert_eq!(st, 400, "{other}: {v}");
+            }
+            assert_eq!(
+                get(&format!("{}/workers", g.url()), None).await.1["total"],
+                1
+            );
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_loop_through_two_gateways_ends_in_508() {
+        within(30, async {
+            let a = gw(false, vec![], 0).await;
+            let b = gw(false, vec![], 0).await;
+            // b is a worker of a; a (which answers b's probe of its fleet info) one of b.
+            let (st, v) = add(&a.url(), json!({"url": b.url()})).await;
+            assert_eq!(st, 202, "{v}");
+            let (st, v) = add(&b.url(), json!({"url": a.url()})).await;
+            assert_eq!(st, 202, "a's fleet answers b's probe: registered: {v}");
+            // A generation request comes back to the gateway that sent it: 508, at once.
+            let (st, v) = post(&format!("{}/generate", a.url()), &json!({"text": "x"})).await;
+            assert_eq!(st, 508, "{v}");
+            // The fleet's control fan-out ends too.
+            let (st, v) = post(&format!("{}/pause_generation", a.url()), &json!({})).await;
+            assert_eq!(st, 502, "{v}");
+            assert!(v.to_string().contains("508"), "{v}");
+            let (st, v) = get(&format!("{}/is_paused", a.url()), None).await;
+            assert_eq!((st, &v["is_paused"]), (200, &json!(false)), "{v}");
+        })
+        .await
+    }
+}

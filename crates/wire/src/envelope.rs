@@ -127,6 +127,7 @@ pub fn kind_of(status: StatusCode) -> &'static str {
         StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
         StatusCode::BAD_GATEWAY => "BadGatewayError",
         StatusCode::GATEWAY_TIMEOUT => "GatewayTimeoutError",
+        StatusCode::LOOP_DETECTED => "LoopDetectedError",
         _ => "InternalServerError",
     }
 }

@@ -290,7 +290,7 @@ impl InferenceControl {
         };
         let calls = self.engines().into_iter().map(|e| {
             let mut open = Open {
-                task: Some(tokio::spawn(call(client.clone(), e.clone()))),
+                task: Some(tokio::spawn(crate::hops::carry(call(client.clone(), e.clone())))),
                 engine: e,
                 op,
                 reconciler: reconciler.clone(),

@@ -174,6 +174,10 @@ pub(crate) struct GatewayState {
     /// `Bearer <worker_api_key>`, sent with every forwarded request.
     pub(crate) worker_auth: Option<axum::http::HeaderValue>,
     pub(crate) metrics: Metrics,
+    /// This gateway's id in the via chain of what it forwards (`crate::hops`).
+    pub(crate) id: Arc<str>,
+    /// Where it listens: a worker at this address is the gateway itself.
+    pub(crate) addr: SocketAddr,
 }
 
 impl GatewayConfig {
@@ -327,21 +331,23 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
     let upstream = UpstreamClient::new();
     let worker_auth = super::upstream::bearer(cfg.worker_api_key.as_deref(), "worker_api_key")
         .map_err(ServingError::Config)?;
+    let listener = client::bind(&cfg.listen).await?;
+    let addr = listener.local_addr()?;
     let state = Arc::new(GatewayState {
         router: router.clone(),
         upstream: upstream.clone(),
         worker_auth,
         metrics: Metrics::default(),
+        id: crate::hops::new_id(),
+        addr,
         cfg,
     });
-    let listener = client::bind(&state.cfg.listen).await?;
-    let addr = listener.local_addr()?;
     if state.cfg.admin_key.is_none() && !addr.ip().is_loopback() {
         return Err(ServingError::Config(format!(
             "refusing to serve the gateway on {addr} without an admin key: anyone who reaches it could add or remove workers; set admin_key (config `admin_key`, TROUPE_ADMIN_KEY) or listen on 127.0.0.1"
         )));
     }
-    state.admit_all(&state.cfg.workers).await?;
+    crate::hops::as_gateway(&state.id, state.admit_all(&state.cfg.workers)).await?;
     let auth = control_auth(&state.cfg, addr)?;
     let keys = auth.keyed(admin::keyed(
         state.cfg.admin_key.as_deref(),
@@ -381,7 +387,12 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
             max_w,
         ),
     };
-    let app = app(state.clone()).merge(control_routes);
+    let app = app(state.clone())
+        .merge(control_routes)
+        .layer(axum::middleware::from_fn_with_state(
+            state.id.clone(),
+            crate::hops::guard,
+        ));
     let (tx, rx) = oneshot::channel::<()>();
     let stopped = async {
         let _ = rx.await;

@@ -3,18 +3,21 @@
 //!
 //! In order: the spec is validated and its URL made canonical ([`crate::worker::parse_url`]:
 //! credentials refused, `localhost` / `127.0.0.1` / trailing slashes one URL); the type must fit
-//! the gateway's mode; the URL must not be registered yet; then the server is asked what it is.
+//! the gateway's mode; the URL must not be registered yet, nor reach a registered worker's
+//! address (host names resolved, as the OS would connect) or this gateway's own listener; then
+//! the server is asked what it is (a server that answers 508 leads back here: refused).
 //! A server whose `/server_info` reports a `disaggregation_mode` other than the registered type
 //! (a prefill registered as decode, ...) is refused: routed, it would answer every request
 //! wrongly or hang the PD handoff. A server whose info cannot be read (not up yet, no such
 //! endpoint as on vLLM, an auth failure, a timeout) or has no `disaggregation_mode` is registered
 //! unchecked, as before this check existed, and the reason is logged.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::GatewayState;
-use crate::engine_client::EngineClient;
+use crate::engine_client::{EngineCallError, EngineClient};
 use crate::error::ServingError;
 use crate::router::duplicate;
 use crate::worker::{HttpWorker, Worker, WorkerInfo, WorkerSpec, type_of_mode};
@@ -29,6 +32,25 @@ impl GatewayState {
         self.accepts(spec.worker_type)?;
         if let Some(dup) = self.router.get(worker.url()) {
             return Err(duplicate(dup.as_ref()));
+        }
+        let addrs = resolve(worker.url()).await;
+        if addrs.iter().any(|a| self.is_me(*a)) {
+            return Err(ServingError::InvalidWorker(format!(
+                "{} is this gateway itself (it listens on {}): requests routed to it would come back here forever; register the inference servers instead",
+                worker.url(),
+                self.addr
+            )));
+        }
+        for other in self.router.workers() {
+            let theirs = resolve(other.url()).await;
+            if addrs.iter().any(|a| theirs.contains(a)) {
+                return Err(ServingError::InvalidWorker(format!(
+                    "{} reaches the same server as the registered worker {} ({}): one server is registered once",
+                    worker.url(),
+                    other.url(),
+                    other.id()
+                )));
+            }
         }
         let engine = EngineClient::over(self.upstream.clone(), self.cfg.worker_api_key.clone())
             .with_timeout(PROBE_TIMEOUT);
@@ -46,12 +68,30 @@ impl GatewayState {
                 None => Some(format!("unknown disaggregation_mode {mode}")),
             },
             Ok(None) => Some("its server info has no disaggregation_mode".into()),
+            Err(EngineCallError::Status { status: 508, .. }) => {
+                return Err(ServingError::InvalidWorker(format!(
+                    "{} leads back to this gateway (its answer was 508 Loop Detected): it is this gateway or a gateway in front of it; register the inference servers instead",
+                    worker.url()
+                )));
+            }
             Err(e) => Some(format!("server info unavailable: {e}")),
         };
         if let Some(why) = unchecked {
             tracing::info!(url = %worker.url(), worker_type = %spec.worker_type, "worker type not checked ({why}); registering as given");
         }
         Ok(worker)
+    }
+
+    /// Whether a connection to `a` would reach this gateway's own listener, as the OS would
+    /// route it: its exact address, or its port on any local address when it listens on every
+    /// interface.
+    fn is_me(&self, a: SocketAddr) -> bool {
+        if a == self.addr {
+            return true;
+        }
+        a.port() == self.addr.port()
+            && self.addr.ip().is_unspecified()
+            && (a.ip().is_loopback() || is_local(a.ip()))
     }
 
     /// [`Self::vet`], then registers the worker.
@@ -69,6 +109,31 @@ impl GatewayState {
         }
         Ok(())
     }
+}
+
+/// Longest wait to resolve a worker's host name.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The socket addresses a worker URL reaches (none when its host does not resolve in time:
+/// the registration then relies on the probe's loop check).
+async fn resolve(url: &str) -> Vec<SocketAddr> {
+    let Some(authority) = url.strip_prefix("http://") else {
+        return Vec::new();
+    };
+    match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(authority)).await {
+        Ok(Ok(found)) => found.map(canonical).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it is.
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
+}
+
+/// Whether `ip` is one of this machine's addresses (binding to it succeeds only then).
+fn is_local(ip: IpAddr) -> bool {
+    std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
 }
 
 /// SGLang's `--disaggregation-mode` value for a worker type.

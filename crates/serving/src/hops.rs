@@ -1,0 +1,108 @@
+//! Loop detection: every request a gateway forwards says which gateways it has passed.
+//!
+//! A gateway registered as its own worker (or two gateways registered as each other's) turned
+//! one request into a recursion: a fleet pause called itself until 20,000 descriptors were
+//! gone. Registration refuses a worker that is this gateway by address
+//! (`gateway/register.rs`), but a loop through other gateways, a proxy or another spelling of
+//! the address cannot be seen there. So each gateway has an id, and every request it sends
+//! upstream (forwarded inference, fleet control fan-outs, registration probes) carries
+//! [`VIA_HEADER`]: the ids of the gateways the request it serves has passed, then its own. A
+//! request arriving with the gateway's own id in it, or past [`MAX_HOPS`] gateways, is answered
+//! 508 (Loop Detected) at once instead of forwarded again.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::ApiError;
+
+/// The header listing the gateways a request has passed, comma-separated, oldest first.
+pub const VIA_HEADER: &str = "x-troupe-via";
+
+/// Most gateways one request may pass.
+pub const MAX_HOPS: usize = 8;
+
+tokio::task_local! {
+    /// The via chain to send upstream while serving one request: its incoming chain and this
+    /// gateway's id.
+    static CHAIN: HeaderValue;
+}
+
+/// A fresh gateway id.
+pub fn new_id() -> Arc<str> {
+    Arc::from(uuid::Uuid::new_v4().simple().to_string())
+}
+
+/// The ids in a request's via header.
+fn chain(headers: &HeaderMap) -> Vec<&str> {
+    headers
+        .get_all(VIA_HEADER)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// The gateway's layer: refuses a request that has looped, and runs the rest with the chain
+/// its upstream requests carry.
+pub async fn guard(State(me): State<Arc<str>>, req: Request, next: Next) -> Response {
+    let seen = chain(req.headers());
+    if seen.iter().any(|id| *id == &*me) {
+        return ApiError::new(
+            StatusCode::LOOP_DETECTED,
+            format!(
+                "{} came back to the gateway that forwarded it: a worker of this gateway is the gateway itself (or reaches it); remove that worker",
+                req.uri().path()
+            ),
+        )
+        .into_response();
+    }
+    if seen.len() >= MAX_HOPS {
+        return ApiError::new(
+            StatusCode::LOOP_DETECTED,
+            format!(
+                "{} has passed {} gateways; at most {MAX_HOPS} are allowed (are gateways registered as each other's workers?)",
+                req.uri().path(),
+                seen.len()
+            ),
+        )
+        .into_response();
+    }
+    let mut ids: Vec<&str> = seen;
+    ids.push(&me);
+    let Ok(value) = HeaderValue::from_str(&ids.join(",")) else {
+        return ApiError::bad_request(format!("{VIA_HEADER} must be printable text"))
+            .into_response();
+    };
+    CHAIN.scope(value, next.run(req)).await
+}
+
+/// Runs `f` as gateway `me` serving no request (its own start-up work, such as probing the
+/// workers of its config).
+pub async fn as_gateway<F: std::future::Future>(me: &str, f: F) -> F::Output {
+    match HeaderValue::from_str(me) {
+        Ok(v) => CHAIN.scope(v, f).await,
+        Err(_) => f.await,
+    }
+}
+
+/// The chain to send upstream from the request being served, if any.
+pub fn current() -> Option<HeaderValue> {
+    CHAIN.try_with(Clone::clone).ok()
+}
+
+/// `f`, carrying the chain of the request being served into a task spawned for it.
+pub fn carry<F: std::future::Future>(f: F) -> impl std::future::Future<Output = F::Output> {
+    let chain = current();
+    async move {
+        match chain {
+            Some(c) => CHAIN.scope(c, f).await,
+            None => f.await,
+        }
+    }
+}
