@@ -98,6 +98,12 @@ async fn refuse_or_discard_state(path: &std::path::Path, discard: bool) -> Resul
     std::fs::remove_file(path).map_err(|e| format!("cannot remove {}: {e}", path.display()))
 }
 
+/// Whether the admin key comes from the user (config or environment), not generated here.
+fn configured_key(cfg: &ServeConfig) -> bool {
+    cfg.admin_key.as_deref().is_some_and(|k| !k.is_empty())
+        || std::env::var("TROUPE_ADMIN_KEY").is_ok_and(|k| !k.is_empty())
+}
+
 /// The state file to write, if the hosts can outlive this controller.
 fn state_path(a: &ServeArgs, cfg: &ServeConfig) -> Option<PathBuf> {
     match (&a.state_file, cfg.scheduler.kind) {
@@ -316,8 +322,15 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
             }
         }
     }
+    // A key this run generated is shown once, so its user can call the control endpoints; a
+    // configured one is the user's already and never printed.
+    let shown = if configured_key(&cfg) {
+        "configured (admin_key / TROUPE_ADMIN_KEY)".to_string()
+    } else {
+        format!("{key} (generated for this run)")
+    };
     eprintln!(
-        "{} servers up in {:.2} s ({}); admin key: {key}",
+        "{} servers up in {:.2} s ({}); admin key: {shown}",
         svc.inf_addrs.len(),
         svc.bring_up.as_secs_f64(),
         plan

@@ -132,3 +132,57 @@ fn the_areal_style_example_config_plans_with_its_sglang_keys() {
         assert!(text.contains(flag), "{flag} missing:\n{text}");
     }
 }
+
+#[test]
+fn secrets_are_refused_as_flags_and_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    // A key given as a verbatim flag is refused like the field, by name, without its value.
+    for flag in ["--admin-api-key", "--api-key", "--ssl-keyfile-password"] {
+        let cfg = write(
+            "flags.yaml",
+            &format!(
+                "allocation_mode: \"troupe:d1t1\"\nsglang:\n  extra_args: [\"{flag}\", \"s3cr3t-X\"]\n"
+            ),
+        );
+        let out = plan(&[&cfg]);
+        assert!(!out.status.success(), "{flag}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag) && !err.contains("s3cr3t-X"), "{err}");
+    }
+    let cfg = write(
+        "eq.yaml",
+        "allocation_mode: \"troupe:d1t1\"\nsglang:\n  extra_args: [\"--admin-api-key=s3cr3t-X\"]\n",
+    );
+    let out = plan(&[&cfg]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("s3cr3t-X"), "{err}");
+
+    // vLLM's Hugging Face token is a string, travels as HF_TOKEN, and the plan shows neither
+    // it nor a flag carrying it.
+    let cfg = write(
+        "vllm.yaml",
+        "allocation_mode: \"vllm:d1t1\"\nvllm:\n  hf_token: \"hf_s3cr3t\"\n",
+    );
+    for args in [vec![cfg.as_str(), "--json"], vec![cfg.as_str()]] {
+        let out = plan(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !text.contains("hf_s3cr3t") && !text.contains("--hf-token"),
+            "{text}"
+        );
+        assert!(text.contains("HF_TOKEN"), "{text}");
+    }
+    let out = plan(&[&cfg, "vllm.hf_token=12345"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("12345"), "{err}");
+}

@@ -515,3 +515,52 @@ async fn troupe_serve_uses_the_config_token_and_tls_for_hosts_and_api() {
     })
     .await
 }
+
+/// `troupe serve` shows an admin key it generated (once, so the user can call the control
+/// endpoints) but never one the user configured.
+#[tokio::test]
+async fn troupe_serve_never_prints_a_configured_admin_key() {
+    use std::io::{BufRead, BufReader};
+    within(120, async {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("serve.yaml");
+        std::fs::write(
+            &cfg,
+            "allocation_mode: 'troupe:d1'\ncluster: {n_nodes: 1, n_gpus_per_node: 1}\nsglang: {ready_timeout_s: 60}\nadmin_key: k-Configured-9\n",
+        )
+        .unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_troupe"))
+            .arg("serve")
+            .arg(&cfg)
+            .env_remove("TROUPE_ADMIN_KEY")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut serve = Serve(Some(child));
+        // Every line is read to the end (a closed pipe would fail the shutdown's messages).
+        let (up_tx, up_rx) = tokio::sync::oneshot::channel();
+        let reader = tokio::task::spawn_blocking(move || {
+            let mut seen = Vec::new();
+            let mut up = Some(up_tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("servers up")
+                    && let Some(tx) = up.take()
+                {
+                    let _ = tx.send(());
+                }
+                seen.push(line);
+            }
+            seen
+        });
+        let _ = up_rx.await;
+        assert!(serve.stop().is_some_and(|s| s.success()));
+        let text = reader.await.unwrap().join("\n");
+        assert!(text.contains("servers up"), "{text}");
+        assert!(!text.contains("k-Configured-9"), "{text}");
+        assert!(text.contains("admin key: configured"), "{text}");
+    })
+    .await
+}

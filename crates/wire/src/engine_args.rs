@@ -148,6 +148,11 @@ impl EngineFamily {
                     "admin_api_key",
                     "admin_key (servers get the deployment's keys)",
                 ),
+                ("ssl_keyfile", PLAIN_HTTP),
+                ("ssl_certfile", PLAIN_HTTP),
+                ("ssl_ca_certs", PLAIN_HTTP),
+                ("ssl_keyfile_password", PLAIN_HTTP),
+                ("enable_ssl_refresh", PLAIN_HTTP),
             ],
             EngineFamily::Vllm => &[
                 ("host", "the host Troupe places the server on"),
@@ -165,6 +170,29 @@ impl EngineFamily {
                 ("api_key", "admin_key (servers get the deployment's keys)"),
             ],
         }
+    }
+
+    /// Whether `field` carries a secret: its value never goes on a command line (where any user
+    /// of the machine reads it in `/proc`), into `troupe plan`, an error message or a log.
+    pub fn secret(self, field: &str) -> bool {
+        match self {
+            EngineFamily::Sglang => {
+                matches!(field, "api_key" | "admin_api_key" | "ssl_keyfile_password")
+            }
+            EngineFamily::Vllm => matches!(field, "api_key" | "hf_token"),
+        }
+    }
+
+    /// Environment for a server of this family from `values`: the secrets that travel that
+    /// way instead of as flags (vLLM's `hf_token` as `HF_TOKEN`, which it reads).
+    pub fn to_env(self, values: &BTreeMap<String, Value>) -> BTreeMap<String, String> {
+        let mut env = BTreeMap::new();
+        if self == EngineFamily::Vllm
+            && let Some(Value::String(t)) = values.get("hf_token")
+        {
+            env.insert(HF_TOKEN_ENV.to_string(), t.clone());
+        }
+        env
     }
 
     /// Up to three valid field names closest to `name`.
@@ -189,6 +217,19 @@ impl EngineFamily {
                     "{sec}.{name} is set by Troupe, through {by}; remove it from the {sec}: section"
                 ));
             }
+            if self == EngineFamily::Vllm && name == "hf_token" {
+                // A token travels in the environment (`to_env`); `true` is vLLM's "use the
+                // token `huggingface-cli login` saved", a flag without a secret.
+                match v {
+                    Value::String(_) => continue,
+                    Value::Bool(_) => {}
+                    _ => {
+                        return Err(
+                            "vllm.hf_token must be a token (a string, passed to vLLM as HF_TOKEN) or true (use the saved login)".into(),
+                        );
+                    }
+                }
+            }
             let Some(spec) = self.field(name) else {
                 let near = self.closest(name);
                 let hint = if near.is_empty() {
@@ -201,10 +242,51 @@ impl EngineFamily {
                     self.pinned()
                 ));
             };
-            push(&mut out, sec, spec, v)?;
+            push(&mut out, sec, spec, v, self.secret(name))?;
         }
         Ok(out)
     }
+}
+
+/// Why engines' TLS settings are Troupe's: its gateway and control plane reach servers over
+/// plain HTTP on their own hosts.
+const PLAIN_HTTP: &str =
+    "nothing: Troupe reaches its servers over plain HTTP on their hosts (no server-side TLS)";
+
+/// The variable vLLM (through `huggingface_hub`) reads its Hugging Face token from.
+pub const HF_TOKEN_ENV: &str = "HF_TOKEN";
+
+/// Checks flags given verbatim (`extra_args`) as the config's fields are checked: a flag Troupe
+/// sets itself, or one that carries a secret, is refused by name (its value is never shown),
+/// saying where it belongs. `--flag=value` counts as `--flag`.
+pub fn check_extra_args(args: &[String]) -> Result<(), String> {
+    for a in args {
+        let Some(flag) = a
+            .strip_prefix("--")
+            .map(|f| f.split('=').next().unwrap_or(f))
+        else {
+            continue;
+        };
+        let flag = format!("--{flag}");
+        for family in [EngineFamily::Sglang, EngineFamily::Vllm] {
+            let Some(spec) = family.by_flag(&flag) else {
+                continue;
+            };
+            if let Some((_, by)) = family.managed().iter().find(|(f, _)| *f == spec.field) {
+                return Err(format!(
+                    "extra_args has {flag}, which Troupe sets itself, through {by}; remove it from extra_args"
+                ));
+            }
+            if family.secret(&spec.field) {
+                return Err(format!(
+                    "extra_args has {flag}, which carries a secret: a flag's value is visible to every user of the machine; set {}.{} instead, which Troupe passes off the command line",
+                    family.section(),
+                    spec.field
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn scalar(v: &Value) -> String {
@@ -214,9 +296,20 @@ fn scalar(v: &Value) -> String {
     }
 }
 
-fn push(out: &mut Vec<String>, sec: &str, spec: &ArgSpec, v: &Value) -> Result<(), String> {
+fn push(
+    out: &mut Vec<String>,
+    sec: &str,
+    spec: &ArgSpec,
+    v: &Value,
+    secret: bool,
+) -> Result<(), String> {
     let name = &spec.field;
-    let want_bool = || format!("{sec}.{name} is a switch: give true or false, not {v}");
+    let shown = if secret {
+        "a secret value".to_string()
+    } else {
+        v.to_string()
+    };
+    let want_bool = || format!("{sec}.{name} is a switch: give true or false, not {shown}");
     match spec.kind {
         ArgKind::True | ArgKind::False | ArgKind::Bool => {
             let b = v.as_bool().ok_or_else(want_bool)?;
@@ -295,6 +388,34 @@ mod tests {
         assert!(e.contains("switch"), "{e}");
         let e = flags(EngineFamily::Vllm, json!({"tensor_parallel_size": 2})).unwrap_err();
         assert!(e.contains("allocation_mode"), "{e}");
+    }
+
+    #[test]
+    fn secrets_never_reach_flags_or_messages() {
+        let f = flags(EngineFamily::Vllm, json!({"hf_token": "hf_s3cret"})).unwrap();
+        assert!(f.is_empty(), "{f:?}");
+        let m: BTreeMap<String, Value> =
+            serde_json::from_value(json!({"hf_token": "hf_s3cret"})).unwrap();
+        assert_eq!(EngineFamily::Vllm.to_env(&m)[HF_TOKEN_ENV], "hf_s3cret");
+        let f = flags(EngineFamily::Vllm, json!({"hf_token": true})).unwrap();
+        assert_eq!(f, ["--hf-token"]);
+        let e = flags(EngineFamily::Vllm, json!({"hf_token": 3})).unwrap_err();
+        assert!(!e.contains('3'), "{e}");
+        let e = flags(EngineFamily::Sglang, json!({"ssl_keyfile_password": "pw1"})).unwrap_err();
+        assert!(e.contains("plain HTTP") && !e.contains("pw1"), "{e}");
+        for args in [
+            vec!["--admin-api-key", "k1"],
+            vec!["--api-key=k1"],
+            vec!["--ssl-keyfile-password", "k1"],
+            vec!["--hf-token", "k1"],
+            vec!["--tp-size", "2"],
+        ] {
+            let args: Vec<String> = args.into_iter().map(String::from).collect();
+            let e = check_extra_args(&args).unwrap_err();
+            assert!(!e.contains("k1") && e.contains("extra_args"), "{e}");
+        }
+        let ok: Vec<String> = vec!["--mem-fraction-static".into(), "0.8".into()];
+        assert!(check_extra_args(&ok).is_ok());
     }
 
     #[test]

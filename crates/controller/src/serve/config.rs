@@ -312,6 +312,15 @@ impl ServeConfig {
         }
     }
 
+    /// The environment the `vllm:` engine fields add to vLLM servers (secrets that must not be
+    /// flags, such as `hf_token`).
+    pub fn engine_env(&self, family: EngineFamily) -> BTreeMap<String, String> {
+        match family {
+            EngineFamily::Sglang => family.to_env(&self.sglang.args),
+            EngineFamily::Vllm => family.to_env(&self.vllm),
+        }
+    }
+
     /// Parses YAML text and applies `key.path=value` overrides (values parsed as YAML scalars).
     pub fn from_yaml(text: &str, origin: &str, overrides: &[String]) -> Result<Self, ConfigError> {
         let invalid = |message: String| ConfigError::Invalid {
@@ -424,6 +433,8 @@ impl ServeConfig {
         check_seconds("sglang.ready_timeout_s", self.sglang.ready_timeout_s, 0.001)?;
         self.engine_flags(EngineFamily::Sglang)?;
         self.engine_flags(EngineFamily::Vllm)?;
+        troupe_wire::engine_args::check_extra_args(&self.sglang.extra_args)
+            .map_err(|e| format!("sglang.{e}"))?;
         self.check_tls()?;
         self.check_model_path()?;
         if self.rollout.max_concurrent_rollouts == 0 {

@@ -66,6 +66,9 @@ pub struct ForkOptions {
     pub sglang_args: Vec<String>,
     /// Flags from the config's `vllm:` engine fields, for vLLM servers.
     pub vllm_args: Vec<String>,
+    /// Environment from the config's `vllm:` engine fields (secrets such as `HF_TOKEN`, which
+    /// must not be flags), for vLLM servers.
+    pub vllm_env: std::collections::BTreeMap<String, String>,
     /// Readiness timeout per server.
     pub ready_timeout: Duration,
     /// Admin key for servers, proxies and gateway.
@@ -91,6 +94,7 @@ impl Default for ForkOptions {
             extra_args: Vec::new(),
             sglang_args: Vec::new(),
             vllm_args: Vec::new(),
+            vllm_env: Default::default(),
             ready_timeout: Duration::from_secs(600),
             admin_key: None,
             gateway: GatewayConfig {
@@ -186,11 +190,15 @@ fn spec_for(
         .collect(),
         // The deployment's KV-handoff secret: its prefill and decode servers prove it to each
         // other, so no request can point a decode at another deployment's prefill.
-        env: [(
+        env: std::iter::once((
             troupe_wire::env::BOOTSTRAP_SECRET.to_string(),
             bootstrap_secret.to_string(),
-        )]
-        .into(),
+        ))
+        .chain(match backend {
+            Backend::Vllm => opts.vllm_env.clone(),
+            _ => Default::default(),
+        })
+        .collect(),
         python: opts.python.clone(),
         troupe_bin: None,
         log_path: None,

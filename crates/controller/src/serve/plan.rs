@@ -2,7 +2,8 @@
 //!
 //! [`LaunchPlan::of`] renders a [`Prepared`] fork — the same placement, ports, launch specs
 //! and command builder `fork_prepared` launches from — so the plan and the deployment cannot
-//! disagree. Secrets (the admin key, the KV-handoff secret) are shown as `<secret>`.
+//! disagree. Secrets (the admin key, the KV-handoff secret, a Hugging Face token) are shown as
+//! `<secret>`; none is ever an argument (`troupe_wire::engine_args` refuses secret flags).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,6 +18,7 @@ use super::fork::{ForkError, ForkOptions, Prepared};
 const SECRET_ENV: &[&str] = &[
     troupe_wire::env::BOOTSTRAP_SECRET,
     troupe_wire::env::ENGINE_ADMIN_KEY,
+    troupe_wire::engine_args::HF_TOKEN_ENV,
 ];
 
 /// One server as it would be launched.

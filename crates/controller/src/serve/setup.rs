@@ -28,6 +28,7 @@ pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: bool) -> For
         vllm_args: cfg
             .engine_flags(troupe_wire::engine_args::EngineFamily::Vllm)
             .unwrap_or_default(),
+        vllm_env: cfg.engine_env(troupe_wire::engine_args::EngineFamily::Vllm),
         ready_timeout: Duration::from_secs_f64(cfg.sglang.ready_timeout_s),
         admin_key: Some(admin_key),
         gateway: cfg.gateway.to_gateway(),
