@@ -234,11 +234,13 @@ impl RolloutController {
         max_staleness: u64,
         stale_policy: &str,
     ) -> PyResult<Self> {
-        if batch_size == 0 || max_concurrent == 0 {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "batch_size and max_concurrent must be at least 1",
-            ));
+        RolloutOptions {
+            max_concurrent,
+            max_staleness,
+            batch_size,
         }
+        .check(str::to_string)
+        .map_err(pyo3::exceptions::PyValueError::new_err)?;
         // One spelling rule for the policy: the config's (`rollout.stale_policy`).
         let policy: StalePolicy = serde_json::from_value(serde_json::json!(stale_policy))
             .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("stale_policy: {e}")))?;

@@ -105,7 +105,7 @@ fn init_tracing() {
 }
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("error: {msg}");
+    eprintln!("error: {}", troupe_wire::clip(&msg.to_string()));
     ExitCode::FAILURE
 }
 
@@ -193,7 +193,7 @@ pub fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("error: {e}");
+                eprintln!("error: {}", troupe_wire::clip(&e.to_string()));
                 ExitCode::from(2)
             }
         };

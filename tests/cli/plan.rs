@@ -89,12 +89,59 @@ fn config_errors_name_their_key_before_anything_starts() {
         ("sglang.tp_size=2", "allocation_mode"),
         ("sglang.mem_fraction_statik=0.8", "mem_fraction_static"),
         ("allocation_mode=troupe:d0", "allocation_mode"),
+        // Sizes are bounded by what they allocate, at load.
+        (
+            "train.group_size=4294967296",
+            "train.group_size must be 2 to 1024",
+        ),
+        (
+            "train.batch_size=4294967296",
+            "train.batch_size must be 1 to 65536",
+        ),
+        ("train.steps=18446744073709551615", "train.steps"),
+        ("train.max_new_tokens=131073", "train.max_new_tokens"),
+        (
+            "rollout.max_concurrent_rollouts=0",
+            "rollout.max_concurrent_rollouts",
+        ),
+        (
+            "rollout.max_head_offpolicyness=99999999",
+            "rollout.max_head_offpolicyness",
+        ),
     ] {
         let out = plan(&["examples/configs/pd-local.yaml", o]);
         assert!(!out.status.success(), "{o}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{o}: {err}");
     }
+}
+
+#[test]
+fn a_step_that_would_hold_too_many_tokens_is_refused() {
+    let out = plan(&[
+        "examples/configs/pd-local.yaml",
+        "train.batch_size=65536",
+        "train.group_size=1024",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tokens per step"), "{err}");
+}
+
+#[test]
+fn an_error_quoting_a_huge_number_clips_it() {
+    let n = "9".repeat(300);
+    let out = plan(&[
+        "examples/configs/pd-local.yaml",
+        &format!("train.group_size={n}"),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("train.group_size") && err.contains("digits)"),
+        "{err}"
+    );
+    assert!(err.len() < 400, "{err}");
 }
 
 #[test]

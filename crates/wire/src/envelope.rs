@@ -29,7 +29,7 @@ impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {
             status,
-            message: message.into(),
+            message: crate::error_chain::clip(&message.into()),
             control: false,
             engines: None,
             skipped: Vec::new(),

@@ -36,6 +36,6 @@ pub mod v1 {
 
 pub use codec::{CodecError, decode, encode};
 pub use envelope::ApiError;
-pub use error_chain::error_chain;
+pub use error_chain::{clip, error_chain};
 pub use pause::PauseMode;
 pub use vocab::{Backend, Role, WorkerType};

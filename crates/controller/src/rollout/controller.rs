@@ -32,6 +32,39 @@ pub struct RolloutOptions {
     pub batch_size: usize,
 }
 
+/// Most trajectories per batch ([`RolloutOptions::batch_size`]): the controller keeps a batch's
+/// trajectories and as many again in flight.
+pub const MAX_BATCH_SIZE: usize = 1 << 16;
+/// Most episodes in flight ([`RolloutOptions::max_concurrent`]).
+pub const MAX_CONCURRENT: usize = 1 << 16;
+/// Largest staleness bound ([`RolloutOptions::max_staleness`]): a version lag past it is
+/// "never stale" in practice, and it keeps version arithmetic far from overflow.
+pub const MAX_STALENESS: u64 = 1 << 20;
+
+impl RolloutOptions {
+    /// Checks every size is at least 1 and at most its bound (a huge one is a typo that would
+    /// reserve memory for it), naming the key with `key` (the config's or the Python argument's
+    /// name for each field).
+    pub fn check(&self, key: impl Fn(&str) -> String) -> Result<(), String> {
+        for (name, v, most) in [
+            ("batch_size", self.batch_size, MAX_BATCH_SIZE),
+            ("max_concurrent", self.max_concurrent, MAX_CONCURRENT),
+        ] {
+            if v == 0 || v > most {
+                return Err(format!("{} must be 1 to {most}, got {v}", key(name)));
+            }
+        }
+        if self.max_staleness > MAX_STALENESS {
+            return Err(format!(
+                "{} must be at most {MAX_STALENESS}, got {}",
+                key("max_staleness"),
+                self.max_staleness
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Filter applied to finished trajectories; rejected ones free their slot.
 pub type AcceptFn = Arc<dyn Fn(&Trajectory) -> bool + Send + Sync>;
 

@@ -189,6 +189,50 @@ pub struct TrainConfig {
 fn steps() -> usize {
     30
 }
+
+/// Most training steps (`train.steps`).
+pub const MAX_STEPS: usize = 1 << 24;
+/// Largest GRPO group (`train.group_size`).
+pub const MAX_GROUP_SIZE: usize = 1 << 10;
+/// Most tokens generated per sample (`train.max_new_tokens`).
+pub const MAX_NEW_TOKENS: usize = 1 << 17;
+/// Most tokens one step's batch may hold (batch × group × max_new_tokens): each is kept with
+/// its log-probability and version until the step's update, about 16 bytes, so 1 GiB.
+pub const MAX_STEP_TOKENS: u64 = 1 << 26;
+
+impl TrainConfig {
+    /// Every size at least its minimum and at most what it may allocate.
+    fn check_sizes(&self) -> Result<(), String> {
+        for (key, v, least, most) in [
+            ("train.steps", self.steps, 1, MAX_STEPS),
+            ("train.group_size", self.group_size, 2, MAX_GROUP_SIZE),
+            (
+                "train.max_new_tokens",
+                self.max_new_tokens,
+                1,
+                MAX_NEW_TOKENS,
+            ),
+        ] {
+            if !(least..=most).contains(&v) {
+                let why = if key == "train.group_size" {
+                    " (GRPO compares samples within a group)"
+                } else {
+                    ""
+                };
+                return Err(format!("{key} must be {least} to {most}{why}, got {v}"));
+            }
+        }
+        let tokens = (self.batch_size as u64)
+            .saturating_mul(self.group_size as u64)
+            .saturating_mul(self.max_new_tokens as u64);
+        if tokens > MAX_STEP_TOKENS {
+            return Err(format!(
+                "train.batch_size x train.group_size x train.max_new_tokens = {tokens} tokens per step, more than {MAX_STEP_TOKENS}; make the batch, the groups or the generations smaller"
+            ));
+        }
+        Ok(())
+    }
+}
 fn batch() -> usize {
     8
 }
@@ -437,15 +481,21 @@ impl ServeConfig {
             .map_err(|e| format!("sglang.{e}"))?;
         self.check_tls()?;
         self.check_model_path()?;
-        if self.rollout.max_concurrent_rollouts == 0 {
-            return Err("rollout.max_concurrent_rollouts must be at least 1".into());
-        }
         let t = &self.train;
-        if t.steps == 0 || t.batch_size == 0 || t.group_size < 2 || t.max_new_tokens == 0 {
-            return Err(
-                "train.steps, train.batch_size and train.max_new_tokens must be at least 1, and train.group_size at least 2 (GRPO compares samples within a group)".into(),
-            );
+        crate::rollout::RolloutOptions {
+            max_concurrent: self.rollout.max_concurrent_rollouts,
+            max_staleness: self.rollout.max_head_offpolicyness,
+            batch_size: t.batch_size,
         }
+        .check(|k| {
+            match k {
+                "batch_size" => "train.batch_size",
+                "max_concurrent" => "rollout.max_concurrent_rollouts",
+                _ => "rollout.max_head_offpolicyness",
+            }
+            .to_string()
+        })?;
+        t.check_sizes()?;
         if t.target.len() != 1 {
             return Err(format!(
                 "train.target must be exactly one byte (e.g. \"a\"), got {:?}",
