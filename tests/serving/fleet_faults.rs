@@ -102,3 +102,110 @@ async fn a_frozen_engine_that_missed_a_pause_serves_again_when_it_wakes() {
     })
     .await
 }
+
+/// A reference engine on `port` (0: the kernel's choice).
+async fn engine_on(port: u16) -> troupe_engine::EngineHandle {
+    troupe_engine::start(troupe_engine::cli::EngineArgs {
+        port,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// The engine's own weight version.
+async fn version_of(url: &str) -> String {
+    let v: serde_json::Value = reqwest::get(format!("{url}/get_weight_version"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["weight_version"].as_str().unwrap_or_default().to_string()
+}
+
+/// The gateway's view of the worker at `url`.
+async fn worker(f: &Fleet, url: &str) -> serde_json::Value {
+    let list = f.get("/workers").await.1;
+    list["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == url)
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unhealthy_workers_are_skipped_and_new_or_returning_ones_wait_for_the_fleets_weights() {
+    use super::fleet_control::safetensors;
+    within(120, async {
+        let a = engine_on(0).await;
+        let b = engine_on(0).await;
+        let (au, bu) = (a.url(), b.url());
+        let g = gateway::start(GatewayConfig {
+            workers: vec![WorkerSpec::regular(&au), WorkerSpec::regular(&bu)],
+            ..GatewayConfig::default()
+        })
+        .await
+        .unwrap();
+        let f = Fleet::new(&g.url(), None);
+        let (s, v) = f.push(safetensors(1), "v1").await;
+        assert_eq!(s, 200, "{v}");
+
+        // b goes away and the gateway knows it is unhealthy: a push skips it and succeeds.
+        let b_port = b.addr().port();
+        b.shutdown().await.unwrap();
+        g.router().mark_unhealthy(&bu).unwrap();
+        let (s, v) = f.push(safetensors(2), "v2").await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(version_of(&au).await, "v2");
+
+        // b is back (a fresh process on its initial weights): held until the fleet caught
+        // it up with the last push, then routed.
+        let b2 = engine_on(b_port).await;
+        assert_ne!(version_of(&bu).await, "v2");
+        g.router().get(&bu).unwrap().set_healthy(true);
+        until(|| async { version_of(&bu).await == "v2" && worker(&f, &bu).await["held"] == false })
+            .await;
+
+        // A worker registered on other weights is held from the start, caught up, then routed;
+        // resume is never refused for mixed versions meanwhile.
+        f.ok("/pause_generation", json!({"mode": "in_place"})).await;
+        let c = engine_on(0).await;
+        let cu = c.url();
+        let (s, v) = f.post("/workers", json!({"url": cu})).await;
+        assert_eq!(s, 202, "{v}");
+        assert_eq!(v["worker"]["held"], true, "{v}");
+        let (s, v) = f.post("/continue_generation", json!({})).await;
+        assert_eq!(s, 200, "{v}");
+        until(|| async { worker(&f, &cu).await["held"] == false }).await;
+        assert_eq!(version_of(&cu).await, "v2");
+        for _ in 0..6 {
+            f.greedy().await;
+        }
+
+        // A weight group whose rendezvous nobody listens on is refused in seconds, and the
+        // fleet's other operations are not held up by it.
+        let dead = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let (s, v) = f
+            .post(
+                "/init_weights_update_group",
+                json!({"master_address": "127.0.0.1", "master_port": dead, "group_name": "g", "backend": "tcp"}),
+            )
+            .await;
+        assert_eq!(s, 502, "{v}");
+        assert!(v["message"].as_str().unwrap_or_default().contains("nothing accepts"), "{v}");
+        f.ok("/pause_generation", json!({})).await;
+        f.ok("/continue_generation", json!({})).await;
+
+        g.shutdown().await.unwrap();
+        for e in [a, b2, c] {
+            e.shutdown().await.unwrap();
+        }
+    })
+    .await
+}

@@ -256,6 +256,10 @@ pub struct WorkerInfo {
     pub load: usize,
     /// Requests routed to this worker so far.
     pub total_requests: u64,
+    /// Held out of routing by the fleet (new or back from a failure, and not yet known to hold
+    /// the fleet's weight version).
+    #[serde(default)]
+    pub held: bool,
     /// Always `http`.
     pub connection_mode: String,
 }
@@ -282,8 +286,16 @@ pub trait Worker: Send + Sync + fmt::Debug {
     fn is_healthy(&self) -> bool;
     /// Sets health (the prober, or an operator marking it down).
     fn set_healthy(&self, healthy: bool);
-    /// Whether it may take a request now: healthy and its circuit lets requests through.
+    /// Whether it may take a request now: healthy, not held, and its circuit lets requests
+    /// through.
     fn is_available(&self) -> bool;
+    /// Holds it out of routing (`true`) or routes it again: the fleet's say, apart from health
+    /// (a worker on another weight version is healthy but must not serve).
+    fn set_held(&self, _held: bool) {}
+    /// Whether the fleet holds it out of routing.
+    fn is_held(&self) -> bool {
+        false
+    }
     /// Reports the outcome of one request (feeds the circuit breaker).
     fn record_outcome(&self, success: bool);
     /// The admin API's view.
@@ -307,6 +319,7 @@ pub struct HttpWorker {
     load: AtomicUsize,
     total: AtomicU64,
     healthy: AtomicBool,
+    held: AtomicBool,
     breaker: CircuitBreaker,
     /// `url`'s `host:port`, parsed once: parsing the whole URL per request (host and IDNA
     /// checks) was about 5% of the gateway's CPU per request.
@@ -338,6 +351,7 @@ impl HttpWorker {
             load: AtomicUsize::new(0),
             total: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
+            held: AtomicBool::new(false),
             breaker: CircuitBreaker::new(breaker),
             authority: url.strip_prefix("http://").and_then(|a| a.parse().ok()),
             url,
@@ -381,7 +395,13 @@ impl Worker for HttpWorker {
         self.healthy.store(healthy, Ordering::Relaxed);
     }
     fn is_available(&self) -> bool {
-        self.is_healthy() && self.breaker.allows()
+        self.is_healthy() && !self.is_held() && self.breaker.allows()
+    }
+    fn set_held(&self, held: bool) {
+        self.held.store(held, Ordering::Relaxed);
+    }
+    fn is_held(&self) -> bool {
+        self.held.load(Ordering::Relaxed)
     }
     fn record_outcome(&self, success: bool) {
         self.breaker.record(success);
@@ -402,6 +422,7 @@ impl Worker for HttpWorker {
             .to_string(),
             load: self.load(),
             total_requests: self.total.load(Ordering::Relaxed),
+            held: self.is_held(),
             connection_mode: "http".into(),
         }
     }

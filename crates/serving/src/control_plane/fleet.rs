@@ -124,6 +124,15 @@ impl Fleet {
         });
     }
 
+    /// `url` serves but is not known to hold the current weights (a worker registered on a
+    /// fleet that has been updated): held until an update or a catch-up reaches it.
+    pub fn hold(&self, url: &str) {
+        self.with(|i| {
+            i.down.remove(url);
+            i.held.insert(url.to_string());
+        });
+    }
+
     /// `url` has the current weights again and is routed.
     pub fn mark_serving(&self, url: &str) {
         self.with(|i| {

@@ -4,6 +4,8 @@
 //!   alike) through [`crate::EngineClient`], in each engine's dialect ([`engines`]).
 //! - [`fleet::Fleet`] keeps which engines are routed, held or down (or in doubt: a control
 //!   call to them still open past its timeout) and the one weight version.
+//! - [`members`] keeps a standalone gateway's workers in the fleet: unhealthy ones down, new
+//!   or returning ones held until they hold the fleet's weights.
 //! - [`reconcile`] brings an engine in doubt to the fleet's state once its open call ends.
 //! - [`weight_sync::WeightSync`] is rank 0 of a weight broadcast (BF16 or FP8 blocks) of the
 //!   trainer's [`tensors::HostTensor`]s.
@@ -14,6 +16,7 @@
 pub mod control;
 pub mod engines;
 pub mod fleet;
+pub mod members;
 pub mod plane;
 pub mod reconcile;
 pub mod resume;

@@ -70,6 +70,8 @@ pub struct ControlPlane {
     pub(crate) reconciler: Reconciler,
     /// Standalone gateways: each engine's (gpus, dialect) once described.
     described: parking_lot::Mutex<HashMap<String, Engine>>,
+    /// Standalone gateways: held workers being checked or caught up now (`super::members`).
+    pub(crate) joining: parking_lot::Mutex<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -92,6 +94,7 @@ impl ControlPlane {
             status: tokio::sync::watch::Sender::new(Status::default()),
             reconciler: Reconciler::default(),
             described: parking_lot::Mutex::new(HashMap::new()),
+            joining: parking_lot::Mutex::default(),
         });
         attach(&plane);
         plane
@@ -112,6 +115,7 @@ impl ControlPlane {
             status: tokio::sync::watch::Sender::new(Status::default()),
             reconciler: Reconciler::default(),
             described: parking_lot::Mutex::new(HashMap::new()),
+            joining: parking_lot::Mutex::default(),
         });
         attach(&plane);
         plane
@@ -172,6 +176,8 @@ impl ControlPlane {
             .with_timeout(self.read_timeout());
         let found =
             futures::future::join_all(unknown.iter().map(|u| reads.describe(u.as_str()))).await;
+        // The prober may know a worker is unhealthy before the membership upkeep ran.
+        self.fence_unhealthy();
         let mut d = self.described.lock();
         // An engine that did not answer is asked again next time, not remembered as a guess.
         for e in found.into_iter().flatten() {

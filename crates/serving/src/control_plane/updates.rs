@@ -127,6 +127,34 @@ impl CatchUp for PlaneCatchUp {
     }
 }
 
+/// How long a group's rendezvous may refuse connections before the join is refused (rank 0
+/// usually starts listening as it asks the engines to join).
+const RENDEZVOUS_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Succeeds once something accepts a TCP connection at `host:port` (the connection is closed
+/// at once; Troupe's weight sender and torch's TCPStore both shrug off a connection that says
+/// nothing), or fails with a 502 naming the address when nothing does within
+/// [`RENDEZVOUS_WAIT`].
+async fn rendezvous_listens(host: &str, port: u16) -> Result<(), ApiError> {
+    let deadline = tokio::time::Instant::now() + RENDEZVOUS_WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let why =
+            match tokio::time::timeout(left, tokio::net::TcpStream::connect((host, port))).await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "no answer".to_string(),
+            };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApiError::bad_gateway(format!(
+                "nothing accepts connections at master_address {host}:{port} ({why}, for {RENDEZVOUS_WAIT:?}): start rank 0's group (the trainer's broadcast) first, then ask the engines to join; nothing was changed"
+            ))
+            .control());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::bad_request(msg).control()
 }
@@ -208,14 +236,14 @@ impl ControlPlane {
     /// up is a 400 naming the right value; if some engine fails to join, the others leave
     /// again (502). Answers `{world_size, engines: [{url, rank_offset, gpus}]}`.
     pub async fn init_group(&self, req: FleetGroupRequest) -> Result<Value, ApiError> {
-        self.refresh().await;
-        let mut st = self.op.lock().await;
         if req.group_name.is_empty() {
             return Err(bad("group_name must be a non-empty string"));
         }
         if req.master_address.is_empty() {
             return Err(bad("master_address must be the address of rank 0"));
         }
+        self.refresh().await;
+        let mut st = self.op.lock().await;
         if st.groups.contains_key(&req.group_name) {
             return Err(bad(format!(
                 "group {:?} exists; call /destroy_weights_update_group first or pick another name",
@@ -233,6 +261,9 @@ impl ControlPlane {
                 world - base
             )));
         }
+        // A rendezvous nobody listens on fails here in seconds, instead of every engine
+        // waiting out its join timeout while the plane's other operations queue.
+        rendezvous_listens(&req.master_address, req.master_port).await?;
         let joins = members.iter().map(|(e, off)| {
             let body = InitWeightsUpdateGroup {
                 master_address: req.master_address.clone(),

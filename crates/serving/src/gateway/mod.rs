@@ -178,6 +178,8 @@ pub(crate) struct GatewayState {
     pub(crate) id: Arc<str>,
     /// Where it listens: a worker at this address is the gateway itself.
     pub(crate) addr: SocketAddr,
+    /// Its own control plane, when it is one (standalone): new workers may join held.
+    pub(crate) plane: std::sync::OnceLock<Arc<ControlPlane>>,
 }
 
 impl GatewayConfig {
@@ -218,6 +220,8 @@ pub struct GatewayHandle {
     shutdown: Option<oneshot::Sender<()>>,
     server: JoinHandle<std::io::Result<()>>,
     health: Option<JoinHandle<()>>,
+    /// Standalone gateways: the membership upkeep task.
+    members: Option<JoinHandle<()>>,
     control: Control,
 }
 
@@ -290,6 +294,9 @@ impl GatewayHandle {
         if let Some(h) = self.health.take() {
             h.abort();
         }
+        if let Some(h) = self.members.take() {
+            h.abort();
+        }
         match (&mut self.server).await {
             Ok(r) => r.map_err(ServingError::Io),
             Err(e) => Err(ServingError::Io(std::io::Error::other(e))),
@@ -300,6 +307,9 @@ impl GatewayHandle {
 impl Drop for GatewayHandle {
     fn drop(&mut self) {
         if let Some(h) = self.health.take() {
+            h.abort();
+        }
+        if let Some(h) = self.members.take() {
             h.abort();
         }
         if let Some(tx) = self.shutdown.take() {
@@ -340,6 +350,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         metrics: Metrics::default(),
         id: crate::hops::new_id(),
         addr,
+        plane: std::sync::OnceLock::new(),
         cfg,
     });
     if state.cfg.admin_key.is_none() && !addr.ip().is_loopback() {
@@ -376,6 +387,13 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
             ))
         }
     };
+    let members = match &control {
+        Control::Local(p) => {
+            let _ = state.plane.set(p.clone());
+            Some(tokio::spawn(keep_members(Arc::downgrade(p))))
+        }
+        Control::Upstream(_) => None,
+    };
     let max_w = state.cfg.max_weights_bytes.max(state.cfg.max_body_bytes);
     let control_routes = match &control {
         Control::Local(p) => control_api::router(p.clone(), auth, max_w),
@@ -409,8 +427,24 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         shutdown: Some(tx),
         server,
         health,
+        members,
         control,
     })
+}
+
+/// A standalone gateway's membership upkeep (`control_plane::members`): after every update and
+/// about once a second, until the plane is gone.
+async fn keep_members(plane: std::sync::Weak<ControlPlane>) {
+    loop {
+        let Some(p) = plane.upgrade() else { return };
+        p.sync_members().await;
+        let fleet = p.fleet().clone();
+        drop(p);
+        tokio::select! {
+            () = fleet.wait_updated() => {}
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
 }
 
 /// Who may call the control endpoints, from the config and where the gateway listens.

@@ -94,10 +94,21 @@ impl GatewayState {
             && (a.ip().is_loopback() || is_local(a.ip()))
     }
 
-    /// [`Self::vet`], then registers the worker.
+    /// [`Self::vet`], then registers the worker: held out of routing, when this gateway is
+    /// its fleet's control plane and the fleet has a known weight version, until the worker is
+    /// known to hold it (`control_plane::members`).
     pub(crate) async fn admit(&self, spec: &WorkerSpec) -> Result<WorkerInfo, ServingError> {
         let worker = self.vet(spec).await?;
-        self.router.add(worker as Arc<dyn Worker>)
+        let plane = self.plane.get().filter(|p| p.holds_new_workers());
+        if plane.is_some() {
+            worker.set_held(true);
+        }
+        let url = worker.url().to_string();
+        let info = self.router.add(worker as Arc<dyn Worker>)?;
+        if let Some(p) = plane {
+            p.admit_held(&url);
+        }
+        Ok(info)
     }
 
     /// Admits every worker of the config: all checked concurrently, registered in order.
