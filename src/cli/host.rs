@@ -127,6 +127,10 @@ impl HostArgs {
         if let Some(g) = self.orphan_grace_s {
             cfg.orphan_grace = Some(seconds("orphan-grace-s", g, 0.1)?);
         }
+        // Set by the local launcher of `troupe serve`: the state file that could recover us.
+        cfg.recovery_file = std::env::var_os(troupe_wire::env::RECOVERY_FILE)
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from);
         let token = self.token.clone().filter(|t| !t.is_empty());
         if token.is_none() && !self.listen.ip().is_loopback() {
             return Err(HostCmdError::Flag(format!(

@@ -202,13 +202,18 @@ pub fn main() -> ExitCode {
     // that reads an actor's reply from its socket then resumes the caller itself, where the
     // `block_on` thread would have to be woken for every reply (a remote call's p50 here:
     // 31-42 µs from a task, 62-66 µs from `block_on`).
-    rt.block_on(async move {
+    let code = rt.block_on(async move {
         match tokio::spawn(run(cli.cmd)).await {
             Ok(code) => code,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(e) => fail(format!("the command's task was cancelled: {e}")),
         }
-    })
+    });
+    // Server logs: removed after a clean run, kept (and named) after a failure.
+    if let Some(dir) = troupe_serving::inference::rundir::finish(code == ExitCode::SUCCESS) {
+        eprintln!("server logs kept in {}", dir.display());
+    }
+    code
 }
 
 /// Runs a subcommand that needs the async runtime.

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use troupe_controller::serve::config::{SchedulerType, ServeConfig};
-use troupe_controller::serve::recover::Settled;
-use troupe_controller::serve::setup::{admin_key, cluster_builder, cluster_for, fork_options};
+use troupe_controller::serve::recover::{self, Settled};
+use troupe_controller::serve::setup::{admin_key, cluster_builder, cluster_from, fork_options};
 use troupe_controller::serve::state::ServeState;
 use troupe_controller::serve::{Deployment, ServingEvent};
 use troupe_controller::{Cluster, api};
@@ -121,11 +121,14 @@ fn keep_state(
     svc: &Deployment,
     cluster: &Cluster,
     token: Option<String>,
+    config: &ServeConfig,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     let source = svc.state_source(cluster);
+    let recorded = recover::recorded_config(&config.source);
     let snapshot = move || {
         let mut st = source();
         st.token = token.clone();
+        st.config = recorded.clone();
         st
     };
     snapshot().save(&path).map_err(|e| e.to_string())?;
@@ -180,6 +183,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig, mut stop: Shutdown) -> Result
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_FILE));
     let st = ServeState::load(&path).map_err(|e| e.to_string())?;
     st.check_writer_gone()?;
+    recover::check_same_config(&st.config, &cfg.source)?;
     let mut cluster = cluster_builder(cfg)
         .token(cfg.token().or_else(|| st.token.clone()))
         .connect(&st.host_addresses())
@@ -204,6 +208,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig, mut stop: Shutdown) -> Result
         &svc,
         &cluster,
         cfg.token().or(st.token.clone()),
+        cfg,
     )?;
     println!("gateway: {}", svc.gateway_url);
     match &settled {
@@ -257,8 +262,9 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     }
     // A signal while hosts come up drops the launch, and with it (synchronously) whatever the
     // launcher started, e.g. the Slurm job.
+    let builder = cluster_builder(&cfg).recovery_file(state_path(a, &cfg));
     let cluster = tokio::select! {
-        c = cluster_for(&cfg) => c?,
+        c = cluster_from(&cfg, builder) => c?,
         _ = stop.wait() => return Err("interrupted while starting hosts".into()),
     };
     for line in cluster.launch_info() {
@@ -293,7 +299,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     // The state file exists before anyone is told the gateway is up.
     let state = state_path(a, &cfg);
     let keeper = match &state {
-        Some(p) => match keep_state(p.clone(), &svc, &cluster, host_token.clone()) {
+        Some(p) => match keep_state(p.clone(), &svc, &cluster, host_token.clone(), &cfg) {
             Ok(k) => Some(k),
             Err(e) => {
                 svc.teardown().await;

@@ -101,6 +101,29 @@ async fn a_restarted_controller_reattaches_from_the_state_file_without_relaunchi
         first.wait().await.unwrap();
         generate(&client, &url, 1).await;
 
+        // Another config describes another deployment: refused, naming what differs.
+        let out = tokio::process::Command::new(BIN)
+            .args([
+                "serve",
+                CFG,
+                "scheduler.type=local",
+                "admin_key=recover-key",
+                "gateway.policy=random",
+                "--recover",
+                "--state-file",
+                state_arg,
+            ])
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("gateway.policy") && err.contains("--discard-state"),
+            "{err}"
+        );
+        assert!(!err.contains("recover-key"), "{err}");
+
         let (mut second, url2) = serve(&["--state-file", state_arg, "--recover"]).await;
         assert_eq!(url2, url, "the same gateway");
         for p in hosts.iter().chain(&engines) {

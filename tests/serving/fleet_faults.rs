@@ -209,3 +209,34 @@ async fn unhealthy_workers_are_skipped_and_new_or_returning_ones_wait_for_the_fl
     })
     .await
 }
+
+#[tokio::test]
+async fn a_non_finite_weight_push_is_refused_unless_asked_for() {
+    within(60, async {
+        let a = engine_on(0).await;
+        let g = gateway::start(GatewayConfig {
+            workers: vec![WorkerSpec::regular(a.url())],
+            ..GatewayConfig::default()
+        })
+        .await
+        .unwrap();
+        let f = Fleet::new(&g.url(), None);
+        let before = version_of(&a.url()).await;
+        let (mut w, _) = crate::common::model::trainer_weights(3);
+        let name = w.names()[0].clone();
+        let mut data = w.get(&name).unwrap().data.clone();
+        data[7] = f32::NAN;
+        w.set(&name, data).unwrap();
+        let bytes = w.to_safetensors_bytes().unwrap();
+        let (s, v) = f.push(bytes.clone(), "nan").await;
+        assert_eq!(s, 400, "{v}");
+        let msg = v["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(&name) && msg.contains("element 7"), "{v}");
+        assert_eq!(version_of(&a.url()).await, before, "nothing was sent");
+        let (s, v) = f.push(bytes, "nan&allow_non_finite=true").await;
+        assert_eq!(s, 200, "{v}");
+        g.shutdown().await.unwrap();
+        a.shutdown().await.unwrap();
+    })
+    .await
+}

@@ -49,6 +49,10 @@ pub struct HostConfig {
     /// Stop the host when no controller has watched it this long (None: never). See
     /// [`crate::orphan`].
     pub orphan_grace: Option<Duration>,
+    /// The state file a controller could recover this host from (`troupe serve`'s): with one
+    /// set, the orphan grace applies only while the file exists and names this host's pid;
+    /// otherwise an orphaned host stops within seconds (see [`crate::orphan`]).
+    pub recovery_file: Option<std::path::PathBuf>,
     /// A new connection must say what it is within this: a framed call's whole hello (magic
     /// and token), or HTTP/2's whole 24-byte preface. Past it, the connection is closed.
     pub handshake_timeout: Duration,
@@ -72,6 +76,7 @@ impl Default for HostConfig {
             max_message_bytes: 64 << 20,
             shutdown_grace: Duration::from_secs(5),
             auth_token: None,
+            recovery_file: None,
             handshake_timeout: Duration::from_secs(10),
             max_pending_connections: 256,
             tls: None,

@@ -63,7 +63,8 @@ impl HostService {
     pub fn new(core: HostCore) -> Self {
         let watchers = Arc::new(Watchers::default());
         if let Some(grace) = core.config().orphan_grace {
-            crate::orphan::stop_when_orphaned(core.clone(), watchers.clone(), grace);
+            let recovery = core.config().recovery_file.clone();
+            crate::orphan::stop_when_orphaned(core.clone(), watchers.clone(), grace, recovery);
         }
         HostService { core, watchers }
     }

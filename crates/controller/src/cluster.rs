@@ -63,6 +63,7 @@ pub struct ClusterBuilder {
     stable_after: Duration,
     tls: TlsFiles,
     calls: CallTransport,
+    recovery_file: Option<PathBuf>,
 }
 
 impl Default for ClusterBuilder {
@@ -82,6 +83,7 @@ impl Default for ClusterBuilder {
                 .filter(|t| !t.is_empty()),
             tls: TlsFiles::from_env(),
             calls: CallTransport::default(),
+            recovery_file: None,
         }
     }
 }
@@ -152,6 +154,15 @@ impl ClusterBuilder {
     /// Control-plane token hosts require and this controller sends (default: `$TROUPE_TOKEN`).
     pub fn token(mut self, t: Option<String>) -> Self {
         self.token = t;
+        self
+    }
+
+    /// The state file `troupe serve` writes for `--recover` (default: none): launched hosts
+    /// wait their orphan grace for a recovering controller only while it exists and names
+    /// them, and otherwise stop within seconds of losing their controller.
+    pub fn recovery_file(mut self, path: Option<PathBuf>) -> Self {
+        // Hosts may run in another directory: give them the absolute path.
+        self.recovery_file = path.map(|p| std::path::absolute(&p).unwrap_or(p));
         self
     }
 
@@ -278,6 +289,7 @@ impl ClusterBuilder {
             host_env: [
                 (troupe_actors::tls::CERT_ENV, &self.tls.cert),
                 (troupe_actors::tls::KEY_ENV, &self.tls.key),
+                (troupe_wire::env::RECOVERY_FILE, &self.recovery_file),
             ]
             .into_iter()
             .filter_map(|(k, v)| Some((k.to_string(), v.as_ref()?.display().to_string())))

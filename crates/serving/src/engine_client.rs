@@ -332,7 +332,8 @@ impl EngineClient {
                 .and_then(Value::as_u64)
                 .unwrap_or(1)
                 .max(1);
-            let gpus = u32::try_from(tp.max(1).saturating_mul(pp)).unwrap_or(1);
+            let gpus = tp.max(1).saturating_mul(pp);
+            let gpus = believable_gpus(url, "/server_info", gpus)?;
             let if_match = info.get("resume_if_match").and_then(Value::as_bool) == Some(true);
             return Ok(Engine::new(url, gpus, Dialect::Sglang).with_resume_if_match(if_match));
         }
@@ -340,7 +341,8 @@ impl EngineClient {
         match self.call(url, PATH, PATH, None::<&()>).await {
             Ok(v) => {
                 if let Ok(w) = typed::<WorldSize>(PATH, v) {
-                    return Ok(Engine::new(url, w.world_size.max(1), Dialect::Vllm));
+                    let gpus = believable_gpus(url, PATH, u64::from(w.world_size.max(1)))?;
+                    return Ok(Engine::new(url, gpus, Dialect::Vllm));
                 }
                 Ok(Engine::sglang(url, 1))
             }
@@ -496,6 +498,24 @@ impl EngineClient {
         }
         Ok(serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned())))
+    }
+}
+
+/// Most GPUs one engine may report (`tp × pp`, or vLLM's world size): more is a broken or
+/// hostile answer, and summing such answers overflowed the fleet's world size.
+pub const MAX_ENGINE_GPUS: u64 = 1 << 16;
+
+/// `gpus` if an engine could have that many, else why not.
+fn believable_gpus(url: &str, path: &'static str, gpus: u64) -> Result<u32, EngineCallError> {
+    match u32::try_from(gpus) {
+        Ok(g) if u64::from(g) <= MAX_ENGINE_GPUS => Ok(g),
+        _ => Err(EngineCallError::Decode {
+            path,
+            body: gpus.to_string(),
+            reason: format!(
+                "{url} reports {gpus} GPUs, more than the {MAX_ENGINE_GPUS} one engine can span"
+            ),
+        }),
     }
 }
 

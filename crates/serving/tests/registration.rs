@@ -326,3 +326,35 @@ mod loops {
         .await
     }
 }
+
+#[tokio::test]
+async fn engines_reporting_impossible_gpu_counts_do_not_overflow_the_world_size() {
+    within(20, async {
+        let huge = || {
+            fake(|path, _, _| {
+                if path == "/server_info" {
+                    Reply::Json(
+                        StatusCode::OK,
+                        json!({"tp_size": 4294967295u64, "pp_size": 1}),
+                    )
+                } else {
+                    Reply::Json(StatusCode::OK, answer(1))
+                }
+            })
+        };
+        let (a, b) = (huge().await, huge().await);
+        let g = gw(
+            false,
+            vec![WorkerSpec::regular(&a.url), WorkerSpec::regular(&b.url)],
+            0,
+        )
+        .await;
+        let (st, v) = get(&format!("{}/get_world_size", g.url()), None).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(
+            v["world_size"], 2,
+            "each counted as one GPU, not believed: {v}"
+        );
+    })
+    .await
+}

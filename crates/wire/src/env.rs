@@ -7,3 +7,8 @@ pub const ENGINE_ADMIN_KEY: &str = "TROUPE_ENGINE_ADMIN_KEY";
 
 /// A deployment's KV-handoff secret, shared by its prefill and decode engines.
 pub const BOOTSTRAP_SECRET: &str = "TROUPE_BOOTSTRAP_SECRET";
+
+/// The state file a local host's controller writes for `--recover` (the launcher sets it):
+/// while it does not exist (or does not name the host), nothing could recover the host, so
+/// an orphaned host stops at once instead of after its whole orphan grace.
+pub const RECOVERY_FILE: &str = "TROUPE_RECOVERY_FILE";

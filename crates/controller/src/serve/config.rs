@@ -283,6 +283,10 @@ pub struct PythonConfig {
 pub struct ServeConfig {
     /// The allocation mode, e.g. `troupe:(prefill:d2t1|decode:d2t1)`.
     pub allocation_mode: String,
+    /// The config as loaded (its YAML after overrides, as JSON): what `troupe serve` records
+    /// in its state file, so `--recover` can tell a different config (`super::recover`).
+    #[serde(skip)]
+    pub source: serde_json::Value,
     /// Hosts.
     #[serde(default)]
     pub cluster: ClusterConfig,
@@ -394,8 +398,9 @@ impl ServeConfig {
                 message: m,
             })?;
         }
+        let source = serde_json::to_value(&v).unwrap_or_default();
         // The error names the key (e.g. `gateway.policy: unknown variant ...`).
-        let cfg: ServeConfig = serde_path_to_error::deserialize(v).map_err(|e| {
+        let mut cfg: ServeConfig = serde_path_to_error::deserialize(v).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
             invalid(if path == "." {
@@ -405,6 +410,7 @@ impl ServeConfig {
             })
         })?;
         cfg.check().map_err(invalid)?;
+        cfg.source = source;
         Ok(cfg)
     }
 

@@ -14,6 +14,7 @@
 //!   every engine paused and the fleet reporting paused, and the report says how to go on;
 //! - engines that do not answer are reported; the others serve.
 
+use serde_json::Value;
 use troupe_serving::control_plane::Status;
 use troupe_wire::PauseMode;
 
@@ -79,5 +80,104 @@ impl Deployment {
         Settled::Held(format!(
             "the fleet is held: {why}; {paused}. Push weights to every engine (the trainer's next update, or POST /update_weights_from_tensor), then POST /continue_generation"
         ))
+    }
+}
+
+/// The config sections that shape a running deployment: a recovering controller cannot change
+/// them, so a config that differs there describes another deployment.
+const SHAPING: &[&str] = &[
+    "allocation_mode",
+    "cluster",
+    "scheduler",
+    "sglang",
+    "vllm",
+    "gateway",
+    "admin_key",
+    "token",
+    "tls",
+];
+
+/// Keys never written to the state file's copy of the config (the file keeps what it needs
+/// of them elsewhere).
+const SECRET_KEYS: &[&str] = &["admin_key", "token"];
+
+/// `source` (a loaded config) as the state file records it: secrets replaced by a marker that
+/// says only whether they were set.
+pub fn recorded_config(source: &Value) -> Value {
+    let mut v = source.clone();
+    if let Some(o) = v.as_object_mut() {
+        for k in SECRET_KEYS {
+            if let Some(x) = o.get_mut(*k) {
+                *x = Value::String("<set>".into());
+            }
+        }
+    }
+    v
+}
+
+/// Refuses to recover with `now` when it differs from the config the deployment was started
+/// with (`recorded`, from the state file; a file without one is not checked) in a section
+/// that shapes the deployment, naming every differing key.
+pub fn check_same_config(recorded: &Value, now: &Value) -> Result<(), String> {
+    if recorded.is_null() {
+        return Ok(());
+    }
+    let now = recorded_config(now);
+    let mut diffs = Vec::new();
+    for k in SHAPING {
+        diff(k, recorded.get(*k), now.get(*k), &mut diffs);
+    }
+    if diffs.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "the config differs from the one this deployment was started with, at {}: a running deployment cannot change these. Recover with the config it was started with, or stop it and start afresh with --discard-state",
+        diffs.join(", ")
+    ))
+}
+
+/// Appends the dotted paths under `path` where `a` and `b` differ.
+fn diff(path: &str, a: Option<&Value>, b: Option<&Value>, out: &mut Vec<String>) {
+    match (a, b) {
+        (Some(Value::Object(x)), Some(Value::Object(y))) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                diff(&format!("{path}.{k}"), x.get(k), y.get(k), out);
+            }
+        }
+        (a, b) if a == b => {}
+        _ => out.push(path.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn configs_differing_where_it_matters_are_named() {
+        let a = json!({"allocation_mode": "troupe:d1", "gateway": {"policy": "round_robin"}, "train": {"steps": 3}, "admin_key": "k1"});
+        let rec = recorded_config(&a);
+        assert_eq!(rec["admin_key"], "<set>");
+        assert!(check_same_config(&rec, &a).is_ok());
+        let mut b = a.clone();
+        b["train"]["steps"] = json!(9);
+        assert!(
+            check_same_config(&rec, &b).is_ok(),
+            "training settings do not shape serving"
+        );
+        b["gateway"]["policy"] = json!("random");
+        b["allocation_mode"] = json!("troupe:d2");
+        let e = check_same_config(&rec, &b).unwrap_err();
+        assert!(
+            e.contains("gateway.policy") && e.contains("allocation_mode"),
+            "{e}"
+        );
+        assert!(!e.contains("k1"));
+        assert!(
+            check_same_config(&Value::Null, &b).is_ok(),
+            "an older state file"
+        );
     }
 }

@@ -106,6 +106,10 @@ pub struct ServeState {
     /// recovering controller brings the engines back to (`super::recover`).
     #[serde(default)]
     pub fleet: Status,
+    /// The config the deployment was started with (`ServeConfig::source`, secrets left out):
+    /// `--recover` refuses a config that would describe another deployment.
+    #[serde(default)]
+    pub config: serde_json::Value,
 }
 
 /// Why the state file could not be used.
@@ -318,6 +322,7 @@ impl Deployment {
             launcher: serde_json::Value::Null,
             controller_pid: std::process::id(),
             fleet: Status::default(),
+            config: serde_json::Value::Null,
         };
         let (instances, control, plane) = (
             self.instances.clone(),

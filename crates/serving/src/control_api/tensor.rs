@@ -3,6 +3,7 @@
 //! is rank 0 and sends the tensors to every engine through the weight transport (FP8
 //! block-quantized when the deployment is configured for it). SGLang's own route of this name
 //! carries CUDA IPC handles, which only work on the engine's machine; this one works anywhere.
+//! Tensors holding NaN or infinite values are refused unless `?allow_non_finite=true`.
 
 use std::sync::Arc;
 
@@ -30,6 +31,10 @@ pub(super) fn routes(max_bytes: usize) -> axum::Router<Arc<ControlPlane>> {
 struct Params {
     #[serde(default)]
     weight_version: Option<String>,
+    /// Push tensors holding NaN or infinite values anyway (refused by default: an engine
+    /// serving them answers every request with garbage, such as token 0 forever).
+    #[serde(default)]
+    allow_non_finite: bool,
 }
 
 fn bad(m: impl Into<String>) -> ApiError {
@@ -66,6 +71,16 @@ async fn update(
     let tensors = troupe_weights::floats::read_float_tensors(&b).map_err(bad)?;
     if tensors.is_empty() {
         return Err(bad("the safetensors body holds no tensors"));
+    }
+    if !q.allow_non_finite {
+        for t in &tensors {
+            if let Some((i, v)) = t.data.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                return Err(bad(format!(
+                    "tensor `{}` holds a non-finite value ({v}) at element {i}; nothing was sent. Fix the weights, or pass ?allow_non_finite=true to push them anyway",
+                    t.name
+                )));
+            }
+        }
     }
     let tensors: Vec<HostTensor> = tensors
         .into_iter()

@@ -351,7 +351,7 @@ impl ControlPlane {
         json!({
             "fleet": {
                 "engines": engines.len(),
-                "world_size": engines.iter().map(|e| e.gpus).sum::<u32>(),
+                "world_size": engines.iter().map(|e| u64::from(e.gpus)).sum::<u64>(),
                 "weight_version": fleet.version(),
                 "down": fleet.down(),
                 "in_doubt": doubt,
@@ -395,9 +395,13 @@ impl ControlPlane {
     }
 
     /// Σ GPUs of every engine: the fleet seen as one server.
-    pub async fn world_size(&self) -> u32 {
+    pub async fn world_size(&self) -> u64 {
         self.refresh().await;
-        self.control.engines().iter().map(|e| e.gpus).sum()
+        self.control
+            .engines()
+            .iter()
+            .map(|e| u64::from(e.gpus))
+            .sum()
     }
 }
 

@@ -6,13 +6,18 @@
 //! which run wrote them. Now each process (one `troupe host`, one `troupe serve`) creates one
 //! directory, once, `$TMPDIR/troupe-run-PID-RANDOM`, mode 0700, and puts every server's log
 //! (opened mode 0600 by `ChildProcess::spawn`) and config file (mode 0600, [`write_private`])
-//! in it. `LaunchSpec::log_path` still overrides a server's log file. Nothing removes old run
-//! directories: a failed run's logs are what an operator reads first.
+//! in it. `LaunchSpec::log_path` still overrides a server's log file.
+//!
+//! The directory is removed when its process ends cleanly ([`finish`], called by the `troupe`
+//! binary as every command returns) unless a server in it failed ([`keep`]: it died, exited
+//! during start-up, or never became ready) or the command itself failed: a failed run's logs
+//! are what an operator reads first, and then their place is printed.
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Prefix of every run directory's name.
 pub const PREFIX: &str = "troupe-run-";
@@ -33,9 +38,33 @@ pub fn create(parent: &Path) -> std::io::Result<PathBuf> {
     Err(last.unwrap_or_else(|| std::io::Error::other("no free run directory name")))
 }
 
+/// This process's run directory, once created.
+static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+
+/// A server in this process's run directory failed: keep its logs.
+static KEEP: AtomicBool = AtomicBool::new(false);
+
+/// Keeps the run directory when this process ends (a server failed; its log explains why).
+pub fn keep() {
+    KEEP.store(true, Ordering::Relaxed);
+}
+
+/// At the end of the process: removes its run directory if it made one and nothing failed
+/// (`ok`: the command itself succeeded), else says where the logs are kept. Returns the kept
+/// directory, if any.
+pub fn finish(ok: bool) -> Option<PathBuf> {
+    let dir = DIR.get()?.as_ref().ok()?;
+    if ok && !KEEP.load(Ordering::Relaxed) {
+        if let Err(e) = std::fs::remove_dir_all(dir) {
+            tracing::warn!("cannot remove the run directory {}: {e}", dir.display());
+        }
+        return None;
+    }
+    Some(dir.clone())
+}
+
 /// This process's run directory under the system temp dir, created on first use.
 pub fn get() -> Result<&'static Path, String> {
-    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     DIR.get_or_init(|| {
         let parent = std::env::temp_dir();
         create(&parent).map_err(|e| {

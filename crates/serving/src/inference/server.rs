@@ -111,6 +111,7 @@ fn watch(
             Err(e) => format!("server {name} could not be waited for: {e}"),
         };
         tracing::warn!(%why, "inference server died");
+        rundir::keep();
         if let Some(f) = fail {
             f.fail(format!("{why}; last log lines:\n{}", tail(&log, 10)));
         }
@@ -220,6 +221,7 @@ impl Actor for InferenceServer {
         let deadline = Instant::now() + Duration::from_secs_f64(spec.ready_timeout_s.max(0.1));
         loop {
             if let Some(status) = child.try_status()? {
+                rundir::keep();
                 return Err(ActorError::new(format!(
                     "server {} exited during startup ({status}); last log lines from {}:\n{}",
                     ctx.name,
@@ -252,6 +254,7 @@ impl Actor for InferenceServer {
                 break;
             }
             if Instant::now() > deadline {
+                rundir::keep();
                 let _ = child.terminate(Duration::from_secs(5)).await;
                 return Err(ActorError::new(format!(
                     "server {} not ready within {:.0} s at {url}; last log lines from {}:\n{}",
