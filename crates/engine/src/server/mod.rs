@@ -92,17 +92,18 @@ fn is_key(given: Option<&str>, want: &str) -> bool {
     given.is_some_and(|g| troupe_wire::auth::same(g.as_bytes(), want.as_bytes()))
 }
 
-/// The engine's one middleware (one layer, so one boxed service clone per request): checks the
-/// key from the head ([`denied`]: a refused request's body is never read), then reads a small
-/// body ([`keep_alive::read_ahead`]).
+/// The engine's one middleware (one layer, so one boxed service clone per request): reads a
+/// small body first ([`keep_alive::read_ahead`], at most 64 KiB, so a refused request still
+/// leaves its connection reusable; a larger body is never read before the key is checked),
+/// then checks the key ([`denied`]).
 async fn admit(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if let Some(answer) = denied(&state, &req) {
-        return answer;
-    }
     let req = match keep_alive::read_ahead(req).await {
         Ok(r) => r,
         Err(answer) => return answer,
     };
+    if let Some(answer) = denied(&state, &req) {
+        return answer;
+    }
     next.run(req).await
 }
 
