@@ -25,6 +25,7 @@ pub mod error;
 mod events;
 pub mod framed;
 pub mod host;
+mod host_config;
 mod hosted;
 pub mod orphan;
 pub mod process;
