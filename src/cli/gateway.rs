@@ -76,6 +76,10 @@ pub struct GatewayArgs {
     /// on a loopback --listen), for clients such as SkyRL's that send no key.
     #[arg(long, default_value = "key", value_parser = parse_control_auth)]
     pub control_auth: ControlAuthMode,
+    /// The read-only control endpoints (versions, server and model info, is_paused) need the
+    /// admin key too (default: open, as on SGLang and vLLM).
+    #[arg(long)]
+    pub key_reads: bool,
     /// Push weights from `/update_weights_from_tensor` FP8 block-quantized.
     #[arg(long)]
     pub weights_fp8: bool,
@@ -175,6 +179,7 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
         max_retries: a.max_retries.unwrap_or(d.max_retries),
         workers,
         control_auth: a.control_auth,
+        key_reads: a.key_reads,
         weights_fp8: a.weights_fp8,
         weights_master_host: a.weights_master_host.clone(),
         control_timeout,

@@ -116,9 +116,38 @@ async fn control_needs_the_admin_key_unless_opened_on_loopback_only() {
             let (s, v) = open.post(path, body).await;
             assert_eq!(s, 401, "{path}: {v}");
         }
-        assert_eq!(open.get("/get_weight_version").await.0, 401);
+        // Reads are open, as SGLang and vLLM leave them (slime reads the version without a key).
+        for path in [
+            "/get_weight_version",
+            "/server_info",
+            "/model_info",
+            "/is_paused",
+        ] {
+            assert_eq!(open.get(path).await.0, 200, "{path}");
+        }
         assert!(!is_paused(&open.http, &a.url()).await);
         keyed.shutdown().await.unwrap();
+
+        // A gateway configured to key its reads too.
+        let closed = gateway::start(GatewayConfig {
+            admin_key: Some("s3cret".into()),
+            key_reads: true,
+            ..config(&[a.url()])
+        })
+        .await
+        .unwrap();
+        let open = Fleet::new(&closed.url(), None);
+        for path in [
+            "/get_weight_version",
+            "/server_info",
+            "/model_info",
+            "/is_paused",
+        ] {
+            assert_eq!(open.get(path).await.0, 401, "{path}");
+        }
+        let keyed = Fleet::new(&closed.url(), Some("s3cret"));
+        assert_eq!(keyed.get("/get_weight_version").await.0, 200);
+        closed.shutdown().await.unwrap();
 
         // `control_auth: none` opens the control endpoints on loopback...
         let loopback = gateway::start(GatewayConfig {

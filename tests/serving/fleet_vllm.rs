@@ -132,14 +132,14 @@ async fn vllm_engine() -> troupe_engine::EngineHandle {
 #[tokio::test]
 async fn the_vllm_dialect_keeps_vllm_engines_in_sync() {
     use troupe_serving::control_plane::{
-        Dialect, Engine, InferenceControl, WeightSync, WeightSyncOptions, all_ok,
+        Engine, EngineDialect, InferenceControl, WeightSync, WeightSyncOptions, all_ok,
     };
     use troupe_wire::PauseMode;
     within(120, async {
         let (a, b) = (vllm_engine().await, vllm_engine().await);
         let engines = vec![
-            Engine::new(a.url(), 1, Dialect::Vllm),
-            Engine::new(b.url(), 1, Dialect::Vllm),
+            Engine::new(a.url(), 1, EngineDialect::Vllm),
+            Engine::new(b.url(), 1, EngineDialect::Vllm),
         ];
         let control = InferenceControl::with_engines(engines.clone(), None);
         let f = Fleet::new(&a.url(), None);

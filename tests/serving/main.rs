@@ -13,4 +13,5 @@ mod gateway_proxy;
 mod pd;
 mod plan_matches;
 mod python_examples;
+mod routes;
 mod side_by_side;

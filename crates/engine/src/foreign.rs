@@ -4,7 +4,7 @@
 //! which, once, instead of refusing to start. Flags that are neither its own nor SGLang's are
 //! still errors.
 
-use troupe_wire::engine_args::{ArgKind, EngineFamily};
+use troupe_wire::engine_args::{ArgKind, EngineDialect};
 
 /// Splits `args` (the flags after `troupe engine`) into the ones to parse and the SGLang flags
 /// to ignore. `own` lists the engine's long flags (`--port`, ...).
@@ -20,7 +20,7 @@ pub fn split_foreign(args: &[String], own: &[String]) -> (Vec<String>, Vec<Strin
         };
         let foreign = flag.starts_with("--")
             && !own.iter().any(|o| o == flag)
-            && EngineFamily::Sglang.by_flag(flag).is_some();
+            && EngineDialect::Sglang.by_flag(flag).is_some();
         if !foreign {
             keep.push(a.clone());
             i += 1;
@@ -31,7 +31,7 @@ pub fn split_foreign(args: &[String], own: &[String]) -> (Vec<String>, Vec<Strin
         if inline {
             continue;
         }
-        let kind = EngineFamily::Sglang
+        let kind = EngineDialect::Sglang
             .by_flag(flag)
             .map_or(ArgKind::Value, |s| s.kind);
         match kind {

@@ -22,7 +22,7 @@ use troupe_wire::vllm::{
     WorldSize,
 };
 
-use crate::control_plane::{Dialect, Engine};
+use crate::control_plane::{Engine, EngineDialect};
 use crate::upstream::{UpstreamClient, bearer, read_body};
 use axum::body::Bytes;
 use axum::http::{HeaderValue, Uri};
@@ -132,11 +132,11 @@ impl EngineClient {
     /// after resume).
     pub async fn pause(&self, e: &Engine, mode: PauseMode) -> Result<Value, EngineCallError> {
         match e.dialect {
-            Dialect::Sglang => {
+            EngineDialect::Sglang => {
                 self.post(&e.url, "/pause_generation", &PauseGeneration { mode })
                     .await
             }
-            Dialect::Vllm => {
+            EngineDialect::Vllm => {
                 let q = match mode {
                     PauseMode::Abort => "/pause?mode=abort",
                     PauseMode::InPlace | PauseMode::Retract => "/pause?mode=keep",
@@ -149,8 +149,8 @@ impl EngineClient {
     /// Resumes generation: SGLang `POST /continue_generation`, vLLM `POST /resume`.
     pub async fn resume(&self, e: &Engine) -> Result<Value, EngineCallError> {
         let path = match e.dialect {
-            Dialect::Sglang => "/continue_generation",
-            Dialect::Vllm => "/resume",
+            EngineDialect::Sglang => "/continue_generation",
+            EngineDialect::Vllm => "/resume",
         };
         self.post(&e.url, path, &json!({})).await
     }
@@ -177,8 +177,8 @@ impl EngineClient {
     /// Drops the prefix cache: SGLang `POST /flush_cache`, vLLM `POST /reset_prefix_cache`.
     pub async fn flush_cache(&self, e: &Engine) -> Result<Value, EngineCallError> {
         let path = match e.dialect {
-            Dialect::Sglang => "/flush_cache",
-            Dialect::Vllm => "/reset_prefix_cache",
+            EngineDialect::Sglang => "/flush_cache",
+            EngineDialect::Vllm => "/reset_prefix_cache",
         };
         self.post(&e.url, path, &json!({})).await
     }
@@ -191,11 +191,11 @@ impl EngineClient {
         tags: &[&str],
     ) -> Result<Value, EngineCallError> {
         match e.dialect {
-            Dialect::Sglang => {
+            EngineDialect::Sglang => {
                 self.post(&e.url, "/release_memory_occupation", &tags_body(tags))
                     .await
             }
-            Dialect::Vllm => {
+            EngineDialect::Vllm => {
                 let path = format!("/sleep?level=1{}", tags_query(tags));
                 self.post_dyn(&e.url, "/sleep", &path, &json!({})).await
             }
@@ -206,11 +206,11 @@ impl EngineClient {
     /// `POST /wake_up?tags=…`.
     pub async fn resume_memory(&self, e: &Engine, tags: &[&str]) -> Result<Value, EngineCallError> {
         match e.dialect {
-            Dialect::Sglang => {
+            EngineDialect::Sglang => {
                 self.post(&e.url, "/resume_memory_occupation", &tags_body(tags))
                     .await
             }
-            Dialect::Vllm => {
+            EngineDialect::Vllm => {
                 let q = tags_query(tags);
                 let path = format!("/wake_up{}", q.replacen('&', "?", 1));
                 self.post_dyn(&e.url, "/wake_up", &path, &json!({})).await
@@ -226,8 +226,8 @@ impl EngineClient {
         req: &InitWeightsUpdateGroup,
     ) -> Result<Value, EngineCallError> {
         match e.dialect {
-            Dialect::Sglang => self.post(&e.url, "/init_weights_update_group", req).await,
-            Dialect::Vllm => {
+            EngineDialect::Sglang => self.post(&e.url, "/init_weights_update_group", req).await,
+            EngineDialect::Vllm => {
                 let body = InitWeightTransferEngine {
                     init_info: WeightTransferInit {
                         master_address: req.master_address.clone(),
@@ -250,22 +250,22 @@ impl EngineClient {
         group_name: &str,
     ) -> Result<Value, EngineCallError> {
         match e.dialect {
-            Dialect::Sglang => {
+            EngineDialect::Sglang => {
                 let req = DestroyWeightsUpdateGroup {
                     group_name: group_name.to_string(),
                 };
                 self.post(&e.url, "/destroy_weights_update_group", &req)
                     .await
             }
-            Dialect::Vllm => Ok(json!({"success": true})),
+            EngineDialect::Vllm => Ok(json!({"success": true})),
         }
     }
 
     /// Opens a weight update: vLLM `POST /start_weight_update`; SGLang has no such phase.
     pub async fn start_weight_update(&self, e: &Engine) -> Result<Value, EngineCallError> {
         match e.dialect {
-            Dialect::Sglang => Ok(json!({"success": true})),
-            Dialect::Vllm => self.post(&e.url, "/start_weight_update", &json!({})).await,
+            EngineDialect::Sglang => Ok(json!({"success": true})),
+            EngineDialect::Vllm => self.post(&e.url, "/start_weight_update", &json!({})).await,
         }
     }
 
@@ -277,11 +277,11 @@ impl EngineClient {
         req: &UpdateWeightsFromDistributed,
     ) -> Result<Value, EngineCallError> {
         match e.dialect {
-            Dialect::Sglang => {
+            EngineDialect::Sglang => {
                 self.post(&e.url, "/update_weights_from_distributed", req)
                     .await
             }
-            Dialect::Vllm => {
+            EngineDialect::Vllm => {
                 let body = UpdateWeights {
                     update_info: UpdateInfo {
                         names: req.names.clone(),
@@ -303,12 +303,12 @@ impl EngineClient {
         version: Option<&str>,
     ) -> Result<Value, EngineCallError> {
         match (e.dialect, version) {
-            (Dialect::Sglang, None) => Ok(json!({"success": true})),
-            (Dialect::Sglang, Some(v)) => {
+            (EngineDialect::Sglang, None) => Ok(json!({"success": true})),
+            (EngineDialect::Sglang, Some(v)) => {
                 self.post(&e.url, "/update_weight_version", &json!({"new_version": v}))
                     .await
             }
-            (Dialect::Vllm, v) => {
+            (EngineDialect::Vllm, v) => {
                 let body = FinishWeightUpdate {
                     weight_version: v.map(str::to_string),
                 };
@@ -335,14 +335,14 @@ impl EngineClient {
             let gpus = tp.max(1).saturating_mul(pp);
             let gpus = believable_gpus(url, "/server_info", gpus)?;
             let if_match = info.get("resume_if_match").and_then(Value::as_bool) == Some(true);
-            return Ok(Engine::new(url, gpus, Dialect::Sglang).with_resume_if_match(if_match));
+            return Ok(Engine::new(url, gpus, EngineDialect::Sglang).with_resume_if_match(if_match));
         }
         const PATH: &str = "/get_world_size";
         match self.call(url, PATH, PATH, None::<&()>).await {
             Ok(v) => {
                 if let Ok(w) = typed::<WorldSize>(PATH, v) {
                     let gpus = believable_gpus(url, PATH, u64::from(w.world_size.max(1)))?;
-                    return Ok(Engine::new(url, gpus, Dialect::Vllm));
+                    return Ok(Engine::new(url, gpus, EngineDialect::Vllm));
                 }
                 Ok(Engine::sglang(url, 1))
             }
@@ -368,11 +368,13 @@ impl EngineClient {
         // vLLM: `GET /weight_info`; SGLang 0.5.23 has no /get_weight_version (the reference
         // engine and slime's SGLang do) and reports the version in `GET /model_info`.
         let path = match e.dialect {
-            Dialect::Sglang => PATH,
-            Dialect::Vllm => "/weight_info",
+            EngineDialect::Sglang => PATH,
+            EngineDialect::Vllm => "/weight_info",
         };
         let v = match self.call(&e.url, path, path, None::<&()>).await {
-            Err(EngineCallError::Status { status: 404, .. }) if e.dialect == Dialect::Sglang => {
+            Err(EngineCallError::Status { status: 404, .. })
+                if e.dialect == EngineDialect::Sglang =>
+            {
                 self.call(&e.url, "/model_info", "/model_info", None::<&()>)
                     .await?
             }
@@ -387,12 +389,12 @@ impl EngineClient {
     /// reports no paused state).
     pub async fn is_paused(&self, e: &Engine) -> Result<Option<bool>, EngineCallError> {
         match e.dialect {
-            Dialect::Vllm => {
+            EngineDialect::Vllm => {
                 const PATH: &str = "/is_paused";
                 let v = self.call(&e.url, PATH, PATH, None::<&()>).await?;
                 Ok(v.get("is_paused").and_then(Value::as_bool))
             }
-            Dialect::Sglang => {
+            EngineDialect::Sglang => {
                 let info = self.server_info(&e.url).await?;
                 Ok(info
                     .pointer("/internal_states/0")

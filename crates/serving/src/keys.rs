@@ -23,6 +23,8 @@ pub enum Paths {
     Exact(&'static [&'static str]),
     /// This path and everything below it (`/workers`, `/workers/…`).
     Tree(&'static str),
+    /// Every path the function accepts.
+    Where(fn(&str) -> bool),
 }
 
 impl Paths {
@@ -32,6 +34,7 @@ impl Paths {
             Paths::Tree(root) => path
                 .strip_prefix(root)
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with('/')),
+            Paths::Where(f) => f(path),
         }
     }
 }

@@ -40,14 +40,7 @@ pub struct ArgSpec {
     pub kind: ArgKind,
 }
 
-/// Which engine's arguments.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EngineFamily {
-    /// SGLang's `ServerArgs` (the pinned version: `sglang 0.5.23`).
-    Sglang,
-    /// vLLM's `EngineArgs`.
-    Vllm,
-}
+pub use crate::vocab::EngineDialect;
 
 const SGLANG_TSV: &str = include_str!("../data/sglang-server-args.tsv");
 const VLLM_TSV: &str = include_str!("../data/vllm-engine-args.tsv");
@@ -75,20 +68,20 @@ fn parse(tsv: &str) -> Vec<ArgSpec> {
         .collect()
 }
 
-impl EngineFamily {
+impl EngineDialect {
     /// The config section's name.
     pub fn section(self) -> &'static str {
         match self {
-            EngineFamily::Sglang => "sglang",
-            EngineFamily::Vllm => "vllm",
+            EngineDialect::Sglang => "sglang",
+            EngineDialect::Vllm => "vllm",
         }
     }
 
     /// The pinned version the list was generated from (the list's header).
     pub fn pinned(self) -> &'static str {
         let tsv = match self {
-            EngineFamily::Sglang => SGLANG_TSV,
-            EngineFamily::Vllm => VLLM_TSV,
+            EngineDialect::Sglang => SGLANG_TSV,
+            EngineDialect::Vllm => VLLM_TSV,
         };
         tsv.lines()
             .next()
@@ -102,8 +95,8 @@ impl EngineFamily {
         static SG: OnceLock<Vec<ArgSpec>> = OnceLock::new();
         static VL: OnceLock<Vec<ArgSpec>> = OnceLock::new();
         match self {
-            EngineFamily::Sglang => SG.get_or_init(|| parse(SGLANG_TSV)),
-            EngineFamily::Vllm => VL.get_or_init(|| parse(VLLM_TSV)),
+            EngineDialect::Sglang => SG.get_or_init(|| parse(SGLANG_TSV)),
+            EngineDialect::Vllm => VL.get_or_init(|| parse(VLLM_TSV)),
         }
     }
 
@@ -120,7 +113,7 @@ impl EngineFamily {
     /// Fields Troupe sets itself, with the Troupe key (or reason) that sets them.
     pub fn managed(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            EngineFamily::Sglang => &[
+            EngineDialect::Sglang => &[
                 ("host", "the host Troupe places the server on"),
                 ("port", "Troupe's port allocation"),
                 ("tp_size", "allocation_mode (the t in d2t4)"),
@@ -154,7 +147,7 @@ impl EngineFamily {
                 ("ssl_keyfile_password", PLAIN_HTTP),
                 ("enable_ssl_refresh", PLAIN_HTTP),
             ],
-            EngineFamily::Vllm => &[
+            EngineDialect::Vllm => &[
                 ("host", "the host Troupe places the server on"),
                 ("port", "Troupe's port allocation"),
                 ("model", "sglang.model_path (Troupe's own key)"),
@@ -176,10 +169,10 @@ impl EngineFamily {
     /// of the machine reads it in `/proc`), into `troupe plan`, an error message or a log.
     pub fn secret(self, field: &str) -> bool {
         match self {
-            EngineFamily::Sglang => {
+            EngineDialect::Sglang => {
                 matches!(field, "api_key" | "admin_api_key" | "ssl_keyfile_password")
             }
-            EngineFamily::Vllm => matches!(field, "api_key" | "hf_token"),
+            EngineDialect::Vllm => matches!(field, "api_key" | "hf_token"),
         }
     }
 
@@ -187,7 +180,7 @@ impl EngineFamily {
     /// way instead of as flags (vLLM's `hf_token` as `HF_TOKEN`, which it reads).
     pub fn to_env(self, values: &BTreeMap<String, Value>) -> BTreeMap<String, String> {
         let mut env = BTreeMap::new();
-        if self == EngineFamily::Vllm
+        if self == EngineDialect::Vllm
             && let Some(Value::String(t)) = values.get("hf_token")
         {
             env.insert(HF_TOKEN_ENV.to_string(), t.clone());
@@ -217,7 +210,7 @@ impl EngineFamily {
                     "{sec}.{name} is set by Troupe, through {by}; remove it from the {sec}: section"
                 ));
             }
-            if self == EngineFamily::Vllm && name == "hf_token" {
+            if self == EngineDialect::Vllm && name == "hf_token" {
                 // A token travels in the environment (`to_env`); `true` is vLLM's "use the
                 // token `huggingface-cli login` saved", a flag without a secret.
                 match v {
@@ -268,7 +261,7 @@ pub fn check_extra_args(args: &[String]) -> Result<(), String> {
             continue;
         };
         let flag = format!("--{flag}");
-        for family in [EngineFamily::Sglang, EngineFamily::Vllm] {
+        for family in [EngineDialect::Sglang, EngineDialect::Vllm] {
             let Some(spec) = family.by_flag(&flag) else {
                 continue;
             };
@@ -351,7 +344,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn flags(f: EngineFamily, v: Value) -> Result<Vec<String>, String> {
+    fn flags(f: EngineDialect, v: Value) -> Result<Vec<String>, String> {
         let m: BTreeMap<String, Value> = serde_json::from_value(v).unwrap();
         f.to_flags(&m)
     }
@@ -359,7 +352,7 @@ mod tests {
     #[test]
     fn sglang_fields_become_its_flags_in_a_stable_order() {
         let f = flags(
-            EngineFamily::Sglang,
+            EngineDialect::Sglang,
             json!({"mem_fraction_static": 0.8, "enable_memory_saver": true, "trust_remote_code": false, "context_length": 4096, "json_model_override_args": {"a": 1}}),
         )
         .unwrap();
@@ -375,33 +368,37 @@ mod tests {
                 "0.8"
             ]
         );
-        assert!(EngineFamily::Sglang.pinned().contains("0.5.23"));
+        assert!(EngineDialect::Sglang.pinned().contains("0.5.23"));
     }
 
     #[test]
     fn unknown_and_managed_fields_are_named() {
-        let e = flags(EngineFamily::Sglang, json!({"mem_fraction_statik": 0.8})).unwrap_err();
+        let e = flags(EngineDialect::Sglang, json!({"mem_fraction_statik": 0.8})).unwrap_err();
         assert!(e.contains("mem_fraction_static"), "{e}");
-        let e = flags(EngineFamily::Sglang, json!({"tp_size": 2})).unwrap_err();
+        let e = flags(EngineDialect::Sglang, json!({"tp_size": 2})).unwrap_err();
         assert!(e.contains("allocation_mode"), "{e}");
-        let e = flags(EngineFamily::Sglang, json!({"enable_memory_saver": "yes"})).unwrap_err();
+        let e = flags(EngineDialect::Sglang, json!({"enable_memory_saver": "yes"})).unwrap_err();
         assert!(e.contains("switch"), "{e}");
-        let e = flags(EngineFamily::Vllm, json!({"tensor_parallel_size": 2})).unwrap_err();
+        let e = flags(EngineDialect::Vllm, json!({"tensor_parallel_size": 2})).unwrap_err();
         assert!(e.contains("allocation_mode"), "{e}");
     }
 
     #[test]
     fn secrets_never_reach_flags_or_messages() {
-        let f = flags(EngineFamily::Vllm, json!({"hf_token": "hf_s3cret"})).unwrap();
+        let f = flags(EngineDialect::Vllm, json!({"hf_token": "hf_s3cret"})).unwrap();
         assert!(f.is_empty(), "{f:?}");
         let m: BTreeMap<String, Value> =
             serde_json::from_value(json!({"hf_token": "hf_s3cret"})).unwrap();
-        assert_eq!(EngineFamily::Vllm.to_env(&m)[HF_TOKEN_ENV], "hf_s3cret");
-        let f = flags(EngineFamily::Vllm, json!({"hf_token": true})).unwrap();
+        assert_eq!(EngineDialect::Vllm.to_env(&m)[HF_TOKEN_ENV], "hf_s3cret");
+        let f = flags(EngineDialect::Vllm, json!({"hf_token": true})).unwrap();
         assert_eq!(f, ["--hf-token"]);
-        let e = flags(EngineFamily::Vllm, json!({"hf_token": 3})).unwrap_err();
+        let e = flags(EngineDialect::Vllm, json!({"hf_token": 3})).unwrap_err();
         assert!(!e.contains('3'), "{e}");
-        let e = flags(EngineFamily::Sglang, json!({"ssl_keyfile_password": "pw1"})).unwrap_err();
+        let e = flags(
+            EngineDialect::Sglang,
+            json!({"ssl_keyfile_password": "pw1"}),
+        )
+        .unwrap_err();
         assert!(e.contains("plain HTTP") && !e.contains("pw1"), "{e}");
         for args in [
             vec!["--admin-api-key", "k1"],
@@ -420,12 +417,12 @@ mod tests {
 
     #[test]
     fn vllm_booleans_turn_off_with_no() {
-        let spec = EngineFamily::Vllm
+        let spec = EngineDialect::Vllm
             .fields()
             .iter()
             .find(|a| a.kind == ArgKind::Bool)
             .expect("vLLM has switches");
-        let f = flags(EngineFamily::Vllm, json!({ spec.field.clone(): false })).unwrap();
+        let f = flags(EngineDialect::Vllm, json!({ spec.field.clone(): false })).unwrap();
         assert!(f[0].starts_with("--no-"), "{f:?}");
     }
 }

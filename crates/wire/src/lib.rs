@@ -8,6 +8,7 @@
 //! - [`pause`]: [`PauseMode`] (engine, controller, gRPC API);
 //! - [`sglang`]: the typed bodies of SGLang's control and weight-update endpoints, and the
 //!   `meta_info` fields Troupe reads;
+//! - [`routes`]: the engine protocol's control routes, once (path, dialect, auth, side);
 //! - [`envelope`]: the one JSON error envelope every Troupe HTTP server answers with;
 //! - [`auth`]: reading and comparing bearer keys;
 //! - [`env`]: environment variables one Troupe process sets for another.
@@ -24,6 +25,7 @@ pub mod env;
 pub mod envelope;
 pub mod error_chain;
 pub mod pause;
+pub mod routes;
 pub mod sglang;
 pub mod vllm;
 pub mod vocab;
@@ -38,4 +40,4 @@ pub use codec::{CodecError, decode, encode};
 pub use envelope::ApiError;
 pub use error_chain::{clip, error_chain};
 pub use pause::PauseMode;
-pub use vocab::{Backend, Role, WorkerType};
+pub use vocab::{Backend, EngineDialect, Role, WorkerType};

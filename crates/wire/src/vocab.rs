@@ -166,3 +166,36 @@ impl fmt::Display for WorkerType {
         f.write_str(self.as_str())
     }
 }
+
+/// Which engine protocol a server speaks: its control routes, their bodies and queries, and
+/// its launch flags. The reference engine serves both; real SGLang servers speak
+/// [`EngineDialect::Sglang`] and real vLLM servers [`EngineDialect::Vllm`] (its native RL
+/// routes: `/pause`, `/resume`, `/sleep`, `/wake_up`, the four-phase weight transfer). The one
+/// "SGLang or vLLM" type: the control plane, the engine arguments and the route table use it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineDialect {
+    /// SGLang's names: `/pause_generation`, `/init_weights_update_group`, ...
+    #[default]
+    Sglang,
+    /// vLLM's names: `/pause?mode=`, `/init_weight_transfer_engine`, ...
+    Vllm,
+}
+
+impl From<Backend> for EngineDialect {
+    fn from(b: Backend) -> Self {
+        match b {
+            Backend::Vllm => EngineDialect::Vllm,
+            _ => EngineDialect::Sglang,
+        }
+    }
+}
+
+impl std::fmt::Display for EngineDialect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EngineDialect::Sglang => "sglang",
+            EngineDialect::Vllm => "vllm",
+        })
+    }
+}

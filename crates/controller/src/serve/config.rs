@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_yaml_ng::Value;
-use troupe_wire::engine_args::EngineFamily;
+use troupe_wire::engine_args::EngineDialect;
 
 pub use super::gateway_section::GatewaySection;
 pub use super::sched::{SchedulerConfig, SchedulerType, Words};
@@ -353,19 +353,19 @@ fn set_dotted(root: &mut Value, key: &str, value: Value) -> Result<(), String> {
 impl ServeConfig {
     /// The flags the `sglang:` (or `vllm:`) engine fields become, in field-name order; an
     /// error names an unknown field (with the closest valid names) or one Troupe sets itself.
-    pub fn engine_flags(&self, family: EngineFamily) -> Result<Vec<String>, String> {
+    pub fn engine_flags(&self, family: EngineDialect) -> Result<Vec<String>, String> {
         match family {
-            EngineFamily::Sglang => family.to_flags(&self.sglang.args),
-            EngineFamily::Vllm => family.to_flags(&self.vllm),
+            EngineDialect::Sglang => family.to_flags(&self.sglang.args),
+            EngineDialect::Vllm => family.to_flags(&self.vllm),
         }
     }
 
     /// The environment the `vllm:` engine fields add to vLLM servers (secrets that must not be
     /// flags, such as `hf_token`).
-    pub fn engine_env(&self, family: EngineFamily) -> BTreeMap<String, String> {
+    pub fn engine_env(&self, family: EngineDialect) -> BTreeMap<String, String> {
         match family {
-            EngineFamily::Sglang => family.to_env(&self.sglang.args),
-            EngineFamily::Vllm => family.to_env(&self.vllm),
+            EngineDialect::Sglang => family.to_env(&self.sglang.args),
+            EngineDialect::Vllm => family.to_env(&self.vllm),
         }
     }
 
@@ -481,8 +481,8 @@ impl ServeConfig {
             ));
         }
         check_seconds("sglang.ready_timeout_s", self.sglang.ready_timeout_s, 0.001)?;
-        self.engine_flags(EngineFamily::Sglang)?;
-        self.engine_flags(EngineFamily::Vllm)?;
+        self.engine_flags(EngineDialect::Sglang)?;
+        self.engine_flags(EngineDialect::Vllm)?;
         troupe_wire::engine_args::check_extra_args(&self.sglang.extra_args)
             .map_err(|e| format!("sglang.{e}"))?;
         self.check_tls()?;

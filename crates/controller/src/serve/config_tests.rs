@@ -176,7 +176,7 @@ fn sglang_and_vllm_engine_fields_pass_through_checked() {
         &["sglang.random_seed=7".to_string()],
     )
     .unwrap();
-    let sg = ok.engine_flags(EngineFamily::Sglang).unwrap();
+    let sg = ok.engine_flags(EngineDialect::Sglang).unwrap();
     assert_eq!(
         sg,
         [
@@ -189,7 +189,7 @@ fn sglang_and_vllm_engine_fields_pass_through_checked() {
             "7"
         ]
     );
-    let vl = ok.engine_flags(EngineFamily::Vllm).unwrap();
+    let vl = ok.engine_flags(EngineDialect::Vllm).unwrap();
     assert_eq!(
         vl,
         ["--no-enforce-eager", "--gpu-memory-utilization", "0.9"]

@@ -34,6 +34,10 @@ pub struct GatewaySection {
     /// loopback `listen`).
     #[serde(default)]
     pub control_auth: ControlAuthMode,
+    /// The read-only control endpoints (versions, server and model info, `is_paused`) need the
+    /// admin key too (default false: open, as SGLang and vLLM leave them).
+    #[serde(default)]
+    pub key_reads: bool,
     /// `cache_aware` policies: share of a prompt a worker must hold to get it (SGLang's name
     /// and default, 0.3).
     #[serde(default)]
@@ -75,6 +79,7 @@ impl GatewaySection {
             },
             max_retries: self.max_retries.unwrap_or(d.max_retries),
             control_auth: self.control_auth,
+            key_reads: self.key_reads,
             io_threads: self.io_threads.unwrap_or(d.io_threads),
             ..d
         }

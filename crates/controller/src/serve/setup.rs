@@ -23,12 +23,12 @@ pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: bool) -> For
         extra_args: cfg.sglang.extra_args.clone(),
         // Checked when the config loaded; an error here cannot happen for a loaded config.
         sglang_args: cfg
-            .engine_flags(troupe_wire::engine_args::EngineFamily::Sglang)
+            .engine_flags(troupe_wire::engine_args::EngineDialect::Sglang)
             .unwrap_or_default(),
         vllm_args: cfg
-            .engine_flags(troupe_wire::engine_args::EngineFamily::Vllm)
+            .engine_flags(troupe_wire::engine_args::EngineDialect::Vllm)
             .unwrap_or_default(),
-        vllm_env: cfg.engine_env(troupe_wire::engine_args::EngineFamily::Vllm),
+        vllm_env: cfg.engine_env(troupe_wire::engine_args::EngineDialect::Vllm),
         ready_timeout: Duration::from_secs_f64(cfg.sglang.ready_timeout_s),
         admin_key: Some(admin_key),
         gateway: cfg.gateway.to_gateway(),

@@ -73,20 +73,6 @@ pub struct AppState {
     pub vllm: vllm::VllmState,
 }
 
-/// Endpoints that need the admin key (control plane).
-const ADMIN_PATHS: &[&str] = &[
-    "/pause_generation",
-    "/continue_generation",
-    "/flush_cache",
-    "/release_memory_occupation",
-    "/resume_memory_occupation",
-    "/init_weights_update_group",
-    "/update_weights_from_distributed",
-    "/destroy_weights_update_group",
-    "/update_weights_from_disk",
-    "/update_weight_version",
-];
-
 /// Whether `given` is `want` (compared in constant time).
 fn is_key(given: Option<&str>, want: &str) -> bool {
     given.is_some_and(|g| troupe_wire::auth::same(g.as_bytes(), want.as_bytes()))
@@ -114,7 +100,7 @@ fn denied(state: &AppState, req: &Request) -> Option<Response> {
     let path = req.uri().path();
     let open = path.starts_with("/health") || path == "/metrics" || path == "/ready";
     let given = troupe_wire::auth::bearer(req.headers());
-    if ADMIN_PATHS.contains(&path) || vllm::CONTROL_PATHS.contains(&path) {
+    if troupe_wire::routes::engine_admin(path) {
         let want = state
             .args
             .admin_api_key

@@ -55,21 +55,6 @@ impl VllmState {
     }
 }
 
-/// The control paths (they need the admin key, like SGLang's).
-pub const CONTROL_PATHS: &[&str] = &[
-    "/pause",
-    "/resume",
-    "/sleep",
-    "/wake_up",
-    "/reset_prefix_cache",
-    "/init_weight_transfer_engine",
-    "/shutdown_weight_transfer_engine",
-    "/start_weight_update",
-    "/update_weights",
-    "/finish_weight_update",
-    "/collective_rpc",
-];
-
 /// The routes (control, and vLLM's read-only status routes).
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()

@@ -6,7 +6,8 @@
 //! [`router`] serves them from a plane in this process (a standalone `troupe gateway`, or the
 //! controller's own control server, [`serve`]); [`forwarder`] serves the same paths by passing
 //! each request to another server's plane (the gateway of `troupe serve`, whose plane lives in
-//! the controller so that it is the fleet's one truth). [`ENDPOINTS`] is the list both use.
+//! the controller so that it is the fleet's one truth). Both serve the gateway's routes of
+//! `troupe_wire::routes::ROUTES`.
 
 mod sglang;
 mod tensor;
@@ -29,53 +30,26 @@ use crate::error::{ApiError, ServingError};
 use crate::keys::{KeyedRoutes, Paths};
 use crate::listen::ServeLimits;
 
-/// Every control path, by dialect (the router and the forwarder serve exactly these).
-pub const ENDPOINTS: &[&str] = &[
-    // SGLang
-    "/pause_generation",
-    "/continue_generation",
-    "/flush_cache",
-    "/release_memory_occupation",
-    "/resume_memory_occupation",
-    "/abort_request",
-    "/init_weights_update_group",
-    "/update_weights_from_distributed",
-    "/destroy_weights_update_group",
-    "/update_weights_from_disk",
-    "/update_weight_version",
-    "/get_weight_version",
-    "/server_info",
-    "/get_server_info",
-    "/model_info",
-    "/get_model_info",
-    "/health_generate",
-    // vLLM (SkyRL's RemoteInferenceClient) and the SkyRL RFC's names
-    "/pause",
-    "/resume",
-    "/is_paused",
-    "/sleep",
-    "/wake_up",
-    "/wakeup",
-    "/reset_prefix_cache",
-    "/get_world_size",
-    "/init_weight_transfer_engine",
-    "/init_weight_update_communicator",
-    "/start_weight_update",
-    "/update_weights",
-    "/finish_weight_update",
-    "/weight_info",
-    "/abort_requests",
-    "/is_sleeping",
-    "/collective_rpc",
-    // Troupe
-    "/update_weights_from_tensor",
-];
+/// Whether `path` is a gateway control route that changes something (keyed).
+fn mutating(path: &str) -> bool {
+    troupe_wire::routes::find(path)
+        .is_some_and(|r| r.side != troupe_wire::routes::Side::Engine && r.mutates)
+}
+
+/// Whether `path` is a gateway control route that only reads (open unless reads are keyed).
+fn reading(path: &str) -> bool {
+    troupe_wire::routes::find(path)
+        .is_some_and(|r| r.side != troupe_wire::routes::Side::Engine && !r.mutates)
+}
 
 /// Who may call the control endpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ControlAuth {
-    /// `Authorization: Bearer <key>` required.
+    /// `Authorization: Bearer <key>` required on routes that change something; the read-only
+    /// ones (versions, server and model info, `is_paused`) are open, as on SGLang and vLLM.
     Key(String),
+    /// The key required on every control route, reads included.
+    KeyAll(String),
     /// Open (only ever on a loopback listener, or with no admin key configured at all).
     Open,
 }
@@ -84,11 +58,14 @@ impl ControlAuth {
     /// The key rule of the control routes, for the server's [`KeyedRoutes`] (checked before a
     /// body is read) and for the routes' own layer.
     pub fn keyed(&self, routes: KeyedRoutes) -> KeyedRoutes {
-        let key = match self {
-            ControlAuth::Key(k) => Some(k.as_str()),
-            ControlAuth::Open => None,
-        };
-        routes.with_control(Paths::Exact(ENDPOINTS), key, "a fleet control endpoint")
+        const WHAT: &str = "a fleet control endpoint";
+        match self {
+            ControlAuth::Key(k) => routes.with_control(Paths::Where(mutating), Some(k), WHAT),
+            ControlAuth::KeyAll(k) => routes
+                .with_control(Paths::Where(mutating), Some(k), WHAT)
+                .with_control(Paths::Where(reading), Some(k), WHAT),
+            ControlAuth::Open => routes,
+        }
     }
 }
 
@@ -133,7 +110,7 @@ pub fn forwarder(
         key,
     });
     let mut r = axum::Router::new();
-    for p in ENDPOINTS {
+    for p in troupe_wire::routes::gateway_paths() {
         r = r.route(p, axum::routing::any(forward));
     }
     r.with_state(fwd)

@@ -2,38 +2,9 @@
 //! spans, and which HTTP dialect its control endpoints speak.
 
 use serde::{Deserialize, Serialize};
+
 use troupe_wire::Backend;
-
-/// The family of control endpoints an engine serves. The reference engine serves both; real
-/// SGLang servers speak [`Dialect::Sglang`] and real vLLM servers [`Dialect::Vllm`] (its native
-/// RL routes: `/pause`, `/resume`, `/sleep`, `/wake_up`, the four-phase weight transfer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Dialect {
-    /// SGLang's names: `/pause_generation`, `/init_weights_update_group`, ...
-    #[default]
-    Sglang,
-    /// vLLM's names: `/pause?mode=`, `/init_weight_transfer_engine`, ...
-    Vllm,
-}
-
-impl From<Backend> for Dialect {
-    fn from(b: Backend) -> Self {
-        match b {
-            Backend::Vllm => Dialect::Vllm,
-            _ => Dialect::Sglang,
-        }
-    }
-}
-
-impl std::fmt::Display for Dialect {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Dialect::Sglang => "sglang",
-            Dialect::Vllm => "vllm",
-        })
-    }
-}
+pub use troupe_wire::EngineDialect;
 
 /// One engine of a fleet, in group order: the control plane's unit of fan-out and the weight
 /// group's unit of rank assignment.
@@ -44,7 +15,7 @@ pub struct Engine {
     /// GPUs (ranks in a weight group) the engine spans.
     pub gpus: u32,
     /// Which control endpoints it speaks.
-    pub dialect: Dialect,
+    pub dialect: EngineDialect,
     /// Whether `/continue_generation` honours `If-Match: "<weight version>"` (the reference
     /// engine does; SGLang and vLLM ignore the header): the fleet's version check and its
     /// resume are then one call to each engine instead of two.
@@ -57,13 +28,13 @@ impl Engine {
         Engine {
             url: url.into(),
             gpus,
-            dialect: Dialect::Sglang,
+            dialect: EngineDialect::Sglang,
             resume_if_match: false,
         }
     }
 
     /// An engine speaking `dialect`.
-    pub fn new(url: impl Into<String>, gpus: u32, dialect: Dialect) -> Self {
+    pub fn new(url: impl Into<String>, gpus: u32, dialect: EngineDialect) -> Self {
         Engine {
             url: url.into(),
             gpus,
@@ -77,7 +48,7 @@ impl Engine {
     pub fn of_backend(url: impl Into<String>, gpus: u32, backend: Backend) -> Self {
         Engine {
             resume_if_match: backend == Backend::Troupe,
-            ..Engine::new(url, gpus, Dialect::from(backend))
+            ..Engine::new(url, gpus, EngineDialect::from(backend))
         }
     }
 
@@ -97,7 +68,7 @@ enum EngineRepr {
         url: String,
         gpus: u32,
         #[serde(default)]
-        dialect: Dialect,
+        dialect: EngineDialect,
         #[serde(default)]
         resume_if_match: bool,
     },
@@ -133,7 +104,7 @@ mod tests {
         let new: Vec<Engine> =
             serde_json::from_str(r#"[{"url": "http://b:2", "gpus": 1, "dialect": "vllm"}]"#)
                 .unwrap();
-        assert_eq!(new[0].dialect, Dialect::Vllm);
+        assert_eq!(new[0].dialect, EngineDialect::Vllm);
         let back: Vec<Engine> =
             serde_json::from_str(&serde_json::to_string(&new).unwrap()).unwrap();
         assert_eq!(back, new);
@@ -149,7 +120,11 @@ mod tests {
         );
         assert_eq!(
             made.each_ref().map(|e| e.dialect),
-            [Dialect::Sglang, Dialect::Sglang, Dialect::Vllm]
+            [
+                EngineDialect::Sglang,
+                EngineDialect::Sglang,
+                EngineDialect::Vllm
+            ]
         );
         let back: Engine = serde_json::from_str(&serde_json::to_string(&made[0]).unwrap()).unwrap();
         assert_eq!(back, made[0]);

@@ -25,7 +25,7 @@ pub mod updates;
 pub mod weight_sync;
 
 pub use control::{InferenceControl, ServerResult, VersionCheck, all_ok};
-pub use engines::{Dialect, Engine};
+pub use engines::{Engine, EngineDialect};
 pub use fleet::{CatchUp, Fleet, HeadState};
 pub use plane::{ControlPlane, Status};
 pub use resume::{Mixed, Resumed};

@@ -27,7 +27,7 @@ use serde_json::{Map, Value};
 use troupe_wire::{ApiError, PauseMode};
 
 use super::control::{InferenceControl, ServerResult};
-use super::engines::Dialect;
+use super::engines::EngineDialect;
 use super::plane::{ControlPlane, breakdown, settle};
 use crate::Refusal;
 use crate::engine_client::version_tag;
@@ -92,7 +92,7 @@ impl InferenceControl {
         // `If-Match` is honoured on SGLang's route (`/continue_generation`) only.
         let one_call = engines
             .iter()
-            .all(|e| e.resume_if_match && e.dialect == Dialect::Sglang);
+            .all(|e| e.resume_if_match && e.dialect == EngineDialect::Sglang);
         let tried = match expected.filter(|_| one_call) {
             Some(v) => self.resume_if(v).await,
             None => None,

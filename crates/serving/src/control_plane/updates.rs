@@ -337,7 +337,7 @@ impl ControlPlane {
             && let Some((e, _)) = group
                 .members
                 .iter()
-                .find(|(e, _)| e.dialect == super::Dialect::Sglang)
+                .find(|(e, _)| e.dialect == super::EngineDialect::Sglang)
         {
             return Err(bad(format!(
                 "packed: true needs vLLM engines, and {} speaks SGLang's protocol (one broadcast per tensor): send packed: false",

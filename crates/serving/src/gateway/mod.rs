@@ -88,6 +88,10 @@ pub struct GatewayConfig {
     /// `none` (open; refused unless the gateway listens on a loopback address), for clients
     /// such as SkyRL's that send no key.
     pub control_auth: ControlAuthMode,
+    /// The read-only control endpoints (`/get_weight_version`, `/server_info`, `/model_info`,
+    /// `/is_paused`, ...) need the admin key too (default: open, as SGLang and vLLM leave them;
+    /// clients such as slime read the version without a key).
+    pub key_reads: bool,
     /// Where the fleet's control plane runs (`troupe serve`: the controller's control server,
     /// so updates through the gateway are the controller's own). `None`: this gateway is the
     /// control plane of the workers registered on it.
@@ -155,6 +159,7 @@ impl Default for GatewayConfig {
             workers: Vec::new(),
             max_weights_bytes: super::listen::DEFAULT_MAX_WEIGHTS_BYTES,
             control_auth: ControlAuthMode::Key,
+            key_reads: false,
             control_upstream: None,
             weights_fp8: false,
             weights_master_host: None,
@@ -456,6 +461,7 @@ fn control_auth(cfg: &GatewayConfig, addr: SocketAddr) -> Result<ControlAuth, Se
             )))
         }
         (ControlAuthMode::None, _) | (ControlAuthMode::Key, None) => Ok(ControlAuth::Open),
+        (ControlAuthMode::Key, Some(k)) if cfg.key_reads => Ok(ControlAuth::KeyAll(k.clone())),
         (ControlAuthMode::Key, Some(k)) => Ok(ControlAuth::Key(k.clone())),
     }
 }
