@@ -14,8 +14,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use troupe_wire::PauseMode;
 use troupe_wire::sglang::{
-    DestroyWeightsUpdateGroup, InitWeightsUpdateGroup, MemoryTags, PauseGeneration,
-    UpdateWeightsFromDistributed, WeightVersion,
+    DestroyWeightsUpdateGroup, GetWeightVersion, InitWeightsUpdateGroup, MemoryTags,
+    PauseGeneration, UpdateWeightsFromDistributed,
 };
 use troupe_wire::vllm::{
     FinishWeightUpdate, InitWeightTransferEngine, UpdateInfo, UpdateWeights, WeightTransferInit,
@@ -167,7 +167,7 @@ impl EngineClient {
         r.map_err(|err| match &err {
             EngineCallError::Status {
                 status: 412, body, ..
-            } => serde_json::from_str::<WeightVersion>(body)
+            } => serde_json::from_str::<GetWeightVersion>(body)
                 .map(|w| Refusal::Version(w.weight_version))
                 .unwrap_or(Refusal::Failed(err)),
             _ => Refusal::Failed(err),
@@ -380,7 +380,7 @@ impl EngineClient {
             }
             r => r?,
         };
-        typed::<WeightVersion>(path, v).map(|w| w.weight_version)
+        typed::<GetWeightVersion>(path, v).map(|w| w.weight_version)
     }
 
     /// Whether the engine says it is paused: vLLM `GET /is_paused`; engines of SGLang's

@@ -11,6 +11,7 @@
 //! - [`routes`]: the engine protocol's control routes, once (path, dialect, auth, side);
 //! - [`envelope`]: the one JSON error envelope every Troupe HTTP server answers with;
 //! - [`auth`]: reading and comparing bearer keys;
+//! - [`version`]: [`WeightVersion`], one rule for a version's step and the next version;
 //! - [`env`]: environment variables one Troupe process sets for another.
 //!
 //! Keeping it in one leaf crate lets every other crate agree on the bytes and the words without
@@ -27,6 +28,7 @@ pub mod error_chain;
 pub mod pause;
 pub mod routes;
 pub mod sglang;
+pub mod version;
 pub mod vllm;
 pub mod vocab;
 
@@ -40,4 +42,5 @@ pub use codec::{CodecError, decode, encode};
 pub use envelope::ApiError;
 pub use error_chain::{clip, error_chain};
 pub use pause::PauseMode;
+pub use version::WeightVersion;
 pub use vocab::{Backend, EngineDialect, Role, WorkerType};

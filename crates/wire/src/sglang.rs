@@ -77,7 +77,7 @@ pub struct UpdateWeightsFromDistributed {
 
 /// The answer of `GET /get_weight_version`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WeightVersion {
+pub struct GetWeightVersion {
     /// The version of the weights the engine serves.
     pub weight_version: String,
 }

@@ -88,14 +88,10 @@ pub struct RlvrWorkflow {
     pub reward: RewardFn,
 }
 
-/// Parses a weight version string into the number the staleness bound compares: the first run
-/// of digits (`"3"`, `"v3"`, `"step-3-ab12"` → 3; `"default"` → 0, the initial weights).
+/// The number the staleness bound compares for a weight version: its step, by the one rule of
+/// [`troupe_wire::WeightVersion::step`] (`"3"`, `"v3"` → 3; `"default"` → 0).
 pub fn version_number(v: &str) -> u64 {
-    let digits = v.trim_start_matches(|c: char| !c.is_ascii_digit());
-    let end = digits
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(digits.len());
-    digits[..end].parse().unwrap_or(0)
+    troupe_wire::version::step_of(v)
 }
 
 impl RolloutWorkflow for RlvrWorkflow {

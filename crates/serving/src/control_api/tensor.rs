@@ -17,6 +17,7 @@ use serde_json::json;
 use super::json;
 use crate::control_plane::{ControlPlane, HostTensor};
 use crate::error::ApiError;
+use troupe_wire::WeightVersion;
 
 /// The route, accepting bodies up to `max_bytes`.
 pub(super) fn routes(max_bytes: usize) -> axum::Router<Arc<ControlPlane>> {
@@ -41,16 +42,21 @@ fn bad(m: impl Into<String>) -> ApiError {
     ApiError::bad_request(m).control()
 }
 
-/// The version after `current` when the client names none: integers count up.
+/// The version after `current` when the client names none, by the one rule of
+/// [`WeightVersion::next`]: its step counts up (`41` → `42`, `v3` → `v4`).
 fn next_version(current: Option<String>) -> Result<String, ApiError> {
-    match current {
-        None => Ok("1".into()),
-        Some(v) => v.parse::<u64>().ok().and_then(|n| n.checked_add(1)).map(|n| n.to_string()).ok_or_else(|| {
+    let Some(v) = current else {
+        return Ok("1".into());
+    };
+    WeightVersion::new(v.clone())
+        .ok()
+        .and_then(|w| w.next())
+        .map(|w| w.to_string())
+        .ok_or_else(|| {
             bad(format!(
-                "the fleet's weight version {v:?} is not a number, so there is no next one: pass ?weight_version=<new version>"
+                "the fleet's weight version {v:?} has no next one: pass ?weight_version=<new version>"
             ))
-        }),
-    }
+        })
 }
 
 async fn update(
@@ -91,7 +97,7 @@ async fn update(
         })
         .collect();
     let version = match q.weight_version {
-        Some(v) => v,
+        Some(v) => WeightVersion::new(v).map_err(bad)?.to_string(),
         None => next_version(p.fleet().version())?,
     };
     let rep = p.update_from_tensors(&version, &tensors).await?;
@@ -115,6 +121,7 @@ mod tests {
     fn versions_count_up_from_numbers_only() {
         assert_eq!(next_version(None).unwrap(), "1");
         assert_eq!(next_version(Some("41".into())).unwrap(), "42");
-        assert!(next_version(Some("v3".into())).is_err());
+        assert_eq!(next_version(Some("v3".into())).unwrap(), "v4");
+        assert!(next_version(Some(u64::MAX.to_string())).is_err());
     }
 }
