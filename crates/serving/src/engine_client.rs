@@ -14,12 +14,12 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use troupe_wire::PauseMode;
 use troupe_wire::sglang::{
-    DestroyWeightsUpdateGroup, GetWeightVersion, InitWeightsUpdateGroup, MemoryTags,
+    AbortRequest, DestroyWeightsUpdateGroup, GetWeightVersion, InitWeightsUpdateGroup, MemoryTags,
     PauseGeneration, UpdateWeightsFromDistributed,
 };
 use troupe_wire::vllm::{
-    FinishWeightUpdate, InitWeightTransferEngine, UpdateInfo, UpdateWeights, WeightTransferInit,
-    WorldSize,
+    AbortRequests, FinishWeightUpdate, InitWeightTransferEngine, UpdateInfo, UpdateWeights,
+    WeightTransferInit, WorldSize,
 };
 
 use crate::control_plane::{Engine, EngineDialect};
@@ -351,15 +351,81 @@ impl EngineClient {
         }
     }
 
-    /// Any other control call in the engine's own dialect, body as given (the gateway's
-    /// pass-through operations: abort, load from disk, set the version, ...).
-    pub async fn send(
+    /// Aborts requests: these ids, or every request (`None`), in the engine's dialect: SGLang
+    /// `POST /abort_request {rid}` per id (or `{abort_all: true}`, with `extra` SGLang fields),
+    /// vLLM `POST /abort_requests {request_ids}`. The last answer.
+    pub async fn abort(
         &self,
-        url: &str,
-        path: &'static str,
-        body: Option<&Value>,
+        e: &Engine,
+        ids: Option<&[String]>,
+        extra: &serde_json::Map<String, Value>,
     ) -> Result<Value, EngineCallError> {
-        self.call(url, path, path, body).await
+        match e.dialect {
+            EngineDialect::Sglang => {
+                let bodies: Vec<AbortRequest> = match ids {
+                    None => vec![AbortRequest {
+                        rid: None,
+                        abort_all: true,
+                        rest: extra.clone(),
+                    }],
+                    Some(ids) => ids
+                        .iter()
+                        .map(|r| AbortRequest {
+                            rid: Some(r.clone()),
+                            abort_all: false,
+                            rest: extra.clone(),
+                        })
+                        .collect(),
+                };
+                let mut last = Value::Null;
+                for b in &bodies {
+                    last = self.post(&e.url, "/abort_request", b).await?;
+                }
+                Ok(last)
+            }
+            EngineDialect::Vllm => {
+                let body = AbortRequests {
+                    request_ids: ids.map(<[String]>::to_vec).unwrap_or_default(),
+                };
+                self.post(&e.url, "/abort_requests", &body).await
+            }
+        }
+    }
+
+    /// Generates one token to prove the engine serves: `GET /health_generate` (SGLang; the
+    /// reference engine in either dialect), `GET /health` for vLLM, which has no such route.
+    pub async fn health_generate(&self, e: &Engine) -> Result<Value, EngineCallError> {
+        let path = match e.dialect {
+            EngineDialect::Sglang => "/health_generate",
+            EngineDialect::Vllm => "/health",
+        };
+        self.call(&e.url, path, path, None::<&()>).await
+    }
+
+    /// What model the engine serves: SGLang `GET /model_info`, vLLM `GET /v1/models`.
+    pub async fn model_info(&self, e: &Engine) -> Result<Value, EngineCallError> {
+        let path = match e.dialect {
+            EngineDialect::Sglang => "/model_info",
+            EngineDialect::Vllm => "/v1/models",
+        };
+        self.call(&e.url, path, path, None::<&()>).await
+    }
+
+    /// Loads weights from a file every engine can read: `POST /update_weights_from_disk` with
+    /// SGLang's body (`model_path`, `weight_version`, ...), passed as given. The reference
+    /// engine serves it in both dialects.
+    pub async fn load_from_disk(&self, e: &Engine, body: &Value) -> Result<Value, EngineCallError> {
+        self.post(&e.url, "/update_weights_from_disk", body).await
+    }
+
+    /// Sets the version the engine reports: SGLang `POST /update_weight_version {new_version}`.
+    pub async fn set_version(&self, e: &Engine, version: &str) -> Result<Value, EngineCallError> {
+        self.post(
+            &e.url,
+            "/update_weight_version",
+            &json!({"new_version": version}),
+        )
+        .await
     }
 
     /// The version of the weights the engine serves.

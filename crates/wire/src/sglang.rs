@@ -75,6 +75,21 @@ pub struct UpdateWeightsFromDistributed {
     pub packed: bool,
 }
 
+/// `POST /abort_request`: one request by id, or every request. Fields SGLang adds in later
+/// versions pass through unchanged (`rest`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct AbortRequest {
+    /// The request to abort.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rid: Option<String>,
+    /// Abort every request instead.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub abort_all: bool,
+    /// Any other field, passed on as given.
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, serde_json::Value>,
+}
+
 /// The answer of `GET /get_weight_version`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GetWeightVersion {

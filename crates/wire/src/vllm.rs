@@ -68,3 +68,11 @@ pub struct WorldSize {
     /// GPUs (ranks) behind the server.
     pub world_size: u32,
 }
+
+/// `POST /abort_requests`: these requests, or every request when the list is empty.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AbortRequests {
+    /// Request ids.
+    #[serde(default)]
+    pub request_ids: Vec<String>,
+}

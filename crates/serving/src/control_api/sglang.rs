@@ -151,11 +151,15 @@ async fn abort(State(p): Plane, b: Bytes) -> Answer {
     if req.rid.is_none() && !req.abort_all {
         return Err(ApiError::bad_request("give rid (a request id) or abort_all: true").control());
     }
-    let req = Arc::new(serde_json::to_value(&req).unwrap_or_else(|_| json!({})));
+    let ids: Option<Arc<Vec<String>>> = match (&req.rid, req.abort_all) {
+        (_, true) | (None, _) => None,
+        (Some(r), false) => Some(Arc::new(vec![r.clone()])),
+    };
+    let rest = Arc::new(req.rest);
     Ok(json(
         p.each("abort_request", move |c, e| {
-            let req = req.clone();
-            Box::pin(async move { c.send(&e.url, "/abort_request", Some(&req)).await })
+            let (ids, rest) = (ids.clone(), rest.clone());
+            Box::pin(async move { c.abort(&e, ids.as_deref().map(|v| &v[..]), &rest).await })
         })
         .await?,
     ))
@@ -216,7 +220,7 @@ async fn server_info(State(p): Plane) -> Answer {
 async fn health_generate(State(p): Plane) -> Answer {
     Ok(json(
         p.each("health_generate", |c, e| {
-            Box::pin(async move { c.send(&e.url, "/health_generate", None).await })
+            Box::pin(async move { c.health_generate(&e).await })
         })
         .await?,
     ))

@@ -290,20 +290,14 @@ async fn abort_requests(State(p): Plane, b: Bytes) -> Answer {
         request_ids: Vec<String>,
     }
     let req: Body = body(&b)?;
-    let bodies: Arc<Vec<Value>> = Arc::new(if req.request_ids.is_empty() {
-        vec![json!({"abort_all": true})]
-    } else {
-        req.request_ids.iter().map(|r| json!({"rid": r})).collect()
-    });
+    let ids: Option<Arc<Vec<String>>> =
+        (!req.request_ids.is_empty()).then(|| Arc::new(req.request_ids));
     Ok(json(
         p.each("abort_requests", move |c, e| {
-            let bodies = bodies.clone();
+            let ids = ids.clone();
             Box::pin(async move {
-                let mut last = Value::Null;
-                for b in bodies.iter() {
-                    last = c.send(&e.url, "/abort_request", Some(b)).await?;
-                }
-                Ok(last)
+                c.abort(&e, ids.as_deref().map(|v| &v[..]), &Map::new())
+                    .await
             })
         })
         .await?,

@@ -376,11 +376,7 @@ impl ControlPlane {
     pub async fn first_model_info(&self) -> Option<Value> {
         self.refresh().await;
         for e in self.control.engines() {
-            if let Ok(v) = self
-                .control
-                .client()
-                .send(&e.url, "/model_info", None)
-                .await
+            if let Ok(v) = self.control.client().model_info(&e).await
                 && v.is_object()
             {
                 return Some(v);

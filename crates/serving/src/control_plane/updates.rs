@@ -110,7 +110,7 @@ impl CatchUp for PlaneCatchUp {
                 Some(LastUpdate::Disk(body)) => {
                     control
                         .client()
-                        .send(&engine.url, "/update_weights_from_disk", Some(&body))
+                        .load_from_disk(engine, &body)
                         .await
                         .map_err(|e| e.to_string())?;
                     control
@@ -446,10 +446,7 @@ impl ControlPlane {
         let results = control
             .fan_out(|c, e| {
                 let body = &body;
-                async move {
-                    c.send(&e.url, "/update_weights_from_disk", Some(body))
-                        .await
-                }
+                async move { c.load_from_disk(&e, body).await }
             })
             .await;
         let r = settle("update_weights_from_disk", &results, &skipped, Map::new())?;
@@ -468,12 +465,8 @@ impl ControlPlane {
         self.refresh().await;
         let _st = self.op.lock().await;
         let (control, skipped) = self.targets();
-        let body = json!({"new_version": version});
         let results = control
-            .fan_out(|c, e| {
-                let body = &body;
-                async move { c.send(&e.url, "/update_weight_version", Some(body)).await }
-            })
+            .fan_out(|c, e| async move { c.set_version(&e, version).await })
             .await;
         let r = settle("update_weight_version", &results, &skipped, Map::new())?;
         self.fleet().updated(version, &control.urls());
