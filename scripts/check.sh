@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Static gates CI runs before the tests: formatting, clippy with warnings as errors (the
+# workspace and the Python extension's crate), and no Rust source file over 600 lines (split
+# by responsibility instead).
+#
+#   bash scripts/check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo fmt --all --check
+cargo fmt --manifest-path python/Cargo.toml --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --manifest-path python/Cargo.toml --all-targets -- -D warnings
+
+LIMIT=600
+long=$(find crates src tests examples python/src -name '*.rs' -print0 \
+  | xargs -0 wc -l | awk -v max="$LIMIT" '$2 != "total" && $1 > max { print $2 " (" $1 " lines)" }')
+if [ -n "$long" ]; then
+  echo "error: source files over $LIMIT lines (split them by responsibility):" >&2
+  echo "$long" >&2
+  exit 1
+fi
+echo "check: fmt, clippy and file sizes clean"
