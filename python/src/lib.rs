@@ -5,6 +5,7 @@
 
 mod actors;
 mod arrays;
+mod cli;
 mod client;
 mod cluster;
 mod config;
@@ -41,5 +42,6 @@ fn _troupe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     rollout::register(m)?;
     external::register(m)?;
     task::register(m)?;
+    cli::register(m)?;
     Ok(())
 }

@@ -47,3 +47,31 @@ def test_the_python_grpo_example_names_a_bad_override():
 def test_the_pytorch_grpo_example_trains_with_a_two_rank_group(tmp_path):
     need_torch()
     assert trained("torch_grpo.py", tmp_path)["ranks"] == 2
+
+
+def test_the_wheel_brings_the_troupe_command(tmp_path):
+    """`pip install ./python` is a complete install: its `troupe` script runs the CLI, and the
+    package's clusters start their engines with it, without TROUPE_BIN or PATH."""
+    import os
+
+    script = pathlib.Path(sys.prefix) / "bin" / "troupe"
+    assert script.is_file(), script
+    p = subprocess.run(
+        [str(script), "alloc", "troupe:d2", "--hosts", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0 and "troupe" in p.stdout, p.stderr
+    env = {k: v for k, v in os.environ.items() if k != "TROUPE_BIN"}
+    env["PATH"] = "/usr/bin:/bin"
+    out = tmp_path / "run.json"
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "examples/python/grpo.py"), "train.steps=2", "--summary", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(out.read_text())["steps"] == 2

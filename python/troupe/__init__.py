@@ -16,12 +16,14 @@ See examples/python/grpo.py for the whole GRPO loop.
 import os as _os
 import sys as _sys
 
-# Clusters start `troupe host` / `troupe engine` children. A venv set up by
-# scripts/python-env.sh holds the binary beside its python; use it unless TROUPE_BIN says
-# otherwise (else the controller looks on PATH).
+from . import _troupe as _native
+
+# Clusters start `troupe host` / `troupe engine` children: the `troupe` script this wheel
+# installed beside the venv's python (or the binary scripts/python-env.sh put there) is the
+# one, unless TROUPE_BIN names another. Told to the controller, not written to os.environ.
 _bin = _os.path.join(_sys.prefix, "bin", "troupe")
-if "TROUPE_BIN" not in _os.environ and _os.path.isfile(_bin):
-    _os.environ["TROUPE_BIN"] = _bin
+if _os.path.isfile(_bin):
+    _native.set_binary(_bin)
 
 from ._troupe import (  # noqa: E402
     ActorDiedError,

@@ -122,8 +122,7 @@ fn figures(r: Result<Vec<(String, f64)>, impl std::fmt::Display>, json: bool) ->
 
 /// argv, with the SGLang flags `troupe engine` does not take left out (and named, once, on
 /// stderr): one launch command or config serves both the reference engine and SGLang.
-fn argv() -> Vec<String> {
-    let all: Vec<String> = std::env::args().collect();
+fn argv(all: Vec<String>) -> Vec<String> {
     if all.get(1).map(String::as_str) != Some("engine") {
         return all;
     }
@@ -145,7 +144,23 @@ fn argv() -> Vec<String> {
 
 /// Parses argv and runs the chosen subcommand; the binary's whole `main`.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse_from(argv());
+    main_from(std::env::args().collect())
+}
+
+/// [`main`] with the arguments given (the first is the program name): what the Python wheel's
+/// `troupe` script runs, in the Python process, so `pip install` brings the whole CLI.
+pub fn main_from(args: Vec<String>) -> ExitCode {
+    let cli = match Cli::try_parse_from(argv(args)) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     init_tracing();
     // An engine's HTTP side only parses, queues and answers (its scheduler thread does the
     // model work), so one I/O thread serves it, as one uvicorn loop serves SGLang's: with

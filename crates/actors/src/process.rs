@@ -158,15 +158,27 @@ fn die_with_parent(cmd: &mut Command) {
 #[cfg(not(target_os = "linux"))]
 fn die_with_parent(_cmd: &mut Command) {}
 
-/// Finds the `troupe` binary: `$TROUPE_BIN`, this executable if it is `troupe`, or a `troupe`
-/// next to (or one directory above) this executable, which is where cargo puts it for tests,
-/// else a `troupe` on `PATH`.
+/// The `troupe` executable a process embedding Troupe says it has (the Python package: the
+/// `troupe` script its wheel installs beside the interpreter); `TROUPE_BIN` still wins.
+static BINARY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Tells [`troupe_binary`] where this process's `troupe` executable is (first call wins).
+pub fn set_troupe_binary(path: PathBuf) {
+    let _ = BINARY.set(path);
+}
+
+/// Finds the `troupe` binary: `$TROUPE_BIN`, the one set by [`set_troupe_binary`], this
+/// executable if it is `troupe`, or a `troupe` next to (or one directory above) this
+/// executable, which is where cargo puts it for tests, else a `troupe` on `PATH`.
 ///
 /// Hosts and InferenceServers start `troupe host` / `troupe engine` children; inside a test
 /// binary the current executable is not `troupe`, so this is how they find the real one.
 pub fn troupe_binary() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("TROUPE_BIN") {
         return Ok(PathBuf::from(p));
+    }
+    if let Some(p) = BINARY.get() {
+        return Ok(p.clone());
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate this executable: {e}"))?;
     if exe.file_stem().is_some_and(|s| s == "troupe") {
