@@ -41,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
     // 2. Rollout serving: every server forked in parallel, behind the PD-aware gateway.
     let opts = ForkOptions {
         quantization: Some("fp8".into()),
-        progress: true,
+        progress: troupe::cli::run::bring_up_bar(),
         ..ForkOptions::default()
     };
     let svc = Deployment::fork(&cluster, &plan, &opts).await?;
@@ -165,7 +165,7 @@ async fn main() -> anyhow::Result<()> {
     summary.stale_dropped = rollout.stats().stale_dropped;
     summary.total_seconds = started.elapsed().as_secs_f64();
     if let Some(p) = &plot {
-        troupe::controller::run::plot::write_svg(&summary, p).map_err(anyhow::Error::msg)?;
+        troupe::cli::plot::write_svg(&summary, p).map_err(anyhow::Error::msg)?;
         println!("curves written to {}", p.display());
     }
     rollout.shutdown(); // episodes still in flight end quietly with serving

@@ -257,7 +257,7 @@ impl Cluster {
             let Some(cluster) = guard.as_ref() else {
                 return Err("the cluster was shut down".to_string());
             };
-            let opts = fork_options(&cfg, admin_key(&cfg), false);
+            let opts = fork_options(&cfg, admin_key(&cfg), Default::default());
             Deployment::fork(cluster, &plan, &opts)
                 .await
                 .map_err(|e| e.to_string())

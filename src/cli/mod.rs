@@ -11,7 +11,9 @@ pub mod bench;
 pub mod gateway;
 pub mod host;
 pub mod plan;
+pub mod plot;
 pub mod quantize;
+pub mod run;
 pub mod serve;
 
 /// The `troupe` command line.
@@ -37,7 +39,7 @@ enum Cmd {
     /// Run the reference inference engine (speaks SGLang's HTTP protocol, PD included).
     Engine(Box<troupe_engine::cli::EngineArgs>),
     /// The main job: asynchronous GRPO through PD rollout serving with weight sync every step.
-    Run(troupe_controller::run::RunArgs),
+    Run(run::RunArgs),
     /// Bring up rollout serving from a YAML config and print the gateway address.
     Serve(serve::ServeArgs),
     /// Troupe's PD-aware router and gateway alone, in front of servers started elsewhere.
@@ -249,7 +251,7 @@ async fn run(cmd: Cmd) -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(e),
         },
-        Cmd::Run(a) => match troupe_controller::run::run(&a).await {
+        Cmd::Run(a) => match run::run(&a).await {
             Ok(s) => {
                 println!(
                     "done: {} steps in {:.1} s; reward {:.3} -> {:.3}; max staleness {}",

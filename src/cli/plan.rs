@@ -55,7 +55,7 @@ pub fn plan(cfg: &ServeConfig) -> Result<LaunchPlan, String> {
             HostResources::new(i, addr, (0..g).collect())
         })
         .collect();
-    let opts = fork_options(cfg, admin_key(cfg), false);
+    let opts = fork_options(cfg, admin_key(cfg), Default::default());
     let claims = Arc::new(PortLedger::default()).claims();
     let prepared = Prepared::new(hosts, claims, &alloc, &opts).map_err(|e| e.to_string())?;
     let bin = match &cfg.scheduler.binary {

@@ -145,6 +145,7 @@ fn keep_state(
             let changed = tokio::select! {
                 e = events.recv() => match e {
                     Ok(ServingEvent::Replaced { .. }) => true,
+
                     Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => false,
                     Err(_) => return,
                 },
@@ -158,6 +159,32 @@ fn keep_state(
             }
         }
     }))
+}
+
+/// Aborts its task when dropped (the command's end).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Says on stderr what an operator must act on (the watcher only traces it): the gateway's
+/// host lost. Runs until the deployment's events end.
+fn announce(svc: &Deployment) -> tokio::task::JoinHandle<()> {
+    let mut events = svc.serving_events();
+    tokio::spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(ServingEvent::GatewayLost { host, reason }) => eprintln!(
+                    "error: host {host}, which ran the gateway, is lost ({reason}): the gateway no longer answers and is not re-placed; restart the deployment"
+                ),
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => return,
+            }
+        }
+    })
 }
 
 /// `troupe serve --recover`: reattach to what the state file names.
@@ -192,8 +219,12 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig, mut stop: Shutdown) -> Result
     if cfg.scheduler.kind == SchedulerType::Local {
         cluster.adopt_processes(&st.hosts.iter().map(|h| h.pid).collect::<Vec<_>>());
     }
-    let svc = match Deployment::reattach(&cluster, &st, &fork_options(cfg, admin_key(cfg), false))
-        .await
+    let svc = match Deployment::reattach(
+        &cluster,
+        &st,
+        &fork_options(cfg, admin_key(cfg), Default::default()),
+    )
+    .await
     {
         Ok(s) => s,
         Err(e) => {
@@ -211,6 +242,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig, mut stop: Shutdown) -> Result
         cfg,
     )?;
     println!("gateway: {}", svc.gateway_url);
+    let _announce = AbortOnDrop(announce(&svc));
     match &settled {
         Settled::Held(m) => eprintln!("warning: {m}"),
         Settled::Serving(m) | Settled::Paused(m) => eprintln!("{m}"),
@@ -280,7 +312,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
             gpus.join(",")
         );
     }
-    let opts = fork_options(&cfg, key.clone(), true);
+    let opts = fork_options(&cfg, key.clone(), super::run::bring_up_bar());
     let forked = tokio::select! {
         f = Deployment::fork(&cluster, &plan, &opts) => Some(f),
         _ = stop.wait() => None,
@@ -310,6 +342,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
         None => None,
     };
     println!("gateway: {}", svc.gateway_url);
+    let _announce = AbortOnDrop(announce(&svc));
     // Serves until shutdown below: it stops before the deployment it controls is torn down.
     let mut api_server = None;
     if let Some(addr) = a.api_listen {

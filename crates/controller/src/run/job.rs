@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use troupe_engine::train::grpo_advantages;
 use troupe_scheduler::{AllocationPlan, Role};
@@ -24,22 +23,42 @@ use crate::rollout::{
 };
 use crate::serve::Deployment;
 use crate::serve::config::ServeConfig;
+use crate::serve::fork::Progress;
 use crate::serve::setup::{admin_key, cluster_builder, cluster_from, fork_options};
 use troupe_serving::control_plane::HostTensor;
 
-/// Flags of `troupe run`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct RunArgs {
+/// What to run: a config and its overrides (`troupe run`'s arguments).
+#[derive(Debug, Clone)]
+pub struct RunOptions {
     /// YAML config (see examples/configs/grpo-local.yaml).
     pub config: PathBuf,
     /// Overrides as dotted.key=value, e.g. train.steps=10.
     pub overrides: Vec<String>,
-    /// Write a JSON summary of the run here.
-    #[arg(long)]
-    pub summary: Option<PathBuf>,
-    /// Draw the run's curves (reward, tokens/s, sync seconds, staleness per step) to this SVG.
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
+    /// Where bring-up progress goes.
+    pub progress: Progress,
+}
+
+/// One finished step, as the job reports it (the CLI prints a line per step).
+#[derive(Debug, Clone, Serialize)]
+pub struct StepReport {
+    /// The step, from 1.
+    pub step: usize,
+    /// Steps in the run.
+    pub of: usize,
+    /// Mean reward of the step's batch.
+    pub reward: f32,
+    /// Generation tokens per second so far.
+    pub tokens_per_s: f64,
+    /// Seconds of the train step.
+    pub train_seconds: f64,
+    /// Seconds of the weight sync.
+    pub sync_seconds: f64,
+    /// `fp8` or `bf16`.
+    pub weight_format: &'static str,
+    /// Staleness of the step's batch.
+    pub staleness: u64,
+    /// The trainer's mean importance ratio.
+    pub mean_ratio: f32,
 }
 
 /// The JSON summary of a run.
@@ -100,22 +119,13 @@ fn to_samples(batch: &[Trajectory], group: usize) -> Result<(Vec<WireSample>, Ve
     Ok((out, rewards))
 }
 
-/// Runs the job; returns its summary.
-pub async fn run(a: &RunArgs) -> Result<Summary, String> {
+/// Runs the job, reporting each step to `on_step`; returns its summary.
+pub async fn run(
+    opts: &RunOptions,
+    on_step: &(dyn Fn(&StepReport) + Send + Sync),
+) -> Result<Summary, String> {
     let t_start = Instant::now();
-    let cfg = ServeConfig::load(&a.config, &a.overrides).map_err(|e| e.to_string())?;
-    // Output paths are checked before anything starts, not after the whole run.
-    for (flag, p) in [("--summary", &a.summary), ("--plot", &a.plot)] {
-        if let Some(p) = p {
-            let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
-            if dir.is_some_and(|d| !d.is_dir()) {
-                return Err(format!(
-                    "{flag} {}: the directory does not exist; create it or pick another path",
-                    p.display()
-                ));
-            }
-        }
-    }
+    let cfg = ServeConfig::load(&opts.config, &opts.overrides).map_err(|e| e.to_string())?;
     let plan =
         AllocationPlan::parse(&cfg.allocation_mode).map_err(|e| format!("allocation_mode: {e}"))?;
     if !plan
@@ -133,25 +143,19 @@ pub async fn run(a: &RunArgs) -> Result<Summary, String> {
     // The registry matters to in-process hosts only (`troupe host` processes have theirs).
     let cluster = cluster_from(&cfg, cluster_builder(&cfg).registry(registry)).await?;
     let key = admin_key(&cfg);
-    let svc = match Deployment::fork(&cluster, &plan, &fork_options(&cfg, key, true)).await {
+    let fork = fork_options(&cfg, key, opts.progress.clone());
+    let svc = match Deployment::fork(&cluster, &plan, &fork).await {
         Ok(s) => s,
         Err(e) => {
             cluster.shutdown().await;
             return Err(e.to_string());
         }
     };
-    let r = train(&cfg, &cluster, &svc, target).await;
+    let r = train(&cfg, &cluster, &svc, target, on_step).await;
     svc.teardown().await;
     cluster.shutdown().await;
     let mut summary = r?;
     summary.total_seconds = t_start.elapsed().as_secs_f64();
-    if let Some(p) = &a.summary {
-        let text = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
-        std::fs::write(p, text).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
-    }
-    if let Some(p) = &a.plot {
-        super::plot::write_svg(&summary, p)?;
-    }
     Ok(summary)
 }
 
@@ -160,6 +164,7 @@ async fn train(
     cluster: &Cluster,
     svc: &Deployment,
     target: u8,
+    on_step: &(dyn Fn(&StepReport) + Send + Sync),
 ) -> Result<Summary, String> {
     let tc = &cfg.train;
     let fp8 = cfg.sglang.quantization == "fp8";
@@ -202,11 +207,6 @@ async fn train(
     });
     let mut data = task::prompts(target, tc.seed);
 
-    let bar = ProgressBar::new(tc.steps as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} step {pos}/{len} [{elapsed}<{eta}] {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
     let mut rewards = Vec::new();
     let mut sync_seconds = Vec::new();
     let mut tokens_per_s = Vec::new();
@@ -247,22 +247,18 @@ async fn train(
         sync_seconds.push(rep.seconds);
         let tps = generated as f64 / loop_start.elapsed().as_secs_f64().max(1e-6);
         tokens_per_s.push(tps);
-        let line = format!(
-            "step {:>3}  reward {:.3}  tokens/s {:>6.0}  train {:.2}s  sync {:.3}s ({})  staleness {}  ratio {:.3}",
-            step + 1,
+        on_step(&StepReport {
+            step: step + 1,
+            of: tc.steps,
             reward,
-            tps,
-            st.seconds,
-            rep.seconds,
-            if fp8 { "fp8" } else { "bf16" },
-            stale,
-            st.mean_ratio
-        );
-        bar.suspend(|| println!("{line}"));
-        bar.set_message(format!("reward {reward:.3}"));
-        bar.inc(1);
+            tokens_per_s: tps,
+            train_seconds: st.seconds,
+            sync_seconds: rep.seconds,
+            weight_format: if fp8 { "fp8" } else { "bf16" },
+            staleness: stale,
+            mean_ratio: st.mean_ratio,
+        });
     }
-    bar.finish_and_clear();
     let stale_dropped = rc.stats().stale_dropped;
     // Rollouts still in flight for a step that will not come end quietly with serving.
     rc.shutdown();

@@ -2,8 +2,7 @@
 //! FP8 weight sync, the built-in trainer).
 
 pub mod job;
-pub mod plot;
 pub mod task;
 pub mod trainer_actor;
 
-pub use job::{RunArgs, Summary, run};
+pub use job::{RunOptions, StepReport, Summary, run};

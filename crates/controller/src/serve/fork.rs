@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
 use troupe_scheduler::{
     AllocationPlan, HostResources, PlacedInstance, Placement, PlacementOptions, PortAllocator,
     PortRange,
@@ -48,6 +47,43 @@ pub enum ForkError {
     NoAdminKey(String),
 }
 
+/// How far a bring-up is: servers ready of all launched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForkProgress {
+    /// Servers ready (the last report of a bring-up has `ready == total`).
+    pub ready: usize,
+    /// Servers launched.
+    pub total: usize,
+}
+
+/// Where a bring-up reports its progress: a library reports, the CLI renders (a progress bar
+/// on stderr). Cheap to clone; the default reports nowhere.
+#[derive(Clone, Default)]
+pub struct Progress(Option<Arc<dyn Fn(ForkProgress) + Send + Sync>>);
+
+impl Progress {
+    /// Reports to `f`.
+    pub fn to(f: impl Fn(ForkProgress) + Send + Sync + 'static) -> Self {
+        Progress(Some(Arc::new(f)))
+    }
+
+    fn report(&self, p: ForkProgress) {
+        if let Some(f) = &self.0 {
+            f(p);
+        }
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Progress(reported)"
+        } else {
+            "Progress(none)"
+        })
+    }
+}
+
 /// How servers are launched (the parts of a config the plan does not say).
 #[derive(Debug, Clone)]
 pub struct ForkOptions {
@@ -78,8 +114,8 @@ pub struct ForkOptions {
     /// is on this machine), so clients on other machines can reach it. Workers and the admin key
     /// are filled in by the fork.
     pub gateway: GatewayConfig,
-    /// Show a progress bar on stderr.
-    pub progress: bool,
+    /// Where bring-up progress goes (the CLI draws a bar; nothing by default).
+    pub progress: Progress,
     /// Restarts of a server whose process dies (same ports, so proxies and router find it).
     pub server_restarts: u32,
 }
@@ -101,7 +137,7 @@ impl Default for ForkOptions {
                 listen: String::new(),
                 ..GatewayConfig::default()
             },
-            progress: false,
+            progress: Progress::default(),
             server_restarts: 3,
         }
     }
@@ -434,15 +470,7 @@ async fn launch(
     let mut pending: Vec<PlacedInstance> = Vec::new();
     let mut next = Some(first);
     let total = next.as_ref().map_or(0, Vec::len);
-    let bar = if opts.progress {
-        ProgressBar::new(total as u64)
-    } else {
-        ProgressBar::hidden()
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} servers ready {pos}/{len} [{elapsed}] {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    opts.progress.report(ForkProgress { ready: 0, total });
     let mut servers = Vec::new();
     let mut failures = Vec::new();
     for attempt in 0..=PORT_RETRIES {
@@ -481,7 +509,10 @@ async fn launch(
         for (p, name, spec, r) in results {
             match r {
                 Ok((actor, info)) => {
-                    bar.inc(1);
+                    opts.progress.report(ForkProgress {
+                        ready: servers.len() + 1,
+                        total,
+                    });
                     servers.push(ServerEntry {
                         component: p.component,
                         group: p.group,
@@ -517,6 +548,9 @@ async fn launch(
             break;
         }
     }
-    bar.finish_and_clear();
+    opts.progress.report(ForkProgress {
+        ready: total,
+        total,
+    });
     Ok((servers, failures, total))
 }

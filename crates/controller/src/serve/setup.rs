@@ -9,11 +9,11 @@ use std::time::Duration;
 use troupe_scheduler::{SlurmLauncher, SlurmOptions};
 
 use super::config::{SchedulerConfig, SchedulerType, ServeConfig};
-use super::fork::ForkOptions;
+use super::fork::{ForkOptions, Progress};
 use crate::cluster::{Cluster, ClusterBuilder};
 
 /// Fork options from a config.
-pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: bool) -> ForkOptions {
+pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: Progress) -> ForkOptions {
     ForkOptions {
         model: cfg.sglang.model_path.clone(),
         python: cfg.sglang.python.clone(),

@@ -133,10 +133,8 @@ impl Watcher {
                 tracing::warn!(%old, %new, host, "lost server re-placed")
             }
             ServingEvent::GatewayLost { host, reason } => {
+                // `troupe serve` also says so on stderr (it watches these events).
                 tracing::error!(host, %reason, "the gateway's host is lost: the gateway is gone");
-                eprintln!(
-                    "error: host {host}, which ran the gateway, is lost ({reason}): the gateway no longer answers and is not re-placed; restart the deployment"
-                );
             }
         }
         let _ = self.out.send(e);

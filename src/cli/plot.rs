@@ -6,7 +6,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::job::Summary;
+use troupe_controller::run::Summary;
 
 /// One panel: a title and a value per step.
 struct Series<'a> {
