@@ -357,7 +357,19 @@ async fn a_weight_update_during_rollouts_yields_mixed_versions_and_no_failures()
                 wf.clone(),
             );
         }
-        tokio::time::sleep(Duration::from_millis(80)).await; // let generation get going
+        // The update lands while generation is under way: wait until the engines have
+        // generated some tokens (not for a fixed time).
+        let urls: Vec<String> = svc.servers().iter().map(|s| s.info.url.clone()).collect();
+        loop {
+            let mut total = 0;
+            for u in &urls {
+                total += generated_tokens(u).await;
+            }
+            if total >= 8 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let (_, tensors) = common::model::trainer_weights(77);
         let engines: Vec<Engine> = svc
             .servers()
@@ -393,4 +405,17 @@ async fn a_weight_update_during_rollouts_yields_mixed_versions_and_no_failures()
         cluster.shutdown().await;
     })
     .await
+}
+
+/// The tokens `engine` has generated so far (its Prometheus counter).
+async fn generated_tokens(engine: &str) -> u64 {
+    let Ok(r) = reqwest::get(format!("{engine}/metrics")).await else {
+        return 0;
+    };
+    let text = r.text().await.unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with("sglang:generation_tokens_total"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }
