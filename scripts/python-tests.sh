@@ -13,7 +13,7 @@ VENV="$ROOT/target/py-venv"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.5,<2" numpy msgpack pytest pytest-timeout ml_dtypes
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.5,<2" numpy msgpack pytest pytest-timeout ml_dtypes mypy
 # PyTorch (PyPI's wheel runs on the CPU) for the Python-actor examples and DLPack tests:
 # installed when TROUPE_WITH_TORCH=1 (.ci/run sets it), and then required. PyPI's wheel brings
 # ~3 GB of CUDA libraries; --no-cache-dir keeps pip from keeping a second copy of them in its
@@ -29,4 +29,6 @@ fi
 cargo build --quiet --bin troupe
 export TROUPE_BIN="$ROOT/target/debug/troupe"
 (cd python && VIRTUAL_ENV="$VENV" CARGO_TARGET_DIR="$ROOT/target" "$VENV/bin/maturin" develop --quiet)
+# The package type-checks strictly against its extension's stubs (troupe/_troupe.pyi).
+(cd python && "$VENV/bin/mypy" --strict troupe)
 "$VENV/bin/python" -m pytest -q python/tests

@@ -3,33 +3,35 @@ raw buffers (dtype, shape, bytes; bit-exact, no pickle) and pickle only when the
 spawned with `pickle=True`."""
 
 import pickle as _pickle
+from typing import Any
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 import numpy as np
 
 _NDARRAY = 1
 _PICKLE = 2
 
 
-def _dtype_name(d):
+def _dtype_name(d: np.dtype[Any]) -> str:
     # Standard dtypes by their array-protocol string (byte order included); extension dtypes
     # (ml_dtypes' bfloat16, ...) by name.
     return d.name if d.kind == "V" else d.str
 
 
-def _dtype(name):
+def _dtype(name: str) -> np.dtype[Any]:
     try:
         return np.dtype(name)
     except TypeError:
-        import ml_dtypes
+        import ml_dtypes  # type: ignore[import-not-found,unused-ignore]
 
-        return np.dtype(getattr(ml_dtypes, name))
+        found: np.dtype[Any] = np.dtype(getattr(ml_dtypes, name))
+        return found
 
 
-def encode(obj, allow_pickle=False):
+def encode(obj: Any, allow_pickle: bool = False) -> bytes:
     """`obj` as bytes."""
 
-    def default(o):
+    def default(o: Any) -> Any:
         if isinstance(o, np.ndarray):
             if o.dtype.hasobject:
                 if allow_pickle:
@@ -48,13 +50,14 @@ def encode(obj, allow_pickle=False):
             "lists, dicts and numpy arrays, or spawn the actor with pickle=True"
         )
 
-    return msgpack.packb(obj, default=default, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, default=default, use_bin_type=True)
+    return packed
 
 
-def decode(data, allow_pickle=False):
+def decode(data: bytes, allow_pickle: bool = False) -> Any:
     """Bytes from `encode` back to objects (numpy arrays are writable copies)."""
 
-    def ext(code, payload):
+    def ext(code: int, payload: bytes) -> Any:
         if code == _NDARRAY:
             dtype, shape, raw = msgpack.unpackb(payload, raw=False)
             return np.frombuffer(raw, dtype=_dtype(dtype)).reshape(shape).copy()

@@ -2,9 +2,11 @@
 workflows run on, the walk over a dataloader, and traceback formatting."""
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import traceback
+from typing import Any, Iterable, Iterator
 
 log = logging.getLogger("troupe.rollout")
 
@@ -13,21 +15,21 @@ class LoopThread:
     """An asyncio event loop on its own daemon thread (as AReaL's workflow executor runs one):
     `arun_episode` coroutines run here while the training script blocks in `prepare_batch`."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="troupe-rollout-loop", daemon=True)
         self._thread.start()
 
-    def _run(self):
+    def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def cancel_all(self, timeout=10.0):
+    def cancel_all(self, timeout: float = 10.0) -> None:
         """Cancels every coroutine on the loop and waits until they are done."""
         if not self._thread.is_alive():
             return
 
-        async def cancel():
+        async def cancel() -> None:
             me = asyncio.current_task()
             tasks = [t for t in asyncio.all_tasks() if t is not me]
             for t in tasks:
@@ -36,10 +38,11 @@ class LoopThread:
 
         try:
             asyncio.run_coroutine_threadsafe(cancel(), self.loop).result(timeout)
-        except Exception:  # noqa: BLE001 - a stuck episode must not stop the shutdown
-            pass
+        except concurrent.futures.TimeoutError:
+            # A stuck episode must not stop the shutdown; say so rather than hide it.
+            log.warning("rollout episodes did not finish within %.0f s of being cancelled; shutting down anyway", timeout)
 
-    def close(self, timeout=10.0):
+    def close(self, timeout: float = 10.0) -> None:
         """Stops the loop and joins its thread. The loop is left stopped, not closed: a Rust
         future that completes after this queues its callback on a stopped loop, which is
         harmless, where a closed loop would raise from the runtime's thread."""
@@ -48,7 +51,7 @@ class LoopThread:
             self._thread.join(timeout)
 
 
-def items(dataloader):
+def items(dataloader: Iterable[Any]) -> Iterator[Any]:
     """Data items from `dataloader`, cycling as AReaL's `cycle_dataloader` does. A loader with a
     `batch_size` (a torch DataLoader) yields batches, whose items are submitted one by one; a
     re-iterable (a list) starts over when exhausted; a one-shot iterator ends."""
@@ -66,11 +69,11 @@ def items(dataloader):
             return
 
 
-def format_exception(e):
+def format_exception(e: BaseException) -> str:
     """The exception with its traceback, as Python prints it."""
     return "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip()
 
 
-def report_failure(text):
+def report_failure(text: str) -> None:
     """An episode failed: logged with its traceback (on stderr unless logging is configured)."""
     log.error("rollout episode failed:\n%s", text)

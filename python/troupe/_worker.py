@@ -13,8 +13,9 @@ import os
 import socket
 import struct
 import sys
+from typing import Any, Optional
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 
 from troupe import _codec
 from troupe._support import format_exception
@@ -22,7 +23,7 @@ from troupe._support import format_exception
 MAX_FRAME = 2 << 30
 
 
-def _read_exact(sock, n):
+def _read_exact(sock: socket.socket, n: int) -> bytearray:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -34,19 +35,19 @@ def _read_exact(sock, n):
     return buf
 
 
-def read_frame(sock):
+def read_frame(sock: socket.socket) -> Any:
     (n,) = struct.unpack("<I", _read_exact(sock, 4))
     if n > MAX_FRAME:
         raise EOFError
     return msgpack.unpackb(_read_exact(sock, n), raw=False)
 
 
-def write_frame(sock, value):
-    body = msgpack.packb(value, use_bin_type=True)
+def write_frame(sock: socket.socket, value: Any) -> None:
+    body: bytes = msgpack.packb(value, use_bin_type=True)
     sock.sendall(struct.pack("<I", len(body)) + body)
 
 
-def raised(e):
+def raised(e: BaseException) -> dict[str, Any]:
     return {
         "Raised": {
             "kind": type(e).__name__,
@@ -56,22 +57,24 @@ def raised(e):
     }
 
 
-def load(target, main_file):
+def load(target: str, main_file: Optional[str]) -> Any:
     module, _, qualname = target.partition(":")
     if main_file is not None and module == "__main__":
         spec = importlib.util.spec_from_file_location("__mp_main__", main_file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {main_file} as the controller script's module")
         mod = importlib.util.module_from_spec(spec)
         sys.modules["__mp_main__"] = mod
         spec.loader.exec_module(mod)
     else:
         mod = importlib.import_module(module)
-    obj = mod
+    obj: Any = mod
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
 
 
-def main():
+def main() -> int:
     sock = socket.socket(fileno=int(os.environ["TROUPE_WORKER_FD"]))
     hello = read_frame(sock)
     try:

@@ -3,16 +3,19 @@ host's supervision (`cluster.host(i).spawn(Cls, args)`, `cluster.spawn_group(Cls
 
 import os
 import sys
+from typing import Optional, TypeVar, Union
+
+T = TypeVar("T", bound=type)
 
 
-def actor(cls):
+def actor(cls: T) -> T:
     """Marks a class as a Troupe actor kind (documentation for readers; any importable class,
     or one defined in the controller script, can be spawned)."""
-    cls.__troupe_actor__ = True
+    setattr(cls, "__troupe_actor__", True)
     return cls
 
 
-def _user_paths():
+def _user_paths() -> list[str]:
     """The controller's own code directories (not its interpreter's), for workers' sys.path."""
     prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
     out = []
@@ -23,7 +26,7 @@ def _user_paths():
     return out
 
 
-def _spec(cls):
+def _spec(cls: Union[type, str]) -> tuple[str, Optional[str], list[str]]:
     """`(target, main_file, sys_path)` for a class or an import path string."""
     if isinstance(cls, str):
         mod, sep, name = cls.partition(":")
@@ -35,10 +38,10 @@ def _spec(cls):
     qual = cls.__qualname__
     if "<locals>" in qual:
         raise ValueError(f"{qual}: a class defined inside a function cannot be imported by a worker; define it at module level")
-    main_file = None
+    main_file: Optional[str] = None
     if cls.__module__ == "__main__":
-        main_file = getattr(sys.modules["__main__"], "__file__", None)
-        if main_file is None:
+        found: Optional[str] = getattr(sys.modules["__main__"], "__file__", None)
+        if found is None:
             raise ValueError(f"{qual} is defined in an interactive session; put it in a module (or a script) a worker can import")
-        main_file = os.path.abspath(main_file)
+        main_file = os.path.abspath(found)
     return f"{cls.__module__}:{qual}", main_file, _user_paths()

@@ -5,13 +5,14 @@ drop the item)."""
 import asyncio
 import importlib
 import inspect
+from typing import Any, Callable, Mapping, Optional, Union
 
-from ._troupe import Trajectory
+from ._troupe import InferenceClient, Trajectory
 
 _SAMPLING = ("max_new_tokens", "temperature", "top_p", "stop_token_ids", "ignore_eos", "greedy", "n_samples")
 
 
-def _import(path):
+def _import(path: str) -> Any:
     """`pkg.module:function` or `pkg.module.function`."""
     mod, sep, name = path.partition(":")
     if not sep:
@@ -21,7 +22,7 @@ def _import(path):
     return getattr(importlib.import_module(mod), name)
 
 
-def _sampling(gconfig):
+def _sampling(gconfig: Any) -> dict[str, Any]:
     """Sampling settings from a dict or an object with AReaL's GenerationHyperparameters names."""
     if gconfig is None:
         return {}
@@ -29,7 +30,7 @@ def _sampling(gconfig):
         unknown = sorted(set(gconfig) - set(_SAMPLING))
         if unknown:
             raise ValueError(f"gconfig: unknown keys {unknown}; known: {list(_SAMPLING)}")
-        g = dict(gconfig)
+        g: dict[str, Any] = dict(gconfig)
     else:
         g = {k: getattr(gconfig, k) for k in _SAMPLING if getattr(gconfig, k, None) is not None}
     if g.pop("greedy", False):
@@ -50,8 +51,14 @@ class RLVRWorkflow:
     or as chat `messages` with a `tokenizer`; an optional `seed` makes its samples reproducible.
     """
 
-    def __init__(self, reward_fn, n_samples=None, gconfig=None, tokenizer=None):
-        self.reward_fn = _import(reward_fn) if isinstance(reward_fn, str) else reward_fn
+    def __init__(
+        self,
+        reward_fn: Union[Callable[..., Any], str],
+        n_samples: Optional[int] = None,
+        gconfig: Any = None,
+        tokenizer: Any = None,
+    ) -> None:
+        self.reward_fn: Callable[..., Any] = _import(reward_fn) if isinstance(reward_fn, str) else reward_fn
         if not callable(self.reward_fn):
             raise TypeError("reward_fn must be callable (or an import path string)")
         self.sampling = _sampling(gconfig)
@@ -62,7 +69,7 @@ class RLVRWorkflow:
             raise ValueError(f"n_samples must be at least 1, got {self.n_samples}")
         self.tokenizer = tokenizer
 
-    def _prompt_ids(self, data):
+    def _prompt_ids(self, data: Mapping[str, Any]) -> list[int]:
         for key in ("input_ids", "prompt_ids"):
             if key in data:
                 return [int(t) for t in data[key]]
@@ -70,8 +77,8 @@ class RLVRWorkflow:
             return list(self.tokenizer.apply_chat_template(data["messages"], tokenize=True, add_generation_prompt=True))
         raise ValueError("a data item needs input_ids (token ids), or messages and a tokenizer")
 
-    async def _reward(self, prompt_ids, output_ids, data):
-        decode = self.tokenizer.decode if self.tokenizer is not None else (lambda _ids: None)
+    async def _reward(self, prompt_ids: list[int], output_ids: list[int], data: Mapping[str, Any]) -> float:
+        decode: Callable[[list[int]], Any] = self.tokenizer.decode if self.tokenizer is not None else (lambda _ids: None)
         args = (decode(prompt_ids), decode(output_ids), prompt_ids, output_ids)
         extra = {k: v for k, v in data.items() if k not in ("input_ids", "prompt_ids")}
         if inspect.iscoroutinefunction(self.reward_fn):
@@ -80,11 +87,11 @@ class RLVRWorkflow:
             r = await asyncio.get_running_loop().run_in_executor(None, lambda: self.reward_fn(*args, **extra))
         return float(r)
 
-    async def arun_episode(self, client, data):
+    async def arun_episode(self, client: InferenceClient, data: Mapping[str, Any]) -> list[Trajectory]:
         prompt_ids = self._prompt_ids(data)
         seed = data.get("seed") if isinstance(data, dict) else None
 
-        async def one(i):
+        async def one(i: int) -> Trajectory:
             s = None if seed is None else (int(seed) * 1_000_003 + i) % (1 << 64)
             g = await client.agenerate(prompt_ids, seed=s, **self.sampling)
             out = [int(t) for t in g["output_ids"]]

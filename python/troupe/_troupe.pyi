@@ -159,10 +159,6 @@ class Trainer:
     def get_weights(self) -> dict[str, npt.NDArray[np.float32]]:
         """The current weights by Hugging Face name."""
 
-def actor(cls: type) -> type:
-    """Marks a class as a Troupe actor kind (any importable class, or one defined in the
-    controller script, can be spawned)."""
-
 class ActorRef:
     """One Python actor: an object in a worker process on a host, owned by a `troupe.python` actor."""
     @property
@@ -286,17 +282,6 @@ class RolloutWorkflow(Protocol):
     """AReaL-lite's workflow: one data item to a list of trajectories (None drops it)."""
     async def arun_episode(self, client: InferenceClient, data: Any) -> list[Trajectory] | None: ...
 
-class RLVRWorkflow:
-    """n samples per prompt, each scored by `reward_fn(prompt, completion, prompt_ids, completion_ids, **data)`."""
-    def __init__(
-        self,
-        reward_fn: Callable[..., float] | Callable[..., Awaitable[float]] | str,
-        n_samples: int | None = None,
-        gconfig: Mapping[str, Any] | Any | None = None,
-        tokenizer: Any | None = None,
-    ) -> None: ...
-    async def arun_episode(self, client: InferenceClient, data: Mapping[str, Any]) -> list[Trajectory]: ...
-
 class RolloutController:
     """Asynchronous rollouts with bounded staleness (AReaL-lite's API), workflows in Python."""
     def __init__(
@@ -370,3 +355,9 @@ class LetterTask:
 
 def grpo_advantages(trajectories: Sequence[Trajectory]) -> npt.NDArray[np.float32]:
     """Each reward normalised within its group (Trajectory.group), as troupe run computes them."""
+
+def cli_main(argv: Sequence[str]) -> int:
+    """Runs the `troupe` CLI with `argv` (its first item the program's name); its exit status."""
+
+def set_binary(path: str) -> None:
+    """Tells the controller where the `troupe` executable is (`TROUPE_BIN` still wins)."""
