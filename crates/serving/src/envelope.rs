@@ -1,5 +1,5 @@
 //! The request limits and the error envelope of every inbound request, ahead of routing's
-//! handlers (applied by [`crate::listen::serve`] to the gateway and the DataProxy alike).
+//! handlers (applied by `listen::serve` to the gateway and the DataProxy alike).
 //!
 //! Before a handler runs: the URI (at most [`MAX_URI_BYTES`]) and the headers (at most
 //! [`MAX_HEADERS`], [`MAX_HEADER_BYTES`] in all) are checked, then the route's key
@@ -31,7 +31,7 @@ use http_body_util::{BodyExt, Limited};
 
 use crate::error::ApiError;
 use crate::keys::KeyedRoutes;
-use crate::listen::ServeLimits;
+use crate::limits::ServeLimits;
 
 /// Longest accepted path and query, in bytes (414 past it).
 pub const MAX_URI_BYTES: usize = 8 << 10;
@@ -111,7 +111,7 @@ fn too_large(limit: usize) -> Response {
 
 /// Reads the whole body within `max_body_bytes` and `body_read_timeout`.
 async fn buffer(req: Request, limits: ServeLimits) -> Result<Request, Response> {
-    let max = if req.uri().path() == crate::listen::WEIGHTS_PATH {
+    let max = if req.uri().path() == crate::limits::WEIGHTS_PATH {
         limits.max_weights_bytes.max(limits.max_body_bytes)
     } else {
         limits.max_body_bytes

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::breaker::BreakerConfig;
 use super::error::ServingError;
-use super::health::HealthConfig;
+use super::health_config::HealthConfig;
 use super::policy::{CacheAwareConfig, Policy, PolicyKind, RouteContext};
 use super::worker::{HttpWorker, Worker, WorkerInfo, WorkerSpec, WorkerType, parse_url};
 

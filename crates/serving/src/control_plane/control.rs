@@ -7,8 +7,8 @@ use std::sync::Arc;
 use serde_json::Value;
 use troupe_wire::PauseMode;
 
-use super::engines::Engine;
 use super::reconcile::{Reconcile, STALE_PATIENCE, Stale};
+use crate::engines::Engine;
 use crate::{EngineCallError, EngineClient};
 
 /// One server's outcome of a fanned-out control call.

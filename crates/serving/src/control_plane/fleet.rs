@@ -14,8 +14,8 @@ use futures::future::BoxFuture;
 use tokio::sync::Notify;
 
 use super::control::InferenceControl;
-use super::engines::Engine;
 use super::reconcile::Reconcile;
+use crate::engines::Engine;
 
 /// Something that can bring one restarted server onto the current weights (the weight sync,
 /// when it keeps the last update).

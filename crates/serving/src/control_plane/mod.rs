@@ -14,7 +14,7 @@
 //!   the controller and its gRPC API all use it.
 
 pub mod control;
-pub mod engines;
+pub use crate::engines;
 pub mod fleet;
 pub mod members;
 pub mod plane;

@@ -18,11 +18,11 @@ use serde_json::{Map, Value, json};
 use troupe_wire::{ApiError, PauseMode};
 
 use super::control::{InferenceControl, ServerResult};
-use super::engines::Engine;
 use super::fleet::{Fleet, HeadState};
 use super::reconcile::{PlaneReconcile, Reconciler};
 use super::updates::{ClientGroup, LastUpdate};
 use super::weight_sync::{WeightSync, WeightSyncOptions};
+use crate::engines::Engine;
 use crate::router::Router;
 
 /// Longest a status read waits for one engine (see [`ControlPlane::read_timeout`]).

@@ -25,8 +25,8 @@ use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use tokio::task::AbortHandle;
 
-use super::engines::Engine;
 use super::plane::ControlPlane;
+use crate::engines::Engine;
 
 /// How long a call that missed the control timeout is kept open for its answer.
 pub const STALE_PATIENCE: Duration = Duration::from_secs(600);

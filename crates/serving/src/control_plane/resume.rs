@@ -27,10 +27,10 @@ use serde_json::{Map, Value};
 use troupe_wire::{ApiError, PauseMode};
 
 use super::control::{InferenceControl, ServerResult};
-use super::engines::EngineDialect;
 use super::plane::{ControlPlane, breakdown, settle};
 use crate::Refusal;
 use crate::engine_client::version_tag;
+use crate::engines::EngineDialect;
 
 /// A resume that went ahead: the serving engines agreed on `version`.
 #[derive(Debug, Clone)]

@@ -20,11 +20,11 @@ use troupe_wire::ApiError;
 use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
 
 use super::control::{InferenceControl, ServerResult};
-use super::engines::Engine;
 use super::fleet::CatchUp;
 use super::plane::{ControlPlane, answer, failure, settle};
 use super::tensors::HostTensor;
 use super::weight_sync::UpdateReport;
+use crate::engines::Engine;
 
 /// The group name the plane uses for vLLM's transfer engine (vLLM's routes name none).
 pub const VLLM_TRANSFER_GROUP: &str = "troupe-vllm-transfer";

@@ -17,8 +17,8 @@ use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
 use troupe_wire::PauseMode;
 
 use super::control::{InferenceControl, all_ok};
-use super::engines::Engine;
 use super::tensors::{HostTensor, encode};
+use crate::engines::Engine;
 
 /// Settings of weight sync.
 #[derive(Debug, Clone)]

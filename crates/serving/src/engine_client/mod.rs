@@ -22,7 +22,7 @@ use troupe_wire::vllm::{
     WeightTransferInit, WorldSize,
 };
 
-use crate::control_plane::{Engine, EngineDialect};
+use crate::engines::{Engine, EngineDialect};
 use crate::upstream::{UpstreamClient, bearer, read_body};
 use axum::body::Bytes;
 use axum::http::{HeaderValue, Uri};
