@@ -19,6 +19,19 @@ pub async fn within<T>(secs: u64, f: impl std::future::Future<Output = T>) -> T 
         .expect("test step timed out")
 }
 
+/// Whether the reference engine at `url` says it is paused (its `/server_info`).
+pub async fn engine_paused(http: &reqwest::Client, url: &str) -> bool {
+    let v: serde_json::Value = http
+        .get(format!("{url}/server_info"))
+        .send()
+        .await
+        .expect("server_info answers")
+        .json()
+        .await
+        .expect("server_info is JSON");
+    !v["internal_states"][0]["paused"].is_null()
+}
+
 /// Waits for the first event matching `pred`.
 pub async fn wait_event(
     rx: &mut broadcast::Receiver<ClusterEvent>,

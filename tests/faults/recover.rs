@@ -44,6 +44,18 @@ impl Drop for Reap {
     }
 }
 
+/// Runs `troupe serve CFG` with `args` to its end, expecting a refusal; its stderr.
+async fn refused(args: &[&str]) -> String {
+    let out = tokio::process::Command::new(BIN)
+        .args(["serve", CFG])
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success(), "{args:?} was not refused");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 async fn serve(args: &[&str]) -> (tokio::process::Child, String) {
     let mut child = tokio::process::Command::new(BIN)
         .arg("serve")
@@ -80,20 +92,13 @@ async fn a_restarted_controller_reattaches_from_the_state_file_without_relaunchi
         assert_eq!(engines.len(), 4, "four engines");
         assert!(state.exists());
         // While it runs, a second controller may not take over.
-        let out = tokio::process::Command::new(BIN)
-            .args([
-                "serve",
-                CFG,
-                "scheduler.type=local",
-                "--recover",
-                "--state-file",
-                state_arg,
-            ])
-            .output()
-            .await
-            .unwrap();
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = refused(&[
+            "scheduler.type=local",
+            "--recover",
+            "--state-file",
+            state_arg,
+        ])
+        .await;
         assert!(err.contains("still running"), "{err}");
 
         // The controller dies; hosts, servers and gateway go on serving without it.
@@ -102,22 +107,15 @@ async fn a_restarted_controller_reattaches_from_the_state_file_without_relaunchi
         generate(&client, &url, 1).await;
 
         // Another config describes another deployment: refused, naming what differs.
-        let out = tokio::process::Command::new(BIN)
-            .args([
-                "serve",
-                CFG,
-                "scheduler.type=local",
-                "admin_key=recover-key",
-                "gateway.policy=random",
-                "--recover",
-                "--state-file",
-                state_arg,
-            ])
-            .output()
-            .await
-            .unwrap();
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = refused(&[
+            "scheduler.type=local",
+            "admin_key=recover-key",
+            "gateway.policy=random",
+            "--recover",
+            "--state-file",
+            state_arg,
+        ])
+        .await;
         assert!(
             err.contains("gateway.policy") && err.contains("--discard-state"),
             "{err}"
@@ -219,19 +217,7 @@ async fn a_crashed_controllers_state_is_not_overwritten_without_discard_state() 
         first.start_kill().unwrap();
         first.wait().await.unwrap();
         // Starting again without --recover: refused, naming both ways out; nothing changed.
-        let out = tokio::process::Command::new(BIN)
-            .args([
-                "serve",
-                CFG,
-                "scheduler.type=local",
-                "--state-file",
-                state_arg,
-            ])
-            .output()
-            .await
-            .unwrap();
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = refused(&["scheduler.type=local", "--state-file", state_arg]).await;
         assert!(
             err.contains("--recover") && err.contains("--discard-state"),
             "{err}"
@@ -280,19 +266,6 @@ fn engine_url(pid: u32) -> String {
     format!("http://127.0.0.1:{}", args[i + 1])
 }
 
-/// Whether the engine at `url` says it is paused.
-async fn engine_paused(client: &reqwest::Client, url: &str) -> bool {
-    let v: Value = client
-        .get(format!("{url}/server_info"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    !v["internal_states"][0]["paused"].is_null()
-}
-
 fn signal(pid: u32, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
 }
@@ -334,7 +307,7 @@ async fn a_controller_killed_mid_update_leaves_a_fleet_that_recovery_brings_back
             })
         };
         for u in &urls[1..] {
-            while !engine_paused(&client, u).await {
+            while !common::engine_paused(&client, u).await {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         }
@@ -343,14 +316,14 @@ async fn a_controller_killed_mid_update_leaves_a_fleet_that_recovery_brings_back
         push.abort();
         signal(engines[0], Signal::SIGCONT);
         assert!(
-            engine_paused(&client, &urls[1]).await,
+            common::engine_paused(&client, &urls[1]).await,
             "left paused by the dead controller"
         );
 
         // The recovering controller reads the engines and resumes them on their one version.
         let (mut second, _) = serve(&["--state-file", state_arg, "--recover"]).await;
         for u in &urls {
-            assert!(!engine_paused(&client, u).await, "{u} serves again");
+            assert!(!common::engine_paused(&client, u).await, "{u} serves again");
         }
         let paused = client
             .get(format!("{url}/is_paused"))
@@ -397,7 +370,7 @@ async fn a_controller_killed_mid_update_leaves_a_fleet_that_recovery_brings_back
         let (mut third, _) = serve(&["--state-file", state_arg, "--recover"]).await;
         for u in &urls {
             assert!(
-                engine_paused(&client, u).await,
+                common::engine_paused(&client, u).await,
                 "{u} is paused as the client left it"
             );
         }

@@ -23,15 +23,7 @@ pub(crate) async fn engine() -> EngineHandle {
 
 /// Whether the engine at `url` says it is paused.
 pub(crate) async fn is_paused(http: &reqwest::Client, url: &str) -> bool {
-    let v: Value = http
-        .get(format!("{url}/server_info"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    !v["internal_states"][0]["paused"].is_null()
+    common::engine_paused(http, url).await
 }
 
 fn config(urls: &[String]) -> GatewayConfig {
