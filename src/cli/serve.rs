@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use troupe_controller::serve::config::{SchedulerType, ServeConfig};
 use troupe_controller::serve::recover::{self, Settled};
-use troupe_controller::serve::setup::{admin_key, cluster_builder, cluster_from, fork_options};
+use troupe_controller::serve::setup::{
+    admin_key, cluster_builder, cluster_from, configured_admin_key, fork_options,
+};
 use troupe_controller::serve::state::ServeState;
 use troupe_controller::serve::{Deployment, ServingEvent};
 use troupe_controller::{Cluster, api};
@@ -96,12 +98,6 @@ async fn refuse_or_discard_state(path: &std::path::Path, discard: bool) -> Resul
         );
     }
     std::fs::remove_file(path).map_err(|e| format!("cannot remove {}: {e}", path.display()))
-}
-
-/// Whether the admin key comes from the user (config or environment), not generated here.
-fn configured_key(cfg: &ServeConfig) -> bool {
-    cfg.admin_key.as_deref().is_some_and(|k| !k.is_empty())
-        || std::env::var("TROUPE_ADMIN_KEY").is_ok_and(|k| !k.is_empty())
 }
 
 /// The state file to write, if the hosts can outlive this controller.
@@ -363,7 +359,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     }
     // A key this run generated is shown once, so its user can call the control endpoints; a
     // configured one is the user's already and never printed.
-    let shown = if configured_key(&cfg) {
+    let shown = if configured_admin_key(&cfg).is_some() {
         "configured (admin_key / TROUPE_ADMIN_KEY)".to_string()
     } else {
         format!("{key} (generated for this run)")

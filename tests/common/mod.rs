@@ -19,6 +19,18 @@ pub async fn within<T>(secs: u64, f: impl std::future::Future<Output = T>) -> T 
         .expect("test step timed out")
 }
 
+/// Polls `check` until it holds; panics after a minute (the test is stuck, not slow).
+pub async fn until<F: std::future::Future<Output = bool>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Whether the reference engine at `url` says it is paused (its `/server_info`).
 pub async fn engine_paused(http: &reqwest::Client, url: &str) -> bool {
     let v: serde_json::Value = http

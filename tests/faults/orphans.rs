@@ -97,10 +97,7 @@ async fn a_watched_host_stays_and_stops_once_its_controller_is_gone() {
     within(60, async {
         let (mut child, addr) = host("1").await;
         // A controller's watch, as `Cluster` opens one for each host.
-        let mut client = ActorHostClient::connect(format!("http://{addr}"))
-            .await
-            .unwrap();
-        let watch = client.watch(WatchRequest {}).await.unwrap().into_inner();
+        let w = watch(&addr).await;
         // Watched: well past the grace, the host still serves.
         let until = Instant::now() + Duration::from_millis(2500);
         while Instant::now() < until {
@@ -108,8 +105,7 @@ async fn a_watched_host_stays_and_stops_once_its_controller_is_gone() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         // The controller goes (its connection closes): the host stops by itself.
-        drop(watch);
-        drop(client);
+        drop(w);
         let status = child.wait().await.unwrap();
         assert!(status.success(), "{status}");
     })

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::common;
 
 use common::procs::EngineProcess;
-use common::within;
+use common::{until, within};
 use nix::sys::signal::Signal;
 use serde_json::json;
 use troupe_serving::WorkerSpec;
@@ -15,17 +15,6 @@ use troupe_serving::gateway::{self, GatewayConfig};
 
 use super::fleet_control::Fleet;
 use super::fleet_standalone::{engine, is_paused};
-
-/// Polls `f` every 50 ms until it is true (the test's own deadline bounds it).
-async fn until<F, Fut>(mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    while !f().await {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_engine_that_missed_a_pause_serves_again_when_it_wakes() {
@@ -53,7 +42,7 @@ async fn a_frozen_engine_that_missed_a_pause_serves_again_when_it_wakes() {
             })
         };
         // The pause is under way once the live engine has it.
-        until(|| is_paused(&f.http, &au)).await;
+        until("the live engine paused", || is_paused(&f.http, &au)).await;
         // Status answers now, from the state the last finished operation left, not after
         // the stuck one.
         let (s, v) = f.get("/is_paused").await;
@@ -79,7 +68,10 @@ async fn a_frozen_engine_that_missed_a_pause_serves_again_when_it_wakes() {
         // The frozen engine wakes with the stale pause in its socket and applies it; the
         // fleet brings it back to serving.
         b.signal(Signal::SIGCONT);
-        until(|| async { f.get("/server_info").await.1["fleet"]["in_doubt"] == json!([]) }).await;
+        until("no engine in doubt", || async {
+            f.get("/server_info").await.1["fleet"]["in_doubt"] == json!([])
+        })
+        .await;
         let direct = reqwest::Client::new();
         assert!(
             !is_paused(&direct, &bu).await,
@@ -166,7 +158,9 @@ async fn unhealthy_workers_are_skipped_and_new_or_returning_ones_wait_for_the_fl
         let b2 = engine_on(b_port).await;
         assert_ne!(version_of(&bu).await, "v2");
         g.router().get(&bu).unwrap().set_healthy(true);
-        until(|| async { version_of(&bu).await == "v2" && worker(&f, &bu).await["held"] == false })
+        until("b caught up and routed", || async {
+            version_of(&bu).await == "v2" && worker(&f, &bu).await["held"] == false
+        })
             .await;
 
         // A worker registered on other weights is held from the start, caught up, then routed;
@@ -179,7 +173,7 @@ async fn unhealthy_workers_are_skipped_and_new_or_returning_ones_wait_for_the_fl
         assert_eq!(v["worker"]["held"], true, "{v}");
         let (s, v) = f.post("/continue_generation", json!({})).await;
         assert_eq!(s, 200, "{v}");
-        until(|| async { worker(&f, &cu).await["held"] == false }).await;
+        until("c routed", || async { worker(&f, &cu).await["held"] == false }).await;
         assert_eq!(version_of(&cu).await, "v2");
         for _ in 0..6 {
             f.greedy().await;

@@ -7,12 +7,11 @@
 
 use crate::common;
 
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::within;
+use common::{until, within};
 use tokio::sync::watch;
 use troupe_controller::Cluster;
 use troupe_controller::rollout::workflow::version_number;
@@ -23,15 +22,6 @@ use troupe_controller::rollout::{
 use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_scheduler::AllocationPlan;
 use troupe_serving::inference::WorkerType;
-
-/// Polls `check` until it holds; panics after a minute (the test is stuck, not slow).
-async fn until<F: Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 /// A PD deployment (1 prefill, 2 decode; 4 ms decode steps).
 struct Pd {

@@ -108,8 +108,13 @@ pub fn stop_when_orphaned(
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(tick) => {}
             }
+            // The recovery file is read only while no controller watches (and only once the
+            // short grace has passed), never on a watched host's ticks.
+            let Some(unwatched) = watchers.unwatched_for().filter(|d| *d >= short) else {
+                continue;
+            };
             let grace = grace_now(&watchers);
-            if watchers.unwatched_for().is_some_and(|d| d >= grace) {
+            if unwatched >= grace {
                 tracing::warn!(
                     grace_s = grace.as_secs_f64(),
                     "no controller has watched this host for its orphan grace: shutting down"

@@ -31,9 +31,34 @@ tokio::task_local! {
     static CHAIN: HeaderValue;
 }
 
-/// A fresh gateway id.
-pub fn new_id() -> Arc<str> {
-    Arc::from(uuid::Uuid::new_v4().simple().to_string())
+/// A gateway's place in via chains: its id, and the chain of a request that passed no gateway
+/// before (built once: most requests come straight from clients).
+#[derive(Debug, Clone)]
+pub struct Hop {
+    id: Arc<str>,
+    alone: HeaderValue,
+}
+
+impl Hop {
+    /// A fresh gateway id.
+    pub fn new() -> Self {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        Hop {
+            alone: HeaderValue::from_str(&id).unwrap_or(HeaderValue::from_static("gateway")),
+            id: Arc::from(id),
+        }
+    }
+
+    /// The id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Default for Hop {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// The ids in a request's via header.
@@ -50,9 +75,13 @@ fn chain(headers: &HeaderMap) -> Vec<&str> {
 
 /// The gateway's layer: refuses a request that has looped, and runs the rest with the chain
 /// its upstream requests carry.
-pub async fn guard(State(me): State<Arc<str>>, req: Request, next: Next) -> Response {
+pub async fn guard(State(hop): State<Arc<Hop>>, req: Request, next: Next) -> Response {
+    if !req.headers().contains_key(VIA_HEADER) {
+        return CHAIN.scope(hop.alone.clone(), next.run(req)).await;
+    }
+    let me = &*hop.id;
     let seen = chain(req.headers());
-    if seen.iter().any(|id| *id == &*me) {
+    if seen.contains(&me) {
         return ApiError::new(
             StatusCode::LOOP_DETECTED,
             format!(
@@ -74,7 +103,7 @@ pub async fn guard(State(me): State<Arc<str>>, req: Request, next: Next) -> Resp
         .into_response();
     }
     let mut ids: Vec<&str> = seen;
-    ids.push(&me);
+    ids.push(me);
     let Ok(value) = HeaderValue::from_str(&ids.join(",")) else {
         return ApiError::bad_request(format!("{VIA_HEADER} must be printable text"))
             .into_response();
@@ -82,13 +111,10 @@ pub async fn guard(State(me): State<Arc<str>>, req: Request, next: Next) -> Resp
     CHAIN.scope(value, next.run(req)).await
 }
 
-/// Runs `f` as gateway `me` serving no request (its own start-up work, such as probing the
+/// Runs `f` as gateway `hop` serving no request (its own start-up work, such as probing the
 /// workers of its config).
-pub async fn as_gateway<F: std::future::Future>(me: &str, f: F) -> F::Output {
-    match HeaderValue::from_str(me) {
-        Ok(v) => CHAIN.scope(v, f).await,
-        Err(_) => f.await,
-    }
+pub async fn as_gateway<F: std::future::Future>(hop: &Hop, f: F) -> F::Output {
+    CHAIN.scope(hop.alone.clone(), f).await
 }
 
 /// The chain to send upstream from the request being served, if any.

@@ -6,8 +6,8 @@
 //! make the gateway hold a weight push's 4 GiB before its 401. [`KeyedRoutes`] is handed to
 //! [`crate::listen::serve`], and the envelope consults it first: a request on a keyed route
 //! without its key is answered 401 at once and its connection closed (the body is never read).
-//! The route handlers' own checks (`control_api`, `gateway/admin.rs`) go through
-//! [`KeyedRoutes::allows`] too, so the two can never disagree.
+//! It is the one check: the handlers behind it (`control_api`, `gateway/admin.rs`) do not
+//! check again.
 
 use std::sync::Arc;
 
@@ -85,13 +85,8 @@ impl KeyedRoutes {
         self
     }
 
-    /// Whether a request to `path` with `headers` may proceed.
-    pub fn allows(&self, path: &str, headers: &HeaderMap) -> bool {
-        self.check(path, headers).is_ok()
-    }
-
     /// `Err(401)` for a request to `path` that lacks its key.
-    pub fn check(&self, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
+    fn check(&self, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
         let Some(rule) = self.rules.iter().find(|r| r.paths.matches(path)) else {
             return Ok(());
         };
@@ -130,6 +125,12 @@ mod tests {
             HeaderValue::from_str(v).unwrap_or_else(|_| HeaderValue::from_static("")),
         );
         h
+    }
+
+    impl KeyedRoutes {
+        fn allows(&self, path: &str, headers: &HeaderMap) -> bool {
+            self.refusal(path, headers).is_none()
+        }
     }
 
     #[test]

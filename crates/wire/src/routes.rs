@@ -123,9 +123,15 @@ pub const ROUTES: &[Route] = &[
     route("/update_weights_from_tensor", POST, None, true, Admin, Side::Gateway),
 ];
 
-/// The route at `path`, if it is a control route.
+/// The route at `path`, if it is a control route. One hash lookup: every request to the
+/// gateway and the engine asks (their key checks).
 pub fn find(path: &str) -> Option<&'static Route> {
-    ROUTES.iter().find(|r| r.path == path)
+    static BY_PATH: std::sync::OnceLock<std::collections::HashMap<&'static str, &'static Route>> =
+        std::sync::OnceLock::new();
+    BY_PATH
+        .get_or_init(|| ROUTES.iter().map(|r| (r.path, r)).collect())
+        .get(path)
+        .copied()
 }
 
 /// Paths the gateway serves as fleet control endpoints.

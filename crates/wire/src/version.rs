@@ -44,26 +44,15 @@ impl WeightVersion {
         &self.0
     }
 
-    /// Where the step's digits are: (start, end) byte offsets of the first run of digits.
-    fn digits(&self) -> Option<(usize, usize)> {
-        let start = self.0.find(|c: char| c.is_ascii_digit())?;
-        let end = self.0[start..]
-            .find(|c: char| !c.is_ascii_digit())
-            .map_or(self.0.len(), |n| start + n);
-        Some((start, end))
-    }
-
     /// The step number: the first run of digits, 0 when there is none (or it overflows).
     pub fn step(&self) -> u64 {
-        self.digits()
-            .and_then(|(a, b)| self.0[a..b].parse().ok())
-            .unwrap_or(0)
+        step_of(&self.0)
     }
 
     /// The version after this one: its step incremented in place, or `"1"` when it has no
     /// step; `None` when the step cannot grow (it is `u64::MAX`, or too long to be a number).
     pub fn next(&self) -> Option<WeightVersion> {
-        let Some((a, b)) = self.digits() else {
+        let Some((a, b)) = digits(&self.0) else {
             return Some(WeightVersion("1".into()));
         };
         let n: u64 = self.0[a..b].parse().ok()?;
@@ -82,10 +71,21 @@ impl std::fmt::Display for WeightVersion {
     }
 }
 
+/// Where a version's step is: the (start, end) byte offsets of its first run of digits.
+fn digits(v: &str) -> Option<(usize, usize)> {
+    let start = v.find(|c: char| c.is_ascii_digit())?;
+    let end = v[start..]
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or(v.len(), |n| start + n);
+    Some((start, end))
+}
+
 /// The step number of a version given as a string (see [`WeightVersion::step`]): what the
-/// staleness bound compares.
+/// staleness bound compares, for every token's version.
 pub fn step_of(v: &str) -> u64 {
-    WeightVersion(v.to_string()).step()
+    digits(v)
+        .and_then(|(a, b)| v[a..b].parse().ok())
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

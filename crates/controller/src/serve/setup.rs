@@ -102,11 +102,15 @@ pub async fn cluster_for(cfg: &ServeConfig) -> Result<Cluster, String> {
     cluster_from(cfg, cluster_builder(cfg)).await
 }
 
-/// The admin key: the config's, else `$TROUPE_ADMIN_KEY`, else a fresh random one.
-pub fn admin_key(cfg: &ServeConfig) -> String {
+/// The admin key the user gave: the config's, else `$TROUPE_ADMIN_KEY` (never printed).
+pub fn configured_admin_key(cfg: &ServeConfig) -> Option<String> {
     cfg.admin_key
         .clone()
         .or_else(|| std::env::var("TROUPE_ADMIN_KEY").ok())
         .filter(|k| !k.is_empty())
-        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string())
+}
+
+/// The admin key: the one configured ([`configured_admin_key`]), else a fresh random one.
+pub fn admin_key(cfg: &ServeConfig) -> String {
+    configured_admin_key(cfg).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string())
 }

@@ -19,7 +19,6 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::header;
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
@@ -55,8 +54,8 @@ pub enum ControlAuth {
 }
 
 impl ControlAuth {
-    /// The key rule of the control routes, for the server's [`KeyedRoutes`] (checked before a
-    /// body is read) and for the routes' own layer.
+    /// The key rule of the control routes, for the server's [`KeyedRoutes`]: the one check,
+    /// made from the request head before a body is read.
     pub fn keyed(&self, routes: KeyedRoutes) -> KeyedRoutes {
         const WHAT: &str = "a fleet control endpoint";
         match self {
@@ -69,38 +68,23 @@ impl ControlAuth {
     }
 }
 
-/// The routes' own check (the same rule as the server's head check, so a router served
-/// elsewhere is never open by accident).
-async fn check_auth(State(keys): State<Arc<KeyedRoutes>>, req: Request, next: Next) -> Response {
-    match keys.refusal(req.uri().path(), req.headers()) {
-        Some(refused) => refused,
-        None => next.run(req).await,
-    }
-}
-
-/// The control endpoints served from `plane`, behind `auth`. Weight pushes
-/// (`/update_weights_from_tensor`) may be up to `max_tensor_bytes`; every other body is bounded
-/// by the server's own limit.
-pub fn router(
-    plane: Arc<ControlPlane>,
-    auth: ControlAuth,
-    max_tensor_bytes: usize,
-) -> axum::Router {
-    let r = sglang::routes()
+/// The control endpoints served from `plane`. Weight pushes (`/update_weights_from_tensor`)
+/// may be up to `max_tensor_bytes`; every other body is bounded by the server's own limit. Who
+/// may call them is the server's [`KeyedRoutes`] ([`ControlAuth::keyed`]), which
+/// `crate::listen::serve` checks before any handler: serve these routes only through it.
+pub(crate) fn router(plane: Arc<ControlPlane>, max_tensor_bytes: usize) -> axum::Router {
+    sglang::routes()
         .merge(vllm::routes())
         .merge(tensor::routes(max_tensor_bytes))
-        .with_state(plane);
-    let keys = auth.keyed(KeyedRoutes::open());
-    r.layer(middleware::from_fn_with_state(Arc::new(keys), check_auth))
+        .with_state(plane)
 }
 
 /// The control endpoints answered by the plane behind `upstream` (another server's
-/// [`router`]): the request is checked against `auth` here, then passed on with `key` as its
-/// bearer. Bodies up to `max_tensor_bytes` pass.
-pub fn forwarder(
+/// [`router`]), passed on with `key` as their bearer. Bodies up to `max_tensor_bytes` pass.
+/// Keys are checked as for [`router`].
+pub(crate) fn forwarder(
     upstream: Upstream,
     client: reqwest::Client,
-    auth: ControlAuth,
     key: Option<String>,
     max_tensor_bytes: usize,
 ) -> axum::Router {
@@ -115,10 +99,6 @@ pub fn forwarder(
     }
     r.with_state(fwd)
         .layer(axum::extract::DefaultBodyLimit::max(max_tensor_bytes))
-        .layer(middleware::from_fn_with_state(
-            Arc::new(auth.keyed(KeyedRoutes::open())),
-            check_auth,
-        ))
 }
 
 /// Where a forwarding gateway sends control requests; settable while it runs (a controller
@@ -273,7 +253,7 @@ pub async fn serve(
         }
     };
     let keys = auth.keyed(KeyedRoutes::open());
-    let app = router(plane, auth, max_tensor_bytes);
+    let app = router(plane, max_tensor_bytes);
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(crate::listen::serve(listener, app, limits, keys, async {
         let _ = rx.await;

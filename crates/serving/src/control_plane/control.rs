@@ -30,10 +30,11 @@ pub struct InferenceControl {
     fleet: Arc<super::fleet::Fleet>,
 }
 
-/// A patient call not yet answered: handed to the reconciler if it is still open when its
-/// caller stops waiting (timeout, or the caller's future dropped).
+/// A patient call not yet answered, polled in place by its caller: handed to the reconciler
+/// (which then drives it on a task of its own) if it is still open when the caller stops
+/// waiting (timeout, or the caller's future dropped), or cut when nobody reconciles.
 struct Open<T: Send + 'static> {
-    task: Option<tokio::task::JoinHandle<T>>,
+    call: Option<futures::future::BoxFuture<'static, T>>,
     engine: Engine,
     op: &'static str,
     /// `None`: nobody reconciles, so an unanswered call is cut.
@@ -42,24 +43,15 @@ struct Open<T: Send + 'static> {
 
 impl<T: Send + 'static> Drop for Open<T> {
     fn drop(&mut self) {
-        let Some(task) = self.task.take() else {
+        let (Some(call), Some(reconciler)) = (self.call.take(), &self.reconciler) else {
             return;
         };
-        if task.is_finished() {
-            return;
-        }
-        let Some(reconciler) = &self.reconciler else {
-            task.abort();
-            return;
-        };
-        let abort = task.abort_handle();
         reconciler.reconcile(Stale {
             engine: self.engine.clone(),
             op: self.op,
-            done: Box::pin(async move {
-                let _ = task.await;
+            call: Box::pin(async move {
+                let _ = call.await;
             }),
-            abort,
         });
     }
 }
@@ -266,12 +258,13 @@ impl InferenceControl {
         futures::future::join_all(calls).await
     }
 
-    /// Runs a state-changing `call` on every server at once, each as a task of its own, and
-    /// waits for each up to the client's timeout: `Ok(answer)` (the call's own result, whatever
-    /// it is) or `Err` when it did not answer in time. A call still unanswered then (or when
-    /// this future is dropped) is not cut: the engine may yet apply it, so it stays open and
-    /// goes to the fleet's reconciler (`super::reconcile`), which brings the engine to the
-    /// fleet's state once it answers. Without a reconciler, calls are cut at the timeout.
+    /// Runs a state-changing `call` on every server at once and waits for each up to the
+    /// client's timeout: `Ok(answer)` (the call's own result, whatever it is) or `Err` when it
+    /// did not answer in time. A call still unanswered then (or when this future is dropped) is
+    /// not cut: the engine may yet apply it, so it stays open and goes to the fleet's
+    /// reconciler (`super::reconcile`), which brings the engine to the fleet's state once it
+    /// answers. Calls run in place (no task each) until then. Without a reconciler, calls are
+    /// cut at the timeout.
     pub async fn fan_out_patient<T, F, Fut>(
         &self,
         op: &'static str,
@@ -290,24 +283,25 @@ impl InferenceControl {
         };
         let calls = self.engines().into_iter().map(|e| {
             let mut open = Open {
-                task: Some(tokio::spawn(crate::hops::carry(call(client.clone(), e.clone())))),
+                call: Some(Box::pin(crate::hops::carry(call(client.clone(), e.clone())))),
                 engine: e,
                 op,
                 reconciler: reconciler.clone(),
             };
             async move {
-                let result = match open.task.as_mut() {
-                    None => Err(format!("{op}: not sent")),
-                    Some(task) => match tokio::time::timeout(wait, task).await {
-                        Ok(joined) => {
-                            drop(open.task.take());
-                            joined.map_err(|j| format!("{op}: the call failed: {j}"))
-                        }
-                        Err(_) if open.reconciler.is_some() => Err(format!(
-                            "{op}: no answer within {wait:?}; the call stays open and the engine is brought to the fleet's state once it answers"
-                        )),
-                        Err(_) => Err(format!("{op}: no answer within {wait:?}")),
-                    },
+                let answered = match open.call.as_mut() {
+                    Some(c) => tokio::time::timeout(wait, c).await.ok(),
+                    None => None,
+                };
+                let result = match answered {
+                    Some(a) => {
+                        open.call = None;
+                        Ok(a)
+                    }
+                    None if open.reconciler.is_some() => Err(format!(
+                        "{op}: no answer within {wait:?}; the call stays open and the engine is brought to the fleet's state once it answers"
+                    )),
+                    None => Err(format!("{op}: no answer within {wait:?}")),
                 };
                 ServerResult {
                     url: open.engine.url.clone(),

@@ -41,10 +41,9 @@ pub struct Stale {
     pub engine: Engine,
     /// The endpoint, for logs.
     pub op: &'static str,
-    /// Resolves when the call has answered or failed (within [`STALE_PATIENCE`]).
-    pub done: BoxFuture<'static, ()>,
-    /// Stops the call (the plane is gone).
-    pub abort: AbortHandle,
+    /// The call itself, still to be driven: resolves when it has answered or failed (within
+    /// [`STALE_PATIENCE`]).
+    pub call: BoxFuture<'static, ()>,
 }
 
 /// Who settles engines whose state is in doubt (the plane, registered on its fleet).
@@ -73,9 +72,9 @@ pub(crate) struct PlaneReconcile(pub(crate) Weak<ControlPlane>);
 
 impl Reconcile for PlaneReconcile {
     fn reconcile(&self, stale: Stale) {
+        // Without the plane or a runtime nobody can settle it: dropping the call cuts it.
         let (Some(plane), Ok(rt)) = (self.0.upgrade(), tokio::runtime::Handle::try_current())
         else {
-            stale.abort.abort();
             return;
         };
         plane.fleet().doubt(&stale.engine.url);
@@ -85,21 +84,15 @@ impl Reconcile for PlaneReconcile {
             "no answer within the control timeout; the call stays open and the engine will be brought to the fleet's state when it answers"
         );
         let weak = self.0.clone();
-        let Stale {
-            engine,
-            op,
-            done,
-            abort,
-        } = stale;
+        let Stale { engine, op, call } = stale;
         let task = rt.spawn(async move {
-            done.await;
+            call.await;
             if let Some(plane) = weak.upgrade() {
                 plane.settle(&engine, op).await;
             }
         });
         let mut tasks = plane.reconciler.tasks.lock();
         tasks.retain(|t| !t.is_finished());
-        tasks.push(abort);
         tasks.push(task.abort_handle());
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
@@ -17,18 +17,15 @@ use crate::error::ApiError;
 use crate::keys::{KeyedRoutes, Paths};
 use crate::worker::{WorkerSpec, WorkerType};
 
-/// The admin routes' key rule, for the server's [`KeyedRoutes`] (checked before a body is read)
-/// and for the handlers' own check.
+/// The admin routes' key rule, for the server's [`KeyedRoutes`]: checked by
+/// `crate::listen::serve` from the request head, before these handlers and before a body is
+/// read.
 pub(super) fn keyed(admin_key: Option<&str>, routes: KeyedRoutes) -> KeyedRoutes {
     routes.with(
         Paths::Tree("/workers"),
         admin_key,
         "worker management, a control-plane endpoint",
     )
-}
-
-fn authorize(state: &GatewayState, headers: &HeaderMap) -> Result<(), ApiError> {
-    keyed(state.cfg.admin_key.as_deref(), KeyedRoutes::open()).check("/workers", headers)
 }
 
 /// Parses `POST /workers` strictly enough to name what is wrong.
@@ -93,10 +90,8 @@ fn parse_spec(body: &[u8]) -> Result<WorkerSpec, ApiError> {
 /// `POST /workers`.
 pub(super) async fn add(
     State(state): State<Arc<GatewayState>>,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
     let spec = parse_spec(&body)?;
     let info = state.admit(&spec).await?;
     Ok((
@@ -115,11 +110,7 @@ pub(super) async fn add(
 }
 
 /// `GET /workers`.
-pub(super) async fn list(
-    State(state): State<Arc<GatewayState>>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
+pub(super) async fn list(State(state): State<Arc<GatewayState>>) -> Result<Response, ApiError> {
     let ws = state.router.list();
     let count = |t: WorkerType| ws.iter().filter(|w| w.worker_type == t).count();
     let stats = json!({
@@ -136,10 +127,8 @@ pub(super) async fn list(
 /// `GET /workers/{id}`.
 pub(super) async fn get_one(
     State(state): State<Arc<GatewayState>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
     let w = state.router.get(&id).ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -152,10 +141,8 @@ pub(super) async fn get_one(
 /// `DELETE /workers/{id}`.
 pub(super) async fn remove(
     State(state): State<Arc<GatewayState>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
     let info = state.router.remove_worker(&id)?;
     Ok(axum::Json(json!({
         "success": true,

@@ -179,8 +179,8 @@ pub(crate) struct GatewayState {
     /// `Bearer <worker_api_key>`, sent with every forwarded request.
     pub(crate) worker_auth: Option<axum::http::HeaderValue>,
     pub(crate) metrics: Metrics,
-    /// This gateway's id in the via chain of what it forwards (`crate::hops`).
-    pub(crate) id: Arc<str>,
+    /// This gateway's place in the via chain of what it forwards (`crate::hops`).
+    pub(crate) hop: Arc<crate::hops::Hop>,
     /// Where it listens: a worker at this address is the gateway itself.
     pub(crate) addr: SocketAddr,
     /// Its own control plane, when it is one (standalone): new workers may join held.
@@ -353,7 +353,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         upstream: upstream.clone(),
         worker_auth,
         metrics: Metrics::default(),
-        id: crate::hops::new_id(),
+        hop: Arc::new(crate::hops::Hop::new()),
         addr,
         plane: std::sync::OnceLock::new(),
         cfg,
@@ -363,7 +363,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
             "refusing to serve the gateway on {addr} without an admin key: anyone who reaches it could add or remove workers; set admin_key (config `admin_key`, TROUPE_ADMIN_KEY) or listen on 127.0.0.1"
         )));
     }
-    crate::hops::as_gateway(&state.id, state.admit_all(&state.cfg.workers)).await?;
+    crate::hops::as_gateway(&state.hop, state.admit_all(&state.cfg.workers)).await?;
     let auth = control_auth(&state.cfg, addr)?;
     let keys = auth.keyed(admin::keyed(
         state.cfg.admin_key.as_deref(),
@@ -401,11 +401,10 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
     };
     let max_w = state.cfg.max_weights_bytes.max(state.cfg.max_body_bytes);
     let control_routes = match &control {
-        Control::Local(p) => control_api::router(p.clone(), auth, max_w),
+        Control::Local(p) => control_api::router(p.clone(), max_w),
         Control::Upstream(u) => control_api::forwarder(
             u.clone(),
             client.clone(),
-            auth,
             state.cfg.admin_key.clone(),
             max_w,
         ),
@@ -413,7 +412,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
     let app = app(state.clone())
         .merge(control_routes)
         .layer(axum::middleware::from_fn_with_state(
-            state.id.clone(),
+            state.hop.clone(),
             crate::hops::guard,
         ));
     let (tx, rx) = oneshot::channel::<()>();
