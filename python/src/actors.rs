@@ -16,6 +16,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyBytes, PyDict, PyList, PyTuple};
 use troupe_actors::builtin::python::{PyCall, PyInfo, PyOutcome, PyWorker, PyWorkerArgs};
+use troupe_actors::builtin::python_wire::split_target;
 use troupe_controller::{ActorHandle, CallError, HostHandle, SpawnOptions};
 
 use crate::errors::{ActorDiedError, ClusterError, RemoteError, call_error};
@@ -60,7 +61,10 @@ pub fn spec(
         Some(p) => p,
         None => py.import("sys")?.getattr("executable")?.extract()?,
     };
-    let label = target.rsplit(':').next().unwrap_or(&target).to_string();
+    // `_spec` refused anything but an import path; the label is its class's qualified name.
+    let label = split_target(&target)
+        .map_or(target.as_str(), |(_, q)| q)
+        .to_string();
     Ok(Spec {
         target,
         main_file,

@@ -89,3 +89,38 @@ class Opaque:
 class Keeper:
     def keep(self, x):
         return x
+
+
+class Gate:
+    """Async methods that can only finish when they run concurrently (each waits for a later
+    call), beside sync methods that see how far they got."""
+
+    def __init__(self):
+        self.started = []
+        self.events = {}
+
+    def _event(self, name):
+        if name not in self.events:
+            self.events[name] = asyncio.Event()
+        return self.events[name]
+
+    async def enter(self, i):
+        self.started.append(i)
+        await self._event("open").wait()
+        return i
+
+    def open(self):
+        self._event("open").set()
+        return list(self.started)
+
+    async def meet(self, mine, theirs):
+        self.started.append(mine)
+        self._event(mine).set()
+        await self._event(theirs).wait()
+        return mine
+
+    def run_own_loop(self):
+        return asyncio.run(asyncio.sleep(0, result="ran"))
+
+    async def cancelled(self):
+        raise asyncio.CancelledError("given up")

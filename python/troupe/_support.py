@@ -1,5 +1,6 @@
 """Python-side pieces of the bindings that only Python can hold: the event loop Python
-workflows run on, the walk over a dataloader, and traceback formatting."""
+workflows run on, the walk over a dataloader, traceback formatting, and the reading of import
+paths."""
 
 import asyncio
 import concurrent.futures
@@ -34,7 +35,11 @@ class LoopThread:
             tasks = [t for t in asyncio.all_tasks() if t is not me]
             for t in tasks:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            for r in await asyncio.gather(*tasks, return_exceptions=True):
+                # Cancelled is what was asked; anything else an episode raised on its way out
+                # would otherwise be lost here.
+                if isinstance(r, Exception):
+                    log.warning("a rollout episode raised while being cancelled", exc_info=r)
 
         try:
             asyncio.run_coroutine_threadsafe(cancel(), self.loop).result(timeout)
@@ -77,3 +82,24 @@ def format_exception(e: BaseException) -> str:
 def report_failure(text: str) -> None:
     """An episode failed: logged with its traceback (on stderr unless logging is configured)."""
     log.error("rollout episode failed:\n%s", text)
+
+
+def split_target(path: str, dotted: bool = False) -> tuple[str, str]:
+    """`"package.module:Qual.Name"` as `("package.module", "Qual.Name")`: the one reading of an
+    import path on the Python side (Rust's is `python_wire::split_target`, which reads it the
+    same way). With `dotted`, `package.module.name` is read too, split at its last dot. A path
+    without both parts is a ValueError."""
+    module, sep, qualname = path.partition(":")
+    if not sep and dotted:
+        module, _, qualname = path.rpartition(".")
+    if not module or not qualname:
+        raise ValueError(f"{path!r} is not an import path like 'package.module:Name'")
+    return module, qualname
+
+
+def lookup(module: Any, qualname: str) -> Any:
+    """`Qual.Name` (from `split_target`) in `module`, one attribute at a time."""
+    obj = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj

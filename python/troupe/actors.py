@@ -5,6 +5,8 @@ import os
 import sys
 from typing import Optional, TypeVar, Union
 
+from ._support import split_target
+
 T = TypeVar("T", bound=type)
 
 
@@ -29,9 +31,10 @@ def _user_paths() -> list[str]:
 def _spec(cls: Union[type, str]) -> tuple[str, Optional[str], list[str]]:
     """`(target, main_file, sys_path)` for a class or an import path string."""
     if isinstance(cls, str):
-        mod, sep, name = cls.partition(":")
-        if not sep or not mod or not name:
-            raise ValueError(f"{cls!r}: give a class or an import path like 'mypkg.workers:FSDPWorker'")
+        try:
+            split_target(cls)
+        except ValueError as e:
+            raise ValueError(f"{e}: give a class or an import path like 'mypkg.workers:FSDPWorker'") from e
         return cls, None, _user_paths()
     if not isinstance(cls, type):
         raise TypeError(f"expected a class or 'module:Class', got {type(cls).__name__}")

@@ -7,6 +7,7 @@ import importlib
 import inspect
 from typing import Any, Callable, Mapping, Optional, Union
 
+from ._support import lookup, split_target
 from ._troupe import InferenceClient, Trajectory
 
 _SAMPLING = ("max_new_tokens", "temperature", "top_p", "stop_token_ids", "ignore_eos", "greedy", "n_samples")
@@ -14,12 +15,11 @@ _SAMPLING = ("max_new_tokens", "temperature", "top_p", "stop_token_ids", "ignore
 
 def _import(path: str) -> Any:
     """`pkg.module:function` or `pkg.module.function`."""
-    mod, sep, name = path.partition(":")
-    if not sep:
-        mod, _, name = path.rpartition(".")
-    if not mod or not name:
-        raise ValueError(f"reward_fn {path!r}: give a callable or an import path like 'mypkg.rewards:gsm8k'")
-    return getattr(importlib.import_module(mod), name)
+    try:
+        mod, name = split_target(path, dotted=True)
+    except ValueError as e:
+        raise ValueError(f"reward_fn: {e}; give a callable or an import path like 'mypkg.rewards:gsm8k'") from e
+    return lookup(importlib.import_module(mod), name)
 
 
 def _sampling(gconfig: Any) -> dict[str, Any]:

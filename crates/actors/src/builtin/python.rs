@@ -5,7 +5,15 @@
 //! `python -m troupe._worker` (the interpreter its arguments name) as its child, in its own
 //! process group, and talks to it over a socket pair (the child's fd 3) in length-prefixed
 //! MessagePack frames ([`super::python_wire`]). The worker imports the class, builds the
-//! object and then runs one method call per request.
+//! object and then runs one method call per request: a plain method to its end before it reads
+//! the next request, an `async def` method as a task on the worker's one event loop, so several
+//! of those run concurrently when several calls are in flight to it.
+//!
+//! This actor handles one message at a time (the host's mailbox), so today it has one call in
+//! flight to its worker: calls start and finish in the order they reached the actor, async
+//! ones included. The frames carry call ids so that a worker can answer several calls in any
+//! order once the actor may leave a call in flight while taking the next; that needs the
+//! runtime to let a handler reply after it returns, which it does not yet.
 //!
 //! What the host gives it for free: calls are ordered (one mailbox), the worker dies with the
 //! host, stopping the actor kills the worker's process group, and a worker that exits makes the
@@ -26,20 +34,23 @@ use tokio::net::UnixStream;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use super::python_wire::{Hello, Raised, Reply, read_frame, write_frame};
+use super::python_wire::{
+    Answer, Call, Hello, Raised, Reply, read_frame, split_target, write_frame,
+};
 use crate::actor::{Actor, ActorContext, Handler, Message, Methods};
 use crate::error::ActorError;
 use crate::process::ChildProcess;
 
-/// Environment variable naming the worker's end of the socket pair.
-pub const FD_ENV: &str = "TROUPE_WORKER_FD";
+/// Environment variable naming the worker's end of the socket pair (defined with the frames).
+pub use super::python_wire::FD_ENV;
 
 /// Arguments of `troupe.python` (kept for restarts: a restarted worker is built the same way).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PyWorkerArgs {
     /// The Python interpreter (`python.executable`; the controller's own by default).
     pub python: String,
-    /// The class, as `package.module:QualName`.
+    /// The class, as `package.module:QualName` (checked by [`split_target`] before a worker
+    /// is started).
     pub target: String,
     /// The file to load as the class's module when it was defined in the controller's
     /// `__main__` script (loaded as `__mp_main__`, as multiprocessing does).
@@ -66,8 +77,8 @@ fn start_timeout() -> f64 {
     120.0
 }
 
-/// One method call: `method` with its encoded `(args, kwargs)`; forwarded to the worker as the
-/// frame it is.
+/// One method call: `method` with its encoded `(args, kwargs)`; sent to the worker as a
+/// numbered [`Call`], its arguments not copied.
 pub use super::python_wire::Request as PyCall;
 
 /// How a call ended. Any of these is a successful RPC: the caller decides what to raise.
@@ -112,6 +123,8 @@ pub struct PyWorker {
     sock: UnixStream,
     info: PyWorkerInfo,
     stopping: CancellationToken,
+    /// The id of the last call sent to the worker.
+    last_call: u64,
 }
 
 impl PyWorker {
@@ -143,6 +156,12 @@ impl Actor for PyWorker {
     async fn start(a: PyWorkerArgs, ctx: &ActorContext) -> Result<Self, ActorError> {
         if !(a.start_timeout_s.is_finite() && a.start_timeout_s > 0.0) {
             return Err(ActorError::new("start_timeout_s must be a positive number"));
+        }
+        if split_target(&a.target).is_none() {
+            return Err(ActorError::new(format!(
+                "{:?} is not an import path like 'package.module:Class'",
+                a.target
+            )));
         }
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
         let child_fd = theirs.as_raw_fd();
@@ -250,6 +269,7 @@ impl Actor for PyWorker {
                 restarts: ctx.restarts,
             },
             stopping,
+            last_call: 0,
         })
     }
 
@@ -269,15 +289,35 @@ impl Actor for PyWorker {
 }
 
 impl Handler<PyCall> for PyWorker {
-    async fn handle(&mut self, msg: PyCall, _ctx: &ActorContext) -> Result<PyOutcome, ActorError> {
+    async fn handle(&mut self, msg: PyCall, ctx: &ActorContext) -> Result<PyOutcome, ActorError> {
+        self.last_call += 1;
+        let id = self.last_call;
+        let call = Call {
+            id,
+            method: &msg.method,
+            args: &msg.args,
+        };
         let answer = async {
-            write_frame(&mut self.sock, &msg).await?;
-            read_frame::<Reply>(&mut self.sock).await
+            write_frame(&mut self.sock, &call).await?;
+            read_frame::<Answer>(&mut self.sock).await
         }
         .await;
         Ok(match answer {
-            Ok(Reply::Ok(b)) => PyOutcome::Ok(b),
-            Ok(Reply::Raised(r)) => PyOutcome::Raised(r),
+            Ok(Answer { id: got, reply }) if got == id => match reply {
+                Reply::Ok(b) => PyOutcome::Ok(b),
+                Reply::Raised(r) => PyOutcome::Raised(r),
+            },
+            Ok(Answer { id: got, .. }) => {
+                // Only one call is ever in flight: the worker is broken. A fresh one is the cure.
+                let why = format!(
+                    "the python worker (pid {}) answered call {got} while call {id} was waiting",
+                    self.info.pid
+                );
+                if let Some(f) = ctx.fail_handle() {
+                    f.fail(why.clone());
+                }
+                PyOutcome::Died(why)
+            }
             Err(_) => PyOutcome::Died(self.death().await),
         })
     }
