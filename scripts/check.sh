@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Static gates CI runs before the tests: formatting, clippy with warnings as errors (the
-# workspace and the Python extension's crate), and no Rust source file over 600 lines (split
-# by responsibility instead).
+# workspace and the Python extension's crate), no Rust source file over 600 lines (split
+# by responsibility instead), and no dependency cycle between the modules of a crate
+# (scripts/module-cycles.py: top-level modules and their children).
 #
 #   bash scripts/check.sh
 set -euo pipefail
@@ -20,4 +21,6 @@ if [ -n "$long" ]; then
   echo "$long" >&2
   exit 1
 fi
-echo "check: fmt, clippy and file sizes clean"
+
+python3 scripts/module-cycles.py
+echo "check: fmt, clippy, file sizes and module cycles clean"

@@ -55,7 +55,7 @@ impl ActorContext {
 
 /// Reports an actor failed from outside its handlers (see [`ActorContext::fail_handle`]).
 #[derive(Clone, Debug)]
-pub struct FailHandle(pub(crate) ractor::ActorRef<crate::hosted::Envelope>);
+pub struct FailHandle(pub(crate) ractor::ActorRef<crate::envelope::Envelope>);
 
 /// Method name of the failure report; reserved, refused when it comes from a caller.
 pub(crate) const FAIL_METHOD: &str = "__troupe.fail";
@@ -64,7 +64,7 @@ impl FailHandle {
     /// Fails the actor with `reason` (after the message it is handling, if any).
     pub fn fail(&self, reason: impl Into<String>) {
         let (reply, _) = tokio::sync::oneshot::channel();
-        let _ = self.0.send_message(crate::hosted::Envelope {
+        let _ = self.0.send_message(crate::envelope::Envelope {
             method: FAIL_METHOD.to_string(),
             payload: reason.into().into_bytes(),
             reply,

@@ -16,9 +16,10 @@ use tokio_util::sync::CancellationToken;
 use troupe_wire::v1::{self, host_event::Event};
 
 use crate::actor::ActorContext;
+use crate::envelope::Envelope;
 use crate::error::CallError;
 use crate::events::EventBus;
-use crate::hosted::{Envelope, SupEvent, Supervisor, spawn_hosted};
+use crate::hosted::{SupEvent, Supervisor, spawn_hosted};
 use crate::registry::{Factory, Registry};
 
 pub use crate::host_config::HostConfig;

@@ -11,18 +11,12 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use parking_lot::Mutex;
 use ractor::{ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::actor::ActorContext;
+use crate::envelope::Envelope;
 use crate::error::CallError;
 use crate::registry::{DynActor, Factory};
-
-/// A call queued in an actor's mailbox.
-pub(crate) struct Envelope {
-    pub method: String,
-    pub payload: Vec<u8>,
-    pub reply: oneshot::Sender<Result<Vec<u8>, CallError>>,
-}
 
 /// ractor wrapper around one type-erased actor.
 pub(crate) struct Hosted;

@@ -21,6 +21,7 @@ pub mod actor;
 pub mod auth;
 pub mod builtin;
 mod call_stream;
+mod envelope;
 pub mod error;
 mod events;
 pub mod framed;

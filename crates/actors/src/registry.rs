@@ -72,13 +72,6 @@ impl Registry {
         Registry::default()
     }
 
-    /// The kinds every `troupe host` offers: see [`crate::builtin`].
-    pub fn builtin() -> Self {
-        let mut r = Registry::empty();
-        crate::builtin::register(&mut r);
-        r
-    }
-
     /// Registers actor kind `A` under [`Actor::KIND`] (replacing any previous one of that name).
     pub fn register<A: Actor>(&mut self) -> &mut Self {
         let methods = Methods::<A>::of();

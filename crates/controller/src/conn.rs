@@ -548,7 +548,7 @@ impl HostConn {
     }
 
     /// Opens the host's event stream.
-    pub async fn watch(&self) -> Result<crate::membership::EventStream, CallError> {
+    pub async fn watch(&self) -> Result<crate::event_stream::EventStream, CallError> {
         use futures::StreamExt;
         match &self.transport {
             Transport::Direct(core) => {

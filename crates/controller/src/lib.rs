@@ -12,6 +12,7 @@ pub mod api;
 pub mod cluster;
 mod conn;
 mod conn_framed;
+mod event_stream;
 pub mod handle;
 pub mod inproc;
 pub mod membership;

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use troupe_wire::v1::host_event::Event;
 
 use crate::conn::HostConn;
+use crate::event_stream::EventStream;
 
 /// Something that happened in the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,11 +83,6 @@ pub enum ClusterEvent {
         reason: String,
     },
 }
-
-/// A host's event stream, opened before the cluster is handed out so no event is missed.
-pub(crate) type EventStream = std::pin::Pin<
-    Box<dyn tokio_stream::Stream<Item = Result<troupe_wire::v1::HostEvent, String>> + Send>,
->;
 
 /// Watches one host until it is lost or the cluster closes.
 pub(crate) async fn watch_host(

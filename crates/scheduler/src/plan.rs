@@ -7,10 +7,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::str::FromStr;
 
 use crate::backend::{Backend, Role, WorkerType};
-use crate::error::SchedulerError;
 use crate::parallel::Parallel;
 
 /// Largest number of GPUs a plan may ask for; keeps absurd inputs from allocating huge tables.
@@ -125,20 +123,6 @@ impl Component {
 }
 
 impl AllocationPlan {
-    /// Parses an allocation mode such as `sglang:(prefill:d2t2|decode:d4t1)+fsdp:d8`.
-    pub fn parse(mode: &str) -> Result<AllocationPlan, SchedulerError> {
-        crate::parse::parse_mode(mode)
-    }
-
-    /// Checks every allocation rule; returns a [`SchedulerError::Rule`] naming the broken one.
-    pub fn validate(&self) -> Result<(), SchedulerError> {
-        crate::validate::validate(self).map_err(|v| SchedulerError::Rule {
-            mode: self.to_string(),
-            message: v.message,
-            example: v.example,
-        })
-    }
-
     /// GPUs the plan needs: the sum over components that are not colocated.
     pub fn world_size(&self) -> u64 {
         self.components
@@ -178,14 +162,6 @@ impl AllocationPlan {
         self.components
             .iter()
             .filter(|c| c.role() == Role::Training)
-    }
-}
-
-impl FromStr for AllocationPlan {
-    type Err = SchedulerError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        AllocationPlan::parse(s)
     }
 }
 

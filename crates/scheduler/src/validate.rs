@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 
 use crate::backend::{Backend, Role, WorkerType};
+use crate::error::SchedulerError;
 use crate::parallel::Parallel;
 use crate::plan::{AllocationPlan, Component, MAX_COMPONENTS, MAX_GPUS};
 
@@ -94,6 +95,19 @@ fn few(items: &[String]) -> String {
             items[..SHOWN].join(", "),
             items.len() - SHOWN
         )
+    }
+}
+
+/// The rules' entry point lives with the rules, so the plan's types (`plan.rs`) do not depend
+/// on them.
+impl AllocationPlan {
+    /// Checks every allocation rule; returns a [`SchedulerError::Rule`] naming the broken one.
+    pub fn validate(&self) -> Result<(), SchedulerError> {
+        validate(self).map_err(|v| SchedulerError::Rule {
+            mode: self.to_string(),
+            message: v.message,
+            example: v.example,
+        })
     }
 }
 

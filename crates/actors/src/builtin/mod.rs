@@ -14,8 +14,19 @@ pub mod python_wire;
 
 use crate::registry::Registry;
 
+/// The built-in registry is made here, from the outside of `registry.rs`, so that the
+/// registry (which the built-in kinds' host needs) does not depend on the kinds themselves.
+impl Registry {
+    /// The kinds every `troupe host` offers: see [`crate::builtin`].
+    pub fn builtin() -> Self {
+        let mut r = Registry::empty();
+        register(&mut r);
+        r
+    }
+}
+
 /// Registers the built-in kinds.
-pub(crate) fn register(r: &mut Registry) {
+fn register(r: &mut Registry) {
     r.register::<diag::Diag>();
     r.register::<process::Process>();
     r.register::<python::PyWorker>();

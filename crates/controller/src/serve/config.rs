@@ -14,6 +14,10 @@ use troupe_wire::engine_args::EngineDialect;
 
 pub use super::gateway_section::GatewaySection;
 pub use super::sched::{SchedulerConfig, SchedulerType, Words};
+// The duration rule lives in `seconds.rs` (`sched.rs` checks with it too); re-exported so
+// `serve::config::MAX_SECONDS` keeps working.
+pub use super::seconds::MAX_SECONDS;
+use super::seconds::check_seconds;
 
 /// Why a config could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -512,21 +516,6 @@ impl ServeConfig {
             return Err("train.lr and train.temperature must be positive numbers".into());
         }
         Ok(())
-    }
-}
-
-/// Longest duration any `*_s` key accepts: a week. Past it a number is a typo (`1e20`), and
-/// far past it `Duration::from_secs_f64` cannot represent it at all.
-pub const MAX_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
-
-/// Checks a duration key: a finite number of seconds in `min..=MAX_SECONDS`.
-pub(crate) fn check_seconds(key: &str, v: f64, min: f64) -> Result<(), String> {
-    if v.is_finite() && (min..=MAX_SECONDS).contains(&v) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{key} must be a number of seconds from {min} to {MAX_SECONDS} (a week), got {v}"
-        ))
     }
 }
 

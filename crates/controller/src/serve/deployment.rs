@@ -8,8 +8,8 @@ use troupe_serving::control_api::ControlServer;
 use troupe_serving::control_plane::ControlPlane;
 use troupe_serving::inference::WorkerType;
 
+use super::events::ServingEvent;
 use super::instances::{InstanceView, Instances, ServerEntry};
-use super::watch::ServingEvent;
 use crate::handle::ActorHandle;
 use crate::ports::Claims;
 use troupe_serving::control_plane::HeadState;

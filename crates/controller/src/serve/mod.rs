@@ -5,22 +5,27 @@
 //! instances ([`instances`]) that fork fills, the watcher and the re-placer update, the state
 //! file records and teardown empties.
 
+mod addr;
 pub mod config;
 mod deployment;
+mod events;
 pub mod fork;
 pub mod gateway_section;
 pub mod instances;
+mod options;
 pub mod plan;
 pub mod recover;
 mod replace;
 mod routing;
 pub mod sched;
+mod seconds;
 pub mod setup;
 pub mod state;
 pub mod watch;
 
 pub use config::{ConfigError, ServeConfig};
 pub use deployment::{Capacity, Deployment};
-pub use fork::{ForkError, ForkOptions, Prepared};
+pub use events::ServingEvent;
+pub use fork::Prepared;
 pub use instances::{InstanceState, InstanceView, ServerEntry};
-pub use watch::ServingEvent;
+pub use options::{ForkError, ForkOptions};

@@ -12,7 +12,8 @@ use serde::Serialize;
 use troupe_scheduler::{AllocationPlan, HostResources, InstancePorts};
 use troupe_serving::inference::{LaunchSpec, WorkerType, command};
 
-use super::fork::{ForkError, ForkOptions, Prepared};
+use super::fork::Prepared;
+use super::options::{ForkError, ForkOptions};
 
 /// Environment variables whose values are never printed.
 const SECRET_ENV: &[&str] = &[

@@ -80,7 +80,7 @@ pub(crate) enum ReplaceError {
 impl ReplaceError {
     fn port_in_use(&self) -> bool {
         match self {
-            ReplaceError::Launch { reason, .. } => super::fork::port_in_use_text(reason),
+            ReplaceError::Launch { reason, .. } => super::addr::port_in_use_text(reason),
             _ => false,
         }
     }
@@ -247,7 +247,7 @@ impl Replacer {
                 };
                 (placed, reserved)
             };
-            let machine = super::fork::machine(&placed.address);
+            let machine = super::addr::machine(&placed.address);
             let loopback = machine == "127.0.0.1" || machine == "localhost" || machine == "::1";
             let spec = LaunchSpec {
                 gpus: placed.gpus.clone(),
@@ -305,7 +305,7 @@ impl Replacer {
                 .spawn::<ProxyActor>(
                     "proxy",
                     &ProxyArgs {
-                        listen: super::fork::host_port(machine, 0),
+                        listen: super::addr::host_port(machine, 0),
                         backends: vec![info.url.clone()],
                         ..ProxyArgs::default()
                     },

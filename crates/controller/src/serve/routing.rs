@@ -11,9 +11,10 @@ use troupe_serving::gateway::GatewayConfig;
 use troupe_serving::inference::{ServerInfo, WorkerType};
 use troupe_serving::worker::WorkerSpec;
 
+use super::addr::{host_port, machine};
 use super::deployment::Deployment;
-use super::fork::{ForkError, ForkOptions, host_port, machine};
 use super::instances::{Instances, Lifecycle};
+use super::options::{ForkError, ForkOptions};
 use crate::cluster::Cluster;
 use crate::ports::Claims;
 use troupe_serving::control_plane::InferenceControl;

@@ -144,7 +144,7 @@ impl Default for SchedulerConfig {
 impl SchedulerConfig {
     /// Rejects Slurm keys under another scheduler type and malformed Slurm values.
     pub(super) fn check(&self) -> Result<(), String> {
-        super::config::check_seconds("scheduler.startup_timeout_s", self.startup_timeout_s, 1.0)?;
+        super::seconds::check_seconds("scheduler.startup_timeout_s", self.startup_timeout_s, 1.0)?;
         let slurm_only = [
             ("partition", self.partition.is_some()),
             ("account", self.account.is_some()),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use troupe_scheduler::{SlurmLauncher, SlurmOptions};
 
 use super::config::{SchedulerConfig, SchedulerType, ServeConfig};
-use super::fork::{ForkOptions, Progress};
+use super::options::{ForkOptions, Progress};
 use crate::cluster::{Cluster, ClusterBuilder};
 
 /// Fork options from a config.

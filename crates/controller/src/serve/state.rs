@@ -20,8 +20,8 @@ use troupe_serving::actors::{GatewayActor, SetControlUpstream};
 use troupe_serving::control_plane::{InferenceControl, Status};
 
 use super::deployment::Deployment;
-use super::fork::{ForkError, ForkOptions};
 use super::instances::{Instance, Instances, Lifecycle, ServerEntry};
+use super::options::{ForkError, ForkOptions};
 use super::replace::Replacer;
 use crate::cluster::Cluster;
 use crate::handle::{ActorHandle, HostHandle};
@@ -415,7 +415,7 @@ impl Deployment {
         let claims = cluster.ports().claims();
         for i in &live {
             let spec = &i.head.spec;
-            let m = super::fork::machine(&spec.advertise_host);
+            let m = super::addr::machine(&spec.advertise_host);
             for p in [Some(spec.port), spec.dist_port, spec.bootstrap_port]
                 .into_iter()
                 .flatten()

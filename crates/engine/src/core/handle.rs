@@ -9,13 +9,13 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{oneshot, watch};
 
 use super::admit::{self, SharedCache};
 use super::request::Command;
-use super::scheduler::{EngineStatus, Scheduler, SchedulerConfig};
+use super::scheduler::{EngineStatus, Scheduler, SchedulerConfig, Shared};
 use crate::error::EngineError;
 use crate::model::Weights;
 use crate::pd::room::RoomStore;
@@ -30,31 +30,6 @@ pub struct EngineCore {
     /// Closes when the scheduler thread ends (its sender goes with [`MarkDead`]): what
     /// [`EngineCore::stopped`] waits on, so nothing polls the status to notice.
     ended: watch::Receiver<()>,
-}
-
-/// The scheduler and what tells a caller whether it may apply a command itself.
-pub(super) struct Shared {
-    /// Held by the scheduler thread except while it waits for a command.
-    pub(super) sched: Mutex<Scheduler>,
-    /// Commands sent and not yet taken by the thread: a command may run on its caller's thread
-    /// only when this is zero, so it never overtakes one sent before it (a pause must abort a
-    /// request submitted just before it).
-    pub(super) queued: AtomicUsize,
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
-            .field("queued", &self.queued.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
-}
-
-/// Takes the scheduler's lock, poisoned or not: only a panic on the scheduler thread itself can
-/// poison it (an inline command's panic is caught while its guard is still held, and shuts the
-/// engine down), and that thread has ended by then.
-pub(super) fn lock(m: &Mutex<Scheduler>) -> MutexGuard<'_, Scheduler> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Marks the engine dead when dropped: held by the scheduler thread for its whole life. Its

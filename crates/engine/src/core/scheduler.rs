@@ -9,16 +9,15 @@
 //! command; [`super::handle`] starts it and applies cheap commands itself while it waits.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use rayon::prelude::*;
 use serde::Serialize;
 
 use super::admit::{self, SharedCache};
-use super::handle::{Shared, lock};
 use super::latency::LatencyModel;
 use super::prefix_cache::PrefixCache;
 use super::request::{Command, FinishReason, PauseMode, Reply, SeqEvent, SeqRequest};
@@ -26,6 +25,33 @@ use super::sequence::{PrefillOutcome, Sequence};
 use crate::model::Weights;
 use crate::pd::KvHandoff;
 use crate::pd::room::{RoomState, RoomStore};
+
+/// The scheduler and what tells a caller whether it may apply a command itself. The loop
+/// (`run`) and the handle ([`super::handle`]) share it; it lives here, with the loop, so the
+/// loop does not depend on its handle.
+pub(super) struct Shared {
+    /// Held by the scheduler thread except while it waits for a command.
+    pub(super) sched: Mutex<Scheduler>,
+    /// Commands sent and not yet taken by the thread: a command may run on its caller's thread
+    /// only when this is zero, so it never overtakes one sent before it (a pause must abort a
+    /// request submitted just before it).
+    pub(super) queued: AtomicUsize,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("queued", &self.queued.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Takes the scheduler's lock, poisoned or not: only a panic on the scheduler thread itself can
+/// poison it (an inline command's panic is caught while its guard is still held, and shuts the
+/// engine down), and that thread has ended by then.
+pub(super) fn lock(m: &Mutex<Scheduler>) -> MutexGuard<'_, Scheduler> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Static scheduler settings.
 #[derive(Debug, Clone)]

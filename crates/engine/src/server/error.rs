@@ -40,3 +40,16 @@ pub fn type_name(v: &serde_json::Value) -> &'static str {
         serde_json::Value::Object(_) => "an object",
     }
 }
+
+/// A 400 in the control envelope (SGLang's `success: false` included). vLLM's routes
+/// (`vllm.rs`) and its weight transfer (`vllm_transfer.rs`) both answer bad input with it, so
+/// it lives here, below both, rather than in one of them.
+pub(super) fn bad(m: impl Into<String>) -> ApiError {
+    ApiError::bad_request(m).control()
+}
+
+/// The body as a JSON object (an empty body is `{}`), refused in the control envelope; shared
+/// by `vllm.rs` and `vllm_transfer.rs` like [`bad`].
+pub(super) fn object(b: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+    parse_object(b).map_err(ApiError::control)
+}

@@ -28,7 +28,7 @@ use axum::routing::{get, post};
 use serde_json::{Map, Value, json};
 
 use super::AppState;
-use super::error::{ApiError, parse_object};
+use super::error::{ApiError, bad, object, parse_object};
 use super::{control, vllm_transfer};
 use crate::core::{Command, PauseMode};
 
@@ -71,11 +71,6 @@ pub fn routes() -> Router<Arc<AppState>> {
         .merge(vllm_transfer::routes())
 }
 
-/// A 400 in the control envelope (SGLang's `success: false` included).
-pub(super) fn bad(m: impl Into<String>) -> ApiError {
-    ApiError::bad_request(m).control()
-}
-
 /// The query string as `(key, value)` pairs, repeated keys kept (vLLM's `tags=a&tags=b`).
 pub(super) fn query(uri: &Uri) -> Vec<(String, String)> {
     form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
@@ -105,11 +100,6 @@ fn flag(q: &[(String, String)], k: &str, default: bool) -> Result<bool, ApiError
         Some("false" | "False" | "0") => Ok(false),
         Some(v) => Err(bad(format!("{k} must be true or false, got {v:?}"))),
     }
-}
-
-/// The body as a JSON object (an empty body is `{}`).
-pub(super) fn object(b: &Bytes) -> Result<Map<String, Value>, ApiError> {
-    parse_object(b).map_err(ApiError::control)
 }
 
 fn status(state: &AppState) -> crate::core::scheduler::EngineStatus {

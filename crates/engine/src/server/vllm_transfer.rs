@@ -26,8 +26,7 @@ use axum::routing::post;
 use serde_json::{Map, Value, json};
 
 use super::AppState;
-use super::error::{ApiError, type_name};
-use super::vllm::{bad, object};
+use super::error::{ApiError, bad, object, type_name};
 use super::weights_api;
 use crate::core::Command;
 

@@ -16,6 +16,7 @@ mod dims;
 mod sections;
 
 use std::collections::BTreeSet;
+use std::str::FromStr;
 
 use self::cursor::Cursor;
 use self::dims::parse_dims;
@@ -31,8 +32,26 @@ const EXAMPLE: &str = "sglang:d4t2+fsdp:d8";
 /// [`crate::plan::MAX_COMPONENTS`] components), so parsing and error reporting stay bounded.
 const MAX_MODE_CHARS: usize = 4096;
 
+/// The mode-string entry point lives with its parser, so the plan's types (`plan.rs`) need
+/// neither the parser nor the rules.
+impl AllocationPlan {
+    /// Parses an allocation mode such as `sglang:(prefill:d2t2|decode:d4t1)+fsdp:d8`.
+    pub fn parse(mode: &str) -> Result<AllocationPlan, SchedulerError> {
+        parse_mode(mode)
+    }
+}
+
+/// `"sglang:d4".parse::<AllocationPlan>()`, the same as [`AllocationPlan::parse`].
+impl FromStr for AllocationPlan {
+    type Err = SchedulerError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        AllocationPlan::parse(s)
+    }
+}
+
 /// Parses and validates an allocation mode.
-pub(crate) fn parse_mode(input: &str) -> Result<AllocationPlan, SchedulerError> {
+fn parse_mode(input: &str) -> Result<AllocationPlan, SchedulerError> {
     if input.chars().count() > MAX_MODE_CHARS {
         return Err(SchedulerError::Syntax {
             input: input.to_string(),

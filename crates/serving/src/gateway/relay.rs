@@ -13,13 +13,19 @@ use std::task::{Context, Poll};
 use axum::body::Bytes;
 use bytes::BytesMut;
 use futures::{Stream, StreamExt};
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use super::stream::error_event;
 use crate::coalesce::MAX_FRAME;
+use crate::error::ApiError;
 use crate::pd;
 use crate::sse::{self, EventSplitter};
 use crate::worker::Worker;
+
+/// The error event sent when a stream fails after it started (only the relay sends one, so it
+/// lives here rather than in `stream.rs`, which uses the relay).
+pub fn error_event(message: &str) -> Bytes {
+    sse::event(&json!({"error": ApiError::bad_gateway(message).body()}))
+}
 
 /// The bytes of a worker's response body.
 pub(super) type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, hyper::Error>> + Send>>;

@@ -19,7 +19,7 @@ use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::Response;
 use http_body_util::BodyExt;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::GatewayState;
 use super::forward::{Fail, InferReq, send, send_full};
@@ -114,11 +114,6 @@ fn prefill_value(body: &[u8], batch: Option<usize>) -> Option<Value> {
         Some(_) => Value::Array(items),
         None => items.pop().unwrap_or(Value::Null),
     })
-}
-
-/// The error event sent when a stream fails after it started.
-pub fn error_event(message: &str) -> Bytes {
-    sse::event(&json!({"error": ApiError::bad_gateway(message).body()}))
 }
 
 /// The client's response: `first`, then the rest of `up` ([`Relay`]; bursts in one write,

@@ -1,0 +1,59 @@
+//! What the serving watcher reports (`ServingEvent`): a server removed, held, caught up,
+//! readmitted, replaced or lost, and a lost gateway. The watcher (`watch.rs`) sends them and the
+//! deployment (`deployment.rs`) hands out their channel; they live here, below both, so that
+//! the deployment does not depend on the watcher (deployment → watch → replace → routing →
+//! deployment was a cycle).
+
+/// Something the watcher did, for logs, tests and the capacity report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServingEvent {
+    /// A server left the router because its process died.
+    Removed {
+        /// Its URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// A restarted server is alive but waits for the current weights before it is routed.
+    Held {
+        /// Its URL.
+        url: String,
+    },
+    /// A restarted server received the current weights by itself.
+    CaughtUp {
+        /// Its URL.
+        url: String,
+        /// The version it now holds.
+        version: String,
+    },
+    /// A server is routed again.
+    Readmitted {
+        /// Its URL.
+        url: String,
+    },
+    /// A lost server was launched again on another host, in the old one's slot.
+    Replaced {
+        /// The lost server's URL.
+        old: String,
+        /// The new server's URL.
+        new: String,
+        /// The host it now runs on.
+        host: usize,
+    },
+    /// The gateway's host is lost, and the gateway with it: it is not re-placed (its URL
+    /// would change under every client), so the deployment must be restarted; said loudly.
+    GatewayLost {
+        /// The host it ran on.
+        host: usize,
+        /// Why the host is lost.
+        reason: String,
+    },
+    /// A server is gone for good (restart budget spent, or its host is lost): serving goes on
+    /// with less capacity.
+    Lost {
+        /// Its URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+}
