@@ -33,11 +33,11 @@ enum Cmd {
     /// Run an actor host (one per node) until SIGTERM/SIGINT.
     Host(host::HostArgs),
     /// Parse an allocation mode and print the plan (and, with --hosts, the placement).
-    Alloc(troupe_scheduler::cli::AllocArgs),
+    Alloc(troupe_scheduler::preview::AllocArgs),
     /// Convert a BF16/F32 safetensors checkpoint to FP8 (e4m3, block-wise scales).
     Quantize(quantize::QuantizeArgs),
     /// Run the reference inference engine (speaks SGLang's HTTP protocol, PD included).
-    Engine(Box<troupe_engine::cli::EngineArgs>),
+    Engine(Box<troupe_engine::EngineArgs>),
     /// The main job: asynchronous GRPO through PD rollout serving with weight sync every step.
     Run(run::RunArgs),
     /// Bring up rollout serving from a YAML config and print the gateway address.
@@ -129,11 +129,10 @@ fn argv(all: Vec<String>) -> Vec<String> {
         return all;
     }
     use clap::Args as _;
-    let own: Vec<String> =
-        troupe_engine::cli::EngineArgs::augment_args(clap::Command::new("engine"))
-            .get_arguments()
-            .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
-            .collect();
+    let own: Vec<String> = troupe_engine::EngineArgs::augment_args(clap::Command::new("engine"))
+        .get_arguments()
+        .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+        .collect();
     let (rest, ignored) = troupe_engine::foreign::split_foreign(&all[2..], &own);
     if !ignored.is_empty() {
         eprintln!(
@@ -204,7 +203,7 @@ pub fn main_from(args: Vec<String>) -> ExitCode {
     }
     if let Cmd::Alloc(a) = &cli.cmd {
         // Pure computation: no runtime. An invalid mode is a usage error (exit 2).
-        return match troupe_scheduler::cli::run_alloc(a) {
+        return match troupe_scheduler::preview::run_alloc(a) {
             Ok(out) => {
                 println!("{out}");
                 ExitCode::SUCCESS

@@ -14,7 +14,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_troupe");
 #[tokio::test]
 async fn a_standalone_gateway_routes_to_the_given_workers_and_stops_on_sigint() {
     within(60, async {
-        let engine = troupe_engine::start(troupe_engine::cli::EngineArgs {
+        let engine = troupe_engine::start(troupe_engine::EngineArgs {
             port: 0,
             ..Default::default()
         })
@@ -103,7 +103,7 @@ async fn bad_gateway_flags_are_named_and_nothing_starts() {
 async fn a_standalone_gateway_controls_the_engines_behind_it() {
     within(60, async {
         let start = || {
-            troupe_engine::start(troupe_engine::cli::EngineArgs {
+            troupe_engine::start(troupe_engine::EngineArgs {
                 port: 0,
                 ..Default::default()
             })

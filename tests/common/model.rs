@@ -40,7 +40,7 @@ pub async fn reference_engine(
     }
     let path = dir.join("ref.safetensors");
     w.save_safetensors(&path).unwrap();
-    troupe_engine::start(troupe_engine::cli::EngineArgs {
+    troupe_engine::start(troupe_engine::EngineArgs {
         port: 0,
         model_path: Some(path),
         ..Default::default()

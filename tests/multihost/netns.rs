@@ -340,7 +340,7 @@ async fn pd_groups_forked_across_three_network_namespaces_serve_through_the_gate
         );
 
         // From the root namespace, through the gateway: the same tokens as one regular engine.
-        let reference = troupe_engine::start(troupe_engine::cli::EngineArgs {
+        let reference = troupe_engine::start(troupe_engine::EngineArgs {
             port: 0,
             ..Default::default()
         })

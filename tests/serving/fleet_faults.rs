@@ -97,7 +97,7 @@ async fn a_frozen_engine_that_missed_a_pause_serves_again_when_it_wakes() {
 
 /// A reference engine on `port` (0: the kernel's choice).
 async fn engine_on(port: u16) -> troupe_engine::EngineHandle {
-    troupe_engine::start(troupe_engine::cli::EngineArgs {
+    troupe_engine::start(troupe_engine::EngineArgs {
         port,
         ..Default::default()
     })

@@ -13,7 +13,7 @@ use super::fleet_control::{Fleet, safetensors};
 
 /// A reference engine on a port of the kernel's choosing.
 pub(crate) async fn engine() -> EngineHandle {
-    troupe_engine::start(troupe_engine::cli::EngineArgs {
+    troupe_engine::start(troupe_engine::EngineArgs {
         port: 0,
         ..Default::default()
     })

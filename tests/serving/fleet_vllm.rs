@@ -118,7 +118,7 @@ async fn skyrl_calls_drive_the_whole_fleet_as_one_server() {
 }
 
 async fn vllm_engine() -> troupe_engine::EngineHandle {
-    troupe_engine::start(troupe_engine::cli::EngineArgs {
+    troupe_engine::start(troupe_engine::EngineArgs {
         port: 0,
         enable_memory_saver: true,
         ..Default::default()

@@ -81,7 +81,7 @@ async fn fork_pd_groups_serve_identically_and_tear_down_cleanly() {
         );
 
         // A regular engine with the same model and seed is the reference.
-        let reference = troupe_engine::start(troupe_engine::cli::EngineArgs {
+        let reference = troupe_engine::start(troupe_engine::EngineArgs {
             port: 0,
             ..Default::default()
         })

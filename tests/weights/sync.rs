@@ -196,7 +196,7 @@ async fn fp8_update_matches_a_regular_engine_holding_the_dequantized_weights() {
             }
         }
         exact.save_safetensors(&path).unwrap();
-        let reference = troupe_engine::start(troupe_engine::cli::EngineArgs {
+        let reference = troupe_engine::start(troupe_engine::EngineArgs {
             port: 0,
             model_path: Some(path),
             ..Default::default()

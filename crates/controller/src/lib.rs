@@ -5,6 +5,10 @@
 //! handles, host membership, rollout serving (fork, routing, watching, recovery), weight sync,
 //! rollouts and the gRPC API. The `troupe` binary (root package) is built on it; this library never
 //! imports the CLI.
+//!
+//! `troupe run`'s embedded job and the reference trainer actor (module `run`) train with the
+//! reference engine's model, so they and the `troupe-engine` dependency exist only with the
+//! `reference` feature (off by default; the binary and the Python extension turn it on).
 
 #![warn(missing_docs)]
 
@@ -18,6 +22,7 @@ pub mod inproc;
 pub mod membership;
 pub mod ports;
 pub mod rollout;
+#[cfg(feature = "reference")]
 pub mod run;
 pub mod serve;
 
@@ -30,12 +35,13 @@ pub use troupe_actors::{
 };
 
 /// Every actor kind a Troupe host offers: the runtime's built-ins (`troupe.diag`,
-/// `troupe.process`), the serving kinds (`troupe.inference`, `troupe.gateway`, `troupe.proxy`) and
-/// the reference trainer (`troupe.trainer`). `troupe host` and in-process clusters use it, so a
-/// controller can place any of them on any host.
+/// `troupe.process`), the serving kinds (`troupe.inference`, `troupe.gateway`, `troupe.proxy`) and,
+/// with the `reference` feature, the reference trainer (`troupe.trainer`). `troupe host` and
+/// in-process clusters use it, so a controller can place any of them on any host.
 pub fn standard_registry() -> Registry {
     let mut r = Registry::builtin();
     troupe_serving::register(&mut r);
+    #[cfg(feature = "reference")]
     r.register::<run::trainer_actor::TrainerActor>();
     r
 }

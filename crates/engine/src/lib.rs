@@ -10,14 +10,15 @@
 //! - [`core`]: requests and the continuous-batching scheduler thread.
 //! - [`pd`]: the bootstrap listener, room store and KV wire format.
 //! - [`server`]: the HTTP endpoints.
-//! - [`cli`]: `troupe engine` flags.
+//! - [`config`]: [`EngineArgs`], the engine's settings (with the `cli` feature, also the
+//!   `troupe engine` flags).
 //! - [`train`]: a GRPO trainer for the reference model (full backprop, Adam).
 //!
 //! Entry points: [`serve`] for the binary, [`start`] for in-process use (tests, embedded runs).
 
 #![warn(missing_docs)]
 
-pub mod cli;
+pub mod config;
 pub mod core;
 pub mod error;
 pub mod foreign;
@@ -40,7 +41,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use cli::{DisaggMode, EngineArgs};
+pub use config::{DisaggMode, EngineArgs};
 pub use error::EngineError;
 pub use model::{KvCache, ModelConfig, Tensor, Weights};
 

@@ -3,8 +3,8 @@
 //!
 //! The flow is `mode string | YAML config` → [`AllocationPlan`] (validated) → [`place`] on
 //! [`HostResources`] with a [`PortAllocator`] → [`Placement`] (host, GPUs, ports per instance).
-//! The `troupe alloc` subcommand is [`cli::run_alloc`]. Host launchers (local processes, Slurm)
-//! live in [`launch`].
+//! The `troupe alloc` subcommand is [`preview::run_alloc`] (its arguments derive `clap::Args`
+//! only with the `cli` feature). Host launchers (local processes, Slurm) live in [`launch`].
 //!
 //! ```
 //! use troupe_scheduler::{
@@ -27,7 +27,6 @@
 #![warn(missing_docs)]
 
 mod backend;
-pub mod cli;
 mod config;
 mod error;
 mod hosts;
@@ -37,6 +36,7 @@ mod parse;
 mod placement;
 mod plan;
 mod ports;
+pub mod preview;
 mod report;
 mod validate;
 pub mod yaml;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use troupe_scheduler::SchedulerError;
-use troupe_scheduler::cli::{AllocArgs, run_alloc};
+use troupe_scheduler::preview::{AllocArgs, run_alloc};
 
 #[derive(Parser)]
 struct Cli {

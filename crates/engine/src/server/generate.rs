@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use super::AppState;
 use super::error::{ApiError, parse_object};
 use super::parse::{GenItem, parse_generate};
-use crate::cli::DisaggMode;
+use crate::config::DisaggMode;
 use crate::core::admit::{self, SharedCache};
 use crate::core::sequence::output_text;
 use crate::core::{Command, FinishReason, SeqEvent, SeqKind, SeqRequest};

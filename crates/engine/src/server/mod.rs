@@ -37,7 +37,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use troupe_weights::tcp::WeightReceiver;
 
-use crate::cli::{DisaggMode, EngineArgs};
+use crate::config::{DisaggMode, EngineArgs};
 use crate::core::EngineCore;
 use crate::model::ModelConfig;
 use crate::pd::RoomStore;

@@ -1,5 +1,10 @@
-//! Command-line flags of `troupe engine`, spelled like SGLang's `launch_server` so one
-//! launch-command builder serves both engines.
+//! The reference engine's configuration, [`EngineArgs`]: one field per flag of `troupe engine`,
+//! spelled like SGLang's `launch_server` so one launch-command builder serves both engines.
+//!
+//! The struct is plain data so in-process users (tests, embedded runs) build it without a
+//! command-line parser; with the `cli` feature (which only the `troupe` binary's package turns
+//! on) it also derives `clap::Args`, and the `arg` attributes below are the flags' one
+//! definition. [`Default`] gives the same values as parsing an empty command line.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,143 +18,147 @@ use crate::model::ModelConfig;
 /// Flags of the reference engine. Harmless SGLang-only flags (`--mem-fraction-static`,
 /// `--base-gpu-id`, `--trust-remote-code`, ...) are accepted and ignored so a command line
 /// built for SGLang also starts this engine.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct EngineArgs {
     /// Address to serve HTTP on.
-    #[arg(long, default_value = "127.0.0.1")]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "127.0.0.1"))]
     pub host: String,
     /// HTTP port (0 picks a free one).
-    #[arg(long, default_value_t = 30000)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 30000))]
     pub port: u16,
     /// Model size preset: `tiny` or `small`.
-    #[arg(long, default_value = "tiny")]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "tiny"))]
     pub model: String,
     /// Optional safetensors file (or directory holding `model.safetensors`) to load instead of
     /// the seeded initialisation. Reported as `model_path`.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub model_path: Option<PathBuf>,
     /// Tensor-parallel size: reported, and the number of weight-update ranks this engine
     /// covers; the forward pass runs on CPU threads regardless.
-    #[arg(long, default_value_t = 1)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
     pub tp_size: u32,
     /// Data-parallel size (only 1 is supported).
-    #[arg(long, default_value_t = 1)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
     pub dp_size: u32,
     /// `null` (regular), `prefill` or `decode`.
-    #[arg(long, default_value = "null")]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "null"))]
     pub disaggregation_mode: String,
     /// Prefill: port of the KV bootstrap listener (0 picks a free one). Decode: the port used
     /// when a request's `bootstrap_port` is null.
-    #[arg(long, default_value_t = 8998)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 8998))]
     pub disaggregation_bootstrap_port: u16,
     /// KV transfer backend; only `tcp` exists here.
-    #[arg(long, default_value = "tcp")]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "tcp"))]
     pub disaggregation_transfer_backend: String,
     /// Decode: how long to wait for a prefill's KV before giving up on a request (seconds).
-    #[arg(long, default_value_t = 300.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 300.0))]
     pub disaggregation_kv_timeout_s: f64,
     /// Prefill: how long an unfetched room's KV is kept (seconds).
-    #[arg(long, default_value_t = 300.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 300.0))]
     pub disaggregation_prefill_keep_s: f64,
     /// The deployment's KV-handoff secret: prefill and decode servers of one deployment prove
     /// it to each other before KV flows, so a request cannot point a decode at another
     /// deployment's prefill. Give it through the environment (argv is visible to every user).
-    #[arg(
+    #[cfg_attr(feature = "cli", arg(
         long,
         env = troupe_wire::env::BOOTSTRAP_SECRET,
         hide_env_values = true,
         hide = true
-    )]
+    ))]
     pub disaggregation_bootstrap_secret: Option<String>,
     /// Most requests in the running batch.
-    #[arg(long, default_value_t = 64)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 64))]
     pub max_running_requests: usize,
     /// KV token pool (SGLang's `--max-total-tokens`): running requests' KV plus the prefix
     /// cache. Default: the context length times `--max-running-requests`.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub max_total_tokens: Option<usize>,
     /// Turn the prefix (radix) cache off: every request computes its whole prompt.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub disable_radix_cache: bool,
     /// Seed for weight initialisation and for requests without `sampling_seed`.
-    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub random_seed: u64,
     /// Bearer key required on every endpoint except health and metrics.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub api_key: Option<String>,
     /// Bearer key required on control-plane endpoints (pause, weights, memory, flush).
-    #[arg(long, env = troupe_wire::env::ENGINE_ADMIN_KEY, hide_env_values = true)]
+    #[cfg_attr(feature = "cli", arg(long, env = troupe_wire::env::ENGINE_ADMIN_KEY, hide_env_values = true))]
     pub admin_api_key: Option<String>,
     /// Accept `/release_memory_occupation` and `/resume_memory_occupation`.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub enable_memory_saver: bool,
     /// Latency model: prefill throughput in tokens/s (off by default).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub sim_prefill_tokens_per_s: Option<f64>,
     /// Latency model: fixed decode step time in ms (off by default).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub sim_decode_step_ms: Option<f64>,
     /// Latency model: extra decode step time per running request in ms.
-    #[arg(long, default_value_t = 0.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0))]
     pub sim_decode_per_seq_ms: f64,
     /// Simulated model-load time: wait this many seconds before serving (like a GPU server
     /// loading weights), so bring-up benchmarks of many servers mean something.
-    #[arg(long, default_value_t = 0.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0))]
     pub sim_startup_delay_s: f64,
     /// Name reported by `/v1/models` (defaults to `troupe-<model>`).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub served_model_name: Option<String>,
     /// Initial weight version label.
-    #[arg(long, default_value = "default")]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "default"))]
     pub weight_version: String,
     /// Timeout for joining a weight-update group and for each bucket (seconds).
-    #[arg(long, default_value_t = 120.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 120.0))]
     pub weights_update_timeout_s: f64,
     /// Ignored (SGLang GPU memory fraction).
-    #[arg(long, hide = true)]
+    #[cfg_attr(feature = "cli", arg(long, hide = true))]
     pub mem_fraction_static: Option<f64>,
     /// Ignored (SGLang first GPU id).
-    #[arg(long, hide = true)]
+    #[cfg_attr(feature = "cli", arg(long, hide = true))]
     pub base_gpu_id: Option<u32>,
     /// Ignored.
-    #[arg(long, hide = true)]
+    #[cfg_attr(feature = "cli", arg(long, hide = true))]
     pub trust_remote_code: bool,
     /// Ignored.
-    #[arg(long, hide = true)]
+    #[cfg_attr(feature = "cli", arg(long, hide = true))]
     pub skip_server_warmup: bool,
     /// Ignored (log level comes from RUST_LOG).
-    #[arg(long, hide = true)]
+    #[cfg_attr(feature = "cli", arg(long, hide = true))]
     pub log_level: Option<String>,
     /// Ignored (multi-node flags; the reference engine is one process).
-    #[arg(long, hide = true)]
+    #[cfg_attr(feature = "cli", arg(long, hide = true))]
     pub dist_init_addr: Option<String>,
     /// Ignored.
-    #[arg(long, hide = true)]
+    #[cfg_attr(feature = "cli", arg(long, hide = true))]
     pub nnodes: Option<u32>,
     /// Ignored.
-    #[arg(long, hide = true)]
+    #[cfg_attr(feature = "cli", arg(long, hide = true))]
     pub node_rank: Option<u32>,
     /// Ignored (SGLang context length; the model preset fixes it).
-    #[arg(long, hide = true)]
+    #[cfg_attr(feature = "cli", arg(long, hide = true))]
     pub context_length: Option<usize>,
     /// Ignored (SGLang's NCCL port; the reference engine runs its TP ranks in one process).
-    #[arg(long, hide = true)]
+    #[cfg_attr(feature = "cli", arg(long, hide = true))]
     pub nccl_port: Option<u16>,
     /// Pipeline parallel size: reported only, like --tp-size.
-    #[arg(long, default_value_t = 1, hide = true)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1, hide = true))]
     pub pp_size: u32,
     /// SGLang's model-config overrides as JSON; must parse as a JSON object (the FP8
     /// `quantization_config` travels here).
-    #[arg(long, hide = true)]
+    #[cfg_attr(feature = "cli", arg(long, hide = true))]
     pub json_model_override_args: Option<String>,
     /// Quantization: `fp8` (or `none`). The reference engine computes in f32 either way; FP8
     /// weight updates (`float8_e4m3fn` plus their scales) are accepted and dequantized on load,
     /// and `quantization_config.weight_block_size` from `--json-model-override-args` (default
     /// `[128, 128]`) says how block scales tile a weight.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub quantization: Option<String>,
 }
 
+// Each value here must be its flag's `default_value` above (the `cli` feature's test
+// `default_is_an_empty_command_line` checks it): an engine built in process then behaves like
+// `troupe engine` started with no flags.
 impl Default for EngineArgs {
     fn default() -> Self {
         Self {
@@ -453,7 +462,9 @@ impl EngineArgs {
     }
 }
 
-#[cfg(test)]
+// The tests parse real command lines, so they need the `cli` feature (on for this crate's own
+// tests through its dev-dependency on itself).
+#[cfg(all(test, feature = "cli"))]
 mod tests {
     use super::*;
     use clap::Parser;
@@ -535,5 +546,26 @@ mod tests {
             let err = cli.args.validate().unwrap_err().to_string();
             assert!(err.contains(flag), "{err}");
         }
+    }
+
+    #[test]
+    fn default_is_an_empty_command_line() {
+        let mut parsed = Cli::try_parse_from(["x"]).unwrap().args;
+        // Two flags also read the environment; only their absence matters here.
+        for (var, value) in [
+            (
+                troupe_wire::env::ENGINE_ADMIN_KEY,
+                &mut parsed.admin_api_key,
+            ),
+            (
+                troupe_wire::env::BOOTSTRAP_SECRET,
+                &mut parsed.disaggregation_bootstrap_secret,
+            ),
+        ] {
+            if std::env::var_os(var).is_some() {
+                *value = None;
+            }
+        }
+        assert_eq!(parsed, EngineArgs::default());
     }
 }

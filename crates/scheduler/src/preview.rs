@@ -1,7 +1,9 @@
 //! `troupe alloc MODE [--hosts N] [--gpus-per-host G] [--json]`: show what a mode means.
 //!
 //! The binary owns argument parsing and printing; this module owns the arguments and the exact
-//! output, so the text is testable (golden files) without spawning a process.
+//! output, so the text is testable (golden files) without spawning a process. [`AllocArgs`] is
+//! plain data; with the `cli` feature (turned on only by the `troupe` binary's package) it also
+//! derives `clap::Args`, so its fields are the flags' one definition.
 
 use crate::error::SchedulerError;
 use crate::hosts::HostResources;
@@ -13,18 +15,19 @@ use crate::report;
 /// Arguments of `troupe alloc`.
 ///
 /// It exists so operators can check an allocation mode (and where it would land) before a run.
-#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct AllocArgs {
     /// Allocation mode, e.g. `sglang:(prefill:d2t2|decode:d4t1)+fsdp:d8`.
     pub mode: String,
     /// Also place the plan on this many identical hosts and print the placement.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub hosts: Option<usize>,
     /// GPUs per host for `--hosts`.
-    #[arg(long, default_value_t = 8)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 8))]
     pub gpus_per_host: u32,
     /// Print exactly one JSON object instead of the table.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub json: bool,
 }
 
