@@ -87,9 +87,12 @@ async fn skyrl_calls_drive_the_whole_fleet_as_one_server() {
         for r in svc.control.weight_versions().await.versions {
             assert_eq!(r.result.unwrap(), "x2", "{}", r.url);
         }
-        let (s, v) = f.post("/collective_rpc", json!({"method": "reload_weights"})).await;
+        let (s, v) = f.post("/collective_rpc", json!({"method": "load_model"})).await;
         assert_eq!(s, 400, "{v}");
         assert!(v["message"].as_str().unwrap().contains("update_weights_nccl"), "{v}");
+        let (s, v) = f.post("/collective_rpc", json!({"method": "reload_weights"})).await;
+        assert_eq!(s, 400, "{v}");
+        assert!(v["message"].as_str().unwrap().contains("weights_path"), "{v}");
 
         // The data plane: vLLM's token-in/token-out route through the PD pair.
         let (s, v) = f

@@ -526,8 +526,10 @@ async fn four_phase_transfer_and_skyrls_rpcs_update_weights_and_version() {
 
         // SkyRL's collective_rpc methods: the same phases, a bf16 norm, SkyRL's packed flag.
         let rpc = |method: &str, kwargs: Value| json!({"method": method, "kwargs": kwargs});
-        let (s, v) = post(&p("/collective_rpc"), &json!({"method": "reload_weights"})).await;
+        let (s, v) = post(&p("/collective_rpc"), &json!({"method": "load_model"})).await;
         refused(s, &v, 400, "skyrl_start_weight_update");
+        let (s, v) = post(&p("/collective_rpc"), &json!({"method": "reload_weights"})).await;
+        refused(s, &v, 400, "weights_path");
         let (s, v) = post(&p("/collective_rpc"), &rpc("update_weights_ipc", json!({"update_info": {}}))).await;
         refused(s, &v, 400, "update_weights_nccl");
         let (s, v) = post(&p("/collective_rpc"), &json!({"kwargs": {}})).await;

@@ -124,6 +124,17 @@ async fn tcp_group_updates_every_engine_atomically() {
         let (s, _) = post(&format!("{}/update_weights_from_disk", a.url()), &json!({"model_path": "/no/such/file"})).await;
         assert_eq!(s, 400);
 
+        // vLLM's reload from a checkpoint directory: the same load, the version kept.
+        let rpc = format!("{}/collective_rpc", a.url());
+        Weights::init(&cfg, 99).save_safetensors(&path).unwrap();
+        let (s, r) = post(&rpc, &json!({"method": "reload_weights", "kwargs": {"weights_path": dir.path()}})).await;
+        assert_eq!((s, r["results"].clone()), (200, json!([null])), "{r}");
+        let (_, reloaded) = post(&format!("{}/generate", a.url()), &greedy()).await;
+        assert_eq!(reloaded["output_ids"], target["output_ids"]);
+        assert_eq!(reloaded["meta_info"]["weight_version"], "disk");
+        let (s, _) = post(&rpc, &json!({"method": "reload_weights", "kwargs": {"weights_path": "/no/such/dir"}})).await;
+        assert_eq!(s, 400);
+
         let (s, _) = post(&format!("{}/destroy_weights_update_group", a.url()), &json!({"group_name": "wsync"})).await;
         assert_eq!(s, 200);
         let (s, _) = post(&format!("{}/destroy_weights_update_group", a.url()), &json!({"group_name": "wsync"})).await;

@@ -161,6 +161,14 @@ impl EngineDialect {
                     "allocation_mode (the d in d2t4: one server per replica)",
                 ),
                 ("api_key", "admin_key (servers get the deployment's keys)"),
+                ("ssl_keyfile", PLAIN_HTTP),
+                ("ssl_certfile", PLAIN_HTTP),
+                ("ssl_ca_certs", PLAIN_HTTP),
+                ("enable_ssl_refresh", PLAIN_HTTP),
+                (
+                    "uds",
+                    "nothing: Troupe reaches its servers over TCP at the port it allocates",
+                ),
             ],
         }
     }

@@ -76,3 +76,52 @@ pub struct AbortRequests {
     #[serde(default)]
     pub request_ids: Vec<String>,
 }
+
+/// `POST /collective_rpc`: runs one worker method on every rank of a vLLM server (served only
+/// with `VLLM_SERVER_DEV_MODE=1`). vLLM passes `args` and `kwargs` to the method as given; the
+/// answer is `{"results": [...]}`, one entry per rank.
+///
+/// Read from vLLM 0.32's `vllm/entrypoints/serve/dev/rpc/api_router.py`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CollectiveRpc {
+    /// The worker method (e.g. [`RELOAD_WEIGHTS`]).
+    pub method: String,
+    /// Positional arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<serde_json::Value>,
+    /// Keyword arguments.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Seconds the call may take (vLLM's own limit; none by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<f64>,
+}
+
+/// The worker method that reloads every weight in place from a checkpoint directory
+/// (`kwargs.weights_path`): how a vLLM server loads a trainer's checkpoint from disk, the
+/// counterpart of SGLang's `/update_weights_from_disk` (vLLM 0.32:
+/// `GPUModelRunner.reload_weights(weights_iterator, weights_path, is_checkpoint_format)`, also
+/// what the CPU worker runs).
+pub const RELOAD_WEIGHTS: &str = "reload_weights";
+
+impl CollectiveRpc {
+    /// `reload_weights` from the checkpoint at `path` (a directory of safetensors files).
+    pub fn reload_weights(path: &str) -> Self {
+        let mut kwargs = serde_json::Map::new();
+        kwargs.insert("weights_path".into(), serde_json::Value::from(path));
+        CollectiveRpc {
+            method: RELOAD_WEIGHTS.into(),
+            args: Vec::new(),
+            kwargs,
+            timeout: None,
+        }
+    }
+}
+
+/// `POST /update_weight_version`: the version the server reports from now on (vLLM 0.32's
+/// `rl/online/api_router.py`; SGLang's route of the same name takes the same body).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdateWeightVersion {
+    /// The new version label.
+    pub new_version: String,
+}

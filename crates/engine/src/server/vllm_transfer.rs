@@ -44,6 +44,7 @@ pub const RPC_METHODS: &[&str] = &[
     "start_weight_update",
     "update_weights",
     "finish_weight_update",
+    troupe_wire::vllm::RELOAD_WEIGHTS,
 ];
 
 /// A weight-transfer session, as vLLM's worker tracks it: whether `start` was called without a
@@ -458,6 +459,30 @@ async fn collective_rpc(
         "shutdown_weight_transfer_engine" => {
             a.only(&[])?;
             shutdown(&state).await?;
+        }
+        troupe_wire::vllm::RELOAD_WEIGHTS => {
+            // vLLM's in-place reload from a checkpoint directory (or, here, a .safetensors
+            // file): the same load as `/update_weights_from_disk`, keeping the version.
+            a.only(&["weights_path", "is_checkpoint_format"])?;
+            match a.get(2, "is_checkpoint_format") {
+                None | Some(Value::Bool(true)) => {}
+                Some(v) => {
+                    return Err(bad(format!(
+                        "is_checkpoint_format must be true (a checkpoint), got {v}"
+                    )));
+                }
+            }
+            let path = match a.get(1, "weights_path") {
+                Some(Value::String(p)) if !p.is_empty() => p.clone(),
+                _ => {
+                    return Err(bad(
+                        "reload_weights needs weights_path, a checkpoint directory or .safetensors file",
+                    ));
+                }
+            };
+            let body = json!({ "model_path": path });
+            weights_api::update_from_disk(State(state.clone()), Bytes::from(body.to_string()))
+                .await?;
         }
         "update_weights_ipc" => {
             return Err(bad(format!(

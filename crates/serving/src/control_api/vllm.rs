@@ -22,11 +22,15 @@ use crate::error::ApiError;
 type Plane = State<Arc<ControlPlane>>;
 type Answer = Result<Response, ApiError>;
 
-/// The methods `/collective_rpc` runs (the ones SkyRL sends through it).
+/// The methods `/collective_rpc` runs fleet-wide: the ones SkyRL sends through it, and vLLM's
+/// in-place reload from a checkpoint (each engine in its own dialect: vLLM's `reload_weights`,
+/// SGLang's `/update_weights_from_disk`). Others (arbitrary worker methods) are refused: they
+/// are not known to be safe to run on every engine.
 pub const RPC_METHODS: &[&str] = &[
     "skyrl_start_weight_update",
     "update_weights_nccl",
     "skyrl_finish_weight_update",
+    troupe_wire::vllm::RELOAD_WEIGHTS,
 ];
 
 /// The vLLM- and SkyRL-named routes.
@@ -362,6 +366,42 @@ async fn collective_rpc(State(p): Plane, b: Bytes) -> Answer {
                 .and_then(Value::as_str)
                 .map(str::to_string);
             Ok(json(p.transfer_phase(Some(v)).await?))
+        }
+        troupe_wire::vllm::RELOAD_WEIGHTS => {
+            // vLLM: reload_weights(weights_iterator=None, weights_path=None,
+            // is_checkpoint_format=True); only a path can cross HTTP.
+            if let Some(k) = rpc
+                .kwargs
+                .keys()
+                .find(|k| !["weights_path", "is_checkpoint_format"].contains(&k.as_str()))
+            {
+                return Err(bad(format!(
+                    "reload_weights takes kwargs weights_path and is_checkpoint_format, not {k:?}"
+                )));
+            }
+            if !rpc.args.is_empty() {
+                return Err(bad(
+                    "reload_weights takes keyword arguments only: kwargs.weights_path",
+                ));
+            }
+            match rpc.kwargs.get("is_checkpoint_format") {
+                None | Some(Value::Bool(true)) => {}
+                Some(v) => {
+                    return Err(bad(format!(
+                        "is_checkpoint_format must be true (a checkpoint directory), got {v}"
+                    )));
+                }
+            }
+            let path = match rpc.kwargs.get("weights_path") {
+                Some(Value::String(p)) if !p.is_empty() => p.clone(),
+                _ => {
+                    return Err(bad(
+                        "reload_weights needs kwargs.weights_path, a checkpoint directory every engine can read",
+                    ));
+                }
+            };
+            let r = p.update_from_disk(json!({ "model_path": path })).await?;
+            Ok(json(r))
         }
         other => Err(bad(format!(
             "collective_rpc method {other:?} is not supported by the fleet; supported: {RPC_METHODS:?}"

@@ -424,10 +424,23 @@ impl Core {
                     .map_err(|err| format!("{}: {err}", e.url))
             }
         });
-        let (accepted, joined) = tokio::join!(
-            sender.accept_all(self.opts.join_timeout),
-            futures::future::join_all(joins)
-        );
+        // Once every engine has answered and one refused, nobody will connect for it: the
+        // failure is reported then, not after the whole join timeout.
+        let (accepted, joined) = {
+            let accept = sender.accept_all(self.opts.join_timeout);
+            let joins = futures::future::join_all(joins);
+            tokio::pin!(accept, joins);
+            tokio::select! {
+                joined = &mut joins => {
+                    if joined.iter().any(Result::is_err) {
+                        (None, joined)
+                    } else {
+                        (Some(accept.await), joined)
+                    }
+                }
+                accepted = &mut accept => (Some(accepted), joins.await),
+            }
+        };
         let errs: Vec<String> = joined.into_iter().filter_map(Result::err).collect();
         if !errs.is_empty() {
             return Err(format!(
@@ -435,7 +448,10 @@ impl Core {
                 errs.join("; ")
             ));
         }
-        accepted.map_err(|e| format!("engines did not connect to the broadcast master: {e}"))?;
+        if let Some(accepted) = accepted {
+            accepted
+                .map_err(|e| format!("engines did not connect to the broadcast master: {e}"))?;
+        }
         self.group = Some(Group {
             sender,
             members,

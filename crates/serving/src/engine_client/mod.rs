@@ -18,8 +18,8 @@ use troupe_wire::sglang::{
     PauseGeneration, UpdateWeightsFromDistributed,
 };
 use troupe_wire::vllm::{
-    AbortRequests, FinishWeightUpdate, InitWeightTransferEngine, UpdateInfo, UpdateWeights,
-    WeightTransferInit, WorldSize,
+    AbortRequests, CollectiveRpc, FinishWeightUpdate, InitWeightTransferEngine, UpdateInfo,
+    UpdateWeightVersion, UpdateWeights, WeightTransferInit, WorldSize,
 };
 
 use crate::engines::{Engine, EngineDialect};
@@ -135,7 +135,9 @@ impl EngineClient {
     }
 
     /// Frees memory: SGLang `POST /release_memory_occupation {tags}`, vLLM
-    /// `POST /sleep?level=1&tags=…`.
+    /// `POST /sleep?level=1&tags=…` (vLLM 0.32's `/sleep` reads only `level` and `mode`: level 1
+    /// offloads the weights and drops the KV cache whatever the tags say; the reference engine
+    /// reads the tags too).
     pub async fn release_memory(
         &self,
         e: &Engine,
@@ -154,7 +156,9 @@ impl EngineClient {
     }
 
     /// Takes memory back: SGLang `POST /resume_memory_occupation {tags}`, vLLM
-    /// `POST /wake_up?tags=…`.
+    /// `POST /wake_up?tags=…`, or `POST /wake_up` with no tags when every tag is asked for
+    /// (vLLM refuses a tag that is not asleep, so after `?tags=kv_cache` an explicit
+    /// `tags=weights&tags=kv_cache` would fail and leave the server asleep).
     pub async fn resume_memory(&self, e: &Engine, tags: &[&str]) -> Result<Value, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => {
@@ -162,7 +166,8 @@ impl EngineClient {
                     .await
             }
             EngineDialect::Vllm => {
-                let q = tags_query(tags);
+                let all = ["weights", "kv_cache"].iter().all(|t| tags.contains(t));
+                let q = if all { String::new() } else { tags_query(tags) };
                 let path = format!("/wake_up{}", q.replacen('&', "?", 1));
                 self.post_dyn(&e.url, "/wake_up", &path, &json!({})).await
             }
@@ -255,10 +260,7 @@ impl EngineClient {
     ) -> Result<Value, EngineCallError> {
         match (e.dialect, version) {
             (EngineDialect::Sglang, None) => Ok(json!({"success": true})),
-            (EngineDialect::Sglang, Some(v)) => {
-                self.post(&e.url, "/update_weight_version", &json!({"new_version": v}))
-                    .await
-            }
+            (EngineDialect::Sglang, Some(v)) => self.set_version(e, v).await,
             (EngineDialect::Vllm, v) => {
                 let body = FinishWeightUpdate {
                     weight_version: v.map(str::to_string),
@@ -362,21 +364,44 @@ impl EngineClient {
         self.call(&e.url, path, path, None::<&()>).await
     }
 
-    /// Loads weights from a file every engine can read: `POST /update_weights_from_disk` with
-    /// SGLang's body (`model_path`, `weight_version`, ...), passed as given. The reference
-    /// engine serves it in both dialects.
+    /// Loads weights from a checkpoint every engine can read, given SGLang's body of
+    /// `/update_weights_from_disk` (`model_path`, `weight_version`, ...): SGLang takes it as
+    /// given; vLLM reloads in place through `POST /collective_rpc {"method": "reload_weights",
+    /// "kwargs": {"weights_path": model_path}}` and then, with a `weight_version`, takes it
+    /// through `POST /update_weight_version` (vLLM has no disk-load route; its reload keeps the
+    /// version it had). The reference engine answers both dialects the same way.
     pub async fn load_from_disk(&self, e: &Engine, body: &Value) -> Result<Value, EngineCallError> {
-        self.post(&e.url, "/update_weights_from_disk", body).await
+        const PATH: &str = "/update_weights_from_disk";
+        match e.dialect {
+            EngineDialect::Sglang => self.post(&e.url, PATH, body).await,
+            EngineDialect::Vllm => {
+                let path = body.get("model_path").and_then(Value::as_str).ok_or(
+                    EngineCallError::Transport {
+                        path: PATH,
+                        reason: "model_path (a string) is required".into(),
+                    },
+                )?;
+                let r = self
+                    .post(
+                        &e.url,
+                        "/collective_rpc",
+                        &CollectiveRpc::reload_weights(path),
+                    )
+                    .await?;
+                if let Some(v) = body.get("weight_version").and_then(Value::as_str) {
+                    self.set_version(e, v).await?;
+                }
+                Ok(r)
+            }
+        }
     }
 
     /// Sets the version the engine reports: SGLang `POST /update_weight_version {new_version}`.
     pub async fn set_version(&self, e: &Engine, version: &str) -> Result<Value, EngineCallError> {
-        self.post(
-            &e.url,
-            "/update_weight_version",
-            &json!({"new_version": version}),
-        )
-        .await
+        let body = UpdateWeightVersion {
+            new_version: version.to_string(),
+        };
+        self.post(&e.url, "/update_weight_version", &body).await
     }
 
     /// The version of the weights the engine serves.

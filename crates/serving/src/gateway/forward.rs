@@ -27,6 +27,7 @@ use crate::pd;
 use crate::policy::RouteContext;
 use crate::upstream::read_body;
 use crate::worker::{Worker, WorkerType};
+use troupe_wire::EngineDialect;
 
 /// The header that pins a session (trajectory) to one worker under the `sticky` policy.
 pub const SESSION_HEADER: &str = "x-session-id";
@@ -43,7 +44,13 @@ pub(crate) struct InferReq {
     pub(crate) session: Option<String>,
     /// Where the routing text is in `obj` (found only when a policy reads it).
     pub(crate) text: RouteText,
+    /// The client's own vLLM body of `/inference/v1/generate` (`raw` is its SGLang
+    /// translation): a worker that speaks vLLM gets this, unchanged, on that path.
+    pub(crate) native: Option<Bytes>,
 }
+
+/// vLLM's token-in/token-out route (served with `--enable-scale-out`).
+pub(crate) const VLLM_GENERATE: &str = "/inference/v1/generate";
 
 impl InferReq {
     fn parse(
@@ -97,6 +104,7 @@ impl InferReq {
             logprob,
             session,
             text,
+            native: None,
         })
     }
 
@@ -262,7 +270,11 @@ async fn regular_once(
         .route(WorkerType::Regular, &req.ctx(), avoid)
         .map_err(ApiError::from)?;
     let guard = LoadGuard::new(w.clone());
-    let body = send_full(state, &w, req.ep.path(), req.raw.clone()).await?;
+    let (path, sent) = match (&req.native, w.dialect()) {
+        (Some(native), EngineDialect::Vllm) => (VLLM_GENERATE, native.clone()),
+        _ => (req.ep.path(), req.raw.clone()),
+    };
+    let body = send_full(state, &w, path, sent).await?;
     if !last
         && pd::may_abort(&body)
         && let Some(m) = pd::abort_message(&parse_value(&body, &w)?)
@@ -378,10 +390,23 @@ pub(super) async fn handle(
     headers: HeaderMap,
     raw: Bytes,
 ) -> Response {
+    handle_native(state, ep, headers, raw, None).await
+}
+
+/// [`handle`], for a request that arrived in vLLM's dialect: `raw` is its SGLang translation,
+/// `native` the client's body, which a vLLM worker gets as it came.
+pub(super) async fn handle_native(
+    state: Arc<GatewayState>,
+    ep: Endpoint,
+    headers: HeaderMap,
+    raw: Bytes,
+    native: Option<Bytes>,
+) -> Response {
     let started = Instant::now();
     state.metrics.request(ep);
     let needs_text = state.router.needs_text();
-    let resp = match InferReq::parse(ep, &headers, raw, state.cfg.pd, needs_text) {
+    let parsed = InferReq::parse(ep, &headers, raw, state.cfg.pd, needs_text);
+    let resp = match parsed.map(|r| InferReq { native, ..r }) {
         Ok(req) => run(&state, &req).await,
         Err(e) => e.into_response(),
     };

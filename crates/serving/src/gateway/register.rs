@@ -78,6 +78,12 @@ impl GatewayState {
         };
         if let Some(why) = unchecked {
             tracing::info!(url = %worker.url(), worker_type = %spec.worker_type, "worker type not checked ({why}); registering as given");
+            // SGLang and the reference engine report a disaggregation_mode; a server that does
+            // not may speak vLLM's dialect (its `/get_world_size`), which decides the path and
+            // body of the routes the two spell differently.
+            if let Ok(e) = engine.describe(worker.url()).await {
+                worker.set_dialect(e.dialect);
+            }
         }
         Ok(worker)
     }

@@ -158,11 +158,12 @@ pub(super) async fn generate(
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
-    let resp = forward::handle(
+    let resp = forward::handle_native(
         state,
         Endpoint::Generate,
         headers,
         Bytes::from(body.to_string()),
+        Some(raw),
     )
     .await;
     if !resp.status().is_success() {
@@ -174,6 +175,8 @@ pub(super) async fn generate(
         Err(e) => return ApiError::bad_gateway(format!("reading the answer: {e}")).into_response(),
     };
     match serde_json::from_slice::<Value>(&bytes) {
+        // A vLLM worker answered in vLLM's own shape (SGLang's `/generate` has no `choices`).
+        Ok(v) if v.get("choices").is_some() => (status, axum::Json(v)).into_response(),
         Ok(v) => (status, axum::Json(to_vllm(&v, logprobs))).into_response(),
         Err(e) => {
             ApiError::bad_gateway(format!("the worker's answer is not JSON: {e}")).into_response()

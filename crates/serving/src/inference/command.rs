@@ -13,6 +13,9 @@
 //!   underscore spelling would become the unknown flag `--admin_api_key`);
 //! - vLLM has no admin key (only `--api-key`, which Troupe does not set), so nothing is passed.
 //!
+//! vLLM servers get `VLLM_SERVER_DEV_MODE=1` and `--enable-scale-out`: without them the
+//! control routes and the token route Troupe's gateway sends to vLLM do not exist.
+//!
 //! The control-plane token (`TROUPE_TOKEN`) never reaches an engine: a spec that sets it is
 //! refused, and [`command`] removes it from the inherited environment.
 
@@ -23,6 +26,9 @@ use super::spec::{Backend, LaunchSpec, WorkerType};
 
 use troupe_actors::auth::TOKEN_ENV;
 use troupe_wire::env::ENGINE_ADMIN_KEY as ADMIN_KEY_ENV;
+
+/// The variable that turns on vLLM's development routes (vLLM 0.32: `vllm/envs.py`).
+pub const VLLM_DEV_MODE: &str = "VLLM_SERVER_DEV_MODE";
 
 /// A file the server reads at start that holds a secret: written mode 0600 before launch.
 #[derive(Clone, PartialEq, Eq)]
@@ -257,6 +263,18 @@ pub fn build(
             if let Some(p) = spec.dist_port {
                 env.insert("VLLM_PORT".into(), p.to_string());
             }
+            // The routes the control plane drives (pause, sleep, weight transfer,
+            // collective_rpc, server info) exist only in vLLM's development mode, and the
+            // gateway's `/inference/v1/generate` only with `--enable-scale-out`.
+            env.entry(VLLM_DEV_MODE.into())
+                .or_insert_with(|| "1".into());
+            if !spec
+                .extra_args
+                .iter()
+                .any(|x| x == "--enable-scale-out" || x == "--no-enable-scale-out")
+            {
+                a.push("--enable-scale-out".into());
+            }
             spec.python.clone()
         }
     };
@@ -401,6 +419,15 @@ mod tests {
         assert_eq!(c.flag("--tensor-parallel-size"), Some("2"));
         assert!(!c.has("--tp-size"));
         assert!(build(&spec(Backend::Vllm, WorkerType::Prefill), "troupe").is_err());
+        // The routes Troupe drives exist only in development mode and with scale-out.
+        assert_eq!(c.env.get(VLLM_DEV_MODE).map(String::as_str), Some("1"));
+        assert!(c.has("--enable-scale-out"));
+        let mut s = spec(Backend::Vllm, WorkerType::Regular);
+        s.extra_args.push("--no-enable-scale-out".into());
+        s.env.insert(VLLM_DEV_MODE.into(), "0".into());
+        let c = build(&s, "troupe").unwrap();
+        assert!(!c.has("--enable-scale-out"), "the user's choice stands");
+        assert_eq!(c.env.get(VLLM_DEV_MODE).map(String::as_str), Some("0"));
     }
 
     #[test]
