@@ -127,6 +127,7 @@ async fn a_port_answered_by_another_process_is_not_ready_but_in_use() {
             tp: 1,
             pp: 1,
             gpus: vec![],
+            cpu: false,
             host: "127.0.0.1".into(),
             advertise_host: "127.0.0.1".into(),
             port,

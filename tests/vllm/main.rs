@@ -6,4 +6,5 @@
 mod common;
 
 mod gateway;
+mod serve;
 mod server;

@@ -14,6 +14,7 @@ use troupe_wire::engine_args::EngineDialect;
 
 pub use super::gateway_section::GatewaySection;
 pub use super::sched::{SchedulerConfig, SchedulerType, Words};
+pub use super::vllm_section::{VllmConfig, VllmDevice};
 // The duration rule lives in `seconds.rs` (`sched.rs` checks with it too); re-exported so
 // `serve::config::MAX_SECONDS` keeps working.
 pub use super::seconds::MAX_SECONDS;
@@ -300,10 +301,10 @@ pub struct ServeConfig {
     /// Server launch settings.
     #[serde(default)]
     pub sglang: SglangConfig,
-    /// vLLM engine arguments by their Python names (`gpu_memory_utilization: 0.9`), for
-    /// `vllm:` components; checked at load against the pinned vLLM's list.
+    /// vLLM servers: Troupe's own keys (`python`, `device`) and vLLM's arguments by their
+    /// Python names (`gpu_memory_utilization: 0.9`), for `vllm:` components.
     #[serde(default)]
-    pub vllm: BTreeMap<String, serde_json::Value>,
+    pub vllm: VllmConfig,
     /// Gateway settings.
     #[serde(default)]
     pub gateway: GatewaySection,
@@ -360,7 +361,7 @@ impl ServeConfig {
     pub fn engine_flags(&self, family: EngineDialect) -> Result<Vec<String>, String> {
         match family {
             EngineDialect::Sglang => family.to_flags(&self.sglang.args),
-            EngineDialect::Vllm => family.to_flags(&self.vllm),
+            EngineDialect::Vllm => family.to_flags(&self.vllm.args),
         }
     }
 
@@ -369,7 +370,7 @@ impl ServeConfig {
     pub fn engine_env(&self, family: EngineDialect) -> BTreeMap<String, String> {
         match family {
             EngineDialect::Sglang => family.to_env(&self.sglang.args),
-            EngineDialect::Vllm => family.to_env(&self.vllm),
+            EngineDialect::Vllm => family.to_env(&self.vllm.args),
         }
     }
 

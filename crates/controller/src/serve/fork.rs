@@ -50,6 +50,7 @@ fn spec_for(
         tp,
         pp,
         gpus: p.gpus.clone(),
+        cpu: backend == Backend::Vllm && opts.vllm_cpu,
         host: if loopback {
             host.clone()
         } else {
@@ -89,7 +90,10 @@ fn spec_for(
             _ => Default::default(),
         })
         .collect(),
-        python: opts.python.clone(),
+        python: match (backend, &opts.vllm_python) {
+            (Backend::Vllm, Some(py)) => py.clone(),
+            _ => opts.python.clone(),
+        },
         troupe_bin: None,
         log_path: None,
         ready_timeout_s: opts.ready_timeout.as_secs_f64(),

@@ -397,6 +397,7 @@ pub(crate) mod tests {
                 tp: 1,
                 pp: 1,
                 gpus: vec![gpu],
+                cpu: false,
                 host: "127.0.0.1".into(),
                 advertise_host: "127.0.0.1".into(),
                 port,

@@ -21,6 +21,7 @@ pub mod sched;
 mod seconds;
 pub mod setup;
 pub mod state;
+pub mod vllm_section;
 pub mod watch;
 
 pub use config::{ConfigError, ServeConfig};

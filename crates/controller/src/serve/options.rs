@@ -93,6 +93,10 @@ pub struct ForkOptions {
     /// Environment from the config's `vllm:` engine fields (secrets such as `HF_TOKEN`, which
     /// must not be flags), for vLLM servers.
     pub vllm_env: std::collections::BTreeMap<String, String>,
+    /// The interpreter for vLLM servers (`vllm.python`; `None`: [`ForkOptions::python`]).
+    pub vllm_python: Option<String>,
+    /// vLLM servers run on CPU cores (`vllm.device: cpu`).
+    pub vllm_cpu: bool,
     /// Readiness timeout per server.
     pub ready_timeout: Duration,
     /// Admin key for servers, proxies and gateway.
@@ -119,6 +123,8 @@ impl Default for ForkOptions {
             sglang_args: Vec::new(),
             vllm_args: Vec::new(),
             vllm_env: Default::default(),
+            vllm_python: None,
+            vllm_cpu: false,
             ready_timeout: Duration::from_secs(600),
             admin_key: None,
             gateway: GatewayConfig {

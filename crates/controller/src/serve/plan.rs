@@ -157,6 +157,9 @@ impl LaunchPlan {
                 let env: Vec<String> = s.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 line(format!("    env: {}", env.join(" ")));
             }
+            if !s.files.is_empty() {
+                line(format!("    files: {}", s.files.join(" ")));
+            }
             if let Some(u) = &s.url {
                 line(format!("    data proxy -> {u}"));
             }

@@ -29,6 +29,8 @@ pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: Progress) ->
             .engine_flags(troupe_wire::engine_args::EngineDialect::Vllm)
             .unwrap_or_default(),
         vllm_env: cfg.engine_env(troupe_wire::engine_args::EngineDialect::Vllm),
+        vllm_python: cfg.vllm.python.clone(),
+        vllm_cpu: cfg.vllm.device == super::config::VllmDevice::Cpu,
         ready_timeout: Duration::from_secs_f64(cfg.sglang.ready_timeout_s),
         admin_key: Some(admin_key),
         gateway: cfg.gateway.to_gateway(),

@@ -268,6 +268,9 @@ pub fn build(
             // gateway's `/inference/v1/generate` only with `--enable-scale-out`.
             env.entry(VLLM_DEV_MODE.into())
                 .or_insert_with(|| "1".into());
+            if spec.cpu {
+                cpu_server(spec, run_dir, &mut env, &mut files);
+            }
             if !spec
                 .extra_args
                 .iter()
@@ -286,6 +289,46 @@ pub fn build(
         files,
     })
 }
+
+/// Where the AMX start-up call for vLLM's CPU servers lives (see the file's docstring).
+const VLLM_SITECUSTOMIZE: &str = include_str!("vllm_site/sitecustomize.py");
+
+/// A vLLM server on CPU cores: bound to its own cores (its placement slots), and every Python
+/// process of it asks Linux for AMX tile state first (`vllm_site/sitecustomize.py`, put first on
+/// its `PYTHONPATH`: vLLM's CPU attention dies with SIGILL otherwise on CPUs with AMX). Values
+/// the config sets in `env` stand.
+fn cpu_server(
+    spec: &LaunchSpec,
+    run_dir: &Path,
+    env: &mut BTreeMap<String, String>,
+    files: &mut Vec<SecretFile>,
+) {
+    env.remove("CUDA_VISIBLE_DEVICES");
+    if !spec.gpus.is_empty() {
+        let cores: Vec<String> = spec.gpus.iter().map(u32::to_string).collect();
+        env.entry(VLLM_CPU_BIND.into())
+            .or_insert_with(|| cores.join(","));
+    }
+    let site = run_dir.join(format!("vllm-site-{}", spec.port));
+    let inherited = spec
+        .env
+        .get("PYTHONPATH")
+        .cloned()
+        .or_else(|| std::env::var("PYTHONPATH").ok())
+        .filter(|p| !p.is_empty());
+    let path = match inherited {
+        Some(p) => format!("{}:{p}", site.display()),
+        None => site.display().to_string(),
+    };
+    env.insert("PYTHONPATH".into(), path);
+    files.push(SecretFile {
+        path: site.join("sitecustomize.py"),
+        contents: VLLM_SITECUSTOMIZE.to_string(),
+    });
+}
+
+/// vLLM's CPU backend: the cores a server's OpenMP threads are bound to (`0`, `0,1`, `0-3`).
+pub const VLLM_CPU_BIND: &str = "VLLM_CPU_OMP_THREADS_BIND";
 
 /// The process to spawn for `cl`: its program, arguments and extra environment. (The
 /// control-plane token is taken out of every child's environment by
@@ -313,6 +356,7 @@ mod tests {
             tp: 2,
             pp: 1,
             gpus: vec![4, 5],
+            cpu: false,
             host: "0.0.0.0".into(),
             advertise_host: "10.0.0.3".into(),
             port: 30000,
@@ -428,6 +472,31 @@ mod tests {
         let c = build(&s, "troupe").unwrap();
         assert!(!c.has("--enable-scale-out"), "the user's choice stands");
         assert_eq!(c.env.get(VLLM_DEV_MODE).map(String::as_str), Some("0"));
+    }
+
+    #[test]
+    fn a_vllm_server_on_cpus_is_bound_to_its_cores_and_asks_for_amx() {
+        let mut s = spec(Backend::Vllm, WorkerType::Regular);
+        s.cpu = true;
+        s.env.insert("PYTHONPATH".into(), "/mine".into());
+        let c = build(&s, "troupe").unwrap();
+        assert_eq!(c.env.get(VLLM_CPU_BIND).map(String::as_str), Some("4,5"));
+        assert!(!c.env.contains_key("CUDA_VISIBLE_DEVICES"));
+        let site = "/run/troupe-test/vllm-site-30000";
+        assert_eq!(
+            c.env.get("PYTHONPATH").map(String::as_str),
+            Some(format!("{site}:/mine").as_str())
+        );
+        assert_eq!(c.files.len(), 1);
+        assert_eq!(c.files[0].path, Path::new(site).join("sitecustomize.py"));
+        assert!(c.files[0].contents.contains("ARCH_REQ_XCOMP_PERM"));
+        // A GPU server gets none of it.
+        let c = build(&spec(Backend::Vllm, WorkerType::Regular), "troupe").unwrap();
+        assert!(!c.env.contains_key(VLLM_CPU_BIND) && c.files.is_empty());
+        assert_eq!(
+            c.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str),
+            Some("4,5")
+        );
     }
 
     #[test]

@@ -206,6 +206,11 @@ impl Actor for InferenceServer {
         });
         let mut secrets = SecretFiles(Vec::new());
         for f in &cl.files {
+            if let Some(dir) = f.path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    ActorError::new(format!("cannot create {}: {e}", dir.display()))
+                })?;
+            }
             rundir::write_private(&f.path, &f.contents)
                 .map_err(|e| ActorError::new(format!("cannot write {}: {e}", f.path.display())))?;
             secrets.0.push(f.path.clone());

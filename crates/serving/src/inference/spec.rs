@@ -33,8 +33,14 @@ pub struct LaunchSpec {
     pub tp: u32,
     /// Pipeline parallel size.
     pub pp: u32,
-    /// GPU ids of this host that the instance uses (its bundle); becomes `CUDA_VISIBLE_DEVICES`.
+    /// GPU ids of this host that the instance uses (its bundle); becomes `CUDA_VISIBLE_DEVICES`
+    /// (with [`LaunchSpec::cpu`], CPU core ids instead).
     pub gpus: Vec<u32>,
+    /// The server computes on CPU cores, not GPUs (vLLM's CPU backend): its placement slots are
+    /// core ids, bound with `VLLM_CPU_OMP_THREADS_BIND` (two servers left to choose both take
+    /// core 0 and each request costs 10× more).
+    #[serde(default)]
+    pub cpu: bool,
     /// Address to bind the HTTP server to.
     pub host: String,
     /// Address clients (and decode servers, for bootstrap) reach this host at.
