@@ -7,8 +7,8 @@
 //! Arguments and results are encoded on the Python side (`troupe/_codec.py`: MessagePack,
 //! numpy as raw buffers, pickle only with `pickle=True`); this file moves bytes and turns
 //! outcomes into results or exceptions: `RemoteError` (the method raised; the actor is fine),
-//! `ActorDiedError` (the worker died during the call), `ActorError` / `HostLostError` (the
-//! actor or its host is gone).
+//! `ActorDiedError` (the worker died, or the actor stopped, during the call), `ActorError` /
+//! `HostLostError` (the actor or its host is gone).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -193,7 +193,8 @@ impl ActorRef {
 #[pymethods]
 impl ActorRef {
     /// Calls `method(*args, **kwargs)` on the remote object; awaitable. Calls made one after
-    /// another run in that order.
+    /// another start in that order (plain methods run one at a time; `async def` ones overlap
+    /// with the calls after them, docs/python.md).
     #[pyo3(signature = (method, *args, **kwargs))]
     fn call<'py>(
         &self,

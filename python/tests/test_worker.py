@@ -1,6 +1,6 @@
 """The worker process of a Python actor (`python -m troupe._worker`), driven over its socket
 the way the host's `troupe.python` actor drives it: frames as `troupe._frames` says, several
-calls in flight at once."""
+calls in flight at once; then the same through an `ActorRef`."""
 
 import asyncio
 import os
@@ -8,6 +8,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -15,7 +16,7 @@ import troupe
 from troupe import _codec
 from troupe._frames import ARGS, FD_ENV, ID, INIT, KIND, MAIN_FILE, MESSAGE, METHOD, OK, RAISED, REPLY, SYS_PATH, TARGET
 from troupe._worker import read_frame, write_frame
-from workers import Gate
+from workers import Counter, Gate
 
 HERE = str(pathlib.Path(__file__).resolve().parent)
 
@@ -103,21 +104,72 @@ def test_sync_methods_run_outside_the_loop_while_async_calls_wait(gate):
     assert sorted(gate.answers(2)) == [(waiting, 0), (opener, [0])]
 
 
+@pytest.fixture(params=["in_process", "local_processes"])
+def cluster(request):
+    """An in-process host, and a `troupe host` subprocess (calls travel as frames)."""
+    with getattr(troupe.Cluster, request.param)(1, 1) as c:
+        yield c
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason="the troupe.python actor has one call in flight to its worker (the host handles an "
-    "actor's messages one at a time, and a handler cannot reply after it returns), so through "
-    "an ActorRef async methods still run one at a time",
-)
-def test_async_methods_run_concurrently_through_an_actor_ref():
-    with troupe.Cluster.in_process(1, 1) as c:
-        a = c.host(0).spawn(Gate)
+def test_async_methods_run_concurrently_through_an_actor_ref(cluster):
+    # The actor sends each call on without waiting for the answer before: served one at a time,
+    # the first call would wait for the second forever.
+    a = cluster.host(0).spawn(Gate)
 
-        async def main():
-            return await asyncio.wait_for(asyncio.gather(a.call("meet", "a", "b"), a.call("meet", "b", "a")), 5)
+    async def main():
+        return await asyncio.wait_for(asyncio.gather(a.call("meet", "a", "b"), a.call("meet", "b", "a")), 10)
 
-        try:
-            assert asyncio.run(main()) == ["a", "b"]
-        finally:
-            a.stop(grace=0.5)
+    try:
+        assert asyncio.run(main()) == ["a", "b"]
+        # Calls from one caller start in the order made: the plain call after five waiting ones
+        # sees all five started, and opens the gate for them.
+        async def gate():
+            entered = [a.call("enter", i) for i in range(5)]
+            opened = await asyncio.wait_for(a.call("open"), 10)
+            return opened, await asyncio.wait_for(asyncio.gather(*entered), 10)
+
+        opened, entered = asyncio.run(gate())
+        assert opened == ["a", "b", 0, 1, 2, 3, 4] and entered == [0, 1, 2, 3, 4]
+    finally:
+        a.stop(grace=0.5)
+
+
+@pytest.mark.timeout(60)
+def test_every_call_in_flight_fails_at_once_when_the_worker_dies_and_it_restarts(cluster):
+    a = cluster.host(0).spawn(Counter, restarts=1)
+    first = a.call_sync("pid")
+
+    async def main():
+        calls = [a.call("sleep", 60), a.call("sleep", 60), a.call("exit", 3)]
+        return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 20)
+
+    try:
+        got = asyncio.run(main())
+        assert all(isinstance(e, troupe.ActorDiedError) and "exit status: 3" in str(e) for e in got), got
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if a.call_sync("pid") != first:
+                    break
+            except troupe.ActorError:
+                pass  # restarting
+            assert time.monotonic() < deadline, "not restarted"
+            time.sleep(0.02)
+        assert a.call_sync("incr") == 1
+    finally:
+        a.stop(grace=0.5)
+
+
+@pytest.mark.timeout(60)
+def test_calls_in_flight_fail_at_once_when_the_actor_stops(cluster):
+    a = cluster.host(0).spawn(Counter)
+
+    async def main():
+        sleeping = asyncio.gather(a.call("sleep", 60), a.call("sleep", 60), return_exceptions=True)
+        await a.call("pid")  # both sleeps have started
+        a.stop(grace=1.0)
+        return await asyncio.wait_for(sleeping, 10)
+
+    got = asyncio.run(main())
+    assert all(isinstance(e, troupe.ActorDiedError) for e in got), got

@@ -6,12 +6,15 @@ the call's id: `{"id": n, "reply": {"Ok": bytes}}` or `{"id": n, "reply": {"Rais
 It exits when the actor closes the socket (and is killed with its process group when the actor
 stops).
 
-How calls run (docs/python.md, "Python actors"): calls start in the order their frames arrive.
-A plain method runs to its end before the next frame is read, with every coroutine paused (as
-if it were the only call). An `async def` method (any method returning an awaitable) becomes a
-task on the worker's one event loop and starts running, up to its first `await` that waits,
-before the next frame is read; while tasks are pending the loop runs them until the next frame
-arrives, so async methods run concurrently and answer in the order they finish.
+How calls run (docs/python.md, "Python actors"): the actor writes calls as they reach it, without
+waiting for earlier answers, and they start here in the order their frames arrive. A plain
+method runs to its end before the next frame is read, with every coroutine paused (as if it were
+the only call), so plain methods run one at a time, in arrival order. An `async def` method (any
+method returning an awaitable) becomes a task on the worker's one event loop and starts running,
+up to its first `await` that waits, before the next frame is read; while tasks are pending the
+loop runs them until the next frame arrives, so async methods run concurrently with each other
+and with the calls after them, and answer in the order they finish (the actor matches answers to
+calls by id).
 """
 
 import asyncio

@@ -7,11 +7,13 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use serde::{Serialize, de::DeserializeOwned};
 
+use crate::envelope::ReplyTx;
 use crate::error::{ActorError, CallError};
 
 /// A boxed, sendable future: the shape of every type-erased async call in the runtime.
@@ -85,7 +87,8 @@ pub trait Actor: Send + Sized + 'static {
         ctx: &ActorContext,
     ) -> impl Future<Output = Result<Self, ActorError>> + Send;
 
-    /// Declares which messages this actor handles: `m.add::<MyMessage>()` per message type.
+    /// Declares which messages this actor handles: `m.add::<MyMessage>()` per message type
+    /// (`m.add_deferred::<MyMessage>()` for one whose reply comes later).
     fn methods(m: &mut Methods<Self>);
 
     /// Runs on a graceful stop, before the actor is dropped. Release what you own here.
@@ -104,12 +107,111 @@ pub trait Handler<M: Message>: Actor {
     ) -> impl Future<Output = Result<M::Reply, ActorError>> + Send;
 }
 
+/// Handling of one message type by an actor kind whose reply may come after the handler
+/// returns ([`Methods::add_deferred`]).
+///
+/// Why: the host hands an actor one message at a time, so a plain [`Handler`] that waits for
+/// something slow (an answer from a worker process) keeps every later message waiting too. A
+/// deferred handler does with `&mut self` only what must happen in message order (e.g. sending
+/// a request) and hands `reply` on to whatever will answer it (a task, a table of calls in
+/// flight); the actor takes its next message as soon as the handler returns, and its state is
+/// still touched by one message at a time. Whoever holds the [`Reply`] must send it or drop it:
+/// dropping it (with the actor's state, say) fails the call at once, so a caller never waits
+/// on a reply that can no longer come.
+pub trait DeferredHandler<M: Message>: Actor {
+    /// Starts handling `msg`; `reply` answers the caller, now or later. A panic here fails the
+    /// actor as in [`Handler::handle`].
+    fn handle_deferred(
+        &mut self,
+        msg: M,
+        reply: Reply<M::Reply>,
+        ctx: &ActorContext,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// Every deferred handler is also a [`Handler`], one that waits for its own reply: a typed
+/// handle (which asks for `Handler`) calls either kind alike, and the one way of answering is
+/// `handle_deferred`. (Registered with [`Methods::add`] instead of [`Methods::add_deferred`],
+/// its calls would run one at a time, each answered before the next message.)
+impl<A, M> Handler<M> for A
+where
+    A: DeferredHandler<M>,
+    M: Message,
+{
+    async fn handle(&mut self, msg: M, ctx: &ActorContext) -> Result<M::Reply, ActorError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let reply = Reply {
+            tx,
+            _reply: PhantomData,
+        };
+        self.handle_deferred(msg, reply, ctx).await;
+        let encoded = rx
+            .await
+            .map_err(|_| ActorError::new("the handler dropped its reply unsent"))?
+            .map_err(|e| match e {
+                CallError::Handler(m) => ActorError(m),
+                e => ActorError(e.to_string()),
+            })?;
+        troupe_wire::decode(&encoded).map_err(ActorError::new)
+    }
+}
+
+/// The answer to one message, held by a [`DeferredHandler`] until it is known.
+///
+/// Sending consumes it. Dropped unsent, the caller gets `ActorFailed` ("the actor died before
+/// replying") at once, which is what makes "no hanging on the dead" hold for deferred replies:
+/// replies kept in an actor's state go with it.
+#[must_use = "a Reply dropped unsent fails the call"]
+pub struct Reply<R> {
+    tx: ReplyTx,
+    _reply: PhantomData<fn(R)>,
+}
+
+impl<R: Serialize> Reply<R> {
+    /// Answers the caller: `Ok` with the reply, or `Err`, which the caller sees as a handler
+    /// error (the actor keeps running). An answer to a caller that gave up is dropped.
+    pub fn send(self, r: Result<R, ActorError>) {
+        let _ = self.tx.send(encode_reply(r));
+    }
+
+    /// True once the caller stopped waiting (gave up, or its host is gone): the work this reply
+    /// is for may be skipped.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+impl<R> std::fmt::Debug for Reply<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reply")
+            .field("closed", &self.tx.is_closed())
+            .finish()
+    }
+}
+
+/// A handler's result as the caller receives it.
+fn encode_reply<R: Serialize>(r: Result<R, ActorError>) -> Result<Vec<u8>, CallError> {
+    let reply = r.map_err(|e| CallError::Handler(e.0))?;
+    troupe_wire::encode(&reply).map_err(|e| CallError::Handler(e.to_string()))
+}
+
+/// Answers `reply` (if it is still there) with `r`.
+fn answer(reply: &mut Option<ReplyTx>, r: Result<Vec<u8>, CallError>) {
+    if let Some(tx) = reply.take() {
+        let _ = tx.send(r);
+    }
+}
+
+/// One method: decode, handle, encode, answer. It takes the call's reply out of the slot it is
+/// given when it answers (a plain handler on its return, a deferred one whenever it sends its
+/// [`Reply`]); the host answers a reply still there when a handler panics.
 type MethodFn<A> = Box<
     dyn for<'a> Fn(
             &'a mut A,
             &'a [u8],
             &'a ActorContext,
-        ) -> BoxFuture<'a, Result<Vec<u8>, CallError>>
+            &'a mut Option<ReplyTx>,
+        ) -> BoxFuture<'a, ()>
         + Send
         + Sync,
 >;
@@ -126,20 +228,43 @@ impl<A: Actor> Methods<A> {
         }
     }
 
-    /// Registers `M` as a method of this actor kind.
+    /// Registers `M` as a method of this actor kind, answered when its handler returns.
     pub fn add<M: Message>(&mut self) -> &mut Self
     where
         A: Handler<M>,
     {
-        let f: MethodFn<A> = Box::new(|actor, payload, ctx| {
+        let f: MethodFn<A> = Box::new(|actor, payload, ctx, reply| {
             Box::pin(async move {
-                let msg: M = troupe_wire::decode(payload)
-                    .map_err(|e| CallError::BadPayload(format!("method {}: {e}", M::METHOD)))?;
-                let reply = actor
-                    .handle(msg, ctx)
-                    .await
-                    .map_err(|e| CallError::Handler(e.0))?;
-                troupe_wire::encode(&reply).map_err(|e| CallError::Handler(e.to_string()))
+                let r = match decode::<M>(payload) {
+                    Ok(msg) => encode_reply(actor.handle(msg, ctx).await),
+                    Err(e) => Err(e),
+                };
+                answer(reply, r);
+            })
+        });
+        self.table.insert(M::METHOD, f);
+        self
+    }
+
+    /// Registers `M` as a method of this actor kind whose reply may come after its handler
+    /// returns ([`DeferredHandler`]): the actor moves on to its next message meanwhile.
+    pub fn add_deferred<M: Message>(&mut self) -> &mut Self
+    where
+        A: DeferredHandler<M>,
+    {
+        let f: MethodFn<A> = Box::new(|actor, payload, ctx, reply| {
+            Box::pin(async move {
+                let msg = match decode::<M>(payload) {
+                    Ok(msg) => msg,
+                    Err(e) => return answer(reply, Err(e)),
+                };
+                if let Some(tx) = reply.take() {
+                    let reply = Reply {
+                        tx,
+                        _reply: PhantomData,
+                    };
+                    actor.handle_deferred(msg, reply, ctx).await;
+                }
             })
         });
         self.table.insert(M::METHOD, f);
@@ -162,4 +287,10 @@ impl<A: Actor> Methods<A> {
         v.sort_unstable();
         v.join(", ")
     }
+}
+
+/// `M` from its encoded payload.
+fn decode<M: Message>(payload: &[u8]) -> Result<M, CallError> {
+    troupe_wire::decode(payload)
+        .map_err(|e| CallError::BadPayload(format!("method {}: {e}", M::METHOD)))
 }

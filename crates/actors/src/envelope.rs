@@ -7,10 +7,14 @@ use tokio::sync::oneshot;
 
 use crate::error::CallError;
 
+/// Where one call's encoded reply goes: the caller waits on the other end, and a sender dropped
+/// unsent tells it the actor died before replying.
+pub(crate) type ReplyTx = oneshot::Sender<Result<Vec<u8>, CallError>>;
+
 /// A call queued in an actor's mailbox: the method, its encoded message and where the reply
 /// goes.
 pub(crate) struct Envelope {
     pub method: String,
     pub payload: Vec<u8>,
-    pub reply: oneshot::Sender<Result<Vec<u8>, CallError>>,
+    pub reply: ReplyTx,
 }

@@ -3,6 +3,9 @@
 //!
 //! ractor gives us the mailbox (FIFO, so calls from one caller stay in order), panic capture and
 //! kill semantics; the restart *policy* lives in the host core, which knows the actor's arguments.
+//! An actor handles one message at a time, but a deferred handler
+//! ([`crate::actor::DeferredHandler`]) may answer after it returned: the next message is taken
+//! as soon as the handler returns, whether or not its caller has its reply yet.
 
 use std::sync::Arc;
 
@@ -70,18 +73,22 @@ impl ractor::Actor for Hosted {
             // The caller gave up (deadline, host lost): don't spend the actor's time on it.
             return Ok(());
         }
-        let call = st.actor.dispatch(&msg.method, &msg.payload, &st.ctx);
+        // The handler answers through this slot: before it returns, or later (a deferred
+        // handler took the reply); either way the next message is taken once it returns.
+        let mut reply = Some(msg.reply);
+        let call = st
+            .actor
+            .dispatch(&msg.method, &msg.payload, &st.ctx, &mut reply);
         match AssertUnwindSafe(call).catch_unwind().await {
-            Ok(r) => {
-                let _ = msg.reply.send(r);
-                Ok(())
-            }
+            Ok(()) => Ok(()),
             Err(panic) => {
                 // Tell the caller why, then let the panic continue so the supervisor sees it.
                 let why = panic_text(&*panic);
-                let _ = msg.reply.send(Err(CallError::ActorFailed(format!(
-                    "actor panicked: {why}"
-                ))));
+                if let Some(tx) = reply.take() {
+                    let _ = tx.send(Err(CallError::ActorFailed(format!(
+                        "actor panicked: {why}"
+                    ))));
+                }
                 std::panic::resume_unwind(panic)
             }
         }
@@ -175,3 +182,6 @@ impl ractor::Actor for Supervisor {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

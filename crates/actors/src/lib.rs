@@ -4,7 +4,8 @@
 //! under a ractor supervisor with a restart policy, delivers calls in order, reports lifecycle
 //! events and heartbeats on a stream, and exposes all of it as the `ActorHost` gRPC service.
 //!
-//! - [`actor`]: the traits actor authors implement ([`Actor`], [`Message`], [`Handler`]).
+//! - [`actor`]: the traits actor authors implement ([`Actor`], [`Message`], [`Handler`], and
+//!   [`DeferredHandler`] for a reply that comes after the handler returned).
 //! - [`registry`]: kind name → factory.
 //! - [`host`]: the transport-free host core.
 //! - [`service`]: the gRPC face of the core.
@@ -36,7 +37,9 @@ pub mod sockets;
 pub mod tls;
 mod tombstones;
 
-pub use actor::{Actor, ActorContext, FailHandle, Handler, Message, Methods};
+pub use actor::{
+    Actor, ActorContext, DeferredHandler, FailHandle, Handler, Message, Methods, Reply,
+};
 pub use error::{ActorError, CallError};
 pub use host::{HostConfig, HostCore, RestartPolicy};
 pub use registry::Registry;

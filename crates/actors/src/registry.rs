@@ -7,16 +7,22 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::actor::{Actor, ActorContext, BoxFuture, Methods};
+use crate::envelope::ReplyTx;
 use crate::error::{ActorError, CallError};
 
 /// A live actor with its type erased, as the host's supervisor holds it.
 pub(crate) trait DynActor: Send {
+    /// Handles one call. Its handler takes `reply` out of the slot when it answers: on return
+    /// (a plain handler), or whenever its [`crate::actor::Reply`] is sent (a deferred one, which
+    /// may be after this future ends). A reply still in the slot after a panic is the host's to
+    /// answer.
     fn dispatch<'a>(
         &'a mut self,
         method: &'a str,
         payload: &'a [u8],
         ctx: &'a ActorContext,
-    ) -> BoxFuture<'a, Result<Vec<u8>, CallError>>;
+        reply: &'a mut Option<ReplyTx>,
+    ) -> BoxFuture<'a, ()>;
     fn stopping<'a>(&'a mut self, ctx: &'a ActorContext) -> BoxFuture<'a, ()>;
 }
 
@@ -31,16 +37,20 @@ impl<A: Actor> DynActor for Typed<A> {
         method: &'a str,
         payload: &'a [u8],
         ctx: &'a ActorContext,
-    ) -> BoxFuture<'a, Result<Vec<u8>, CallError>> {
+        reply: &'a mut Option<ReplyTx>,
+    ) -> BoxFuture<'a, ()> {
         match self.methods.get(method) {
-            Some(f) => f(&mut self.actor, payload, ctx),
+            Some(f) => f(&mut self.actor, payload, ctx, reply),
             None => {
                 let err = CallError::UnknownMethod(format!(
                     "{method:?} for actor kind {:?}; known methods: {}",
                     A::KIND,
                     self.methods.names()
                 ));
-                Box::pin(async move { Err(err) })
+                if let Some(tx) = reply.take() {
+                    let _ = tx.send(Err(err));
+                }
+                Box::pin(async {})
             }
         }
     }

@@ -4,40 +4,45 @@
 //! them; this is Troupe's way, under the host's own guarantees. The actor starts
 //! `python -m troupe._worker` (the interpreter its arguments name) as its child, in its own
 //! process group, and talks to it over a socket pair (the child's fd 3) in length-prefixed
-//! MessagePack frames ([`super::python_wire`]). The worker imports the class, builds the
-//! object and then runs one method call per request: a plain method to its end before it reads
-//! the next request, an `async def` method as a task on the worker's one event loop, so several
-//! of those run concurrently when several calls are in flight to it.
+//! MessagePack frames ([`super::python_wire`]).
 //!
-//! This actor handles one message at a time (the host's mailbox), so today it has one call in
-//! flight to its worker: calls start and finish in the order they reached the actor, async
-//! ones included. The frames carry call ids so that a worker can answer several calls in any
-//! order once the actor may leave a call in flight while taking the next; that needs the
-//! runtime to let a handler reply after it returns, which it does not yet.
+//! How calls run. The actor takes one message at a time (the host's mailbox) and writes each
+//! call to the worker as a numbered [`Call`] in that order, without waiting for its answer
+//! ([`PyCall`] is a [`DeferredHandler`]): the call waits in a table of calls in flight, and a
+//! task reading the worker's socket hands each [`Answer`] to the caller whose call has its id.
+//! The worker starts calls in the order they arrive: a plain method runs to its end before it
+//! reads the next call, an `async def` method becomes a task on the worker's one event loop and
+//! runs concurrently with the calls after it. So calls from one caller start in the order that
+//! caller made them, plain methods run one at a time in that order, and async methods overlap
+//! (and may answer in any order).
 //!
 //! What the host gives it for free: calls are ordered (one mailbox), the worker dies with the
 //! host, stopping the actor kills the worker's process group, and a worker that exits makes the
 //! actor fail so its restart policy applies (a fresh worker, the same constructor arguments).
-//! The call in flight when a worker dies is answered at once with [`PyOutcome::Died`]; a
-//! Python exception in a method is answered with [`PyOutcome::Raised`] and the worker stays.
+//! Every call in flight when a worker dies (or the actor stops) is answered at once with
+//! [`PyOutcome::Died`]; a Python exception in a method is answered with [`PyOutcome::Raised`]
+//! and the worker stays.
 //!
 //! Payloads are opaque here: the Python side encodes arguments and results (MessagePack with
 //! numpy arrays as raw buffers; pickle only when asked).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 use super::python_wire::{
     Answer, Call, Hello, Raised, Reply, read_frame, split_target, write_frame,
 };
-use crate::actor::{Actor, ActorContext, Handler, Message, Methods};
+use crate::actor::{
+    Actor, ActorContext, DeferredHandler, FailHandle, Handler, Message, Methods, Reply as CallReply,
+};
 use crate::error::ActorError;
 use crate::process::ChildProcess;
 
@@ -117,36 +122,143 @@ impl Message for PyInfo {
     const METHOD: &'static str = "py_info";
 }
 
-/// The actor: the worker process and the socket to it.
+/// The actor: the worker process, the socket's write half, and the calls in flight to it.
 pub struct PyWorker {
     child: Arc<tokio::sync::Mutex<ChildProcess>>,
-    sock: UnixStream,
+    /// Calls go out here, in the order the actor takes them.
+    sock: OwnedWriteHalf,
+    /// Calls written and not answered yet, shared with the task reading answers.
+    calls: Arc<InFlight>,
     info: PyWorkerInfo,
     stopping: CancellationToken,
     /// The id of the last call sent to the worker.
     last_call: u64,
 }
 
-impl PyWorker {
-    /// Why the worker is gone, once its exit status is known (briefly waited for).
-    async fn death(&self) -> String {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-        loop {
-            // The exit watcher holds the lock while it waits; it lets go once the worker exited.
-            if let Ok(mut c) = self.child.try_lock()
-                && let Ok(Some(s)) = c.try_status()
-            {
-                return format!("the python worker (pid {}) exited ({s})", self.info.pid);
+/// The calls in flight to one worker: the actor adds each before writing it, the answer reader
+/// ([`read_answers`]) takes it out when its answer comes, or answers all of them
+/// [`PyOutcome::Died`] once the worker is gone, so no caller waits on a dead worker.
+#[derive(Default)]
+struct InFlight(parking_lot::Mutex<InFlightState>);
+
+#[derive(Default)]
+struct InFlightState {
+    waiting: HashMap<u64, CallReply<PyOutcome>>,
+    /// Why the worker answers no more calls, once the reader has seen it gone.
+    gone: Option<String>,
+    /// The worker's exit status, as its exit watcher saw it (kept for the calls' error).
+    exited: Option<String>,
+}
+
+impl InFlight {
+    /// Records call `id` as waiting for its answer; gives `reply` back with the reason when the
+    /// worker is already gone.
+    fn wait_for(
+        &self,
+        id: u64,
+        reply: CallReply<PyOutcome>,
+    ) -> Result<(), (CallReply<PyOutcome>, String)> {
+        let mut st = self.0.lock();
+        match &st.gone {
+            Some(why) => Err((reply, why.clone())),
+            None => {
+                st.waiting.insert(id, reply);
+                Ok(())
             }
-            if tokio::time::Instant::now() >= deadline {
-                return format!(
-                    "the python worker (pid {}) closed its socket",
-                    self.info.pid
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+
+    /// Takes call `id` out (answered, or never sent).
+    fn take(&self, id: u64) -> Option<CallReply<PyOutcome>> {
+        self.0.lock().waiting.remove(&id)
+    }
+
+    /// Marks the worker gone for `why` and answers every call still waiting.
+    fn close(&self, why: &str) {
+        let waiting = {
+            let mut st = self.0.lock();
+            st.gone = Some(why.to_string());
+            std::mem::take(&mut st.waiting)
+        };
+        for reply in waiting.into_values() {
+            reply.send(Ok(PyOutcome::Died(why.to_string())));
+        }
+    }
+
+    fn exited(&self) -> Option<String> {
+        self.0.lock().exited.clone()
+    }
+}
+
+/// Why the worker `pid` is gone, once its exit status is known (briefly waited for). The child is
+/// held weakly: the actor's drop must still kill it.
+async fn death(
+    pid: u32,
+    child: &Weak<tokio::sync::Mutex<ChildProcess>>,
+    calls: &InFlight,
+) -> String {
+    let exited = |s: &dyn std::fmt::Display| format!("the python worker (pid {pid}) exited ({s})");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let Some(child) = child.upgrade() else {
+            // The actor is gone; its exit watcher recorded the status if it saw the exit first.
+            return match calls.exited() {
+                Some(s) => exited(&s),
+                None => format!("the python worker (pid {pid}) was stopped with its actor"),
+            };
+        };
+        // The exit watcher holds the lock while it waits; it lets go once the worker exited.
+        if let Ok(mut c) = child.try_lock()
+            && let Ok(Some(s)) = c.try_status()
+        {
+            return exited(&s);
+        }
+        drop(child);
+        if let Some(s) = calls.exited() {
+            return exited(&s);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return format!("the python worker (pid {pid}) closed its socket");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Reads the worker's answers and hands each to its caller until the worker is gone; then
+/// answers every call still waiting and, unless the actor is stopping, fails the actor so its
+/// restart policy applies (a worker that exited is also reported by its exit watcher; the first
+/// report counts).
+async fn read_answers(
+    mut from: OwnedReadHalf,
+    calls: Arc<InFlight>,
+    child: Weak<tokio::sync::Mutex<ChildProcess>>,
+    pid: u32,
+    stopping: CancellationToken,
+    fail: Option<FailHandle>,
+) {
+    let why = loop {
+        match read_frame::<Answer>(&mut from).await {
+            Ok(Answer { id, reply }) => match calls.take(id) {
+                Some(caller) => caller.send(Ok(match reply {
+                    Reply::Ok(b) => PyOutcome::Ok(b),
+                    Reply::Raised(r) => PyOutcome::Raised(r),
+                })),
+                // The worker is broken; a fresh one is the cure.
+                None => {
+                    break format!(
+                        "the python worker (pid {pid}) answered call {id}, which was not waiting"
+                    );
+                }
+            },
+            Err(_) => break death(pid, &child, &calls).await,
+        }
+    };
+    if !stopping.is_cancelled()
+        && let Some(f) = fail
+    {
+        f.fail(why.clone());
+    }
+    calls.close(&why);
 }
 
 impl Actor for PyWorker {
@@ -250,19 +362,35 @@ impl Actor for PyWorker {
             )));
         }
         let stopping = CancellationToken::new();
+        let calls = Arc::new(InFlight::default());
         let fail = ctx.fail_handle();
+        let note = calls.clone();
         crate::process::watch_exit(child.clone(), stopping.clone(), move |status| {
             let why = match status {
-                Ok(s) => format!("the python worker exited ({s})"),
+                Ok(s) => {
+                    // Before the actor fails (and drops the child): the calls' error names it.
+                    note.0.lock().exited = Some(s.to_string());
+                    format!("the python worker exited ({s})")
+                }
                 Err(e) => format!("the python worker cannot be waited on: {e}"),
             };
             if let Some(f) = fail {
                 f.fail(why);
             }
         });
+        let (answers, sock) = sock.into_split();
+        tokio::spawn(read_answers(
+            answers,
+            calls.clone(),
+            Arc::downgrade(&child),
+            pid,
+            stopping.clone(),
+            ctx.fail_handle(),
+        ));
         Ok(PyWorker {
             child,
             sock,
+            calls,
             info: PyWorkerInfo {
                 pid,
                 env: a.env,
@@ -274,7 +402,7 @@ impl Actor for PyWorker {
     }
 
     fn methods(m: &mut Methods<Self>) {
-        m.add::<PyCall>().add::<PyInfo>();
+        m.add_deferred::<PyCall>().add::<PyInfo>();
     }
 
     async fn stopping(&mut self, _ctx: &ActorContext) {
@@ -288,38 +416,33 @@ impl Actor for PyWorker {
     }
 }
 
-impl Handler<PyCall> for PyWorker {
-    async fn handle(&mut self, msg: PyCall, ctx: &ActorContext) -> Result<PyOutcome, ActorError> {
+/// Writes the call now (so calls reach the worker in the order the actor took them) and leaves
+/// its answer to the task reading answers: the actor takes its next message without waiting
+/// for it.
+impl DeferredHandler<PyCall> for PyWorker {
+    async fn handle_deferred(
+        &mut self,
+        msg: PyCall,
+        reply: CallReply<PyOutcome>,
+        _ctx: &ActorContext,
+    ) {
         self.last_call += 1;
         let id = self.last_call;
+        // Waiting before it is written: the answer may come before the write returns.
+        if let Err((reply, why)) = self.calls.wait_for(id, reply) {
+            return reply.send(Ok(PyOutcome::Died(why)));
+        }
         let call = Call {
             id,
             method: &msg.method,
             args: &msg.args,
         };
-        let answer = async {
-            write_frame(&mut self.sock, &call).await?;
-            read_frame::<Answer>(&mut self.sock).await
+        if write_frame(&mut self.sock, &call).await.is_err()
+            && let Some(reply) = self.calls.take(id)
+        {
+            let why = death(self.info.pid, &Arc::downgrade(&self.child), &self.calls).await;
+            reply.send(Ok(PyOutcome::Died(why)));
         }
-        .await;
-        Ok(match answer {
-            Ok(Answer { id: got, reply }) if got == id => match reply {
-                Reply::Ok(b) => PyOutcome::Ok(b),
-                Reply::Raised(r) => PyOutcome::Raised(r),
-            },
-            Ok(Answer { id: got, .. }) => {
-                // Only one call is ever in flight: the worker is broken. A fresh one is the cure.
-                let why = format!(
-                    "the python worker (pid {}) answered call {got} while call {id} was waiting",
-                    self.info.pid
-                );
-                if let Some(f) = ctx.fail_handle() {
-                    f.fail(why.clone());
-                }
-                PyOutcome::Died(why)
-            }
-            Err(_) => PyOutcome::Died(self.death().await),
-        })
     }
 }
 

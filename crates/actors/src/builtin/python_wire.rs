@@ -11,8 +11,7 @@
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Environment variable naming the worker's end of the socket pair (the worker opens that fd).
 pub const FD_ENV: &str = "TROUPE_WORKER_FD";
@@ -100,8 +99,12 @@ pub enum Reply {
 }
 
 /// Writes one frame, its length and body in one write: the worker reads the length first, and a
-/// length that arrived alone would wake it twice per call.
-pub async fn write_frame<T: Serialize>(s: &mut UnixStream, v: &T) -> std::io::Result<()> {
+/// length that arrived alone would wake it twice per call. `s` is the socket or its write half
+/// (the actor writes calls while another task reads answers).
+pub async fn write_frame<T: Serialize>(
+    s: &mut (impl AsyncWrite + Unpin),
+    v: &T,
+) -> std::io::Result<()> {
     let mut frame = vec![0u8; LENGTH_BYTES];
     rmp_serde::encode::write_named(&mut frame, v).map_err(std::io::Error::other)?;
     let body = frame.len() - LENGTH_BYTES;
@@ -118,8 +121,11 @@ pub async fn write_frame<T: Serialize>(s: &mut UnixStream, v: &T) -> std::io::Re
     s.flush().await
 }
 
-/// Reads one frame; EOF, an oversized length or a bad body is an error.
-pub async fn read_frame<T: DeserializeOwned>(s: &mut UnixStream) -> std::io::Result<T> {
+/// Reads one frame; EOF, an oversized length or a bad body is an error. `s` is the socket or
+/// its read half.
+pub async fn read_frame<T: DeserializeOwned>(
+    s: &mut (impl AsyncRead + Unpin),
+) -> std::io::Result<T> {
     let mut len = [0u8; LENGTH_BYTES];
     s.read_exact(&mut len).await?;
     let len = u32::from_le_bytes(len) as usize;
@@ -136,6 +142,8 @@ pub async fn read_frame<T: DeserializeOwned>(s: &mut UnixStream) -> std::io::Res
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+
+    use tokio::net::UnixStream;
 
     use super::*;
 
