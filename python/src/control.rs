@@ -23,6 +23,19 @@ pub fn to_py(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
     Ok(json.call_method1("loads", (v.to_string(),))?.unbind())
 }
 
+/// A version as engines name it: a string, or an int (AReaL counts versions) written out.
+pub(crate) fn version_string(v: &Bound<'_, PyAny>) -> PyResult<String> {
+    if let Ok(s) = v.extract::<String>() {
+        return Ok(s);
+    }
+    if let Ok(n) = v.extract::<u64>() {
+        return Ok(n.to_string());
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        "version must be a string or a non-negative int, got {v:?}"
+    )))
+}
+
 fn control_err(e: troupe_wire::ApiError) -> PyErr {
     ControlError::new_err(e.message)
 }
@@ -77,6 +90,28 @@ impl Control {
     pub(crate) fn server_info(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let plane = self.plane.clone();
         let v = wait(py, async move { plane.server_info().await })?;
+        to_py(py, &v)
+    }
+
+    /// Every engine loads the checkpoint at `path` (a directory or file every engine can
+    /// read) and serves it as `version`: SGLang's `/update_weights_from_disk`, vLLM's in-place
+    /// `reload_weights` (each engine in its own dialect). The path for real vLLM, which
+    /// Troupe's own transport cannot reach on the CPU; a server that restarts later loads the
+    /// same checkpoint before it serves.
+    pub(crate) fn load_weights(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        version: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        let version = version_string(version)?;
+        let body = serde_json::json!({
+            "model_path": path.display().to_string(),
+            "weight_version": version,
+        });
+        let plane = self.plane.clone();
+        let v =
+            wait(py, async move { plane.update_from_disk(body).await })?.map_err(control_err)?;
         to_py(py, &v)
     }
 

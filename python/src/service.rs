@@ -36,19 +36,6 @@ impl Service {
     }
 }
 
-/// A version as engines name it: a string, or an int (AReaL counts versions) written out.
-fn version_string(v: &Bound<'_, PyAny>) -> PyResult<String> {
-    if let Ok(s) = v.extract::<String>() {
-        return Ok(s);
-    }
-    if let Ok(n) = v.extract::<u64>() {
-        return Ok(n.to_string());
-    }
-    Err(pyo3::exceptions::PyTypeError::new_err(format!(
-        "version must be a string or a non-negative int, got {v:?}"
-    )))
-}
-
 impl Service {
     /// Where the allocation put the training component's ranks (host, GPUs, the reserved
     /// rendezvous port), in rank order; None when the allocation has no training component.
@@ -164,7 +151,18 @@ impl Service {
             })?;
             host.push(crate::arrays::host_tensor(&name, &v)?);
         }
-        self.push(py, host, version_string(version)?)
+        self.push(py, host, crate::control::version_string(version)?)
+    }
+
+    /// `control.load_weights(path, version)`: every engine loads a checkpoint from disk
+    /// (the weight path into real vLLM).
+    fn load_weights(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        version: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        self.control().load_weights(py, path, version)
     }
 
     /// Pushes `trainer`'s current weights to every engine as `version` without passing them
@@ -176,7 +174,7 @@ impl Service {
         version: &Bound<'_, PyAny>,
     ) -> PyResult<Py<PyAny>> {
         let host = trainer.host_tensors(py)?;
-        self.push(py, host, version_string(version)?)
+        self.push(py, host, crate::control::version_string(version)?)
     }
 
     /// Serves the controller's gRPC API (`troupe.v1.Controller`: the external-trainer weight

@@ -1,5 +1,6 @@
 """Type stubs of Troupe's Python bindings."""
 
+import os
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -115,6 +116,8 @@ class Control:
         """The fleet summary and each engine's /server_info."""
     def weight_version(self) -> str:
         """The one weight version every serving engine reports."""
+    def load_weights(self, path: str | os.PathLike[str], version: str | int) -> dict[str, Any]:
+        """Every engine loads the checkpoint at `path` (SGLang: /update_weights_from_disk; vLLM: reload_weights) as `version`."""
 
 class Service:
     """A running inference deployment (servers, proxies, gateway, fleet control plane)."""
@@ -134,6 +137,8 @@ class Service:
         """The one weight version every serving engine reports."""
     def update_weights(self, tensors: Mapping[str, WeightArray], version: str | int) -> dict[str, Any]:
         """Sends the tensors to every engine as `version` (BF16 or FP8 blocks per config), read in place where the layout allows."""
+    def load_weights(self, path: str | os.PathLike[str], version: str | int) -> dict[str, Any]:
+        """`control.load_weights`: every engine loads a checkpoint from disk (the path into real vLLM)."""
     def update_weights_from(self, trainer: Trainer, version: str | int) -> dict[str, Any]:
         """Pushes the trainer actor's weights to every engine without passing them through Python."""
     def serve_api(self, listen: str = "127.0.0.1:0", token: str | None = None) -> str:

@@ -140,6 +140,29 @@ async fn a_gateway_speaks_vllm_to_real_vllm_servers() {
         let ids = toks["choices"][0]["token_ids"].as_array().cloned();
         assert_eq!(ids.map(|a| a.len()), Some(5), "{toks}");
 
+        // SGLang's /generate (what Troupe's rollout client and slime send), answered by vLLM
+        // in SGLang's shape: ids, logprobs and each token's weight version.
+        let g = c
+            .ok(
+                "/generate",
+                json!({"input_ids": [452, 263, 28], "return_logprob": true,
+                       "sampling_params": {"max_new_tokens": 5, "temperature": 1.0,
+                                           "sampling_seed": 3, "ignore_eos": true}}),
+            )
+            .await;
+        let out = g["output_ids"].as_array().map(Vec::len);
+        assert_eq!(out, Some(5), "{g}");
+        let lps = g["meta_info"]["output_token_logprobs"].as_array().cloned();
+        assert_eq!(lps.as_ref().map(Vec::len), Some(5), "{g}");
+        assert!(
+            lps.unwrap_or_default()
+                .iter()
+                .all(|e| e[0].as_f64().is_some_and(|l| l <= 0.0))
+        );
+        assert_eq!(g["meta_info"]["finish_reason"]["type"], "length", "{g}");
+        let (s, v) = c.post("/generate", json!({"text": "hi"})).await;
+        assert_eq!(s, 400, "text cannot reach vLLM's token route: {v}");
+
         // Fleet control in vLLM's dialect, reaching both servers.
         c.ok("/pause?mode=keep", json!({})).await;
         assert_eq!(c.get("/is_paused").await.1["is_paused"], true);
@@ -176,6 +199,18 @@ async fn a_gateway_speaks_vllm_to_real_vllm_servers() {
         assert_ne!(after, before, "seed 2's weights answer differently");
         assert_eq!(c.greedy(&model).await, after, "on both servers");
         assert_eq!(c.get("/weight_info").await.1["weight_version"], "2");
+        let g = c
+            .ok(
+                "/generate",
+                json!({"input_ids": [452, 263, 28], "return_logprob": true,
+                       "sampling_params": {"max_new_tokens": 3, "ignore_eos": true}}),
+            )
+            .await;
+        assert_eq!(
+            g["meta_info"]["output_token_weight_versions"],
+            json!(["2", "2", "2"]),
+            "vLLM's per-token versions come back: {g}"
+        );
         for s in [&a, &b] {
             let v: Value = c
                 .http
