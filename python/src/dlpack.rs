@@ -15,27 +15,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyCapsule, PyCapsuleMethods};
 use troupe_serving::control_plane::{HostData, HostTensor};
 
-use crate::arrays::{InPlace, Kind, Owner};
-
-/// A DLPack tensor this process consumed; its producer is told when it is dropped.
-pub struct Managed(*mut DLManagedTensor);
-
-// SAFETY: the producer's memory is only read; DLPack deleters may be called from any thread
-// (producers that need the GIL take it themselves, as numpy and torch do).
-unsafe impl Send for Managed {}
-unsafe impl Sync for Managed {}
-
-impl Drop for Managed {
-    fn drop(&mut self) {
-        // SAFETY: `self.0` came from a capsule we renamed `used_dltensor`, so we own it and
-        // call its deleter exactly once.
-        unsafe {
-            if let Some(deleter) = (*self.0).deleter {
-                deleter(self.0);
-            }
-        }
-    }
-}
+use crate::in_place::{InPlace, Kind, Owner};
+use crate::managed::Managed;
 
 fn type_error(name: &str, what: impl std::fmt::Display) -> PyErr {
     pyo3::exceptions::PyTypeError::new_err(format!("{name}: {what}"))
@@ -145,7 +126,8 @@ pub fn host_tensor(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<HostTensor> {
     if unsafe { pyo3::ffi::PyCapsule_SetName(cap.as_ptr(), c"used_dltensor".as_ptr()) } != 0 {
         return Err(PyErr::fetch(obj.py()));
     }
-    let managed = Managed(raw);
+    // SAFETY: the capsule is renamed, so this process owns the tensor now.
+    let managed = unsafe { Managed::new(raw) };
     // SAFETY: the producer keeps the tensor valid until its deleter runs (when `managed` drops).
     unsafe { read(name, managed) }
 }
@@ -154,7 +136,7 @@ pub fn host_tensor(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<HostTensor> {
 /// `m` must hold a valid, consumed DLPack tensor.
 unsafe fn read(name: &str, m: Managed) -> PyResult<HostTensor> {
     // SAFETY: per the caller.
-    let t = unsafe { &(*m.0).dl_tensor };
+    let t = unsafe { &(*m.as_ptr()).dl_tensor };
     // The capsule's own word decides: reading device memory from the host would crash.
     let dev = t.device.device_type;
     if !is_host(dev.0.into()) {

@@ -14,6 +14,8 @@ mod dlpack;
 mod errors;
 mod events;
 mod external;
+mod in_place;
+mod managed;
 mod rollout;
 mod runtime;
 mod service;

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use serde_json::Value;
 use troupe_wire::PauseMode;
 
-use super::reconcile::{Reconcile, STALE_PATIENCE, Stale};
+use super::catch_up::ControlHandle;
+use super::stale::{Reconcile, STALE_PATIENCE, Stale};
 use crate::engines::Engine;
 use crate::{EngineCallError, EngineClient};
 
@@ -361,5 +362,20 @@ impl InferenceControl {
                 .fan_out(|c, e| async move { c.weight_version(&e).await })
                 .await,
         }
+    }
+}
+
+/// A catch-up reaches the engines through the same client, list and fleet as these calls.
+impl ControlHandle for InferenceControl {
+    fn client(&self) -> &EngineClient {
+        InferenceControl::client(self)
+    }
+
+    fn engines(&self) -> Vec<Engine> {
+        InferenceControl::engines(self)
+    }
+
+    fn generation(&self) -> u64 {
+        self.fleet.generation()
     }
 }

@@ -10,23 +10,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use futures::future::BoxFuture;
 use tokio::sync::Notify;
 
-use super::control::InferenceControl;
-use super::reconcile::Reconcile;
+use super::stale::Reconcile;
 use crate::engines::Engine;
 
-/// Something that can bring one restarted server onto the current weights (the weight sync,
-/// when it keeps the last update).
-pub trait CatchUp: Send + Sync {
-    /// Sends the current weights to `engine`; the version it now holds.
-    fn catch_up<'a>(
-        &'a self,
-        control: &'a InferenceControl,
-        engine: &'a Engine,
-    ) -> BoxFuture<'a, Result<String, String>>;
-}
+pub use super::catch_up::CatchUp;
 
 /// State of one serving head, as the fleet sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

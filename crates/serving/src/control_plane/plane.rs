@@ -17,11 +17,12 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 use troupe_wire::{ApiError, PauseMode};
 
-use super::control::{InferenceControl, ServerResult};
+use super::answer::{answer, breakdown, failure, settle};
+use super::control::InferenceControl;
 use super::fleet::{Fleet, HeadState};
-use super::reconcile::{PlaneReconcile, Reconciler};
-use super::updates::{ClientGroup, LastUpdate};
-use super::weight_sync::{WeightSync, WeightSyncOptions};
+use super::op_state::OpState;
+use super::stale::Reconciler;
+use super::weight_sync::WeightSync;
 use crate::engines::Engine;
 use crate::router::Router;
 
@@ -46,15 +47,6 @@ pub struct Status {
     pub paused: Option<PauseMode>,
     /// Memory was released through the plane and not resumed since.
     pub sleeping: bool,
-}
-
-/// Mutable state behind the operation lock.
-#[derive(Default)]
-pub(crate) struct OpState {
-    /// Weight groups a client (rank 0) opened through the plane, by name.
-    pub(crate) groups: HashMap<String, ClientGroup>,
-    /// The last weight update that came through the plane (catch-up replays it).
-    pub(crate) last: Option<LastUpdate>,
 }
 
 /// The fleet control plane: [`InferenceControl`] (fan-out through the typed engine client) and
@@ -83,42 +75,20 @@ impl std::fmt::Debug for ControlPlane {
 }
 
 impl ControlPlane {
-    /// The plane of a deployment whose engines `control` lists (the controller's), pushing
-    /// tensors through `sync`. Registers itself as the fleet's catch-up for restarted servers.
-    pub fn new(control: InferenceControl, sync: WeightSync) -> Arc<Self> {
-        let plane = Arc::new(ControlPlane {
+    /// A plane over `control`'s engines, pushing tensors through `sync`, with engines from
+    /// `source`: not yet registered on its fleet (the public constructors, `super::assemble`,
+    /// do that once it is shared).
+    pub(crate) fn from_parts(control: InferenceControl, sync: WeightSync, source: Source) -> Self {
+        ControlPlane {
             control,
             sync,
-            source: Source::Fixed,
+            source,
             op: tokio::sync::Mutex::new(OpState::default()),
             status: tokio::sync::watch::Sender::new(Status::default()),
             reconciler: Reconciler::default(),
             described: parking_lot::Mutex::new(HashMap::new()),
             joining: parking_lot::Mutex::default(),
-        });
-        attach(&plane);
-        plane
-    }
-
-    /// The plane of a standalone gateway: its engines are the router's registered workers
-    /// (each asked once for its GPU count and dialect), calls carry `client`'s key.
-    pub fn over_router(
-        router: Arc<Router>,
-        client: crate::EngineClient,
-        opts: WeightSyncOptions,
-    ) -> Arc<Self> {
-        let plane = Arc::new(ControlPlane {
-            control: InferenceControl::over(Vec::new(), client),
-            sync: WeightSync::new(opts),
-            source: Source::Router(router),
-            op: tokio::sync::Mutex::new(OpState::default()),
-            status: tokio::sync::watch::Sender::new(Status::default()),
-            reconciler: Reconciler::default(),
-            described: parking_lot::Mutex::new(HashMap::new()),
-            joining: parking_lot::Mutex::default(),
-        });
-        attach(&plane);
-        plane
+        }
     }
 
     /// What the fleet is as the plane's last operation left it (never waits for one).
@@ -398,95 +368,5 @@ impl ControlPlane {
             .iter()
             .map(|e| u64::from(e.gpus))
             .sum()
-    }
-}
-
-/// Registers `plane` on its fleet as the one that catches restarted servers up and settles
-/// engines in doubt.
-fn attach(plane: &Arc<ControlPlane>) {
-    super::updates::attach(plane);
-    plane
-        .fleet()
-        .set_reconciler(Arc::new(PlaneReconcile(Arc::downgrade(plane))));
-}
-
-/// `[{url, success, answer | error}]` for a fan-out's results.
-pub(crate) fn breakdown(results: &[ServerResult<Value>]) -> Value {
-    Value::Array(
-        results
-            .iter()
-            .map(|r| match &r.result {
-                Ok(v) => json!({"url": r.url, "success": true, "answer": v}),
-                Err(e) => json!({"url": r.url, "success": false, "error": e}),
-            })
-            .collect(),
-    )
-}
-
-/// The success answer: `{success, message, engines, skipped?, ...extra}`.
-pub(crate) fn answer(
-    op: &str,
-    results: &[ServerResult<Value>],
-    skipped: &[String],
-    extra: Map<String, Value>,
-) -> Value {
-    let mut v = json!({
-        "success": true,
-        "message": format!("{op} on {} engines", results.len()),
-        "engines": breakdown(results),
-    });
-    if !skipped.is_empty() {
-        v["skipped"] = json!(skipped);
-    }
-    for (k, x) in extra {
-        v[k] = x;
-    }
-    v
-}
-
-/// 502 naming the engines that failed, with the whole breakdown.
-pub(crate) fn failure(
-    op: &str,
-    results: &[ServerResult<Value>],
-    skipped: &[String],
-    after: &str,
-) -> ApiError {
-    let failed: Vec<String> = results
-        .iter()
-        .filter_map(|r| r.result.as_ref().err().map(|e| format!("{}: {e}", r.url)))
-        .collect();
-    let skip = if skipped.is_empty() {
-        String::new()
-    } else {
-        format!("; skipped (down): {skipped:?}")
-    };
-    ApiError::bad_gateway(format!(
-        "{op} failed on {} of {} engines ({}); {after}{skip}",
-        failed.len(),
-        results.len(),
-        failed.join("; ")
-    ))
-    .control()
-    .with_engines(breakdown(results))
-    .with_skipped(skipped)
-}
-
-/// [`answer`] if every engine succeeded, else [`failure`].
-pub(crate) fn settle(
-    op: &str,
-    results: &[ServerResult<Value>],
-    skipped: &[String],
-    extra: Map<String, Value>,
-) -> Result<Value, ApiError> {
-    if results.iter().any(|r| r.result.is_err()) {
-        let done = results.iter().filter(|r| r.result.is_ok()).count();
-        Err(failure(
-            op,
-            results,
-            skipped,
-            &format!("{done} engines did it"),
-        ))
-    } else {
-        Ok(answer(op, results, skipped, extra))
     }
 }

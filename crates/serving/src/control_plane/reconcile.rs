@@ -9,63 +9,25 @@
 //!
 //! So a state-changing call that gets no answer within the control timeout is not abandoned:
 //! it keeps running (up to [`STALE_PATIENCE`]) as a [`Stale`] call, its engine is marked *in
-//! doubt* in the [`super::Fleet`] (listed by `/server_info`), and the plane's [`Reconciler`]
-//! waits for it. Once the call has answered (or failed), the engine has applied it or never
-//! will, and the reconciler, under the plane's operation lock, puts the engine in the state the
-//! fleet is in *now* (paused in its mode, or serving), then reads the engine's own paused state
-//! where the engine reports one (the reference engine's `/server_info`, vLLM's `/is_paused`) and
-//! repeats once if it disagrees. A corrective call that gets no answer either becomes a stale
-//! call of its own, so an engine that stays frozen is retried every [`STALE_PATIENCE`] until it
-//! answers, leaves the fleet, or the plane is dropped (which aborts every task here).
+//! doubt* in the [`super::Fleet`] (listed by `/server_info`), and the plane's reconciler (its
+//! tasks are `super::stale`'s `Reconciler`) waits for it. Once the call has answered (or
+//! failed), the engine has applied it or never will, and the reconciler, under the plane's
+//! operation lock, puts the engine in the state the fleet is in *now* (paused in its mode, or
+//! serving), then reads the engine's own paused state where the engine reports one (the
+//! reference engine's `/server_info`, vLLM's `/is_paused`) and repeats once if it disagrees. A
+//! corrective call that gets no answer either becomes a stale call of its own, so an engine that
+//! stays frozen is retried every [`STALE_PATIENCE`] until it answers, leaves the fleet, or the
+//! plane is dropped (which aborts every task here).
 
 use std::sync::Weak;
-use std::time::Duration;
-
-use futures::future::BoxFuture;
-use parking_lot::Mutex;
-use tokio::task::AbortHandle;
 
 use super::plane::ControlPlane;
 use crate::engines::Engine;
 
-/// How long a call that missed the control timeout is kept open for its answer.
-pub const STALE_PATIENCE: Duration = Duration::from_secs(600);
+pub use super::stale::{Reconcile, STALE_PATIENCE, Stale};
 
 /// Corrective rounds per stale call when the engine's own paused state keeps disagreeing.
 const ROUNDS: usize = 3;
-
-/// A state-changing control call that got no answer within the control timeout and is still
-/// open: the engine may apply it whenever it next runs.
-pub struct Stale {
-    /// The engine it went to.
-    pub engine: Engine,
-    /// The endpoint, for logs.
-    pub op: &'static str,
-    /// The call itself, still to be driven: resolves when it has answered or failed (within
-    /// [`STALE_PATIENCE`]).
-    pub call: BoxFuture<'static, ()>,
-}
-
-/// Who settles engines whose state is in doubt (the plane, registered on its fleet).
-pub trait Reconcile: Send + Sync {
-    /// Takes over `stale`: waits for it, then brings its engine to the fleet's state.
-    fn reconcile(&self, stale: Stale);
-}
-
-/// The plane's reconciler: one task per stale call, every one aborted when the plane is
-/// dropped (nothing outlives its owner).
-#[derive(Default)]
-pub(crate) struct Reconciler {
-    tasks: Mutex<Vec<AbortHandle>>,
-}
-
-impl Drop for Reconciler {
-    fn drop(&mut self) {
-        for t in self.tasks.get_mut().drain(..) {
-            t.abort();
-        }
-    }
-}
 
 /// The fleet's handle on the plane's reconciler (weak: the fleet outlives nothing).
 pub(crate) struct PlaneReconcile(pub(crate) Weak<ControlPlane>);
@@ -91,9 +53,7 @@ impl Reconcile for PlaneReconcile {
                 plane.settle(&engine, op).await;
             }
         });
-        let mut tasks = plane.reconciler.tasks.lock();
-        tasks.retain(|t| !t.is_finished());
-        tasks.push(task.abort_handle());
+        plane.reconciler.track(task.abort_handle());
     }
 }
 

@@ -26,8 +26,9 @@ use std::collections::HashSet;
 use serde_json::{Map, Value};
 use troupe_wire::{ApiError, PauseMode};
 
+use super::answer::{breakdown, settle};
 use super::control::{InferenceControl, ServerResult};
-use super::plane::{ControlPlane, breakdown, settle};
+use super::plane::ControlPlane;
 use crate::Refusal;
 use crate::engine_client::version_tag;
 use crate::engines::EngineDialect;

@@ -8,7 +8,7 @@ use troupe_weights::bucket::TensorMeta;
 use troupe_weights::fp8::{self, Fp8Options, Weights};
 use troupe_weights::tcp::WireDtype;
 
-use super::weight_sync::WeightSyncError;
+use super::sync_error::WeightSyncError;
 
 /// A trainer tensor, named as the engines name it (Hugging Face names).
 #[derive(Debug, Clone)]

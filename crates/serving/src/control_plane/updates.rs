@@ -19,9 +19,11 @@ use troupe_weights::tcp::WireDtype;
 use troupe_wire::ApiError;
 use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
 
-use super::control::{InferenceControl, ServerResult};
-use super::fleet::CatchUp;
-use super::plane::{ControlPlane, answer, failure, settle};
+use super::answer::{answer, failure, settle};
+use super::catch_up::{CatchUp, ControlHandle};
+use super::control::ServerResult;
+use super::op_state::{ClientGroup, LastUpdate};
+use super::plane::ControlPlane;
 use super::tensors::HostTensor;
 use super::weight_sync::UpdateReport;
 use crate::engines::Engine;
@@ -32,24 +34,6 @@ pub const VLLM_TRANSFER_GROUP: &str = "troupe-vllm-transfer";
 /// Most elements one tensor of an update may declare (2^40: far beyond any real parameter;
 /// keeps a bad shape from reaching the engines).
 const MAX_ELEMENTS: u128 = 1 << 40;
-
-/// A weight group a client opened through the plane.
-#[derive(Debug, Clone)]
-pub(crate) struct ClientGroup {
-    /// Engines in the group, each with its first rank.
-    pub(crate) members: Vec<(Engine, u32)>,
-}
-
-/// The last update that came through the plane.
-#[derive(Debug, Clone)]
-pub(crate) enum LastUpdate {
-    /// Tensors pushed by the plane's own weight sync (it keeps the bytes).
-    Tensors,
-    /// A file every engine loaded (the request body, replayable).
-    Disk(Value),
-    /// A client's own broadcast: not replayable.
-    Broadcast,
-}
 
 /// `POST /init_weights_update_group` as a client sends it to the gateway: SGLang's body, with
 /// `rank_offset` the fleet's first rank (default 1) and `world_size` optional.
@@ -94,7 +78,7 @@ struct PlaneCatchUp(Weak<ControlPlane>);
 impl CatchUp for PlaneCatchUp {
     fn catch_up<'a>(
         &'a self,
-        control: &'a InferenceControl,
+        control: &'a dyn ControlHandle,
         engine: &'a Engine,
     ) -> futures::future::BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {

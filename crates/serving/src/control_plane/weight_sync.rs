@@ -16,9 +16,12 @@ use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
 
 use troupe_wire::PauseMode;
 
+use super::catch_up::{CatchUp, ControlHandle};
 use super::control::{InferenceControl, all_ok};
 use super::tensors::{HostTensor, encode};
 use crate::engines::Engine;
+
+pub use super::sync_error::WeightSyncError;
 
 /// Settings of weight sync.
 #[derive(Debug, Clone)]
@@ -56,30 +59,6 @@ impl Default for WeightSyncOptions {
             keep_for_catch_up: true,
         }
     }
-}
-
-/// Why an update failed; names the engine where one is to blame.
-#[derive(Debug, thiserror::Error)]
-pub enum WeightSyncError {
-    /// A tensor could not be encoded (NaN/inf, bad shape).
-    #[error("encoding weights: {0}")]
-    Encode(String),
-    /// Pausing or resuming failed on some servers.
-    #[error("control plane: {0}")]
-    Control(String),
-    /// Building the group failed.
-    #[error("weight group: {0}")]
-    Group(String),
-    /// A bucket failed; `resumed` says whether serving continued (on one consistent version).
-    #[error("weight update to version {version} failed: {reason}; {after}")]
-    Update {
-        /// Target version.
-        version: String,
-        /// Which engine failed and why.
-        reason: String,
-        /// What state serving was left in.
-        after: String,
-    },
 }
 
 /// What one update did.
@@ -172,7 +151,7 @@ impl WeightSync {
     /// the version it now holds.
     pub async fn catch_up(
         &self,
-        control: &InferenceControl,
+        control: &dyn ControlHandle,
         engine: &Engine,
     ) -> Result<String, WeightSyncError> {
         let mut core = self.core.lock().await;
@@ -187,10 +166,10 @@ impl WeightSync {
     }
 }
 
-impl super::fleet::CatchUp for WeightSync {
+impl CatchUp for WeightSync {
     fn catch_up<'a>(
         &'a self,
-        control: &'a InferenceControl,
+        control: &'a dyn ControlHandle,
         engine: &'a Engine,
     ) -> futures::future::BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
@@ -204,7 +183,7 @@ impl super::fleet::CatchUp for WeightSync {
 impl Core {
     async fn catch_up(
         &mut self,
-        control: &InferenceControl,
+        control: &dyn ControlHandle,
         engine: &Engine,
     ) -> Result<String, WeightSyncError> {
         let url = &engine.url;
@@ -214,7 +193,7 @@ impl Core {
             ));
         };
         let engines = [engine.clone()];
-        let generation = control.fleet().generation();
+        let generation = control.generation();
         let r = async {
             self.ensure_group(control, &engines, generation).await?;
             phase(control, &engines, Phase::Start).await?;
@@ -359,7 +338,7 @@ impl Core {
 
     /// Forgets a suspect group and has its members leave it (best effort), so the next update
     /// can build a fresh one at once instead of waiting for engines still joined to this one.
-    async fn drop_group(&mut self, control: &InferenceControl) {
+    async fn drop_group(&mut self, control: &dyn ControlHandle) {
         let Some(old) = self.group.take() else {
             return;
         };
@@ -370,7 +349,7 @@ impl Core {
     /// (a restarted engine at the same URL is a new process that never joined the old group).
     async fn ensure_group(
         &mut self,
-        control: &InferenceControl,
+        control: &dyn ControlHandle,
         engines: &[Engine],
         generation: u64,
     ) -> Result<(), String> {
@@ -462,7 +441,7 @@ impl Core {
 
     async fn send_bucket(
         &mut self,
-        control: &InferenceControl,
+        control: &dyn ControlHandle,
         engines: &[Engine],
         b: &Bucket,
         bytes: &HashMap<String, Vec<u8>>,
@@ -528,7 +507,7 @@ impl Core {
 
 /// Has every engine of `control` that is one of `members` leave group `name`, all at once
 /// (best effort).
-async fn leave(control: &InferenceControl, members: &[String], name: &str) {
+async fn leave(control: &dyn ControlHandle, members: &[String], name: &str) {
     let members: std::collections::HashSet<&str> = members.iter().map(String::as_str).collect();
     let all = control.engines();
     futures::future::join_all(
@@ -546,7 +525,11 @@ enum Phase<'a> {
     Finish(&'a str),
 }
 
-async fn phase(control: &InferenceControl, engines: &[Engine], p: Phase<'_>) -> Result<(), String> {
+async fn phase(
+    control: &dyn ControlHandle,
+    engines: &[Engine],
+    p: Phase<'_>,
+) -> Result<(), String> {
     let calls = engines.iter().map(|e| async move {
         let r = match p {
             Phase::Start => control.client().start_weight_update(e).await,

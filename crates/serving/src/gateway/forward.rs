@@ -1,5 +1,6 @@
-//! Inference forwarding: parsing just enough of the request, the retry loop, and non-stream
-//! attempts (regular and PD). Streaming attempts live in [`super::stream`].
+//! Inference forwarding: the retry loop and non-stream attempts (regular and PD). The request
+//! is parsed in [`super::request`], the pieces every attempt shares are in [`super::attempt`],
+//! and streaming attempts live in [`super::stream`].
 //!
 //! An attempt ends in one of three ways: a response for the client, a final upstream answer
 //! that retrying cannot fix (e.g. a 400 from the engine: passed through unchanged when it is
@@ -14,11 +15,11 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use hyper::body::Incoming;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::GatewayState;
-use super::route_text::RouteText;
+use super::attempt::{Fail, endpoint, pd_attempt, send_full, upstream_error};
+use super::request::{InferReq, VLLM_GENERATE};
 use super::stream;
 use crate::error::ApiError;
 use crate::guard::{GuardedBody, LoadGuard};
@@ -28,216 +29,6 @@ use crate::policy::RouteContext;
 use crate::upstream::read_body;
 use crate::worker::{Worker, WorkerType};
 use troupe_wire::EngineDialect;
-
-/// The header that pins a session (trajectory) to one worker under the `sticky` policy.
-pub const SESSION_HEADER: &str = "x-session-id";
-
-/// A parsed inference request.
-#[derive(Debug)]
-pub(crate) struct InferReq {
-    pub(crate) ep: Endpoint,
-    pub(crate) raw: Bytes,
-    pub(crate) obj: Map<String, Value>,
-    pub(crate) stream: bool,
-    pub(crate) batch: Option<usize>,
-    pub(crate) logprob: bool,
-    pub(crate) session: Option<String>,
-    /// Where the routing text is in `obj` (found only when a policy reads it).
-    pub(crate) text: RouteText,
-    /// The client's own vLLM body of `/inference/v1/generate` (`raw` is its SGLang
-    /// translation): a worker that speaks vLLM gets this, unchanged, on that path.
-    pub(crate) native: Option<Bytes>,
-}
-
-/// vLLM's token-in/token-out route (served with `--enable-scale-out`).
-pub(crate) const VLLM_GENERATE: &str = "/inference/v1/generate";
-
-impl InferReq {
-    fn parse(
-        ep: Endpoint,
-        headers: &HeaderMap,
-        raw: Bytes,
-        pd_mode: bool,
-        needs_text: bool,
-    ) -> Result<Self, ApiError> {
-        let obj = pd::parse_object(&raw)?;
-        let stream = match obj.get("stream") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(v) => {
-                return Err(ApiError::bad_request(format!(
-                    "stream must be true or false, got {v}"
-                )));
-            }
-        };
-        let (batch, logprob) = match ep {
-            Endpoint::Generate => (pd::batch_size(&obj), pd::wants_logprob(&obj)),
-            Endpoint::Completions => {
-                if pd_mode
-                    && let Some(Value::Array(a)) = obj.get("prompt")
-                    && a.len() > 1
-                    && a.iter().all(Value::is_string)
-                {
-                    return Err(ApiError::bad_request(
-                        "a list of prompts in /v1/completions is not supported in PD mode; send one prompt per request or use /generate with a text list",
-                    ));
-                }
-                (None, false)
-            }
-            Endpoint::ChatCompletions => (None, false),
-        };
-        let session = headers
-            .get(SESSION_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let text = if needs_text {
-            RouteText::of(ep, &obj)
-        } else {
-            RouteText::None
-        };
-        Ok(Self {
-            ep,
-            raw,
-            obj,
-            stream,
-            batch,
-            logprob,
-            session,
-            text,
-            native: None,
-        })
-    }
-
-    pub(crate) fn ctx(&self) -> RouteContext<'_> {
-        RouteContext {
-            session: self.session.as_deref(),
-            text: self.text.get(&self.obj),
-        }
-    }
-}
-
-/// Why an attempt did not produce the client's response.
-pub(crate) enum Fail {
-    /// Try again elsewhere; `culprits` failed and are avoided next time.
-    Retry {
-        reason: String,
-        culprits: Vec<Arc<dyn Worker>>,
-    },
-    /// Answer the client with this.
-    Final(Box<Response>),
-}
-
-impl Fail {
-    pub(crate) fn retry(reason: impl Into<String>, w: &Arc<dyn Worker>) -> Self {
-        Fail::Retry {
-            reason: reason.into(),
-            culprits: vec![w.clone()],
-        }
-    }
-}
-
-impl From<ApiError> for Fail {
-    fn from(e: ApiError) -> Self {
-        Fail::Final(Box::new(e.into_response()))
-    }
-}
-
-fn retryable(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 408 | 429 | 500 | 502 | 503 | 504)
-}
-
-/// `path` on `w` as a URI, or the 502 that says it is not one.
-fn endpoint(w: &Arc<dyn Worker>, path: &str) -> Result<axum::http::Uri, ApiError> {
-    w.endpoint(path)
-        .ok_or_else(|| ApiError::bad_gateway(format!("{}{path} is not a valid URL", w.url())))
-}
-
-/// Sends `body` to `path` on `w`, mapping transport errors and retryable statuses to
-/// [`Fail::Retry`] and other error statuses to a [`Fail::Final`] answer ([`upstream_error`]).
-pub(crate) async fn send(
-    state: &GatewayState,
-    w: &Arc<dyn Worker>,
-    path: &str,
-    body: Bytes,
-) -> Result<Response<Incoming>, Fail> {
-    let uri = endpoint(w, path)?;
-    let resp = match state
-        .upstream
-        .post(uri, body, state.worker_auth.as_ref())
-        .await
-    {
-        Ok(r) => r,
-        Err(e) => {
-            w.record_outcome(false);
-            return Err(Fail::retry(
-                format!("{} {}: {e}", w.worker_type(), w.url()),
-                w,
-            ));
-        }
-    };
-    let status = resp.status();
-    if status.is_success() {
-        return Ok(resp);
-    }
-    let text = read_body(resp).await.unwrap_or_default();
-    if retryable(status) {
-        if status.is_server_error() {
-            w.record_outcome(false);
-        }
-        return Err(Fail::retry(
-            format!(
-                "{} {} answered {status}: {}",
-                w.worker_type(),
-                w.url(),
-                String::from_utf8_lossy(&text)
-            ),
-            w,
-        ));
-    }
-    w.record_outcome(true);
-    Err(Fail::Final(Box::new(upstream_error(w, status, &text))))
-}
-
-/// A worker's final (non-retryable) error answer for the client: a JSON body passes through
-/// unchanged; anything else (an engine's or a web server's plain-text 413, an HTML page) becomes
-/// the envelope with the worker's status, its text as the message, so the client always parses
-/// one error shape.
-pub(crate) fn upstream_error(w: &Arc<dyn Worker>, status: StatusCode, body: &[u8]) -> Response {
-    if serde_json::from_slice::<Value>(body).is_ok_and(|v| v.is_object()) {
-        return (
-            status,
-            [(header::CONTENT_TYPE, "application/json")],
-            Bytes::copy_from_slice(body),
-        )
-            .into_response();
-    }
-    let text = String::from_utf8_lossy(body);
-    let text: String = text.trim().chars().take(1000).collect();
-    ApiError::new(
-        status,
-        format!(
-            "{} worker {} answered {status}: {}",
-            w.worker_type(),
-            w.url(),
-            if text.is_empty() { "(no body)" } else { &text }
-        ),
-    )
-    .into_response()
-}
-
-/// [`send`] and read the whole body.
-pub(crate) async fn send_full(
-    state: &GatewayState,
-    w: &Arc<dyn Worker>,
-    path: &str,
-    body: Bytes,
-) -> Result<Bytes, Fail> {
-    let resp = send(state, w, path, body).await?;
-    read_body(resp).await.map_err(|e| {
-        w.record_outcome(false);
-        Fail::retry(format!("{} {}: body: {e}", w.worker_type(), w.url()), w)
-    })
-}
 
 pub(crate) fn json_response(body: Bytes, guards: Vec<LoadGuard>) -> Response {
     let mut r = Response::new(GuardedBody::new(Body::from(body), guards).into_body());
@@ -286,26 +77,6 @@ async fn regular_once(
     }
     w.record_outcome(true);
     Ok(json_response(body, vec![guard]))
-}
-
-/// What every PD attempt (stream or not) starts with: a fresh (prefill, decode) pair and room,
-/// load guards on both, and the client's body with the bootstrap fields injected.
-pub(super) fn pd_attempt(
-    state: &GatewayState,
-    req: &InferReq,
-    avoid: &[String],
-) -> Result<(crate::router::PdPair, Vec<LoadGuard>, Bytes), Fail> {
-    let pair = state
-        .router
-        .route_pd(&req.ctx(), avoid)
-        .map_err(ApiError::from)?;
-    let guards = vec![
-        LoadGuard::new(pair.prefill.clone()),
-        LoadGuard::new(pair.decode.clone()),
-    ];
-    let rooms = pd::rooms_for(&pair, req.batch);
-    let body = pd::inject(&req.raw, &req.obj, &pair, &rooms, req.batch);
-    Ok((pair, guards, body))
 }
 
 /// One non-stream attempt on a PD pair: both requests concurrently; the first failure drops

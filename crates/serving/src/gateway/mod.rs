@@ -14,9 +14,11 @@
 //! wraps the same call.
 
 mod admin;
+mod attempt;
 mod forward;
 mod register;
 mod relay;
+mod request;
 mod route_text;
 mod stream;
 mod tokens;

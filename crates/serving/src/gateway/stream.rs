@@ -22,8 +22,9 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 
 use super::GatewayState;
-use super::forward::{Fail, InferReq, send, send_full};
+use super::attempt::{Fail, pd_attempt, send, send_full};
 use super::relay::{Relay, Upstream};
+use super::request::InferReq;
 use crate::coalesce::Coalesced;
 use crate::error::ApiError;
 use crate::guard::{GuardedBody, LoadGuard};
@@ -163,7 +164,7 @@ pub(super) async fn pd(
     avoid: &[String],
     last: bool,
 ) -> Result<Response, Fail> {
-    let (pair, guards, body) = super::forward::pd_attempt(state, req, avoid)?;
+    let (pair, guards, body) = pd_attempt(state, req, avoid)?;
     let p = &pair.prefill;
     let prefill = async {
         let b = send_full(state, p, req.ep.path(), body.clone()).await?;

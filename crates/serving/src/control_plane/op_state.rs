@@ -1,0 +1,37 @@
+//! What the plane's operation lock guards ([`OpState`]): the weight groups clients opened
+//! through the plane and the last update that came through it. The plane holds it, the weight
+//! updates (`super::updates`) write it and the catch-up replays from it, so it lives below
+//! them.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use crate::engines::Engine;
+
+/// Mutable state behind the operation lock.
+#[derive(Default)]
+pub(crate) struct OpState {
+    /// Weight groups a client (rank 0) opened through the plane, by name.
+    pub(crate) groups: HashMap<String, ClientGroup>,
+    /// The last weight update that came through the plane (catch-up replays it).
+    pub(crate) last: Option<LastUpdate>,
+}
+
+/// A weight group a client opened through the plane.
+#[derive(Debug, Clone)]
+pub(crate) struct ClientGroup {
+    /// Engines in the group, each with its first rank.
+    pub(crate) members: Vec<(Engine, u32)>,
+}
+
+/// The last update that came through the plane.
+#[derive(Debug, Clone)]
+pub(crate) enum LastUpdate {
+    /// Tensors pushed by the plane's own weight sync (it keeps the bytes).
+    Tensors,
+    /// A file every engine loaded (the request body, replayable).
+    Disk(Value),
+    /// A client's own broadcast: not replayable.
+    Broadcast,
+}

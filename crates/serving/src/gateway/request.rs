@@ -1,0 +1,103 @@
+//! A parsed inference request ([`InferReq`]): just enough of the client's body for the gateway
+//! to route, retry and split it, and nothing more. Both the non-stream attempts
+//! ([`super::forward`]) and the streaming ones ([`super::stream`]) read it, so it lives below
+//! both.
+
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use serde_json::{Map, Value};
+
+use super::route_text::RouteText;
+use crate::error::ApiError;
+use crate::metrics::Endpoint;
+use crate::pd;
+use crate::policy::RouteContext;
+
+/// The header that pins a session (trajectory) to one worker under the `sticky` policy.
+pub const SESSION_HEADER: &str = "x-session-id";
+
+/// A parsed inference request.
+#[derive(Debug)]
+pub(crate) struct InferReq {
+    pub(crate) ep: Endpoint,
+    pub(crate) raw: Bytes,
+    pub(crate) obj: Map<String, Value>,
+    pub(crate) stream: bool,
+    pub(crate) batch: Option<usize>,
+    pub(crate) logprob: bool,
+    pub(crate) session: Option<String>,
+    /// Where the routing text is in `obj` (found only when a policy reads it).
+    pub(crate) text: RouteText,
+    /// The client's own vLLM body of `/inference/v1/generate` (`raw` is its SGLang
+    /// translation): a worker that speaks vLLM gets this, unchanged, on that path.
+    pub(crate) native: Option<Bytes>,
+}
+
+/// vLLM's token-in/token-out route (served with `--enable-scale-out`).
+pub(crate) const VLLM_GENERATE: &str = "/inference/v1/generate";
+
+impl InferReq {
+    /// Parses `raw` as a request to `ep`: the fields the gateway acts on, checked (a bad
+    /// `stream`, a prompt list PD cannot split), and the routing text when a policy reads it.
+    pub(super) fn parse(
+        ep: Endpoint,
+        headers: &HeaderMap,
+        raw: Bytes,
+        pd_mode: bool,
+        needs_text: bool,
+    ) -> Result<Self, ApiError> {
+        let obj = pd::parse_object(&raw)?;
+        let stream = match obj.get("stream") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                return Err(ApiError::bad_request(format!(
+                    "stream must be true or false, got {v}"
+                )));
+            }
+        };
+        let (batch, logprob) = match ep {
+            Endpoint::Generate => (pd::batch_size(&obj), pd::wants_logprob(&obj)),
+            Endpoint::Completions => {
+                if pd_mode
+                    && let Some(Value::Array(a)) = obj.get("prompt")
+                    && a.len() > 1
+                    && a.iter().all(Value::is_string)
+                {
+                    return Err(ApiError::bad_request(
+                        "a list of prompts in /v1/completions is not supported in PD mode; send one prompt per request or use /generate with a text list",
+                    ));
+                }
+                (None, false)
+            }
+            Endpoint::ChatCompletions => (None, false),
+        };
+        let session = headers
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let text = if needs_text {
+            RouteText::of(ep, &obj)
+        } else {
+            RouteText::None
+        };
+        Ok(Self {
+            ep,
+            raw,
+            obj,
+            stream,
+            batch,
+            logprob,
+            session,
+            text,
+            native: None,
+        })
+    }
+
+    pub(crate) fn ctx(&self) -> RouteContext<'_> {
+        RouteContext {
+            session: self.session.as_deref(),
+            text: self.text.get(&self.obj),
+        }
+    }
+}
