@@ -21,6 +21,7 @@ use super::GatewayState;
 use super::attempt::{Fail, endpoint, pd_attempt, send_full, upstream_error};
 use super::request::{InferReq, VLLM_GENERATE};
 use super::stream;
+use super::vllm_generate;
 use crate::error::ApiError;
 use crate::guard::{GuardedBody, LoadGuard};
 use crate::metrics::Endpoint;
@@ -61,11 +62,34 @@ async fn regular_once(
         .route(WorkerType::Regular, &req.ctx(), avoid)
         .map_err(ApiError::from)?;
     let guard = LoadGuard::new(w.clone());
-    let (path, sent) = match (&req.native, w.dialect()) {
-        (Some(native), EngineDialect::Vllm) => (VLLM_GENERATE, native.clone()),
+    // A vLLM worker gets vLLM's token route: the client's own vLLM body, or SGLang's
+    // `/generate` translated (and its answer translated back).
+    let vllm = w.dialect() == EngineDialect::Vllm;
+    let mut translated = None;
+    let (path, sent) = match (&req.native, vllm) {
+        (Some(native), true) => (VLLM_GENERATE, native.clone()),
+        (None, true) if req.ep == Endpoint::Generate => {
+            let (b, prompt) = vllm_generate::to_vllm(&req.obj)?;
+            translated = Some(prompt);
+            (VLLM_GENERATE, b)
+        }
         _ => (req.ep.path(), req.raw.clone()),
     };
-    let body = send_full(state, &w, path, sent).await?;
+    let mut body = send_full(state, &w, path, sent).await?;
+    if let Some(prompt) = translated {
+        let v = parse_value(&body, &w)?;
+        let Some(s) = vllm_generate::to_sglang(&v, prompt, req.logprob) else {
+            w.record_outcome(false);
+            return Err(Fail::retry(
+                format!(
+                    "{} answered /inference/v1/generate without choices: {v}",
+                    w.url()
+                ),
+                &w,
+            ));
+        };
+        body = Bytes::from(s.to_string());
+    }
     if !last
         && pd::may_abort(&body)
         && let Some(m) = pd::abort_message(&parse_value(&body, &w)?)

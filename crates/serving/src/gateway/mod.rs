@@ -22,6 +22,7 @@ mod request;
 mod route_text;
 mod stream;
 mod tokens;
+mod vllm_generate;
 
 pub use register::PROBE_TIMEOUT;
 
