@@ -452,11 +452,10 @@ impl EngineClient {
             .await
     }
 
-    /// The server's `disaggregation_mode` as its `GET /server_info` reports it (SGLang and the
-    /// reference engine: `"null"`, `"prefill"` or `"decode"`), falling back to the older
-    /// `/get_server_info` when `/server_info` is missing. `Ok(None)`: the info has no such
-    /// field (vLLM and other servers).
-    pub async fn disaggregation_mode(&self, url: &str) -> Result<Option<Value>, EngineCallError> {
+    /// `GET /server_info`, or the older `/get_server_info` when it is missing: what a server
+    /// says it is (SGLang's and the reference engine's fields, or vLLM's `vllm_config` in its
+    /// development mode).
+    pub async fn any_server_info(&self, url: &str) -> Result<Value, EngineCallError> {
         let info = match self.server_info(url).await {
             Err(EngineCallError::Status {
                 status: 404 | 405, ..
@@ -466,7 +465,7 @@ impl EngineClient {
             }
             r => r?,
         };
-        Ok(info.get("disaggregation_mode").cloned())
+        Ok(info)
     }
 
     async fn post<B: Serialize + ?Sized>(

@@ -16,6 +16,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use troupe_wire::EngineDialect;
+
 use super::GatewayState;
 use crate::engine_client::{EngineCallError, EngineClient};
 use crate::error::ServingError;
@@ -54,7 +56,17 @@ impl GatewayState {
         }
         let engine = EngineClient::over(self.upstream.clone(), self.cfg.worker_api_key.clone())
             .with_timeout(PROBE_TIMEOUT);
-        let unchecked = match engine.disaggregation_mode(worker.url()).await {
+        let info = engine.any_server_info(worker.url()).await;
+        // vLLM's `/server_info` (development mode, which Troupe's control needs) is its
+        // config: the one sign, among the answers registration reads anyway, that the worker
+        // speaks vLLM's dialect on the routes the two spell differently.
+        if let Ok(i) = &info
+            && i.get("vllm_config").is_some()
+        {
+            worker.set_dialect(EngineDialect::Vllm);
+        }
+        let mode = info.map(|i| i.get("disaggregation_mode").cloned());
+        let unchecked = match mode {
             Ok(Some(mode)) => match type_of_mode(&mode) {
                 Some(t) if t == spec.worker_type => None,
                 Some(t) => {
@@ -78,12 +90,6 @@ impl GatewayState {
         };
         if let Some(why) = unchecked {
             tracing::info!(url = %worker.url(), worker_type = %spec.worker_type, "worker type not checked ({why}); registering as given");
-            // SGLang and the reference engine report a disaggregation_mode; a server that does
-            // not may speak vLLM's dialect (its `/get_world_size`), which decides the path and
-            // body of the routes the two spell differently.
-            if let Ok(e) = engine.describe(worker.url()).await {
-                worker.set_dialect(e.dialect);
-            }
         }
         Ok(worker)
     }
