@@ -452,6 +452,16 @@ impl EngineClient {
             .await
     }
 
+    /// vLLM's `GET /version` (`{"version": "0.32.0"}`): `Some` only from a server that
+    /// answers it that way, which Troupe's engine and gateway and SGLang do not. Asked when a
+    /// server's info does not come in time: vLLM's `/server_info` took 3.6 s on a loaded
+    /// 2-core machine, past registration's probe timeout.
+    pub async fn vllm_version(&self, url: &str) -> Option<String> {
+        const PATH: &str = "/version";
+        let v = self.call(url, PATH, PATH, None::<&()>).await.ok()?;
+        v.get("version").and_then(Value::as_str).map(str::to_string)
+    }
+
     /// `GET /server_info`, or the older `/get_server_info` when it is missing: what a server
     /// says it is (SGLang's and the reference engine's fields, or vLLM's `vllm_config` in its
     /// development mode).

@@ -60,9 +60,15 @@ impl GatewayState {
         // vLLM's `/server_info` (development mode, which Troupe's control needs) is its
         // config: the one sign, among the answers registration reads anyway, that the worker
         // speaks vLLM's dialect on the routes the two spell differently.
-        if let Ok(i) = &info
-            && i.get("vllm_config").is_some()
-        {
+        let vllm = match &info {
+            Ok(i) => i.get("vllm_config").is_some(),
+            // No info in time (vLLM's is slow to come): its `/version` says.
+            Err(EngineCallError::Transport { .. }) => {
+                engine.vllm_version(worker.url()).await.is_some()
+            }
+            Err(_) => false,
+        };
+        if vllm {
             worker.set_dialect(EngineDialect::Vllm);
         }
         let mode = info.map(|i| i.get("disaggregation_mode").cloned());
