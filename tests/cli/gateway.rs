@@ -5,8 +5,8 @@ use crate::common;
 
 use std::process::Stdio;
 
-use common::within;
-use serde_json::{Value, json};
+use common::{client, engine, engine_args, get_with, post_with, within};
+use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const BIN: &str = env!("CARGO_BIN_EXE_troupe");
@@ -14,12 +14,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_troupe");
 #[tokio::test]
 async fn a_standalone_gateway_routes_to_the_given_workers_and_stops_on_sigint() {
     within(60, async {
-        let engine = troupe_engine::start(troupe_engine::EngineArgs {
-            port: 0,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        let engine = engine(engine_args()).await;
         let mut child = tokio::process::Command::new(BIN)
             .args(["gateway", "--listen", "127.0.0.1:0", "--worker-urls"])
             .arg(engine.url())
@@ -33,36 +28,13 @@ async fn a_standalone_gateway_routes_to_the_given_workers_and_stops_on_sigint() 
             .strip_prefix("gateway listening on ")
             .expect("ready line")
             .to_string();
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let client = client();
         let body =
             json!({"text": "Hello", "sampling_params": {"max_new_tokens": 6, "temperature": 0}});
-        let via: Value = client
-            .post(format!("{url}/generate"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let direct: Value = client
-            .post(format!("{}/generate", engine.url()))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let (_, via) = post_with(&client, &format!("{url}/generate"), &body).await;
+        let (_, direct) = post_with(&client, &format!("{}/generate", engine.url()), &body).await;
         assert_eq!(via["output_ids"], direct["output_ids"], "{via}");
-        let workers: Value = client
-            .get(format!("{url}/workers"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let (_, workers) = get_with(&client, &format!("{url}/workers")).await;
         assert!(workers.to_string().contains(&engine.url()), "{workers}");
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
@@ -102,13 +74,7 @@ async fn bad_gateway_flags_are_named_and_nothing_starts() {
 #[tokio::test]
 async fn a_standalone_gateway_controls_the_engines_behind_it() {
     within(60, async {
-        let start = || {
-            troupe_engine::start(troupe_engine::EngineArgs {
-                port: 0,
-                ..Default::default()
-            })
-        };
-        let (a, b) = (start().await.unwrap(), start().await.unwrap());
+        let (a, b) = (engine(engine_args()).await, engine(engine_args()).await);
         let mut child = tokio::process::Command::new(BIN)
             .args([
                 "gateway",
@@ -129,7 +95,7 @@ async fn a_standalone_gateway_controls_the_engines_behind_it() {
             .strip_prefix("gateway listening on ")
             .unwrap()
             .to_string();
-        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let http = client();
         let post = |path: &str, body: reqwest::Body, ct: &'static str| {
             http.post(format!("{url}{path}"))
                 .header("content-type", ct)
@@ -141,14 +107,7 @@ async fn a_standalone_gateway_controls_the_engines_behind_it() {
             .unwrap();
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
         for e in [&a, &b] {
-            let v: Value = http
-                .get(format!("{}/is_paused", e.url()))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let (_, v) = get_with(&http, &format!("{}/is_paused", e.url())).await;
             assert_eq!(v["is_paused"], true);
         }
         let bytes =
@@ -168,14 +127,7 @@ async fn a_standalone_gateway_controls_the_engines_behind_it() {
             .unwrap();
         assert_eq!(r.status(), 200);
         for e in [&a, &b] {
-            let v: Value = http
-                .get(format!("{}/weight_info", e.url()))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let (_, v) = get_with(&http, &format!("{}/weight_info", e.url())).await;
             assert_eq!(v["weight_version"], "h1");
         }
         let bad = tokio::process::Command::new(BIN)

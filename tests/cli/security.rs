@@ -16,7 +16,6 @@ use troupe_controller::Cluster;
 use troupe_controller::api::{self, ControllerApi};
 use troupe_controller::cluster::InProcessTransport;
 use troupe_controller::serve::{Deployment, ForkOptions};
-use troupe_scheduler::AllocationPlan;
 use troupe_weights::tcp::WeightSender;
 use troupe_wire::v1::{
     BeginWeightUpdateRequest, EndWeightUpdateRequest, GetWeightPlanRequest, InitWeightGroupRequest,
@@ -81,12 +80,7 @@ impl Pki {
 
 /// One regular reference engine behind the gateway, on an in-process host.
 async fn one_engine() -> (Cluster, Deployment) {
-    let cluster = Cluster::in_process(1, 1).await.unwrap();
-    let plan = AllocationPlan::parse("troupe:d1").unwrap();
-    let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
-        .await
-        .unwrap();
-    (cluster, svc)
+    common::pd_deployment(1, 1, "troupe:d1", &ForkOptions::default()).await
 }
 
 async fn is_unauthenticated<T: std::fmt::Debug>(r: Result<tonic::Response<T>, tonic::Status>) {

@@ -1,34 +1,79 @@
-//! Shared test doubles and helpers for runtime tests.
+//! Shared test doubles and helpers for the root package's test binaries: the generic kit
+//! (`troupe-testkit`: `within`, `until`, `client`, `post`, `get`, ...) re-exported, and what only
+//! Troupe's tests need: a reference engine, a forked deployment on an in-process cluster, event
+//! waits, the `Flaky` test actor.
 #![allow(dead_code)]
-
-use std::time::Duration;
 
 pub mod model;
 pub mod procs;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tokio::sync::broadcast;
+use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_controller::{
-    Actor, ActorContext, ActorError, ClusterEvent, Handler, Message, Methods, Registry,
+    Actor, ActorContext, ActorError, Cluster, ClusterEvent, Handler, Message, Methods, Registry,
 };
+use troupe_engine::{EngineArgs, EngineHandle};
+use troupe_scheduler::AllocationPlan;
+pub use troupe_testkit::*;
 
-/// Runs a future with a deadline; a test that hangs fails instead.
-pub async fn within<T>(secs: u64, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(secs), f)
-        .await
-        .expect("test step timed out")
+/// A reference engine's arguments: defaults, on a port of the kernel's choosing (so tests
+/// running at once never collide). Change fields with `EngineArgs { .., ..engine_args() }`.
+pub fn engine_args() -> EngineArgs {
+    EngineArgs {
+        port: 0,
+        ..Default::default()
+    }
 }
 
-/// Polls `check` until it holds; panics after a minute (the test is stuck, not slow).
-pub async fn until<F: std::future::Future<Output = bool>>(
-    what: &str,
-    mut check: impl FnMut() -> F,
-) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+/// Starts a reference engine in this process (real sockets, the tiny model); panics if it
+/// cannot start.
+pub async fn engine(a: EngineArgs) -> EngineHandle {
+    troupe_engine::start(a)
+        .await
+        .expect("reference engine starts")
+}
+
+/// An in-process cluster of `hosts` hosts with `gpus` GPUs each, and `plan` (the allocation
+/// DSL, e.g. `troupe:(prefill:d1t1|decode:d1t1)`) forked on it with `opts`: the set-up of the
+/// tests that run a real PD deployment. Tear down with `svc.teardown()` then
+/// `cluster.shutdown()`.
+pub async fn pd_deployment(
+    hosts: usize,
+    gpus: u32,
+    plan: &str,
+    opts: &ForkOptions,
+) -> (Cluster, Deployment) {
+    let cluster = Cluster::in_process(hosts, gpus)
+        .await
+        .expect("in-process cluster");
+    let plan = AllocationPlan::parse(plan).expect("allocation plan");
+    let svc = Deployment::fork(&cluster, &plan, opts)
+        .await
+        .expect("deployment forks");
+    (cluster, svc)
+}
+
+/// `POST {url}/generate` with `body` on `client`; asserts a 2xx and returns the JSON answer.
+pub async fn generate(client: &reqwest::Client, url: &str, body: &Value) -> Value {
+    let (status, v) = post_with(client, &format!("{url}/generate"), body).await;
+    assert!((200..300).contains(&status), "{url}: {status}: {v}");
+    v
+}
+
+/// The tokens the engine at `engine` has generated so far (its Prometheus counter); 0 while it
+/// does not answer.
+pub async fn generated_tokens(engine: &str) -> u64 {
+    let Ok(r) = client().get(format!("{engine}/metrics")).send().await else {
+        return 0;
+    };
+    let text = r.text().await.unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with("sglang:generation_tokens_total"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }
 
 /// Whether the reference engine at `url` says it is paused (its `/server_info`).

@@ -40,11 +40,9 @@ pub async fn reference_engine(
     }
     let path = dir.join("ref.safetensors");
     w.save_safetensors(&path).unwrap();
-    troupe_engine::start(troupe_engine::EngineArgs {
-        port: 0,
+    super::engine(troupe_engine::EngineArgs {
         model_path: Some(path),
-        ..Default::default()
+        ..super::engine_args()
     })
     .await
-    .unwrap()
 }

@@ -17,12 +17,10 @@ pub fn alive(pid: u32) -> bool {
 
 /// Waits (at most 30 s, else the test fails) until `pid` is gone.
 pub async fn wait_dead(pid: u32) {
-    super::within(30, async {
-        while alive(pid) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
+    super::Poll::every(Duration::from_millis(20))
+        .secs(30)
+        .until(&format!("process {pid} is gone"), || async { !alive(pid) })
+        .await
 }
 
 /// The parent of `pid`, if it still exists.

@@ -5,11 +5,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::within;
+use common::{Poll, pd_deployment, within};
 use troupe::cli::bench::chaos::run_chaos;
-use troupe_controller::Cluster;
-use troupe_controller::serve::{Deployment, ForkOptions};
-use troupe_scheduler::AllocationPlan;
+use troupe_controller::serve::ForkOptions;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_random_server_every_few_seconds_loses_no_request() {
@@ -18,13 +16,11 @@ async fn killing_a_random_server_every_few_seconds_loses_no_request() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
     within(secs + 120, async {
-        let cluster = Cluster::in_process(1, 4).await.unwrap();
-        let plan = AllocationPlan::parse("troupe:(prefill:d2t1|decode:d2t1)").unwrap();
         let opts = ForkOptions {
             server_restarts: 1000,
             ..ForkOptions::default()
         };
-        let svc = Deployment::fork(&cluster, &plan, &opts).await.unwrap();
+        let (cluster, svc) = pd_deployment(1, 4, "troupe:(prefill:d2t1|decode:d2t1)", &opts).await;
         let kill_every = Duration::from_secs(3);
         let rep = run_chaos(&svc, Duration::from_secs(secs), kill_every, 8, 16, 42).await;
         println!("{rep:?}");
@@ -34,15 +30,11 @@ async fn killing_a_random_server_every_few_seconds_loses_no_request() {
         assert_eq!(rep.lost, 0, "no request lost: {rep:?}");
         assert_eq!(rep.answered, rep.sent);
         // Every server is back and routed at the end.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while svc.capacity().degraded() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{:?}",
-                svc.capacity()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        Poll::every(Duration::from_millis(100))
+            .until("every server is back and routed", || async {
+                !svc.capacity().degraded()
+            })
+            .await;
         svc.teardown().await;
         cluster.shutdown().await;
     })

@@ -6,8 +6,8 @@ use crate::common;
 use std::time::Duration;
 
 use common::model::{reference_engine, trainer_weights};
-use common::procs::kill9;
-use common::{wait_serving, within};
+use common::procs::{children_of, kill9};
+use common::{client, pd_deployment, wait_serving, within};
 use serde_json::{Value, json};
 use troupe_controller::Cluster;
 use troupe_controller::serve::instances::InstanceState;
@@ -16,18 +16,10 @@ use troupe_scheduler::AllocationPlan;
 use troupe_serving::actors::ListWorkers;
 use troupe_serving::control_plane::{WeightSync, WeightSyncOptions};
 
+/// A sampled request `i` (its own seed), answered through `url`.
 async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
     let body = json!({"text": format!("fault {i}: "), "sampling_params": {"max_new_tokens": 8, "temperature": 0.7, "sampling_seed": i}});
-    let r = client
-        .post(format!("{url}/generate"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status();
-    let v: Value = r.json().await.unwrap();
-    assert!(status.is_success(), "{status}: {v}");
-    v
+    common::generate(client, url, &body).await
 }
 
 async fn routed(svc: &Deployment) -> Vec<String> {
@@ -43,15 +35,13 @@ async fn routed(svc: &Deployment) -> Vec<String> {
 #[tokio::test]
 async fn a_killed_server_leaves_the_router_and_returns_on_the_current_weights() {
     within(240, async {
-        let cluster = Cluster::in_process(1, 2).await.unwrap();
-        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
         let opts = ForkOptions {
             admin_key: Some("k".into()),
             ..ForkOptions::default()
         };
-        let svc = Deployment::fork(&cluster, &plan, &opts).await.unwrap();
+        let (cluster, svc) = pd_deployment(1, 2, "troupe:(prefill:d1t1|decode:d1t1)", &opts).await;
         let mut serving = svc.serving_events();
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let client = client();
 
         let sync = WeightSync::new(WeightSyncOptions::default());
         sync.attach(&svc.control);
@@ -130,15 +120,13 @@ async fn a_killed_server_leaves_the_router_and_returns_on_the_current_weights() 
 #[tokio::test]
 async fn without_a_kept_update_a_restarted_server_waits_unrouted_for_the_next_one() {
     within(240, async {
-        let cluster = Cluster::in_process(1, 3).await.unwrap();
-        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
         let opts = ForkOptions {
             admin_key: Some("k".into()),
             ..ForkOptions::default()
         };
-        let svc = Deployment::fork(&cluster, &plan, &opts).await.unwrap();
+        let (cluster, svc) = pd_deployment(1, 3, "troupe:(prefill:d1t1|decode:d2t1)", &opts).await;
         let mut serving = svc.serving_events();
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let client = client();
         let sync = WeightSync::new(WeightSyncOptions {
             keep_for_catch_up: false,
             ..WeightSyncOptions::default()
@@ -193,15 +181,13 @@ async fn without_a_kept_update_a_restarted_server_waits_unrouted_for_the_next_on
 #[tokio::test]
 async fn an_update_while_a_server_is_down_skips_it_and_serving_goes_on() {
     within(240, async {
-        let cluster = Cluster::in_process(1, 3).await.unwrap();
-        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
         let opts = ForkOptions {
             admin_key: Some("k".into()),
             // Exhausted at once: the server stays down, as after a lost host.
             server_restarts: 0,
             ..ForkOptions::default()
         };
-        let svc = Deployment::fork(&cluster, &plan, &opts).await.unwrap();
+        let (cluster, svc) = pd_deployment(1, 3, "troupe:(prefill:d1t1|decode:d2t1)", &opts).await;
         let mut serving = svc.serving_events();
         let sync = WeightSync::new(WeightSyncOptions::default());
         sync.attach(&svc.control);
@@ -220,7 +206,7 @@ async fn an_update_while_a_server_is_down_skips_it_and_serving_goes_on() {
             .unwrap();
         assert_eq!(rep.skipped, vec![victim.info.url.clone()]);
         assert_eq!(svc.capacity().down, vec![victim.info.url.clone()]);
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let client = client();
         let v = generate(&client, &svc.gateway_url, 1).await;
         assert_eq!(v["meta_info"]["weight_version"], "v1");
         svc.teardown().await;
@@ -233,48 +219,30 @@ const BIN: &str = env!("CARGO_BIN_EXE_troupe");
 
 /// Kills a host process and every process it started, as when its node goes down.
 fn kill_node(host_pid: u32) {
-    let mut kids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // ppid is the second field after the parenthesised command name.
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(host_pid) {
-            kids.push(pid);
-        }
-    }
+    let kids = children_of(host_pid);
     kill9(host_pid);
-    for k in kids {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(k as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+    kids.into_iter().for_each(kill9);
 }
 
-async fn process_cluster(hosts: usize) -> Cluster {
-    Cluster::builder()
+/// `plan` forked with default options on `hosts` one-GPU hosts that are `troupe host`
+/// processes of their own (so a test can kill or freeze a host).
+async fn on_host_processes(hosts: usize, plan: &str) -> (Cluster, Deployment) {
+    let cluster = Cluster::builder()
         .binary(BIN)
         .local_processes(hosts, 1)
         .await
-        .unwrap()
+        .unwrap();
+    let plan = AllocationPlan::parse(plan).unwrap();
+    let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
+        .await
+        .unwrap();
+    (cluster, svc)
 }
 
 #[tokio::test]
 async fn a_lost_hosts_server_is_re_placed_on_a_free_host_with_the_current_weights() {
     within(240, async {
-        let cluster = process_cluster(3).await;
-        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
-        let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
-            .await
-            .unwrap();
+        let (cluster, svc) = on_host_processes(3, "troupe:(prefill:d1t1|decode:d1t1)").await;
         let mut serving = svc.serving_events();
         let mut events = cluster.events();
         let sync = WeightSync::new(WeightSyncOptions::default());
@@ -325,7 +293,7 @@ async fn a_lost_hosts_server_is_re_placed_on_a_free_host_with_the_current_weight
             (successor.state, successor.hosts.clone()),
             (InstanceState::Routed, vec![2])
         );
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let client = client();
         for i in 0..3 {
             let v = generate(&client, &svc.gateway_url, i).await;
             assert_eq!(v["meta_info"]["weight_version"], "v1");
@@ -347,11 +315,7 @@ async fn a_lost_hosts_server_is_re_placed_on_a_free_host_with_the_current_weight
 #[tokio::test]
 async fn without_room_a_lost_host_leaves_serving_degraded_but_running() {
     within(240, async {
-        let cluster = process_cluster(3).await;
-        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
-        let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
-            .await
-            .unwrap();
+        let (cluster, svc) = on_host_processes(3, "troupe:(prefill:d1t1|decode:d2t1)").await;
         let mut serving = svc.serving_events();
         let victim = svc.servers().iter().find(|s| s.host == 2).unwrap().clone();
         kill_node(cluster.host(2).pid());
@@ -364,7 +328,7 @@ async fn without_room_a_lost_host_leaves_serving_degraded_but_running() {
         let cap = svc.capacity();
         assert!(cap.degraded());
         assert_eq!(cap.down, vec![victim.info.url.clone()]);
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let client = client();
         for i in 0..3 {
             generate(&client, &svc.gateway_url, i).await;
         }
@@ -377,11 +341,7 @@ async fn without_room_a_lost_host_leaves_serving_degraded_but_running() {
 #[tokio::test]
 async fn a_frozen_hosts_server_is_fenced_before_it_is_re_placed() {
     within(240, async {
-        let cluster = process_cluster(3).await;
-        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
-        let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
-            .await
-            .unwrap();
+        let (cluster, svc) = on_host_processes(3, "troupe:(prefill:d1t1|decode:d1t1)").await;
         let mut serving = svc.serving_events();
         let decode = svc.servers()[1].clone();
         assert_eq!(decode.host, 1);
@@ -412,11 +372,7 @@ async fn a_frozen_hosts_server_is_fenced_before_it_is_re_placed() {
 #[tokio::test]
 async fn losing_the_gateways_host_is_reported_as_the_gateway_lost() {
     within(120, async {
-        let cluster = process_cluster(2).await;
-        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
-        let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
-            .await
-            .unwrap();
+        let (cluster, svc) = on_host_processes(2, "troupe:(prefill:d1t1|decode:d1t1)").await;
         let mut serving = svc.serving_events();
         // The gateway runs on host 0.
         kill_node(cluster.host(0).pid());

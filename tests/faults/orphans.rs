@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::procs::{alive, children_of, kill9, wait_dead};
-use common::within;
+use common::{Poll, within};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use troupe_scheduler::launch::READY_PREFIX;
 use troupe_wire::v1::WatchRequest;
@@ -197,9 +197,11 @@ async fn a_clean_run_leaves_no_run_directory_behind() {
         .unwrap();
         assert!(child.wait().await.unwrap().success());
         // The hosts exit after their controller; their run directories go with them.
-        while !runs().is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        Poll::every(Duration::from_millis(50))
+            .until("the run directories are gone", || async {
+                runs().is_empty()
+            })
+            .await;
     })
     .await
 }

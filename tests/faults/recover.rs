@@ -5,8 +5,8 @@ use crate::common;
 
 use std::process::Stdio;
 
-use common::procs::{alive, children_of, wait_dead};
-use common::within;
+use common::procs::{alive, children_of, kill9, wait_dead};
+use common::{Poll, client, engine_paused, until, within};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -16,18 +16,10 @@ const CFG: &str = concat!(
     "/examples/configs/pd-local.yaml"
 );
 
+/// Request `i`, answered through `url`.
 async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
     let body = json!({"text": format!("recover {i}: "), "sampling_params": {"max_new_tokens": 8}});
-    let r = client
-        .post(format!("{url}/generate"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status();
-    let v: Value = r.json().await.unwrap();
-    assert!(status.is_success(), "{status}: {v}");
-    v
+    common::generate(client, url, &body).await
 }
 
 /// Kills what a failed test would leave behind (hosts outlive their controller on purpose).
@@ -35,12 +27,7 @@ struct Reap(Vec<u32>);
 
 impl Drop for Reap {
     fn drop(&mut self) {
-        for p in &self.0 {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(*p as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        self.0.iter().copied().for_each(kill9);
     }
 }
 
@@ -83,7 +70,7 @@ async fn a_restarted_controller_reattaches_from_the_state_file_without_relaunchi
         let state = dir.path().join("state.json");
         let state_arg = state.to_str().unwrap();
         let (mut first, url) = serve(&["--state-file", state_arg]).await;
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let client = client();
         generate(&client, &url, 0).await;
         let hosts = children_of(first.id().unwrap());
         assert_eq!(hosts.len(), 2, "two troupe host processes");
@@ -278,7 +265,7 @@ async fn a_controller_killed_mid_update_leaves_a_fleet_that_recovery_brings_back
         let state = dir.path().join("state.json");
         let state_arg = state.to_str().unwrap();
         let (mut first, url) = serve(&["--state-file", state_arg]).await;
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let client = client();
         generate(&client, &url, 0).await;
         let hosts = children_of(first.id().unwrap());
         let engines: Vec<u32> = hosts.iter().flat_map(|h| children_of(*h)).collect();
@@ -307,23 +294,23 @@ async fn a_controller_killed_mid_update_leaves_a_fleet_that_recovery_brings_back
             })
         };
         for u in &urls[1..] {
-            while !common::engine_paused(&client, u).await {
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
+            Poll::every(std::time::Duration::from_millis(50))
+                .until("the live engines paused", || engine_paused(&client, u))
+                .await;
         }
         first.start_kill().unwrap();
         first.wait().await.unwrap();
         push.abort();
         signal(engines[0], Signal::SIGCONT);
         assert!(
-            common::engine_paused(&client, &urls[1]).await,
+            engine_paused(&client, &urls[1]).await,
             "left paused by the dead controller"
         );
 
         // The recovering controller reads the engines and resumes them on their one version.
         let (mut second, _) = serve(&["--state-file", state_arg, "--recover"]).await;
         for u in &urls {
-            assert!(!common::engine_paused(&client, u).await, "{u} serves again");
+            assert!(!engine_paused(&client, u).await, "{u} serves again");
         }
         let paused = client
             .get(format!("{url}/is_paused"))
@@ -350,12 +337,12 @@ async fn a_controller_killed_mid_update_leaves_a_fleet_that_recovery_brings_back
             .unwrap();
         assert!(r.status().is_success());
         // The state file is rewritten when the fleet's status changes.
-        while !std::fs::read_to_string(&state)
-            .unwrap_or_default()
-            .contains("in_place")
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        until("the state file holds the pause", || async {
+            std::fs::read_to_string(&state)
+                .unwrap_or_default()
+                .contains("in_place")
+        })
+        .await;
         second.start_kill().unwrap();
         second.wait().await.unwrap();
         // Resumed behind the fleet's back: recovery pauses it again, as the client left it.
@@ -370,7 +357,7 @@ async fn a_controller_killed_mid_update_leaves_a_fleet_that_recovery_brings_back
         let (mut third, _) = serve(&["--state-file", state_arg, "--recover"]).await;
         for u in &urls {
             assert!(
-                common::engine_paused(&client, u).await,
+                engine_paused(&client, u).await,
                 "{u} is paused as the client left it"
             );
         }

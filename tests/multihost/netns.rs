@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::procs::alive;
-use common::within;
+use common::{client, engine, engine_args, generate, within};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use troupe_actors::tls::TlsFiles;
@@ -213,19 +213,6 @@ fn request(i: u64) -> Value {
     })
 }
 
-async fn post(client: &reqwest::Client, url: &str, body: &Value) -> Value {
-    let r = client
-        .post(format!("{url}/generate"))
-        .json(body)
-        .send()
-        .await;
-    let r = r.unwrap_or_else(|e| panic!("POST {url}/generate: {e}"));
-    let status = r.status();
-    let v: Value = r.json().await.expect("json reply");
-    assert!(status.is_success(), "{url}: {status}: {v}");
-    v
-}
-
 /// The ids of a streamed /generate (chunks carry only their new ids), checking the stream ends
 /// with `[DONE]`.
 async fn post_stream(client: &reqwest::Client, url: &str, body: &Value) -> (Vec<Value>, usize) {
@@ -340,17 +327,12 @@ async fn pd_groups_forked_across_three_network_namespaces_serve_through_the_gate
         );
 
         // From the root namespace, through the gateway: the same tokens as one regular engine.
-        let reference = troupe_engine::start(troupe_engine::EngineArgs {
-            port: 0,
-            ..Default::default()
-        })
-        .await
-        .expect("reference engine");
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let reference = engine(engine_args()).await;
+        let client = client();
         for i in 0..6 {
             let body = request(i);
-            let got = post(&client, &svc.gateway_url, &body).await;
-            let want = post(&client, &reference.url(), &body).await;
+            let got = generate(&client, &svc.gateway_url, &body).await;
+            let want = generate(&client, &reference.url(), &body).await;
             assert_eq!(got["output_ids"], want["output_ids"], "request {i}");
             assert_eq!(got["text"], want["text"], "request {i}");
             let (ids, chunks) = post_stream(&client, &svc.gateway_url, &body).await;
@@ -395,7 +377,7 @@ async fn pd_groups_forked_across_three_network_namespaces_serve_through_the_gate
         sync.update_weights(&svc.control, &engines, "ns-v1", &tensors)
             .await
             .unwrap_or_else(|e| panic!("weight sync across namespaces: {e}"));
-        let v = post(&client, &svc.gateway_url, &request(0)).await;
+        let v = generate(&client, &svc.gateway_url, &request(0)).await;
         assert_eq!(v["meta_info"]["weight_version"], "ns-v1", "{v}");
 
         svc.teardown().await;

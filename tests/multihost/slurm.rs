@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::within;
+use common::{Poll, client, within};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -143,13 +143,15 @@ fn collect(stderr: tokio::process::ChildStderr) -> Arc<Mutex<Vec<String>>> {
     lines
 }
 
+/// The first line `pred` accepts, once `troupe serve` printed it (Slurm may take minutes to
+/// run a job: the test's own deadline bounds the wait).
 async fn wait_for_line(lines: &Arc<Mutex<Vec<String>>>, pred: impl Fn(&str) -> bool) -> String {
-    loop {
-        if let Some(l) = lines.lock().unwrap().iter().find(|l| pred(l)) {
-            return l.clone();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    Poll::every(Duration::from_millis(50))
+        .secs(300)
+        .until_some("a line from troupe serve", || async {
+            lines.lock().unwrap().iter().find(|l| pred(l)).cloned()
+        })
+        .await
 }
 
 #[tokio::test]
@@ -233,7 +235,7 @@ async fn serve_on_slurm_puts_hosts_on_distinct_nodes_and_sigint_cancels_the_job(
         assert_eq!(hosts.len(), 3, "three servers on three hosts ({servers})");
 
         // Serving works through the gateway.
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let client = client();
         // `ignore_eos`: an unseeded sample may draw the end token early; 8 tokens means 8.
         let body =
             json!({"text": "Hello", "sampling_params": {"max_new_tokens": 8, "ignore_eos": true}});
@@ -263,17 +265,17 @@ async fn serve_on_slurm_puts_hosts_on_distinct_nodes_and_sigint_cancels_the_job(
         .unwrap();
         let status = child.wait().await.unwrap();
         assert!(status.success(), "serve exit: {status}");
-        loop {
-            let q = std::process::Command::new("squeue")
-                .args(["-h", "-j", &job])
-                .output()
-                .unwrap();
-            let left = job_processes(&job);
-            if String::from_utf8_lossy(&q.stdout).trim().is_empty() && left.is_empty() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        Poll::every(Duration::from_millis(200))
+            .secs(300)
+            .until("the job and its processes are gone", || async {
+                let q = std::process::Command::new("squeue")
+                    .args(["-h", "-j", &job])
+                    .output()
+                    .unwrap();
+                String::from_utf8_lossy(&q.stdout).trim().is_empty()
+                    && job_processes(&job).is_empty()
+            })
+            .await;
         let info = scontrol_job(&job);
         let state = field(&info, "JobState").unwrap_or_default();
         assert!(

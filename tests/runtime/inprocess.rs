@@ -391,15 +391,12 @@ async fn grpc_in_process_hosts_go_through_the_in_process_launcher_and_stop_with_
         c.shutdown().await;
         // Teardown stopped the hosts' gRPC servers: nothing answers there any more.
         for h in launched {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            while tokio::net::TcpStream::connect(&h.addr).await.is_ok() {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "{} still serves",
-                    h.addr
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            Poll::every(Duration::from_millis(20))
+                .secs(10)
+                .until(&format!("{} stops serving", h.addr), || async {
+                    tokio::net::TcpStream::connect(&h.addr).await.is_err()
+                })
+                .await;
         }
     })
     .await
@@ -409,9 +406,12 @@ async fn grpc_in_process_hosts_go_through_the_in_process_launcher_and_stop_with_
 async fn restart_back_off_doubles_while_an_actor_keeps_failing_and_starts_over_once_it_ran_stably()
 {
     within(30, async {
+        // Short, so the test waits out "ran stably" in half a second; rounds 1-3 fail within
+        // milliseconds of their restart, far below it (`gaps` shows it if a round did not).
+        let stable_after = Duration::from_millis(500);
         let c = Cluster::builder()
             .registry(registry())
-            .stable_after(Duration::from_secs(2))
+            .stable_after(stable_after)
             .in_process(1, 0)
             .await
             .unwrap();
@@ -428,12 +428,17 @@ async fn restart_back_off_doubles_while_an_actor_keeps_failing_and_starts_over_o
             .await
             .unwrap();
         let mut delays = Vec::new();
+        let mut gaps = Vec::new();
+        // The host counts stability from the restart, which it reports after the fact: a
+        // failure `stable_after` past the report is a failure of an actor that ran stably.
+        let mut restarted_at = tokio::time::Instant::now();
         for round in 1..=4u32 {
             if round == 4 {
                 // Ran stably: the next failure waits only the base back-off again.
-                tokio::time::sleep(Duration::from_millis(2200)).await;
+                tokio::time::sleep_until(restarted_at + stable_after).await;
             }
             a.call(Boom).await.unwrap_err();
+            gaps.push(restarted_at.elapsed());
             let e = wait_event(&mut ev, 5, |e| {
                 matches!(e, ClusterEvent::ActorRestarting { .. })
             })
@@ -447,8 +452,13 @@ async fn restart_back_off_doubles_while_an_actor_keeps_failing_and_starts_over_o
                 matches!(e, ClusterEvent::ActorRestarted { .. })
             })
             .await;
+            restarted_at = tokio::time::Instant::now();
         }
-        assert_eq!(delays, vec![50, 100, 200, 50]);
+        assert_eq!(
+            delays,
+            vec![50, 100, 200, 50],
+            "time from each restart to the next failure: {gaps:?}"
+        );
         c.shutdown().await;
     })
     .await

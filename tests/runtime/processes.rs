@@ -148,17 +148,13 @@ async fn stopping_a_host_kills_the_process_trees_its_actors_own() {
             .await
             .unwrap();
         let child = p.call(Pid).await.unwrap();
-        let grandchild: u32 = within(10, async {
-            loop {
-                if let Ok(s) = std::fs::read_to_string(&pidfile)
-                    && let Ok(n) = s.trim().parse()
-                {
-                    return n;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
+        let grandchild: u32 = Poll::every(Duration::from_millis(20))
+            .secs(10)
+            .until_some("the grandchild wrote its pid", || async {
+                let s = std::fs::read_to_string(&pidfile).ok()?;
+                s.trim().parse().ok()
+            })
+            .await;
         assert!(alive(child) && alive(grandchild));
         c.shutdown().await; // SIGTERM to the host: it stops its actors, which kill their trees
         wait_dead(child).await;
@@ -279,20 +275,19 @@ async fn a_hung_host_is_declared_lost_when_heartbeats_stop() {
         let pid = nix::unistd::Pid::from_raw(c.host(0).pid() as i32);
         // Frozen, not dead: the TCP connection stays open, only heartbeats stop.
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-        within(10, async {
-            // Signal delivery is asynchronous: wait until the kernel reports it stopped.
-            while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .unwrap_or_default()
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('T')
-            {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await;
+        // Signal delivery is asynchronous: wait until the kernel reports it stopped.
+        Poll::default()
+            .secs(10)
+            .until("the kernel reports the host stopped", || async {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .unwrap_or_default()
+                    .rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('T')
+            })
+            .await;
         let pending = a.call(Info);
         let e = wait_event(&mut ev, 10, |e| matches!(e, ClusterEvent::HostLost { .. })).await;
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();

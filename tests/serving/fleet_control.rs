@@ -8,11 +8,10 @@ use std::time::Duration;
 
 use common::model::trainer_weights;
 use common::procs::kill9;
-use common::{wait_serving, within};
+use common::{bearer, client, pd_deployment, wait_serving, within};
 use serde_json::{Value, json};
 use troupe_controller::Cluster;
 use troupe_controller::serve::{Deployment, ForkOptions, ServingEvent};
-use troupe_scheduler::AllocationPlan;
 use troupe_weights::tcp::{TensorRef, WeightSender, WireDtype};
 
 /// A client for the gateway with the admin key.
@@ -26,17 +25,16 @@ impl Fleet {
     pub fn new(url: &str, key: Option<&str>) -> Self {
         Fleet {
             url: url.to_string(),
-            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            http: client(),
             key: key.map(str::to_string),
         }
     }
 
     fn req(&self, m: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let r = self.http.request(m, format!("{}{path}", self.url));
-        match &self.key {
-            Some(k) => r.bearer_auth(k),
-            None => r,
-        }
+        bearer(
+            self.http.request(m, format!("{}{path}", self.url)),
+            self.key.as_deref(),
+        )
     }
 
     async fn answer(r: reqwest::RequestBuilder) -> (u16, Value) {
@@ -109,8 +107,9 @@ pub async fn paused(svc: &Deployment) -> Vec<bool> {
         .collect()
 }
 
-pub async fn pd(cluster: &Cluster, restarts: u32) -> Deployment {
-    let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
+/// A PD pair (one prefill, one decode) on one 2-GPU in-process host, the admin key `k`, the
+/// memory saver on, and `restarts` restarts per server.
+pub async fn pd(restarts: u32) -> (Cluster, Deployment) {
     let opts = ForkOptions {
         admin_key: Some("k".into()),
         ready_timeout: Duration::from_secs(60),
@@ -118,7 +117,7 @@ pub async fn pd(cluster: &Cluster, restarts: u32) -> Deployment {
         extra_args: vec!["--enable-memory-saver".into()],
         ..ForkOptions::default()
     };
-    Deployment::fork(cluster, &plan, &opts).await.unwrap()
+    pd_deployment(1, 2, "troupe:(prefill:d1t1|decode:d1t1)", &opts).await
 }
 
 /// One bucket, the final norm weight in BF16, for a client-driven broadcast.
@@ -133,8 +132,7 @@ pub fn norm_bucket(value: f32) -> (Vec<usize>, Vec<u8>) {
 #[tokio::test]
 async fn sglang_names_reach_every_engine_of_a_pd_fleet_once() {
     within(240, async {
-        let cluster = Cluster::in_process(1, 2).await.unwrap();
-        let svc = pd(&cluster, 0).await;
+        let (cluster, svc) = pd(0).await;
         let f = Fleet::new(&svc.gateway_url, Some("k"));
         // Bring-up read every engine's version: the first resume already expects it (one
         // call per reference engine).
@@ -252,8 +250,7 @@ async fn sglang_names_reach_every_engine_of_a_pd_fleet_once() {
 #[tokio::test]
 async fn concurrent_control_calls_run_one_at_a_time_and_leave_one_version() {
     within(240, async {
-        let cluster = Cluster::in_process(1, 2).await.unwrap();
-        let svc = pd(&cluster, 0).await;
+        let (cluster, svc) = pd(0).await;
         let f = Fleet::new(&svc.gateway_url, Some("k"));
         let (a, b, c, d) = tokio::join!(
             f.push(safetensors(1), "c1"),
@@ -282,8 +279,7 @@ async fn concurrent_control_calls_run_one_at_a_time_and_leave_one_version() {
 #[tokio::test]
 async fn a_server_that_restarts_is_caught_up_with_an_update_that_came_through_the_gateway() {
     within(240, async {
-        let cluster = Cluster::in_process(1, 2).await.unwrap();
-        let svc = pd(&cluster, 1).await;
+        let (cluster, svc) = pd(1).await;
         let mut events = svc.serving_events();
         let f = Fleet::new(&svc.gateway_url, Some("k"));
         let (s, v) = f.push(safetensors(3), "g1").await;

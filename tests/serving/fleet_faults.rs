@@ -7,19 +7,18 @@ use std::time::Duration;
 use crate::common;
 
 use common::procs::EngineProcess;
-use common::{until, within};
+use common::{client, engine, engine_args, engine_paused, get, until, within};
 use nix::sys::signal::Signal;
 use serde_json::json;
 use troupe_serving::WorkerSpec;
 use troupe_serving::gateway::{self, GatewayConfig};
 
 use super::fleet_control::Fleet;
-use super::fleet_standalone::{engine, is_paused};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_engine_that_missed_a_pause_serves_again_when_it_wakes() {
     within(180, async {
-        let a = engine().await;
+        let a = engine(engine_args()).await;
         let b = EngineProcess::start(&[]).await;
         let (au, bu) = (a.url(), b.url.clone());
         let g = gateway::start(GatewayConfig {
@@ -42,7 +41,7 @@ async fn a_frozen_engine_that_missed_a_pause_serves_again_when_it_wakes() {
             })
         };
         // The pause is under way once the live engine has it.
-        until("the live engine paused", || is_paused(&f.http, &au)).await;
+        until("the live engine paused", || engine_paused(&f.http, &au)).await;
         // Status answers now, from the state the last finished operation left, not after
         // the stuck one.
         let (s, v) = f.get("/is_paused").await;
@@ -59,7 +58,7 @@ async fn a_frozen_engine_that_missed_a_pause_serves_again_when_it_wakes() {
         let msg = v["message"].as_str().unwrap_or_default();
         assert!(msg.contains("in doubt") && msg.contains(&bu), "{v}");
         assert!(
-            !is_paused(&f.http, &au).await,
+            !engine_paused(&f.http, &au).await,
             "the engine that paused was resumed"
         );
         let info = f.get("/server_info").await.1;
@@ -72,9 +71,9 @@ async fn a_frozen_engine_that_missed_a_pause_serves_again_when_it_wakes() {
             f.get("/server_info").await.1["fleet"]["in_doubt"] == json!([])
         })
         .await;
-        let direct = reqwest::Client::new();
+        let direct = client();
         assert!(
-            !is_paused(&direct, &bu).await,
+            !engine_paused(&direct, &bu).await,
             "the woken engine serves again"
         );
         // Every request is answered, whichever engine it is routed to.
@@ -97,22 +96,16 @@ async fn a_frozen_engine_that_missed_a_pause_serves_again_when_it_wakes() {
 
 /// A reference engine on `port` (0: the kernel's choice).
 async fn engine_on(port: u16) -> troupe_engine::EngineHandle {
-    troupe_engine::start(troupe_engine::EngineArgs {
+    engine(troupe_engine::EngineArgs {
         port,
-        ..Default::default()
+        ..engine_args()
     })
     .await
-    .unwrap()
 }
 
 /// The engine's own weight version.
 async fn version_of(url: &str) -> String {
-    let v: serde_json::Value = reqwest::get(format!("{url}/get_weight_version"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, v) = get(&format!("{url}/get_weight_version")).await;
     v["weight_version"].as_str().unwrap_or_default().to_string()
 }
 

@@ -11,14 +11,13 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use common::within;
+use common::{client, engine, engine_args, engine_paused, post, within};
 use serde_json::json;
 use troupe_engine::EngineHandle;
 use troupe_serving::WorkerSpec;
 use troupe_serving::gateway::{self, GatewayConfig};
 
 use super::fleet_control::Fleet;
-use super::fleet_standalone::{engine, is_paused};
 
 /// A real engine behind a pass-through that records every path it forwards.
 struct Recorded {
@@ -50,11 +49,11 @@ async fn pass(State(p): State<Pass>, m: Method, uri: Uri, h: HeaderMap, body: By
 
 impl Recorded {
     async fn start() -> Self {
-        let engine = engine().await;
+        let engine = engine(engine_args()).await;
         let paths = Arc::new(Mutex::new(Vec::new()));
         let state = Pass {
             to: engine.url(),
-            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            http: client(),
             paths: paths.clone(),
         };
         let app = axum::Router::new().fallback(pass).with_state(state);
@@ -82,17 +81,13 @@ impl Recorded {
 
     /// Sets the engine's version directly, as a client that updates engines itself does.
     async fn set_version(&self, v: &str) {
-        let r = reqwest::Client::new()
-            .post(format!("{}/update_weight_version", self.engine.url()))
-            .json(&json!({"new_version": v}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        let url = format!("{}/update_weight_version", self.engine.url());
+        let (s, r) = post(&url, &json!({"new_version": v})).await;
+        assert_eq!(s, 200, "{r}");
     }
 
     async fn paused(&self) -> bool {
-        is_paused(&reqwest::Client::new(), &self.engine.url()).await
+        engine_paused(&client(), &self.engine.url()).await
     }
 
     async fn stop(self) {

@@ -3,28 +3,12 @@
 
 use crate::common;
 
-use common::within;
+use common::{engine, engine_args, engine_paused, within};
 use serde_json::{Value, json};
-use troupe_engine::EngineHandle;
 use troupe_serving::WorkerSpec;
 use troupe_serving::gateway::{self, ControlAuthMode, GatewayConfig};
 
 use super::fleet_control::{Fleet, safetensors};
-
-/// A reference engine on a port of the kernel's choosing.
-pub(crate) async fn engine() -> EngineHandle {
-    troupe_engine::start(troupe_engine::EngineArgs {
-        port: 0,
-        ..Default::default()
-    })
-    .await
-    .unwrap()
-}
-
-/// Whether the engine at `url` says it is paused.
-pub(crate) async fn is_paused(http: &reqwest::Client, url: &str) -> bool {
-    common::engine_paused(http, url).await
-}
 
 fn config(urls: &[String]) -> GatewayConfig {
     GatewayConfig {
@@ -37,14 +21,14 @@ fn config(urls: &[String]) -> GatewayConfig {
 #[tokio::test]
 async fn an_engine_that_is_gone_fails_the_pause_and_leaves_no_engine_paused() {
     within(60, async {
-        let (a, b) = (engine().await, engine().await);
+        let (a, b) = (engine(engine_args()).await, engine(engine_args()).await);
         let (au, bu) = (a.url(), b.url());
         let g = gateway::start(config(&[au.clone(), bu.clone()]))
             .await
             .unwrap();
         let f = Fleet::new(&g.url(), None);
         f.ok("/pause_generation", json!({"mode": "in_place"})).await;
-        assert!(is_paused(&f.http, &au).await && is_paused(&f.http, &bu).await);
+        assert!(engine_paused(&f.http, &au).await && engine_paused(&f.http, &bu).await);
         f.ok("/continue_generation", json!({})).await;
 
         b.shutdown().await.unwrap();
@@ -59,7 +43,7 @@ async fn an_engine_that_is_gone_fails_the_pause_and_leaves_no_engine_paused() {
             .collect();
         assert_eq!(failed, [bu.as_str()], "{v}");
         assert!(
-            !is_paused(&f.http, &au).await,
+            !engine_paused(&f.http, &au).await,
             "the engine that paused was resumed"
         );
         assert_eq!(f.get("/is_paused").await.1["is_paused"], false);
@@ -70,7 +54,7 @@ async fn an_engine_that_is_gone_fails_the_pause_and_leaves_no_engine_paused() {
         let (s, v) = f.push(safetensors(9), "lost").await;
         assert_eq!(s, 502, "{v}");
         assert!(
-            !is_paused(&f.http, &au).await,
+            !engine_paused(&f.http, &au).await,
             "serving resumed after the failed update"
         );
         let direct: Value = f
@@ -92,7 +76,7 @@ async fn an_engine_that_is_gone_fails_the_pause_and_leaves_no_engine_paused() {
 #[tokio::test]
 async fn control_needs_the_admin_key_unless_opened_on_loopback_only() {
     within(60, async {
-        let a = engine().await;
+        let a = engine(engine_args()).await;
         let keyed = gateway::start(GatewayConfig {
             admin_key: Some("s3cret".into()),
             ..config(&[a.url()])
@@ -117,7 +101,7 @@ async fn control_needs_the_admin_key_unless_opened_on_loopback_only() {
         ] {
             assert_eq!(open.get(path).await.0, 200, "{path}");
         }
-        assert!(!is_paused(&open.http, &a.url()).await);
+        assert!(!engine_paused(&open.http, &a.url()).await);
         keyed.shutdown().await.unwrap();
 
         // A gateway configured to key its reads too.
@@ -176,7 +160,7 @@ async fn control_needs_the_admin_key_unless_opened_on_loopback_only() {
 #[tokio::test]
 async fn bad_bodies_are_named_and_change_nothing() {
     within(60, async {
-        let (a, b) = (engine().await, engine().await);
+        let (a, b) = (engine(engine_args()).await, engine(engine_args()).await);
         let g = gateway::start(config(&[a.url(), b.url()])).await.unwrap();
         let f = Fleet::new(&g.url(), None);
         let v0 = f.version().await;
@@ -228,7 +212,7 @@ async fn bad_bodies_are_named_and_change_nothing() {
 #[tokio::test]
 async fn a_refused_weight_push_fails_fast_and_the_next_one_works() {
     within(60, async {
-        let (a, b) = (engine().await, engine().await);
+        let (a, b) = (engine(engine_args()).await, engine(engine_args()).await);
         let g = gateway::start(config(&[a.url(), b.url()])).await.unwrap();
         let f = Fleet::new(&g.url(), None);
         let v0 = f.version().await;

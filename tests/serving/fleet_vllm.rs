@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use common::within;
 use serde_json::json;
-use troupe_controller::Cluster;
 use troupe_weights::tcp::{TensorRef, WeightSender, WireDtype};
 
 use troupe_serving::control_plane::updates::VLLM_TRANSFER_GROUP;
@@ -17,8 +16,7 @@ use super::fleet_control::{Fleet, norm_bucket, paused, pd};
 #[tokio::test]
 async fn skyrl_calls_drive_the_whole_fleet_as_one_server() {
     within(240, async {
-        let cluster = Cluster::in_process(1, 2).await.unwrap();
-        let svc = pd(&cluster, 0).await;
+        let (cluster, svc) = pd(0).await;
         let f = Fleet::new(&svc.gateway_url, Some("k"));
 
         // Pause and resume in vLLM's spelling.
@@ -121,13 +119,11 @@ async fn skyrl_calls_drive_the_whole_fleet_as_one_server() {
 }
 
 async fn vllm_engine() -> troupe_engine::EngineHandle {
-    troupe_engine::start(troupe_engine::EngineArgs {
-        port: 0,
+    common::engine(troupe_engine::EngineArgs {
         enable_memory_saver: true,
-        ..Default::default()
+        ..common::engine_args()
     })
     .await
-    .unwrap()
 }
 
 /// Troupe's engine client speaking vLLM's routes (pause, memory, the four-phase transfer) to

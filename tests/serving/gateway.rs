@@ -7,21 +7,17 @@
 //!   is lost, and the router marks it unhealthy.
 //! - Malformed requests get a 400 envelope and change nothing.
 
-use std::future::Future;
+use crate::common;
+
 use std::time::Duration;
 
+use common::{Poll, client, engine, post_with, send, until, within};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use troupe_engine::{EngineArgs, EngineHandle};
 use troupe_serving::gateway::{self, GatewayConfig, GatewayHandle};
 use troupe_serving::health::HealthConfig;
 use troupe_serving::{RouterConfig, WorkerSpec};
-
-async fn within<F: Future>(secs: u64, f: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(secs), f)
-        .await
-        .expect("test exceeded its deadline")
-}
 
 fn args(mode: &str) -> EngineArgs {
     EngineArgs {
@@ -32,10 +28,6 @@ fn args(mode: &str) -> EngineArgs {
         disaggregation_kv_timeout_s: 30.0,
         ..Default::default()
     }
-}
-
-async fn engine(a: EngineArgs) -> EngineHandle {
-    troupe_engine::start(a).await.expect("engine starts")
 }
 
 struct Pd {
@@ -79,25 +71,6 @@ async fn cluster(decode_args: impl Fn() -> EngineArgs) -> Pd {
         decodes,
         gw,
     }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .tcp_nodelay(true)
-        .timeout(Duration::from_secs(60))
-        .build()
-        .expect("client")
-}
-
-async fn post(c: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
-    let r = c.post(url).json(body).send().await.expect("request sent");
-    let status = r.status().as_u16();
-    let text = r.text().await.expect("body");
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
 }
 
 /// Posts a stream and folds it into what matters per item: all ids, the last event.
@@ -195,8 +168,8 @@ async fn pd_gateway_matches_regular_engine_on_1000_mixed_requests() {
                         let want = post_stream(&c, &format!("{r}/generate"), &body).await;
                         (i, got, want)
                     } else {
-                        let (sg, got) = post(&c, &format!("{g}/generate"), &body).await;
-                        let (sr, want) = post(&c, &format!("{r}/generate"), &body).await;
+                        let (sg, got) = post_with(&c, &format!("{g}/generate"), &body).await;
+                        let (sr, want) = post_with(&c, &format!("{r}/generate"), &body).await;
                         assert_eq!((sg, sr), (200, 200), "request {i}: {got} / {want}");
                         (i, comparable(&got), comparable(&want))
                     }
@@ -213,15 +186,7 @@ async fn pd_gateway_matches_regular_engine_on_1000_mixed_requests() {
         }
         assert!(tokens > 0);
         // Everything was answered, nothing is still counted in flight, nothing was retried.
-        let (st, ws) = {
-            let r = c
-                .get(format!("{g}/workers"))
-                .bearer_auth("admin")
-                .send()
-                .await
-                .expect("sent");
-            (r.status().as_u16(), r.json::<Value>().await.expect("json"))
-        };
+        let (st, ws) = send(c.get(format!("{g}/workers")).bearer_auth("admin")).await;
         assert_eq!(st, 200);
         for w in ws["workers"].as_array().expect("workers") {
             assert_eq!(w["load"], 0, "{w}");
@@ -249,14 +214,14 @@ async fn decode_shut_down_under_load_loses_no_request() {
         let load = futures::stream::iter(0..160u64)
             .map(|i| {
                 let (c, g) = (c.clone(), g.clone());
-                async move { (i, post(&c, &format!("{g}/generate"), &body(i)).await) }
+                async move { (i, post_with(&c, &format!("{g}/generate"), &body(i)).await) }
             })
             .buffer_unordered(32)
             .collect::<Vec<_>>();
         let kill = async {
-            while victim.load() == 0 {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
+            Poll::every(Duration::from_millis(2))
+                .until("requests in flight on the victim", || async { victim.load() > 0 })
+                .await;
             let d = pd.decodes.remove(0);
             d.shutdown().await.expect("decode shuts down");
         };
@@ -264,19 +229,17 @@ async fn decode_shut_down_under_load_loses_no_request() {
         assert_eq!(results.len(), 160);
         for (i, (st, got)) in &results {
             assert_eq!(*st, 200, "request {i} lost: {got}");
-            let (_, want) = post(&c, &format!("{r}/generate"), &body(*i)).await;
+            let (_, want) = post_with(&c, &format!("{r}/generate"), &body(*i)).await;
             assert_eq!(comparable(got), comparable(&want), "request {i}");
         }
         assert!(pd.gw.retries() > 0, "requests on the dead decode were retried");
         // The health checker takes it out.
-        loop {
+        until("the victim is marked unhealthy", || async {
             let ws = pd.gw.router().list();
-            if ws.iter().any(|w| w.url == victim_url && !w.is_healthy) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let (st, _) = post(&c, &format!("{g}/generate"), &body(999)).await;
+            ws.iter().any(|w| w.url == victim_url && !w.is_healthy)
+        })
+        .await;
+        let (st, _) = post_with(&c, &format!("{g}/generate"), &body(999)).await;
         assert_eq!(st, 200, "the survivor keeps serving");
     })
     .await;
@@ -334,7 +297,7 @@ async fn malformed_requests_get_400_and_change_nothing() {
                 "no room left parked: {m}"
             );
         }
-        let (st, v) = post(
+        let (st, v) = post_with(
             &c,
             &format!("{g}/generate"),
             &json!({"text": "still fine", "sampling_params": {"max_new_tokens": 4}}),

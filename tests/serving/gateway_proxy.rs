@@ -3,53 +3,24 @@
 //! tokens so far with the remaining budget, and answers one response whose tokens equal an
 //! uninterrupted run (greedy, same weights) and carry the version that produced each of them.
 
+use crate::common;
+
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use common::{client, engine, engine_args, generated_tokens, post, until, within};
+use serde_json::json;
 use troupe_engine::EngineArgs;
 use troupe_serving::proxy::{self, ProxyConfig};
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .expect("client")
-}
-
-async fn post(url: &str, body: &Value) -> (u16, Value) {
-    let r = client().post(url).json(body).send().await.expect("sent");
-    let st = r.status().as_u16();
-    (st, r.json().await.expect("json"))
-}
-
-async fn generated_tokens(engine: &str) -> u64 {
-    let m = client()
-        .get(format!("{engine}/metrics"))
-        .send()
-        .await
-        .expect("sent")
-        .text()
-        .await
-        .expect("text");
-    m.lines()
-        .find(|l| l.starts_with("sglang:generation_tokens_total"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn weight_update_abort_is_resubmitted_and_stitched() {
-    tokio::time::timeout(Duration::from_secs(60), async {
-        let engine = troupe_engine::start(EngineArgs {
-            port: 0,
+    within(60, async {
+        let engine = engine(EngineArgs {
             random_seed: 7,
             sim_decode_step_ms: Some(10.0),
-            ..Default::default()
+            ..engine_args()
         })
-        .await
-        .expect("engine");
+        .await;
         let e = engine.url();
         let p = proxy::start(ProxyConfig {
             backends: vec![e.clone()],
@@ -64,9 +35,10 @@ async fn weight_update_abort_is_resubmitted_and_stitched() {
         let b = body.clone();
         let pending = tokio::spawn(async move { post(&url, &b).await });
         // Pause once a few tokens exist, change the version, resume.
-        while generated_tokens(&e).await < 5 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until("the engine generated 5 tokens", || async {
+            generated_tokens(&e).await >= 5
+        })
+        .await;
         let (st, v) = post(&format!("{e}/pause_generation"), &json!({"mode": "abort"})).await;
         assert_eq!(st, 200, "{v}");
         let (st, v) = post(&format!("{e}/update_weight_version"), &json!({"new_version": "v2"})).await;
@@ -113,5 +85,4 @@ async fn weight_update_abort_is_resubmitted_and_stitched() {
         engine.shutdown().await.expect("engine stops");
     })
     .await
-    .expect("test exceeded its deadline");
 }

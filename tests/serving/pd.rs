@@ -6,8 +6,8 @@ use crate::common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::procs::wait_dead;
-use common::within;
+use common::procs::{children_of, wait_dead};
+use common::{Poll, client, engine, engine_args, generate, pd_deployment, within};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use troupe_controller::Cluster;
@@ -27,30 +27,15 @@ fn request(i: u64) -> Value {
     })
 }
 
-async fn generate(client: &reqwest::Client, url: &str, body: &Value) -> Value {
-    let r = client
-        .post(format!("{url}/generate"))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status();
-    let v: Value = r.json().await.unwrap();
-    assert!(status.is_success(), "{status}: {v}");
-    v
-}
-
 #[tokio::test]
 async fn fork_pd_groups_serve_identically_and_tear_down_cleanly() {
     within(180, async {
-        let cluster = Cluster::in_process(2, 2).await.unwrap();
-        let plan = AllocationPlan::parse("troupe:(prefill:d2t1|decode:d2t1)").unwrap();
         let opts = ForkOptions {
             admin_key: Some("k".into()),
             ready_timeout: Duration::from_secs(60),
             ..ForkOptions::default()
         };
-        let svc = Deployment::fork(&cluster, &plan, &opts).await.unwrap();
+        let (cluster, svc) = pd_deployment(2, 2, "troupe:(prefill:d2t1|decode:d2t1)", &opts).await;
         assert_eq!(svc.servers().len(), 4);
         assert_eq!(svc.inf_addrs.len(), 4);
         let types: Vec<WorkerType> = svc.servers().iter().map(|s| s.info.worker_type).collect();
@@ -81,13 +66,8 @@ async fn fork_pd_groups_serve_identically_and_tear_down_cleanly() {
         );
 
         // A regular engine with the same model and seed is the reference.
-        let reference = troupe_engine::start(troupe_engine::EngineArgs {
-            port: 0,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let reference = engine(engine_args()).await;
+        let client = client();
         for i in 0..12 {
             let body = request(i);
             let via_gateway = generate(&client, &svc.gateway_url, &body).await;
@@ -184,28 +164,12 @@ async fn troupe_serve_prints_the_gateway_and_exits_cleanly_on_sigint() {
             .expect("gateway line")
             .to_string();
         assert!(url.starts_with("http://"), "{url}");
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let client = client();
         let v = generate(&client, &url, &request(1)).await;
         assert_eq!(v["meta_info"]["completion_tokens"], 8);
         // The engines are the serve process's grandchildren-free children: collect them.
         let serve_pid = child.id().unwrap();
-        let kids: Vec<u32> = std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| {
-                std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .ok()
-                    .and_then(|s| {
-                        s.rsplit(')')
-                            .next()?
-                            .split_whitespace()
-                            .nth(1)?
-                            .parse::<u32>()
-                            .ok()
-                    })
-                    == Some(serve_pid)
-            })
-            .collect();
+        let kids = children_of(serve_pid);
         assert_eq!(kids.len(), 4, "four engine processes");
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(serve_pid as i32),
@@ -250,11 +214,10 @@ async fn a_killed_server_is_reported_and_restarted_on_its_ports_and_serving_reco
     use troupe_controller::ClusterEvent;
     use troupe_serving::inference::server::GetInfo;
     within(120, async {
-        let cluster = Cluster::in_process(1, 2).await.unwrap();
+        let (cluster, svc) =
+            pd_deployment(1, 2, "troupe:(prefill:d1t1|decode:d1t1)", &ForkOptions::default()).await;
         let mut events = cluster.events();
-        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
-        let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default()).await.unwrap();
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let client = client();
         generate(&client, &svc.gateway_url, &request(1)).await;
 
         let victim = &svc.servers()[1];
@@ -268,15 +231,13 @@ async fn a_killed_server_is_reported_and_restarted_on_its_ports_and_serving_reco
         assert_ne!(new.pid, old.pid, "a new process");
         assert_eq!(new.url, old.url, "on the same port, so the proxy and router find it again");
         // Serving recovers through the gateway (poll: the router's health check re-admits it).
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let r = client.post(format!("{}/generate", svc.gateway_url)).json(&request(2)).send().await;
-            if matches!(&r, Ok(r) if r.status().is_success()) {
-                break;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "serving did not recover");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        Poll::every(Duration::from_millis(100))
+            .secs(30)
+            .until("serving recovers", || async {
+                let r = client.post(format!("{}/generate", svc.gateway_url)).json(&request(2)).send().await;
+                matches!(&r, Ok(r) if r.status().is_success())
+            })
+            .await;
         let pids: Vec<u32> = vec![svc.servers()[0].info.pid, new.pid];
         svc.teardown().await;
         cluster.shutdown().await;

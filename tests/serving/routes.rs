@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use common::within;
+use common::{client, engine, engine_args, within};
 use troupe_serving::WorkerSpec;
 use troupe_serving::gateway::{self, GatewayConfig};
 use troupe_wire::routes::{ROUTES, Side};
@@ -22,14 +22,14 @@ async fn status(http: &reqwest::Client, base: &str, method: &str, path: &str) ->
 #[tokio::test]
 async fn every_route_is_served_where_the_table_says_and_only_there() {
     within(120, async {
-        let e = super::fleet_standalone::engine().await;
+        let e = engine(engine_args()).await;
         let g = gateway::start(GatewayConfig {
             workers: vec![WorkerSpec::regular(e.url())],
             ..GatewayConfig::default()
         })
         .await
         .unwrap();
-        let http = reqwest::Client::new();
+        let http = client();
         for r in ROUTES {
             for method in r.methods {
                 let on_engine = status(&http, &e.url(), method, r.path).await;

@@ -6,7 +6,7 @@ use crate::common;
 use std::collections::BTreeMap;
 
 use common::model::trainer_weights;
-use common::within;
+use common::{pd_deployment, within};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use troupe_controller::Cluster;
 use troupe_controller::serve::{Deployment, ForkOptions};
@@ -17,17 +17,11 @@ use troupe_serving::inference::{Backend, InferenceServer, LaunchSpec, WorkerType
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_deployments_side_by_side_each_keep_their_own_weights() {
     within(240, async {
-        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d1t1)").unwrap();
-        let (ca, cb) = (
-            Cluster::in_process(2, 1).await.unwrap(),
-            Cluster::in_process(2, 1).await.unwrap(),
+        let (plan, opts) = ("troupe:(prefill:d1t1|decode:d1t1)", ForkOptions::default());
+        let ((ca, a), (cb, b)) = tokio::join!(
+            pd_deployment(2, 1, plan, &opts),
+            pd_deployment(2, 1, plan, &opts)
         );
-        let opts = ForkOptions::default();
-        let (a, b) = tokio::join!(
-            Deployment::fork(&ca, &plan, &opts),
-            Deployment::fork(&cb, &plan, &opts)
-        );
-        let (a, b) = (a.unwrap(), b.unwrap());
         let ports = |d: &Deployment| -> Vec<String> { d.control.urls() };
         for u in ports(&a) {
             assert!(!ports(&b).contains(&u), "both deployments serve at {u}");

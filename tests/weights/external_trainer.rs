@@ -3,13 +3,12 @@
 
 use crate::common;
 
-use common::within;
+use common::{bearer, client, pd_deployment, send, within};
 use half::bf16;
 use troupe_controller::Cluster;
 use troupe_controller::api::{ApiServer, ControllerApi};
 use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_engine::model::{ModelConfig, Weights};
-use troupe_scheduler::AllocationPlan;
 use troupe_weights::tcp::{TensorRef, WeightSender, WireDtype};
 use troupe_wire::v1::controller_client::ControllerClient;
 use troupe_wire::v1::{
@@ -28,11 +27,7 @@ async fn served(
     ApiServer,
     ControllerClient<tonic::transport::Channel>,
 ) {
-    let cluster = Cluster::in_process(1, gpus).await.unwrap();
-    let plan = AllocationPlan::parse(plan).unwrap();
-    let svc = Deployment::fork(&cluster, &plan, &ForkOptions::default())
-        .await
-        .unwrap();
+    let (cluster, svc) = pd_deployment(1, gpus, plan, &ForkOptions::default()).await;
     let server = ControllerApi::new(svc.plane.clone())
         .spawn("127.0.0.1:0".parse().unwrap())
         .await
@@ -166,15 +161,8 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
         for r in svc.control.weight_versions().await.versions {
             assert_eq!(r.result.unwrap(), "ext-1");
         }
-        let v: serde_json::Value = reqwest::Client::new()
-            .post(format!("{}/generate", svc.gateway_url))
-            .json(&serde_json::json!({"text": "hi", "sampling_params": {"max_new_tokens": 4}}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let body = serde_json::json!({"text": "hi", "sampling_params": {"max_new_tokens": 4}});
+        let v = common::generate(&client(), &svc.gateway_url, &body).await;
         assert_eq!(v["meta_info"]["weight_version"], "ext-1");
 
         // One engine moved on alone (updated directly): the end of the next update refuses to
@@ -185,23 +173,18 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
         let set = |url: String, v: &'static str| {
             let key = key.clone();
             async move {
-                let mut r = reqwest::Client::new()
+                let r = client()
                     .post(format!("{url}/update_weight_version"))
                     .json(&serde_json::json!({"new_version": v}));
-                if let Some(k) = key {
-                    r = r.bearer_auth(k);
-                }
-                assert_eq!(r.send().await.unwrap().status(), 200);
+                let (s, v) = send(bearer(r, key.as_deref())).await;
+                assert_eq!(s, 200, "{v}");
             }
         };
         let paused = |url: String| {
             let key = key.clone();
             async move {
-                let mut r = reqwest::Client::new().get(format!("{url}/server_info"));
-                if let Some(k) = key {
-                    r = r.bearer_auth(k);
-                }
-                let v: serde_json::Value = r.send().await.unwrap().json().await.unwrap();
+                let r = client().get(format!("{url}/server_info"));
+                let (_, v) = send(bearer(r, key.as_deref())).await;
                 !v["internal_states"][0]["paused"].is_null()
             }
         };
@@ -257,14 +240,7 @@ async fn gateway_post(
     path: &str,
     body: serde_json::Value,
 ) -> (u16, serde_json::Value) {
-    let r = reqwest::Client::new()
-        .post(format!("{}{path}", svc.gateway_url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let s = r.status().as_u16();
-    (s, r.json().await.unwrap_or(serde_json::Value::Null))
+    common::post(&format!("{}{path}", svc.gateway_url), &body).await
 }
 
 /// The API's calls are operations of the deployment's control plane, the one behind the

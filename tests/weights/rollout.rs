@@ -7,17 +7,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::within;
+use common::{generated_tokens, pd_deployment, until, within};
 use proptest::prelude::*;
 use tokio::sync::watch;
-use troupe_controller::Cluster;
 use troupe_controller::rollout::{
     InferenceClient, RlvrItem, RlvrWorkflow, RolloutController, RolloutError, RolloutOptions,
     RolloutWorkflow, Sample, SamplingSettings, StalePolicy, Trajectory, WaitError, capacity,
     staleness_of,
 };
-use troupe_controller::serve::{Deployment, ForkOptions};
-use troupe_scheduler::AllocationPlan;
+use troupe_controller::serve::ForkOptions;
 use troupe_serving::control_plane::{Engine, WeightSync, WeightSyncOptions};
 
 proptest! {
@@ -126,15 +124,6 @@ async fn prepare_batch_keeps_the_pipeline_full_within_the_bounds() {
     .await
 }
 
-/// Polls `check` until it holds; panics after half a minute (the test is stuck).
-async fn until(what: &str, check: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !check() {
-        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
 /// No engine: a token's version is `engine`'s when it is "generated". Item 0 is late: its
 /// second token waits for `gate`, so it spans versions.
 struct Late {
@@ -202,7 +191,7 @@ async fn late_item_under(policy: StalePolicy) {
         assert_eq!(batch.len(), b);
         assert!(staleness_of(&batch, v) <= bound, "step {v}: {batch:?}");
         trained.extend(batch.iter().map(|t| t.samples[0].reward as u64));
-        until("every admitted episode ended or parked", || {
+        until("every admitted episode ended or parked", || async {
             rc.stats().running == wf.parked.load(Ordering::SeqCst)
         })
         .await;
@@ -276,7 +265,7 @@ async fn unrecorded_versions_are_the_admission_version_and_a_dropped_item_can_st
         )
         .with_stale_policy(StalePolicy::Drop);
         rc.submit((), Arc::new(Unversioned));
-        until("the episode finished", || rc.stats().ready == 1).await;
+        until("the episode finished", || async { rc.stats().ready == 1 }).await;
         rc.set_version(1);
         assert_eq!(rc.stats().stale_dropped, 1);
         assert_eq!(rc.stats().ready, 0);
@@ -318,18 +307,11 @@ async fn paused_admission_starts_nothing_until_resumed() {
 #[tokio::test]
 async fn a_weight_update_during_rollouts_yields_mixed_versions_and_no_failures() {
     within(180, async {
-        let cluster = Cluster::in_process(1, 4).await.unwrap();
-        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
-        let svc = Deployment::fork(
-            &cluster,
-            &plan,
-            &ForkOptions {
-                extra_args: vec!["--sim-decode-step-ms".into(), "4".into()],
-                ..ForkOptions::default()
-            },
-        )
-        .await
-        .unwrap();
+        let opts = ForkOptions {
+            extra_args: vec!["--sim-decode-step-ms".into(), "4".into()],
+            ..ForkOptions::default()
+        };
+        let (cluster, svc) = pd_deployment(1, 4, "troupe:(prefill:d1t1|decode:d2t1)", &opts).await;
         let rc = RolloutController::new(
             InferenceClient::new(svc.gateway_url.clone()),
             RolloutOptions {
@@ -360,16 +342,14 @@ async fn a_weight_update_during_rollouts_yields_mixed_versions_and_no_failures()
         // The update lands while generation is under way: wait until the engines have
         // generated some tokens (not for a fixed time).
         let urls: Vec<String> = svc.servers().iter().map(|s| s.info.url.clone()).collect();
-        loop {
+        until("the engines generated 8 tokens", || async {
             let mut total = 0;
             for u in &urls {
                 total += generated_tokens(u).await;
             }
-            if total >= 8 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+            total >= 8
+        })
+        .await;
         let (_, tensors) = common::model::trainer_weights(77);
         let engines: Vec<Engine> = svc
             .servers()
@@ -405,17 +385,4 @@ async fn a_weight_update_during_rollouts_yields_mixed_versions_and_no_failures()
         cluster.shutdown().await;
     })
     .await
-}
-
-/// The tokens `engine` has generated so far (its Prometheus counter).
-async fn generated_tokens(engine: &str) -> u64 {
-    let Ok(r) = reqwest::get(format!("{engine}/metrics")).await else {
-        return 0;
-    };
-    let text = r.text().await.unwrap_or_default();
-    text.lines()
-        .find(|l| l.starts_with("sglang:generation_tokens_total"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{until, within};
+use common::{client, pd_deployment, until, within};
 use tokio::sync::watch;
 use troupe_controller::Cluster;
 use troupe_controller::rollout::workflow::version_number;
@@ -20,7 +20,6 @@ use troupe_controller::rollout::{
     Sample, SamplingSettings, StalePolicy, Trajectory, WaitError, staleness_of,
 };
 use troupe_controller::serve::{Deployment, ForkOptions};
-use troupe_scheduler::AllocationPlan;
 use troupe_serving::inference::WorkerType;
 
 /// A PD deployment (1 prefill, 2 decode; 4 ms decode steps).
@@ -32,17 +31,15 @@ struct Pd {
 
 impl Pd {
     async fn start() -> Pd {
-        let cluster = Cluster::in_process(1, 4).await.unwrap();
-        let plan = AllocationPlan::parse("troupe:(prefill:d1t1|decode:d2t1)").unwrap();
         let opts = ForkOptions {
             extra_args: vec!["--sim-decode-step-ms".into(), "4".into()],
             ..ForkOptions::default()
         };
-        let svc = Deployment::fork(&cluster, &plan, &opts).await.unwrap();
+        let (cluster, svc) = pd_deployment(1, 4, "troupe:(prefill:d1t1|decode:d2t1)", &opts).await;
         Pd {
             cluster,
             svc,
-            http: reqwest::Client::new(),
+            http: client(),
         }
     }
 

@@ -5,45 +5,34 @@ use crate::common;
 use std::time::Duration;
 
 use common::model::{reference_engine, trainer_weights};
-use common::within;
+use common::{client, engine, engine_args, engine_paused, pd_deployment, within};
 use half::bf16;
 use serde_json::{Value, json};
 use troupe_controller::Cluster;
 use troupe_controller::serve::{Deployment, ForkOptions};
-use troupe_scheduler::AllocationPlan;
+use troupe_engine::EngineArgs;
 use troupe_serving::control_plane::{WeightSync, WeightSyncOptions};
 
+/// A sampled request `i` (its own seed), answered through `url`.
 async fn generate(client: &reqwest::Client, url: &str, i: u64) -> Value {
     let body = json!({"text": format!("weights {i}: "), "sampling_params": {"max_new_tokens": 8, "temperature": 0.7, "sampling_seed": i}});
-    let r = client
-        .post(format!("{url}/generate"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
-    r.json().await.unwrap()
+    common::generate(client, url, &body).await
 }
 
-async fn pd_service(cluster: &Cluster) -> Deployment {
-    let plan = AllocationPlan::parse("troupe:(prefill:d2t1|decode:d2t2)").unwrap();
-    Deployment::fork(
-        cluster,
-        &plan,
-        &ForkOptions {
-            admin_key: Some("k".into()),
-            ..ForkOptions::default()
-        },
-    )
-    .await
-    .unwrap()
+/// The PD deployment these tests update: 2 prefill (tp 1) and 2 decode (tp 2) servers on two
+/// 4-GPU in-process hosts, the admin key `k`.
+async fn pd_service() -> (Cluster, Deployment) {
+    let opts = ForkOptions {
+        admin_key: Some("k".into()),
+        ..ForkOptions::default()
+    };
+    pd_deployment(2, 4, "troupe:(prefill:d2t1|decode:d2t2)", &opts).await
 }
 
 #[tokio::test]
 async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
     within(180, async {
-        let cluster = Cluster::in_process(2, 4).await.unwrap();
-        let svc = pd_service(&cluster).await;
+        let (cluster, svc) = pd_service().await;
         assert_eq!(
             svc.control
                 .engines()
@@ -52,7 +41,7 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
                 .collect::<Vec<_>>(),
             [1, 1, 2, 2]
         );
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let client = client();
         let before = generate(&client, &svc.gateway_url, 1).await;
 
         let (w, tensors) = trainer_weights(1234);
@@ -97,8 +86,7 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
 #[tokio::test]
 async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused() {
     within(180, async {
-        let cluster = Cluster::in_process(2, 4).await.unwrap();
-        let svc = pd_service(&cluster).await;
+        let (cluster, svc) = pd_service().await;
         let (_, tensors) = trainer_weights(5);
         let sync = WeightSync::new(WeightSyncOptions {
             join_timeout: Duration::from_secs(5),
@@ -125,16 +113,7 @@ async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused(
         );
         // The survivors are not left paused.
         for url in svc.control.urls().iter().filter(|u| *u != &victim.url) {
-            let r = reqwest::get(format!("{url}/server_info"))
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap();
-            assert!(
-                r["internal_states"][0]["paused"].is_null(),
-                "{url} still paused: {r}"
-            );
+            assert!(!engine_paused(&client(), url).await, "{url} still paused");
         }
         svc.teardown().await;
         cluster.shutdown().await;
@@ -146,13 +125,11 @@ async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused(
 async fn fp8_update_matches_a_regular_engine_holding_the_dequantized_weights() {
     use troupe_weights::fp8::{self, Fp8Options};
     within(180, async {
-        let cluster = Cluster::in_process(2, 4).await.unwrap();
-        let plan = AllocationPlan::parse("troupe:(prefill:d2t1|decode:d2t2)").unwrap();
         let opts = ForkOptions {
             quantization: Some("fp8".into()),
             ..ForkOptions::default()
         };
-        let svc = Deployment::fork(&cluster, &plan, &opts).await.unwrap();
+        let (cluster, svc) = pd_deployment(2, 4, "troupe:(prefill:d2t1|decode:d2t2)", &opts).await;
         let (mut w, tensors) = trainer_weights(2024);
         let sync = WeightSync::new(WeightSyncOptions {
             fp8: true,
@@ -196,14 +173,12 @@ async fn fp8_update_matches_a_regular_engine_holding_the_dequantized_weights() {
             }
         }
         exact.save_safetensors(&path).unwrap();
-        let reference = troupe_engine::start(troupe_engine::EngineArgs {
-            port: 0,
+        let reference = engine(EngineArgs {
             model_path: Some(path),
-            ..Default::default()
+            ..engine_args()
         })
-        .await
-        .unwrap();
-        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        .await;
+        let client = client();
         for i in 0..6 {
             let pd = generate(&client, &svc.gateway_url, i).await;
             let regular = generate(&client, &reference.url(), i).await;

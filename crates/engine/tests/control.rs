@@ -5,17 +5,6 @@ mod common;
 use common::*;
 use serde_json::{Value, json};
 
-/// Polls `/v1/loads` until `pred` holds (the test deadline bounds the wait).
-async fn wait_load(url: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    loop {
-        let (_, l) = get(&format!("{url}/v1/loads")).await;
-        if pred(&l["loads"][0]) {
-            return l["loads"][0].clone();
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-}
-
 fn slow_args() -> troupe_engine::EngineArgs {
     let mut a = args("null");
     a.sim_decode_step_ms = Some(5.0);

@@ -293,18 +293,14 @@ async fn continuous_batching_caps_running_and_admits_between_steps() {
                 post(&format!("{u}/generate"), &b).await
             }));
         }
-        loop {
-            let (_, l) = get(&format!("{u}/v1/loads")).await;
-            let l = &l["loads"][0];
-            if l["num_running_reqs"] == 2 && l["num_waiting_reqs"] == 1 {
-                break;
-            }
+        wait_load(&u, |l| {
             assert!(
                 l["num_running_reqs"].as_u64().unwrap() <= 2,
                 "cap exceeded: {l}"
             );
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+            l["num_running_reqs"] == 2 && l["num_waiting_reqs"] == 1
+        })
+        .await;
         // Abort one long request: the queued one joins the running batch mid-flight and the
         // other long one keeps going.
         let (_, all) = post(&format!("{u}/abort_request"), &json!({"abort_all": true})).await;
@@ -317,13 +313,7 @@ async fn continuous_batching_caps_running_and_admits_between_steps() {
             let (u, b) = (u.clone(), long.clone());
             async move { post(&format!("{u}/generate"), &b).await }
         });
-        loop {
-            let (_, l) = get(&format!("{u}/v1/loads")).await;
-            if l["loads"][0]["num_running_reqs"] == 1 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        wait_load(&u, |l| l["num_running_reqs"] == 1).await;
         let (s, short) = post(
             &format!("{u}/generate"),
             &json!({"text": "short", "sampling_params": {"max_new_tokens": 3, "ignore_eos": true}}),

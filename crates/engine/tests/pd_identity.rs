@@ -186,16 +186,13 @@ async fn decode_requires_room_waits_for_late_prefill_and_gives_up_on_timeout() {
             async move { post(&format!("{pu}/generate"), &b).await }
         });
         // Poll (with the test deadline) until the decode side is parked on the room.
-        loop {
+        until("the decode side is parked on the room", || async {
             let (_, m) = get(&format!("{p}/metrics")).await;
-            if m.as_str()
+            m.as_str()
                 .unwrap_or("")
                 .contains("troupe_engine_pd_rooms{model_name=\"troupe-tiny\"} 1")
-            {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        })
+        .await;
         let (status, pre) = post(&format!("{p}/generate"), &b).await;
         assert_eq!(status, 200, "{pre}");
         let (status, out) = waiting.await.unwrap();

@@ -14,17 +14,6 @@ use serde_json::{Value, json};
 use troupe_engine::{ModelConfig, Weights};
 use troupe_weights::tcp::{TensorRef, WeightSender, WireDtype};
 
-/// Polls `/v1/loads` until `pred` holds (the test deadline bounds the wait).
-async fn wait_load(url: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    loop {
-        let (_, l) = get(&format!("{url}/v1/loads")).await;
-        if pred(&l["loads"][0]) {
-            return l["loads"][0].clone();
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 fn slow(mut a: troupe_engine::EngineArgs) -> troupe_engine::EngineArgs {
     a.sim_decode_step_ms = Some(5.0);
     a
@@ -281,15 +270,7 @@ async fn cache_world_size_abort_and_the_admin_key() {
         let u = e.url();
         let http = client();
         let call = |path: &str, key: Option<&str>, body: Value| {
-            let mut r = http.post(format!("{u}{path}")).json(&body);
-            if let Some(k) = key {
-                r = r.bearer_auth(k);
-            }
-            async move {
-                let r = r.send().await.expect("sent");
-                let s = r.status().as_u16();
-                (s, r.json::<Value>().await.unwrap_or(Value::Null))
-            }
+            send(bearer(http.post(format!("{u}{path}")).json(&body), key))
         };
         for path in [
             "/pause", "/resume", "/sleep", "/wake_up", "/reset_prefix_cache",
@@ -301,19 +282,13 @@ async fn cache_world_size_abort_and_the_admin_key() {
                 refused(s, &v, 401, path);
             }
         }
-        let get_with = |path: &str| {
-            let r = http.get(format!("{u}{path}")).bearer_auth("user");
-            async move {
-                let r = r.send().await.expect("sent");
-                (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
-            }
-        };
-        assert_eq!(get_with("/get_world_size").await, (200, json!({"world_size": 2})));
-        assert_eq!(get_with("/get_world_size?include_dp=false").await.1, json!({"world_size": 2}));
-        let (s, v) = get_with("/get_world_size?include_dp=maybe").await;
+        let get_as_user = |path: &str| send(http.get(format!("{u}{path}")).bearer_auth("user"));
+        assert_eq!(get_as_user("/get_world_size").await, (200, json!({"world_size": 2})));
+        assert_eq!(get_as_user("/get_world_size?include_dp=false").await.1, json!({"world_size": 2}));
+        let (s, v) = get_as_user("/get_world_size?include_dp=maybe").await;
         refused(s, &v, 400, "include_dp");
-        assert_eq!(get_with("/is_paused").await, (200, json!({"is_paused": false})));
-        assert_eq!(get_with("/weight_info").await.1["weight_version"], "default");
+        assert_eq!(get_as_user("/is_paused").await, (200, json!({"is_paused": false})));
+        assert_eq!(get_as_user("/weight_info").await.1["weight_version"], "default");
 
         // The prefix cache resets only when no request holds it (flags as query or body).
         let admin = Some("admin");
@@ -328,17 +303,12 @@ async fn cache_world_size_abort_and_the_admin_key() {
         let running = tokio::spawn(call("/inference/v1/generate", Some("user"), body));
         let (s, _) = call("/inference/v1/generate", None, json!({})).await;
         assert_eq!(s, 401);
-        let mut tries = 0;
-        loop {
-            let (s, l) = get_with("/v1/loads").await;
+        until("the request runs", || async {
+            let (s, l) = get_as_user("/v1/loads").await;
             assert_eq!(s, 200);
-            if l["loads"][0]["num_running_reqs"] == 1 {
-                break;
-            }
-            tries += 1;
-            assert!(tries < 10_000, "request never ran");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+            l["loads"][0]["num_running_reqs"] == 1
+        })
+        .await;
         assert_eq!(
             call("/reset_prefix_cache", admin, json!({"reset_running_requests": true})).await,
             (200, json!({"success": false}))

@@ -26,19 +26,19 @@ async fn worker_rest_requires_the_admin_key() {
         );
         let body = body.as_str();
         for key in [None, Some("wrong")] {
-            let (st, v) = post_raw(&url, body, key).await;
+            let (st, v) = post_raw_auth(&url, body, key).await;
             assert_eq!(st, 401);
             assert_envelope(&v, 401);
-            assert_eq!(get(&url, key).await.0, 401);
+            assert_eq!(get_auth(&url, key).await.0, 401);
         }
         assert!(
             g.router().list().is_empty(),
             "rejected calls change nothing"
         );
-        let (st, v) = post_raw(&url, body, Some("sekret")).await;
+        let (st, v) = post_raw_auth(&url, body, Some("sekret")).await;
         assert_eq!(st, 202, "{v}");
         let id = v["worker_id"].as_str().expect("id").to_string();
-        let (st, v) = get(&url, Some("sekret")).await;
+        let (st, v) = get_auth(&url, Some("sekret")).await;
         assert_eq!(st, 200);
         assert_eq!(v["total"], 1);
         assert_eq!(v["workers"][0]["worker_type"], "prefill");
@@ -59,7 +59,7 @@ async fn worker_rest_requires_the_admin_key() {
         assert_eq!(del.status(), 200);
         assert!(g.router().list().is_empty());
         // Inference and health stay open.
-        assert_eq!(get(&format!("{}/health", g.url()), None).await.0, 200);
+        assert_eq!(get(&format!("{}/health", g.url())).await.0, 200);
     })
     .await;
 }
@@ -87,7 +87,7 @@ async fn a_gateway_without_an_admin_key_refuses_a_non_loopback_address() {
         let url = format!("http://127.0.0.1:{}/workers", g.addr().port());
         let body = format!(r#"{{"url": "{}", "worker_type": "regular"}}"#, dead_url());
         let body = body.as_str();
-        assert_eq!(post_raw(&url, body, Some("wrong")).await.0, 401);
+        assert_eq!(post_raw_auth(&url, body, Some("wrong")).await.0, 401);
         assert!(
             g.router().list().is_empty(),
             "rejected calls change nothing"
@@ -111,7 +111,7 @@ async fn bad_registrations_are_400_and_change_nothing() {
             r#"{"url": "http://127.0.0.1:1", "worker_type": "decode", "bootstrap_port": 9}"#,
             r#"{"url": "http://127.0.0.1:1", "worker_type": "regular"}"#,
         ] {
-            let (st, v) = post_raw(&url, bad, Some("sekret")).await;
+            let (st, v) = post_raw_auth(&url, bad, Some("sekret")).await;
             assert_eq!(st, 400, "{bad}: {v}");
             assert_envelope(&v, 400);
         }

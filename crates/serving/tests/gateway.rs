@@ -21,7 +21,7 @@ mod forwarding {
             let b = fake(|_, _, _| Reply::Json(StatusCode::OK, answer(3))).await;
             let g = gw(false, vec![WorkerSpec::regular(&b.url)], 0).await;
             let raw = r#"{"text": ["a", "b"],  "x_custom": {"n": 1.50}, "sampling_params": {"max_new_tokens": 3}}"#;
-            let (st, v) = post_raw(&format!("{}/generate", g.url()), raw, None).await;
+            let (st, v) = post_raw(&format!("{}/generate", g.url()), raw).await;
             assert_eq!(st, 200, "{v}");
             assert_eq!(v, answer(3));
             assert_eq!(b.last_body("/generate").as_deref(), Some(raw.as_bytes()));
@@ -93,7 +93,7 @@ mod forwarding {
             .await;
             let g = gw(true, vec![WorkerSpec::prefill(&p.url, Some(7777)), WorkerSpec::decode(&d.url)], 0).await;
             let raw = r#"{"text": "hi", "return_logprob": true, "zzz_unknown": [1, {"k": null}]}"#;
-            let (st, v) = post_raw(&format!("{}/generate", g.url()), raw, None).await;
+            let (st, v) = post_raw(&format!("{}/generate", g.url()), raw).await;
             assert_eq!(st, 200, "{v}");
             assert_eq!(v["output_ids"], json!([111, 107]));
             assert_eq!(v["meta_info"]["input_token_logprobs"], json!([[null, 104, null], [-1.5, 105, null]]));
@@ -130,8 +130,8 @@ mod forwarding {
             })
             .await;
             let g = gw(true, vec![], 0).await;
-            assert_eq!(get(&format!("{}/readiness", g.url()), None).await.0, 503);
-            assert_eq!(get(&format!("{}/v1/models", g.url()), None).await.0, 503);
+            assert_eq!(get(&format!("{}/readiness", g.url())).await.0, 503);
+            assert_eq!(get(&format!("{}/v1/models", g.url())).await.0, 503);
             g.add_worker(&WorkerSpec::decode(&d.url))
                 .await
                 .expect("decode");
@@ -140,15 +140,15 @@ mod forwarding {
                 "PD mode takes no regular workers"
             );
             assert_eq!(
-                get(&format!("{}/readiness", g.url()), None).await.0,
+                get(&format!("{}/readiness", g.url())).await.0,
                 503,
                 "no prefill yet"
             );
             g.add_worker(&WorkerSpec::prefill("http://127.0.0.1:9", None))
                 .await
                 .expect("prefill");
-            assert_eq!(get(&format!("{}/readiness", g.url()), None).await.0, 200);
-            let (st, v) = get(&format!("{}/v1/models", g.url()), None).await;
+            assert_eq!(get(&format!("{}/readiness", g.url())).await.0, 200);
+            let (st, v) = get(&format!("{}/v1/models", g.url())).await;
             assert_eq!(
                 (st, v),
                 (
@@ -200,7 +200,10 @@ mod failures {
             assert_envelope(&v, 502);
             assert!(v["message"].as_str().expect("msg").contains("boom"), "{v}");
             // The decode request was dropped (its connection closed), not left waiting for KV.
-            until(|| d.dropped.load(Ordering::SeqCst) == 1).await;
+            until("the decode request was dropped", || async {
+                d.dropped.load(Ordering::SeqCst) == 1
+            })
+            .await;
         })
         .await;
     }
@@ -222,7 +225,10 @@ mod failures {
             let (st, v) = post(&format!("{}/generate", g.url()), &json!({"text": "x"})).await;
             assert_eq!(st, 502);
             assert_envelope(&v, 502);
-            until(|| p.dropped.load(Ordering::SeqCst) == 1).await;
+            until("the prefill request was dropped", || async {
+                p.dropped.load(Ordering::SeqCst) == 1
+            })
+            .await;
         })
         .await;
     }
@@ -325,13 +331,13 @@ mod errors_and_metrics {
                     "\"text\"",
                     "{\"text\": \"x\", \"stream\": \"yes\"}",
                 ] {
-                    let (st, v) = post_raw(&format!("{}{ep}", g.url()), bad, None).await;
+                    let (st, v) = post_raw(&format!("{}{ep}", g.url()), bad).await;
                     assert_eq!(st, 400, "{ep} {bad:?}: {v}");
                     assert_envelope(&v, 400);
                 }
             }
             assert_eq!(b.hits.load(Ordering::SeqCst), 0);
-            let (st, v) = get(&format!("{}/nope", g.url()), None).await;
+            let (st, v) = get(&format!("{}/nope", g.url())).await;
             assert_eq!(st, 404);
             assert_envelope(&v, 404);
         })
@@ -358,13 +364,8 @@ mod errors_and_metrics {
                     200
                 );
             }
-            assert_eq!(
-                post_raw(&format!("{}/generate", g.url()), "{", None)
-                    .await
-                    .0,
-                400
-            );
-            let (st, m) = get(&format!("{}/metrics", g.url()), None).await;
+            assert_eq!(post_raw(&format!("{}/generate", g.url()), "{").await.0, 400);
+            let (st, m) = get(&format!("{}/metrics", g.url())).await;
             assert_eq!(st, 200);
             let m = m.as_str().expect("text").to_string();
             assert!(

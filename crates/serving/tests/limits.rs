@@ -243,7 +243,7 @@ mod envelope {
             assert_eq!(st, 405);
             assert_envelope(&v, 405);
 
-            let (st, v) = get(&format!("{}/health?q={}", g.url(), "a".repeat(9000)), None).await;
+            let (st, v) = get(&format!("{}/health?q={}", g.url(), "a".repeat(9000))).await;
             assert_eq!(st, 414, "{v}");
             assert_envelope(&v, 414);
             assert_eq!(v["type"], "UriTooLongError");
@@ -266,7 +266,7 @@ mod envelope {
             assert_eq!(r.status().as_u16(), 431);
             assert_envelope(&r.json::<Value>().await.expect("json"), 431);
 
-            assert_eq!(get(&format!("{}/health", g.url()), None).await.0, 200);
+            assert_eq!(get(&format!("{}/health", g.url())).await.0, 200);
         })
         .await;
     }
@@ -287,7 +287,7 @@ mod envelope {
             let msg = v["message"].as_str().unwrap_or("");
             assert!(msg.contains("length limit exceeded") && msg.contains(&b.url), "{msg}");
 
-            let (st, v) = get(&format!("{}/v1/models", g.url()), None).await;
+            let (st, v) = get(&format!("{}/v1/models", g.url())).await;
             assert_eq!(st, 403, "{v}");
             assert_envelope(&v, 403);
 
@@ -367,7 +367,7 @@ mod auth_before_body {
     async fn the_bearer_scheme_is_case_insensitive() {
         within(20, async {
             let g = gw_with(vec![], |c| c.admin_key = Some("adm".into())).await;
-            let client = reqwest::Client::new();
+            let client = client();
             for scheme in ["Bearer", "bearer", "BEARER"] {
                 let r = client
                     .get(format!("{}/workers", g.url()))

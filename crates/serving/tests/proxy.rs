@@ -63,7 +63,10 @@ mod resubmit {
                 post(&url, &json!({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 5, "temperature": 0}, "x_kept": true})).await
             });
             // The proxy polls while the backend is paused and does not resubmit meanwhile.
-            until(|| b.count("/server_info") >= 3).await;
+            until("the proxy polled the paused backend", || async {
+                b.count("/server_info") >= 3
+            })
+            .await;
             assert_eq!(b.count("/generate"), 1);
             paused.store(false, Ordering::SeqCst);
             let (st, v) = req.await.expect("joined");
@@ -127,10 +130,10 @@ mod resubmit {
             })
             .await
             .expect("proxy");
-            let (st, v) = get(&format!("{}/get_server_info?x=1", p.url()), None).await;
+            let (st, v) = get(&format!("{}/get_server_info?x=1", p.url())).await;
             assert_eq!((st, v), (418, json!({"path": "/get_server_info"})));
             let raw = r#"{"text": "s", "stream": true,  "y": 1}"#;
-            let (st, v) = post_raw(&format!("{}/generate", p.url()), raw, None).await;
+            let (st, v) = post_raw(&format!("{}/generate", p.url()), raw).await;
             assert_eq!(st, 200);
             assert_eq!(
                 v,
@@ -141,7 +144,7 @@ mod resubmit {
                 Some(raw.as_bytes()),
                 "streams are forwarded byte for byte"
             );
-            let (st, v) = post_raw(&format!("{}/generate", p.url()), "{oops", None).await;
+            let (st, v) = post_raw(&format!("{}/generate", p.url()), "{oops").await;
             assert_eq!(st, 400);
             assert_envelope(&v, 400);
             assert!(

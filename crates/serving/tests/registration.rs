@@ -51,10 +51,7 @@ async fn urls_with_credentials_are_refused() {
             assert!(msg.contains("credentials"), "{msg}");
             assert!(msg.contains("/metrics"), "says why: {msg}");
         }
-        assert_eq!(
-            get(&format!("{}/workers", g.url()), None).await.1["total"],
-            0
-        );
+        assert_eq!(get(&format!("{}/workers", g.url())).await.1["total"], 0);
 
         let cfg = GatewayConfig {
             workers: vec![WorkerSpec::regular("http://u:p@127.0.0.1:1")],
@@ -99,13 +96,13 @@ async fn one_server_is_one_worker_whatever_the_spelling() {
                 "says how to fix it: {msg}"
             );
         }
-        let (_, list) = get(&format!("{}/workers", g.url()), None).await;
+        let (_, list) = get(&format!("{}/workers", g.url())).await;
         assert_eq!(list["total"], 1, "{list}");
         // Any spelling finds it, and removes it.
-        let (st, _) = get(
-            &format!("{}/workers/http%3A%2F%2Flocalhost%3A{port}", g.url()),
-            None,
-        )
+        let (st, _) = get(&format!(
+            "{}/workers/http%3A%2F%2Flocalhost%3A{port}",
+            g.url()
+        ))
         .await;
         assert_eq!(st, 200);
         let (st, v) = post(&format!("{}/generate", g.url()), &json!({"text": "x"})).await;
@@ -221,7 +218,7 @@ async fn a_server_that_cannot_say_is_registered_as_given() {
             let (st, v) = add(&pd.url(), json!({"url": url, "worker_type": t})).await;
             assert_eq!(st, 202, "{url}: {v}");
         }
-        let (_, list) = get(&format!("{}/workers", pd.url()), None).await;
+        let (_, list) = get(&format!("{}/workers", pd.url())).await;
         assert_eq!(list["total"], 4);
     })
     .await;
@@ -249,10 +246,7 @@ mod loops {
                 let msg = v["message"].as_str().unwrap_or("");
                 assert!(msg.contains("this gateway itself"), "{url}: {msg}");
             }
-            assert_eq!(
-                get(&format!("{}/workers", g.url()), None).await.1["total"],
-                0
-            );
+            assert_eq!(get(&format!("{}/workers", g.url())).await.1["total"], 0);
 
             // Listening on every interface, any local address with its port is itself.
             let all = gw_with(GatewayConfig {
@@ -295,10 +289,7 @@ mod loops {
                 let (st, v) = add(&g.url(), json!({"url": other})).await;
                 assert_eq!(st, 400, "{other}: {v}");
             }
-            assert_eq!(
-                get(&format!("{}/workers", g.url()), None).await.1["total"],
-                1
-            );
+            assert_eq!(get(&format!("{}/workers", g.url())).await.1["total"], 1);
         })
         .await
     }
@@ -320,7 +311,7 @@ mod loops {
             let (st, v) = post(&format!("{}/pause_generation", a.url()), &json!({})).await;
             assert_eq!(st, 502, "{v}");
             assert!(v.to_string().contains("508"), "{v}");
-            let (st, v) = get(&format!("{}/is_paused", a.url()), None).await;
+            let (st, v) = get(&format!("{}/is_paused", a.url())).await;
             assert_eq!((st, &v["is_paused"]), (200, &json!(false)), "{v}");
         })
         .await
@@ -349,7 +340,7 @@ async fn engines_reporting_impossible_gpu_counts_do_not_overflow_the_world_size(
             0,
         )
         .await;
-        let (st, v) = get(&format!("{}/get_world_size", g.url()), None).await;
+        let (st, v) = get(&format!("{}/get_world_size", g.url())).await;
         assert_eq!(st, 200, "{v}");
         assert_eq!(
             v["world_size"], 2,

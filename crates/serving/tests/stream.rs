@@ -227,7 +227,7 @@ mod streaming {
             tx.send(Ok("data: [DONE]\n\n".into())).expect("send");
             drop(tx);
             while r.chunk().await.expect("chunk").is_some() {}
-            until(|| w.load() == 0).await;
+            until("the worker's load is back to 0", || async { w.load() == 0 }).await;
         })
         .await;
     }
@@ -258,11 +258,11 @@ mod health {
             .expect("gateway");
             let w = g.router().workers()[0].clone();
             *a.health_status.lock() = StatusCode::SERVICE_UNAVAILABLE;
-            until(|| !w.is_healthy()).await;
+            until("the worker is unhealthy", || async { !w.is_healthy() }).await;
             let (st, v) = post(&format!("{}/generate", g.url()), &json!({"text": "x"})).await;
             assert_eq!(st, 503, "no healthy worker: {v}");
             *a.health_status.lock() = StatusCode::OK;
-            until(|| w.is_healthy()).await;
+            until("the worker is healthy again", || async { w.is_healthy() }).await;
             let (st, _) = post(&format!("{}/generate", g.url()), &json!({"text": "x"})).await;
             assert_eq!(st, 200);
         })

@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use support::*;
@@ -30,15 +30,12 @@ fn io_threads() -> usize {
 /// Polls until exactly `n` `gateway-io-*` threads run (a new thread names itself once it
 /// runs), or fails after 10 s.
 async fn threads_are(n: usize) {
-    let until = Instant::now() + Duration::from_secs(10);
-    while io_threads() != n {
-        assert!(
-            Instant::now() < until,
-            "{} gateway-io threads, want {n}",
-            io_threads()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    Poll::every(Duration::from_millis(20))
+        .secs(10)
+        .until(&format!("{n} gateway-io threads"), || async {
+            io_threads() == n
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,7 +57,7 @@ async fn a_gateway_on_its_own_threads_serves_and_its_threads_end_with_it() {
             let url = url.clone();
             async move {
                 // A fresh client per call: a connection of its own.
-                let r = reqwest::Client::new()
+                let r = client()
                     .post(format!("{url}/generate"))
                     .json(&json!({"text": format!("x{i}")}))
                     .send()

@@ -1,19 +1,11 @@
 //! Shared helpers for the engine's integration tests: start engines in-process on real
-//! sockets, talk HTTP to them, and run the PD flow the way a router does.
+//! sockets, talk HTTP to them (the workspace's test kit, `troupe-testkit`, re-exported), and
+//! run the PD flow the way a router does.
 #![allow(dead_code)]
-
-use std::future::Future;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 use troupe_engine::{EngineArgs, EngineHandle, start};
-
-/// Every test body runs under this deadline.
-pub async fn within<F: Future>(secs: u64, f: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(secs), f)
-        .await
-        .expect("test exceeded its deadline")
-}
+pub use troupe_testkit::*;
 
 /// Engine flags for tests: free ports, tiny model.
 pub fn args(mode: &str) -> EngineArgs {
@@ -31,56 +23,15 @@ pub async fn engine(a: EngineArgs) -> EngineHandle {
     start(a).await.expect("engine starts")
 }
 
-/// A plain HTTP client.
-pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .expect("client")
-}
-
-/// POST JSON, return (status, body as JSON or as a string value).
-pub async fn post(url: &str, body: &Value) -> (u16, Value) {
-    let r = client()
-        .post(url)
-        .json(body)
-        .send()
-        .await
-        .expect("request sent");
-    let status = r.status().as_u16();
-    let text = r.text().await.expect("body");
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-/// POST raw bytes.
-pub async fn post_raw(url: &str, body: &str) -> (u16, Value) {
-    let r = client()
-        .post(url)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("request sent");
-    let status = r.status().as_u16();
-    let text = r.text().await.expect("body");
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-/// GET, return (status, JSON or string).
-pub async fn get(url: &str) -> (u16, Value) {
-    let r = client().get(url).send().await.expect("request sent");
-    let status = r.status().as_u16();
-    let text = r.text().await.expect("body");
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+/// Polls the engine's `/v1/loads` until `pred` holds for its (first) load entry, and returns
+/// that entry: the event that shows requests running, queued or gone.
+pub async fn wait_load(url: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    until_some("the engine's load", || async {
+        let (_, l) = get(&format!("{url}/v1/loads")).await;
+        let l = &l["loads"][0];
+        pred(l).then(|| l.clone())
+    })
+    .await
 }
 
 /// POST and parse an SSE body into its JSON events; asserts the stream ends with `[DONE]`.

@@ -1,8 +1,8 @@
 //! Test doubles for the serving tests: tiny axum backends on real sockets whose behavior each
-//! test scripts, and small HTTP helpers.
+//! test scripts; the HTTP helpers, deadlines and polling are the workspace's test kit
+//! (`troupe-testkit`), re-exported.
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -17,20 +17,7 @@ use serde_json::Value;
 use troupe_serving::gateway::{self, GatewayConfig, GatewayHandle};
 use troupe_serving::health::HealthConfig;
 use troupe_serving::{RouterConfig, WorkerSpec};
-
-/// Every test body runs under this deadline.
-pub async fn within<F: Future>(secs: u64, f: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(secs), f)
-        .await
-        .expect("test exceeded its deadline")
-}
-
-/// Polls `cond` every 10 ms until it holds (the caller's `within` bounds the wait).
-pub async fn until<F: FnMut() -> bool>(mut cond: F) {
-    while !cond() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+pub use troupe_testkit::*;
 
 /// What a fake backend answers.
 pub enum Reply {
@@ -204,53 +191,6 @@ pub fn answer(n: usize) -> Value {
         "meta_info": {"finish_reason": {"type": "length", "length": n}, "weight_version": "v1",
                       "input_token_logprobs": [], "output_token_logprobs": []}
     })
-}
-
-/// A plain client.
-pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .expect("client")
-}
-
-/// POST raw bytes, return (status, JSON or string).
-pub async fn post_raw(url: &str, body: &str, auth: Option<&str>) -> (u16, Value) {
-    let mut r = client()
-        .post(url)
-        .header("content-type", "application/json")
-        .body(body.to_string());
-    if let Some(k) = auth {
-        r = r.bearer_auth(k);
-    }
-    let r = r.send().await.expect("request sent");
-    let status = r.status().as_u16();
-    let text = r.text().await.expect("body");
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-/// POST JSON.
-pub async fn post(url: &str, body: &Value) -> (u16, Value) {
-    post_raw(url, &body.to_string(), None).await
-}
-
-/// GET, return (status, JSON or string).
-pub async fn get(url: &str, auth: Option<&str>) -> (u16, Value) {
-    let mut r = client().get(url);
-    if let Some(k) = auth {
-        r = r.bearer_auth(k);
-    }
-    let r = r.send().await.expect("request sent");
-    let status = r.status().as_u16();
-    let text = r.text().await.expect("body");
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
 }
 
 /// Asserts `v` is exactly one error envelope with `code`.
