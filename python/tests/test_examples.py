@@ -111,4 +111,4 @@ def test_grpo_runs_on_two_real_vllm_servers(tmp_path):
     assert s["steps"] == 4 and s["engine"] == "vllm", s
     assert max(s["staleness"]) <= s["max_staleness"], s
     assert len(s["sync_seconds"]) == 4
-    assert "step    4" in p.stdout, p.stdout
+    assert "step   4 " in p.stdout, p.stdout
