@@ -167,15 +167,7 @@ async fn a_gateway_speaks_vllm_to_real_vllm_servers() {
         c.ok("/pause?mode=keep", json!({})).await;
         assert_eq!(c.get("/is_paused").await.1["is_paused"], true);
         for s in [&a, &b] {
-            let v: Value = c
-                .http
-                .get(format!("{}/is_paused", s.url))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let v = crate::common::get(&format!("{}/is_paused", s.url)).await.1;
             assert_eq!(v["is_paused"], true, "{} is paused itself", s.url);
         }
         c.ok("/resume", json!({})).await;
@@ -212,15 +204,9 @@ async fn a_gateway_speaks_vllm_to_real_vllm_servers() {
             "vLLM's per-token versions come back: {g}"
         );
         for s in [&a, &b] {
-            let v: Value = c
-                .http
-                .get(format!("{}/weight_info", s.url))
-                .send()
+            let v = crate::common::get(&format!("{}/weight_info", s.url))
                 .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+                .1;
             assert_eq!(v["weight_version"], "2", "{} took the version", s.url);
         }
         c.ok(
@@ -254,15 +240,9 @@ async fn a_gateway_speaks_vllm_to_real_vllm_servers() {
         c.ok("/wake_up?tags=kv_cache", json!({})).await;
         c.ok("/wake_up", json!({})).await;
         for s in [&a, &b] {
-            let v: Value = c
-                .http
-                .get(format!("{}/is_sleeping", s.url))
-                .send()
+            let v = crate::common::get(&format!("{}/is_sleeping", s.url))
                 .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+                .1;
             assert_eq!(v["is_sleeping"], false, "{} is awake", s.url);
         }
         assert_eq!(c.greedy(&model).await, before, "and serves");
