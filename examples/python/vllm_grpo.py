@@ -16,9 +16,15 @@ How the pieces meet: `troupe serve`'s machinery starts the two vLLM servers from
 below (`allocation_mode: vllm:d2t1`, `vllm.device: cpu`: one core each); `HfTrainer` is a Troupe
 Python actor (a worker process with this interpreter); rollouts are Troupe's `RolloutController`
 with an `RLVRWorkflow`, whose SGLang-style `/generate` calls the gateway answers from vLLM's
-token route, with vLLM's own per-token logprobs and weight versions. After each step the trainer
-writes a bf16 safetensors checkpoint and the fleet loads it from disk (`svc.load_weights`: vLLM's
-in-place `reload_weights` on every server) while generation is paused.
+token route, with vLLM's own per-token logprobs and weight versions. After each step, while
+generation is paused, new weights reach every server one of two ways (`--weights`):
+
+- `tensor` (default): the trainer hands its weights over and `svc.update_weights` broadcasts
+  them in bf16 over Troupe's own transport, which each vLLM worker receives through Troupe's
+  weight-transfer engine (`troupe/vllm_transfer.py`, a vLLM plugin: this venv needs
+  `pip install ./python`, which registers it) and vLLM's four-phase routes;
+- `disk`: the trainer writes a bf16 safetensors checkpoint and the fleet loads it
+  (`svc.load_weights`: vLLM's in-place `reload_weights` on every server).
 """
 
 import argparse
@@ -66,6 +72,10 @@ class HfTrainer:
         sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.model.state_dict().items()}
         save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
         return str(out)
+
+    def weights(self):
+        """The weights as float32 arrays by Hugging Face name (Troupe sends them as bf16)."""
+        return {k: v.detach().float().numpy() for k, v in self.model.state_dict().items()}
 
     def train_batch(self, batch, advantages):
         import torch
@@ -124,6 +134,7 @@ def main(argv=None):
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ready-timeout", type=float, default=600.0, help="seconds a vLLM server may take to start")
+    ap.add_argument("--weights", choices=["tensor", "disk"], default="tensor", help="how new weights reach the servers (see above)")
     ap.add_argument("--summary", help="write the per-step figures as JSON here")
     a = ap.parse_args(argv)
     try:
@@ -158,28 +169,35 @@ def main(argv=None):
         rewards, syncs, stales, start = [], [], [], time.time()
         with troupe.Cluster.from_config(cfg) as cluster, cluster.serve(cfg) as svc:
             trainer = cluster.spawn_group(HfTrainer, 1, args=(str(model), a.lr, a.seed))
+
+            def push(version):
+                """The trainer's current weights into every server, as `version`."""
+                if a.weights == "tensor":
+                    svc.update_weights(trainer.call_sync("weights")[0], version=version)
+                else:
+                    svc.load_weights(trainer.call_sync("save", str(work / f"v{version}"))[0], version=version)
+                    shutil.rmtree(work / f"v{version - 1}", ignore_errors=True)
+
             # Version 0: the trainer's starting weights, loaded by every server.
-            svc.load_weights(trainer.call_sync("save", str(work / "v0"))[0], version=0)
+            push(0)
             with troupe.RolloutController(svc, batch_size=a.batch_size, max_staleness=a.max_staleness) as rollout:
                 for step in range(a.steps):
                     batch = rollout.prepare_batch(data, workflow)
                     stale = max(0, step - min(int(t.versions.min(initial=step)) for t in batch))
                     report = trainer.call_sync("train_batch", troupe.pad_batch(batch), troupe.grpo_advantages(batch))[0]
-                    ckpt = trainer.call_sync("save", str(work / f"v{step + 1}"))[0]
                     t0 = time.time()
                     rollout.pause()
                     svc.pause("in_place")
-                    svc.load_weights(ckpt, version=step + 1)
+                    push(step + 1)
                     svc.resume()
                     rollout.set_version(step + 1)
                     rollout.resume()
                     syncs.append(time.time() - t0)
-                    shutil.rmtree(work / f"v{step}", ignore_errors=True)
                     rewards.append(float(np.mean([t.reward for t in batch])))
                     stales.append(stale)
                     print(
                         f"step {step + 1:>3}  reward {rewards[-1]:.3f}  loss {report['loss']:+.4f}  "
-                        f"ratio {report['mean_ratio']:.3f}  sync {syncs[-1]:.3f}s (disk, bf16)  staleness {stale}",
+                        f"ratio {report['mean_ratio']:.3f}  sync {syncs[-1]:.3f}s ({a.weights}, bf16)  staleness {stale}",
                         flush=True,
                     )
             trainer.stop()
@@ -187,6 +205,7 @@ def main(argv=None):
         summary = {
             "steps": len(rewards),
             "engine": "vllm",
+            "weights": a.weights,
             "baseline_reward": rewards[0] if rewards else 0.0,
             "final_reward": float(np.mean(rewards[-k:])) if rewards else 0.0,
             "rewards": rewards,

@@ -16,6 +16,7 @@ mod events;
 mod external;
 mod in_place;
 mod managed;
+mod receiver;
 mod rollout;
 mod runtime;
 mod service;
@@ -43,6 +44,7 @@ fn _troupe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<spmd::Group>()?;
     rollout::register(m)?;
     external::register(m)?;
+    receiver::register(m)?;
     task::register(m)?;
     cli::register(m)?;
     Ok(())

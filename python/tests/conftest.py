@@ -58,3 +58,21 @@ def need_torch():
 
         return torch
     return pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="session")
+def vllm_py():
+    """The vLLM venv's python with this package installed (scripts/vllm-cpu.sh, then
+    scripts/python-tests.sh installs it there), or a skip; a failure when TROUPE_REQUIRE_VLLM=1
+    (CI installed vLLM)."""
+    import subprocess
+
+    py = pathlib.Path(os.environ.get("TROUPE_VLLM_PYTHON", ROOT / "target/vllm-venv/bin/python"))
+    probe = "import vllm, troupe, troupe.vllm_transfer"
+    ok = py.is_file() and subprocess.run([str(py), "-c", probe], capture_output=True, timeout=300).returncode == 0
+    if not ok:
+        why = f"no vLLM venv with the troupe package at {py} (scripts/vllm-cpu.sh, then scripts/python-tests.sh installs the package)"
+        if os.environ.get("TROUPE_REQUIRE_VLLM") == "1":
+            pytest.fail(f"TROUPE_REQUIRE_VLLM=1 but {why}")
+        pytest.skip(why)
+    return py

@@ -77,27 +77,11 @@ def test_the_wheel_brings_the_troupe_command(tmp_path):
     assert json.loads(out.read_text())["steps"] == 2
 
 
-def vllm_python():
-    """The vLLM venv's python with this package importable, or a skip (a failure when
-    TROUPE_REQUIRE_VLLM=1: CI installed vLLM)."""
-    import os
-
-    import pytest
-
-    py = pathlib.Path(os.environ.get("TROUPE_VLLM_PYTHON", ROOT / "target/vllm-venv/bin/python"))
-    ok = py.is_file() and subprocess.run([str(py), "-c", "import vllm, troupe"], capture_output=True, timeout=300).returncode == 0
-    if not ok:
-        why = f"no vLLM venv with the troupe package at {py} (scripts/vllm-cpu.sh, then scripts/python-tests.sh links the package)"
-        if os.environ.get("TROUPE_REQUIRE_VLLM") == "1":
-            pytest.fail(f"TROUPE_REQUIRE_VLLM=1 but {why}")
-        pytest.skip(why)
-    return py
-
-
-def test_grpo_runs_on_two_real_vllm_servers(tmp_path):
+def test_grpo_runs_on_two_real_vllm_servers(tmp_path, vllm_py):
     """examples/python/vllm_grpo.py: rollouts from two real vLLM servers through the gateway,
-    weights from disk into both every step, the staleness bound held."""
-    py = vllm_python()
+    new weights into both every step over Troupe's transport (vLLM's four-phase routes into
+    Troupe's weight-transfer engine), the staleness bound held."""
+    py = vllm_py
     out = tmp_path / "run.json"
     p = subprocess.run(
         [str(py), str(ROOT / "examples/python/vllm_grpo.py"), "--steps", "4", "--summary", str(out)],
@@ -108,7 +92,7 @@ def test_grpo_runs_on_two_real_vllm_servers(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "Traceback" not in p.stderr, p.stderr
     s = json.loads(out.read_text())
-    assert s["steps"] == 4 and s["engine"] == "vllm", s
+    assert s["steps"] == 4 and s["engine"] == "vllm" and s["weights"] == "tensor", s
     assert max(s["staleness"]) <= s["max_staleness"], s
     assert len(s["sync_seconds"]) == 4
     assert "step   4 " in p.stdout, p.stdout

@@ -106,6 +106,13 @@ fn init_tracing() {
         .try_init();
 }
 
+/// Writes one result to standard output, ignoring a reader that went away (`troupe plan |
+/// head`): `println!` would panic on the closed pipe.
+pub(crate) fn out(text: &dyn std::fmt::Display) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
+}
+
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {}", troupe_wire::clip(&msg.to_string()));
     ExitCode::FAILURE
@@ -179,7 +186,7 @@ pub fn main_from(args: Vec<String>) -> ExitCode {
         Cmd::Quantize(a) => {
             return match quantize::run(a) {
                 Ok(summary) => {
-                    println!("{summary}");
+                    out(&summary);
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(e),
@@ -194,8 +201,8 @@ pub fn main_from(args: Vec<String>) -> ExitCode {
     if let Cmd::Plan(a) = &cli.cmd {
         // Pure computation: nothing starts.
         return match plan::run(a) {
-            Ok(out) => {
-                println!("{out}");
+            Ok(text) => {
+                out(&text);
                 ExitCode::SUCCESS
             }
             Err(e) => fail(e),
@@ -204,8 +211,8 @@ pub fn main_from(args: Vec<String>) -> ExitCode {
     if let Cmd::Alloc(a) = &cli.cmd {
         // Pure computation: no runtime. An invalid mode is a usage error (exit 2).
         return match troupe_scheduler::preview::run_alloc(a) {
-            Ok(out) => {
-                println!("{out}");
+            Ok(text) => {
+                out(&text);
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -11,3 +11,4 @@ mod plan;
 mod quantize;
 mod run;
 mod security;
+mod vllm_args;

@@ -6,6 +6,10 @@
 //! only when the pin changes), so checking a config needs no Python. Fields Troupe sets itself
 //! (ports, parallel sizes, disaggregation role, ...) are refused with the Troupe key that sets
 //! them instead; an unknown name is refused with the closest valid names.
+//!
+//! A deployment whose engine is another version than the pin checks against that version's own
+//! list instead: an [`ArgTable`], read from the installed engine in the same format (the
+//! controller's `serve/installed_args.rs`), so the flags that version has pass.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -44,6 +48,37 @@ pub use crate::vocab::EngineDialect;
 
 const SGLANG_TSV: &str = include_str!("../data/sglang-server-args.tsv");
 const VLLM_TSV: &str = include_str!("../data/vllm-engine-args.tsv");
+
+/// An engine version's argument list, in the committed lists' format (a `# <engine> <version>:`
+/// header, then `field  flag  kind` rows): what a config is checked against when the installed
+/// engine is not the pinned version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgTable {
+    /// `vllm 0.33.0`: the header's name and version.
+    pub version: String,
+    /// Every field.
+    pub fields: Vec<ArgSpec>,
+}
+
+impl ArgTable {
+    /// Reads a list; an error when it has no header or no field (not a list at all).
+    pub fn parse(tsv: &str) -> Result<Self, String> {
+        let version = tsv
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# "))
+            .and_then(|l| l.split(':').next())
+            .filter(|v| !v.trim().is_empty())
+            .ok_or("an argument list starts with a `# <engine> <version>:` line")?
+            .trim()
+            .to_string();
+        let fields = parse(tsv);
+        if fields.is_empty() {
+            return Err(format!("the argument list of {version} names no field"));
+        }
+        Ok(ArgTable { version, fields })
+    }
+}
 
 fn parse(tsv: &str) -> Vec<ArgSpec> {
     tsv.lines()
@@ -198,18 +233,25 @@ impl EngineDialect {
 
     /// Up to three valid field names closest to `name`.
     pub fn closest(self, name: &str) -> Vec<&'static str> {
-        let mut scored: Vec<(f64, &'static str)> = self
-            .fields()
-            .iter()
-            .map(|a| (strsim::jaro_winkler(name, &a.field), a.field.as_str()))
-            .filter(|(s, _)| *s > 0.75)
-            .collect();
-        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-        scored.into_iter().take(3).map(|(_, n)| n).collect()
+        closest_in(self.fields(), name)
     }
 
-    /// The flags for `values` (field name → value), in field-name order; every name checked.
+    /// The flags for `values` (field name → value), in field-name order; every name checked
+    /// against the pinned list.
     pub fn to_flags(self, values: &BTreeMap<String, Value>) -> Result<Vec<String>, String> {
+        self.to_flags_in(None, values)
+    }
+
+    /// [`Self::to_flags`] against `table` (an installed version's list) when given.
+    pub fn to_flags_in(
+        self,
+        table: Option<&ArgTable>,
+        values: &BTreeMap<String, Value>,
+    ) -> Result<Vec<String>, String> {
+        let (fields, version): (&[ArgSpec], &str) = match table {
+            Some(t) => (&t.fields, &t.version),
+            None => (self.fields(), self.pinned()),
+        };
         let sec = self.section();
         let mut out = Vec::new();
         for (name, v) in values {
@@ -231,22 +273,32 @@ impl EngineDialect {
                     }
                 }
             }
-            let Some(spec) = self.field(name) else {
-                let near = self.closest(name);
+            let Some(spec) = fields.iter().find(|a| &a.field == name) else {
+                let near = closest_in(fields, name);
                 let hint = if near.is_empty() {
                     String::new()
                 } else {
                     format!("; did you mean {}?", near.join(", "))
                 };
                 return Err(format!(
-                    "{sec}.{name} is not a field of {}'s arguments{hint}",
-                    self.pinned()
+                    "{sec}.{name} is not a field of {version}'s arguments{hint}"
                 ));
             };
             push(&mut out, sec, spec, v, self.secret(name))?;
         }
         Ok(out)
     }
+}
+
+/// Up to three field names of `fields` closest to `name`.
+fn closest_in<'a>(fields: &'a [ArgSpec], name: &str) -> Vec<&'a str> {
+    let mut scored: Vec<(f64, &str)> = fields
+        .iter()
+        .map(|a| (strsim::jaro_winkler(name, &a.field), a.field.as_str()))
+        .filter(|(s, _)| *s > 0.75)
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    scored.into_iter().take(3).map(|(_, n)| n).collect()
 }
 
 /// Why engines' TLS settings are Troupe's: its gateway and control plane reach servers over
@@ -349,6 +401,30 @@ fn push(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_installed_versions_list_checks_against_its_own_fields() {
+        let t = ArgTable::parse("# vllm 9.9.9: field, flag, kind\nbrand_new\t--brand-new\tvalue\n")
+            .unwrap();
+        assert_eq!(t.version, "vllm 9.9.9");
+        let mut v = BTreeMap::new();
+        v.insert("brand_new".to_string(), Value::from(3));
+        assert_eq!(
+            EngineDialect::Vllm.to_flags_in(Some(&t), &v).unwrap(),
+            ["--brand-new", "3"]
+        );
+        let err = EngineDialect::Vllm.to_flags(&v).unwrap_err();
+        assert!(err.contains("vllm 0.32.0"), "{err}");
+        v.insert("brand_neww".to_string(), Value::from(1));
+        let err = EngineDialect::Vllm.to_flags_in(Some(&t), &v).unwrap_err();
+        assert!(
+            err.contains("vllm 9.9.9") && err.contains("brand_new"),
+            "{err}"
+        );
+        assert!(ArgTable::parse("not a list").is_err());
+        assert!(ArgTable::parse("# vllm 1.0: field, flag, kind\n").is_err());
+    }
+
     use super::*;
     use serde_json::json;
 

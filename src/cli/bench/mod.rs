@@ -15,10 +15,10 @@ pub fn print_figures(figures: &[(String, f64)], json: bool) {
             .iter()
             .map(|(k, v)| (k.clone(), serde_json::json!(rounded(*v))))
             .collect();
-        println!("{}", serde_json::Value::Object(m));
+        super::out(&serde_json::Value::Object(m));
     } else {
         for (k, v) in figures {
-            println!("{k} {}", rounded(*v));
+            super::out(&format!("{k} {}", rounded(*v)));
         }
     }
 }

@@ -292,6 +292,10 @@ pub struct ServeConfig {
     /// in its state file, so `--recover` can tell a different config (`super::recover`).
     #[serde(skip)]
     pub source: serde_json::Value,
+    /// The installed vLLM's argument list when it is another version than the pin (read at
+    /// load: `installed_args.rs`); `vllm.*` keys are checked against it.
+    #[serde(skip)]
+    pub vllm_args: Option<troupe_wire::engine_args::ArgTable>,
     /// Hosts.
     #[serde(default)]
     pub cluster: ClusterConfig,
@@ -361,7 +365,7 @@ impl ServeConfig {
     pub fn engine_flags(&self, family: EngineDialect) -> Result<Vec<String>, String> {
         match family {
             EngineDialect::Sglang => family.to_flags(&self.sglang.args),
-            EngineDialect::Vllm => family.to_flags(&self.vllm.args),
+            EngineDialect::Vllm => family.to_flags_in(self.vllm_args.as_ref(), &self.vllm.args),
         }
     }
 
@@ -414,9 +418,20 @@ impl ServeConfig {
                 format!("{path}: {inner}")
             })
         })?;
+        if cfg.uses(troupe_scheduler::Backend::Vllm) {
+            let python = cfg.vllm.python.as_ref().unwrap_or(&cfg.sglang.python);
+            cfg.vllm_args = super::installed_args::vllm_table(python);
+        }
         cfg.check().map_err(invalid)?;
         cfg.source = source;
         Ok(cfg)
+    }
+
+    /// Whether a component of the allocation runs `backend` (false for a mode that does not
+    /// parse: `check` reports it).
+    fn uses(&self, backend: troupe_scheduler::Backend) -> bool {
+        troupe_scheduler::AllocationPlan::parse(&self.allocation_mode)
+            .is_ok_and(|p| p.components.iter().any(|c| c.backend == backend))
     }
 
     /// Reads a config file and applies overrides.

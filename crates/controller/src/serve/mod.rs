@@ -11,6 +11,7 @@ mod deployment;
 mod events;
 pub mod fork;
 pub mod gateway_section;
+pub mod installed_args;
 pub mod instances;
 mod options;
 pub mod plan;

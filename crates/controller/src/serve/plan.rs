@@ -203,6 +203,10 @@ fn planned(
     spec: &LaunchSpec,
     troupe_bin: &str,
 ) -> Result<PlannedServer, ForkError> {
+    // What launching adds after asking the server's Python (Troupe's vLLM plugin).
+    let mut spec = spec.clone();
+    troupe_serving::inference::vllm_plugin::choose_backend(&mut spec);
+    let spec = &spec;
     let cl = command::build(spec, troupe_bin, Path::new("$RUN_DIR"))
         .map_err(|e| ForkError::Placement(format!("{name}: {e}")))?;
     let env = cl

@@ -349,9 +349,9 @@ impl InferenceControl {
             .await
     }
 
-    /// `/server_info` of every server.
+    /// `/server_info` of every server (with vLLM's weight version added: `engine_info`).
     pub async fn server_info(&self) -> Vec<ServerResult<Value>> {
-        self.fan_out(|c, e| async move { c.server_info(&e.url).await })
+        self.fan_out(|c, e| async move { c.engine_info(&e).await })
             .await
     }
 

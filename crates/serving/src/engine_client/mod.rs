@@ -19,7 +19,7 @@ use troupe_wire::sglang::{
 };
 use troupe_wire::vllm::{
     AbortRequests, CollectiveRpc, FinishWeightUpdate, InitWeightTransferEngine, UpdateInfo,
-    UpdateWeightVersion, UpdateWeights, WeightTransferInit, WorldSize,
+    UpdateWeightVersion, UpdateWeights, WeightTransferInit,
 };
 
 use crate::engines::{Engine, EngineDialect};
@@ -31,6 +31,7 @@ use axum::http::{HeaderValue, Uri};
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(120);
 
 mod errors;
+mod info;
 
 pub use errors::{EngineCallError, Refusal, version_tag};
 
@@ -270,40 +271,6 @@ impl EngineClient {
         }
     }
 
-    /// What one engine is, for a gateway that was only given its URL: SGLang and the
-    /// reference engine answer `GET /server_info` with `tp_size` (their GPU count); vLLM
-    /// answers `GET /get_world_size`. An engine that answers but neither way counts as one
-    /// SGLang GPU; an error when it does not answer at all (it may be frozen or starting: ask
-    /// again later rather than remember a guess).
-    pub async fn describe(&self, url: &str) -> Result<Engine, EngineCallError> {
-        let info = self.server_info(url).await;
-        if let Ok(info) = &info
-            && let Some(tp) = info.get("tp_size").and_then(Value::as_u64)
-        {
-            let pp = info
-                .get("pp_size")
-                .and_then(Value::as_u64)
-                .unwrap_or(1)
-                .max(1);
-            let gpus = tp.max(1).saturating_mul(pp);
-            let gpus = believable_gpus(url, "/server_info", gpus)?;
-            let if_match = info.get("resume_if_match").and_then(Value::as_bool) == Some(true);
-            return Ok(Engine::new(url, gpus, EngineDialect::Sglang).with_resume_if_match(if_match));
-        }
-        const PATH: &str = "/get_world_size";
-        match self.call(url, PATH, PATH, None::<&()>).await {
-            Ok(v) => {
-                if let Ok(w) = typed::<WorldSize>(PATH, v) {
-                    let gpus = believable_gpus(url, PATH, u64::from(w.world_size.max(1)))?;
-                    return Ok(Engine::new(url, gpus, EngineDialect::Vllm));
-                }
-                Ok(Engine::sglang(url, 1))
-            }
-            Err(e @ EngineCallError::Transport { .. }) if info.is_err() => Err(e),
-            Err(_) => Ok(Engine::sglang(url, 1)),
-        }
-    }
-
     /// Aborts requests: these ids, or every request (`None`), in the engine's dialect: SGLang
     /// `POST /abort_request {rid}` per id (or `{abort_all: true}`, with `extra` SGLang fields),
     /// vLLM `POST /abort_requests {request_ids}`. The last answer.
@@ -402,80 +369,6 @@ impl EngineClient {
             new_version: version.to_string(),
         };
         self.post(&e.url, "/update_weight_version", &body).await
-    }
-
-    /// The version of the weights the engine serves.
-    pub async fn weight_version(&self, e: &Engine) -> Result<String, EngineCallError> {
-        const PATH: &str = "/get_weight_version";
-        // vLLM: `GET /weight_info`; SGLang 0.5.23 has no /get_weight_version (the reference
-        // engine and slime's SGLang do) and reports the version in `GET /model_info`.
-        let path = match e.dialect {
-            EngineDialect::Sglang => PATH,
-            EngineDialect::Vllm => "/weight_info",
-        };
-        let v = match self.call(&e.url, path, path, None::<&()>).await {
-            Err(EngineCallError::Status { status: 404, .. })
-                if e.dialect == EngineDialect::Sglang =>
-            {
-                self.call(&e.url, "/model_info", "/model_info", None::<&()>)
-                    .await?
-            }
-            r => r?,
-        };
-        typed::<GetWeightVersion>(path, v).map(|w| w.weight_version)
-    }
-
-    /// Whether the engine says it is paused: vLLM `GET /is_paused`; engines of SGLang's
-    /// dialect that report it in `GET /server_info` (`internal_states[0].paused`, the reference
-    /// engine's: null or the pause mode). `Ok(None)`: the engine does not say (SGLang 0.5.23
-    /// reports no paused state).
-    pub async fn is_paused(&self, e: &Engine) -> Result<Option<bool>, EngineCallError> {
-        match e.dialect {
-            EngineDialect::Vllm => {
-                const PATH: &str = "/is_paused";
-                let v = self.call(&e.url, PATH, PATH, None::<&()>).await?;
-                Ok(v.get("is_paused").and_then(Value::as_bool))
-            }
-            EngineDialect::Sglang => {
-                let info = self.server_info(&e.url).await?;
-                Ok(info
-                    .pointer("/internal_states/0")
-                    .and_then(|s| s.get("paused"))
-                    .map(|p| !p.is_null()))
-            }
-        }
-    }
-
-    /// `GET /server_info`.
-    pub async fn server_info(&self, url: &str) -> Result<Value, EngineCallError> {
-        self.call(url, "/server_info", "/server_info", None::<&()>)
-            .await
-    }
-
-    /// vLLM's `GET /version` (`{"version": "0.32.0"}`): `Some` only from a server that
-    /// answers it that way, which Troupe's engine and gateway and SGLang do not. Asked when a
-    /// server's info does not come in time: vLLM's `/server_info` took 3.6 s on a loaded
-    /// 2-core machine, past registration's probe timeout.
-    pub async fn vllm_version(&self, url: &str) -> Option<String> {
-        const PATH: &str = "/version";
-        let v = self.call(url, PATH, PATH, None::<&()>).await.ok()?;
-        v.get("version").and_then(Value::as_str).map(str::to_string)
-    }
-
-    /// `GET /server_info`, or the older `/get_server_info` when it is missing: what a server
-    /// says it is (SGLang's and the reference engine's fields, or vLLM's `vllm_config` in its
-    /// development mode).
-    pub async fn any_server_info(&self, url: &str) -> Result<Value, EngineCallError> {
-        let info = match self.server_info(url).await {
-            Err(EngineCallError::Status {
-                status: 404 | 405, ..
-            }) => {
-                self.call(url, "/get_server_info", "/get_server_info", None::<&()>)
-                    .await?
-            }
-            r => r?,
-        };
-        Ok(info)
     }
 
     async fn post<B: Serialize + ?Sized>(
