@@ -113,6 +113,32 @@ impl Router {
         &self.cfg
     }
 
+    /// Drops `session`'s bindings in every policy that binds sessions (`POST
+    /// /finish_session`); whether any had one.
+    pub fn finish_session(&self, session: &str) -> bool {
+        let mut any = false;
+        for p in self.policies() {
+            any |= p.finish_session(session);
+        }
+        any
+    }
+
+    /// Drops every session binding; how many there were.
+    pub fn clear_sessions(&self) -> usize {
+        self.policies().iter().map(|p| p.clear_sessions()).sum()
+    }
+
+    /// The three policies, each once even when one instance serves several types.
+    fn policies(&self) -> Vec<&Arc<dyn Policy>> {
+        let mut out: Vec<&Arc<dyn Policy>> = Vec::with_capacity(3);
+        for p in [&self.regular, &self.prefill, &self.decode] {
+            if !out.iter().any(|q| Arc::ptr_eq(q, p)) {
+                out.push(p);
+            }
+        }
+        out
+    }
+
     fn policy(&self, ty: WorkerType) -> &Arc<dyn Policy> {
         match ty {
             // Training ranks are never registered (`add` refuses them).

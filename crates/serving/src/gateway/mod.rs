@@ -20,6 +20,8 @@ mod register;
 mod relay;
 mod request;
 mod route_text;
+mod session_key;
+mod sessions;
 mod stream;
 mod tokens;
 mod vllm_generate;
@@ -368,9 +370,12 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
     }
     crate::hops::as_gateway(&state.hop, state.admit_all(&state.cfg.workers)).await?;
     let auth = control_auth(&state.cfg, addr)?;
-    let keys = auth.keyed(admin::keyed(
+    let keys = auth.keyed(sessions::keyed(
         state.cfg.admin_key.as_deref(),
-        crate::keys::KeyedRoutes::open(),
+        admin::keyed(
+            state.cfg.admin_key.as_deref(),
+            crate::keys::KeyedRoutes::open(),
+        ),
     ));
     let control = match &state.cfg.control_upstream {
         Some(u) => Control::Upstream(Arc::new(parking_lot::RwLock::new(Some(u.clone())))),
@@ -475,6 +480,8 @@ fn app(state: Arc<GatewayState>) -> axum::Router {
         .route("/v1/chat/completions", post(forward::chat_completions))
         .route("/v1/models", get(forward::models))
         .route("/inference/v1/generate", post(tokens::generate))
+        .route("/finish_session", post(sessions::finish))
+        .route("/clear_sessions", post(sessions::clear))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
         .route("/health", get(health))

@@ -13,9 +13,6 @@ use crate::metrics::Endpoint;
 use crate::pd;
 use crate::policy::RouteContext;
 
-/// The header that pins a session (trajectory) to one worker under the `sticky` policy.
-pub const SESSION_HEADER: &str = "x-session-id";
-
 /// A parsed inference request.
 #[derive(Debug)]
 pub(crate) struct InferReq {
@@ -72,10 +69,7 @@ impl InferReq {
             }
             Endpoint::ChatCompletions => (None, false),
         };
-        let session = headers
-            .get(SESSION_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let session = super::session_key::session_key(headers, &obj)?;
         let text = if needs_text {
             RouteText::of(ep, &obj)
         } else {

@@ -8,9 +8,11 @@
 //! (SGLang's cache-aware policy over an approximate radix tree, `tree`) has its own files.
 
 mod cache_aware;
+mod sticky_least_loaded;
 mod tree;
 
 pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use sticky_least_loaded::{StickyConfig, StickyLeastLoaded};
 
 use std::collections::HashMap;
 use std::fmt;
@@ -50,6 +52,15 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn needs_text(&self) -> bool {
         false
     }
+    /// Drops `session`'s binding (`POST /finish_session`); whether it had one. Policies that
+    /// bind no sessions have none.
+    fn finish_session(&self, _session: &str) -> bool {
+        false
+    }
+    /// Drops every session binding; how many there were.
+    fn clear_sessions(&self) -> usize {
+        0
+    }
 }
 
 /// The configurable policies.
@@ -70,6 +81,10 @@ pub enum PolicyKind {
     /// in its KV cache while loads stay balanced ([`CacheAware`], settings
     /// [`CacheAwareConfig`]).
     CacheAware,
+    /// vLLM router's multi-turn policy: a new session binds to the worker with the fewest
+    /// sessions, later turns stick, with an admission cap, idle expiry and `/finish_session`
+    /// ([`StickyLeastLoaded`], settings [`StickyConfig`]).
+    StickyLeastLoaded,
 }
 
 impl PolicyKind {
@@ -81,8 +96,9 @@ impl PolicyKind {
             "power_of_two" => Ok(PolicyKind::PowerOfTwo),
             "sticky" => Ok(PolicyKind::Sticky),
             "cache_aware" => Ok(PolicyKind::CacheAware),
+            "sticky_least_loaded" => Ok(PolicyKind::StickyLeastLoaded),
             other => Err(ServingError::Config(format!(
-                "unknown policy {other:?}; use round_robin, random, power_of_two, sticky or cache_aware"
+                "unknown policy {other:?}; use round_robin, random, power_of_two, sticky, sticky_least_loaded or cache_aware"
             ))),
         }
     }
@@ -102,6 +118,9 @@ impl PolicyKind {
             PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo),
             PolicyKind::Sticky => Arc::new(Sticky::default()),
             PolicyKind::CacheAware => Arc::new(CacheAware::new(*cache_aware)),
+            PolicyKind::StickyLeastLoaded => {
+                Arc::new(StickyLeastLoaded::new(StickyConfig::default()))
+            }
         }
     }
 }
@@ -170,7 +189,7 @@ pub struct Sticky {
 
 /// Index of the worker with the fewest requests in flight. Ties go to the first, so equal loads
 /// spread by order of arrival through the loads themselves rather than by chance.
-fn least_loaded(workers: &[Arc<dyn Worker>]) -> usize {
+pub(super) fn least_loaded(workers: &[Arc<dyn Worker>]) -> usize {
     workers
         .iter()
         .enumerate()
