@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use troupe_serving::gateway::{self, ControlAuthMode, GatewayConfig};
 use troupe_serving::health::{self, HealthConfig};
-use troupe_serving::policy::{CacheAwareConfig, PolicyKind};
+use troupe_serving::policy::{CacheAwareConfig, PolicyKind, StickyConfig};
 use troupe_serving::{RouterConfig, WorkerSpec};
 
 /// Flags of `troupe gateway`.
@@ -30,7 +30,8 @@ pub struct GatewayArgs {
     #[arg(long)]
     pub decode: Vec<String>,
     /// Policy for regular workers, and the default for prefill / decode:
-    /// round_robin | random | power_of_two | sticky | cache_aware (default: the gateway's,
+    /// round_robin | random | power_of_two | sticky | sticky_least_loaded | cache_aware (default:
+    /// the gateway's,
     /// power_of_two).
     #[arg(long, value_parser = parse_policy)]
     pub policy: Option<PolicyKind>,
@@ -59,6 +60,18 @@ pub struct GatewayArgs {
     /// cache_aware: characters each worker's cache tree keeps after a sweep (default 2^26).
     #[arg(long)]
     pub max_tree_size: Option<usize>,
+    /// sticky_least_loaded: seconds a session binding may stay unused before it is forgotten
+    /// (default 7200, vllm-router's).
+    #[arg(long)]
+    pub session_ttl_secs: Option<u64>,
+    /// sticky_least_loaded: most session bindings kept; past it the least recently used go
+    /// (default 262144).
+    #[arg(long)]
+    pub max_sessions: Option<usize>,
+    /// sticky_least_loaded: a bound engine with this many requests in flight passes a turn to
+    /// the least loaded engine, and the session re-binds there (default 0: no cap).
+    #[arg(long)]
+    pub session_max_inflight: Option<usize>,
     /// Retries of a failed request on another worker (pair) (default: the gateway's, 3).
     #[arg(long)]
     pub max_retries: Option<u32>,
@@ -146,6 +159,13 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
         max_tree_size: a.max_tree_size.unwrap_or(c.max_tree_size),
     };
     cache_aware.check(|k| format!("--{}", k.replace('_', "-")))?;
+    let sd = StickyConfig::default();
+    let sessions = StickyConfig {
+        session_ttl_secs: a.session_ttl_secs.unwrap_or(sd.session_ttl_secs),
+        max_sessions: a.max_sessions.unwrap_or(sd.max_sessions),
+        session_max_inflight: a.session_max_inflight.unwrap_or(sd.session_max_inflight),
+    };
+    sessions.check(|k| format!("--{}", k.replace('_', "-")))?;
     let d = GatewayConfig::default();
     let control_timeout = match a.control_timeout_s {
         None => d.control_timeout,
@@ -168,6 +188,7 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
             prefill_policy: a.prefill_policy.unwrap_or(base),
             decode_policy: a.decode_policy.unwrap_or(base),
             cache_aware,
+            sessions,
             health: HealthConfig {
                 interval: Duration::from_secs_f64(a.health_interval_s),
                 ..d.router.health.clone()

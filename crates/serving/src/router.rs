@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::breaker::BreakerConfig;
 use super::error::ServingError;
 use super::health_config::HealthConfig;
-use super::policy::{CacheAwareConfig, Policy, PolicyKind, RouteContext};
+use super::policy::{CacheAwareConfig, Policy, PolicyKind, RouteContext, StickyConfig};
 use super::worker::{HttpWorker, Worker, WorkerInfo, WorkerSpec, WorkerType, parse_url};
 
 /// Router settings. Defaults: each field's own (`PolicyKind::default()` for every policy).
@@ -35,14 +35,20 @@ pub struct RouterConfig {
     /// Settings of every `cache_aware` policy among the three (SGLang's router also has one set
     /// for prefill and decode).
     pub cache_aware: CacheAwareConfig,
+    /// Settings of every `sticky_least_loaded` policy among the three.
+    pub sessions: StickyConfig,
 }
 
 impl RouterConfig {
-    /// Refuses settings no router can run with (today: the cache-aware ones, named
-    /// `router.cache_aware.*`), so a bad value fails the start instead of routing oddly.
+    /// Refuses settings no router can run with (the cache-aware and session ones, named
+    /// `router.cache_aware.*` / `router.sessions.*`), so a bad value fails the start instead of
+    /// routing oddly.
     pub fn check(&self) -> Result<(), ServingError> {
         self.cache_aware
             .check(|k| format!("router.cache_aware.{k}"))
+            .map_err(ServingError::Config)?;
+        self.sessions
+            .check(|k| format!("router.sessions.{k}"))
             .map_err(ServingError::Config)
     }
 }
@@ -88,9 +94,13 @@ pub struct Router {
 impl Router {
     /// An empty router.
     pub fn new(cfg: RouterConfig) -> Arc<Self> {
-        let regular = cfg.policy.build_with(&cfg.cache_aware);
-        let prefill = cfg.prefill_policy.build_with(&cfg.cache_aware);
-        let decode = cfg.decode_policy.build_with(&cfg.cache_aware);
+        let regular = cfg.policy.build_with(&cfg.cache_aware, &cfg.sessions);
+        let prefill = cfg
+            .prefill_policy
+            .build_with(&cfg.cache_aware, &cfg.sessions);
+        let decode = cfg
+            .decode_policy
+            .build_with(&cfg.cache_aware, &cfg.sessions);
         let needs_text = regular.needs_text() || prefill.needs_text() || decode.needs_text();
         Arc::new(Self {
             regular,

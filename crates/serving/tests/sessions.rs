@@ -69,7 +69,7 @@ mod policy {
     fn a_bound_engine_over_the_cap_passes_the_turn_on_and_the_session_follows() {
         let ws = workers(2);
         let p = StickyLeastLoaded::new(StickyConfig {
-            max_inflight: 2,
+            session_max_inflight: 2,
             ..StickyConfig::default()
         });
         let a = p.pick(&ws, &ctx("a"));
@@ -105,10 +105,7 @@ mod policy {
 
         // Idle past the TTL: the binding no longer holds, so the session binds anew to the
         // engine with fewer sessions.
-        let p = StickyLeastLoaded::new(StickyConfig {
-            ttl: Duration::from_millis(30),
-            ..StickyConfig::default()
-        });
+        let p = StickyLeastLoaded::with_ttl(StickyConfig::default(), Duration::from_millis(30));
         let x = p.pick(&ws, &ctx("x"));
         let y = p.pick(&ws, &ctx("y"));
         assert_ne!(x, y);
@@ -137,9 +134,23 @@ mod policy {
     }
 
     #[test]
-    fn the_name_parses_and_builds() {
+    fn the_name_parses_and_builds_and_bad_settings_are_refused_by_name() {
         let k = PolicyKind::parse("sticky_least_loaded").expect("known");
         assert_eq!(k.build().name(), "sticky_least_loaded");
+        let name = |k: &str| format!("gateway.{k}");
+        for bad in [
+            StickyConfig {
+                session_ttl_secs: 0,
+                ..StickyConfig::default()
+            },
+            StickyConfig {
+                max_sessions: 0,
+                ..StickyConfig::default()
+            },
+        ] {
+            assert!(bad.check(name).unwrap_err().starts_with("gateway."));
+        }
+        assert!(StickyConfig::default().check(name).is_ok());
     }
 }
 

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 use troupe_serving::RouterConfig;
 use troupe_serving::gateway::{ControlAuthMode, GatewayConfig};
-use troupe_serving::policy::{CacheAwareConfig, PolicyKind};
+use troupe_serving::policy::{CacheAwareConfig, PolicyKind, StickyConfig};
 
 /// `gateway.*`: the YAML face of [`troupe_serving::gateway::GatewayConfig`] (the one gateway
 /// settings type), with its defaults. Policies are typed, so a typo is an error at load, naming
@@ -57,6 +57,17 @@ pub struct GatewaySection {
     /// 2^26).
     #[serde(default)]
     pub max_tree_size: Option<usize>,
+    /// `sticky_least_loaded` policies: seconds a session binding may stay unused (default
+    /// 7200).
+    #[serde(default)]
+    pub session_ttl_secs: Option<u64>,
+    /// `sticky_least_loaded` policies: most session bindings kept (default 262144).
+    #[serde(default)]
+    pub max_sessions: Option<usize>,
+    /// `sticky_least_loaded` policies: requests in flight at which a bound engine passes a
+    /// turn on (default 0: no cap).
+    #[serde(default)]
+    pub session_max_inflight: Option<usize>,
     /// Threads of its own the gateway serves on, one single-threaded runtime each (default 0:
     /// the runtime of the host it runs on; `troupe gateway` uses one per core).
     #[serde(default)]
@@ -75,6 +86,7 @@ impl GatewaySection {
                 prefill_policy: self.prefill_policy.unwrap_or(self.policy),
                 decode_policy: self.decode_policy.unwrap_or(self.policy),
                 cache_aware: self.cache_aware(),
+                sessions: self.sessions(),
                 ..d.router.clone()
             },
             max_retries: self.max_retries.unwrap_or(d.max_retries),
@@ -103,8 +115,19 @@ impl GatewaySection {
         }
     }
 
+    /// The `sticky_least_loaded` settings: the keys given, defaults for the rest.
+    fn sessions(&self) -> StickyConfig {
+        let d = StickyConfig::default();
+        StickyConfig {
+            session_ttl_secs: self.session_ttl_secs.unwrap_or(d.session_ttl_secs),
+            max_sessions: self.max_sessions.unwrap_or(d.max_sessions),
+            session_max_inflight: self.session_max_inflight.unwrap_or(d.session_max_inflight),
+        }
+    }
+
     pub(super) fn check(&self) -> Result<(), String> {
         self.cache_aware().check(|k| format!("gateway.{k}"))?;
+        self.sessions().check(|k| format!("gateway.{k}"))?;
         if let Some(n) = self.io_threads
             && n > troupe_serving::gateway::MAX_IO_THREADS
         {

@@ -103,24 +103,26 @@ impl PolicyKind {
         }
     }
 
-    /// Builds a fresh policy of this kind (a cache-aware one with SGLang's default settings).
+    /// Builds a fresh policy of this kind (a cache-aware or session one with default settings).
     pub fn build(self) -> Arc<dyn Policy> {
-        self.build_with(&CacheAwareConfig::default())
+        self.build_with(&CacheAwareConfig::default(), &StickyConfig::default())
     }
 
-    /// Builds a fresh policy of this kind; `cache_aware` is used by a cache-aware policy only
-    /// (the router passes its own, so prefill and decode share one set of settings, as in
-    /// SGLang's router).
-    pub fn build_with(self, cache_aware: &CacheAwareConfig) -> Arc<dyn Policy> {
+    /// Builds a fresh policy of this kind; `cache_aware` is used by a cache-aware policy only,
+    /// `sessions` by `sticky_least_loaded` only (the router passes its own, so prefill and
+    /// decode share one set of settings, as in SGLang's router).
+    pub fn build_with(
+        self,
+        cache_aware: &CacheAwareConfig,
+        sessions: &StickyConfig,
+    ) -> Arc<dyn Policy> {
         match self {
             PolicyKind::RoundRobin => Arc::new(RoundRobin::default()),
             PolicyKind::Random => Arc::new(Random),
             PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo),
             PolicyKind::Sticky => Arc::new(Sticky::default()),
             PolicyKind::CacheAware => Arc::new(CacheAware::new(*cache_aware)),
-            PolicyKind::StickyLeastLoaded => {
-                Arc::new(StickyLeastLoaded::new(StickyConfig::default()))
-            }
+            PolicyKind::StickyLeastLoaded => Arc::new(StickyLeastLoaded::new(*sessions)),
         }
     }
 }

@@ -18,29 +18,63 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 
 use super::{Policy, RouteContext, least_loaded};
 use crate::worker::Worker;
 
-/// The policy's settings.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The policy's settings (`troupe gateway --session-*`, `gateway.session_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct StickyConfig {
-    /// A binding unused this long is forgotten (vllm-router: two hours).
-    pub ttl: Duration,
-    /// Most bindings kept; past it the least recently used are dropped.
+    /// A binding unused this many seconds is forgotten (vllm-router's: two hours).
+    pub session_ttl_secs: u64,
+    /// Most bindings kept; past it the least recently used are dropped (each costs about
+    /// 100 bytes plus its key, at most 512 bytes: 2^18 bindings stay under 160 MiB).
     pub max_sessions: usize,
     /// A bound engine with this many requests in flight or more does not take the turn: it
     /// goes to the least loaded engine, which the session re-binds to (0: no cap).
-    pub max_inflight: usize,
+    pub session_max_inflight: usize,
 }
 
 impl Default for StickyConfig {
     fn default() -> Self {
         StickyConfig {
-            ttl: Duration::from_secs(2 * 3600),
+            session_ttl_secs: 2 * 3600,
             max_sessions: 1 << 18,
-            max_inflight: 0,
+            session_max_inflight: 0,
         }
+    }
+}
+
+/// The longest idle time a binding may be given (a week): beyond it, sessions never end.
+pub const MAX_SESSION_TTL_SECS: u64 = 7 * 24 * 3600;
+
+/// The most bindings a table may be given (2^24: a few GiB at most).
+pub const MAX_SESSIONS: usize = 1 << 24;
+
+impl StickyConfig {
+    /// Refuses settings the policy cannot run with, naming the key as `name(field)` spells it.
+    pub fn check(&self, name: impl Fn(&str) -> String) -> Result<(), String> {
+        if self.session_ttl_secs == 0 || self.session_ttl_secs > MAX_SESSION_TTL_SECS {
+            return Err(format!(
+                "{} must be 1 to {MAX_SESSION_TTL_SECS} seconds (a week), got {}",
+                name("session_ttl_secs"),
+                self.session_ttl_secs
+            ));
+        }
+        if self.max_sessions == 0 || self.max_sessions > MAX_SESSIONS {
+            return Err(format!(
+                "{} must be 1 to {MAX_SESSIONS}, got {}",
+                name("max_sessions"),
+                self.max_sessions
+            ));
+        }
+        Ok(())
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(self.session_ttl_secs)
     }
 }
 
@@ -138,19 +172,33 @@ impl Table {
 #[derive(Debug, Default)]
 pub struct StickyLeastLoaded {
     cfg: StickyConfig,
+    ttl: Option<Duration>,
     table: Mutex<Table>,
 }
 
 impl StickyLeastLoaded {
-    /// A policy with these settings (`max_sessions` at least 1).
+    /// A policy with these settings (checked by [`StickyConfig::check`]; a `max_sessions` of
+    /// 0 counts as 1).
     pub fn new(cfg: StickyConfig) -> Self {
         StickyLeastLoaded {
             cfg: StickyConfig {
                 max_sessions: cfg.max_sessions.max(1),
                 ..cfg
             },
+            ttl: None,
             table: Mutex::default(),
         }
+    }
+
+    /// A policy whose bindings expire after `ttl` (finer than the config's seconds: tests).
+    pub fn with_ttl(cfg: StickyConfig, ttl: Duration) -> Self {
+        let mut p = Self::new(cfg);
+        p.ttl = Some(ttl);
+        p
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl.unwrap_or_else(|| self.cfg.ttl())
     }
 
     /// Bindings held now (expired ones included until the next new session sweeps them).
@@ -161,8 +209,9 @@ impl StickyLeastLoaded {
     /// The engine with the fewest bound sessions, ties by requests in flight, among those under
     /// the admission cap when any is (else among all).
     fn fewest_sessions(&self, workers: &[Arc<dyn Worker>], t: &Table) -> usize {
-        let under =
-            |w: &Arc<dyn Worker>| self.cfg.max_inflight == 0 || w.load() < self.cfg.max_inflight;
+        let under = |w: &Arc<dyn Worker>| {
+            self.cfg.session_max_inflight == 0 || w.load() < self.cfg.session_max_inflight
+        };
         let any_under = workers.iter().any(under);
         workers
             .iter()
@@ -185,10 +234,11 @@ impl Policy for StickyLeastLoaded {
         let now = Instant::now();
         let mut t = self.table.lock();
         if let Some(b) = t.bindings.get_mut(session)
-            && now.duration_since(b.used) < self.cfg.ttl
+            && now.duration_since(b.used) < self.ttl()
             && let Some(i) = workers.iter().position(|w| w.id() == b.worker)
         {
-            let over = self.cfg.max_inflight > 0 && workers[i].load() >= self.cfg.max_inflight;
+            let over = self.cfg.session_max_inflight > 0
+                && workers[i].load() >= self.cfg.session_max_inflight;
             if !over {
                 b.used = now;
                 return i;
@@ -203,9 +253,9 @@ impl Policy for StickyLeastLoaded {
             b.used = now;
             return i;
         }
-        t.expire(now, self.cfg.ttl, false);
+        t.expire(now, self.ttl(), false);
         if !t.bindings.contains_key(session) && t.bindings.len() >= self.cfg.max_sessions {
-            t.make_room(now, self.cfg.ttl, self.cfg.max_sessions);
+            t.make_room(now, self.ttl(), self.cfg.max_sessions);
         }
         let i = self.fewest_sessions(workers, &t);
         let id = workers[i].id().to_string();
