@@ -39,7 +39,11 @@ async fn unknown_engine_fields_reach_the_client_on_every_route() {
         ] {
             let (st, v) = post(&format!("{}{path}", g.url()), &body).await;
             assert_eq!(st, 200, "{path}: {v}");
-            assert_eq!(v, unknown_fields(path), "{path}: every field, as the engine sent it");
+            assert_eq!(
+                v,
+                unknown_fields(path),
+                "{path}: every field, as the engine sent it"
+            );
         }
     })
     .await
@@ -50,7 +54,8 @@ async fn streamed_events_keep_unknown_fields_byte_for_byte() {
     within(30, async {
         let events = vec![
             r#"{"text":"a","meta_info":{"routed_experts":[[1]],"zz":{"deep":[null]}}}"#.to_string(),
-            r#"{"text":"ab","zz_top":"kept","meta_info":{"finish_reason":{"type":"length"}}}"#.to_string(),
+            r#"{"text":"ab","zz_top":"kept","meta_info":{"finish_reason":{"type":"length"}}}"#
+                .to_string(),
         ];
         let sent = events.clone();
         let b = fake(move |_, _, _| Reply::Sse(sent.clone(), false)).await;
@@ -64,7 +69,10 @@ async fn streamed_events_keep_unknown_fields_byte_for_byte() {
         assert_eq!(r.status(), 200);
         let text = r.text().await.expect("body");
         for e in &events {
-            assert!(text.contains(&format!("data: {e}")), "{e} missing from:\n{text}");
+            assert!(
+                text.contains(&format!("data: {e}")),
+                "{e} missing from:\n{text}"
+            );
         }
     })
     .await

@@ -1,0 +1,81 @@
+//! A client that goes away mid-request does not leave its request decoding: through the gateway,
+//! the engine stops generating for it (the gateway drops its upstream exchange, and the engine
+//! aborts a request whose client left), streamed or not. Against a real reference engine.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{client, engine, engine_args, generated_tokens, until, within};
+use serde_json::json;
+use troupe_engine::EngineArgs;
+use troupe_serving::WorkerSpec;
+use troupe_serving::gateway::{self, GatewayConfig};
+
+/// Requests the engine is running now (its Prometheus gauge).
+async fn running(engine: &str) -> Option<u64> {
+    let text = client()
+        .get(format!("{engine}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find(|l| l.starts_with("sglang:num_running_reqs"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_leaves_has_its_request_aborted_on_the_engine() {
+    within(90, async {
+        let engine = engine(EngineArgs {
+            sim_decode_step_ms: Some(5.0),
+            ..engine_args()
+        })
+        .await;
+        let e = engine.url();
+        let g = gateway::start(GatewayConfig {
+            listen: "127.0.0.1:0".into(),
+            workers: vec![WorkerSpec::regular(e.clone())],
+            ..Default::default()
+        })
+        .await
+        .expect("gateway");
+        for stream in [false, true] {
+            let before = generated_tokens(&e).await;
+            let body = json!({"text": "hello", "stream": stream,
+                              "sampling_params": {"max_new_tokens": 100000, "ignore_eos": true}});
+            let c = client();
+            let url = format!("{}/generate", g.url());
+            let req = tokio::spawn(async move { c.post(&url).json(&body).send().await });
+            until("the request decodes on the engine", || async {
+                generated_tokens(&e).await >= before + 20
+            })
+            .await;
+            // The client goes away: its connection closes with the request in flight.
+            req.abort();
+            let _ = req.await;
+            until("the engine stops running it", || async {
+                running(&e).await == Some(0)
+            })
+            .await;
+            let stopped = generated_tokens(&e).await;
+            tokio::time::sleep(Duration::from_millis(300)).await; // decoding time it would use
+            assert_eq!(
+                generated_tokens(&e).await,
+                stopped,
+                "stream {stream}: nothing decodes for a client that left"
+            );
+            assert!(
+                stopped - before < 100000,
+                "stream {stream}: aborted long before its budget"
+            );
+        }
+        g.shutdown().await.expect("gateway stops");
+    })
+    .await
+}
