@@ -21,6 +21,7 @@
 //! Backends and the in-process gateway run on their own runtimes so the load generator does
 //! not delay their timers.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -37,7 +38,7 @@ use troupe_serving::listen::IO_THREAD_PREFIX;
 use troupe_serving::policy::PolicyKind;
 use troupe_serving::{RouterConfig, WorkerSpec};
 
-use super::proc_cpu::run_time;
+use super::proc_cpu::{spent, thread_times};
 
 /// Settings of the gateway benchmark.
 #[derive(Debug, Clone, clap::Args)]
@@ -92,12 +93,12 @@ pub struct GatewayBenchArgs {
 /// Seconds of CPU the router has used so far: the `--target-pid` process, or the in-process
 /// gateway's I/O threads (named by [`troupe_serving::listen::serve_on_threads`]);
 /// `Ok(None)` for a `--target` without a pid.
-fn router_cpu(args: &GatewayBenchArgs) -> Result<Option<f64>, String> {
+fn router_cpu(args: &GatewayBenchArgs) -> Result<Option<HashMap<String, u64>>, String> {
     match (&args.target, args.target_pid) {
-        (_, Some(pid)) => run_time(&pid.to_string(), None)
+        (_, Some(pid)) => thread_times(&pid.to_string(), None)
             .map(Some)
             .ok_or_else(|| format!("--target-pid {pid}: no such process in /proc")),
-        (None, None) => Ok(run_time("self", Some(IO_THREAD_PREFIX))),
+        (None, None) => Ok(thread_times("self", Some(IO_THREAD_PREFIX))),
         (Some(_), None) => Ok(None),
     }
 }
@@ -381,15 +382,17 @@ async fn measure(
     let target = [target.to_string()];
     let per_req = |secs: f64| secs * 1e6 / n.max(1) as f64;
     closed_loop(c, urls, args, conc, warm).await?;
-    let own0 = run_time("self", None);
+    let own0 = thread_times("self", None);
     let direct = closed_loop(c, urls, args, conc, n).await?;
     let direct_cpu = own0
-        .zip(run_time("self", None))
-        .map(|(a, b)| per_req(b - a));
+        .zip(thread_times("self", None))
+        .map(|(a, b)| per_req(spent(&a, &b)));
     closed_loop(c, &target, args, conc, warm).await?;
     let router0 = router_cpu(args)?;
     let through = closed_loop(c, &target, args, conc, n).await?;
-    let router_cpu = router0.zip(router_cpu(args)?).map(|(a, b)| per_req(b - a));
+    let router_cpu = router0
+        .zip(router_cpu(args)?)
+        .map(|(a, b)| per_req(spent(&a, &b)));
     for (name, r) in [("direct", &direct), ("target", &through)] {
         out.push((format!("{prefix}.{name}.p50_ms"), r.p50_ms));
         out.push((format!("{prefix}.{name}.p99_ms"), r.p99_ms));

@@ -2,6 +2,8 @@
 //! to report CPU per request or per call, the figure that holds on a shared, noisy machine
 //! where latencies do not.
 
+use std::collections::HashMap;
+
 /// Clock ticks per second of `/proc/<pid>/stat` times.
 fn clock_ticks() -> f64 {
     nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
@@ -28,8 +30,16 @@ pub fn proc_times(pid: &str) -> Option<(f64, f64)> {
 /// ticks): all of them, or with `named` only those whose name starts with it. A thread that
 /// ends while this reads is left out. `None` when the process or the file is not there.
 pub fn run_time(pid: &str, named: Option<&str>) -> Option<f64> {
+    let each = thread_times(pid, named)?;
+    (!each.is_empty()).then(|| each.values().sum::<u64>() as f64 / 1e9)
+}
+
+/// Nanoseconds each thread of `pid` (as [`run_time`] selects them) has run, by thread id: two
+/// snapshots give the CPU those threads spent between them ([`spent`]), unaffected by threads
+/// that started or ended in between (another test's gateway in the same process, say).
+pub fn thread_times(pid: &str, named: Option<&str>) -> Option<HashMap<String, u64>> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut ns = None;
+    let mut out = HashMap::new();
     for t in tasks.flatten() {
         if let Some(prefix) = named
             && !std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
@@ -44,10 +54,19 @@ pub fn run_time(pid: &str, named: Option<&str>) -> Option<f64> {
             .next()
             .and_then(|v| v.parse::<u64>().ok())
         {
-            ns = Some(ns.unwrap_or(0) + n);
+            out.insert(t.file_name().to_string_lossy().into_owned(), n);
         }
     }
-    ns.map(|n| n as f64 / 1e9)
+    Some(out)
+}
+
+/// Seconds the threads present in both snapshots ran between them.
+pub fn spent(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> f64 {
+    after
+        .iter()
+        .filter_map(|(tid, b)| before.get(tid).map(|a| b.saturating_sub(*a)))
+        .sum::<u64>() as f64
+        / 1e9
 }
 
 #[cfg(test)]
