@@ -1,6 +1,8 @@
-//! A client that goes away mid-request does not leave its request decoding: through the gateway,
-//! the engine stops generating for it (the gateway drops its upstream exchange, and the engine
-//! aborts a request whose client left), streamed or not. Against a real reference engine.
+//! Requests that should stop, stop on the engine: a client that goes away mid-request (the
+//! gateway drops its upstream exchange, and the engine aborts a request whose client left),
+//! streamed or not, and an abort by request id sent to the gateway in SGLang's or vLLM's words
+//! (it reaches every engine, so the one holding the request ends it). Against a real reference
+//! engine.
 
 use crate::common;
 
@@ -74,6 +76,61 @@ async fn a_client_that_leaves_has_its_request_aborted_on_the_engine() {
                 stopped - before < 100000,
                 "stream {stream}: aborted long before its budget"
             );
+        }
+        g.shutdown().await.expect("gateway stops");
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_abort_by_id_through_the_gateway_ends_that_request_on_its_engine() {
+    within(90, async {
+        let engine = engine(EngineArgs {
+            sim_decode_step_ms: Some(5.0),
+            ..engine_args()
+        })
+        .await;
+        let e = engine.url();
+        let g = gateway::start(GatewayConfig {
+            listen: "127.0.0.1:0".into(),
+            workers: vec![WorkerSpec::regular(e.clone())],
+            ..Default::default()
+        })
+        .await
+        .expect("gateway");
+        for (rid, path, abort) in [
+            (
+                "sglang-rid-1",
+                "/abort_request",
+                json!({"rid": "sglang-rid-1"}),
+            ),
+            (
+                "vllm-rid-2",
+                "/abort_requests",
+                json!({"request_ids": ["vllm-rid-2"]}),
+            ),
+        ] {
+            let before = generated_tokens(&e).await;
+            let body = json!({"text": "hello", "rid": rid,
+                              "sampling_params": {"max_new_tokens": 100000, "ignore_eos": true}});
+            let url = format!("{}/generate", g.url());
+            let req = tokio::spawn(async move { common::post(&url, &body).await });
+            until("the request decodes on the engine", || async {
+                generated_tokens(&e).await >= before + 20
+            })
+            .await;
+            let (st, v) = common::post(&format!("{}{path}", g.url()), &abort).await;
+            assert_eq!(st, 200, "{path}: {v}");
+            let (st, v) = req.await.expect("the request answers");
+            assert_eq!(st, 200, "{v}");
+            assert_eq!(
+                v["meta_info"]["finish_reason"]["type"], "abort",
+                "{rid}: {v}"
+            );
+            until("the engine stops running it", || async {
+                running(&e).await == Some(0)
+            })
+            .await;
         }
         g.shutdown().await.expect("gateway stops");
     })
