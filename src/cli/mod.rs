@@ -63,6 +63,9 @@ enum BenchCmd {
     /// GRPO-shaped rollouts (groups of samples per prompt) through an in-process deployment:
     /// round robin without a prefix cache vs cache-aware routing with one; PD vs regular.
     Rollout(bench::rollout::RolloutArgs),
+    /// Multi-turn agent sessions (each turn's prompt the last one plus its output plus a tool
+    /// result) through an in-process deployment, once per routing policy.
+    Agent(bench::agent::AgentArgs),
     /// Controller scaling: bring-up, fan-out, weight update and host loss with many hosts
     /// and servers (real reference-engine processes on in-process hosts).
     Scale(bench::scale::ScaleArgs),
@@ -297,6 +300,7 @@ async fn run(cmd: Cmd) -> ExitCode {
         }
         Cmd::Bench(BenchCmd::Gateway(a)) => figures(bench::gateway::run(&a).await, a.json),
         Cmd::Bench(BenchCmd::Rollout(a)) => figures(bench::rollout::run(&a).await, a.json),
+        Cmd::Bench(BenchCmd::Agent(a)) => figures(bench::agent::run(&a).await, a.json),
         Cmd::Bench(BenchCmd::Scale(a)) => figures(bench::scale::run(&a).await, a.json),
         Cmd::Bench(BenchCmd::Chaos(a)) => figures(bench::chaos::run(&a).await, a.json),
         Cmd::Bench(BenchCmd::Rpc(a)) => figures(bench::rpc::run(&a).await, a.json),

@@ -1,6 +1,7 @@
 //! Benchmarks behind `troupe bench`: each prints one line per figure (`name value`), or one JSON
 //! object with the same names as keys.
 
+pub mod agent;
 pub mod chaos;
 pub mod gateway;
 pub mod proc_cpu;

@@ -1,0 +1,281 @@
+//! `troupe bench agent`: multi-turn agent sessions through an in-process deployment of
+//! reference engines (4 regular servers with the prefix cache on and a KV budget that cannot hold
+//! every session at once), once per routing policy, on a fresh deployment each time.
+//!
+//! Each session is one episode: a first prompt, then `--turns` turns, each turn's prompt the
+//! previous prompt plus its output plus a tool result of `--tool-tokens` tokens, as an agent
+//! framework builds them. Every turn names its session (`X-Session-ID`). All sessions run at once;
+//! a session's turns run one after the other. The engines' latency model paces them like GPU
+//! servers (as `troupe bench rollout`'s). Figures, per policy `P`:
+//! - `agent.P.tokens_per_s`: prompt plus completion tokens of every turn per second;
+//! - `agent.P.cache_hit_rate`: prompt tokens served from a prefix cache / all prompt tokens;
+//! - `agent.P.turn_p50_ms`, `agent.P.turn_p99_ms`: a turn's latency;
+//! - `agent.<last>_vs_<first>.tokens_per_s_ratio`: the last policy's throughput over the first's.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use troupe_controller::Cluster;
+use troupe_controller::serve::{Deployment, ForkOptions};
+use troupe_scheduler::AllocationPlan;
+use troupe_serving::policy::PolicyKind;
+
+/// Settings of the agent benchmark.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgentArgs {
+    /// Sessions (episodes), all running at once.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub sessions: u64,
+    /// Turns per session.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub turns: u64,
+    /// Tokens of the first prompt (bytes: the reference tokenizer is byte-level).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=2000))]
+    pub prompt_tokens: u64,
+    /// Tokens of the tool result appended after each turn's output.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(0..=2000))]
+    pub tool_tokens: u64,
+    /// Tokens each turn generates.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub max_new_tokens: u64,
+    /// Each server's KV pool in tokens (`--max-total-tokens`): the running requests' KV plus the
+    /// prefix cache. The default holds about a quarter of the sessions' final prompts per server.
+    #[arg(long, default_value_t = 32_768, value_parser = clap::value_parser!(u64).range(4096..=10_000_000))]
+    pub kv_tokens: u64,
+    /// Policies, each on a fresh deployment, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "round_robin,cache_aware,sticky_least_loaded"
+    )]
+    pub policy: Vec<String>,
+    /// Latency model: prefill throughput per server, tokens/s.
+    #[arg(long, default_value_t = 20_000.0)]
+    pub sim_prefill_tokens_per_s: f64,
+    /// Latency model: fixed cost of one decode step, ms.
+    #[arg(long, default_value_t = 10.0)]
+    pub sim_decode_step_ms: f64,
+    /// Print one JSON object instead of one line per figure.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Letters for session `s`'s text number `n` (its first prompt is 0, tool results follow),
+/// different per session and turn.
+fn text(s: u64, n: u64, len: u64) -> String {
+    let mut x = (s.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ n.wrapping_mul(0xD1B5_4A32_D192_ED03)) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (b'a' + (x % 26) as u8) as char
+        })
+        .collect()
+}
+
+/// What one session's turns added up to.
+#[derive(Default)]
+struct Totals {
+    prompt: u64,
+    completion: u64,
+    cached: u64,
+    turns_ms: Vec<f64>,
+}
+
+async fn session(a: &AgentArgs, client: &reqwest::Client, url: &str, s: u64) -> Result<Totals, String> {
+    let mut prompt = text(s, 0, a.prompt_tokens);
+    let mut t = Totals::default();
+    for turn in 0..a.turns {
+        let body = json!({
+            "text": prompt,
+            "sampling_params": {"max_new_tokens": a.max_new_tokens, "temperature": 1.0,
+                                "ignore_eos": true, "sampling_seed": s * 1000 + turn},
+        });
+        let started = Instant::now();
+        let r = client
+            .post(format!("{url}/generate"))
+            .header("X-Session-ID", format!("agent-{s}"))
+            .json(&body)
+            .timeout(Duration::from_secs(600))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = r.status();
+        let v: Value = r.json().await.map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!("session {s} turn {turn}: {status}: {v}"));
+        }
+        t.turns_ms.push(started.elapsed().as_secs_f64() * 1e3);
+        let m = &v["meta_info"];
+        let n = |k: &str| m[k].as_u64().unwrap_or(0);
+        t.prompt += n("prompt_tokens");
+        t.completion += n("completion_tokens");
+        t.cached += n("cached_tokens");
+        // The next turn: this prompt, the output, a tool result.
+        prompt.push_str(v["text"].as_str().unwrap_or(""));
+        prompt.push_str(&text(s, turn + 1, a.tool_tokens));
+    }
+    Ok(t)
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+async fn run_one(a: &AgentArgs, policy: PolicyKind) -> Result<Vec<(&'static str, f64)>, String> {
+    let plan = AllocationPlan::parse("troupe:d4t1").map_err(|e| e.to_string())?;
+    let cluster = Cluster::in_process(1, 4)
+        .await
+        .map_err(|e| format!("cannot start the cluster: {e}"))?;
+    let mut opts = ForkOptions {
+        extra_args: vec![
+            "--sim-prefill-tokens-per-s".into(),
+            a.sim_prefill_tokens_per_s.to_string(),
+            "--sim-decode-step-ms".into(),
+            a.sim_decode_step_ms.to_string(),
+            "--max-total-tokens".into(),
+            a.kv_tokens.to_string(),
+            "--max-running-requests".into(),
+            "256".into(),
+        ],
+        ..ForkOptions::default()
+    };
+    opts.gateway.router.policy = policy;
+    let svc = match Deployment::fork(&cluster, &plan, &opts).await {
+        Ok(s) => s,
+        Err(e) => {
+            cluster.shutdown().await;
+            return Err(e.to_string());
+        }
+    };
+    let client = troupe_serving::client::build().map_err(|e| e.to_string());
+    let url = svc.gateway_url.clone();
+    let started = Instant::now();
+    let results: Vec<Result<Totals, String>> = match &client {
+        Ok(c) => {
+            futures::stream::iter(0..a.sessions)
+                .map(|s| session(a, c, &url, s))
+                .buffer_unordered(a.sessions as usize)
+                .collect()
+                .await
+        }
+        Err(e) => vec![Err(e.clone())],
+    };
+    let wall = started.elapsed().as_secs_f64().max(1e-9);
+    svc.teardown().await;
+    cluster.shutdown().await;
+    let mut all = Totals::default();
+    for r in results {
+        let r = r?;
+        all.prompt += r.prompt;
+        all.completion += r.completion;
+        all.cached += r.cached;
+        all.turns_ms.extend(r.turns_ms);
+    }
+    all.turns_ms.sort_by(f64::total_cmp);
+    Ok(vec![
+        ("tokens_per_s", (all.prompt + all.completion) as f64 / wall),
+        ("cache_hit_rate", all.cached as f64 / all.prompt.max(1) as f64),
+        ("turn_p50_ms", quantile(&all.turns_ms, 0.5)),
+        ("turn_p99_ms", quantile(&all.turns_ms, 0.99)),
+        ("wall_s", wall),
+    ])
+}
+
+/// Runs `troupe bench agent`.
+pub async fn run(a: &AgentArgs) -> Result<Vec<(String, f64)>, String> {
+    for (v, flag) in [
+        (a.sim_prefill_tokens_per_s, "--sim-prefill-tokens-per-s"),
+        (a.sim_decode_step_ms, "--sim-decode-step-ms"),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(format!("{flag} must be a finite number >= 0, got {v}"));
+        }
+    }
+    let longest = a.prompt_tokens + a.turns * (a.max_new_tokens + a.tool_tokens);
+    if longest > 4000 {
+        return Err(format!(
+            "a session's last prompt would hold {longest} tokens, past the reference model's 4096-token context; lower --turns, --tool-tokens or --max-new-tokens"
+        ));
+    }
+    let policies: Vec<(String, PolicyKind)> = a
+        .policy
+        .iter()
+        .map(|p| PolicyKind::parse(p).map(|k| (p.clone(), k)))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("--policy: {e}"))?;
+    if policies.is_empty() {
+        return Err("--policy names no policy".into());
+    }
+    let mut figures = Vec::new();
+    let mut tps = Vec::new();
+    for (name, kind) in &policies {
+        eprintln!("agent: {name}");
+        let figs = run_one(a, *kind).await?;
+        for (k, v) in &figs {
+            figures.push((format!("agent.{name}.{k}"), *v));
+        }
+        tps.push(figs.iter().find(|(k, _)| *k == "tokens_per_s").map_or(0.0, |(_, v)| *v));
+    }
+    if let (Some((first, _)), Some((last, _)), Some(f), Some(l)) =
+        (policies.first(), policies.last(), tps.first(), tps.last())
+        && policies.len() > 1
+        && *f > 0.0
+    {
+        figures.push((format!("agent.{last}_vs_{first}.tokens_per_s_ratio"), l / f));
+    }
+    Ok(figures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_session_and_turn_has_its_own_text() {
+        assert_eq!(text(1, 0, 16), text(1, 0, 16));
+        assert_ne!(text(1, 0, 16), text(2, 0, 16));
+        assert_ne!(text(1, 0, 16), text(1, 1, 16));
+        assert_eq!(text(3, 2, 40).len(), 40);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_small_run_reports_every_figure_and_refuses_overlong_sessions() {
+        let a = AgentArgs {
+            sessions: 3,
+            turns: 2,
+            prompt_tokens: 16,
+            tool_tokens: 8,
+            max_new_tokens: 4,
+            kv_tokens: 8192,
+            policy: vec!["round_robin".into(), "sticky_least_loaded".into()],
+            sim_prefill_tokens_per_s: 0.0,
+            sim_decode_step_ms: 0.0,
+            json: false,
+        };
+        let figs = tokio::time::timeout(Duration::from_secs(120), run(&a))
+            .await
+            .expect("in time")
+            .expect("runs");
+        let names: Vec<&str> = figs.iter().map(|(n, _)| n.as_str()).collect();
+        for p in ["round_robin", "sticky_least_loaded"] {
+            for f in ["tokens_per_s", "cache_hit_rate", "turn_p50_ms", "turn_p99_ms"] {
+                let n = format!("agent.{p}.{f}");
+                assert!(names.contains(&n.as_str()), "{n} in {names:?}");
+            }
+        }
+        let hit = figs
+            .iter()
+            .find(|(n, _)| n == "agent.sticky_least_loaded.cache_hit_rate")
+            .map(|(_, v)| *v)
+            .unwrap_or(0.0);
+        assert!(hit > 0.0, "a sticky session's second turn reuses its first's prefix");
+        let long = AgentArgs { turns: 100, tool_tokens: 2000, ..a };
+        assert!(run(&long).await.unwrap_err().contains("--turns"));
+    }
+}
