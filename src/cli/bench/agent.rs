@@ -56,9 +56,68 @@ pub struct AgentArgs {
     /// Latency model: fixed cost of one decode step, ms.
     #[arg(long, default_value_t = 10.0)]
     pub sim_decode_step_ms: f64,
+    /// Also run the workload through vllm-router's `sticky_least_loaded` (a separate process
+    /// in front of the same kind of engines, started from this executable, e.g. the
+    /// `vllm-router` of `pip install vllm-router==0.1.17`): figures `agent.vllm_router.*`.
+    #[arg(long)]
+    pub vllm_router: Option<String>,
     /// Print one JSON object instead of one line per figure.
     #[arg(long)]
     pub json: bool,
+}
+
+/// What the sessions go through.
+#[derive(Debug, Clone)]
+enum Via {
+    /// Troupe's gateway with this policy.
+    Gateway(PolicyKind),
+    /// vllm-router (this executable) with its `sticky_least_loaded`.
+    VllmRouter(String),
+}
+
+/// A router process started for one run; killed when dropped.
+struct Peer(tokio::process::Child);
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.start_kill();
+    }
+}
+
+/// Starts vllm-router in front of `workers` and waits until it answers `/health`.
+async fn start_vllm_router(bin: &str, workers: &[String]) -> Result<(Peer, String), String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("cannot find a free port: {e}"))?
+        .port();
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--worker-urls")
+        .args(workers)
+        .args(["--policy", "sticky_least_loaded", "--log-level", "warning"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {bin}: {e}; give the vllm-router executable"))?;
+    let peer = Peer(child);
+    let url = format!("http://127.0.0.1:{port}");
+    let client = troupe_serving::client::build().map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(r) = client.get(format!("{url}/health")).send().await
+            && r.status().is_success()
+        {
+            return Ok((peer, url));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{bin} did not answer /health at {url} within 120 s"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Letters for session `s`'s text number `n` (its first prompt is 0, tool results follow),
@@ -84,7 +143,12 @@ struct Totals {
     turns_ms: Vec<f64>,
 }
 
-async fn session(a: &AgentArgs, client: &reqwest::Client, url: &str, s: u64) -> Result<Totals, String> {
+async fn session(
+    a: &AgentArgs,
+    client: &reqwest::Client,
+    url: &str,
+    s: u64,
+) -> Result<Totals, String> {
     let mut prompt = text(s, 0, a.prompt_tokens);
     let mut t = Totals::default();
     for turn in 0..a.turns {
@@ -127,7 +191,7 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-async fn run_one(a: &AgentArgs, policy: PolicyKind) -> Result<Vec<(&'static str, f64)>, String> {
+async fn run_one(a: &AgentArgs, via: &Via) -> Result<Vec<(&'static str, f64)>, String> {
     let plan = AllocationPlan::parse("troupe:d4t1").map_err(|e| e.to_string())?;
     let cluster = Cluster::in_process(1, 4)
         .await
@@ -145,7 +209,9 @@ async fn run_one(a: &AgentArgs, policy: PolicyKind) -> Result<Vec<(&'static str,
         ],
         ..ForkOptions::default()
     };
-    opts.gateway.router.policy = policy;
+    if let Via::Gateway(policy) = via {
+        opts.gateway.router.policy = *policy;
+    }
     let svc = match Deployment::fork(&cluster, &plan, &opts).await {
         Ok(s) => s,
         Err(e) => {
@@ -153,8 +219,23 @@ async fn run_one(a: &AgentArgs, policy: PolicyKind) -> Result<Vec<(&'static str,
             return Err(e.to_string());
         }
     };
+    let peer = match via {
+        Via::Gateway(_) => Ok(None),
+        Via::VllmRouter(bin) => {
+            let workers: Vec<String> = svc.servers().into_iter().map(|s| s.info.url).collect();
+            start_vllm_router(bin, &workers).await.map(Some)
+        }
+    };
+    let (peer, url) = match peer {
+        Ok(Some((p, url))) => (Some(p), url),
+        Ok(None) => (None, svc.gateway_url.clone()),
+        Err(e) => {
+            svc.teardown().await;
+            cluster.shutdown().await;
+            return Err(e);
+        }
+    };
     let client = troupe_serving::client::build().map_err(|e| e.to_string());
-    let url = svc.gateway_url.clone();
     let started = Instant::now();
     let results: Vec<Result<Totals, String>> = match &client {
         Ok(c) => {
@@ -167,6 +248,7 @@ async fn run_one(a: &AgentArgs, policy: PolicyKind) -> Result<Vec<(&'static str,
         Err(e) => vec![Err(e.clone())],
     };
     let wall = started.elapsed().as_secs_f64().max(1e-9);
+    drop(peer);
     svc.teardown().await;
     cluster.shutdown().await;
     let mut all = Totals::default();
@@ -180,7 +262,10 @@ async fn run_one(a: &AgentArgs, policy: PolicyKind) -> Result<Vec<(&'static str,
     all.turns_ms.sort_by(f64::total_cmp);
     Ok(vec![
         ("tokens_per_s", (all.prompt + all.completion) as f64 / wall),
-        ("cache_hit_rate", all.cached as f64 / all.prompt.max(1) as f64),
+        (
+            "cache_hit_rate",
+            all.cached as f64 / all.prompt.max(1) as f64,
+        ),
         ("turn_p50_ms", quantile(&all.turns_ms, 0.5)),
         ("turn_p99_ms", quantile(&all.turns_ms, 0.99)),
         ("wall_s", wall),
@@ -216,11 +301,15 @@ pub async fn run(a: &AgentArgs) -> Result<Vec<(String, f64)>, String> {
     let mut tps = Vec::new();
     for (name, kind) in &policies {
         eprintln!("agent: {name}");
-        let figs = run_one(a, *kind).await?;
+        let figs = run_one(a, &Via::Gateway(*kind)).await?;
         for (k, v) in &figs {
             figures.push((format!("agent.{name}.{k}"), *v));
         }
-        tps.push(figs.iter().find(|(k, _)| *k == "tokens_per_s").map_or(0.0, |(_, v)| *v));
+        tps.push(
+            figs.iter()
+                .find(|(k, _)| *k == "tokens_per_s")
+                .map_or(0.0, |(_, v)| *v),
+        );
     }
     if let (Some((first, _)), Some((last, _)), Some(f), Some(l)) =
         (policies.first(), policies.last(), tps.first(), tps.last())
@@ -228,6 +317,25 @@ pub async fn run(a: &AgentArgs) -> Result<Vec<(String, f64)>, String> {
         && *f > 0.0
     {
         figures.push((format!("agent.{last}_vs_{first}.tokens_per_s_ratio"), l / f));
+    }
+    if let Some(bin) = &a.vllm_router {
+        eprintln!("agent: vllm_router ({bin})");
+        let figs = run_one(a, &Via::VllmRouter(bin.clone())).await?;
+        let peer = figs
+            .iter()
+            .find(|(k, _)| *k == "tokens_per_s")
+            .map_or(0.0, |(_, v)| *v);
+        for (k, v) in &figs {
+            figures.push((format!("agent.vllm_router.{k}"), *v));
+        }
+        if let (Some((last, _)), Some(l)) = (policies.last(), tps.last())
+            && peer > 0.0
+        {
+            figures.push((
+                format!("agent.{last}_vs_vllm_router.tokens_per_s_ratio"),
+                l / peer,
+            ));
+        }
     }
     Ok(figures)
 }
@@ -256,6 +364,7 @@ mod tests {
             policy: vec!["round_robin".into(), "sticky_least_loaded".into()],
             sim_prefill_tokens_per_s: 0.0,
             sim_decode_step_ms: 0.0,
+            vllm_router: None,
             json: false,
         };
         let figs = tokio::time::timeout(Duration::from_secs(120), run(&a))
@@ -264,7 +373,12 @@ mod tests {
             .expect("runs");
         let names: Vec<&str> = figs.iter().map(|(n, _)| n.as_str()).collect();
         for p in ["round_robin", "sticky_least_loaded"] {
-            for f in ["tokens_per_s", "cache_hit_rate", "turn_p50_ms", "turn_p99_ms"] {
+            for f in [
+                "tokens_per_s",
+                "cache_hit_rate",
+                "turn_p50_ms",
+                "turn_p99_ms",
+            ] {
                 let n = format!("agent.{p}.{f}");
                 assert!(names.contains(&n.as_str()), "{n} in {names:?}");
             }
@@ -274,8 +388,15 @@ mod tests {
             .find(|(n, _)| n == "agent.sticky_least_loaded.cache_hit_rate")
             .map(|(_, v)| *v)
             .unwrap_or(0.0);
-        assert!(hit > 0.0, "a sticky session's second turn reuses its first's prefix");
-        let long = AgentArgs { turns: 100, tool_tokens: 2000, ..a };
+        assert!(
+            hit > 0.0,
+            "a sticky session's second turn reuses its first's prefix"
+        );
+        let long = AgentArgs {
+            turns: 100,
+            tool_tokens: 2000,
+            ..a
+        };
         assert!(run(&long).await.unwrap_err().contains("--turns"));
     }
 }
