@@ -132,6 +132,36 @@ async fn an_abort_by_id_through_the_gateway_ends_that_request_on_its_engine() {
             })
             .await;
         }
+
+        // No id from the client: the gateway gives the request one and says it in X-Request-Id,
+        // with the head of a stream, so a client can abort it while it runs.
+        let body = json!({"text": "hello", "stream": true,
+                          "sampling_params": {"max_new_tokens": 100000, "ignore_eos": true}});
+        let r = client()
+            .post(format!("{}/generate", g.url()))
+            .json(&body)
+            .send()
+            .await
+            .expect("the stream starts");
+        let rid = r
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .expect("an id in the response head")
+            .to_string();
+        assert!(rid.starts_with("troupe-"), "{rid}");
+        let (st, v) =
+            common::post(&format!("{}/abort_request", g.url()), &json!({"rid": rid})).await;
+        assert_eq!(st, 200, "{v}");
+        let text = r.text().await.expect("the stream ends");
+        assert!(
+            text.contains("\"abort\""),
+            "the stream ends aborted: {text:.300}"
+        );
+        until("the engine stops running it", || async {
+            running(&e).await == Some(0)
+        })
+        .await;
         g.shutdown().await.expect("gateway stops");
     })
     .await

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
@@ -202,7 +202,14 @@ pub(super) async fn handle_native(
     let needs_text = state.router.needs_text();
     let parsed = InferReq::parse(ep, &headers, raw, state.cfg.pd, needs_text);
     let resp = match parsed.map(|r| InferReq { native, ..r }) {
-        Ok(req) => run(&state, &req).await,
+        Ok(mut req) => {
+            let rid = req.ensure_rid();
+            let mut resp = run(&state, &req).await;
+            if let Some(v) = rid.and_then(|r| HeaderValue::from_str(&r).ok()) {
+                resp.headers_mut().entry(REQUEST_ID).or_insert(v);
+            }
+            resp
+        }
         Err(e) => e.into_response(),
     };
     state.metrics.observe(started.elapsed());
@@ -241,6 +248,9 @@ async fn run(state: &GatewayState, req: &InferReq) -> Response {
     ))
     .into_response()
 }
+
+/// The response header naming the request's id (what `/abort_request {rid}` takes).
+const REQUEST_ID: &str = "x-request-id";
 
 /// `POST /generate`.
 pub(super) async fn generate(

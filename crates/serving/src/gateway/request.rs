@@ -88,6 +88,34 @@ impl InferReq {
         })
     }
 
+    /// Gives a single SGLang-style `/generate` request an id when the client sent none, so it
+    /// can be aborted by id (`/abort_request {rid}`): `rid` is added to the body every worker
+    /// gets (SGLang's and the reference engine's field; vLLM workers get it as `request_id`).
+    /// Returns the request's id, the client's or the new one, which the gateway sends back in
+    /// `X-Request-Id`; `None` for batches, other routes and bodies in vLLM's own dialect.
+    pub(crate) fn ensure_rid(&mut self) -> Option<String> {
+        if self.ep != Endpoint::Generate || self.batch.is_some() || self.native.is_some() {
+            return None;
+        }
+        match self.obj.get("rid") {
+            Some(Value::String(r)) => return Some(r.clone()),
+            Some(_) => return None,
+            None => {}
+        }
+        let end = self.raw.iter().rposition(|b| *b == b'}')?;
+        let rid = format!("troupe-{}", uuid::Uuid::new_v4().simple());
+        let mut out = Vec::with_capacity(self.raw.len() + 48);
+        out.extend_from_slice(&self.raw[..end]);
+        if !self.obj.is_empty() {
+            out.push(b',');
+        }
+        out.extend_from_slice(format!("\"rid\":\"{rid}\"").as_bytes());
+        out.extend_from_slice(&self.raw[end..]);
+        self.raw = Bytes::from(out);
+        self.obj.insert("rid".into(), Value::String(rid.clone()));
+        Some(rid)
+    }
+
     pub(crate) fn ctx(&self) -> RouteContext<'_> {
         RouteContext {
             session: self.session.as_deref(),
