@@ -1,3 +1,6 @@
+//! Requests that should stop, stop on the engine, and sessions stay where they were across a
+//! weight update.
+//!
 //! Requests that should stop, stop on the engine: a client that goes away mid-request (the
 //! gateway drops its upstream exchange, and the engine aborts a request whose client left),
 //! streamed or not, and an abort by request id sent to the gateway in SGLang's or vLLM's words
@@ -163,6 +166,66 @@ async fn an_abort_by_id_through_the_gateway_ends_that_request_on_its_engine() {
         })
         .await;
         g.shutdown().await.expect("gateway stops");
+    })
+    .await
+}
+
+/// A multi-turn session stays on its engine across a weight update: the pause and resume
+/// around the update leave the gateway's session bindings as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_turns_land_on_its_engine_again_after_a_weight_update() {
+    within(240, async {
+        let mut opts = troupe_controller::serve::ForkOptions::default();
+        opts.gateway.router.policy = troupe_serving::policy::PolicyKind::StickyLeastLoaded;
+        let (cluster, svc) = common::pd_deployment(1, 2, "troupe:d2t1", &opts).await;
+        let engines: Vec<String> = svc.servers().into_iter().map(|s| s.info.url).collect();
+        assert_eq!(engines.len(), 2);
+        let url = format!("{}/generate", svc.gateway_url);
+        let turn = |session: &'static str| {
+            let url = url.clone();
+            async move {
+                let r = client()
+                    .post(&url)
+                    .header("X-Session-ID", session)
+                    .json(&json!({"text": "turn", "sampling_params": {"max_new_tokens": 4}}))
+                    .send()
+                    .await
+                    .expect("send");
+                assert_eq!(r.status(), 200);
+            }
+        };
+        // Which engine served a turn: the one whose generated-token counter moved.
+        async fn served(engines: &[String], turn: impl std::future::Future<Output = ()>) -> usize {
+            let mut before = Vec::new();
+            for e in engines {
+                before.push(generated_tokens(e).await);
+            }
+            turn.await;
+            let mut moved = Vec::new();
+            for (i, e) in engines.iter().enumerate() {
+                if generated_tokens(e).await > before[i] {
+                    moved.push(i);
+                }
+            }
+            assert_eq!(moved.len(), 1, "one engine served the turn: {moved:?}");
+            moved[0]
+        }
+        let a = served(&engines, turn("episode-a")).await;
+        let b = served(&engines, turn("episode-b")).await;
+        assert_ne!(a, b, "two sessions on two engines");
+        let (_, weights) = common::model::trainer_weights(9);
+        let sync = troupe_serving::control_plane::WeightSync::new(Default::default());
+        sync.update_weights(&svc.control, &svc.control.engines(), "v-after", &weights)
+            .await
+            .expect("the update lands");
+        // `b` first: were the bindings lost, `b` would bind anew to the first engine with the
+        // fewest sessions, which is `a`'s.
+        for _ in 0..3 {
+            assert_eq!(served(&engines, turn("episode-b")).await, b);
+            assert_eq!(served(&engines, turn("episode-a")).await, a);
+        }
+        svc.teardown().await;
+        cluster.shutdown().await;
     })
     .await
 }
