@@ -24,7 +24,8 @@ when the server's Python has this package. Nothing here is imported unless vLLM 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from vllm.distributed.weight_transfer.base import (
@@ -149,8 +150,11 @@ class TroupeWeightTransferEngine(WeightTransferEngine[TroupeInitInfo, TroupeUpda
             disable_mtp_completeness_check,
         )
 
+        # `nn.Module.__getattr__` is typed as returning a tensor or a module; vLLM models have
+        # this method.
+        load = cast(Callable[[list[tuple[str, torch.Tensor]]], object], self.model.load_weights)
         with disable_mtp_completeness_check():
-            self.model.load_weights(weights)
+            load(weights)
 
     def shutdown(self) -> None:
         if self._receiver is not None:
