@@ -88,19 +88,36 @@ async fn a_client_that_leaves_has_its_request_aborted_on_the_engine() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_abort_by_id_through_the_gateway_ends_that_request_on_its_engine() {
     within(90, async {
-        let engine = engine(EngineArgs {
+        let args = || EngineArgs {
             sim_decode_step_ms: Some(5.0),
             ..engine_args()
-        })
-        .await;
-        let e = engine.url();
+        };
+        let (e1, e2) = (engine(args()).await, engine(args()).await);
+        let engines = [e1.url(), e2.url()];
         let g = gateway::start(GatewayConfig {
             listen: "127.0.0.1:0".into(),
-            workers: vec![WorkerSpec::regular(e.clone())],
+            workers: engines
+                .iter()
+                .map(|u| WorkerSpec::regular(u.clone()))
+                .collect(),
             ..Default::default()
         })
         .await
         .expect("gateway");
+        let total = || async {
+            let mut n = 0;
+            for e in &engines {
+                n += generated_tokens(e).await;
+            }
+            n
+        };
+        let idle = || async {
+            let mut all = true;
+            for e in &engines {
+                all &= running(e).await == Some(0);
+            }
+            all
+        };
         for (rid, path, abort) in [
             (
                 "sglang-rid-1",
@@ -113,28 +130,37 @@ async fn an_abort_by_id_through_the_gateway_ends_that_request_on_its_engine() {
                 json!({"request_ids": ["vllm-rid-2"]}),
             ),
         ] {
-            let before = generated_tokens(&e).await;
+            let before = total().await;
             let body = json!({"text": "hello", "rid": rid,
                               "sampling_params": {"max_new_tokens": 100000, "ignore_eos": true}});
             let url = format!("{}/generate", g.url());
             let req = tokio::spawn(async move { common::post(&url, &body).await });
-            until("the request decodes on the engine", || async {
-                generated_tokens(&e).await >= before + 20
+            until("the request decodes on an engine", || async {
+                total().await >= before + 20
             })
             .await;
             let (st, v) = common::post(&format!("{}{path}", g.url()), &abort).await;
             assert_eq!(st, 200, "{path}: {v}");
+            // The gateway relays this request: the abort went to its engine only.
+            assert_eq!(v["targeted"], json!(true), "{v}");
+            assert_eq!(v["engines"].as_array().map(Vec::len), Some(1), "{v}");
             let (st, v) = req.await.expect("the request answers");
             assert_eq!(st, 200, "{v}");
             assert_eq!(
                 v["meta_info"]["finish_reason"]["type"], "abort",
                 "{rid}: {v}"
             );
-            until("the engine stops running it", || async {
-                running(&e).await == Some(0)
-            })
-            .await;
+            until("no engine runs it", || idle()).await;
         }
+        // An id the gateway does not relay: every engine is asked.
+        let (st, v) = common::post(
+            &format!("{}/abort_request", g.url()),
+            &json!({"rid": "elsewhere"}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        assert!(v.get("targeted").is_none(), "{v}");
+        assert_eq!(v["engines"].as_array().map(Vec::len), Some(2), "{v}");
 
         // No id from the client: the gateway gives the request one and says it in X-Request-Id,
         // with the head of a stream, so a client can abort it while it runs.
@@ -156,15 +182,13 @@ async fn an_abort_by_id_through_the_gateway_ends_that_request_on_its_engine() {
         let (st, v) =
             common::post(&format!("{}/abort_request", g.url()), &json!({"rid": rid})).await;
         assert_eq!(st, 200, "{v}");
+        assert_eq!(v["targeted"], json!(true), "{v}");
         let text = r.text().await.expect("the stream ends");
         assert!(
             text.contains("\"abort\""),
             "the stream ends aborted: {text:.300}"
         );
-        until("the engine stops running it", || async {
-            running(&e).await == Some(0)
-        })
-        .await;
+        until("no engine runs it", || idle()).await;
         g.shutdown().await.expect("gateway stops");
     })
     .await

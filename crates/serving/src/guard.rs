@@ -20,13 +20,25 @@ use super::worker::Worker;
 #[derive(Debug)]
 pub struct LoadGuard {
     worker: Arc<dyn Worker>,
+    /// The request's entry in the gateway's in-flight registry, when it has an id.
+    _holding: Option<super::inflight::Holding>,
 }
 
 impl LoadGuard {
     /// Counts a request on `worker` until the guard drops.
     pub fn new(worker: Arc<dyn Worker>) -> Self {
         worker.increment_load();
-        Self { worker }
+        Self {
+            worker,
+            _holding: None,
+        }
+    }
+
+    /// Also records, for as long as the guard lives, that its worker holds request `rid`
+    /// (`None`: the request has no id).
+    pub fn holding(mut self, reg: &Arc<super::inflight::InFlight>, rid: Option<&str>) -> Self {
+        self._holding = rid.map(|r| reg.hold(r, &self.worker));
+        self
     }
 
     /// The worker this guard counts on.

@@ -46,6 +46,7 @@ pub mod health;
 pub mod health_config;
 pub mod hops;
 pub mod inference;
+pub mod inflight;
 pub mod keys;
 pub mod limits;
 pub mod listen;

@@ -61,7 +61,7 @@ async fn regular_once(
         .router
         .route(WorkerType::Regular, &req.ctx(), avoid)
         .map_err(ApiError::from)?;
-    let guard = LoadGuard::new(w.clone());
+    let guard = LoadGuard::new(w.clone()).holding(&state.inflight, req.rid());
     // A vLLM worker gets vLLM's token route: the client's own vLLM body, or SGLang's
     // `/generate` translated (and its answer translated back).
     let vllm = w.dialect() == EngineDialect::Vllm;

@@ -13,6 +13,7 @@
 //! [`start`] runs it in-process and returns a [`GatewayHandle`]; the `troupe.gateway` actor
 //! wraps the same call.
 
+mod aborts;
 mod admin;
 mod attempt;
 mod forward;
@@ -190,6 +191,8 @@ pub(crate) struct GatewayState {
     pub(crate) addr: SocketAddr,
     /// Its own control plane, when it is one (standalone): new workers may join held.
     pub(crate) plane: std::sync::OnceLock<Arc<ControlPlane>>,
+    /// Which workers hold each in-flight request with an id (aborts by id go there).
+    pub(crate) inflight: Arc<crate::inflight::InFlight>,
 }
 
 impl GatewayConfig {
@@ -361,6 +364,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         hop: Arc::new(crate::hops::Hop::new()),
         addr,
         plane: std::sync::OnceLock::new(),
+        inflight: Arc::default(),
         cfg,
     });
     if state.cfg.admin_key.is_none() && !addr.ip().is_loopback() {
@@ -417,6 +421,11 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
             max_w,
         ),
     };
+    // Aborts by id go to the engines holding the request when this gateway relays it.
+    let control_routes = control_routes.route_layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        aborts::targeted,
+    ));
     let app = app(state.clone())
         .merge(control_routes)
         .layer(axum::middleware::from_fn_with_state(

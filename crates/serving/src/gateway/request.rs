@@ -116,6 +116,11 @@ impl InferReq {
         Some(rid)
     }
 
+    /// The request's id (`rid`), when it has one.
+    pub(crate) fn rid(&self) -> Option<&str> {
+        self.obj.get("rid").and_then(Value::as_str)
+    }
+
     pub(crate) fn ctx(&self) -> RouteContext<'_> {
         RouteContext {
             session: self.session.as_deref(),
