@@ -150,7 +150,7 @@ async fn an_abort_by_id_through_the_gateway_ends_that_request_on_its_engine() {
                 v["meta_info"]["finish_reason"]["type"], "abort",
                 "{rid}: {v}"
             );
-            until("no engine runs it", || idle()).await;
+            until("no engine runs it", &idle).await;
         }
         // An id the gateway does not relay: every engine is asked.
         let (st, v) = common::post(
@@ -188,7 +188,7 @@ async fn an_abort_by_id_through_the_gateway_ends_that_request_on_its_engine() {
             text.contains("\"abort\""),
             "the stream ends aborted: {text:.300}"
         );
-        until("no engine runs it", || idle()).await;
+        until("no engine runs it", &idle).await;
         g.shutdown().await.expect("gateway stops");
     })
     .await
