@@ -102,11 +102,18 @@ pub fn inject(
         }
         return Bytes::from(Value::Object(m).to_string());
     }
+    append_fields(raw, obj.is_empty(), &extra)
+}
+
+/// The JSON object `raw` (parsed as `obj`, which has none of these keys) with `fields` added
+/// at its end, its own bytes kept as they came: adding fields costs one copy, not a parse and
+/// a re-serialization. `empty`: the object has no fields (no comma before the first).
+pub fn append_fields(raw: &[u8], empty: bool, fields: &[(&str, Value)]) -> Bytes {
     let end = raw.iter().rposition(|b| *b == b'}').unwrap_or(raw.len());
     let mut out = Vec::with_capacity(raw.len() + 128);
     out.extend_from_slice(&raw[..end]);
-    let mut first = obj.is_empty();
-    for (k, v) in extra {
+    let mut first = empty;
+    for (k, v) in fields {
         if !first {
             out.push(b',');
         }

@@ -16,8 +16,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::{Value, json};
-use troupe_controller::Cluster;
-use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_scheduler::AllocationPlan;
 use troupe_serving::policy::PolicyKind;
 
@@ -123,15 +121,8 @@ async fn start_vllm_router(bin: &str, workers: &[String]) -> Result<(Peer, Strin
 /// Letters for session `s`'s text number `n` (its first prompt is 0, tool results follow),
 /// different per session and turn.
 fn text(s: u64, n: u64, len: u64) -> String {
-    let mut x = (s.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ n.wrapping_mul(0xD1B5_4A32_D192_ED03)) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (b'a' + (x % 26) as u8) as char
-        })
-        .collect()
+    let seed = s.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ n.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    super::fixture::letters(seed, len)
 }
 
 /// What one session's turns added up to.
@@ -172,11 +163,10 @@ async fn session(
             return Err(format!("session {s} turn {turn}: {status}: {v}"));
         }
         t.turns_ms.push(started.elapsed().as_secs_f64() * 1e3);
-        let m = &v["meta_info"];
-        let n = |k: &str| m[k].as_u64().unwrap_or(0);
-        t.prompt += n("prompt_tokens");
-        t.completion += n("completion_tokens");
-        t.cached += n("cached_tokens");
+        let (prompt_tokens, completion, cached) = super::fixture::token_counts(&v);
+        t.prompt += prompt_tokens;
+        t.completion += completion;
+        t.cached += cached;
         // The next turn: this prompt, the output, a tool result.
         prompt.push_str(v["text"].as_str().unwrap_or(""));
         prompt.push_str(&text(s, turn + 1, a.tool_tokens));
@@ -193,32 +183,23 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 
 async fn run_one(a: &AgentArgs, via: &Via) -> Result<Vec<(&'static str, f64)>, String> {
     let plan = AllocationPlan::parse("troupe:d4t1").map_err(|e| e.to_string())?;
-    let cluster = Cluster::in_process(1, 4)
-        .await
-        .map_err(|e| format!("cannot start the cluster: {e}"))?;
-    let mut opts = ForkOptions {
-        extra_args: vec![
-            "--sim-prefill-tokens-per-s".into(),
-            a.sim_prefill_tokens_per_s.to_string(),
-            "--sim-decode-step-ms".into(),
-            a.sim_decode_step_ms.to_string(),
-            "--max-total-tokens".into(),
-            a.kv_tokens.to_string(),
-            "--max-running-requests".into(),
-            "256".into(),
-        ],
-        ..ForkOptions::default()
+    let extra = vec![
+        "--sim-prefill-tokens-per-s".into(),
+        a.sim_prefill_tokens_per_s.to_string(),
+        "--sim-decode-step-ms".into(),
+        a.sim_decode_step_ms.to_string(),
+        "--max-total-tokens".into(),
+        a.kv_tokens.to_string(),
+        "--max-running-requests".into(),
+        "256".into(),
+    ];
+    // vllm-router is measured in front of the same engines; the gateway's policy then does not
+    // matter (nothing goes through it).
+    let policy = match via {
+        Via::Gateway(p) => *p,
+        Via::VllmRouter(_) => PolicyKind::default(),
     };
-    if let Via::Gateway(policy) = via {
-        opts.gateway.router.policy = *policy;
-    }
-    let svc = match Deployment::fork(&cluster, &plan, &opts).await {
-        Ok(s) => s,
-        Err(e) => {
-            cluster.shutdown().await;
-            return Err(e.to_string());
-        }
-    };
+    let (cluster, svc) = super::fixture::deployment(&plan, extra, policy).await?;
     let peer = match via {
         Via::Gateway(_) => Ok(None),
         Via::VllmRouter(bin) => {

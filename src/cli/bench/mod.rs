@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod chaos;
+pub mod fixture;
 pub mod gateway;
 pub mod proc_cpu;
 pub mod rollout;

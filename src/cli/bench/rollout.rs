@@ -20,8 +20,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::{Value, json};
-use troupe_controller::Cluster;
-use troupe_controller::serve::{Deployment, ForkOptions};
+use troupe_controller::serve::Deployment;
 use troupe_scheduler::AllocationPlan;
 use troupe_serving::policy::PolicyKind;
 
@@ -82,17 +81,9 @@ fn plan_for(layout: &str) -> Result<AllocationPlan, String> {
     AllocationPlan::parse(spec).map_err(|e| e.to_string())
 }
 
-/// A prompt of `n` lowercase letters, different per group (xorshift from the group index).
+/// A prompt of `n` lowercase letters, different per group.
 fn prompt(group: u64, n: u64) -> String {
-    let mut s = group.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (b'a' + (s % 26) as u8) as char
-        })
-        .collect()
+    super::fixture::letters(group.wrapping_mul(0x9E37_79B9_7F4A_7C15), n)
 }
 
 /// Totals over the answers of one run.
@@ -131,12 +122,11 @@ async fn load(a: &RolloutArgs, url: &str) -> Result<(Answers, Duration), String>
                         if !status.is_success() {
                             return Err(format!("{status}: {v}"));
                         }
-                        let m = &v["meta_info"];
-                        let n = |k: &str| m[k].as_u64().unwrap_or(0);
+                        let (prompt, completion, cached) = super::fixture::token_counts(&v);
                         Ok(Answers {
-                            prompt: n("prompt_tokens"),
-                            completion: n("completion_tokens"),
-                            cached: n("cached_tokens"),
+                            prompt,
+                            completion,
+                            cached,
                         })
                     }
                 });
@@ -191,9 +181,6 @@ async fn run_one(
     c: &Config,
 ) -> Result<Vec<(&'static str, f64)>, String> {
     let plan = plan_for(layout)?;
-    let cluster = Cluster::in_process(1, 4)
-        .await
-        .map_err(|e| format!("cannot start the cluster: {e}"))?;
     let mut extra = vec![
         "--sim-prefill-tokens-per-s".to_string(),
         a.sim_prefill_tokens_per_s.to_string(),
@@ -207,20 +194,7 @@ async fn run_one(
     if !c.cache {
         extra.push("--disable-radix-cache".into());
     }
-    let mut opts = ForkOptions {
-        extra_args: extra,
-        ..ForkOptions::default()
-    };
-    opts.gateway.router.policy = c.policy;
-    opts.gateway.router.prefill_policy = c.policy;
-    opts.gateway.router.decode_policy = c.policy;
-    let svc = match Deployment::fork(&cluster, &plan, &opts).await {
-        Ok(s) => s,
-        Err(e) => {
-            cluster.shutdown().await;
-            return Err(e.to_string());
-        }
-    };
+    let (cluster, svc) = super::fixture::deployment(&plan, extra, c.policy).await?;
     let out = load(a, &svc.gateway_url).await;
     let counters = match &out {
         Ok(_) => Some((

@@ -102,16 +102,9 @@ impl InferReq {
             Some(_) => return None,
             None => {}
         }
-        let end = self.raw.iter().rposition(|b| *b == b'}')?;
         let rid = format!("troupe-{}", uuid::Uuid::new_v4().simple());
-        let mut out = Vec::with_capacity(self.raw.len() + 48);
-        out.extend_from_slice(&self.raw[..end]);
-        if !self.obj.is_empty() {
-            out.push(b',');
-        }
-        out.extend_from_slice(format!("\"rid\":\"{rid}\"").as_bytes());
-        out.extend_from_slice(&self.raw[end..]);
-        self.raw = Bytes::from(out);
+        let field = [("rid", Value::String(rid.clone()))];
+        self.raw = pd::append_fields(&self.raw, self.obj.is_empty(), &field);
         self.obj.insert("rid".into(), Value::String(rid.clone()));
         Some(rid)
     }

@@ -29,6 +29,10 @@ pub(super) fn keyed(admin_key: Option<&str>, routes: KeyedRoutes) -> KeyedRoutes
     )
 }
 
+/// What a `/finish_session` without an id is told.
+const NEEDS_ID: &str =
+    "session_id is required: POST /finish_session?session_id=ID or a body {\"session_id\": \"ID\"}";
+
 /// The id from the query or the body.
 fn session_id(query: Option<&str>, body: &[u8]) -> Result<String, ApiError> {
     let from_query = query.and_then(|q| {
@@ -39,9 +43,7 @@ fn session_id(query: Option<&str>, body: &[u8]) -> Result<String, ApiError> {
     let id = match from_query {
         Some(id) => id,
         None if body.iter().all(u8::is_ascii_whitespace) => {
-            return Err(ApiError::bad_request(
-                "session_id is required: POST /finish_session?session_id=ID or a body {\"session_id\": \"ID\"}",
-            ));
+            return Err(ApiError::bad_request(NEEDS_ID));
         }
         None => match crate::pd::parse_object(body)?.get("session_id") {
             Some(Value::String(s)) => s.clone(),
@@ -52,9 +54,7 @@ fn session_id(query: Option<&str>, body: &[u8]) -> Result<String, ApiError> {
                 )));
             }
             None => {
-                return Err(ApiError::bad_request(
-                    "session_id is required: POST /finish_session?session_id=ID or a body {\"session_id\": \"ID\"}",
-                ));
+                return Err(ApiError::bad_request(NEEDS_ID));
             }
         },
     };

@@ -349,31 +349,7 @@ mod tests {
     }
 
     fn spec(backend: Backend, wt: WorkerType) -> LaunchSpec {
-        LaunchSpec {
-            backend,
-            worker_type: wt,
-            model: "/models/qwen".into(),
-            tp: 2,
-            pp: 1,
-            gpus: vec![4, 5],
-            cpu: false,
-            host: "0.0.0.0".into(),
-            advertise_host: "10.0.0.3".into(),
-            port: 30000,
-            dist_port: Some(30001),
-            bootstrap_port: Some(30002),
-            transfer_backend: Some("mooncake".into()),
-            multi_node: None,
-            quantization: None,
-            extra_args: vec!["--mem-fraction-static".into(), "0.8".into()],
-            env: BTreeMap::new(),
-            python: "python3".into(),
-            troupe_bin: None,
-            log_path: None,
-            ready_timeout_s: 60.0,
-            admin_api_key: None,
-            wait_ready: true,
-        }
+        crate::inference::spec::test_spec(backend, wt)
     }
 
     #[test]

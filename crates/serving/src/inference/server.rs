@@ -197,14 +197,18 @@ impl Actor for InferenceServer {
     type Args = LaunchSpec;
 
     async fn start(spec: LaunchSpec, ctx: &ActorContext) -> Result<Self, ActorError> {
-        // Asks the server's Python once (a process start): off the runtime's threads.
-        let spec = tokio::task::spawn_blocking(move || {
-            let mut spec = spec;
-            super::vllm_plugin::choose_backend(&mut spec);
+        // A vLLM server's Python is asked once (a process start): off the runtime's threads.
+        let spec = if super::vllm_plugin::wants_backend(&spec) {
+            tokio::task::spawn_blocking(move || {
+                let mut spec = spec;
+                super::vllm_plugin::choose_backend(&mut spec);
+                spec
+            })
+            .await
+            .map_err(|e| ActorError::new(format!("choosing the weight-transfer backend: {e}")))?
+        } else {
             spec
-        })
-        .await
-        .map_err(|e| ActorError::new(format!("choosing the weight-transfer backend: {e}")))?;
+        };
         let run_dir = rundir::get().map_err(ActorError::new)?;
         let cl = command::build(&spec, &troupe_bin(&spec)?, run_dir)
             .map_err(|e| ActorError::new(format!("bad launch spec: {e}")))?;

@@ -85,29 +85,8 @@ mod tests {
 
     fn spec(backend: Backend, extra: &[&str]) -> LaunchSpec {
         LaunchSpec {
-            backend,
-            worker_type: WorkerType::Regular,
-            model: "/models/tiny".into(),
-            tp: 1,
-            pp: 1,
-            gpus: vec![0],
-            cpu: true,
-            host: "127.0.0.1".into(),
-            advertise_host: "127.0.0.1".into(),
-            port: 30000,
-            dist_port: None,
-            bootstrap_port: None,
-            transfer_backend: None,
-            multi_node: None,
-            quantization: None,
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
-            env: Default::default(),
-            python: "python3".into(),
-            troupe_bin: None,
-            log_path: None,
-            ready_timeout_s: 60.0,
-            admin_api_key: None,
-            wait_ready: true,
+            ..crate::inference::spec::test_spec(backend, WorkerType::Regular)
         }
     }
 
