@@ -2,6 +2,7 @@
 //! mode `abort` mid-request; the proxy waits for the engine to serve again, resubmits prompt +
 //! tokens so far with the remaining budget, and answers one response whose tokens equal an
 //! uninterrupted run (greedy, same weights) and carry the version that produced each of them.
+//! On `/generate` alone, and on chat and completions through the gateway.
 
 use crate::common;
 
@@ -10,6 +11,8 @@ use std::time::Duration;
 use common::{client, engine, engine_args, generated_tokens, post, until, within};
 use serde_json::json;
 use troupe_engine::EngineArgs;
+use troupe_serving::WorkerSpec;
+use troupe_serving::gateway::{self, GatewayConfig};
 use troupe_serving::proxy::{self, ProxyConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -81,6 +84,134 @@ async fn weight_update_abort_is_resubmitted_and_stitched() {
         let (_, want) = post(&format!("{e}/generate"), &body).await;
         assert_eq!(got["output_ids"], want["output_ids"]);
         assert_eq!(got["text"], want["text"]);
+        p.shutdown().await.expect("proxy stops");
+        engine.shutdown().await.expect("engine stops");
+    })
+    .await
+}
+
+/// Pauses `engine` with mode `abort` once `more` tokens were made since `before`, moves its
+/// version to `version`, and resumes it.
+async fn update_mid_request(engine: &str, before: u64, more: u64, version: &str) {
+    until("the engine generated some tokens", || async {
+        generated_tokens(engine).await >= before + more
+    })
+    .await;
+    for (path, body) in [
+        ("/pause_generation", json!({"mode": "abort"})),
+        ("/update_weight_version", json!({"new_version": version})),
+        ("/continue_generation", json!({})),
+    ] {
+        let (st, v) = post(&format!("{engine}{path}"), &body).await;
+        assert_eq!(st, 200, "{path}: {v}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chat_and_completions_resume_through_the_gateway_with_versions() {
+    within(90, async {
+        let engine = engine(EngineArgs {
+            random_seed: 7,
+            sim_decode_step_ms: Some(10.0),
+            ..engine_args()
+        })
+        .await;
+        let e = engine.url();
+        let p = proxy::start(ProxyConfig {
+            backends: vec![e.clone()],
+            pause_poll: Duration::from_millis(5),
+            ..Default::default()
+        })
+        .await
+        .expect("proxy");
+        let g = gateway::start(GatewayConfig {
+            listen: "127.0.0.1:0".into(),
+            workers: vec![WorkerSpec::regular(p.url())],
+            ..Default::default()
+        })
+        .await
+        .expect("gateway");
+        let cases = [
+            (
+                "/v1/chat/completions",
+                json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 40,
+                       "temperature": 0, "ignore_eos": true, "logprobs": true,
+                       "return_token_ids": true}),
+                "/choices/0/message/content",
+            ),
+            (
+                "/v1/completions",
+                json!({"prompt": "Hello", "max_tokens": 40, "temperature": 0,
+                       "ignore_eos": true, "logprobs": 1}),
+                "/choices/0/text",
+            ),
+        ];
+        for (i, (path, body, text_at)) in cases.into_iter().enumerate() {
+            let before = generated_tokens(&e).await;
+            let url = format!("{}{path}", g.url());
+            let b = body.clone();
+            let pending = tokio::spawn(async move {
+                let r = client().post(&url).json(&b).send().await.expect("sent");
+                let id = r.headers().get("x-request-id").cloned();
+                (
+                    r.status().as_u16(),
+                    id,
+                    r.json::<serde_json::Value>().await.expect("json"),
+                )
+            });
+            let version = format!("v{}", i + 2);
+            update_mid_request(&e, before, 5, &version).await;
+            let (st, id, got) = pending.await.expect("joined");
+            assert_eq!(st, 200, "{path}: {got}");
+            assert!(id.is_some(), "{path}: the gateway names the request");
+            assert_eq!(got["proxy_resubmits"], 1, "{path}: {got}");
+            assert_eq!(
+                got["choices"][0]["finish_reason"], "length",
+                "{path}: {got}"
+            );
+            assert_eq!(got["usage"]["completion_tokens"], 40, "{path}: {got}");
+            let versions = got["output_token_weight_versions"]
+                .as_array()
+                .expect("versions");
+            assert_eq!(versions.len(), 40, "{path}");
+            let first_new = versions
+                .iter()
+                .position(|v| *v == json!(version))
+                .expect("tokens after the update");
+            assert!(first_new >= 5, "{path}: {versions:?}");
+            assert!(versions[first_new..].iter().all(|v| *v == json!(version)));
+            let lps = if path.contains("chat") {
+                got.pointer("/choices/0/logprobs/content")
+            } else {
+                got.pointer("/choices/0/logprobs/token_logprobs")
+            };
+            assert_eq!(
+                lps.and_then(|l| l.as_array()).map(Vec::len),
+                Some(40),
+                "{path}: {got}"
+            );
+            // Greedy, same weights: the stitched tokens are the uninterrupted run's. A chat
+            // continues from its text, which the tiny model's arbitrary bytes do not survive
+            // (lossy UTF-8), so there only the tokens before the cut are compared.
+            let mut plain = body.clone();
+            plain["return_token_ids"] = json!(true);
+            let (st, want) = post(&format!("{e}{path}"), &plain).await;
+            assert_eq!(st, 200, "{want}");
+            let ids = |v: &serde_json::Value| v["choices"][0]["token_ids"].as_array().cloned();
+            if path.contains("chat") {
+                let (a, b) = (ids(&got).expect("ids"), ids(&want).expect("ids"));
+                assert_eq!(a.len(), 40);
+                assert_eq!(a[..first_new], b[..first_new], "{path}");
+            } else {
+                assert!(
+                    got["choices"][0].get("token_ids").is_none(),
+                    "not asked for"
+                );
+                assert_eq!(got.pointer(text_at), want.pointer(text_at), "{path}");
+            }
+        }
+        assert_eq!(p.resubmits(), 2);
+        g.shutdown().await.expect("gateway stops");
         p.shutdown().await.expect("proxy stops");
         engine.shutdown().await.expect("engine stops");
     })

@@ -8,3 +8,4 @@ mod common;
 mod gateway;
 mod serve;
 mod server;
+mod sessions;

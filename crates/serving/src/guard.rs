@@ -34,10 +34,15 @@ impl LoadGuard {
         }
     }
 
-    /// Also records, for as long as the guard lives, that its worker holds request `rid`
-    /// (`None`: the request has no id).
-    pub fn holding(mut self, reg: &Arc<super::inflight::InFlight>, rid: Option<&str>) -> Self {
-        self._holding = rid.map(|r| reg.hold(r, &self.worker));
+    /// Also records, for as long as the guard lives, that its worker holds request `rid`,
+    /// sent to it on `ep` (`None`: the request has no id).
+    pub fn holding(
+        mut self,
+        reg: &Arc<super::inflight::InFlight>,
+        rid: Option<&str>,
+        ep: super::metrics::Endpoint,
+    ) -> Self {
+        self._holding = rid.map(|r| reg.hold(r, ep, &self.worker));
         self
     }
 

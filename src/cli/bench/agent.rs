@@ -10,7 +10,13 @@
 //! - `agent.P.tokens_per_s`: prompt plus completion tokens of every turn per second;
 //! - `agent.P.cache_hit_rate`: prompt tokens served from a prefix cache / all prompt tokens;
 //! - `agent.P.turn_p50_ms`, `agent.P.turn_p99_ms`: a turn's latency;
-//! - `agent.<last>_vs_<first>.tokens_per_s_ratio`: the last policy's throughput over the first's.
+//! - `agent.<last>_vs_<first>.tokens_per_s_ratio`: the last policy's throughput over the first's;
+//! - `agent.aborts_sent`, `agent.aborts_targeted`, `agent.aborts_reached`: after the last
+//!   policy's sessions, `--aborts` long streamed requests (no id from the client: the gateway
+//!   names each in `X-Request-Id`) are aborted by that id through the gateway, alternately in
+//!   SGLang's words (`/abort_request {rid}`) and vLLM's (`/abort_requests {request_ids}`);
+//!   targeted: the gateway sent the abort to the holding engine only; reached: the request's
+//!   stream ended with the engine's `abort` finish before its token budget.
 
 use std::time::{Duration, Instant};
 
@@ -59,6 +65,9 @@ pub struct AgentArgs {
     /// `vllm-router` of `pip install vllm-router==0.1.17`): figures `agent.vllm_router.*`.
     #[arg(long)]
     pub vllm_router: Option<String>,
+    /// Long requests aborted by id through the gateway after the last policy's sessions.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(0..=256))]
+    pub aborts: u64,
     /// Print one JSON object instead of one line per figure.
     #[arg(long)]
     pub json: bool,
@@ -181,7 +190,59 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-async fn run_one(a: &AgentArgs, via: &Via) -> Result<Vec<(&'static str, f64)>, String> {
+/// The tokens an aborted request asks for: far more than it gets to make before its abort.
+const ABORT_BUDGET: u64 = 3000;
+
+/// One long streamed request aborted by id through the gateway at `url`: (targeted, reached).
+async fn abort_one(client: &reqwest::Client, url: &str, i: u64) -> Result<(bool, bool), String> {
+    let body = json!({"text": format!("abort {i}"), "stream": true,
+                      "sampling_params": {"max_new_tokens": ABORT_BUDGET, "ignore_eos": true}});
+    let r = client
+        .post(format!("{url}/generate"))
+        .json(&body)
+        .timeout(Duration::from_secs(600))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let id = r
+        .headers()
+        .get("x-request-id")
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .ok_or("the gateway named no request in X-Request-Id")?;
+    let (path, abort) = if i.is_multiple_of(2) {
+        ("/abort_request", json!({"rid": id}))
+    } else {
+        ("/abort_requests", json!({"request_ids": [id]}))
+    };
+    let answer: Value = client
+        .post(format!("{url}{path}"))
+        .json(&abort)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())?;
+    let sse = r.text().await.map_err(|e| e.to_string())?;
+    let last = sse
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .next_back()
+        .unwrap_or(Value::Null);
+    let reached = last.pointer("/meta_info/finish_reason/type") == Some(&json!("abort"))
+        && last["meta_info"]["completion_tokens"]
+            .as_u64()
+            .is_some_and(|n| n < ABORT_BUDGET);
+    Ok((answer["targeted"] == json!(true), reached))
+}
+
+async fn run_one(
+    a: &AgentArgs,
+    via: &Via,
+    aborts: u64,
+) -> Result<Vec<(&'static str, f64)>, String> {
     let plan = AllocationPlan::parse("troupe:d4t1").map_err(|e| e.to_string())?;
     let extra = vec![
         "--sim-prefill-tokens-per-s".into(),
@@ -229,6 +290,12 @@ async fn run_one(a: &AgentArgs, via: &Via) -> Result<Vec<(&'static str, f64)>, S
         Err(e) => vec![Err(e.clone())],
     };
     let wall = started.elapsed().as_secs_f64().max(1e-9);
+    let aborted: Vec<Result<(bool, bool), String>> = match &client {
+        Ok(c) if aborts > 0 => {
+            futures::future::join_all((0..aborts).map(|i| abort_one(c, &url, i))).await
+        }
+        _ => Vec::new(),
+    };
     drop(peer);
     svc.teardown().await;
     cluster.shutdown().await;
@@ -241,7 +308,13 @@ async fn run_one(a: &AgentArgs, via: &Via) -> Result<Vec<(&'static str, f64)>, S
         all.turns_ms.extend(r.turns_ms);
     }
     all.turns_ms.sort_by(f64::total_cmp);
-    Ok(vec![
+    let (mut targeted, mut reached) = (0u64, 0u64);
+    for r in &aborted {
+        let (t, h) = r.clone()?;
+        targeted += u64::from(t);
+        reached += u64::from(h);
+    }
+    let mut figures = vec![
         ("tokens_per_s", (all.prompt + all.completion) as f64 / wall),
         (
             "cache_hit_rate",
@@ -250,7 +323,13 @@ async fn run_one(a: &AgentArgs, via: &Via) -> Result<Vec<(&'static str, f64)>, S
         ("turn_p50_ms", quantile(&all.turns_ms, 0.5)),
         ("turn_p99_ms", quantile(&all.turns_ms, 0.99)),
         ("wall_s", wall),
-    ])
+    ];
+    if aborts > 0 {
+        figures.push(("aborts_sent", aborts as f64));
+        figures.push(("aborts_targeted", targeted as f64));
+        figures.push(("aborts_reached", reached as f64));
+    }
+    Ok(figures)
 }
 
 /// Runs `troupe bench agent`.
@@ -280,11 +359,17 @@ pub async fn run(a: &AgentArgs) -> Result<Vec<(String, f64)>, String> {
     }
     let mut figures = Vec::new();
     let mut tps = Vec::new();
-    for (name, kind) in &policies {
+    for (i, (name, kind)) in policies.iter().enumerate() {
         eprintln!("agent: {name}");
-        let figs = run_one(a, &Via::Gateway(*kind)).await?;
+        let aborts = if i + 1 == policies.len() { a.aborts } else { 0 };
+        let figs = run_one(a, &Via::Gateway(*kind), aborts).await?;
         for (k, v) in &figs {
-            figures.push((format!("agent.{name}.{k}"), *v));
+            let fig = if k.starts_with("aborts_") {
+                format!("agent.{k}")
+            } else {
+                format!("agent.{name}.{k}")
+            };
+            figures.push((fig, *v));
         }
         tps.push(
             figs.iter()
@@ -301,7 +386,7 @@ pub async fn run(a: &AgentArgs) -> Result<Vec<(String, f64)>, String> {
     }
     if let Some(bin) = &a.vllm_router {
         eprintln!("agent: vllm_router ({bin})");
-        let figs = run_one(a, &Via::VllmRouter(bin.clone())).await?;
+        let figs = run_one(a, &Via::VllmRouter(bin.clone()), 0).await?;
         let peer = figs
             .iter()
             .find(|(k, _)| *k == "tokens_per_s")
@@ -344,8 +429,9 @@ mod tests {
             kv_tokens: 8192,
             policy: vec!["round_robin".into(), "sticky_least_loaded".into()],
             sim_prefill_tokens_per_s: 0.0,
-            sim_decode_step_ms: 0.0,
+            sim_decode_step_ms: 1.0,
             vllm_router: None,
+            aborts: 4,
             json: false,
         };
         let figs = tokio::time::timeout(Duration::from_secs(120), run(&a))
@@ -373,6 +459,10 @@ mod tests {
             hit > 0.0,
             "a sticky session's second turn reuses its first's prefix"
         );
+        let fig = |n: &str| figs.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+        assert_eq!(fig("agent.aborts_sent"), Some(4.0));
+        assert_eq!(fig("agent.aborts_targeted"), Some(4.0), "{figs:?}");
+        assert_eq!(fig("agent.aborts_reached"), Some(4.0), "{figs:?}");
         let long = AgentArgs {
             turns: 100,
             tool_tokens: 2000,

@@ -2,7 +2,9 @@
 //! `/generate` (so PD bootstrap fields injected by a router work here too).
 //!
 //! Chat uses the byte-level template of [`crate::tokenizer::apply_chat_template`]:
-//! `<|role|>\n{content}\n` per message, then `<|assistant|>\n`.
+//! `<|role|>\n{content}\n` per message, then `<|assistant|>\n`; vLLM's and SGLang's
+//! `add_generation_prompt` / `continue_final_message` switches work as on `/tokenize` (a
+//! continued final message stays open, so generation carries on from its text).
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -163,6 +165,49 @@ fn logprobs_flag(obj: &Map<String, Value>) -> Result<bool, ApiError> {
     }
 }
 
+/// vLLM's `return_token_ids`: the prompt's and the output's token ids in the answer (chat:
+/// `prompt_token_ids` at the top, `token_ids` per choice; completions: both per choice; a
+/// stream gives the prompt's in its first chunk and each chunk's own output ids).
+fn token_ids_flag(obj: &Map<String, Value>) -> Result<bool, ApiError> {
+    match obj.get("return_token_ids") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(ApiError::bad_request(format!(
+            "return_token_ids must be true or false, got {v}"
+        ))),
+    }
+}
+
+/// The output ids not yet sent in a stream's chunks.
+fn ids_delta(s: &ItemState, sent: &mut usize) -> Vec<u32> {
+    let d: Vec<u32> = s.output.iter().skip(*sent).map(|(t, _)| *t).collect();
+    *sent += d.len();
+    d
+}
+
+fn out_ids(s: &ItemState) -> Vec<u32> {
+    s.output.iter().map(|(t, _)| *t).collect()
+}
+
+/// OpenAI's token prompts (`prompt` as a list of ids, or a list of such lists) read as
+/// `input_ids`, which the prompt parser checks like `/generate`'s.
+fn token_prompt(obj: &Map<String, Value>) -> std::borrow::Cow<'_, Map<String, Value>> {
+    let tokens = match obj.get("prompt") {
+        Some(Value::Array(a)) if !a.is_empty() => {
+            a.iter().all(Value::is_number) || a.iter().all(Value::is_array)
+        }
+        _ => false,
+    };
+    if !tokens {
+        return std::borrow::Cow::Borrowed(obj);
+    }
+    let mut o = obj.clone();
+    if let Some(p) = o.remove("prompt") {
+        o.insert("input_ids".into(), p);
+    }
+    std::borrow::Cow::Owned(o)
+}
+
 /// `POST /v1/completions`.
 pub async fn completions(
     State(state): State<Arc<AppState>>,
@@ -174,9 +219,10 @@ pub async fn completions(
             "echo is not supported by the reference engine; remove it",
         ));
     }
-    let (prompts, _) = prompts(&obj, "prompt")?;
+    let (prompts, _) = prompts(&token_prompt(&obj), "prompt")?;
     let params = sampling(&obj, 16)?;
     let want_lp = logprobs_flag(&obj)?;
+    let want_ids = token_ids_flag(&obj)?;
     let boot = bootstrap(&obj)?;
     let rid = obj.get("rid").and_then(Value::as_str).map(str::to_string);
     let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
@@ -208,12 +254,18 @@ pub async fn completions(
     if stream {
         let streams = started.into_iter().enumerate().map(|(i, (st, rx))| {
             let (id, model) = (id.clone(), model.clone());
-            let mut sent = 0usize;
+            let (mut sent, mut sent_ids, mut first) = (0usize, 0usize, true);
             item_chunks(st, rx, move |s| {
                 let mut c = json!({
                     "id": id, "object": "text_completion", "created": created(), "model": model,
                     "choices": [{"index": i, "text": delta(s, &mut sent), "logprobs": null, "finish_reason": finish(s), "matched_stop": matched(s)}],
                 });
+                if want_ids {
+                    c["choices"][0]["token_ids"] = json!(ids_delta(s, &mut sent_ids));
+                    if std::mem::take(&mut first) {
+                        c["choices"][0]["prompt_token_ids"] = json!(s.item.input_ids);
+                    }
+                }
                 if include_usage && s.finish.is_some() {
                     c["usage"] = usage(std::slice::from_ref(s));
                 }
@@ -244,7 +296,12 @@ pub async fn completions(
             } else {
                 Value::Null
             };
-            json!({"index": i, "text": s.text(), "logprobs": logprobs, "finish_reason": finish(s), "matched_stop": matched(s)})
+            let mut c = json!({"index": i, "text": s.text(), "logprobs": logprobs, "finish_reason": finish(s), "matched_stop": matched(s)});
+            if want_ids {
+                c["prompt_token_ids"] = json!(s.item.input_ids);
+                c["token_ids"] = json!(out_ids(s));
+            }
+            c
         })
         .collect();
     Ok(axum::Json(json!({
@@ -309,9 +366,10 @@ pub async fn chat_completions(
             "tools are not supported by the reference engine; remove them",
         ));
     }
-    let msgs = messages(&obj)?;
+    let prompt = super::tokens::chat(&obj)?;
     let params = sampling(&obj, 128)?;
     let want_lp = logprobs_flag(&obj)?;
+    let want_ids = token_ids_flag(&obj)?;
     let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = obj
         .get("stream_options")
@@ -323,7 +381,7 @@ pub async fn chat_completions(
             .get("rid")
             .and_then(Value::as_str)
             .map_or_else(|| uuid::Uuid::new_v4().simple().to_string(), str::to_string),
-        input_ids: tokenizer::encode(&tokenizer::apply_chat_template(&msgs)),
+        input_ids: tokenizer::encode(&prompt),
         params,
         return_logprob: want_lp,
         logprob_start_len: -1,
@@ -337,17 +395,24 @@ pub async fn chat_completions(
         return Err(ApiError::bad_request("no messages"));
     };
     if stream {
-        let mut sent = 0usize;
+        let (mut sent, mut sent_ids) = (0usize, 0usize);
         let mut first = true;
         let chunks = item_chunks(st, rx, move |s| {
             let mut d = json!({"content": delta(s, &mut sent)});
-            if std::mem::take(&mut first) {
+            let opening = std::mem::take(&mut first);
+            if opening {
                 d["role"] = json!("assistant");
             }
             let mut c = json!({
                 "id": id, "object": "chat.completion.chunk", "created": created(), "model": model,
                 "choices": [{"index": 0, "delta": d, "logprobs": null, "finish_reason": finish(s), "matched_stop": matched(s)}],
             });
+            if want_ids {
+                c["choices"][0]["token_ids"] = json!(ids_delta(s, &mut sent_ids));
+                if opening {
+                    c["prompt_token_ids"] = json!(s.item.input_ids);
+                }
+            }
             if include_usage && s.finish.is_some() {
                 c["usage"] = usage(std::slice::from_ref(s));
             }
@@ -365,11 +430,15 @@ pub async fn chat_completions(
     } else {
         Value::Null
     };
-    Ok(axum::Json(json!({
+    let mut v = json!({
         "id": id, "object": "chat.completion", "created": created(), "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": s.text()}, "logprobs": logprobs, "finish_reason": finish(&s), "matched_stop": matched(&s)}],
         "usage": usage(std::slice::from_ref(&s)),
         "weight_version": s.weight_version,
-    }))
-    .into_response())
+    });
+    if want_ids {
+        v["prompt_token_ids"] = json!(s.item.input_ids);
+        v["choices"][0]["token_ids"] = json!(out_ids(&s));
+    }
+    Ok(axum::Json(v).into_response())
 }

@@ -47,7 +47,7 @@ fn flag(obj: &Map<String, Value>, k: &str, default: bool) -> Result<bool, ApiErr
 }
 
 /// A chat rendered through the engine's template, with vLLM's two switches.
-fn chat(obj: &Map<String, Value>) -> Result<String, ApiError> {
+pub(super) fn chat(obj: &Map<String, Value>) -> Result<String, ApiError> {
     for k in ["chat_template", "tools", "mm_processor_kwargs"] {
         if obj.get(k).is_some_and(|v| !v.is_null()) {
             return Err(ApiError::bad_request(format!(

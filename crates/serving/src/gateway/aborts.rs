@@ -3,7 +3,8 @@
 //! `POST /abort_request {"rid": ID}` (SGLang's) and `POST /abort_requests {"request_ids":
 //! [...]}` (vLLM's) name requests the gateway may be relaying right now; the in-flight registry
 //! (`crate::inflight`) says which workers hold each. When it knows every id named, the abort goes
-//! to those engines only, each in its own dialect, and the answer lists them (`"targeted":
+//! to those engines only, each in its own dialect and by the id that engine knows the request
+//! by (`crate::inflight::engine_id`), and the answer lists them (`"targeted":
 //! true`). Otherwise (an id it does not know: finished, sent to an engine directly, or relayed by
 //! another gateway) the fleet control route runs as before and reaches every engine. An
 //! `abort_all` is never targeted.
@@ -93,12 +94,12 @@ pub(super) async fn targeted(
                 .run(Request::from_parts(parts, Body::from(bytes)))
                 .await;
         }
-        for w in holders {
+        for (w, known_as) in holders {
             by_worker
                 .entry(w.url().to_string())
                 .or_insert_with(|| (w.clone(), Vec::new()))
                 .1
-                .push(id.clone());
+                .push(known_as);
         }
     }
     let client = EngineClient::over(state.upstream.clone(), state.cfg.worker_api_key.clone())

@@ -155,8 +155,8 @@ pub(super) fn pd_attempt(
         .route_pd(&req.ctx(), avoid)
         .map_err(ApiError::from)?;
     let guards = vec![
-        LoadGuard::new(pair.prefill.clone()).holding(&state.inflight, req.rid()),
-        LoadGuard::new(pair.decode.clone()).holding(&state.inflight, req.rid()),
+        LoadGuard::new(pair.prefill.clone()).holding(&state.inflight, req.rid(), req.ep),
+        LoadGuard::new(pair.decode.clone()).holding(&state.inflight, req.rid(), req.ep),
     ];
     let rooms = pd::rooms_for(&pair, req.batch);
     let body = pd::inject(&req.raw, &req.obj, &pair, &rooms, req.batch);

@@ -61,7 +61,7 @@ async fn regular_once(
         .router
         .route(WorkerType::Regular, &req.ctx(), avoid)
         .map_err(ApiError::from)?;
-    let guard = LoadGuard::new(w.clone()).holding(&state.inflight, req.rid());
+    let guard = LoadGuard::new(w.clone()).holding(&state.inflight, req.rid(), req.ep);
     // A vLLM worker gets vLLM's token route: the client's own vLLM body, or SGLang's
     // `/generate` translated (and its answer translated back).
     let vllm = w.dialect() == EngineDialect::Vllm;
@@ -203,7 +203,7 @@ pub(super) async fn handle_native(
     let parsed = InferReq::parse(ep, &headers, raw, state.cfg.pd, needs_text);
     let resp = match parsed.map(|r| InferReq { native, ..r }) {
         Ok(mut req) => {
-            let rid = req.ensure_rid();
+            let rid = req.ensure_rid(&headers);
             let mut resp = run(&state, &req).await;
             if let Some(v) = rid.and_then(|r| HeaderValue::from_str(&r).ok()) {
                 resp.headers_mut().entry(REQUEST_ID).or_insert(v);

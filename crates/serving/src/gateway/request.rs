@@ -30,6 +30,9 @@ pub(crate) struct InferReq {
     pub(crate) native: Option<Bytes>,
 }
 
+/// The longest request id taken from a client's `X-Request-Id` header.
+const MAX_ID_BYTES: usize = 256;
+
 /// vLLM's token-in/token-out route (served with `--enable-scale-out`).
 pub(crate) const VLLM_GENERATE: &str = "/inference/v1/generate";
 
@@ -88,25 +91,79 @@ impl InferReq {
         })
     }
 
-    /// Gives a single SGLang-style `/generate` request an id when the client sent none, so it
-    /// can be aborted by id (`/abort_request {rid}`): `rid` is added to the body every worker
-    /// gets (SGLang's and the reference engine's field; vLLM workers get it as `request_id`).
-    /// Returns the request's id, the client's or the new one, which the gateway sends back in
-    /// `X-Request-Id`; `None` for batches, other routes and bodies in vLLM's own dialect.
-    pub(crate) fn ensure_rid(&mut self) -> Option<String> {
-        if self.ep != Endpoint::Generate || self.batch.is_some() || self.native.is_some() {
+    /// Gives a single request an id when the client sent none, so it can be aborted by id
+    /// (`/abort_request {rid}`, `/abort_requests {request_ids}`) and found in the engines' logs.
+    /// The client's id is, first to last: the body's `rid` (SGLang's field), its `request_id`
+    /// (vLLM's), the `X-Request-Id` header (which vLLM's servers read); else the gateway makes
+    /// one. The body every worker gets carries it as `rid` (SGLang and the reference engine;
+    /// a vLLM worker's `/generate` translation turns it into `request_id`) and, on the OpenAI
+    /// routes and vLLM's own token route, as `request_id` too (vLLM reads that there).
+    /// Returns the id, which the gateway sends back in `X-Request-Id`; `None` for batches
+    /// (a list of prompts, or `n` above 1 on the OpenAI routes).
+    pub(crate) fn ensure_rid(&mut self, headers: &HeaderMap) -> Option<String> {
+        if self.batch.is_some() || !self.single() {
             return None;
         }
-        match self.obj.get("rid") {
-            Some(Value::String(r)) => return Some(r.clone()),
-            Some(_) => return None,
-            None => {}
+        let from_body = |obj: &Map<String, Value>, k: &str| match obj.get(k) {
+            Some(Value::String(r)) if !r.is_empty() => Some(Some(r.clone())),
+            None | Some(Value::Null) => None,
+            Some(_) => Some(None),
+        };
+        let native = self
+            .native
+            .as_ref()
+            .and_then(|n| serde_json::from_slice::<Map<String, Value>>(n).ok());
+        let found = from_body(&self.obj, "rid")
+            .or_else(|| from_body(&self.obj, "request_id"))
+            .or_else(|| native.as_ref().and_then(|n| from_body(n, "request_id")));
+        let rid = match found {
+            Some(Some(r)) => r,
+            // A non-string id: the engine will refuse or ignore it; not one to abort by.
+            Some(None) => return None,
+            None => headers
+                .get("x-request-id")
+                .and_then(|h| h.to_str().ok())
+                .filter(|h| !h.is_empty() && h.len() <= MAX_ID_BYTES)
+                .map_or_else(
+                    || format!("troupe-{}", uuid::Uuid::new_v4().simple()),
+                    str::to_string,
+                ),
+        };
+        let id = Value::String(rid.clone());
+        let mut add: Vec<(&str, Value)> = Vec::with_capacity(2);
+        if !self.obj.contains_key("rid") {
+            add.push(("rid", id.clone()));
         }
-        let rid = format!("troupe-{}", uuid::Uuid::new_v4().simple());
-        let field = [("rid", Value::String(rid.clone()))];
-        self.raw = pd::append_fields(&self.raw, self.obj.is_empty(), &field);
-        self.obj.insert("rid".into(), Value::String(rid.clone()));
+        if self.ep != Endpoint::Generate && !self.obj.contains_key("request_id") {
+            add.push(("request_id", id.clone()));
+        }
+        if !add.is_empty() {
+            self.raw = pd::append_fields(&self.raw, self.obj.is_empty(), &add);
+            for (k, v) in add {
+                self.obj.insert(k.into(), v);
+            }
+        }
+        if let (Some(n), Some(obj)) = (&self.native, &native)
+            && !obj.contains_key("request_id")
+        {
+            self.native = Some(pd::append_fields(n, obj.is_empty(), &[("request_id", id)]));
+        }
         Some(rid)
+    }
+
+    /// One generation: not a list of prompts, and at most one choice (`n`).
+    fn single(&self) -> bool {
+        let one_choice = match self.obj.get("n") {
+            None | Some(Value::Null) => true,
+            Some(n) => n.as_u64() == Some(1),
+        };
+        let one_prompt = match (self.ep, self.obj.get("prompt")) {
+            (Endpoint::Completions, Some(Value::Array(a))) => {
+                a.len() == 1 || a.iter().all(Value::is_u64)
+            }
+            _ => true,
+        };
+        one_choice && one_prompt
     }
 
     /// The request's id (`rid`), when it has one.

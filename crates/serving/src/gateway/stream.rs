@@ -152,7 +152,7 @@ pub(super) async fn regular(
         .router
         .route(WorkerType::Regular, &req.ctx(), avoid)
         .map_err(ApiError::from)?;
-    let guard = LoadGuard::new(w.clone()).holding(&state.inflight, req.rid());
+    let guard = LoadGuard::new(w.clone()).holding(&state.inflight, req.rid(), req.ep);
     let (first, up) = open(state, &w, req, req.raw.clone(), last).await?;
     Ok(relay(first, up, None, vec![guard]))
 }
