@@ -108,6 +108,9 @@ pub struct GatewayArgs {
     /// core; 0 serves on the process's multi-threaded runtime).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1024))]
     pub io_threads: Option<u64>,
+    /// The agent layer (`--tokenizer`, ...).
+    #[command(flatten)]
+    pub agent: super::agent_flags::AgentFlags,
 }
 
 fn parse_control_auth(s: &str) -> Result<ControlAuthMode, String> {
@@ -205,6 +208,7 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
         weights_master_host: a.weights_master_host.clone(),
         control_timeout,
         io_threads: a.io_threads.map_or_else(default_io_threads, |n| n as usize),
+        agent: super::agent_flags::spec(&a.agent)?,
         ..d
     })
 }

@@ -7,6 +7,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+pub mod agent_flags;
 pub mod bench;
 pub mod gateway;
 pub mod host;
@@ -43,7 +44,7 @@ enum Cmd {
     /// Bring up rollout serving from a YAML config and print the gateway address.
     Serve(serve::ServeArgs),
     /// Troupe's PD-aware router and gateway alone, in front of servers started elsewhere.
-    Gateway(gateway::GatewayArgs),
+    Gateway(Box<gateway::GatewayArgs>),
     /// Everything `troupe serve` would launch for a config, without starting anything.
     Plan(plan::PlanArgs),
     /// Benchmarks; each prints one line per figure.

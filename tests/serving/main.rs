@@ -3,6 +3,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agent;
 mod disconnect;
 mod fleet_control;
 mod fleet_faults;

@@ -22,6 +22,7 @@ pub mod config;
 pub mod core;
 pub mod error;
 pub mod foreign;
+pub mod hf_tokenizer;
 pub mod kernels;
 pub mod model;
 pub mod pd;

@@ -9,8 +9,9 @@ pub const BOS_TOKEN: u32 = 256;
 pub const EOS_TOKEN: u32 = 257;
 /// Padding token (never produced by the chat template).
 pub const PAD_TOKEN: u32 = 258;
-/// Reserved special token.
-pub const RESERVED_TOKEN: u32 = 259;
+/// Starts a tool call (`<|tool_call|>`): the reference model's tool-call marker, as Mistral's
+/// `[TOOL_CALLS]` token is Mistral's; the gateway's `reference` tool parser reads what follows.
+pub const TOOL_CALL_TOKEN: u32 = 259;
 /// Vocabulary size: 256 bytes plus 4 special tokens.
 pub const VOCAB_SIZE: usize = 260;
 
@@ -40,7 +41,7 @@ pub fn token_text(id: u32) -> String {
         BOS_TOKEN => "<|bos|>".into(),
         EOS_TOKEN => "<|eos|>".into(),
         PAD_TOKEN => "<|pad|>".into(),
-        RESERVED_TOKEN => "<|reserved|>".into(),
+        TOOL_CALL_TOKEN => "<|tool_call|>".into(),
         b => String::from_utf8_lossy(&[b as u8]).into_owned(),
     }
 }

@@ -264,7 +264,13 @@ async fn run_one(
     let peer = match via {
         Via::Gateway(_) => Ok(None),
         Via::VllmRouter(bin) => {
-            let workers: Vec<String> = svc.servers().into_iter().map(|s| s.info.url).collect();
+            // The same backends as the gateway's: each server's DataProxy, as Troupe's gateway
+            // reaches it (the hop costs CPU, so both pay it).
+            let workers: Vec<String> = svc
+                .servers()
+                .into_iter()
+                .map(|s| s.proxy_url.unwrap_or(s.info.url))
+                .collect();
             start_vllm_router(bin, &workers).await.map(Some)
         }
     };

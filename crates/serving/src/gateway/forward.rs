@@ -270,15 +270,6 @@ pub(super) async fn completions(
     handle(s, Endpoint::Completions, h, b).await
 }
 
-/// `POST /v1/chat/completions`.
-pub(super) async fn chat_completions(
-    State(s): State<Arc<GatewayState>>,
-    h: HeaderMap,
-    b: Bytes,
-) -> Response {
-    handle(s, Endpoint::ChatCompletions, h, b).await
-}
-
 /// `GET /v1/models`: answered by any available worker that generates (decode or regular).
 pub(super) async fn models(State(state): State<Arc<GatewayState>>) -> Response {
     any_worker(&state, "/v1/models", None).await

@@ -15,6 +15,7 @@
 
 mod aborts;
 mod admin;
+mod agent;
 mod attempt;
 mod forward;
 mod register;
@@ -115,6 +116,10 @@ pub struct GatewayConfig {
     /// (`troupe gateway`: one per core); 0 serves on the runtime that started the gateway (a
     /// gateway embedded in a controller). See [`crate::listen::serve_on_threads`].
     pub io_threads: usize,
+    /// The served model's agent layer (tokenizer, chat template, parsers, recorded sessions):
+    /// with it, chat completions and Anthropic messages are served from token ids and sessions
+    /// record trajectories (`agent/`); without it, chat passes through to the engines.
+    pub agent: Option<troupe_agent::AgentSpec>,
 }
 
 /// Longest [`GatewayConfig::control_timeout`] accepted (an hour).
@@ -171,6 +176,7 @@ impl Default for GatewayConfig {
             weights_master_host: None,
             control_timeout: super::engine_client::CONTROL_TIMEOUT,
             io_threads: 0,
+            agent: None,
         }
     }
 }
@@ -193,6 +199,8 @@ pub(crate) struct GatewayState {
     pub(crate) plane: std::sync::OnceLock<Arc<ControlPlane>>,
     /// Which workers hold each in-flight request with an id (aborts by id go there).
     pub(crate) inflight: Arc<crate::inflight::InFlight>,
+    /// The agent layer built from `cfg.agent` (its tokenizer loaded once, at start).
+    pub(crate) agent: Option<Arc<troupe_agent::Agent>>,
 }
 
 impl GatewayConfig {
@@ -349,6 +357,12 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
             cfg.control_timeout
         )));
     }
+    let agent = match &cfg.agent {
+        Some(spec) => Some(Arc::new(spec.build().map_err(|e| {
+            ServingError::Config(format!("the gateway's agent layer: {e}"))
+        })?)),
+        None => None,
+    };
     let router = Router::new(cfg.router.clone());
     let client = client::build()?;
     let upstream = UpstreamClient::new();
@@ -365,6 +379,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         addr,
         plane: std::sync::OnceLock::new(),
         inflight: Arc::default(),
+        agent,
         cfg,
     });
     if state.cfg.admin_key.is_none() && !addr.ip().is_loopback() {
@@ -374,11 +389,14 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
     }
     crate::hops::as_gateway(&state.hop, state.admit_all(&state.cfg.workers)).await?;
     let auth = control_auth(&state.cfg, addr)?;
-    let keys = auth.keyed(sessions::keyed(
+    let keys = auth.keyed(agent_keyed(
         state.cfg.admin_key.as_deref(),
-        admin::keyed(
+        sessions::keyed(
             state.cfg.admin_key.as_deref(),
-            crate::keys::KeyedRoutes::open(),
+            admin::keyed(
+                state.cfg.admin_key.as_deref(),
+                crate::keys::KeyedRoutes::open(),
+            ),
         ),
     ));
     let control = match &state.cfg.control_upstream {
@@ -468,6 +486,18 @@ async fn keep_members(plane: std::sync::Weak<ControlPlane>) {
     }
 }
 
+/// The agent routes only the admin key opens (opening sessions, exporting trajectories).
+fn agent_keyed(
+    admin_key: Option<&str>,
+    routes: crate::keys::KeyedRoutes,
+) -> crate::keys::KeyedRoutes {
+    routes.with(
+        crate::keys::Paths::Exact(agent::ADMIN_PATHS),
+        admin_key,
+        "opening agent sessions and exporting their trajectories, an admin endpoint",
+    )
+}
+
 /// Who may call the control endpoints, from the config and where the gateway listens.
 fn control_auth(cfg: &GatewayConfig, addr: SocketAddr) -> Result<ControlAuth, ServingError> {
     match (cfg.control_auth, &cfg.admin_key) {
@@ -486,7 +516,6 @@ fn app(state: Arc<GatewayState>) -> axum::Router {
     axum::Router::new()
         .route("/generate", post(forward::generate))
         .route("/v1/completions", post(forward::completions))
-        .route("/v1/chat/completions", post(forward::chat_completions))
         .route("/v1/models", get(forward::models))
         .route("/inference/v1/generate", post(tokens::generate))
         .route("/finish_session", post(sessions::finish))
@@ -499,6 +528,7 @@ fn app(state: Arc<GatewayState>) -> axum::Router {
         .route("/metrics", get(metrics))
         .route("/workers", post(admin::add).get(admin::list))
         .route("/workers/{id}", get(admin::get_one).delete(admin::remove))
+        .merge(agent::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
         .with_state(state)

@@ -1,0 +1,497 @@
+//! Recorded agent sessions: each has an id and its own bearer key, and keeps every turn the
+//! gateway served it with the exact token ids, logprobs and weight versions, until the session
+//! is finished (its trajectory handed out and dropped) or sits idle past its TTL.
+//!
+//! A new turn is matched to the turn it continues (the newest turn whose messages plus its reply
+//! are a prefix of the new request's messages, compared by [`crate::messages::comparable`]), so
+//! its prompt can be that turn's tokens plus its output plus the new messages' tokens, with no
+//! re-tokenization of the history. A request that edits the history matches nothing and starts a
+//! new branch.
+//!
+//! Memory is bounded by [`SessionLimits`]: open sessions (a new one past the cap is refused
+//! until one ends), tokens per session (a turn that would pass it is refused), and the idle TTL.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde_json::Value;
+
+use crate::error::AgentError;
+use crate::messages::comparable;
+
+/// The bounds on what sessions hold.
+#[derive(Debug, Clone)]
+pub struct SessionLimits {
+    /// Open sessions at most (default 4096).
+    pub max_sessions: usize,
+    /// Prompt plus output tokens recorded per session at most, over all its turns (default
+    /// 1,048,576: about 16 MiB of ids, logprobs and versions).
+    pub max_session_tokens: usize,
+    /// A session with no request for this long is dropped, with a log line (default 1 h).
+    pub idle_ttl: Duration,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        Self {
+            max_sessions: 4096,
+            max_session_tokens: 1 << 20,
+            idle_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// One recorded turn.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    /// The answer's id (`chatcmpl-…`, `msg_…`): AReaL's interaction id.
+    pub id: String,
+    /// The request's messages, as the template read them.
+    pub messages: Vec<Value>,
+    /// The reply, as a message the client would send back.
+    pub reply: Value,
+    /// The prompt's text (what `prompt_ids` stand for) and the output's, special tokens kept.
+    pub prompt_text: String,
+    /// See `prompt_text`.
+    pub output_text: String,
+    /// The token ids the engine was given.
+    pub prompt_ids: Vec<u32>,
+    /// The token ids it made.
+    pub output_ids: Vec<u32>,
+    /// Their logprobs.
+    pub output_logprobs: Vec<f64>,
+    /// The weight version that made each output token.
+    pub weight_versions: Vec<Value>,
+    /// The engine's finish reason (SGLang's object).
+    pub finish_reason: Value,
+    /// The engine's `meta_info`, as it came.
+    pub meta_info: Value,
+    /// The turn this one continues (index in the session), when its prompt extends that turn's
+    /// tokens.
+    pub parent: Option<usize>,
+    /// The reward given to this turn (`set_reward` with its id).
+    pub reward: Option<f64>,
+    keys: Vec<Value>,
+}
+
+impl Turn {
+    /// A turn, its comparison keys computed once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: String,
+        messages: Vec<Value>,
+        reply: Value,
+        prompt: (String, Vec<u32>),
+        output: (String, Vec<u32>, Vec<f64>, Vec<Value>),
+        finish_reason: Value,
+        meta_info: Value,
+        parent: Option<usize>,
+    ) -> Self {
+        let keys = messages.iter().chain([&reply]).map(comparable).collect();
+        Self {
+            id,
+            messages,
+            reply,
+            prompt_text: prompt.0,
+            prompt_ids: prompt.1,
+            output_text: output.0,
+            output_ids: output.1,
+            output_logprobs: output.2,
+            weight_versions: output.3,
+            finish_reason,
+            meta_info,
+            parent,
+            reward: None,
+            keys,
+        }
+    }
+
+    fn tokens(&self) -> usize {
+        self.prompt_ids.len() + self.output_ids.len()
+    }
+}
+
+/// What a new turn may extend: an earlier turn's messages, reply, tokens and text.
+#[derive(Debug, Clone)]
+pub struct Base {
+    /// The earlier turn's index.
+    pub index: usize,
+    /// How many of the new request's messages it covers (its messages plus its reply).
+    pub covered: usize,
+    /// Its messages and reply (to render the covered part with the template).
+    pub messages: Vec<Value>,
+    /// Its prompt ids followed by its output ids.
+    pub ids: Vec<u32>,
+    /// Its prompt text followed by its output text.
+    pub text: String,
+}
+
+/// One session.
+#[derive(Debug)]
+pub struct Session {
+    /// Its id.
+    pub id: String,
+    /// Its bearer key.
+    pub key: String,
+    /// Its turns, in order.
+    pub turns: Vec<Turn>,
+    /// The session's reward (`set_reward` without an interaction id).
+    pub reward: Option<f64>,
+    /// `end_session` was called (AReaL's lifecycle: export waits for it).
+    pub ended: bool,
+    tokens: usize,
+    last: Instant,
+}
+
+/// Every open session.
+#[derive(Debug, Default)]
+pub struct SessionStore {
+    limits: SessionLimits,
+    inner: Mutex<Inner>,
+    /// AReaL's capacity counter: `grant_capacity` adds one, its `start_session` takes one.
+    capacity: std::sync::atomic::AtomicI64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    sessions: HashMap<String, Session>,
+    keys: HashMap<String, String>,
+    /// Per task id, the next index of AReaL's `"{task_id}-{n}"` session ids.
+    next: HashMap<String, u64>,
+}
+
+fn new_key() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 32];
+    rand::rng().fill_bytes(&mut b);
+    use base64::Engine as _;
+    format!(
+        "tk-{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+    )
+}
+
+impl SessionStore {
+    /// A store with these limits.
+    pub fn new(limits: SessionLimits) -> Self {
+        Self {
+            limits,
+            inner: Mutex::default(),
+            capacity: std::sync::atomic::AtomicI64::new(0),
+        }
+    }
+
+    /// Adds one to the capacity AReaL's `start_session` draws on; the count after.
+    pub fn grant(&self) -> i64 {
+        self.capacity
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            .saturating_add(1)
+    }
+
+    /// Takes one from that capacity; false (nothing taken) when there is none.
+    pub fn take_capacity(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.capacity
+            .fetch_update(SeqCst, SeqCst, |c| (c > 0).then(|| c - 1))
+            .is_ok()
+    }
+
+    /// Gives back capacity taken for a session that did not open.
+    pub fn return_capacity(&self) {
+        self.capacity
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &SessionLimits {
+        &self.limits
+    }
+
+    /// Opens a session: its id (`{task_id}-{n}` when a task id is given, as AReaL names them)
+    /// and key (`api_key` when the caller brings one that no open session holds).
+    pub fn open(
+        &self,
+        task_id: Option<&str>,
+        api_key: Option<&str>,
+    ) -> Result<(String, String), AgentError> {
+        self.sweep();
+        let mut g = self.inner.lock();
+        if g.sessions.len() >= self.limits.max_sessions {
+            return Err(AgentError::Full(format!(
+                "{} sessions are open, the most this gateway keeps (max_agent_sessions); finish some first",
+                g.sessions.len()
+            )));
+        }
+        if let Some(k) = api_key
+            && let Some(sid) = g.keys.get(k)
+        {
+            return Err(AgentError::Conflict(format!(
+                "API key is already bound to active session {sid}."
+            )));
+        }
+        let id = match task_id {
+            Some(t) => {
+                let n = g.next.entry(t.to_string()).or_default();
+                let id = format!("{t}-{n}");
+                *n += 1;
+                id
+            }
+            None => format!("sess-{}", uuid::Uuid::new_v4().simple()),
+        };
+        if g.sessions.contains_key(&id) {
+            return Err(AgentError::Conflict(format!(
+                "session {id} is already open"
+            )));
+        }
+        let key = api_key.map_or_else(new_key, str::to_string);
+        g.keys.insert(key.clone(), id.clone());
+        g.sessions.insert(
+            id.clone(),
+            Session {
+                id: id.clone(),
+                key: key.clone(),
+                turns: Vec::new(),
+                reward: None,
+                ended: false,
+                tokens: 0,
+                last: Instant::now(),
+            },
+        );
+        Ok((id, key))
+    }
+
+    /// The session a bearer key belongs to.
+    pub fn by_key(&self, key: &str) -> Option<String> {
+        self.inner.lock().keys.get(key).cloned()
+    }
+
+    /// Whether session `id` is open.
+    pub fn contains(&self, id: &str) -> bool {
+        self.inner.lock().sessions.contains_key(id)
+    }
+
+    /// Whether `key` is session `id`'s key.
+    pub fn key_is(&self, id: &str, key: &str) -> bool {
+        self.inner
+            .lock()
+            .sessions
+            .get(id)
+            .is_some_and(|s| s.key == key)
+    }
+
+    /// The turn of session `id` that a request with `messages` continues, if any: the one
+    /// covering the most of them.
+    pub fn base(&self, id: &str, messages: &[Value]) -> Option<Base> {
+        let keys: Vec<Value> = messages.iter().map(comparable).collect();
+        let g = self.inner.lock();
+        let s = g.sessions.get(id)?;
+        s.turns
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.keys.len() < keys.len() && keys[..t.keys.len()] == t.keys[..])
+            .max_by_key(|(i, t)| (t.keys.len(), *i))
+            .map(|(i, t)| Base {
+                index: i,
+                covered: t.keys.len(),
+                messages: t.messages.iter().chain([&t.reply]).cloned().collect(),
+                ids: t.prompt_ids.iter().chain(&t.output_ids).copied().collect(),
+                text: format!("{}{}", t.prompt_text, t.output_text),
+            })
+    }
+
+    /// Whether session `id` can take a turn of `tokens` more tokens.
+    pub fn room(&self, id: &str, tokens: usize) -> Result<(), AgentError> {
+        let g = self.inner.lock();
+        let s = g
+            .sessions
+            .get(id)
+            .ok_or_else(|| AgentError::NotFound(format!("session {id} is not open")))?;
+        if s.tokens + tokens > self.limits.max_session_tokens {
+            return Err(AgentError::BadRequest(format!(
+                "session {id} holds {} tokens; this turn's {tokens} would pass the {} a session may record (max_session_tokens); finish it and start another",
+                s.tokens, self.limits.max_session_tokens
+            )));
+        }
+        Ok(())
+    }
+
+    /// Records `turn` in session `id`.
+    pub fn record(&self, id: &str, turn: Turn) -> Result<(), AgentError> {
+        self.room(id, turn.tokens())?;
+        let mut g = self.inner.lock();
+        let s = g
+            .sessions
+            .get_mut(id)
+            .ok_or_else(|| AgentError::NotFound(format!("session {id} is not open")))?;
+        s.tokens += turn.tokens();
+        s.last = Instant::now();
+        s.turns.push(turn);
+        Ok(())
+    }
+
+    /// Sets a reward: on the turn with id `interaction`, else on the session (and its last
+    /// turn, as AReaL does).
+    pub fn set_reward(
+        &self,
+        id: &str,
+        interaction: Option<&str>,
+        reward: f64,
+    ) -> Result<(), AgentError> {
+        if !reward.is_finite() {
+            return Err(AgentError::BadRequest(format!(
+                "reward must be a finite number, got {reward}"
+            )));
+        }
+        let mut g = self.inner.lock();
+        let s = g
+            .sessions
+            .get_mut(id)
+            .ok_or_else(|| AgentError::NotFound(format!("session {id} is not open")))?;
+        s.last = Instant::now();
+        match interaction {
+            Some(i) => {
+                let t =
+                    s.turns.iter_mut().find(|t| t.id == i).ok_or_else(|| {
+                        AgentError::BadRequest(format!("Interaction {i} not found"))
+                    })?;
+                t.reward = Some(reward);
+            }
+            None => {
+                s.reward = Some(reward);
+                if let Some(t) = s.turns.last_mut() {
+                    t.reward = Some(reward);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks session `id` ended (its trajectory may be exported).
+    pub fn end(&self, id: &str) -> Result<usize, AgentError> {
+        let mut g = self.inner.lock();
+        let s = g
+            .sessions
+            .get_mut(id)
+            .ok_or_else(|| AgentError::Gone(format!("Session {id} already ended or expired")))?;
+        s.ended = true;
+        Ok(s.turns.len())
+    }
+
+    /// Whether session `id` has ended (`None`: it is not open).
+    pub fn ended(&self, id: &str) -> Option<bool> {
+        self.inner.lock().sessions.get(id).map(|s| s.ended)
+    }
+
+    /// Removes session `id` and hands it out.
+    pub fn take(&self, id: &str) -> Option<Session> {
+        let mut g = self.inner.lock();
+        let s = g.sessions.remove(id)?;
+        g.keys.remove(&s.key);
+        Some(s)
+    }
+
+    /// Open sessions.
+    pub fn len(&self) -> usize {
+        self.inner.lock().sessions.len()
+    }
+
+    /// Whether none is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops sessions idle past the TTL, each with a log line.
+    pub fn sweep(&self) {
+        let ttl = self.limits.idle_ttl;
+        let mut g = self.inner.lock();
+        let old: Vec<String> = g
+            .sessions
+            .values()
+            .filter(|s| s.last.elapsed() > ttl)
+            .map(|s| s.id.clone())
+            .collect();
+        for id in old {
+            if let Some(s) = g.sessions.remove(&id) {
+                g.keys.remove(&s.key);
+                tracing::warn!(session = %id, turns = s.turns.len(), ?ttl, "agent session idle past its TTL; dropped with its trajectory");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn turn(msgs: &[Value], reply: &str, ids: &[u32]) -> Turn {
+        Turn::new(
+            "t".into(),
+            msgs.to_vec(),
+            json!({"role": "assistant", "content": reply}),
+            ("P".into(), ids.to_vec()),
+            ("O".into(), vec![9], vec![-0.5], vec![json!("1")]),
+            json!({"type": "stop"}),
+            json!({}),
+            None,
+        )
+    }
+
+    #[test]
+    fn a_turn_continues_the_turn_whose_messages_and_reply_it_starts_with() {
+        let store = SessionStore::new(SessionLimits::default());
+        let (id, key) = store.open(Some("task"), None).unwrap();
+        assert_eq!(id, "task-0");
+        assert_eq!(store.by_key(&key).as_deref(), Some("task-0"));
+        let u1 = json!({"role": "user", "content": "hi"});
+        store
+            .record(&id, turn(std::slice::from_ref(&u1), "yo", &[1, 2]))
+            .unwrap();
+        let a1 = json!({"role": "assistant", "content": "yo", "refusal": null});
+        let u2 = json!({"role": "user", "content": "more"});
+        let b = store
+            .base(&id, &[u1.clone(), a1.clone(), u2.clone()])
+            .expect("continues");
+        assert_eq!(
+            (b.index, b.covered, b.ids.clone(), b.text.as_str()),
+            (0, 2, vec![1, 2, 9], "PO")
+        );
+        let edited = json!({"role": "assistant", "content": "yo!"});
+        assert!(
+            store.base(&id, &[u1.clone(), edited, u2]).is_none(),
+            "an edited history branches"
+        );
+        assert!(store.base(&id, &[u1]).is_none());
+    }
+
+    #[test]
+    fn limits_hold() {
+        let store = SessionStore::new(SessionLimits {
+            max_sessions: 1,
+            max_session_tokens: 4,
+            idle_ttl: Duration::from_secs(3600),
+        });
+        let (id, key) = store.open(None, None).unwrap();
+        assert!(matches!(store.open(None, None), Err(AgentError::Full(_))));
+        let u = json!({"role": "user", "content": "x"});
+        assert!(
+            store
+                .record(&id, turn(std::slice::from_ref(&u), "a", &[1, 2, 3, 4]))
+                .is_err(),
+            "5 tokens"
+        );
+        store.record(&id, turn(&[u], "a", &[1, 2])).unwrap();
+        assert!(store.set_reward(&id, None, f64::NAN).is_err());
+        store.set_reward(&id, Some("t"), 1.0).unwrap();
+        assert!(store.set_reward(&id, Some("nope"), 1.0).is_err());
+        let s = store.take(&id).unwrap();
+        assert_eq!(s.turns[0].reward, Some(1.0));
+        assert!(store.by_key(&key).is_none() && store.is_empty());
+        store.open(None, Some("mine")).unwrap();
+        assert!(matches!(
+            store.open(None, Some("mine")),
+            Err(AgentError::Conflict(_) | AgentError::Full(_))
+        ));
+    }
+}

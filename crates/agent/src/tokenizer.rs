@@ -1,0 +1,282 @@
+//! A model's tokenizer and chat template, loaded from the files a model directory has
+//! (`tokenizer.json`, `tokenizer_config.json`, and `chat_template.jinja` where newer models
+//! keep the template), so the gateway turns chat requests into the token ids the engine runs and
+//! records exactly those.
+
+use std::path::Path;
+
+use minijinja::value::Value as JValue;
+use serde_json::{Map, Value};
+
+use crate::error::AgentError;
+use crate::template::ChatTemplate;
+
+/// Largest tokenizer file read (a 150k-token vocabulary is about 10 MiB).
+const MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// A model's tokenizer and chat template.
+pub struct ChatTokenizer {
+    tok: tokenizers::Tokenizer,
+    template: ChatTemplate,
+    /// The tool-use template, when the config names one (`chat_template` as a list).
+    tool_template: Option<ChatTemplate>,
+    /// `bos_token`, `eos_token`, ... as strings, for the template.
+    special: Map<String, Value>,
+    eos_id: Option<u32>,
+}
+
+impl std::fmt::Debug for ChatTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTokenizer")
+            .field("vocab", &self.tok.get_vocab_size(true))
+            .field("eos_id", &self.eos_id)
+            .finish()
+    }
+}
+
+fn read(path: &Path) -> Result<Option<String>, AgentError> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(AgentError::Tokenizer(format!("{}: {e}", path.display()))),
+        Ok(m) if m.len() > MAX_FILE_BYTES => {
+            return Err(AgentError::Tokenizer(format!(
+                "{} is {} bytes, more than the {MAX_FILE_BYTES} a tokenizer file may have",
+                path.display(),
+                m.len()
+            )));
+        }
+        Ok(_) => {}
+    }
+    std::fs::read_to_string(path)
+        .map(Some)
+        .map_err(|e| AgentError::Tokenizer(format!("{}: {e}", path.display())))
+}
+
+/// A special token in `tokenizer_config.json`: a string or `{"content": ...}`.
+fn token_string(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+impl ChatTokenizer {
+    /// Loads `dir/tokenizer.json` and `dir/tokenizer_config.json` (and `dir/chat_template.jinja`
+    /// when the config has no template).
+    pub fn from_dir(dir: &Path) -> Result<Self, AgentError> {
+        let tok = read(&dir.join("tokenizer.json"))?.ok_or_else(|| {
+            AgentError::Tokenizer(format!(
+                "{} has no tokenizer.json; name a model directory with the Hugging Face tokenizer files",
+                dir.display()
+            ))
+        })?;
+        let config = read(&dir.join("tokenizer_config.json"))?.unwrap_or_else(|| "{}".into());
+        let jinja = read(&dir.join("chat_template.jinja"))?;
+        Self::from_files(&tok, &config, jinja.as_deref())
+    }
+
+    /// Builds from the files' contents (`chat_template`: a separate template file's, used when
+    /// the config has none).
+    pub fn from_files(
+        tokenizer_json: &str,
+        config_json: &str,
+        chat_template: Option<&str>,
+    ) -> Result<Self, AgentError> {
+        let tok = tokenizers::Tokenizer::from_bytes(tokenizer_json.as_bytes())
+            .map_err(|e| AgentError::Tokenizer(format!("tokenizer.json does not load: {e}")))?;
+        let config: Map<String, Value> = serde_json::from_str(config_json).map_err(|e| {
+            AgentError::Tokenizer(format!("tokenizer_config.json is not a JSON object: {e}"))
+        })?;
+        let (default, tool_use) = match config.get("chat_template") {
+            Some(Value::String(t)) => (Some(t.clone()), None),
+            Some(Value::Array(list)) => {
+                let named = |n: &str| {
+                    list.iter()
+                        .find(|t| t["name"] == n)
+                        .and_then(|t| t["template"].as_str())
+                        .map(str::to_string)
+                };
+                (named("default"), named("tool_use"))
+            }
+            _ => (None, None),
+        };
+        let source = default
+            .or_else(|| chat_template.map(str::to_string))
+            .ok_or_else(|| {
+                AgentError::Tokenizer(
+                    "the tokenizer has no chat template (tokenizer_config.json's chat_template or chat_template.jinja)".into(),
+                )
+            })?;
+        let mut special = Map::new();
+        for k in ["bos_token", "eos_token", "pad_token", "unk_token"] {
+            if let Some(s) = config.get(k).and_then(token_string) {
+                special.insert(k.into(), Value::String(s));
+            }
+        }
+        let eos_id = special
+            .get("eos_token")
+            .and_then(Value::as_str)
+            .and_then(|t| tok.token_to_id(t));
+        Ok(Self {
+            tok,
+            template: ChatTemplate::new(&source)?,
+            tool_template: tool_use.map(|t| ChatTemplate::new(&t)).transpose()?,
+            special,
+            eos_id,
+        })
+    }
+
+    /// The token ids of `text` as it stands (special-token strings become their tokens; no BOS
+    /// added: a rendered template writes its own).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, AgentError> {
+        self.tok
+            .encode_fast(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| AgentError::Tokenizer(format!("cannot tokenize: {e}")))
+    }
+
+    /// The text of `ids`; special tokens kept or skipped.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, AgentError> {
+        self.tok
+            .decode(ids, skip_special)
+            .map_err(|e| AgentError::Tokenizer(format!("cannot decode: {e}")))
+    }
+
+    /// The end-of-sequence token's id (`eos_token` of the config), if the vocabulary has it.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos_id
+    }
+
+    /// A token's id.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.tok.token_to_id(token)
+    }
+
+    /// Whether `id` is a special (added, special) token.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.tok
+            .get_added_tokens_decoder()
+            .get(&id)
+            .is_some_and(|t| t.special)
+    }
+
+    /// Renders `messages` (and `tools`) through the chat template, `kwargs` (the request's
+    /// `chat_template_kwargs`, e.g. `enable_thinking`) visible to it as variables.
+    pub fn render(
+        &self,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+        add_generation_prompt: bool,
+        kwargs: &Map<String, Value>,
+    ) -> Result<String, AgentError> {
+        let mut ctx = self.special.clone();
+        for (k, v) in kwargs {
+            ctx.insert(k.clone(), v.clone());
+        }
+        ctx.insert("messages".into(), Value::Array(messages.to_vec()));
+        ctx.insert(
+            "tools".into(),
+            tools.map_or(Value::Null, |t| Value::Array(t.to_vec())),
+        );
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::Bool(add_generation_prompt),
+        );
+        let template = match (&self.tool_template, tools) {
+            (Some(t), Some(list)) if !list.is_empty() => t,
+            _ => &self.template,
+        };
+        template.render(JValue::from(minijinja::value::Serde(Value::Object(ctx))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use troupe_engine::{hf_tokenizer, tokenizer as reference};
+
+    fn reference_tokenizer() -> ChatTokenizer {
+        ChatTokenizer::from_files(
+            &hf_tokenizer::tokenizer_json(),
+            &hf_tokenizer::tokenizer_config_json(),
+            None,
+        )
+        .expect("the reference model's tokenizer loads")
+    }
+
+    #[test]
+    fn the_reference_files_are_the_reference_vocabulary() {
+        let t = reference_tokenizer();
+        for text in [
+            "hello",
+            "héllo wörld ✓",
+            " a\n\tb  ",
+            "<|user|>",
+            "\u{0}\u{7f}ÿ",
+        ] {
+            assert_eq!(t.encode(text).unwrap(), reference::encode(text), "{text:?}");
+            let ids = reference::encode(text);
+            assert_eq!(t.decode(&ids, true).unwrap(), reference::decode(&ids));
+        }
+        assert_eq!(t.eos_id(), Some(reference::EOS_TOKEN));
+        // A special token's text is that token, as in any Hugging Face tokenizer.
+        assert_eq!(
+            t.encode("<|tool_call|>x").unwrap(),
+            [reference::TOOL_CALL_TOKEN, u32::from(b'x')]
+        );
+        assert!(t.is_special(reference::TOOL_CALL_TOKEN) && !t.is_special(b'a'.into()));
+    }
+
+    #[test]
+    fn the_reference_template_is_the_engines_chat_format() {
+        let t = reference_tokenizer();
+        let msgs = [
+            json!({"role": "system", "content": "be brief"}),
+            json!({"role": "user", "content": "hi"}),
+        ];
+        let pairs: Vec<(String, String)> = msgs
+            .iter()
+            .map(|m| {
+                (
+                    m["role"].as_str().unwrap().into(),
+                    m["content"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        let got = t.render(&msgs, None, true, &Map::new()).unwrap();
+        assert_eq!(got, reference::apply_chat_template(&pairs));
+        let call = json!({"role": "assistant", "content": "",
+                          "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": {"x": "1+2"}}}]});
+        let got = t
+            .render(
+                &[call],
+                Some(&[json!({"type": "function"})]),
+                false,
+                &Map::new(),
+            )
+            .unwrap();
+        assert_eq!(
+            got,
+            "<|tools|>\n[{\"type\": \"function\"}]\n<|assistant|>\n<|tool_call|>{\"name\": \"calc\", \"arguments\": {\"x\": \"1+2\"}}\n"
+        );
+    }
+
+    #[test]
+    fn bad_files_are_named() {
+        let e = ChatTokenizer::from_files("{", "{}", None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tokenizer.json"), "{e}");
+        let tok = hf_tokenizer::tokenizer_json();
+        let e = ChatTokenizer::from_files(&tok, "{}", None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no chat template"), "{e}");
+        let e = ChatTokenizer::from_dir(Path::new("/nonexistent"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no tokenizer.json"), "{e}");
+    }
+}

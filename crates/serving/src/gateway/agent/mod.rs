@@ -1,0 +1,89 @@
+//! The gateway's agent routes: OpenAI chat completions and Anthropic messages served from token
+//! ids (the gateway renders the model's chat template, the engine gets `/generate` with
+//! `input_ids`, the gateway parses reasoning and tool calls out of the output), and recorded
+//! sessions whose trajectories a trainer takes: Troupe's `/sessions` routes and AReaL's `/rl/*`
+//! names. Present when the gateway has a tokenizer (`GatewayConfig::agent`); without one, chat
+//! passes through to the engines as before.
+//!
+//! - [`turn`]: one turn through the gateway's own routing (retries, sessions, PD), recorded;
+//! - [`openai`], [`anthropic`]: the two APIs' requests and answers, errors in each one's shape;
+//! - [`sessions`]: opening, rewarding, finishing and exporting sessions.
+
+mod anthropic;
+mod openai;
+mod sessions;
+mod turn;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::HeaderMap;
+use axum::routing::post;
+use serde_json::{Map, Value};
+use troupe_agent::Agent;
+
+use super::GatewayState;
+
+/// The agent routes (merged into the gateway's app when it has a tokenizer).
+pub(super) fn routes() -> Router<Arc<GatewayState>> {
+    Router::new()
+        .route("/v1/chat/completions", post(openai::chat))
+        // AReaL's agents reach the gateway with `base_url` = its address, no `/v1`.
+        .route("/chat/completions", post(openai::chat))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/sessions", post(sessions::open))
+        .route("/sessions/{id}/reward", post(sessions::reward))
+        .route("/sessions/{id}/finish", post(sessions::finish))
+        .route("/grant_capacity", post(sessions::grant_capacity))
+        .route("/rl/start_session", post(sessions::start_session))
+        .route("/rl/end_session", post(sessions::end_session))
+        .route("/rl/set_reward", post(sessions::set_reward))
+        .route("/export_trajectories", post(sessions::export))
+}
+
+/// The routes only the admin key opens (when the gateway has one).
+pub(super) const ADMIN_PATHS: &[&str] = &[
+    "/sessions",
+    "/grant_capacity",
+    "/rl/start_session",
+    "/export_trajectories",
+];
+
+/// The bearer key a request carries: `Authorization: Bearer …` (OpenAI's SDK, Anthropic's
+/// newest) or `x-api-key` (Anthropic's older SDKs).
+pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let auth = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        });
+    auth.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+}
+
+/// The recorded session a data request belongs to: the one its bearer key was issued for, or
+/// the one its session key (`X-Session-ID`, ... as routing reads them) names.
+pub(super) fn session_of(
+    agent: &Agent,
+    headers: &HeaderMap,
+    body: &Map<String, Value>,
+) -> Option<String> {
+    if let Some(id) = bearer(headers).and_then(|k| agent.sessions.by_key(k)) {
+        return Some(id);
+    }
+    super::session_key::session_key(headers, body)
+        .ok()
+        .flatten()
+        .filter(|id| agent.sessions.contains(id))
+}
+
+/// Seconds since the epoch, for `created`.
+pub(super) fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,254 @@
+//! OpenAI's `POST /v1/chat/completions` from token ids: the request's messages and tools through
+//! the model's chat template, the answer's `message` with `content`, `reasoning_content` (SGLang's
+//! name; vLLM's `reasoning` too) and `tool_calls`, `finish_reason` `tool_calls` when the model
+//! called one. Errors in OpenAI's shape (`{"error": {message, type, param, code}}`), which the
+//! `openai` SDK reads. A stream is sent when the turn is done (role, reasoning, content, each
+//! tool call, then the finish), as AReaL's proxy does: a trainer's gateway serves throughput.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+use troupe_agent::messages;
+
+use super::super::GatewayState;
+use super::turn::{self, Stop, TurnError, TurnOut, TurnSpec};
+use crate::metrics::Endpoint;
+
+/// An error in OpenAI's shape.
+pub(super) fn error(status: u16, message: &str) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let kind = match status {
+        404 => "not_found_error",
+        429 => "rate_limit_error",
+        400..=499 => "invalid_request_error",
+        _ => "server_error",
+    };
+    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": status}});
+    (code, axum::Json(body)).into_response()
+}
+
+/// The request's tools, checked: `[{"type": "function", "function": {"name": ...}}]`.
+pub(super) fn tools(obj: &Map<String, Value>) -> Result<Vec<Value>, TurnError> {
+    let Some(list) = obj.get("tools").filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
+    let list = list.as_array().ok_or_else(|| {
+        TurnError::bad("tools must be a list of {\"type\": \"function\", \"function\": {...}}")
+    })?;
+    for (i, t) in list.iter().enumerate() {
+        if !t["function"]["name"].is_string() {
+            return Err(TurnError::bad(format!(
+                "tools[{i}].function.name must be a string"
+            )));
+        }
+    }
+    Ok(list.clone())
+}
+
+/// `tool_choice`: (look for calls, a function forced).
+fn tool_choice(
+    obj: &Map<String, Value>,
+    tools: &[Value],
+) -> Result<(bool, Option<String>), TurnError> {
+    match obj.get("tool_choice") {
+        None | Some(Value::Null) => Ok((true, None)),
+        Some(Value::String(s)) if s == "none" => Ok((false, None)),
+        Some(Value::String(s)) if s == "auto" || s == "required" => Ok((true, None)),
+        Some(v @ Value::Object(_)) => {
+            let name = v["function"]["name"]
+                .as_str()
+                .ok_or_else(|| TurnError::bad("tool_choice.function.name must be a string"))?;
+            if !tools.iter().any(|t| t["function"]["name"] == name) {
+                return Err(TurnError::bad(format!(
+                    "tool_choice names {name:?}, which is not among the request's tools"
+                )));
+            }
+            Ok((true, Some(name.to_string())))
+        }
+        Some(v) => Err(TurnError::bad(format!(
+            "tool_choice must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {v}"
+        ))),
+    }
+}
+
+/// The `model` field, which must name the served model.
+pub(super) fn check_model(obj: &Map<String, Value>, served: &str) -> Result<(), TurnError> {
+    match obj.get("model").and_then(Value::as_str) {
+        Some(m) if m == served => Ok(()),
+        Some(m) => Err(TurnError {
+            status: 404,
+            message: format!("The model `{m}` does not exist; this gateway serves `{served}`."),
+        }),
+        None => Err(TurnError::bad(format!(
+            "model is required; this gateway serves `{served}`"
+        ))),
+    }
+}
+
+fn flag(obj: &Map<String, Value>, k: &str) -> Result<bool, TurnError> {
+    match obj.get(k) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(TurnError::bad(format!(
+            "{k} must be true or false, got {v}"
+        ))),
+    }
+}
+
+/// `POST /v1/chat/completions` (and `/chat/completions`).
+pub(super) async fn chat(
+    State(state): State<Arc<GatewayState>>,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Response {
+    let Some(agent) = state.agent.clone() else {
+        return super::super::forward::handle(state, Endpoint::ChatCompletions, headers, raw).await;
+    };
+    let obj: Map<String, Value> = match serde_json::from_slice(&raw) {
+        Ok(o) => o,
+        Err(e) => return error(400, &format!("the body must be a JSON object: {e}")),
+    };
+    let prepared = (|| -> Result<(TurnSpec, bool, bool, bool), TurnError> {
+        check_model(&obj, &agent.model)?;
+        let msgs = messages::for_template(obj.get("messages").unwrap_or(&Value::Null))?;
+        let tools = tools(&obj)?;
+        let (parse_tools, forced) = tool_choice(&obj, &tools)?;
+        let kwargs = match obj.get("chat_template_kwargs") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(k)) => k.clone(),
+            Some(v) => {
+                return Err(TurnError::bad(format!(
+                    "chat_template_kwargs must be an object, got {v}"
+                )));
+            }
+        };
+        let usage = obj
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            == Some(true);
+        let spec = TurnSpec {
+            id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
+            messages: msgs,
+            tools,
+            parse_tools,
+            forced,
+            kwargs,
+            sampling: turn::sampling(&obj)?,
+            session: super::session_of(&agent, &headers, &obj),
+        };
+        Ok((spec, flag(&obj, "logprobs")?, flag(&obj, "stream")?, usage))
+    })();
+    let (spec, logprobs, stream, usage) = match prepared {
+        Ok(p) => p,
+        Err(e) => return error(e.status, &e.message),
+    };
+    let id = spec.id.clone();
+    match turn::run(&state, &agent, &headers, spec).await {
+        Ok(out) => {
+            let body = answer(&agent, &id, &out, logprobs);
+            if stream {
+                chunks(&body, usage)
+            } else {
+                (StatusCode::OK, axum::Json(body)).into_response()
+            }
+        }
+        Err(e) => error(e.status, &e.message),
+    }
+}
+
+fn finish_reason(out: &TurnOut) -> &'static str {
+    match out.stop {
+        _ if !out.parsed.tool_calls.is_empty() => "tool_calls",
+        Stop::Length => "length",
+        Stop::Abort => "abort",
+        Stop::End | Stop::Sequence => "stop",
+    }
+}
+
+fn answer(agent: &troupe_agent::Agent, id: &str, out: &TurnOut, logprobs: bool) -> Value {
+    let calls: Vec<Value> = out
+        .parsed
+        .tool_calls
+        .iter()
+        .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+        .collect();
+    let mut message = json!({"role": "assistant", "content": out.parsed.content});
+    if let Some(r) = &out.parsed.reasoning {
+        message["reasoning_content"] = json!(r);
+        message["reasoning"] = json!(r);
+    }
+    if !calls.is_empty() {
+        message["tool_calls"] = Value::Array(calls);
+    }
+    let lp = if logprobs {
+        let content: Vec<Value> = out
+            .output_ids
+            .iter()
+            .zip(&out.logprobs)
+            .map(|(t, l)| {
+                let token = agent.tokenizer.decode(&[*t], false).unwrap_or_default();
+                json!({"token": token, "logprob": l, "bytes": token.as_bytes(), "top_logprobs": []})
+            })
+            .collect();
+        json!({"content": content})
+    } else {
+        Value::Null
+    };
+    let n = out.output_ids.len();
+    json!({
+        "id": id, "object": "chat.completion", "created": super::now(), "model": agent.model,
+        "choices": [{"index": 0, "message": message, "logprobs": lp,
+                     "finish_reason": finish_reason(out), "stop_reason": out.matched}],
+        "usage": {"prompt_tokens": out.prompt_tokens, "completion_tokens": n,
+                  "total_tokens": out.prompt_tokens + n},
+    })
+}
+
+/// The answer as a chat completion stream (sent whole once the turn is done).
+fn chunks(body: &Value, usage: bool) -> Response {
+    let base = |delta: Value, finish: Value| {
+        json!({"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
+               "model": body["model"], "choices": [{"index": 0, "delta": delta, "logprobs": null,
+               "finish_reason": finish}]})
+    };
+    let msg = &body["choices"][0]["message"];
+    let mut events = vec![base(
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    )];
+    if let Some(r) = msg["reasoning_content"].as_str() {
+        events.push(base(
+            json!({"reasoning_content": r, "reasoning": r}),
+            Value::Null,
+        ));
+    }
+    if let Some(c) = msg["content"].as_str().filter(|c| !c.is_empty()) {
+        events.push(base(json!({"content": c}), Value::Null));
+    }
+    for (i, call) in msg["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let mut c = call.clone();
+        c["index"] = json!(i);
+        events.push(base(json!({"tool_calls": [c]}), Value::Null));
+    }
+    let mut last = base(json!({}), body["choices"][0]["finish_reason"].clone());
+    if usage {
+        last["usage"] = body["usage"].clone();
+    }
+    events.push(last);
+    let mut text = String::new();
+    for e in events {
+        text.push_str(&format!("data: {e}\n\n"));
+    }
+    text.push_str("data: [DONE]\n\n");
+    ([(header::CONTENT_TYPE, "text/event-stream")], text).into_response()
+}

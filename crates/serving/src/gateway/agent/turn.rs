@@ -1,0 +1,282 @@
+//! One agent turn: the prompt's tokens from the chat template (or, in a session, from the turn
+//! it continues), a `/generate` through the gateway's own routing (policies, retries, PD, the
+//! session's engine), the output split into reasoning, content and tool calls, and, in a
+//! recorded session, the turn kept with its exact tokens.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, HeaderValue};
+use serde_json::{Map, Value, json};
+use troupe_agent::{Agent, AgentError, Parsed, Turn};
+
+use super::super::GatewayState;
+use crate::metrics::Endpoint;
+
+/// Largest engine answer read (ids, logprobs and versions of a long output).
+const MAX_ANSWER_BYTES: usize = 256 << 20;
+
+/// What a turn asks for, in the API-neutral form both APIs are turned into.
+#[derive(Debug, Default)]
+pub(super) struct TurnSpec {
+    /// The answer's id (`chatcmpl-…`, `msg_…`), the turn's id in the session.
+    pub id: String,
+    /// Messages, as the template reads them.
+    pub messages: Vec<Value>,
+    /// Tools, in OpenAI's form (`[{type: function, function: {name, parameters}}]`).
+    pub tools: Vec<Value>,
+    /// Whether tool calls are looked for (`tool_choice` is not `none`).
+    pub parse_tools: bool,
+    /// A function the request forces the model to call.
+    pub forced: Option<String>,
+    /// The template's extra variables (`chat_template_kwargs`).
+    pub kwargs: Map<String, Value>,
+    /// SGLang sampling parameters.
+    pub sampling: Map<String, Value>,
+    /// The recorded session, if any.
+    pub session: Option<String>,
+}
+
+/// Why a finished output stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stop {
+    /// The model ended (a stop token).
+    End,
+    /// A stop string matched.
+    Sequence,
+    /// The token budget ran out.
+    Length,
+    /// The engine aborted it.
+    Abort,
+}
+
+/// A turn's result.
+#[derive(Debug)]
+pub(super) struct TurnOut {
+    pub prompt_tokens: usize,
+    pub output_ids: Vec<u32>,
+    pub logprobs: Vec<f64>,
+    pub parsed: Parsed,
+    pub stop: Stop,
+    /// The stop string that matched.
+    pub matched: Option<String>,
+}
+
+/// A turn that failed: the status and message the API's error shape carries.
+#[derive(Debug)]
+pub(super) struct TurnError {
+    pub status: u16,
+    pub message: String,
+}
+
+impl From<AgentError> for TurnError {
+    fn from(e: AgentError) -> Self {
+        Self {
+            status: e.status(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl TurnError {
+    pub(super) fn bad(message: impl Into<String>) -> Self {
+        Self {
+            status: 400,
+            message: message.into(),
+        }
+    }
+}
+
+/// A number field of an engine answer as ids.
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
+}
+
+/// Runs one turn.
+pub(super) async fn run(
+    state: &Arc<GatewayState>,
+    agent: &Agent,
+    client: &HeaderMap,
+    spec: TurnSpec,
+) -> Result<TurnOut, TurnError> {
+    let forced = match &spec.forced {
+        Some(name) => Some(agent.parser.forced_prefix(name).ok_or_else(|| {
+            TurnError::bad(format!(
+                "tool_choice names {name:?}, but this model has no tool-call parser to write the call (gateway tool_call_parser is none)"
+            ))
+        })?),
+        None => None,
+    };
+    let tools = (!spec.tools.is_empty()).then_some(spec.tools.as_slice());
+    let prompt = agent.prompt(
+        spec.session.as_deref(),
+        &spec.messages,
+        tools,
+        &spec.kwargs,
+        forced.as_deref(),
+    )?;
+    if let Some(s) = &spec.session {
+        agent.sessions.room(s, prompt.ids.len())?;
+    }
+    let mut sampling = spec.sampling.clone();
+    if let Some(eos) = agent.tokenizer.eos_id() {
+        let mut stops = ids(sampling.get("stop_token_ids").unwrap_or(&Value::Null));
+        if !stops.contains(&eos) {
+            stops.push(eos);
+        }
+        sampling.insert("stop_token_ids".into(), json!(stops));
+    }
+    let body =
+        json!({"input_ids": prompt.ids, "sampling_params": sampling, "return_logprob": true});
+    let mut headers = HeaderMap::new();
+    if let Some(s) = spec
+        .session
+        .as_deref()
+        .and_then(|s| HeaderValue::from_str(s).ok())
+    {
+        headers.insert("x-session-id", s);
+    }
+    if let Some(r) = client.get("x-request-id") {
+        headers.insert("x-request-id", r.clone());
+    }
+    let resp = super::super::forward::handle(
+        state.clone(),
+        Endpoint::Generate,
+        headers,
+        Bytes::from(body.to_string()),
+    )
+    .await;
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), MAX_ANSWER_BYTES)
+        .await
+        .map_err(|e| TurnError {
+            status: 502,
+            message: format!("the engine's answer could not be read: {e}"),
+        })?;
+    let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    if !status.is_success() {
+        let message = v["message"].as_str().map_or_else(
+            || String::from_utf8_lossy(&bytes).into_owned(),
+            str::to_string,
+        );
+        return Err(TurnError {
+            status: status.as_u16(),
+            message,
+        });
+    }
+    let output_ids = ids(&v["output_ids"]);
+    let meta = v.get("meta_info").cloned().unwrap_or(Value::Null);
+    let logprobs: Vec<f64> = meta["output_token_logprobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| e[0].as_f64().unwrap_or(0.0))
+        .collect();
+    let versions: Vec<Value> = match meta["output_token_weight_versions"].as_array() {
+        Some(a) if a.len() == output_ids.len() => a.clone(),
+        _ => vec![meta["weight_version"].clone(); output_ids.len()],
+    };
+    let finish = meta["finish_reason"].clone();
+    let matched = finish["matched"].clone();
+    let stop = match finish["type"].as_str() {
+        Some("length") => Stop::Length,
+        Some("abort") => Stop::Abort,
+        _ if matched.is_string() => Stop::Sequence,
+        _ => Stop::End,
+    };
+    // The stop token itself is not text.
+    let text_ids = match (stop, output_ids.split_last()) {
+        (Stop::End, Some((last, rest)))
+            if matched.as_u64() == Some(u64::from(*last))
+                || agent.tokenizer.eos_id() == Some(*last) =>
+        {
+            rest
+        }
+        _ => &output_ids[..],
+    };
+    let keep_special = spec.parse_tools && agent.parser.needs_special_tokens();
+    let text = agent.tokenizer.decode(text_ids, !keep_special)?;
+    let raw = agent.tokenizer.decode(&output_ids, false)?;
+    let thinking = spec.kwargs.get("enable_thinking") != Some(&Value::Bool(false));
+    let to_parse = format!("{}{text}", forced.as_deref().unwrap_or(""));
+    let parse_with: &[Value] = if spec.parse_tools { &spec.tools } else { &[] };
+    let parsed = agent.parser.parse(&to_parse, parse_with, thinking);
+    if let Some(s) = &spec.session {
+        let calls: Vec<Value> = parsed
+            .tool_calls
+            .iter()
+            .map(|c| {
+                json!({"id": c.id, "type": "function", "function": {"name": c.name,
+                       "arguments": serde_json::from_str::<Value>(&c.arguments).unwrap_or(json!({}))}})
+            })
+            .collect();
+        let mut reply =
+            json!({"role": "assistant", "content": parsed.content.clone().unwrap_or_default()});
+        if !calls.is_empty() {
+            reply["tool_calls"] = Value::Array(calls);
+        }
+        let turn = Turn::new(
+            spec.id.clone(),
+            spec.messages,
+            reply,
+            (prompt.text, prompt.ids.clone()),
+            (raw, output_ids.clone(), logprobs.clone(), versions),
+            finish,
+            meta,
+            prompt.parent,
+        );
+        agent.sessions.record(s, turn)?;
+    }
+    Ok(TurnOut {
+        prompt_tokens: prompt.ids.len(),
+        output_ids,
+        logprobs,
+        parsed,
+        stop,
+        matched: matched.as_str().map(str::to_string),
+    })
+}
+
+/// OpenAI's and Anthropic's sampling fields as SGLang's sampling parameters (`max_tokens` of
+/// either API, `max_completion_tokens`, `stop` / `stop_sequences`, `seed`, ...).
+pub(super) fn sampling(obj: &Map<String, Value>) -> Result<Map<String, Value>, TurnError> {
+    const KEYS: &[(&str, &str)] = &[
+        ("max_completion_tokens", "max_new_tokens"),
+        ("max_tokens", "max_new_tokens"),
+        ("min_tokens", "min_new_tokens"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("top_k", "top_k"),
+        ("min_p", "min_p"),
+        ("frequency_penalty", "frequency_penalty"),
+        ("presence_penalty", "presence_penalty"),
+        ("repetition_penalty", "repetition_penalty"),
+        ("stop", "stop"),
+        ("stop_sequences", "stop"),
+        ("stop_token_ids", "stop_token_ids"),
+        ("seed", "sampling_seed"),
+        ("ignore_eos", "ignore_eos"),
+    ];
+    let mut sp = Map::new();
+    for (from, to) in KEYS {
+        if let Some(v) = obj.get(*from).filter(|v| !v.is_null())
+            && !sp.contains_key(*to)
+        {
+            sp.insert((*to).into(), v.clone());
+        }
+    }
+    match obj.get("n") {
+        None | Some(Value::Null) => {}
+        Some(n) if n.as_u64() == Some(1) => {}
+        Some(n) => {
+            return Err(TurnError::bad(format!(
+                "n must be 1 here (each choice is its own turn), got {n}; send n requests"
+            )));
+        }
+    }
+    Ok(sp)
+}

@@ -1,0 +1,129 @@
+"""Unchanged agent code against Troupe's gateway: the official `openai` and `anthropic` SDKs talk
+to `troupe gateway --tokenizer reference` in front of a reference engine, call a tool, stream,
+and the session's trajectory holds exactly the tokens of each turn."""
+
+import json
+import os
+import subprocess
+import urllib.request
+
+import anthropic
+import openai
+import pytest
+
+ADMIN = "agent-test-admin"
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluates an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"input": {"type": "string"}}},
+    },
+}
+
+
+def _http(url, body=None, key=ADMIN):
+    req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    req.add_header("Authorization", f"Bearer {key}")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    """A reference engine and a gateway with its tokenizer, as child processes."""
+    binary = os.environ["TROUPE_BIN"]
+    eng = subprocess.Popen([binary, "engine", "--port", "0"], stdout=subprocess.PIPE, text=True)
+    gw = None
+    try:
+        addr = eng.stdout.readline().split()[-1]
+        gw = subprocess.Popen(
+            [binary, "gateway", "--listen", "127.0.0.1:0", "--worker-urls", f"http://{addr}",
+             "--tokenizer", "reference", "--admin-key", ADMIN, "--io-threads", "1"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = gw.stdout.readline().strip()
+        assert line.startswith("gateway listening on "), line
+        yield line.removeprefix("gateway listening on ")
+    finally:
+        for p in (gw, eng):
+            if p is not None:
+                p.kill()
+                p.wait(30)
+
+
+def _session(base):
+    s = _http(f"{base}/sessions")
+    return s["session_id"], s["api_key"]
+
+
+def test_the_openai_sdk_calls_a_tool_and_the_trajectory_is_token_exact(gateway):
+    sid, key = _session(gateway)
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=key)
+    messages = [{"role": "user", "content": "What is 2+3?"}]
+    forced = {"type": "function", "function": {"name": "calculator"}}
+    r = client.chat.completions.create(
+        model="tiny", messages=messages, tools=[CALC], tool_choice=forced, max_tokens=6, temperature=0
+    )
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert msg.tool_calls[0].function.name == "calculator"
+    json.loads(msg.tool_calls[0].function.arguments)
+    messages.append(msg.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "5"})
+    # Streamed, as an agent framework may ask: the same answer in chunks.
+    stream = client.chat.completions.create(
+        model="tiny", messages=messages, tools=[CALC], tool_choice="none", max_tokens=5, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    messages.append({"role": "assistant", "content": text})
+    messages.append({"role": "user", "content": "thanks"})
+    r3 = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, logprobs=True)
+    assert len(r3.choices[0].logprobs.content) == r3.usage.completion_tokens
+    t = _http(f"{gateway}/sessions/{sid}/finish", key=key)
+    turns = t["turns"]
+    assert len(turns) == 3
+    for prev, cur in zip(turns, turns[1:]):
+        head = prev["prompt_ids"] + prev["output_ids"]
+        assert cur["prompt_ids"][: len(head)] == head, "each turn extends the last one's tokens"
+        assert sum(cur["loss_mask"]) == len(cur["output_ids"])
+    assert turns[2]["output_logprobs"] == [c.logprob for c in r3.choices[0].logprobs.content]
+
+
+def test_the_anthropic_sdk_uses_a_tool_streams_and_counts(gateway):
+    sid, key = _session(gateway)
+    client = anthropic.Anthropic(base_url=gateway, api_key=key)
+    tool = {"name": "calculator", "description": "Evaluates.", "input_schema": CALC["function"]["parameters"]}
+    messages = [{"role": "user", "content": "What is 2+3?"}]
+    r = client.messages.create(
+        model="tiny", max_tokens=6, messages=messages, tools=[tool], tool_choice={"type": "tool", "name": "calculator"}
+    )
+    assert r.stop_reason == "tool_use"
+    use = next(b for b in r.content if b.type == "tool_use")
+    assert use.name == "calculator" and isinstance(use.input, dict)
+    messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]})
+    messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "5"}]})
+    with client.messages.stream(model="tiny", max_tokens=4, messages=messages, tools=[tool]) as s:
+        final = s.get_final_message()
+    assert final.stop_reason in ("max_tokens", "end_turn")
+    assert final.usage.output_tokens >= 1
+    counted = client.messages.count_tokens(model="tiny", messages=messages, tools=[tool])
+    assert counted.input_tokens > 0
+    t = _http(f"{gateway}/sessions/{sid}/finish", key=key)
+    a, b = t["turns"]
+    assert b["prompt_ids"][: len(a["prompt_ids"]) + len(a["output_ids"])] == a["prompt_ids"] + a["output_ids"]
+
+
+def test_bad_requests_raise_the_sdks_own_errors(gateway):
+    o = openai.OpenAI(base_url=f"{gateway}/v1", api_key="none")
+    with pytest.raises(openai.NotFoundError):
+        o.chat.completions.create(model="big", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="n must be 1"):
+        o.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=2)
+    a = anthropic.Anthropic(base_url=gateway, api_key="none", max_retries=0)
+    with pytest.raises(anthropic.NotFoundError):
+        a.messages.create(model="big", max_tokens=3, messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(anthropic.BadRequestError):
+        a.messages.create(model="tiny", max_tokens=3, messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}])
