@@ -20,8 +20,8 @@ pub struct AgentFlags {
     #[arg(long)]
     pub tool_call_parser: Option<String>,
     /// Reasoning parser: qwen3 | deepseek_r1 | none (default none).
-    #[arg(long, default_value = "none")]
-    pub reasoning_parser: String,
+    #[arg(long)]
+    pub reasoning_parser: Option<String>,
     /// Recorded sessions open at once, at most (default 4096).
     #[arg(long)]
     pub max_agent_sessions: Option<usize>,
@@ -58,7 +58,7 @@ pub fn spec(f: &AgentFlags) -> Result<Option<AgentSpec>, String> {
         model: f.served_model_name.clone().unwrap_or(model),
         tokenizer: source,
         tool_call_parser: f.tool_call_parser.clone().unwrap_or_else(|| parser.into()),
-        reasoning_parser: f.reasoning_parser.clone(),
+        reasoning_parser: f.reasoning_parser.clone().unwrap_or_else(|| "none".into()),
         max_sessions: f.max_agent_sessions.unwrap_or(l.max_sessions),
         max_session_tokens: f.max_session_tokens.unwrap_or(l.max_session_tokens),
         session_idle_ttl_secs: f.session_idle_ttl_secs.unwrap_or(l.idle_ttl.as_secs()),
@@ -97,7 +97,7 @@ mod tests {
         assert!(e.contains("need --tokenizer"), "{e}");
         let bad = AgentFlags {
             tokenizer: Some("reference".into()),
-            reasoning_parser: "x".into(),
+            reasoning_parser: Some("x".into()),
             ..Default::default()
         };
         assert!(spec(&bad).unwrap_err().contains("unknown reasoning parser"));
