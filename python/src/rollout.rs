@@ -157,7 +157,9 @@ pub struct RolloutController {
 fn wait_error(e: WaitError) -> PyErr {
     match e {
         WaitError::Timeout { .. } => pyo3::exceptions::PyTimeoutError::new_err(e.to_string()),
-        WaitError::Starved { .. } => RolloutError::new_err(e.to_string()),
+        WaitError::Starved { .. } | WaitError::Failing { .. } => {
+            RolloutError::new_err(e.to_string())
+        }
     }
 }
 

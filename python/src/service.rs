@@ -21,6 +21,7 @@ pub struct Service {
     deployment: Arc<Mutex<Option<Deployment>>>,
     plane: Arc<ControlPlane>,
     gateway_url: String,
+    admin_key: Option<String>,
     /// The controller API servers `serve_api` started: they stop with the deployment.
     apis: std::sync::Mutex<Vec<troupe_controller::api::ApiServer>>,
 }
@@ -30,6 +31,7 @@ impl Service {
         Service {
             plane: d.plane.clone(),
             gateway_url: d.gateway_url.clone(),
+            admin_key: d.admin_key().map(str::to_string),
             deployment: Arc::new(Mutex::new(Some(d))),
             apis: std::sync::Mutex::new(Vec::new()),
         }
@@ -91,6 +93,14 @@ impl Service {
     #[getter]
     fn gateway_url(&self) -> String {
         self.gateway_url.clone()
+    }
+
+    /// The gateway's admin key (configured, or made for this deployment): opening agent
+    /// sessions (`troupe.AgentWorkflow(..., admin_key=svc.admin_key)`) and the control
+    /// endpoints need it.
+    #[getter]
+    fn admin_key(&self) -> Option<String> {
+        self.admin_key.clone()
     }
 
     /// A generation client for this deployment's gateway (`troupe.InferenceClient`: `generate`,

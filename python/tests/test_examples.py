@@ -1,5 +1,6 @@
 """The Python examples learn their task: examples/python/grpo.py (`troupe run`'s GRPO loop in
-Python) and examples/python/torch_grpo.py (a 2-rank PyTorch trainer group)."""
+Python), examples/python/torch_grpo.py (a 2-rank PyTorch trainer group) and
+examples/python/agent_grpo.py (an `openai`-SDK agent trained through recorded gateway sessions)."""
 
 import json
 import pathlib
@@ -37,6 +38,14 @@ def trained(name, tmp_path, steps=14):
 
 def test_the_python_grpo_example_raises_the_reward(tmp_path):
     trained("grpo.py", tmp_path)
+
+
+def test_the_agent_grpo_example_trains_an_sdk_agent(tmp_path):
+    trained("agent_grpo.py", tmp_path, steps=AGENT_STEPS)
+
+
+#: Steps the agent example needs to show its reward rising (see docs/benchmarks.md's row).
+AGENT_STEPS = 10
 
 
 def test_the_python_grpo_example_names_a_bad_override():

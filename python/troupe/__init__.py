@@ -59,10 +59,12 @@ from ._troupe import (  # noqa: E402
     pad_batch,
 )
 from .actors import actor  # noqa: E402
+from .agent import AgentWorkflow  # noqa: E402
 from .workflow import RLVRWorkflow  # noqa: E402
 
 __all__ = [
     "ActorDiedError",
+    "AgentWorkflow",
     "ActorError",
     "ActorRef",
     "AllocationError",

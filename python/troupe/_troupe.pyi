@@ -124,6 +124,9 @@ class Service:
     @property
     def gateway_url(self) -> str: ...
     @property
+    def admin_key(self) -> str | None:
+        """The gateway's admin key (configured, or made for this deployment)."""
+    @property
     def control(self) -> Control: ...
     def client(self) -> InferenceClient:
         """A generation client for this deployment's gateway."""

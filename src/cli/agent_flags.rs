@@ -1,7 +1,7 @@
 //! The gateway's agent flags (`troupe gateway --tokenizer ...`): with a tokenizer the gateway
 //! serves OpenAI chat and Anthropic messages from token ids and records sessions.
 
-use troupe_agent::{AgentSpec, SessionLimits, TokenizerSource};
+use troupe_controller::serve::agent_spec::{AgentOptions, agent_spec};
 
 /// Flags of the gateway's agent layer.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -35,36 +35,17 @@ pub struct AgentFlags {
 
 /// The agent layer the flags describe (none without `--tokenizer`); the tokenizer is loaded
 /// here so a bad directory is reported before the gateway starts.
-pub fn spec(f: &AgentFlags) -> Result<Option<AgentSpec>, String> {
-    let Some(t) = &f.tokenizer else {
-        let given = f.served_model_name.is_some() || f.tool_call_parser.is_some();
-        return if given {
-            Err("--served-model-name and --tool-call-parser need --tokenizer (a model directory or `reference`)".into())
-        } else {
-            Ok(None)
-        };
+pub fn spec(f: &AgentFlags) -> Result<Option<troupe_agent::AgentSpec>, String> {
+    let o = AgentOptions {
+        tokenizer: f.tokenizer.clone(),
+        served_model_name: f.served_model_name.clone(),
+        tool_call_parser: f.tool_call_parser.clone(),
+        reasoning_parser: f.reasoning_parser.clone(),
+        max_agent_sessions: f.max_agent_sessions,
+        max_session_tokens: f.max_session_tokens,
+        session_idle_ttl_secs: f.session_idle_ttl_secs,
     };
-    let (source, model, parser) = if t == "reference" {
-        let files = TokenizerSource::Files {
-            tokenizer_json: troupe_engine::hf_tokenizer::tokenizer_json(),
-            tokenizer_config_json: troupe_engine::hf_tokenizer::tokenizer_config_json(),
-        };
-        (files, "tiny".to_string(), "reference")
-    } else {
-        (TokenizerSource::Dir(t.into()), t.clone(), "hermes")
-    };
-    let l = SessionLimits::default();
-    let spec = AgentSpec {
-        model: f.served_model_name.clone().unwrap_or(model),
-        tokenizer: source,
-        tool_call_parser: f.tool_call_parser.clone().unwrap_or_else(|| parser.into()),
-        reasoning_parser: f.reasoning_parser.clone().unwrap_or_else(|| "none".into()),
-        max_sessions: f.max_agent_sessions.unwrap_or(l.max_sessions),
-        max_session_tokens: f.max_session_tokens.unwrap_or(l.max_session_tokens),
-        session_idle_ttl_secs: f.session_idle_ttl_secs.unwrap_or(l.idle_ttl.as_secs()),
-    };
-    spec.build().map_err(|e| format!("--tokenizer {t}: {e}"))?;
-    Ok(Some(spec))
+    agent_spec(&o, |k| format!("--{}", k.replace('_', "-")))
 }
 
 #[cfg(test)]
@@ -72,40 +53,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn flags_make_a_spec_or_say_what_is_wrong() {
+    fn flags_are_named_as_flags() {
         let f = AgentFlags {
             tokenizer: Some("reference".into()),
             ..Default::default()
         };
-        let s = spec(&f).unwrap().unwrap();
-        assert_eq!(
-            (s.model.as_str(), s.tool_call_parser.as_str()),
-            ("tiny", "reference")
-        );
-        assert_eq!(spec(&AgentFlags::default()).unwrap(), None);
-        let e = spec(&AgentFlags {
-            tokenizer: Some("/nonexistent".into()),
-            ..Default::default()
-        })
-        .unwrap_err();
-        assert!(e.contains("no tokenizer.json"), "{e}");
+        assert_eq!(spec(&f).unwrap().map(|s| s.model), Some("tiny".into()));
         let e = spec(&AgentFlags {
             tool_call_parser: Some("hermes".into()),
             ..Default::default()
         })
         .unwrap_err();
-        assert!(e.contains("need --tokenizer"), "{e}");
-        let bad = AgentFlags {
-            tokenizer: Some("reference".into()),
-            reasoning_parser: Some("x".into()),
-            ..Default::default()
-        };
-        assert!(spec(&bad).unwrap_err().contains("unknown reasoning parser"));
-        let zero = AgentFlags {
-            tokenizer: Some("reference".into()),
-            max_agent_sessions: Some(0),
-            ..Default::default()
-        };
-        assert!(spec(&zero).unwrap_err().contains("must be positive"));
+        assert!(
+            e.contains("--tool-call-parser") && e.contains("need --tokenizer"),
+            "{e}"
+        );
     }
 }

@@ -275,6 +275,47 @@ async fn unrecorded_versions_are_the_admission_version_and_a_dropped_item_can_st
     .await
 }
 
+/// A workflow that cannot work (every episode fails at once).
+struct Broken;
+
+impl RolloutWorkflow for Broken {
+    type Item = u64;
+    async fn run_episode(
+        &self,
+        _e: &InferenceClient,
+        _item: u64,
+    ) -> Result<Option<Trajectory>, RolloutError> {
+        Err(RolloutError::Workflow("401 from /sessions".into()))
+    }
+}
+
+#[tokio::test]
+async fn a_workflow_that_always_fails_ends_prepare_batch_with_its_error() {
+    within(30, async {
+        let rc = RolloutController::new(
+            InferenceClient::new("http://unused.invalid"),
+            RolloutOptions {
+                max_concurrent: 4,
+                max_staleness: 1,
+                batch_size: 2,
+            },
+        );
+        // Endless data: without the bound the call would take item after item forever.
+        let mut data = 0u64..;
+        let r = rc
+            .prepare_batch(&mut data, Arc::new(Broken), Duration::from_secs(20))
+            .await;
+        match r {
+            Err(WaitError::Failing { failed, last_error }) => {
+                assert!(failed > 64 && failed < 200, "{failed}");
+                assert!(last_error.contains("401 from /sessions"), "{last_error}");
+            }
+            other => panic!("{other:?}"),
+        }
+    })
+    .await
+}
+
 #[tokio::test]
 async fn paused_admission_starts_nothing_until_resumed() {
     within(30, async {

@@ -18,6 +18,12 @@
 //! gateway's threads, or the `--target-pid` process). In a closed loop with more clients than
 //! cores the latency a router adds is about `concurrency × its CPU per request / cores`.
 //!
+//! `--chat` also measures an agent turn: the in-process gateway gets the reference tokenizer and
+//! the same load sends OpenAI chat completions through it (the gateway renders the chat template,
+//! tokenizes, sends `/generate` with token ids, decodes and parses the answer):
+//! `gateway.chat.<p50_ms|rps|cpu_us_per_req>` and `gateway.chat_vs_generate.cpu_ratio`, the
+//! gateway's CPU per chat turn over its CPU per plain `/generate`, same run.
+//!
 //! Backends and the in-process gateway run on their own runtimes so the load generator does
 //! not delay their timers.
 
@@ -85,6 +91,10 @@ pub struct GatewayBenchArgs {
     /// shares the machine.
     #[arg(long)]
     pub target_pid: Option<u32>,
+    /// Also measure chat completions served from token ids (the in-process gateway with the
+    /// reference tokenizer) against plain `/generate`.
+    #[arg(long)]
+    pub chat: bool,
     /// Serving threads of the in-process gateway (default: one per core, as `troupe gateway`).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub io_threads: Option<u64>,
@@ -236,6 +246,21 @@ fn client(concurrency: usize) -> Result<reqwest::Client, String> {
         .map_err(|e| e.to_string())
 }
 
+/// What the closed loop sends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Route {
+    Generate,
+    Chat,
+}
+
+fn chat_body() -> Bytes {
+    Bytes::from(
+        json!({"model": "tiny", "messages": [{"role": "user", "content": "benchmark prompt"}],
+               "max_tokens": 8, "temperature": 0})
+        .to_string(),
+    )
+}
+
 fn body(stream: bool) -> Bytes {
     Bytes::from(
         json!({"text": "benchmark prompt", "sampling_params": {"max_new_tokens": 8, "temperature": 0}, "stream": stream})
@@ -301,10 +326,18 @@ async fn closed_loop(
     args: &GatewayBenchArgs,
     concurrency: u64,
     requests: usize,
+    route: Route,
 ) -> Result<Run, String> {
     let next = Arc::new(AtomicUsize::new(0));
-    let urls: Arc<Vec<String>> = Arc::new(urls.iter().map(|u| format!("{u}/generate")).collect());
-    let b = body(args.stream);
+    let path = match route {
+        Route::Generate => "/generate",
+        Route::Chat => "/v1/chat/completions",
+    };
+    let urls: Arc<Vec<String>> = Arc::new(urls.iter().map(|u| format!("{u}{path}")).collect());
+    let b = match route {
+        Route::Generate => body(args.stream),
+        Route::Chat => chat_body(),
+    };
     let t0 = Instant::now();
     let workers = (0..concurrency).map(|_| {
         let (c, next, urls, b, stream) = (
@@ -381,16 +414,17 @@ async fn measure(
     let n = args.requests as usize;
     let target = [target.to_string()];
     let per_req = |secs: f64| secs * 1e6 / n.max(1) as f64;
-    closed_loop(c, urls, args, conc, warm).await?;
+    let g = Route::Generate;
+    closed_loop(c, urls, args, conc, warm, g).await?;
     let own0 = thread_times("self", None);
-    let direct = closed_loop(c, urls, args, conc, n).await?;
+    let direct = closed_loop(c, urls, args, conc, n, g).await?;
     let direct_cpu = own0
         .zip(thread_times("self", None))
         .map(|(a, b)| per_req(spent(&a, &b)));
-    closed_loop(c, &target, args, conc, warm).await?;
+    closed_loop(c, &target, args, conc, warm, g).await?;
     let router0 = router_cpu(args)?;
-    let through = closed_loop(c, &target, args, conc, n).await?;
-    let router_cpu = router0
+    let through = closed_loop(c, &target, args, conc, n, g).await?;
+    let target_cpu = router0
         .zip(router_cpu(args)?)
         .map(|(a, b)| per_req(spent(&a, &b)));
     for (name, r) in [("direct", &direct), ("target", &through)] {
@@ -409,8 +443,24 @@ async fn measure(
     if let Some(us) = direct_cpu {
         out.push((format!("{prefix}.direct.cpu_us_per_req"), us));
     }
-    if let Some(us) = router_cpu {
+    if let Some(us) = target_cpu {
         out.push((format!("{prefix}.target.cpu_us_per_req"), us));
+    }
+    if args.chat {
+        closed_loop(c, &target, args, conc, warm, Route::Chat).await?;
+        let before = router_cpu(args)?;
+        let chat = closed_loop(c, &target, args, conc, n, Route::Chat).await?;
+        let chat_cpu = before
+            .zip(router_cpu(args)?)
+            .map(|(a, b)| per_req(spent(&a, &b)));
+        out.push((format!("{prefix}.chat.p50_ms"), chat.p50_ms));
+        out.push((format!("{prefix}.chat.rps"), chat.rps));
+        if let Some(us) = chat_cpu {
+            out.push((format!("{prefix}.chat.cpu_us_per_req"), us));
+            if let Some(plain) = target_cpu.filter(|p| *p > 0.0) {
+                out.push((format!("{prefix}.chat_vs_generate.cpu_ratio"), us / plain));
+            }
+        }
     }
     Ok(())
 }
@@ -419,6 +469,11 @@ async fn measure(
 pub async fn run(args: &GatewayBenchArgs) -> Result<Vec<(String, f64)>, String> {
     if !(args.backend_latency_ms.is_finite() && args.backend_latency_ms >= 0.0) {
         return Err("--backend-latency-ms must be a non-negative number".into());
+    }
+    if args.chat && (args.target.is_some() || args.stream) {
+        return Err(
+            "--chat measures the in-process gateway's chat path: drop --target and --stream".into(),
+        );
     }
     let (_backends, urls) = start_backends(args).await?;
     let most = args.concurrency.iter().copied().max().unwrap_or(1);
@@ -448,6 +503,15 @@ pub async fn run(args: &GatewayBenchArgs) -> Result<Vec<(String, f64)>, String> 
                         ..Default::default()
                     },
                     ..Default::default()
+                },
+                agent: if args.chat {
+                    let o = troupe_controller::serve::agent_spec::AgentOptions {
+                        tokenizer: Some("reference".into()),
+                        ..Default::default()
+                    };
+                    troupe_controller::serve::agent_spec::agent_spec(&o, |k| format!("--{k}"))?
+                } else {
+                    None
                 },
                 ..Default::default()
             };
@@ -498,7 +562,32 @@ mod tests {
             target_wait_s: 10,
             target_pid: None,
             io_threads: Some(2),
+            chat: false,
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn chat_turns_are_measured_beside_plain_generates() {
+        let a = GatewayBenchArgs {
+            chat: true,
+            ..small(vec![2], 20)
+        };
+        let figs = tokio::time::timeout(Duration::from_secs(60), run(&a))
+            .await
+            .expect("in time")
+            .expect("runs");
+        let get = |n: &str| figs.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+        assert!(get("gateway.chat.rps").is_some_and(|r| r > 0.0), "{figs:?}");
+        assert!(
+            get("gateway.chat.cpu_us_per_req").is_some_and(|c| c > 0.0),
+            "{figs:?}"
+        );
+        assert!(
+            get("gateway.chat_vs_generate.cpu_ratio").is_some(),
+            "{figs:?}"
+        );
+        let bad = GatewayBenchArgs { stream: true, ..a };
+        assert!(run(&bad).await.unwrap_err().contains("--chat"));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -131,6 +131,16 @@ pub enum WaitError {
         /// The most recent episode error, if episodes failed.
         last_error: Option<String>,
     },
+    /// Every episode of this call failed, more of them than a batch's worth of retries (a
+    /// workflow that cannot work: a wrong URL, a missing key), so the call stops rather than
+    /// burning through the data.
+    #[error("{failed} episodes failed in a row and none succeeded; the last error: {last_error}")]
+    Failing {
+        /// How many failed during the call.
+        failed: u64,
+        /// The most recent episode error.
+        last_error: String,
+    },
 }
 
 /// Counters of a rollout controller, for logs and tests.
@@ -399,10 +409,23 @@ impl RolloutController {
     ) -> Result<Vec<Trajectory>, WaitError> {
         let b = self.inner.opts.batch_size;
         let deadline = tokio::time::Instant::now() + timeout;
+        let (failed0, accepted0) = {
+            let st = self.inner.state.lock();
+            (st.failed, st.accepted)
+        };
+        // Failures past this with no success end the call (each failure takes a data item).
+        let most_failures = (8 * b as u64).max(64);
         loop {
             let notified = self.inner.ready.notified();
             let in_flight = {
                 let st = self.inner.state.lock();
+                let failed = st.failed - failed0;
+                if failed > most_failures && st.accepted == accepted0 {
+                    return Err(WaitError::Failing {
+                        failed,
+                        last_error: st.last_error.clone().unwrap_or_default(),
+                    });
+                }
                 st.waiting.len() + st.running + st.done.len()
             };
             for _ in in_flight..2 * b {

@@ -51,6 +51,13 @@ pub struct Deployment {
 }
 
 impl Deployment {
+    /// The admin key of the gateway and the fleet's control endpoints (the configured one, or
+    /// the fresh one the deployment made): what a client that opens agent sessions or calls
+    /// the control endpoints sends.
+    pub fn admin_key(&self) -> Option<&str> {
+        self.admin_key.as_deref()
+    }
+
     /// Every server process that serves now (heads and other nodes), in group order, a
     /// re-placed server in its predecessor's place: a snapshot of the table.
     pub fn servers(&self) -> Vec<ServerEntry> {

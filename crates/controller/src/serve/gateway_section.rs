@@ -72,6 +72,28 @@ pub struct GatewaySection {
     /// the runtime of the host it runs on; `troupe gateway` uses one per core).
     #[serde(default)]
     pub io_threads: Option<usize>,
+    /// The agent routes' tokenizer: `reference` or a model directory (with it the gateway
+    /// serves chat and Anthropic messages from token ids and records sessions).
+    #[serde(default)]
+    pub tokenizer: Option<String>,
+    /// The model name agent requests give (default `tiny` for `reference`, else the directory).
+    #[serde(default)]
+    pub served_model_name: Option<String>,
+    /// Tool-call parser: hermes | reference | none.
+    #[serde(default)]
+    pub tool_call_parser: Option<String>,
+    /// Reasoning parser: qwen3 | deepseek_r1 | none.
+    #[serde(default)]
+    pub reasoning_parser: Option<String>,
+    /// Recorded sessions open at once, at most (default 4096).
+    #[serde(default)]
+    pub max_agent_sessions: Option<usize>,
+    /// Tokens one session may record, at most (default 1048576).
+    #[serde(default)]
+    pub max_session_tokens: Option<usize>,
+    /// Idle seconds before a recorded session is dropped (default 3600).
+    #[serde(default)]
+    pub session_idle_ttl_secs: Option<u64>,
 }
 
 impl GatewaySection {
@@ -93,8 +115,24 @@ impl GatewaySection {
             control_auth: self.control_auth,
             key_reads: self.key_reads,
             io_threads: self.io_threads.unwrap_or(d.io_threads),
+            // `check` ran at load and reported a bad tokenizer; here it only repeats the work.
+            agent: self.agent().ok().flatten(),
             ..d
         }
+    }
+
+    /// The agent layer of `gateway.tokenizer` and its keys.
+    fn agent(&self) -> Result<Option<troupe_agent::AgentSpec>, String> {
+        let o = super::agent_spec::AgentOptions {
+            tokenizer: self.tokenizer.clone(),
+            served_model_name: self.served_model_name.clone(),
+            tool_call_parser: self.tool_call_parser.clone(),
+            reasoning_parser: self.reasoning_parser.clone(),
+            max_agent_sessions: self.max_agent_sessions,
+            max_session_tokens: self.max_session_tokens,
+            session_idle_ttl_secs: self.session_idle_ttl_secs,
+        };
+        super::agent_spec::agent_spec(&o, |k| format!("gateway.{k}"))
     }
 
     /// The `cache_aware` settings: the keys given, SGLang's defaults for the rest.
@@ -127,6 +165,7 @@ impl GatewaySection {
 
     pub(super) fn check(&self) -> Result<(), String> {
         self.cache_aware().check(|k| format!("gateway.{k}"))?;
+        self.agent()?;
         self.sessions().check(|k| format!("gateway.{k}"))?;
         if let Some(n) = self.io_threads
             && n > troupe_serving::gateway::MAX_IO_THREADS

@@ -6,6 +6,7 @@
 //! file records and teardown empties.
 
 mod addr;
+pub mod agent_spec;
 pub mod config;
 mod deployment;
 mod events;
