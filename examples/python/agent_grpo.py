@@ -6,7 +6,7 @@
 The agent (`run_agent` below) is plain OpenAI client code: it asks the model a sum with a
 `calculator` tool it must call (a named `tool_choice`), runs the tool on the call's argument,
 sends the result back and takes the model's final answer. It never sees a token id. The gateway
-(`gateway.tokenizer: reference`) renders the chat template, sends token ids to the engines and
+(`gateway.tokenizer: auto`, here the reference engine's) renders the chat template, sends token ids to the engines and
 records each turn's exact tokens, logprobs and weight versions in the episode's session;
 `troupe.AgentWorkflow` turns the recorded turns into trajectories for the trainer.
 
@@ -93,7 +93,7 @@ def main(argv=None):
     if overrides and "=" not in overrides[0]:
         config, overrides = overrides[0], overrides[1:]
     try:
-        cfg = troupe.load_config(config, ["gateway.tokenizer=reference", *overrides])
+        cfg = troupe.load_config(config, ["gateway.tokenizer=auto", *overrides])
     except troupe.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 //! real vLLM servers: a session's turns stick to one server and a new session goes to the other
 //! (`sticky_least_loaded`); an abort by id in SGLang's words and in vLLM's reaches the vLLM
 //! server holding the request under the id vLLM knows it by (it prefixes the id by route), and
-//! the request ends early; vLLM's own answer fields come through untouched.
+//! the request ends early; vLLM's own answer fields come through untouched. And the agent path:
+//! a gateway with the model's tokenizer renders vLLM's prompt ids and records vLLM's tokens.
 
 use std::process::Stdio;
 
@@ -225,6 +226,81 @@ async fn sessions_aborts_by_id_and_engine_fields_through_the_gateway_to_real_vll
             );
         }
         drop(gw);
+
+        // The agent path on real vLLM: a gateway with the model's own tokenizer files renders
+        // the chat template to exactly the ids vLLM's /tokenize makes, sends them to vLLM's
+        // token route, and records turns whose output is vLLM's own for that prompt.
+        let mut agw = tokio::process::Command::new(BIN)
+            .args(["gateway", "--listen", "127.0.0.1:0", "--tokenizer"])
+            .arg(&m)
+            .arg("--worker-urls")
+            .arg(format!("{},{}", a.url, b.url))
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(agw.stdout.take().unwrap()).lines();
+        let line = out.next_line().await.unwrap().expect("a ready line");
+        let abase = line
+            .strip_prefix("gateway listening on ")
+            .expect("ready line")
+            .to_string();
+        let s: Value = http.post(format!("{abase}/sessions")).send().await.unwrap().json().await.unwrap();
+        let (sid, key) = (s["session_id"].as_str().unwrap(), s["api_key"].as_str().unwrap());
+        let mut messages = vec![json!({"role": "user", "content": "Hello there"})];
+        for _ in 0..2 {
+            let r = http
+                .post(format!("{abase}/v1/chat/completions"))
+                .bearer_auth(key)
+                .json(&json!({"model": model, "messages": messages, "max_tokens": 4, "temperature": 0}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let v: Value = r.json().await.unwrap();
+            messages.push(v["choices"][0]["message"].clone());
+            messages.push(json!({"role": "user", "content": "and then?"}));
+        }
+        let t: Value = http
+            .post(format!("{abase}/sessions/{sid}/finish"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let turns = t["turns"].as_array().expect("turns").clone();
+        assert_eq!(turns.len(), 2, "{t}");
+        let tok: Value = http
+            .post(format!("{}/tokenize", a.url))
+            .json(&json!({"model": model, "messages": [messages[0]], "add_generation_prompt": true}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(turns[0]["prompt_ids"], tok["tokens"], "the gateway's template is vLLM's: {tok}");
+        let mut head = turns[0]["prompt_ids"].as_array().unwrap().clone();
+        head.extend(turns[0]["output_ids"].as_array().unwrap().iter().cloned());
+        let second = turns[1]["prompt_ids"].as_array().unwrap();
+        assert_eq!(second[..head.len()], head[..], "turn 2 extends turn 1's tokens");
+        for turn in &turns {
+            let out = turn["output_ids"].as_array().unwrap();
+            let again: Value = http
+                .post(format!("{}/inference/v1/generate", a.url))
+                .json(&json!({"token_ids": turn["prompt_ids"],
+                              "sampling_params": {"max_tokens": out.len(), "temperature": 0}}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(&again["choices"][0]["token_ids"], &Value::Array(out.clone()), "vLLM's own tokens");
+        }
+        drop(agw);
     })
     .await;
 }

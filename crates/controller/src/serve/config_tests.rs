@@ -211,3 +211,29 @@ fn sglang_and_vllm_engine_fields_pass_through_checked() {
         assert!(e.contains(needle), "{yaml}: {e}");
     }
 }
+
+#[cfg(feature = "reference")]
+#[test]
+fn the_gateways_tokenizer_is_the_engines_own_with_auto() {
+    let y =
+        "allocation_mode: 'troupe:d1'\nsglang: {model_path: tiny}\ngateway: {tokenizer: auto}\n";
+    let c = ServeConfig::from_yaml(y, "t.yaml", &[]).unwrap();
+    let agent = c.gateway.to_gateway().agent.expect("an agent layer");
+    assert_eq!(
+        (agent.model.as_str(), agent.tool_call_parser.as_str()),
+        ("tiny", "reference")
+    );
+    let d = "allocation_mode: 'troupe:d1'\nsglang: {model_path: /nonexistent/m}\ngateway: {tokenizer: auto}\n";
+    let e = ServeConfig::from_yaml(d, "t.yaml", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gateway.tokenizer /nonexistent/m"), "{e}");
+    let e = ServeConfig::from_yaml(
+        "allocation_mode: x\ngateway: {tool_call_parser: hermes}\n",
+        "t.yaml",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("need gateway.tokenizer"), "{e}");
+}

@@ -72,8 +72,10 @@ pub struct GatewaySection {
     /// the runtime of the host it runs on; `troupe gateway` uses one per core).
     #[serde(default)]
     pub io_threads: Option<usize>,
-    /// The agent routes' tokenizer: `reference` or a model directory (with it the gateway
-    /// serves chat and Anthropic messages from token ids and records sessions).
+    /// The agent routes' tokenizer: `reference`, a model directory, or `auto` (the engines'
+    /// model: `reference` for the reference engine's built-in models, else `sglang.model_path`).
+    /// With it the gateway serves chat and Anthropic messages from token ids and records
+    /// sessions.
     #[serde(default)]
     pub tokenizer: Option<String>,
     /// The model name agent requests give (default `tiny` for `reference`, else the directory).
