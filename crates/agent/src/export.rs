@@ -4,7 +4,7 @@
 //! encoding), so either kind of trainer reads it.
 
 use base64::Engine as _;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::session::{Session, Turn};
 
@@ -97,12 +97,14 @@ fn row(turns: &[Turn], i: usize, concat: bool) -> (Vec<u32>, Vec<i64>, Vec<f32>,
     (ids, mask, lps, vers)
 }
 
-/// AReaL's `/export_trajectories` answer (`style`: `individual`, every turn; `concat`, the
-/// turns no other turn continues, each with its ancestors' outputs marked for the loss).
-pub fn areal(s: &Session, gamma: f64, concat: bool) -> Value {
+/// AReaL's `/export_trajectories` answer, as JSON text (`style`: `individual`, every turn;
+/// `concat`, the turns no other turn continues, each with its ancestors' outputs marked for the
+/// loss). Text, because the interactions must stay in the order the turns were made, as AReaL
+/// writes them, and the workspace's JSON objects keep their keys sorted.
+pub fn areal(s: &Session, gamma: f64, concat: bool) -> String {
     let rewards = discounted(&s.turns, gamma);
     let parents: Vec<usize> = s.turns.iter().filter_map(|t| t.parent).collect();
-    let mut out = Map::new();
+    let mut out: Vec<String> = Vec::new();
     for (i, t) in s.turns.iter().enumerate() {
         if concat && parents.contains(&i) {
             continue;
@@ -118,10 +120,8 @@ pub fn areal(s: &Session, gamma: f64, concat: bool) -> Value {
             "attention_mask": tensor(vec![1u8; n], &shape, "torch.bool"),
             "rewards": tensor((rewards[i] as f32).to_le_bytes().to_vec(), &[1], "torch.float32"),
         });
-        out.insert(
-            t.id.clone(),
-            json!({"tensor_dict": tensors, "reward": rewards[i], "interaction_id": t.id}),
-        );
+        let entry = json!({"tensor_dict": tensors, "reward": rewards[i], "interaction_id": t.id});
+        out.push(format!("{}:{entry}", Value::String(t.id.clone())));
     }
-    json!({"interactions": out})
+    format!("{{\"interactions\":{{{}}}}}", out.join(","))
 }

@@ -282,5 +282,10 @@ async fn exported(state: &GatewayState, raw: &[u8]) -> Result<Response, Detail> 
         .sessions
         .take(&id)
         .ok_or_else(|| detail(404, &format!("Session {id} not found")))?;
-    Ok(axum::Json(export::areal(&s, gamma, concat)).into_response())
+    let json = export::areal(&s, gamma, concat);
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        json,
+    )
+        .into_response())
 }
