@@ -5,6 +5,7 @@ pub mod agent;
 pub mod chaos;
 pub mod fixture;
 pub mod gateway;
+mod gateway_backends;
 pub mod proc_cpu;
 pub mod rollout;
 pub mod rpc;

@@ -422,18 +422,9 @@ impl ServeConfig {
             let python = cfg.vllm.python.as_ref().unwrap_or(&cfg.sglang.python);
             cfg.vllm_args = super::installed_args::vllm_table(python);
         }
-        // `gateway.tokenizer: auto`: the engines' own model's tokenizer (the reference engine's
-        // for its built-in models, else the model directory the engines load).
-        if cfg.gateway.tokenizer.as_deref() == Some("auto") {
-            let m = &cfg.sglang.model_path;
-            let builtin = cfg.uses(troupe_scheduler::Backend::Troupe)
-                && matches!(m.as_str(), "tiny" | "small");
-            cfg.gateway.tokenizer = Some(if builtin {
-                "reference".into()
-            } else {
-                m.clone()
-            });
-        }
+        let reference = cfg.uses(troupe_scheduler::Backend::Troupe);
+        cfg.gateway
+            .resolve_tokenizer(&cfg.sglang.model_path, reference);
         cfg.check().map_err(invalid)?;
         cfg.source = source;
         Ok(cfg)

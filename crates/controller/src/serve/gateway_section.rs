@@ -123,6 +123,20 @@ impl GatewaySection {
         }
     }
 
+    /// `gateway.tokenizer: auto` made concrete: the engines' own model's tokenizer, the
+    /// reference engine's for its built-in models (`reference_engine`: the plan runs it), else
+    /// the model directory the engines load.
+    pub(super) fn resolve_tokenizer(&mut self, model_path: &str, reference_engine: bool) {
+        if self.tokenizer.as_deref() == Some("auto") {
+            let builtin = reference_engine && matches!(model_path, "tiny" | "small");
+            self.tokenizer = Some(if builtin {
+                "reference".into()
+            } else {
+                model_path.into()
+            });
+        }
+    }
+
     /// The agent layer of `gateway.tokenizer` and its keys.
     fn agent(&self) -> Result<Option<troupe_agent::AgentSpec>, String> {
         let o = super::agent_spec::AgentOptions {

@@ -11,6 +11,7 @@
 //! - [`parse`], [`error`]: request parsing and SGLang-style errors; [`keep_alive`]: small
 //!   bodies read before routing, so every answer leaves the connection reusable.
 
+mod chat;
 pub mod control;
 pub mod error;
 pub mod generate;

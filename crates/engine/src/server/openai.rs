@@ -312,46 +312,6 @@ pub async fn completions(
     .into_response())
 }
 
-pub(super) fn messages(obj: &Map<String, Value>) -> Result<Vec<(String, String)>, ApiError> {
-    let list = obj
-        .get("messages")
-        .and_then(Value::as_array)
-        .filter(|a| !a.is_empty())
-        .ok_or_else(|| {
-            ApiError::bad_request(
-                "messages (a non-empty list of {\"role\", \"content\"}) is required",
-            )
-        })?;
-    list.iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let role = m["role"]
-                .as_str()
-                .ok_or_else(|| ApiError::bad_request(format!("messages[{i}].role must be a string")))?;
-            let content = match &m["content"] {
-                Value::String(s) => s.clone(),
-                Value::Null => String::new(),
-                Value::Array(parts) => parts
-                    .iter()
-                    .map(|p| match (p["type"].as_str(), p["text"].as_str()) {
-                        (Some("text"), Some(t)) => Ok(t.to_string()),
-                        _ => Err(ApiError::bad_request(format!(
-                            "messages[{i}].content: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported"
-                        ))),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?
-                    .join(""),
-                other => {
-                    return Err(ApiError::bad_request(format!(
-                        "messages[{i}].content must be a string or a list of text parts, got {other}"
-                    )));
-                }
-            };
-            Ok((role.to_string(), content))
-        })
-        .collect()
-}
-
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
@@ -366,7 +326,7 @@ pub async fn chat_completions(
             "tools are not supported by the reference engine; remove them",
         ));
     }
-    let prompt = super::tokens::chat(&obj)?;
+    let prompt = super::chat::chat(&obj)?;
     let params = sampling(&obj, 128)?;
     let want_lp = logprobs_flag(&obj)?;
     let want_ids = token_ids_flag(&obj)?;

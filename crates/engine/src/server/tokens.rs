@@ -22,9 +22,6 @@ use super::AppState;
 use super::error::{ApiError, parse_object, type_name};
 use crate::tokenizer;
 
-/// The chat template's generation prompt (what `add_generation_prompt: false` leaves out).
-const GENERATION_PROMPT: &str = "<|assistant|>\n";
-
 /// Checks vLLM's optional `model` field (a string or null).
 pub fn check_model(obj: &Map<String, Value>) -> Result<(), ApiError> {
     match obj.get("model") {
@@ -36,54 +33,13 @@ pub fn check_model(obj: &Map<String, Value>) -> Result<(), ApiError> {
     }
 }
 
-fn flag(obj: &Map<String, Value>, k: &str, default: bool) -> Result<bool, ApiError> {
-    match obj.get(k) {
-        None | Some(Value::Null) => Ok(default),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(v) => Err(ApiError::bad_request(format!(
-            "{k} must be true or false, got {v}"
-        ))),
-    }
-}
-
-/// A chat rendered through the engine's template, with vLLM's two switches.
-pub(super) fn chat(obj: &Map<String, Value>) -> Result<String, ApiError> {
-    for k in ["chat_template", "tools", "mm_processor_kwargs"] {
-        if obj.get(k).is_some_and(|v| !v.is_null()) {
-            return Err(ApiError::bad_request(format!(
-                "{k} is not supported by the reference engine's fixed byte-level chat template; remove it"
-            )));
-        }
-    }
-    let add_prompt = flag(obj, "add_generation_prompt", true)?;
-    let cont = flag(obj, "continue_final_message", false)?;
-    if add_prompt && cont {
-        return Err(ApiError::bad_request(
-            "continue_final_message cannot be used with add_generation_prompt; send add_generation_prompt: false",
-        ));
-    }
-    let msgs = super::openai::messages(obj)?;
-    let full = tokenizer::apply_chat_template(&msgs);
-    let mut text = full
-        .strip_suffix(GENERATION_PROMPT)
-        .unwrap_or(&full)
-        .to_string();
-    if add_prompt {
-        text.push_str(GENERATION_PROMPT);
-    } else if cont {
-        // The last message stays open: no newline closes it.
-        text.pop();
-    }
-    Ok(text)
-}
-
 /// `POST /tokenize`: a prompt, or chat messages through the chat template.
 pub async fn tokenize(State(state): State<Arc<AppState>>, b: Bytes) -> Result<Response, ApiError> {
     let obj = parse_object(&b)?;
     check_model(&obj)?;
     let text = match (obj.get("prompt"), obj.get("messages")) {
         (Some(Value::String(p)), None) => p.clone(),
-        (None, Some(_)) => chat(&obj)?,
+        (None, Some(_)) => super::chat::chat(&obj)?,
         (Some(_), Some(_)) => {
             return Err(ApiError::bad_request("give prompt or messages, not both"));
         }
@@ -99,8 +55,8 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, b: Bytes) -> Result<Re
             ));
         }
     };
-    flag(&obj, "add_special_tokens", true)?;
-    let want_strs = flag(&obj, "return_token_strs", false)?;
+    super::chat::flag(&obj, "add_special_tokens", true)?;
+    let want_strs = super::chat::flag(&obj, "return_token_strs", false)?;
     let tokens = tokenizer::encode(&text);
     let strs = want_strs.then(|| {
         tokens
