@@ -6,10 +6,12 @@
 //! passes through to the engines as before.
 //!
 //! - [`turn`]: one turn through the gateway's own routing (retries, sessions, PD), recorded;
+//!   [`generate`]: its generation, whole across weight updates;
 //! - [`openai`], [`anthropic`]: the two APIs' requests and answers, errors in each one's shape;
 //! - [`sessions`]: opening, rewarding, finishing and exporting sessions.
 
 mod anthropic;
+mod generate;
 mod openai;
 mod sessions;
 mod turn;

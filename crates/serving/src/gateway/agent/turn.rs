@@ -5,16 +5,11 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::HeaderMap;
 use serde_json::{Map, Value, json};
 use troupe_agent::{Agent, AgentError, Parsed, Turn};
 
 use super::super::GatewayState;
-use crate::metrics::Endpoint;
-
-/// Largest engine answer read (ids, logprobs and versions of a long output).
-const MAX_ANSWER_BYTES: usize = 256 << 20;
 
 /// What a turn asks for, in the API-neutral form both APIs are turned into.
 #[derive(Debug, Default)]
@@ -87,15 +82,6 @@ impl TurnError {
     }
 }
 
-/// A number field of an engine answer as ids.
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
-        .collect()
-}
-
 /// Runs one turn.
 pub(super) async fn run(
     state: &Arc<GatewayState>,
@@ -124,62 +110,27 @@ pub(super) async fn run(
     }
     let mut sampling = spec.sampling.clone();
     if let Some(eos) = agent.tokenizer.eos_id() {
-        let mut stops = ids(sampling.get("stop_token_ids").unwrap_or(&Value::Null));
+        let mut stops =
+            super::generate::ids(sampling.get("stop_token_ids").unwrap_or(&Value::Null));
         if !stops.contains(&eos) {
             stops.push(eos);
         }
         sampling.insert("stop_token_ids".into(), json!(stops));
     }
-    let body =
-        json!({"input_ids": prompt.ids, "sampling_params": sampling, "return_logprob": true});
-    let mut headers = HeaderMap::new();
-    if let Some(s) = spec
-        .session
-        .as_deref()
-        .and_then(|s| HeaderValue::from_str(s).ok())
-    {
-        headers.insert("x-session-id", s);
-    }
-    if let Some(r) = client.get("x-request-id") {
-        headers.insert("x-request-id", r.clone());
-    }
-    let resp = super::super::forward::handle(
-        state.clone(),
-        Endpoint::Generate,
-        headers,
-        Bytes::from(body.to_string()),
+    let generated = super::generate::generate(
+        state,
+        spec.session.as_deref(),
+        client,
+        &prompt.ids,
+        &sampling,
     )
-    .await;
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), MAX_ANSWER_BYTES)
-        .await
-        .map_err(|e| TurnError {
-            status: 502,
-            message: format!("the engine's answer could not be read: {e}"),
-        })?;
-    let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    if !status.is_success() {
-        let message = v["message"].as_str().map_or_else(
-            || String::from_utf8_lossy(&bytes).into_owned(),
-            str::to_string,
-        );
-        return Err(TurnError {
-            status: status.as_u16(),
-            message,
-        });
-    }
-    let output_ids = ids(&v["output_ids"]);
-    let meta = v.get("meta_info").cloned().unwrap_or(Value::Null);
-    let logprobs: Vec<f64> = meta["output_token_logprobs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|e| e[0].as_f64().unwrap_or(0.0))
-        .collect();
-    let versions: Vec<Value> = match meta["output_token_weight_versions"].as_array() {
-        Some(a) if a.len() == output_ids.len() => a.clone(),
-        _ => vec![meta["weight_version"].clone(); output_ids.len()],
-    };
+    .await?;
+    let (output_ids, logprobs, versions, meta) = (
+        generated.output_ids,
+        generated.logprobs,
+        generated.versions,
+        generated.meta,
+    );
     let finish = meta["finish_reason"].clone();
     let matched = finish["matched"].clone();
     let stop = match finish["type"].as_str() {

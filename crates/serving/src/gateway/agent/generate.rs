@@ -1,0 +1,156 @@
+//! A turn's generation through the gateway's own routing, whole across weight updates: a piece
+//! a pause aborted is continued from its tokens so far (token ids, so nothing is re-tokenized),
+//! and a moment with no worker to take it (every engine of a kind paused and passed over by the
+//! retry loop) is waited out, until the gateway's request timeout. Each token keeps the version
+//! of the piece that made it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use serde_json::{Map, Value, json};
+
+use super::super::GatewayState;
+use super::turn::TurnError;
+use crate::metrics::Endpoint;
+
+/// Largest engine answer read (ids, logprobs and versions of a long output).
+const MAX_ANSWER_BYTES: usize = 256 << 20;
+
+/// What the engine made for one turn.
+#[derive(Debug, Default)]
+pub(super) struct Generated {
+    pub output_ids: Vec<u32>,
+    pub logprobs: Vec<f64>,
+    /// One per output token.
+    pub versions: Vec<Value>,
+    /// The last piece's `meta_info` (its finish reason is the turn's), with
+    /// `gateway_resubmits`.
+    pub meta: Value,
+}
+
+/// Longest wait for a worker when none can take the turn.
+const MAX_UNAVAILABLE: Duration = Duration::from_secs(60);
+
+/// A number field of an engine answer as ids.
+pub(super) fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
+}
+
+/// One `/generate` through the gateway: (status, answer).
+async fn once(
+    state: &Arc<GatewayState>,
+    headers: HeaderMap,
+    body: &Value,
+) -> Result<(StatusCode, Value, Bytes), TurnError> {
+    let resp = super::super::forward::handle(
+        state.clone(),
+        Endpoint::Generate,
+        headers,
+        Bytes::from(body.to_string()),
+    )
+    .await;
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), MAX_ANSWER_BYTES)
+        .await
+        .map_err(|e| TurnError {
+            status: 502,
+            message: format!("the engine's answer could not be read: {e}"),
+        })?;
+    let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Ok((status, v, bytes))
+}
+
+/// Generates from `prompt` with SGLang `sampling` parameters; `session` routes it to the
+/// session's engine, `client` lends its `X-Request-Id`.
+pub(super) async fn generate(
+    state: &Arc<GatewayState>,
+    session: Option<&str>,
+    client: &HeaderMap,
+    prompt: &[u32],
+    sampling: &Map<String, Value>,
+) -> Result<Generated, TurnError> {
+    let mut headers = HeaderMap::new();
+    if let Some(s) = session.and_then(|s| HeaderValue::from_str(s).ok()) {
+        headers.insert("x-session-id", s);
+    }
+    if let Some(r) = client.get("x-request-id") {
+        headers.insert("x-request-id", r.clone());
+    }
+    let budget = sampling.get("max_new_tokens").and_then(Value::as_u64);
+    let deadline = Instant::now() + state.cfg.request_timeout;
+    // No worker to take it is waited out this long at most (a weight update's pause), so a
+    // gateway with no workers at all still answers soon.
+    let unavailable = Instant::now() + state.cfg.request_timeout.min(MAX_UNAVAILABLE);
+    let mut g = Generated::default();
+    let mut resubmits = 0u32;
+    let mut wait = Duration::from_millis(20);
+    loop {
+        let mut input = prompt.to_vec();
+        input.extend(&g.output_ids);
+        let mut sp = sampling.clone();
+        if let Some(b) = budget {
+            sp.insert(
+                "max_new_tokens".into(),
+                json!(b.saturating_sub(g.output_ids.len() as u64)),
+            );
+        }
+        let body = json!({"input_ids": input, "sampling_params": sp, "return_logprob": true});
+        let (status, v, bytes) = once(state, headers.clone(), &body).await?;
+        let paused = status == StatusCode::SERVICE_UNAVAILABLE && Instant::now() < unavailable;
+        if paused {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_millis(500));
+            continue;
+        }
+        if !status.is_success() {
+            let message = v["message"].as_str().map_or_else(
+                || String::from_utf8_lossy(&bytes).into_owned(),
+                str::to_string,
+            );
+            return Err(TurnError {
+                status: status.as_u16(),
+                message,
+            });
+        }
+        let piece = ids(&v["output_ids"]);
+        let meta = v.get("meta_info").cloned().unwrap_or(Value::Null);
+        g.logprobs.extend(
+            meta["output_token_logprobs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| e[0].as_f64().unwrap_or(0.0)),
+        );
+        match meta["output_token_weight_versions"].as_array() {
+            Some(a) if a.len() == piece.len() => g.versions.extend(a.iter().cloned()),
+            _ => g.versions.extend(std::iter::repeat_n(
+                meta["weight_version"].clone(),
+                piece.len(),
+            )),
+        }
+        g.output_ids.extend(piece);
+        g.meta = meta;
+        let aborted = g.meta["finish_reason"]["type"] == "abort";
+        let spent = budget.is_some_and(|b| g.output_ids.len() as u64 >= b);
+        if !aborted || spent || Instant::now() >= deadline {
+            if aborted && spent {
+                g.meta["finish_reason"] = json!({"type": "length", "length": g.output_ids.len()});
+            }
+            break;
+        }
+        resubmits += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    g.logprobs.resize(g.output_ids.len(), 0.0);
+    if let Some(m) = g.meta.as_object_mut() {
+        m.insert("gateway_resubmits".into(), json!(resubmits));
+        m.insert("completion_tokens".into(), json!(g.output_ids.len()));
+    }
+    Ok(g)
+}
