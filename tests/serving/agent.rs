@@ -283,3 +283,63 @@ async fn bad_agent_requests_get_their_apis_error_shape_and_change_nothing() {
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sessions_bearer_key_is_its_routing_key_on_every_data_route() {
+    within(60, async {
+        let (a, b) = (engine(engine_args()).await, engine(engine_args()).await);
+        let g = gateway::start(GatewayConfig {
+            listen: "127.0.0.1:0".into(),
+            workers: vec![WorkerSpec::regular(a.url()), WorkerSpec::regular(b.url())],
+            router: troupe_serving::RouterConfig {
+                policy: troupe_serving::policy::PolicyKind::StickyLeastLoaded,
+                ..Default::default()
+            },
+            agent: Some(spec()),
+            ..Default::default()
+        })
+        .await
+        .expect("gateway");
+        let base = g.url();
+        let mut homes = Vec::new();
+        for _ in 0..2 {
+            let (_, s) = call(&format!("{base}/sessions"), None, &json!({})).await;
+            let key = s["api_key"].as_str().unwrap().to_string();
+            let mut home = None;
+            for _ in 0..3 {
+                let before = [
+                    common::generated_tokens(&a.url()).await,
+                    common::generated_tokens(&b.url()).await,
+                ];
+                // Plain SGLang /generate, no session header: the bearer key names the session.
+                let (st, v) = call(
+                    &format!("{base}/generate"),
+                    Some(&key),
+                    &json!({"text": "hi",
+                    "sampling_params": {"max_new_tokens": 2, "ignore_eos": true}}),
+                )
+                .await;
+                assert_eq!(st, 200, "{v}");
+                let after = [
+                    common::generated_tokens(&a.url()).await,
+                    common::generated_tokens(&b.url()).await,
+                ];
+                let on = (0..2).find(|i| after[*i] > before[*i]);
+                assert!(
+                    home.is_none() || home == on,
+                    "a session's requests stay on one engine"
+                );
+                home = on;
+            }
+            homes.push(home);
+        }
+        assert_ne!(
+            homes[0], homes[1],
+            "the second session goes to the engine with none"
+        );
+        g.shutdown().await.expect("gateway stops");
+        a.shutdown().await.expect("engine stops");
+        b.shutdown().await.expect("engine stops");
+    })
+    .await
+}

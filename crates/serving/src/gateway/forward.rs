@@ -203,6 +203,13 @@ pub(super) async fn handle_native(
     let parsed = InferReq::parse(ep, &headers, raw, state.cfg.pd, needs_text);
     let resp = match parsed.map(|r| InferReq { native, ..r }) {
         Ok(mut req) => {
+            // The fourth session dialect: a per-session bearer key (AReaL's), once the agent
+            // layer has issued it.
+            if req.session.is_none()
+                && let Some(agent) = &state.agent
+            {
+                req.session = super::agent::bearer(&headers).and_then(|k| agent.sessions.by_key(k));
+            }
             let rid = req.ensure_rid(&headers);
             let mut resp = run(&state, &req).await;
             if let Some(v) = rid.and_then(|r| HeaderValue::from_str(&r).ok()) {
