@@ -208,7 +208,8 @@ pub(super) async fn handle_native(
             if req.session.is_none()
                 && let Some(agent) = &state.agent
             {
-                req.session = super::agent::bearer(&headers).and_then(|k| agent.sessions.by_key(k));
+                req.session =
+                    super::session_key::bearer(&headers).and_then(|k| agent.sessions.by_key(k));
             }
             let rid = req.ensure_rid(&headers);
             let mut resp = run(&state, &req).await;

@@ -77,6 +77,21 @@ fn checked(what: &str, s: &str) -> Result<String, ApiError> {
     Ok(s.to_string())
 }
 
+/// The bearer key a request carries: `Authorization: Bearer …` (OpenAI's SDK, Anthropic's
+/// newest) or `x-api-key` (Anthropic's older SDKs).
+pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let auth = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        });
+    auth.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

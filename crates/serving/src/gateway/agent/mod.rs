@@ -52,21 +52,6 @@ pub(super) const ADMIN_PATHS: &[&str] = &[
     "/export_trajectories",
 ];
 
-/// The bearer key a request carries: `Authorization: Bearer …` (OpenAI's SDK, Anthropic's
-/// newest) or `x-api-key` (Anthropic's older SDKs).
-pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let auth = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        });
-    auth.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
-        .map(str::trim)
-        .filter(|k| !k.is_empty())
-}
-
 /// The recorded session a data request belongs to: the one its bearer key was issued for, or
 /// the one its session key (`X-Session-ID`, ... as routing reads them) names.
 pub(super) fn session_of(
@@ -74,7 +59,7 @@ pub(super) fn session_of(
     headers: &HeaderMap,
     body: &Map<String, Value>,
 ) -> Option<String> {
-    if let Some(id) = bearer(headers).and_then(|k| agent.sessions.by_key(k)) {
+    if let Some(id) = super::session_key::bearer(headers).and_then(|k| agent.sessions.by_key(k)) {
         return Some(id);
     }
     super::session_key::session_key(headers, body)

@@ -23,7 +23,7 @@ use serde_json::{Map, Value, json};
 use troupe_agent::{Agent, AgentError, export};
 
 use super::super::GatewayState;
-use super::bearer;
+use super::super::session_key::bearer;
 
 /// An error as FastAPI (AReaL's servers) writes it: `{"detail": message}`.
 struct Detail(u16, String);
