@@ -151,6 +151,8 @@ pub struct SessionStore {
     inner: Mutex<Inner>,
     /// AReaL's capacity counter: `grant_capacity` adds one, its `start_session` takes one.
     capacity: std::sync::atomic::AtomicI64,
+    /// When idle sessions were last looked for.
+    swept: Mutex<Option<Instant>>,
 }
 
 #[derive(Debug, Default)]
@@ -179,6 +181,7 @@ impl SessionStore {
             limits,
             inner: Mutex::default(),
             capacity: std::sync::atomic::AtomicI64::new(0),
+            swept: Mutex::new(None),
         }
     }
 
@@ -319,14 +322,18 @@ impl SessionStore {
     /// Records `turn` in session `id`.
     pub fn record(&self, id: &str, turn: Turn) -> Result<(), AgentError> {
         self.room(id, turn.tokens())?;
-        let mut g = self.inner.lock();
-        let s = g
-            .sessions
-            .get_mut(id)
-            .ok_or_else(|| AgentError::NotFound(format!("session {id} is not open")))?;
-        s.tokens += turn.tokens();
-        s.last = Instant::now();
-        s.turns.push(turn);
+        {
+            let mut g = self.inner.lock();
+            let s = g
+                .sessions
+                .get_mut(id)
+                .ok_or_else(|| AgentError::NotFound(format!("session {id} is not open")))?;
+            s.tokens += turn.tokens();
+            s.last = Instant::now();
+            s.turns.push(turn);
+        }
+        // Others' idle sessions go now and then; this one was just used.
+        self.sweep_now_and_then();
         Ok(())
     }
 
@@ -401,6 +408,23 @@ impl SessionStore {
         self.len() == 0
     }
 
+    /// [`SessionStore::sweep`] when the last one is older than the TTL (at most once a minute),
+    /// so idle sessions go while turns of others are recorded, at no cost per turn.
+    fn sweep_now_and_then(&self) {
+        let every = self.limits.idle_ttl.min(std::time::Duration::from_secs(60));
+        let due = {
+            let mut last = self.swept.lock();
+            let due = last.is_none_or(|t| t.elapsed() >= every);
+            if due {
+                *last = Some(Instant::now());
+            }
+            due
+        };
+        if due {
+            self.sweep();
+        }
+    }
+
     /// Drops sessions idle past the TTL, each with a log line.
     pub fn sweep(&self) {
         let ttl = self.limits.idle_ttl;
@@ -463,6 +487,26 @@ mod tests {
             "an edited history branches"
         );
         assert!(store.base(&id, &[u1]).is_none());
+    }
+
+    #[test]
+    fn idle_sessions_go_while_others_record() {
+        let store = SessionStore::new(SessionLimits {
+            idle_ttl: Duration::from_millis(30),
+            ..SessionLimits::default()
+        });
+        let (idle, key) = store.open(None, None).unwrap();
+        let (busy, _) = store.open(None, None).unwrap();
+        std::thread::sleep(Duration::from_millis(60));
+        let u = json!({"role": "user", "content": "x"});
+        store
+            .record(&busy, turn(std::slice::from_ref(&u), "a", &[1]))
+            .unwrap();
+        assert!(
+            !store.contains(&idle) && store.by_key(&key).is_none(),
+            "the idle one is gone"
+        );
+        assert!(store.contains(&busy));
     }
 
     #[test]
