@@ -1,7 +1,9 @@
 """Shared setup: the Rust `troupe` binary the in-process hosts launch engines with."""
 
+import contextlib
 import os
 import pathlib
+import subprocess
 
 import pytest
 
@@ -76,3 +78,28 @@ def vllm_py():
             pytest.fail(f"TROUPE_REQUIRE_VLLM=1 but {why}")
         pytest.skip(why)
     return py
+
+
+@contextlib.contextmanager
+def agent_gateway(admin_key):
+    """A reference engine and `troupe gateway --tokenizer reference` in front of it, as child
+    processes (killed on exit): the gateway's URL."""
+    binary = os.environ["TROUPE_BIN"]
+    eng = subprocess.Popen([binary, "engine", "--port", "0"], stdout=subprocess.PIPE, text=True)
+    gw = None
+    try:
+        addr = eng.stdout.readline().split()[-1]
+        gw = subprocess.Popen(
+            [binary, "gateway", "--listen", "127.0.0.1:0", "--worker-urls", f"http://{addr}",
+             "--tokenizer", "reference", "--admin-key", admin_key, "--io-threads", "1"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = gw.stdout.readline().strip()
+        assert line.startswith("gateway listening on "), line
+        yield line.removeprefix("gateway listening on ")
+    finally:
+        for p in (gw, eng):
+            if p is not None:
+                p.kill()
+                p.wait(30)

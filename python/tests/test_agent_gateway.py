@@ -3,13 +3,12 @@ to `troupe gateway --tokenizer reference` in front of a reference engine, call a
 and the session's trajectory holds exactly the tokens of each turn."""
 
 import json
-import os
-import subprocess
 import urllib.request
 
 import anthropic
 import openai
 import pytest
+from conftest import agent_gateway
 
 ADMIN = "agent-test-admin"
 CALC = {
@@ -32,26 +31,8 @@ def _http(url, body=None, key=ADMIN):
 
 @pytest.fixture(scope="module")
 def gateway():
-    """A reference engine and a gateway with its tokenizer, as child processes."""
-    binary = os.environ["TROUPE_BIN"]
-    eng = subprocess.Popen([binary, "engine", "--port", "0"], stdout=subprocess.PIPE, text=True)
-    gw = None
-    try:
-        addr = eng.stdout.readline().split()[-1]
-        gw = subprocess.Popen(
-            [binary, "gateway", "--listen", "127.0.0.1:0", "--worker-urls", f"http://{addr}",
-             "--tokenizer", "reference", "--admin-key", ADMIN, "--io-threads", "1"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        line = gw.stdout.readline().strip()
-        assert line.startswith("gateway listening on "), line
-        yield line.removeprefix("gateway listening on ")
-    finally:
-        for p in (gw, eng):
-            if p is not None:
-                p.kill()
-                p.wait(30)
+    with agent_gateway(ADMIN) as url:
+        yield url
 
 
 def _session(base):

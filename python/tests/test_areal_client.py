@@ -8,7 +8,6 @@ areal installs with torch and its whole training stack, so this runs where it is
 
 import asyncio
 import os
-import subprocess
 
 import pytest
 
@@ -20,29 +19,15 @@ else:
 
 import aiohttp  # noqa: E402  (areal's own dependency)
 import openai  # noqa: E402
+from conftest import agent_gateway  # noqa: E402
 
 ADMIN = "areal-test-admin"
 
 
 @pytest.fixture(scope="module")
 def gateway():
-    binary = os.environ["TROUPE_BIN"]
-    eng = subprocess.Popen([binary, "engine", "--port", "0"], stdout=subprocess.PIPE, text=True)
-    gw = None
-    try:
-        addr = eng.stdout.readline().split()[-1]
-        gw = subprocess.Popen(
-            [binary, "gateway", "--listen", "127.0.0.1:0", "--worker-urls", f"http://{addr}",
-             "--tokenizer", "reference", "--admin-key", ADMIN, "--io-threads", "1"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        yield gw.stdout.readline().strip().removeprefix("gateway listening on ")
-    finally:
-        for p in (gw, eng):
-            if p is not None:
-                p.kill()
-                p.wait(30)
+    with agent_gateway(ADMIN) as url:
+        yield url
 
 
 def test_areals_proxy_client_records_and_exports_through_the_gateway(gateway):

@@ -2,7 +2,8 @@
 //! mode `abort` mid-request; the proxy waits for the engine to serve again, resubmits prompt +
 //! tokens so far with the remaining budget, and answers one response whose tokens equal an
 //! uninterrupted run (greedy, same weights) and carry the version that produced each of them.
-//! On `/generate` alone, and on chat and completions through the gateway.
+//! On `/generate` alone, and on chat and completions through the gateway. And a prefill that
+//! answers with a pause's abort stays routable: an abort does not count against its breaker.
 
 use crate::common;
 
@@ -214,6 +215,70 @@ async fn chat_and_completions_resume_through_the_gateway_with_versions() {
         g.shutdown().await.expect("gateway stops");
         p.shutdown().await.expect("proxy stops");
         engine.shutdown().await.expect("engine stops");
+    })
+    .await
+}
+
+/// A test double of an engine paused for a weight update with mode `abort`: it answers every
+/// `/generate` with the abort a pause gives, and `/health` with 200.
+async fn aborting_engine() -> (String, tokio::task::JoinHandle<()>) {
+    let app = axum::Router::new()
+        .route(
+            "/generate",
+            axum::routing::post(|| async {
+                axum::Json(json!({"text": "", "output_ids": [],
+                    "meta_info": {"finish_reason": {"type": "abort", "message": "paused for a weight update"}}}))
+            }),
+        )
+        .route("/health", axum::routing::get(|| async { "ok" }));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    (
+        url,
+        tokio::spawn(async move {
+            let _ = axum::serve(l, app).await;
+        }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_prefill_aborted_by_pauses_keeps_its_circuit_closed() {
+    within(60, async {
+        let (prefill, p) = aborting_engine().await;
+        let (decode, d) = aborting_engine().await;
+        let g = gateway::start(GatewayConfig {
+            listen: "127.0.0.1:0".into(),
+            pd: true,
+            workers: vec![
+                WorkerSpec::prefill(prefill.clone(), None),
+                WorkerSpec::decode(decode),
+            ],
+            ..Default::default()
+        })
+        .await
+        .expect("gateway");
+        // Far more aborts than the breaker's failure threshold (5): each request is tried on
+        // the same pair again and again, as a fleet with one prefill must.
+        for _ in 0..4 {
+            let (st, _) = post(
+                &format!("{}/generate", g.url()),
+                &json!({"input_ids": [1, 2],
+                "sampling_params": {"max_new_tokens": 2}}),
+            )
+            .await;
+            assert_ne!(st, 503, "the only prefill stays available to route to");
+        }
+        let w = g.router().list();
+        let pw = w.iter().find(|w| w.url == prefill).expect("the prefill");
+        assert_eq!(
+            pw.circuit, "closed",
+            "an abort is the engine's answer, not a fault: {pw:?}"
+        );
+        g.shutdown().await.expect("gateway stops");
+        p.abort();
+        d.abort();
     })
     .await
 }

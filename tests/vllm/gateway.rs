@@ -2,15 +2,11 @@
 //! fans out reaches vLLM in vLLM's own dialect (paths, bodies, queries), and fleet operations
 //! behave as they do over the reference engine.
 
-use std::process::Stdio;
-
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::common::within;
 use crate::server::{self, VllmServer};
 
-const BIN: &str = env!("CARGO_BIN_EXE_troupe");
 const KEY: &str = "vllm-test-admin";
 
 struct Client {
@@ -86,20 +82,16 @@ async fn a_gateway_speaks_vllm_to_real_vllm_servers() {
         a.ready().await;
         b.ready().await;
 
-        let mut gw = tokio::process::Command::new(BIN)
-            .args(["gateway", "--listen", "127.0.0.1:0", "--admin-key", KEY])
-            .args(["--policy", "round_robin", "--worker-urls"])
-            .arg(format!("{},{}", a.url, b.url))
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(gw.stdout.take().unwrap()).lines();
-        let line = out.next_line().await.unwrap().expect("a ready line");
-        let base = line
-            .strip_prefix("gateway listening on ")
-            .expect("ready line")
-            .to_string();
+        let workers = format!("{},{}", a.url, b.url);
+        let args = [
+            "--admin-key",
+            KEY,
+            "--policy",
+            "round_robin",
+            "--worker-urls",
+            &workers,
+        ];
+        let (gw, base) = server::gateway(&args.map(std::ffi::OsStr::new)).await;
         let c = Client {
             http: reqwest::Client::builder().no_proxy().build().unwrap(),
             base,

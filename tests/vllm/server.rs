@@ -169,3 +169,44 @@ impl Drop for VllmServer {
         }
     }
 }
+
+/// `troupe gateway --listen 127.0.0.1:0 ARGS` as a child (killed when dropped), and the URL its
+/// ready line gives.
+pub async fn gateway(args: &[&std::ffi::OsStr]) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut gw = tokio::process::Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args(["gateway", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("troupe gateway starts");
+    let stdout = gw.stdout.take().expect("piped stdout");
+    let line = tokio::io::BufReader::new(stdout)
+        .lines()
+        .next_line()
+        .await
+        .expect("the gateway's stdout")
+        .expect("a ready line");
+    let base = line
+        .strip_prefix("gateway listening on ")
+        .unwrap_or_else(|| panic!("a ready line, got {line:?}"))
+        .to_string();
+    (gw, base)
+}
+
+/// The sum of a vLLM server's Prometheus samples named `name` (0 when it does not answer).
+pub async fn metric(server: &str, name: &str) -> f64 {
+    let Ok(r) = reqwest::Client::new()
+        .get(format!("{server}/metrics"))
+        .send()
+        .await
+    else {
+        return 0.0;
+    };
+    let text = r.text().await.unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

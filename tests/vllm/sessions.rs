@@ -5,38 +5,21 @@
 //! the request ends early; vLLM's own answer fields come through untouched. And the agent path:
 //! a gateway with the model's tokenizer renders vLLM's prompt ids and records vLLM's tokens.
 
-use std::process::Stdio;
+use std::ffi::OsStr;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::common::{client, until, until_some, within};
 use crate::server::{self, VllmServer};
 
-const BIN: &str = env!("CARGO_BIN_EXE_troupe");
-
 /// Requests `server` has finished (vLLM's `vllm:request_success_total`, all reasons).
 async fn finished(server: &str) -> f64 {
-    let Ok(r) = client().get(format!("{server}/metrics")).send().await else {
-        return -1.0;
-    };
-    let text = r.text().await.unwrap_or_default();
-    text.lines()
-        .filter(|l| l.starts_with("vllm:request_success_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    server::metric(server, "vllm:request_success_total").await
 }
 
 /// Requests `server` is running now.
 async fn running(server: &str) -> f64 {
-    let Ok(r) = client().get(format!("{server}/metrics")).send().await else {
-        return 0.0;
-    };
-    let text = r.text().await.unwrap_or_default();
-    text.lines()
-        .filter(|l| l.starts_with("vllm:num_requests_running"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    server::metric(server, "vllm:num_requests_running").await
 }
 
 #[tokio::test]
@@ -51,20 +34,9 @@ async fn sessions_aborts_by_id_and_engine_fields_through_the_gateway_to_real_vll
         let mut b = VllmServer::spawn(&py, &m, 1, dir.path());
         a.ready().await;
         b.ready().await;
-        let mut gw = tokio::process::Command::new(BIN)
-            .args(["gateway", "--listen", "127.0.0.1:0"])
-            .args(["--policy", "sticky_least_loaded", "--worker-urls"])
-            .arg(format!("{},{}", a.url, b.url))
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(gw.stdout.take().unwrap()).lines();
-        let line = out.next_line().await.unwrap().expect("a ready line");
-        let base = line
-            .strip_prefix("gateway listening on ")
-            .expect("ready line")
-            .to_string();
+        let workers = format!("{},{}", a.url, b.url);
+        let sticky = ["--policy", "sticky_least_loaded", "--worker-urls", &workers];
+        let (gw, base) = server::gateway(&sticky.map(OsStr::new)).await;
         let model = m.display().to_string();
         let http = client();
 
@@ -230,21 +202,8 @@ async fn sessions_aborts_by_id_and_engine_fields_through_the_gateway_to_real_vll
         // The agent path on real vLLM: a gateway with the model's own tokenizer files renders
         // the chat template to exactly the ids vLLM's /tokenize makes, sends them to vLLM's
         // token route, and records turns whose output is vLLM's own for that prompt.
-        let mut agw = tokio::process::Command::new(BIN)
-            .args(["gateway", "--listen", "127.0.0.1:0", "--tokenizer"])
-            .arg(&m)
-            .arg("--worker-urls")
-            .arg(format!("{},{}", a.url, b.url))
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(agw.stdout.take().unwrap()).lines();
-        let line = out.next_line().await.unwrap().expect("a ready line");
-        let abase = line
-            .strip_prefix("gateway listening on ")
-            .expect("ready line")
-            .to_string();
+        let agent = [OsStr::new("--tokenizer"), m.as_os_str(), OsStr::new("--worker-urls"), OsStr::new(&workers)];
+        let (agw, abase) = server::gateway(&agent).await;
         let s: Value = http.post(format!("{abase}/sessions")).send().await.unwrap().json().await.unwrap();
         let (sid, key) = (s["session_id"].as_str().unwrap(), s["api_key"].as_str().unwrap());
         let mut messages = vec![json!({"role": "user", "content": "Hello there"})];

@@ -116,8 +116,9 @@ async fn pd_once(
     let prefill = async {
         let b = send_full(state, p, req.ep.path(), body.clone()).await?;
         let v = parse_value(&b, p)?;
+        // An abort is the engine's own answer (a weight update's pause), not a fault: it
+        // moves the request on without feeding the breaker, as a regular or decode abort does.
         if let Some(m) = pd::abort_message(&v) {
-            p.record_outcome(false);
             return Err(Fail::retry(format!("prefill {} aborted: {m}", p.url()), p));
         }
         Ok(v)

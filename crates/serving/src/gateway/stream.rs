@@ -169,8 +169,8 @@ pub(super) async fn pd(
     let prefill = async {
         let b = send_full(state, p, req.ep.path(), body.clone()).await?;
         let v = prefill_value(&b, req.batch).unwrap_or(Value::Null);
+        // An abort (a weight update's pause) is not a fault: no breaker failure.
         if let Some(m) = pd::abort_message(&v) {
-            p.record_outcome(false);
             return Err(Fail::retry(format!("prefill {} aborted: {m}", p.url()), p));
         }
         if let Some(e) = v.get("error") {

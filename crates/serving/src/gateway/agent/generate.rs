@@ -1,8 +1,8 @@
 //! A turn's generation through the gateway's own routing, whole across weight updates: a piece
-//! a pause aborted is continued from its tokens so far (token ids, so nothing is re-tokenized),
-//! and a moment with no worker to take it (every engine of a kind paused and passed over by the
-//! retry loop) is waited out, until the gateway's request timeout. Each token keeps the version
-//! of the piece that made it.
+//! a pause aborted (the gateway hands the abort back once its retries are spent) is continued
+//! from its tokens so far (token ids, so nothing is re-tokenized), until the gateway's request
+//! timeout, as the rollout client does for `/generate`. Each token keeps the version of the piece
+//! that made it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,9 +29,6 @@ pub(super) struct Generated {
     /// `gateway_resubmits`.
     pub meta: Value,
 }
-
-/// Longest wait for a worker when none can take the turn.
-const MAX_UNAVAILABLE: Duration = Duration::from_secs(60);
 
 /// A number field of an engine answer as ids.
 pub(super) fn ids(v: &Value) -> Vec<u32> {
@@ -84,12 +81,8 @@ pub(super) async fn generate(
     }
     let budget = sampling.get("max_new_tokens").and_then(Value::as_u64);
     let deadline = Instant::now() + state.cfg.request_timeout;
-    // No worker to take it is waited out this long at most (a weight update's pause), so a
-    // gateway with no workers at all still answers soon.
-    let unavailable = Instant::now() + state.cfg.request_timeout.min(MAX_UNAVAILABLE);
     let mut g = Generated::default();
     let mut resubmits = 0u32;
-    let mut wait = Duration::from_millis(20);
     loop {
         let mut input = prompt.to_vec();
         input.extend(&g.output_ids);
@@ -102,12 +95,6 @@ pub(super) async fn generate(
         }
         let body = json!({"input_ids": input, "sampling_params": sp, "return_logprob": true});
         let (status, v, bytes) = once(state, headers.clone(), &body).await?;
-        let paused = status == StatusCode::SERVICE_UNAVAILABLE && Instant::now() < unavailable;
-        if paused {
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(Duration::from_millis(500));
-            continue;
-        }
         if !status.is_success() {
             let message = v["message"].as_str().map_or_else(
                 || String::from_utf8_lossy(&bytes).into_owned(),
