@@ -3,6 +3,8 @@
 //! - [`fp8`]: FP8 (e4m3) block-wise quantization codec, DeepSeek / Hugging Face convention, and
 //!   the rule for which weights are quantized.
 //! - [`plan`]: ranks of the weight-update group(s): `world_size`, per-engine `rank_offset`.
+//! - [`delta`]: delta updates (only what changed travels), their codec and the bases both ends
+//!   keep.
 //! - [`bucket`]: tensors packed into byte-bounded buckets (FP8 weights with their scales).
 //! - [`quantize_file`]: offline BF16 -> FP8 conversion of a safetensors checkpoint.
 //! - [`bench`](mod@bench): FP8 quantizer throughput beside memcpy bandwidth.
@@ -17,6 +19,7 @@ pub mod bench;
 pub mod broadcast_bench;
 pub mod bucket;
 pub mod copy_floor;
+pub mod delta;
 pub mod floats;
 pub mod fp8;
 pub mod plan;

@@ -38,8 +38,9 @@
 //!
 //! # Wire format (all integers little-endian)
 //!
-//! Control connection (engine -> rank 0), handshake: `b"TRWU"`, `u16 version (=3)`, `u32 rank`,
-//! `u32 n_ranks`, `u16 len` + group name, `u16 len` + the engine's data address (`ip:port`).
+//! Control connection (engine -> rank 0), handshake: `b"TRWU"`, `u16 version (=4)`, `u32 rank`,
+//! `u32 n_ranks`, `u16 len` + group name, `u16 len` + the engine's data address (`ip:port`),
+//! `u64` digest of the delta bases it holds (0: none).
 //! Reply: `u8 status` (0 = accepted, 1 = rejected, then `u32 len` + UTF-8 reason). A malformed
 //! or older handshake is answered with a rejection saying what was wrong.
 //!
@@ -47,22 +48,29 @@
 //! ring bytes; only to engines on rank 0's machine, before the topology), `10` topology (`u32
 //! predecessor rank`, `u8 has_successor` [, `u32 successor rank`, `u16 len` + address], `u64
 //! token`, `u8 on_ring`), `11` group ready, `12` bucket committed, `13` failed (`u32 rank`, `u32
-//! len` + reason), `3` close. Engine -> rank 0: `23` ring answer (`u8` 0 mapped, 1 not, then
-//! `u32 len` + why), `20` ready, `21` bucket received, `22` error (`u8` whose fault: 0 mine, 1
-//! my predecessor's, 2 my successor's; `u32 rank`, `u32 len` + reason).
+//! len` + reason), `15` repair (`u32 n`, `n x u32` tensor positions: a sub-bucket of those
+//! tensors, whole and tagged, follows on the data link), `3` close. Engine -> rank 0: `23` ring
+//! answer (`u8` 0 mapped, 1 not, then `u32 len` + why), `20` ready, `21` bucket received, `24`
+//! bucket received but these deltas could not be applied (`u32 n`, `n x u32` positions), `22`
+//! error (`u8` whose fault: 0 mine, 1 my predecessor's, 2 my successor's; `u32 rank`, `u32 len`
+//! + reason).
 //!
 //! Data link (predecessor -> successor, rank 0 -> first engine): hello `b"TRWD"`, `u16 version`,
 //! `u64 token`, `u32 from rank`, `u32 to rank`, answered with a status byte as above; then per
 //! bucket, frames each starting with a `u8` kind:
 //! - `1` tensor: `u16 len` + name, `u8 dtype` ([`WireDtype`]), `u8 ndim`, `ndim x u64` dims,
 //!   `u64 byte_len`, then the raw bytes (row-major, little-endian elements).
+//! - `3` tagged tensor (delta on): as `1`, with a `u64 tag` after `byte_len`; the receiver keeps
+//!   the tensor as a base under that tag.
+//! - `4` delta (delta on): as `1` (`byte_len` is the tensor's), then `u64 base tag`, `u64`
+//!   checksum of the result, `u64 len`, then `len` bytes of blocks ([`crate::delta::codec`]).
 //! - `2` end of bucket: `u32 tensor_count`.
 //!
 //! A ring engine's data link carries `u64` absolute ring positions instead: rank 0 -> engine
 //! "written up to", engine -> rank 0 "read up to"; the ring holds the frames above.
 //!
-//! The engine knows the exact byte length of a bucket from the names, dtypes and shapes it was
-//! given, so data links carry nothing but bucket bytes and need no extra framing.
+//! Every frame says its own length, so data links carry nothing but bucket bytes: a receiver
+//! reads frames until the end frame and never past it.
 
 mod assemble;
 mod collect;
@@ -71,12 +79,15 @@ mod frame;
 mod link;
 mod receiver;
 pub(crate) mod ring;
+mod send_bucket;
 mod sender;
 pub mod shm;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_chain;
+#[cfg(test)]
+mod tests_delta;
 #[cfg(test)]
 mod tests_shm;
 
@@ -85,9 +96,13 @@ pub use sender::WeightSender;
 
 pub(crate) const MAGIC: &[u8; 4] = b"TRWU";
 pub(crate) const DATA_MAGIC: &[u8; 4] = b"TRWD";
-pub(crate) const VERSION: u16 = 3;
+pub(crate) const VERSION: u16 = 4;
 pub(crate) const FRAME_TENSOR: u8 = 1;
 pub(crate) const FRAME_BUCKET_END: u8 = 2;
+/// A whole tensor the receiver keeps as the base of later deltas, under the tag that follows.
+pub(crate) const FRAME_WHOLE_TAGGED: u8 = 3;
+/// A tensor as a delta against the receiver's base ([`crate::delta`]).
+pub(crate) const FRAME_DELTA: u8 = 4;
 /// Upper bound on one tensor's byte length, so a corrupt header cannot make a receiver allocate
 /// without limit (64 GiB is far above any single projection matrix).
 pub(crate) const MAX_TENSOR_BYTES: u64 = 64 << 30;

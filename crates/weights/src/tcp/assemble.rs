@@ -3,8 +3,41 @@
 
 use super::frame::expected_len;
 use super::{
-    FRAME_BUCKET_END, FRAME_TENSOR, MAX_NDIM, MAX_TENSOR_BYTES, OwnedTensor, TensorSpec, WireDtype,
+    FRAME_BUCKET_END, FRAME_DELTA, FRAME_TENSOR, FRAME_WHOLE_TAGGED, MAX_NDIM, MAX_TENSOR_BYTES,
+    OwnedTensor, TensorSpec, WireDtype,
 };
+use crate::delta::codec::max_encoded_len;
+
+/// A delta frame read in full, to be applied to the receiver's base once the bucket is in.
+#[derive(Debug)]
+pub(crate) struct PendingDelta {
+    /// Position of the tensor in the bucket.
+    pub(crate) index: usize,
+    /// The base it applies to.
+    pub(crate) base_tag: u64,
+    /// Checksum of the result (its tag afterwards).
+    pub(crate) result: u64,
+    /// The block stream.
+    pub(crate) bytes: Vec<u8>,
+}
+
+/// What a bucket's frames said beyond the tensors: tags of whole tensors, deltas to apply, and
+/// which tensors came in the untagged (delta-off) form.
+#[derive(Debug, Default)]
+pub(crate) struct Frames {
+    pub(crate) tagged: Vec<(usize, u64)>,
+    pub(crate) deltas: Vec<PendingDelta>,
+    pub(crate) untagged: Vec<usize>,
+}
+
+/// Header words after `byte_len` for each tensor frame kind.
+fn extra_words(kind: u8) -> usize {
+    match kind {
+        FRAME_WHOLE_TAGGED => 1,
+        FRAME_DELTA => 3,
+        _ => 0,
+    }
+}
 
 /// What the decoder is waiting for.
 #[derive(Debug)]
@@ -40,6 +73,11 @@ pub(crate) struct Assembler<'a> {
     /// Buffers of earlier tensors to fill instead of allocating (see
     /// [`WeightReceiver::recycle`](super::WeightReceiver::recycle)).
     spare: Vec<Vec<u8>>,
+    /// Kind of the tensor frame being decoded.
+    kind: u8,
+    /// The current delta frame's `(base_tag, result)`.
+    delta: Option<(u64, u64)>,
+    frames: Frames,
 }
 
 impl<'a> Assembler<'a> {
@@ -58,7 +96,15 @@ impl<'a> Assembler<'a> {
             stage: Stage::Kind,
             pending: Vec::with_capacity(64),
             spare,
+            kind: FRAME_TENSOR,
+            delta: None,
+            frames: Frames::default(),
         }
+    }
+
+    /// What the frames said about tags and deltas (taken once the bucket is done).
+    pub(crate) fn take_frames(&mut self) -> Frames {
+        std::mem::take(&mut self.frames)
     }
 
     /// The spare buffers no tensor of this bucket used.
@@ -130,7 +176,7 @@ impl<'a> Assembler<'a> {
             Stage::Kind => 1,
             Stage::NameLen => 2,
             Stage::Name { name_len } => name_len + 2,
-            Stage::Dims { ndim, .. } => ndim * 8 + 8,
+            Stage::Dims { ndim, .. } => ndim * 8 + 8 + 8 * extra_words(self.kind),
             Stage::Count => 4,
             Stage::Payload { .. } | Stage::Done => 0,
         }
@@ -172,7 +218,22 @@ impl<'a> Assembler<'a> {
     }
 
     fn finish_tensor(&mut self) {
-        if let Some(t) = self.current.take() {
+        if let Some(mut t) = self.current.take() {
+            let index = self.out.len();
+            match (self.kind, self.delta.take()) {
+                (FRAME_DELTA, Some((base_tag, result))) => {
+                    // The payload was the block stream; the tensor is filled once applied.
+                    let bytes = std::mem::take(&mut t.bytes);
+                    self.frames.deltas.push(PendingDelta {
+                        index,
+                        base_tag,
+                        result,
+                        bytes,
+                    });
+                }
+                (FRAME_TENSOR, _) => self.frames.untagged.push(index),
+                _ => {}
+            }
             self.out.push(t);
         }
         self.stage = Stage::Kind;
@@ -184,7 +245,10 @@ impl<'a> Assembler<'a> {
         let stage = std::mem::replace(&mut self.stage, Stage::Kind);
         self.stage = match stage {
             Stage::Kind => match h[0] {
-                FRAME_TENSOR => Stage::NameLen,
+                k @ (FRAME_TENSOR | FRAME_WHOLE_TAGGED | FRAME_DELTA) => {
+                    self.kind = k;
+                    Stage::NameLen
+                }
                 FRAME_BUCKET_END => Stage::Count,
                 other => return Err(format!("unknown frame kind {other} at tensor #{idx}")),
             },
@@ -269,7 +333,23 @@ impl<'a> Assembler<'a> {
         }
         // Checked against MAX_TENSOR_BYTES above, so this fits in usize on 64-bit targets.
         let len = usize::try_from(byte_len).map_err(|_| format!("tensor {name} too large"))?;
-        let bytes = self.buffer(len);
+        let (bytes, len) = match self.kind {
+            FRAME_WHOLE_TAGGED => {
+                self.frames.tagged.push((idx, word(ndim + 1)));
+                (self.buffer(len), len)
+            }
+            FRAME_DELTA => {
+                let enc = usize::try_from(word(ndim + 3)).unwrap_or(usize::MAX);
+                if enc > max_encoded_len(len) {
+                    return Err(format!(
+                        "tensor {name}: a delta of {enc} bytes for a {len}-byte tensor"
+                    ));
+                }
+                self.delta = Some((word(ndim + 1), word(ndim + 2)));
+                (Vec::with_capacity(enc), enc)
+            }
+            _ => (self.buffer(len), len),
+        };
         self.current = Some(OwnedTensor {
             name,
             dtype,

@@ -17,6 +17,8 @@ pub(crate) struct Peer {
     pub(crate) control: TcpStream,
     /// Its control connection comes from this machine's own address (so it may map the ring).
     pub(crate) local: bool,
+    /// Digest of the delta bases it said it holds when it joined.
+    pub(crate) digest: u64,
     /// It mapped the ring and reads buckets from it.
     pub(crate) on_ring: bool,
 }
@@ -25,6 +27,8 @@ pub(crate) struct Peer {
 #[derive(Debug)]
 pub(crate) enum Outcome {
     Ok,
+    /// The bucket arrived but these tensors' deltas could not be applied (resend them whole).
+    Need(Vec<u32>),
     /// Its answer to the ring offer: `None` mapped, `Some(why not)`.
     Mapped(Option<String>),
     Reported {
@@ -72,6 +76,7 @@ pub(crate) fn spawn_collect_until(
             let o = match answer {
                 Err(_) => Outcome::TimedOut,
                 Ok(Ok(FromEngine::Ready | FromEngine::Ack)) => Outcome::Ok,
+                Ok(Ok(FromEngine::AckNeed(list))) => Outcome::Need(list),
                 Ok(Ok(FromEngine::Mapped(m))) => Outcome::Mapped(m),
                 Ok(Ok(FromEngine::Error {
                     fault,

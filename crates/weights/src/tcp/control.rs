@@ -12,11 +12,15 @@ const GROUP_READY: u8 = 11;
 const COMMIT: u8 = 12;
 const FAILED: u8 = 13;
 const SHM_OFFER: u8 = 14;
+const REPAIR: u8 = 15;
 const CLOSE: u8 = 3;
 const READY: u8 = 20;
 const ACK: u8 = 21;
 const ERROR: u8 = 22;
 const MAPPED: u8 = 23;
+const ACK_NEED: u8 = 24;
+/// Most tensor positions one repair or need list may name.
+const MAX_POSITIONS: usize = 1 << 20;
 
 /// Where an engine sits in the chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +45,9 @@ pub(crate) enum ToEngine {
     Topology(Topology),
     GroupReady,
     Commit,
+    /// These tensors of the bucket follow again, whole (some engine could not apply their
+    /// deltas).
+    Repair(Vec<u32>),
     Failed {
         rank: u32,
         reason: String,
@@ -66,6 +73,8 @@ pub(crate) enum FromEngine {
     Mapped(Option<String>),
     Ready,
     Ack,
+    /// The bucket arrived, but the deltas of these tensors could not be applied.
+    AckNeed(Vec<u32>),
     Error {
         fault: Fault,
         rank: u32,
@@ -101,6 +110,10 @@ pub(crate) async fn write_to_engine<S: AsyncWrite + Unpin>(
         }
         ToEngine::GroupReady => buf.push(GROUP_READY),
         ToEngine::Commit => buf.push(COMMIT),
+        ToEngine::Repair(list) => {
+            buf.push(REPAIR);
+            put_positions(&mut buf, list);
+        }
         ToEngine::Failed { rank, reason } => {
             buf.push(FAILED);
             buf.extend_from_slice(&rank.to_le_bytes());
@@ -151,6 +164,7 @@ pub(crate) async fn read_to_engine_rest<S: AsyncRead + Unpin>(
         }
         GROUP_READY => ToEngine::GroupReady,
         COMMIT => ToEngine::Commit,
+        REPAIR => ToEngine::Repair(read_positions(s).await?),
         FAILED => {
             let rank = s.read_u32_le().await?;
             ToEngine::Failed {
@@ -190,6 +204,10 @@ pub(crate) async fn write_from_engine<S: AsyncWrite + Unpin>(
         }
         FromEngine::Ready => buf.push(READY),
         FromEngine::Ack => buf.push(ACK),
+        FromEngine::AckNeed(list) => {
+            buf.push(ACK_NEED);
+            put_positions(&mut buf, list);
+        }
         FromEngine::Error {
             fault,
             rank,
@@ -220,6 +238,7 @@ pub(crate) async fn read_from_engine<S: AsyncRead + Unpin>(
         }),
         READY => FromEngine::Ready,
         ACK => FromEngine::Ack,
+        ACK_NEED => FromEngine::AckNeed(read_positions(s).await?),
         ERROR => {
             let fault = match s.read_u8().await? {
                 0 => Fault::Mine,
@@ -240,4 +259,23 @@ pub(crate) async fn read_from_engine<S: AsyncRead + Unpin>(
             )));
         }
     })
+}
+
+fn put_positions(buf: &mut Vec<u8>, list: &[u32]) {
+    buf.extend_from_slice(&(list.len() as u32).to_le_bytes());
+    for p in list {
+        buf.extend_from_slice(&p.to_le_bytes());
+    }
+}
+
+async fn read_positions<S: AsyncRead + Unpin>(s: &mut S) -> Result<Vec<u32>, TcpError> {
+    let n = s.read_u32_le().await? as usize;
+    if n > MAX_POSITIONS {
+        return Err(TcpError::Protocol(format!("a list of {n} tensor positions")));
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(s.read_u32_le().await?);
+    }
+    Ok(out)
 }

@@ -24,6 +24,16 @@ pub(crate) const END_LEN: usize = 5;
 /// Checks one tensor and encodes its frame header, so nothing is sent for a bucket holding an
 /// inconsistent tensor.
 pub(crate) fn encode_header(t: &TensorRef<'_>) -> Result<Vec<u8>, TcpError> {
+    encode_header_with(t, FRAME_TENSOR, &[])
+}
+
+/// [`encode_header`] for a frame of `kind` whose header carries `extra` words after `byte_len`
+/// (a tag; or a delta's base tag, result checksum and length).
+pub(crate) fn encode_header_with(
+    t: &TensorRef<'_>,
+    kind: u8,
+    extra: &[u64],
+) -> Result<Vec<u8>, TcpError> {
     let want = expected_len(t.shape, t.dtype).ok_or_else(|| {
         TcpError::InvalidArgument(format!("tensor {}: shape {:?} overflows", t.name, t.shape))
     })?;
@@ -46,8 +56,8 @@ pub(crate) fn encode_header(t: &TensorRef<'_>) -> Result<Vec<u8>, TcpError> {
         .ok_or_else(|| {
             TcpError::InvalidArgument(format!("tensor {}: more than 8 dimensions", t.name))
         })?;
-    let mut buf = Vec::with_capacity(header_len(t.name, t.shape.len()));
-    buf.push(FRAME_TENSOR);
+    let mut buf = Vec::with_capacity(header_len(t.name, t.shape.len()) + 8 * extra.len());
+    buf.push(kind);
     buf.extend_from_slice(&name_len.to_le_bytes());
     buf.extend_from_slice(t.name.as_bytes());
     buf.push(t.dtype.code());
@@ -56,6 +66,9 @@ pub(crate) fn encode_header(t: &TensorRef<'_>) -> Result<Vec<u8>, TcpError> {
         buf.extend_from_slice(&(d as u64).to_le_bytes());
     }
     buf.extend_from_slice(&(t.bytes.len() as u64).to_le_bytes());
+    for w in extra {
+        buf.extend_from_slice(&w.to_le_bytes());
+    }
     Ok(buf)
 }
 

@@ -10,14 +10,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
-use super::assemble::Assembler;
+use super::assemble::{Assembler, Frames};
 use super::control::{
     Fault, FromEngine, ToEngine, read_to_engine, read_to_engine_rest, write_from_engine,
 };
-use super::frame::{bucket_len, put_short_str, read_status};
+use super::frame::{bucket_len, expected_len, put_short_str, read_status};
 use super::link::{accept_link, connect_link};
 use super::ring::{RingFailure, RingReceiver};
 use super::{CHUNK_BYTES, MAGIC, OwnedTensor, TcpError, TensorSpec, VERSION, shm};
+use crate::delta::codec;
+use crate::delta::{ReceiverBases, SharedReceiverBases};
 
 /// How long an engine whose neighbour failed waits for rank 0 to say which rank it was.
 const VERDICT_GRACE: Duration = Duration::from_secs(10);
@@ -63,6 +65,9 @@ pub struct WeightReceiver {
     broken: Option<(u32, String)>,
     /// Buffers handed back with [`recycle`](Self::recycle), filled by the next bucket.
     spare: Vec<Vec<u8>>,
+    /// The tensors this engine holds as bases of delta updates (shared with the engine's
+    /// later receivers).
+    bases: SharedReceiverBases,
     /// Test hook: after this many bucket bytes, drop out as if killed.
     #[cfg(test)]
     pub(crate) die_after: Option<u64>,
@@ -80,6 +85,28 @@ impl WeightReceiver {
         rank: u32,
         n_ranks: u32,
         timeout: Duration,
+    ) -> Result<Self, TcpError> {
+        Self::connect_with_bases(
+            addr,
+            group_name,
+            rank,
+            n_ranks,
+            timeout,
+            ReceiverBases::shared(),
+        )
+        .await
+    }
+
+    /// [`connect`](Self::connect), keeping delta bases in `bases`: an engine passes the same
+    /// bases to every group it joins, so a group rebuilt after a fleet change still gets
+    /// deltas (the digest of `bases` tells rank 0 what this engine holds).
+    pub async fn connect_with_bases(
+        addr: &str,
+        group_name: &str,
+        rank: u32,
+        n_ranks: u32,
+        timeout: Duration,
+        bases: SharedReceiverBases,
     ) -> Result<Self, TcpError> {
         let deadline = Instant::now() + timeout;
         // Resolve once, up front: a name that does not resolve will not start resolving by
@@ -130,6 +157,8 @@ impl WeightReceiver {
         hello.extend_from_slice(&n_ranks.to_le_bytes());
         put_short_str(&mut hello, group_name)?;
         put_short_str(&mut hello, &data_addr)?;
+        let digest = bases.lock().map_or(0, |b| b.digest());
+        hello.extend_from_slice(&digest.to_le_bytes());
         control.write_all(&hello).await?;
         match tokio::time::timeout_at(deadline, read_status(&mut control)).await {
             Ok(Ok(Ok(()))) => {}
@@ -210,6 +239,7 @@ impl WeightReceiver {
             group_name: group_name.to_string(),
             broken: None,
             spare: Vec::new(),
+            bases,
             #[cfg(test)]
             die_after: None,
         })
@@ -263,23 +293,115 @@ impl WeightReceiver {
                 reason: format!("the group failed earlier ({reason}); re-join a new group"),
             });
         }
-        let total = bucket_len(expected)?;
+        // Checks the specs (name lengths, dimensions, sizes) before anything is read.
+        bucket_len(expected)?;
         let deadline = Instant::now() + timeout;
-        let failure = match self.transfer(expected, total, deadline).await {
-            Ok(tensors) => {
-                write_from_engine(&mut self.control, &FromEngine::Ack).await?;
-                match read_control(&mut self.control, deadline, "the bucket verdict").await {
-                    Ok(ToEngine::Commit) => return Ok(tensors),
-                    Err(TcpError::RankFailed { rank, reason }) => Failure::Verdict(rank, reason),
-                    Ok(ToEngine::Close) => Failure::Closed,
-                    Ok(other) => Failure::Lost(format!("unexpected {other:?}")),
-                    Err(TcpError::Timeout(m)) => Failure::Timeout(m),
-                    Err(e) => Failure::Lost(e.to_string()),
+        match self.receive(expected, deadline).await {
+            Ok(tensors) => Ok(tensors),
+            Err(f) => Err(self.fail(f).await),
+        }
+    }
+
+    /// Reads a bucket, applies its deltas, confirms it (naming deltas that could not be
+    /// applied), reads the repair rank 0 then sends if any engine named one, and waits for
+    /// the commit.
+    async fn receive(
+        &mut self,
+        expected: &[TensorSpec],
+        deadline: Instant,
+    ) -> Result<Vec<OwnedTensor>, Failure> {
+        let (mut tensors, frames) = self.transfer(expected, deadline).await?;
+        let mut need = self.resolve(&mut tensors, frames);
+        let mut repaired = false;
+        loop {
+            let ack = if need.is_empty() {
+                FromEngine::Ack
+            } else {
+                FromEngine::AckNeed(need.clone())
+            };
+            write_from_engine(&mut self.control, &ack)
+                .await
+                .map_err(|e| Failure::Lost(e.to_string()))?;
+            match read_control(&mut self.control, deadline, "the bucket verdict").await {
+                Ok(ToEngine::Commit) if need.is_empty() => return Ok(tensors),
+                Ok(ToEngine::Commit) => {
+                    return Err(Failure::Mine(
+                        "rank 0 committed a bucket whose deltas this engine could not apply".into(),
+                    ));
+                }
+                Ok(ToEngine::Repair(list)) if !repaired => {
+                    repaired = true;
+                    let mut sub = Vec::with_capacity(list.len());
+                    for &i in &list {
+                        let spec = expected.get(i as usize).ok_or_else(|| {
+                            Failure::Lost(format!("repair names tensor #{i} of {}", expected.len()))
+                        })?;
+                        sub.push(spec.clone());
+                    }
+                    let (mut got, frames) = self.transfer(&sub, deadline).await?;
+                    let again = self.resolve(&mut got, frames);
+                    if let Some(&k) = again.first() {
+                        return Err(Failure::Mine(format!(
+                            "tensor {} failed its checksum again when resent whole",
+                            sub[k as usize].name
+                        )));
+                    }
+                    for (&i, t) in list.iter().zip(got) {
+                        tensors[i as usize] = t;
+                    }
+                    need.clear();
+                }
+                Ok(ToEngine::Repair(_)) => {
+                    return Err(Failure::Lost("a second repair of one bucket".into()));
+                }
+                Err(TcpError::RankFailed { rank, reason }) => {
+                    return Err(Failure::Verdict(rank, reason));
+                }
+                Ok(ToEngine::Close) => return Err(Failure::Closed),
+                Ok(other) => return Err(Failure::Lost(format!("unexpected {other:?}"))),
+                Err(TcpError::Timeout(m)) => return Err(Failure::Timeout(m)),
+                Err(e) => return Err(Failure::Lost(e.to_string())),
+            }
+        }
+    }
+
+    /// Records whole tensors as bases and applies deltas to the bases they name; returns the
+    /// positions of deltas that could not be applied (base missing or not the one named, a
+    /// malformed delta, or a result whose checksum differs): rank 0 resends those whole.
+    fn resolve(&mut self, tensors: &mut [OwnedTensor], frames: Frames) -> Vec<u32> {
+        let mut need = Vec::new();
+        let Ok(mut bases) = self.bases.lock() else {
+            return frames.deltas.iter().map(|d| d.index as u32).collect();
+        };
+        for i in frames.untagged {
+            bases.forget(&tensors[i].name);
+        }
+        for (i, tag) in frames.tagged {
+            bases.lend(&tensors[i].name, tag);
+        }
+        for d in frames.deltas {
+            let t = &mut tensors[d.index];
+            let len = expected_len(&t.shape, t.dtype).unwrap_or(0);
+            let applied = match bases.take(&t.name, d.base_tag, len) {
+                None => Err("this engine does not hold the base it applies to".to_string()),
+                Some(mut buf) => match codec::apply(&mut buf, &d.bytes, t.dtype.elem_size()) {
+                    Ok(sum) if sum == d.result => Ok(buf),
+                    Ok(_) => Err("the result failed its checksum".to_string()),
+                    Err(e) => Err(format!("malformed delta: {e}")),
+                },
+            };
+            match applied {
+                Ok(buf) => {
+                    t.bytes = buf;
+                    bases.lend(&t.name, d.result);
+                }
+                Err(why) => {
+                    tracing::warn!(tensor = %t.name, rank = self.rank, %why, "delta not applied; asking for it whole");
+                    need.push(d.index as u32);
                 }
             }
-            Err(f) => f,
-        };
-        Err(self.fail(failure).await)
+        }
+        need
     }
 
     /// Hands back the tensors of an earlier bucket once the caller is done with them, so the
@@ -287,12 +409,24 @@ impl WeightReceiver {
     /// tensor costs a page fault and a zeroed page per 4 KiB, which was a third of a loopback
     /// broadcast's CPU (`troupe bench broadcast`). Holds at most the buffers of the last call
     /// (one bucket's worth); older spares are freed, and all of them with the receiver.
+    ///
+    /// Tensors that came in a delta-on bucket are kept as the bases of the next deltas instead
+    /// (no copy: these very buffers); a tensor not handed back is sent whole next time.
     pub fn recycle(&mut self, tensors: impl IntoIterator<Item = OwnedTensor>) {
+        let mut bases = self.bases.lock().ok();
         self.spare = tensors
             .into_iter()
-            .map(|t| t.bytes)
-            .filter(|b| b.capacity() > 0)
+            .filter(|t| t.bytes.capacity() > 0)
+            .filter_map(|t| match bases.as_mut() {
+                Some(b) => b.give_back(&t.name, t.bytes),
+                None => Some(t.bytes),
+            })
             .collect();
+    }
+
+    /// The delta bases this receiver keeps (shared with whoever passed them in).
+    pub fn bases(&self) -> &SharedReceiverBases {
+        &self.bases
     }
 
     /// Reports `failure` to rank 0 where that helps, waits for the verdict naming the rank at
@@ -372,9 +506,8 @@ impl WeightReceiver {
     async fn transfer(
         &mut self,
         expected: &[TensorSpec],
-        total: u64,
         deadline: Instant,
-    ) -> Result<Vec<OwnedTensor>, Failure> {
+    ) -> Result<(Vec<OwnedTensor>, Frames), Failure> {
         // Forwarding is done in place: every piece read is written to the successor before the
         // next read, from the tensor buffer it was read into. Payload is read straight into
         // its tensor, so each byte is copied twice per hop (in from the kernel, out to it), not
@@ -397,7 +530,7 @@ impl WeightReceiver {
                 #[cfg(not(test))]
                 let stop = None;
                 return ring
-                    .receive(upstream, &mut asm, total, stop)
+                    .receive(upstream, &mut asm, stop)
                     .await
                     .map_err(|f| match f {
                         RingFailure::Upstream(m) => Failure::Upstream(m),
@@ -412,23 +545,24 @@ impl WeightReceiver {
             let mut got = 0u64;
             let up_err = |got: u64, e: std::io::Error| {
                 Failure::Upstream(format!(
-                    "data link from rank {pred} failed after {got} of {total} bytes: {e}"
+                    "data link from rank {pred} failed after {got} bytes of the bucket: {e}"
                 ))
             };
             let closed = |got: u64| {
                 Failure::Upstream(format!(
-                    "rank {pred} closed the data link after {got} of {total} bytes"
+                    "rank {pred} closed the data link after {got} bytes of the bucket"
                 ))
             };
-            while got < total {
+            // Each read is bounded by what the decoder still wants of the current piece, so
+            // nothing past the end frame is read.
+            while !asm.is_done() {
                 #[cfg(test)]
                 if die_after.is_some_and(|n| got >= n) {
                     return Err(Failure::Died);
                 }
-                let left = usize::try_from(total - got).unwrap_or(usize::MAX);
                 let n = match asm.payload_room() {
                     Some((dst, remaining)) => {
-                        let want = remaining.min(CHUNK_BYTES).min(left);
+                        let want = remaining.min(CHUNK_BYTES);
                         let at = dst.len();
                         let n = upstream
                             .read_buf(&mut (&mut *dst).limit(want))
@@ -443,7 +577,7 @@ impl WeightReceiver {
                     }
                     None => {
                         header.clear();
-                        let want = asm.header_want().min(left);
+                        let want = asm.header_want();
                         let n = upstream
                             .read_buf(&mut (&mut header).limit(want))
                             .await
@@ -481,7 +615,7 @@ impl WeightReceiver {
                     format!("rank {succ} did not take the bucket in time")
                 } else {
                     format!(
-                        "bucket of {} tensors ({total} bytes) did not arrive from rank {pred} in time",
+                        "bucket of {} tensors did not arrive from rank {pred} in time",
                         expected.len()
                     )
                 }));
@@ -498,7 +632,8 @@ impl WeightReceiver {
         }
         self.downstream = down;
         self.spare = asm.take_spare();
-        Ok(asm.into_tensors())
+        let frames = asm.take_frames();
+        Ok((asm.into_tensors(), frames))
     }
 }
 

@@ -174,26 +174,25 @@ impl RingReceiver {
         }
     }
 
-    /// Feeds `total` bytes from the ring to `asm`, following rank 0's announcements on `link`
-    /// and reporting progress on it. `stop_at` (tests) makes it stop early as if killed.
+    /// Feeds one bucket from the ring to `asm` (until its end frame), following rank 0's
+    /// announcements on `link` and reporting progress on it. `stop_at` (tests) makes it stop
+    /// early as if killed.
     pub(crate) async fn receive(
         &mut self,
         link: &mut TcpStream,
         asm: &mut Assembler<'_>,
-        total: u64,
         stop_at: Option<u64>,
     ) -> Result<(), RingFailure> {
         let ring = self.seg.ring_len();
         let every = publish_every(ring) as u64;
         let start = self.read;
-        let end = start + total;
         let mut reported = self.read;
         let up = |got: u64, e: std::io::Error| {
             RingFailure::Upstream(format!(
-                "ring link from rank 0 failed after {got} of {total} bytes: {e}"
+                "ring link from rank 0 failed after {got} bytes of the bucket: {e}"
             ))
         };
-        while self.read < end {
+        while !asm.is_done() {
             if stop_at.is_some_and(|n| self.read - start >= n) {
                 return Err(RingFailure::Stopped);
             }
@@ -214,7 +213,7 @@ impl RingReceiver {
                 continue;
             }
             let at = (self.read % ring as u64) as usize;
-            let n = ((self.known.min(end) - self.read) as usize)
+            let n = ((self.known - self.read) as usize)
                 .min(ring - at)
                 .min((every - (self.read - reported).min(every)) as usize)
                 .max(1);
@@ -233,7 +232,7 @@ impl RingReceiver {
                 }
             };
             self.read += n as u64;
-            if self.read - reported >= every || self.read == end {
+            if self.read - reported >= every || asm.is_done() {
                 link.write_all(&self.read.to_le_bytes())
                     .await
                     .map_err(|e| up(self.read - start, e))?;

@@ -1,7 +1,9 @@
 //! Rank 0's side: accept engines, wire them into a chain, send buckets down it, and decide
 //! whether each bucket is committed or which rank failed.
 
+use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -10,15 +12,14 @@ use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::collect::{
-    Outcome, Peer, culprit, join_collect, restore, spawn_collect, spawn_collect_until,
-};
+use super::collect::{Outcome, Peer, culprit, join_collect, spawn_collect};
 use super::control::{ToEngine, Topology, write_to_engine};
-use super::frame::{encode_end, encode_header, read_short_str, write_status};
+use super::frame::{read_short_str, write_status};
 use super::link::connect_link;
 use super::ring::RingSender;
 use super::shm::{self, DEFAULT_RING_BYTES, MAX_RING_BYTES, MIN_RING_BYTES};
-use super::{DEFAULT_BUCKET_TIMEOUT, MAGIC, TcpError, TensorRef, VERSION};
+use super::{DEFAULT_BUCKET_TIMEOUT, MAGIC, TcpError, VERSION};
+use crate::delta::{DeltaStats, SenderBases};
 
 /// The default ring size: [`DEFAULT_RING_BYTES`], or none when `TROUPE_SHM_DISABLE=1` (as
 /// `NCCL_SHM_DISABLE=1` keeps NCCL off shared memory).
@@ -39,7 +40,7 @@ pub(crate) fn ring_unless_disabled(shm_disable: Option<&str>) -> Option<usize> {
 /// control connection too, and for its neighbours to say what they saw. Engines behind a
 /// stalled writer (a ring engine that refused the bucket stops reading; so does a chain engine)
 /// would otherwise be waited for until the bucket's deadline.
-const FAILURE_GRACE: Duration = Duration::from_millis(500);
+pub(super) const FAILURE_GRACE: Duration = Duration::from_millis(500);
 
 /// Longest a single connection may take to send its handshake before it is dropped (so one
 /// silent client cannot hold up the others).
@@ -49,23 +50,35 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// into a chain and sends buckets of tensors down it.
 #[derive(Debug)]
 pub struct WeightSender {
-    listener: TcpListener,
-    world_size: u32,
-    group_name: String,
-    token: u64,
+    pub(super) listener: TcpListener,
+    pub(super) world_size: u32,
+    pub(super) group_name: String,
+    pub(super) token: u64,
     /// Engines in rank order once wired; in accept order before.
-    peers: Vec<Peer>,
+    pub(super) peers: Vec<Peer>,
     /// Whether every engine is linked (by the chain or the ring).
-    wired: bool,
+    pub(super) wired: bool,
     /// Data link to the first engine of the chain (`None` when every engine is on the ring).
-    data: Option<TcpStream>,
+    pub(super) data: Option<TcpStream>,
     /// The shared-memory ring and its engines, when any engine on this machine mapped it.
-    ring: Option<RingSender>,
+    pub(super) ring: Option<RingSender>,
     /// Ring size to offer local engines; `None` keeps every engine on the chain.
-    ring_bytes: Option<usize>,
+    pub(super) ring_bytes: Option<usize>,
     /// Set by the first failure: `(rank, reason)`; the group is unusable afterwards.
-    broken: Option<(u32, String)>,
-    bucket_timeout: Duration,
+    pub(super) broken: Option<(u32, String)>,
+    pub(super) bucket_timeout: Duration,
+    /// Delta bases, when deltas are on ([`set_delta`](Self::set_delta)).
+    pub(super) delta: Option<Arc<Mutex<SenderBases>>>,
+    /// Whether every engine joined holding exactly the sender's bases (decided at the first
+    /// bucket); if not, tensors go whole until sent whole once in this group.
+    pub(super) synced: Option<bool>,
+    /// Tensors sent whole (and committed) since the group formed: every engine holds them.
+    pub(super) whole_since_join: HashSet<String>,
+    /// What delta encoding did since the last [`take_stats`](Self::take_stats).
+    pub(super) stats: DeltaStats,
+    /// Test hook: flip a byte of the next bucket's first delta on the way out.
+    #[cfg(test)]
+    pub(crate) corrupt_next_delta: bool,
 }
 
 impl WeightSender {
@@ -102,6 +115,12 @@ impl WeightSender {
             ring_bytes: ring_from_env(),
             broken: None,
             bucket_timeout: DEFAULT_BUCKET_TIMEOUT,
+            delta: None,
+            synced: None,
+            whole_since_join: HashSet::new(),
+            stats: DeltaStats::default(),
+            #[cfg(test)]
+            corrupt_next_delta: false,
         })
     }
 
@@ -217,6 +236,7 @@ impl WeightSender {
                         control: stream,
                         local,
                         on_ring: false,
+                        digest: h.digest,
                     });
                 }
                 Err(reason) => {
@@ -401,7 +421,7 @@ impl WeightSender {
 
     /// Marks the group failed at `rank`, tells every engine still connected, and returns the
     /// error every caller sees.
-    async fn fail<T>(&mut self, rank: u32, reason: String) -> Result<T, TcpError> {
+    pub(super) async fn fail<T>(&mut self, rank: u32, reason: String) -> Result<T, TcpError> {
         let msg = ToEngine::Failed {
             rank,
             reason: reason.clone(),
@@ -417,114 +437,16 @@ impl WeightSender {
         Err(TcpError::RankFailed { rank, reason })
     }
 
-    /// Sends these tensors, in this order, down the chain (and through the ring), and returns once every engine has
-    /// confirmed the whole bucket (then every engine is told it is committed). Tensors are
-    /// checked first: an inconsistent one sends nothing. If any engine fails, every engine and
-    /// the caller get [`TcpError::RankFailed`] naming the same rank, and the group is unusable.
-    pub async fn send_bucket(&mut self, tensors: &[TensorRef<'_>]) -> Result<(), TcpError> {
-        if let Some((rank, reason)) = &self.broken {
-            return Err(TcpError::RankFailed {
-                rank: *rank,
-                reason: format!(
-                    "the group failed earlier ({reason}); destroy it and create a new one"
-                ),
-            });
-        }
-        if self.peers.is_empty() || !self.wired {
-            return Err(TcpError::InvalidArgument(
-                "no receivers: call accept_all first".into(),
-            ));
-        }
-        let headers = tensors
-            .iter()
-            .map(encode_header)
-            .collect::<Result<Vec<_>, _>>()?;
-        let end = encode_end(tensors.len())?;
-        let deadline = Instant::now() + self.bucket_timeout;
-        let first_rank = self.peers.iter().find(|p| !p.on_ring).map_or(0, |p| p.rank);
-        let mut pieces: Vec<&[u8]> = Vec::with_capacity(2 * tensors.len() + 1);
-        for (h, t) in headers.iter().zip(tensors) {
-            pieces.push(h);
-            pieces.push(t.bytes);
-        }
-        pieces.push(&end);
-        // Engines on the ring do not notice when rank 0 stops writing to it, so once a data link
-        // fails, rank 0 waits only briefly for the others' reports before deciding.
-        let (cancel, cancelled) = tokio::sync::watch::channel(false);
-        let mut tasks =
-            spawn_collect_until(std::mem::take(&mut self.peers), deadline, Some(cancelled));
-        let (data, ring) = (&mut self.data, &mut self.ring);
-        let pieces = &pieces;
-        let chain = async {
-            let Some(data) = data.as_mut() else {
-                return Ok(());
-            };
-            let sent = async {
-                for p in pieces {
-                    data.write_all(p).await?;
-                }
-                data.flush().await
-            };
-            sent.await
-                .map_err(|e| (first_rank, format!("data link to rank {first_rank}: {e}")))
-        };
-        let shared = async {
-            match ring.as_mut() {
-                Some(ring) => ring.send(pieces).await,
-                None => Ok(()),
-            }
-        };
-        let write = async {
-            let (a, b) = tokio::join!(chain, shared);
-            a.and(b)
-        };
-        // Boxed so it can be dropped (ending its borrow of the links) before `fail`.
-        let mut write = Box::pin(write);
-        let mut write_res: Option<Result<(), (u32, String)>> = None;
-        let mut outcomes = Vec::new();
-        // Armed by the first failure (a data link, or an engine's report): engines that can
-        // no longer finish the bucket are not waited for past it.
-        let grace = tokio::time::sleep_until(deadline);
-        tokio::pin!(grace);
-        let mut failing = false;
-        loop {
-            tokio::select! {
-                r = &mut write, if write_res.is_none() => {
-                    if r.is_err() && !failing {
-                        failing = true;
-                        grace.as_mut().reset(Instant::now() + FAILURE_GRACE);
-                    }
-                    write_res = Some(r);
-                }
-                () = &mut grace, if failing => {
-                    let _ = cancel.send(true);
-                }
-                j = tasks.join_next() => match j {
-                    None => break,
-                    Some(Ok((i, p, o))) => {
-                        if !matches!(o, Outcome::Ok) && !failing {
-                            failing = true;
-                            grace.as_mut().reset(Instant::now() + FAILURE_GRACE);
-                        }
-                        outcomes.push((i, p, o));
-                    }
-                    Some(Err(e)) => return Err(TcpError::Protocol(format!("collector task: {e}"))),
-                },
-            }
-        }
-        if write_res.is_none() && outcomes.iter().all(|(_, _, o)| matches!(o, Outcome::Ok)) {
-            write_res = Some((&mut write).await);
-        }
-        drop(write);
-        let outcomes = restore(outcomes, &mut self.peers);
-        let link_err = write_res.and_then(Result::err);
-        if let Some((rank, reason)) = culprit(&outcomes, link_err) {
-            return self.fail(rank, reason).await;
-        }
-        for p in &mut self.peers {
-            write_to_engine(&mut p.control, &ToEngine::Commit).await?;
-        }
-        Ok(())
+    /// Sends deltas against `bases` from now on (`None`: every byte, as before). The bases
+    /// outlive the group: pass the same ones to the next group's sender, so engines that kept
+    /// theirs keep getting deltas.
+    pub fn set_delta(&mut self, bases: Option<Arc<Mutex<SenderBases>>>) {
+        self.delta = bases;
+    }
+
+    /// What delta encoding did since the last call (zero when deltas are off).
+    pub fn take_stats(&mut self) -> DeltaStats {
+        std::mem::take(&mut self.stats)
     }
 
     /// Tells every engine the group is closing and drops the connections.
@@ -548,6 +470,8 @@ struct Hello {
     n_ranks: u32,
     group: String,
     data_addr: String,
+    /// Digest of the delta bases the engine holds.
+    digest: u64,
 }
 
 async fn read_hello(stream: &mut TcpStream) -> Result<Hello, TcpError> {
@@ -575,10 +499,12 @@ async fn read_hello(stream: &mut TcpStream) -> Result<Hello, TcpError> {
             "data address {data_addr:?} is not ip:port"
         )));
     }
+    let digest = stream.read_u64_le().await?;
     Ok(Hello {
         rank,
         n_ranks,
         group,
         data_addr,
+        digest,
     })
 }

@@ -1,0 +1,106 @@
+//! Delta weight updates: only what changed since the version a receiver holds travels.
+//!
+//! With the small learning rates of RL post-training most BF16 (and FP8) values do not change
+//! from one step to the next, so a sync that sends every byte mostly resends what the engines
+//! already hold. Here each tensor of a bucket is sent, per [`codec::BLOCK_BYTES`] block, as
+//! whichever is smallest of nothing (unchanged), sparse `(index, value)` pairs, the XOR with the
+//! base compressed with zstd (only when [`DeltaMode::Compress`] asks for it: it pays only on
+//! links slower than the codec), or the whole block; a tensor whose encoding is not clearly
+//! smaller than itself goes whole. FP8 tensors are diffed after quantization, on the quantized
+//! bytes and the scales, so the result is bit-identical to a full FP8 update.
+//!
+//! - [`codec`]: the block encoding, its decoder, and the per-tensor checksum of the result.
+//! - [`bases`]: what the sender last sent ([`SenderBases`], one wire-format copy of the weights
+//!   on the sender) and what a receiver holds ([`ReceiverBases`], the buffers the engine
+//!   hands back with `WeightReceiver::recycle`, so no copy beyond the engine's own).
+//!
+//! The transport ([`crate::tcp`]) decides per tensor, keeps bases versioned by *tag* (the
+//! checksum of a delta's result, or a fresh random tag for a tensor sent whole), and falls back
+//! on its own: a receiver whose bases differ from the sender's (restarted, joined late,
+//! re-placed, failed an update) gets tensors whole until it holds them; a delta whose base is
+//! not the receiver's, or whose result fails its checksum, is resent whole at once, in the
+//! same bucket (never applied silently).
+
+pub mod bases;
+pub mod codec;
+
+pub use bases::{ReceiverBases, SenderBases, SharedReceiverBases};
+
+/// Whether weight syncs send deltas (`weights.delta` in a deployment's YAML).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeltaMode {
+    /// Delta where a receiver holds the previous version, whole otherwise: sparse pairs or
+    /// whole blocks, no compressor (it is slower than a local or datacenter link).
+    #[default]
+    Auto,
+    /// Every byte every time; nothing is kept on either side.
+    Off,
+    /// As `Auto`, and blocks too dense for sparse pairs are XORed with the base and
+    /// zstd-compressed when that is smaller: for links slower than about 1 GB/s.
+    Compress,
+}
+
+impl DeltaMode {
+    /// Parses `auto`, `off` or `compress` (also `on`/`true` for auto, `false` for off).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "on" | "true" => Some(Self::Auto),
+            "off" | "false" | "none" => Some(Self::Off),
+            "compress" | "zstd" => Some(Self::Compress),
+            _ => None,
+        }
+    }
+
+    /// The spelling [`parse`](Self::parse) reads back.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Off => "off",
+            Self::Compress => "compress",
+        }
+    }
+
+    /// Whether deltas are sent at all.
+    pub fn enabled(self) -> bool {
+        self != Self::Off
+    }
+}
+
+/// What delta encoding did over some buckets: what went on the wire against what a full
+/// update would have sent, and how many elements had changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DeltaStats {
+    /// Bytes of the tensors' full encoding (what a full update sends).
+    pub full_bytes: u64,
+    /// Bytes actually sent for them (frames included), repairs included.
+    pub sent_bytes: u64,
+    /// Tensors sent as deltas.
+    pub delta_tensors: u64,
+    /// Tensors sent whole (no base, not eligible, or too dense to pay).
+    pub whole_tensors: u64,
+    /// Elements compared against a base, and how many of them differed (tensors that were
+    /// diffed to the end only).
+    pub compared_elems: u64,
+    /// Of [`compared_elems`](Self::compared_elems), those that changed.
+    pub changed_elems: u64,
+    /// Tensors resent whole after a receiver could not apply their delta.
+    pub repaired_tensors: u64,
+}
+
+impl DeltaStats {
+    /// Adds `other` into `self`.
+    pub fn add(&mut self, other: &DeltaStats) {
+        self.full_bytes += other.full_bytes;
+        self.sent_bytes += other.sent_bytes;
+        self.delta_tensors += other.delta_tensors;
+        self.whole_tensors += other.whole_tensors;
+        self.compared_elems += other.compared_elems;
+        self.changed_elems += other.changed_elems;
+        self.repaired_tensors += other.repaired_tensors;
+    }
+
+    /// Fraction of compared elements that changed (`None` when nothing was compared).
+    pub fn changed_fraction(&self) -> Option<f64> {
+        (self.compared_elems > 0).then(|| self.changed_elems as f64 / self.compared_elems as f64)
+    }
+}

@@ -1,0 +1,316 @@
+//! Rank 0 sending one bucket: every byte, or (deltas on) each tensor whole or as a delta
+//! against what the engines hold, then a repair of the deltas an engine could not apply, then
+//! the commit.
+
+use tokio::io::AsyncWriteExt;
+use tokio::time::Instant;
+
+use super::collect::{Outcome, culprit, restore, spawn_collect_until};
+use super::control::{ToEngine, write_to_engine};
+use super::frame::{encode_end, encode_header, encode_header_with};
+use super::sender::FAILURE_GRACE;
+use super::{FRAME_DELTA, FRAME_WHOLE_TAGGED, TcpError, TensorRef, WeightSender};
+use crate::delta::DeltaStats;
+use crate::delta::bases::Plan;
+
+/// A bucket's bytes on a data link, as the pieces written one after another.
+struct Wire {
+    /// Frame headers and delta payloads, owned here; `pieces` points into them and into the
+    /// caller's tensors.
+    owned: Vec<Vec<u8>>,
+    /// `(owned index, or None for the tensor's own bytes at that position)` in write order.
+    order: Vec<(Option<usize>, usize)>,
+    /// Which of `owned` are delta payloads (a test corrupts one).
+    deltas: Vec<usize>,
+}
+
+impl Wire {
+    fn new() -> Self {
+        Wire {
+            owned: Vec::new(),
+            order: Vec::new(),
+            deltas: Vec::new(),
+        }
+    }
+
+    fn own(&mut self, bytes: Vec<u8>) {
+        self.order.push((Some(self.owned.len()), 0));
+        self.owned.push(bytes);
+    }
+
+    fn tensor(&mut self, i: usize) {
+        self.order.push((None, i));
+    }
+
+    fn pieces<'a>(&'a self, tensors: &'a [TensorRef<'a>]) -> Vec<&'a [u8]> {
+        self.order
+            .iter()
+            .map(|&(o, i)| match o {
+                Some(k) => &self.owned[k][..],
+                None => tensors[i].bytes,
+            })
+            .collect()
+    }
+}
+
+impl WeightSender {
+    /// Sends these tensors, in this order, down the chain (and through the ring), and returns
+    /// once every engine has confirmed the whole bucket (then every engine is told it is
+    /// committed). Tensors are checked first: an inconsistent one sends nothing. If any engine
+    /// fails, every engine and the caller get [`TcpError::RankFailed`] naming the same rank,
+    /// and the group is unusable.
+    ///
+    /// With deltas on ([`set_delta`](Self::set_delta)), a tensor every engine holds the base
+    /// of goes as a delta when that is clearly smaller; an engine that cannot apply one (its
+    /// base is not the one named, or the result fails its checksum) gets it whole in the same
+    /// call, before the commit.
+    pub async fn send_bucket(&mut self, tensors: &[TensorRef<'_>]) -> Result<(), TcpError> {
+        if let Some((rank, reason)) = &self.broken {
+            return Err(TcpError::RankFailed {
+                rank: *rank,
+                reason: format!(
+                    "the group failed earlier ({reason}); destroy it and create a new one"
+                ),
+            });
+        }
+        if self.peers.is_empty() || !self.wired {
+            return Err(TcpError::InvalidArgument(
+                "no receivers: call accept_all first".into(),
+            ));
+        }
+        let headers = tensors
+            .iter()
+            .map(encode_header)
+            .collect::<Result<Vec<_>, _>>()?;
+        let end = encode_end(tensors.len())?;
+        let deadline = Instant::now() + self.bucket_timeout;
+        let Some(bases) = self.delta.clone() else {
+            let mut wire = Wire::new();
+            for (i, h) in headers.into_iter().enumerate() {
+                wire.own(h);
+                wire.tensor(i);
+            }
+            wire.own(end.to_vec());
+            let outcomes = self.transmit(&wire.pieces(tensors), deadline).await?;
+            return self.commit(outcomes).await;
+        };
+        let mut stats = DeltaStats::default();
+        let mut wire = Wire::new();
+        let mut whole = Vec::new();
+        {
+            let mut b = bases
+                .lock()
+                .map_err(|_| TcpError::InvalidArgument("delta bases poisoned".into()))?;
+            let synced = *self.synced.get_or_insert_with(|| {
+                let digest = b.digest();
+                self.peers.iter().all(|p| p.digest == digest)
+            });
+            for (i, t) in tensors.iter().enumerate() {
+                stats.full_bytes += t.bytes.len() as u64;
+                let eligible = synced || self.whole_since_join.contains(t.name);
+                match b.plan(t, eligible) {
+                    Plan::Whole { tag } => {
+                        wire.own(encode_header_with(t, FRAME_WHOLE_TAGGED, &[tag])?);
+                        wire.tensor(i);
+                        whole.push(t.name.to_string());
+                        stats.whole_tensors += 1;
+                    }
+                    Plan::Delta {
+                        base_tag,
+                        result,
+                        bytes,
+                        changed,
+                    } => {
+                        let extra = [base_tag, result, bytes.len() as u64];
+                        wire.own(encode_header_with(t, FRAME_DELTA, &extra)?);
+                        wire.deltas.push(wire.owned.len());
+                        wire.own(bytes);
+                        stats.delta_tensors += 1;
+                        stats.compared_elems += (t.bytes.len() / t.dtype.elem_size()) as u64;
+                        stats.changed_elems += changed;
+                    }
+                }
+            }
+        }
+        wire.own(end.to_vec());
+        #[cfg(test)]
+        if std::mem::take(&mut self.corrupt_next_delta)
+            && let Some(&k) = wire.deltas.first()
+        {
+            let d = &mut wire.owned[k];
+            let at = d.len() / 2;
+            d[at] ^= 0x5A;
+        }
+        let sent = self.send_checked(tensors, &wire, deadline, &mut stats).await;
+        match sent {
+            Ok(()) => {
+                self.whole_since_join.extend(whole);
+                self.stats.add(&stats);
+                Ok(())
+            }
+            Err(e) => {
+                // Engines may hold either version of these now: no delta against them.
+                if let Ok(mut b) = bases.lock() {
+                    for t in tensors {
+                        b.forget(t.name);
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends a delta-on bucket, then the repair any engine asks for, then the commit.
+    async fn send_checked(
+        &mut self,
+        tensors: &[TensorRef<'_>],
+        wire: &Wire,
+        deadline: Instant,
+        stats: &mut DeltaStats,
+    ) -> Result<(), TcpError> {
+        let pieces = wire.pieces(tensors);
+        stats.sent_bytes += pieces.iter().map(|p| p.len() as u64).sum::<u64>();
+        let outcomes = self.transmit(&pieces, deadline).await?;
+        let mut need: Vec<u32> = outcomes
+            .iter()
+            .filter_map(|(_, o)| match o {
+                Outcome::Need(l) => Some(l.iter().copied()),
+                _ => None,
+            })
+            .flatten()
+            .filter(|&i| (i as usize) < tensors.len())
+            .collect();
+        need.sort_unstable();
+        need.dedup();
+        if need.is_empty() {
+            return self.commit(outcomes).await;
+        }
+        let asked: Vec<u32> = outcomes
+            .iter()
+            .filter(|(_, o)| matches!(o, Outcome::Need(_)))
+            .map(|(r, _)| *r)
+            .collect();
+        tracing::warn!(ranks = ?asked, tensors = need.len(), "resending deltas engines could not apply, whole");
+        let mut repair = Wire::new();
+        let bases = self.delta.clone();
+        for &i in &need {
+            let t = &tensors[i as usize];
+            let tag = bases
+                .as_ref()
+                .and_then(|b| b.lock().ok().and_then(|b| b.tag(t.name)))
+                .unwrap_or(0);
+            repair.own(encode_header_with(t, FRAME_WHOLE_TAGGED, &[tag])?);
+            repair.tensor(i as usize);
+        }
+        repair.own(encode_end(need.len())?.to_vec());
+        for p in &mut self.peers {
+            write_to_engine(&mut p.control, &ToEngine::Repair(need.clone())).await?;
+        }
+        let pieces = repair.pieces(tensors);
+        stats.sent_bytes += pieces.iter().map(|p| p.len() as u64).sum::<u64>();
+        stats.repaired_tensors += need.len() as u64;
+        let outcomes = self.transmit(&pieces, deadline).await?;
+        if let Some((rank, _)) = outcomes.iter().find(|(_, o)| matches!(o, Outcome::Need(_))) {
+            let rank = *rank;
+            return self
+                .fail(
+                    rank,
+                    format!("rank {rank} could not take tensors even when resent whole"),
+                )
+                .await;
+        }
+        self.commit(outcomes).await
+    }
+
+    /// Tells every engine the bucket is committed.
+    async fn commit(&mut self, _outcomes: Vec<(u32, Outcome)>) -> Result<(), TcpError> {
+        for p in &mut self.peers {
+            write_to_engine(&mut p.control, &ToEngine::Commit).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes `pieces` down the chain and through the ring and collects every engine's answer;
+    /// a failure anywhere fails the group, naming the rank at fault.
+    async fn transmit(
+        &mut self,
+        pieces: &[&[u8]],
+        deadline: Instant,
+    ) -> Result<Vec<(u32, Outcome)>, TcpError> {
+        let first_rank = self.peers.iter().find(|p| !p.on_ring).map_or(0, |p| p.rank);
+        // Engines on the ring do not notice when rank 0 stops writing to it, so once a data link
+        // fails, rank 0 waits only briefly for the others' reports before deciding.
+        let (cancel, cancelled) = tokio::sync::watch::channel(false);
+        let mut tasks =
+            spawn_collect_until(std::mem::take(&mut self.peers), deadline, Some(cancelled));
+        let (data, ring) = (&mut self.data, &mut self.ring);
+        let chain = async {
+            let Some(data) = data.as_mut() else {
+                return Ok(());
+            };
+            let sent = async {
+                for p in pieces {
+                    data.write_all(p).await?;
+                }
+                data.flush().await
+            };
+            sent.await
+                .map_err(|e| (first_rank, format!("data link to rank {first_rank}: {e}")))
+        };
+        let shared = async {
+            match ring.as_mut() {
+                Some(ring) => ring.send(pieces).await,
+                None => Ok(()),
+            }
+        };
+        let write = async {
+            let (a, b) = tokio::join!(chain, shared);
+            a.and(b)
+        };
+        // Boxed so it can be dropped (ending its borrow of the links) before `fail`.
+        let mut write = Box::pin(write);
+        let mut write_res: Option<Result<(), (u32, String)>> = None;
+        let mut outcomes = Vec::new();
+        // Armed by the first failure (a data link, or an engine's report): engines that can
+        // no longer finish the bucket are not waited for past it.
+        let grace = tokio::time::sleep_until(deadline);
+        tokio::pin!(grace);
+        let mut failing = false;
+        let answered = |o: &Outcome| matches!(o, Outcome::Ok | Outcome::Need(_));
+        loop {
+            tokio::select! {
+                r = &mut write, if write_res.is_none() => {
+                    if r.is_err() && !failing {
+                        failing = true;
+                        grace.as_mut().reset(Instant::now() + FAILURE_GRACE);
+                    }
+                    write_res = Some(r);
+                }
+                () = &mut grace, if failing => {
+                    let _ = cancel.send(true);
+                }
+                j = tasks.join_next() => match j {
+                    None => break,
+                    Some(Ok((i, p, o))) => {
+                        if !answered(&o) && !failing {
+                            failing = true;
+                            grace.as_mut().reset(Instant::now() + FAILURE_GRACE);
+                        }
+                        outcomes.push((i, p, o));
+                    }
+                    Some(Err(e)) => return Err(TcpError::Protocol(format!("collector task: {e}"))),
+                },
+            }
+        }
+        if write_res.is_none() && outcomes.iter().all(|(_, _, o)| answered(o)) {
+            write_res = Some((&mut write).await);
+        }
+        drop(write);
+        let outcomes = restore(outcomes, &mut self.peers);
+        let link_err = write_res.and_then(Result::err);
+        if let Some((rank, reason)) = culprit(&outcomes, link_err) {
+            return self.fail(rank, reason).await;
+        }
+        Ok(outcomes)
+    }
+}
