@@ -97,6 +97,10 @@ async fn main() -> anyhow::Result<()> {
         final_reward: 0.0,
         rewards: Vec::new(),
         sync_seconds: Vec::new(),
+        sync_bytes_sent: Vec::new(),
+        sync_bytes_full: 0,
+        changed_fraction: Vec::new(),
+        weights_delta: "auto".into(),
         tokens_per_s: Vec::new(),
         staleness: Vec::new(),
         max_staleness_seen: 0,
@@ -145,6 +149,11 @@ async fn main() -> anyhow::Result<()> {
             .sum::<usize>();
         summary.rewards.push(mean);
         summary.sync_seconds.push(report.seconds);
+        summary.sync_bytes_sent.push(report.sent_bytes);
+        summary.sync_bytes_full = report.bytes;
+        summary
+            .changed_fraction
+            .push(report.delta.changed_fraction());
         summary
             .tokens_per_s
             .push(tokens as f64 / started.elapsed().as_secs_f64().max(1e-6));

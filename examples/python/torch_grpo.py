@@ -212,11 +212,11 @@ def main(argv=None):
         n_samples=tc["group_size"],
         gconfig={"max_new_tokens": max_new, "temperature": tc["temperature"], "ignore_eos": True},
     )
-    rewards, start = [], time.time()
+    rewards, syncs, start = [], [], time.time()
     with troupe.Cluster.from_config(cfg) as cluster, cluster.serve(cfg) as svc:
         trainers = cluster.spawn_group(TorchTrainer, a.ranks, args=(TINY, tc["lr"], tc["temperature"], tc["seed"]))
         # The trainer's weights are the truth: the engines start from them (version 0).
-        svc.update_weights(trainers[0].call_sync("state_dict"), version=0)
+        syncs.append(svc.update_weights(trainers[0].call_sync("state_dict"), version=0))
         with troupe.RolloutController(
             svc,
             batch_size=tc["batch_size"],
@@ -232,10 +232,12 @@ def main(argv=None):
                 reports = trainers.call_sync("train_batch", troupe.pad_batch(batch), adv)
                 sync = svc.update_weights(trainers[0].call_sync("state_dict"), version=step + 1)
                 rollout.set_version(step + 1)
+                syncs.append(sync)
                 rewards.append(float(np.mean([t.reward for t in batch])))
                 print(
                     f"step {step + 1:>3}  reward {rewards[-1]:.3f}  loss {reports[0]['loss']:+.4f}  "
-                    f"ratio {reports[0]['mean_ratio']:.3f}  sync {sync['seconds']:.3f}s ({cfg.weight_format})  "
+                    f"ratio {reports[0]['mean_ratio']:.3f}  sync {sync['seconds']:.3f}s {sync['sent_bytes'] / 1e6:.2f} MB "
+                    f"({cfg.weight_format}, delta {cfg.weights_delta})  "
                     f"staleness {stale}",
                     flush=True,
                 )
@@ -248,6 +250,13 @@ def main(argv=None):
         "final_reward": float(np.mean(rewards[-k:])) if rewards else 0.0,
         "rewards": rewards,
         "weight_format": cfg.weight_format,
+        # Weight sync per step: seconds, bytes written to each engine's link (only what changed
+        # with weights.delta=auto), and the fraction of wire elements that changed.
+        "weights_delta": cfg.weights_delta,
+        "sync_seconds": [s["seconds"] for s in syncs],
+        "sync_bytes_sent": [s["sent_bytes"] for s in syncs],
+        "sync_bytes_full": syncs[-1]["bytes"] if syncs else 0,
+        "changed_fraction": [s["changed_fraction"] for s in syncs],
         "total_seconds": time.time() - start,
     }
     print(

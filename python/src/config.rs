@@ -54,6 +54,12 @@ impl Config {
     }
 
     /// `train.*` with defaults filled in, as a dict (the built-in trainer and task).
+    /// `weights.delta`: `auto`, `off` or `compress`.
+    #[getter]
+    fn weights_delta(&self) -> &'static str {
+        self.inner.weights.delta.as_str()
+    }
+
     #[getter]
     fn train(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         as_dict(py, &self.inner.train)

@@ -186,15 +186,29 @@ fn tcp_err(e: impl std::fmt::Display) -> PyErr {
 
 #[pymethods]
 impl TcpWeightSender {
-    /// Binds the broadcast master on `host` (an ephemeral port) for `world_size` ranks.
+    /// Binds the broadcast master on `host` (an ephemeral port) for `world_size` ranks. With
+    /// `delta` (default), a bucket after the first sends only what changed since this sender's
+    /// previous one (engines keep what they received; one that cannot apply a delta gets the
+    /// tensor whole); this costs one bf16 copy of what was sent, kept here.
     #[new]
-    #[pyo3(signature = (world_size, group_name, host = "0.0.0.0"))]
-    fn new(py: Python<'_>, world_size: usize, group_name: String, host: &str) -> PyResult<Self> {
+    #[pyo3(signature = (world_size, group_name, host = "0.0.0.0", delta = true))]
+    fn new(
+        py: Python<'_>,
+        world_size: usize,
+        group_name: String,
+        host: &str,
+        delta: bool,
+    ) -> PyResult<Self> {
         let addr = format!("{host}:0");
-        let s = wait(py, async move {
+        let mut s = wait(py, async move {
             WeightSender::bind(&addr, world_size, &group_name).await
         })?
         .map_err(tcp_err)?;
+        if delta {
+            s.set_delta(Some(Arc::new(std::sync::Mutex::new(
+                troupe_weights::delta::SenderBases::new(false),
+            ))));
+        }
         let port = s.local_addr().map_err(tcp_err)?.port();
         Ok(TcpWeightSender {
             inner: Arc::new(tokio::sync::Mutex::new(Some(s))),

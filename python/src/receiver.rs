@@ -141,11 +141,20 @@ impl TcpWeightReceiver {
         })?
         .map_err(err)?;
         let out = PyList::empty(py);
-        for t in tensors {
+        for t in &tensors {
             let shape = PyList::new(py, &t.shape)?;
-            let bytes = PyArray1::from_vec(py, t.bytes);
-            out.append((t.name, t.dtype.as_str(), shape, bytes))?;
+            // numpy gets a copy: the receiver keeps these buffers as the bases of the next
+            // delta update (and fills them again otherwise), which is cheaper than receiving
+            // every byte again.
+            let bytes = PyArray1::from_slice(py, &t.bytes);
+            out.append((t.name.clone(), t.dtype.as_str(), shape, bytes))?;
         }
+        let inner = self.inner.clone();
+        wait(py, async move {
+            if let Some(r) = inner.lock().await.as_mut() {
+                r.recycle(tensors);
+            }
+        })?;
         Ok(out)
     }
 

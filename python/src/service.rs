@@ -80,6 +80,9 @@ impl Service {
         d.set_item("seconds", rep.seconds)?;
         d.set_item("buckets", rep.buckets)?;
         d.set_item("bytes", rep.bytes)?;
+        d.set_item("sent_bytes", rep.sent_bytes)?;
+        d.set_item("delta_tensors", rep.delta.delta_tensors)?;
+        d.set_item("changed_fraction", rep.delta.changed_fraction())?;
         d.set_item("fp8_tensors", rep.fp8_tensors)?;
         d.set_item("skipped", rep.skipped)?;
         Ok(d.into_any().unbind())

@@ -22,10 +22,10 @@ def example(name, *args, timeout=280):
     )
 
 
-def trained(name, tmp_path, steps=14):
+def trained(name, tmp_path, steps=14, *overrides):
     """Runs a GRPO example for `steps` steps and returns its summary, checking it learned."""
     out = tmp_path / "run.json"
-    p = example(name, f"train.steps={steps}", "--summary", str(out))
+    p = example(name, f"train.steps={steps}", *overrides, "--summary", str(out))
     assert p.returncode == 0, p.stdout + p.stderr
     # A clean exit: no episode outlives the rollout controller (none touches Python late).
     assert "Traceback" not in p.stderr and "panicked" not in p.stderr, p.stderr
@@ -55,7 +55,15 @@ def test_the_python_grpo_example_names_a_bad_override():
 
 def test_the_pytorch_grpo_example_trains_with_a_two_rank_group(tmp_path):
     need_torch()
-    assert trained("torch_grpo.py", tmp_path)["ranks"] == 2
+    # weights.delta=on (engines on this machine read the ring, where `auto` sends every byte):
+    # the first sync goes whole, later ones only what changed, and the summary says how much.
+    s = trained("torch_grpo.py", tmp_path, 14, "weights.delta=on")
+    assert s["ranks"] == 2
+    full, sent = s["sync_bytes_full"], s["sync_bytes_sent"]
+    assert s["weights_delta"] == "on" and len(sent) == s["steps"] + 1
+    assert sent[0] >= full and any(b < full for b in sent[1:]), (full, sent)
+    seen = [f for f in s["changed_fraction"][1:] if f is not None]
+    assert seen and all(0.0 < f <= 1.0 for f in seen), s["changed_fraction"]
 
 
 def test_the_wheel_brings_the_troupe_command(tmp_path):

@@ -62,6 +62,9 @@ class Config:
     def weight_format(self) -> str:
         """`fp8` (block-quantized to the engines) or `bf16`."""
     @property
+    def weights_delta(self) -> str:
+        """`weights.delta`: `auto` (only what changed travels), `off` or `compress`."""
+    @property
     def train(self) -> dict[str, Any]:
         """`train.*` with defaults filled in."""
     @property
@@ -346,7 +349,7 @@ class ControllerClient:
 
 class TcpWeightSender:
     """Rank 0 of Troupe's TCP weight broadcast (the reference engines' transport)."""
-    def __init__(self, world_size: int, group_name: str, host: str = "0.0.0.0") -> None: ...
+    def __init__(self, world_size: int, group_name: str, host: str = "0.0.0.0", delta: bool = True) -> None: ...
     @property
     def port(self) -> int: ...
     def accept_all(self, timeout: float = 60.0) -> None: ...

@@ -96,6 +96,11 @@ pub struct GatewayArgs {
     /// Push weights from `/update_weights_from_tensor` FP8 block-quantized.
     #[arg(long)]
     pub weights_fp8: bool,
+    /// Send only what changed since the version the engines hold: auto (when an engine is on
+    /// another machine), on (always), off (every byte), compress (on, plus XOR + zstd of dense
+    /// blocks: links slower than about 1 GB/s).
+    #[arg(long, default_value = "auto", value_parser = parse_delta)]
+    pub weights_delta: troupe_weights::delta::DeltaMode,
     /// Address the engines dial for this gateway's weight broadcast (default: the --listen host).
     #[arg(long)]
     pub weights_master_host: Option<String>,
@@ -205,6 +210,7 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
         control_auth: a.control_auth,
         key_reads: a.key_reads,
         weights_fp8: a.weights_fp8,
+        weights_delta: a.weights_delta,
         weights_master_host: a.weights_master_host.clone(),
         control_timeout,
         io_threads: a.io_threads.map_or_else(default_io_threads, |n| n as usize),
@@ -227,6 +233,12 @@ pub async fn run(a: &GatewayArgs) -> Result<(), String> {
     println!("gateway listening on {}", handle.url());
     stop.wait().await;
     handle.shutdown().await.map_err(|e| e.to_string())
+}
+
+/// `--weights-delta`: `auto`, `on`, `off` or `compress`.
+fn parse_delta(s: &str) -> Result<troupe_weights::delta::DeltaMode, String> {
+    troupe_weights::delta::DeltaMode::parse(s)
+        .ok_or_else(|| format!("{s:?}: use auto, on, off or compress"))
 }
 
 #[cfg(test)]

@@ -89,6 +89,10 @@ enum BenchCmd {
         /// Size of the shared-memory ring in KiB.
         #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(64..=1048576))]
         ring_kib: u64,
+        /// Measure full against delta syncs after an optimizer step that changed this fraction
+        /// of the BF16 values (e.g. 0.02), scattered over every tensor.
+        #[arg(long)]
+        changed: Option<f64>,
         /// Print one JSON object instead of one line per figure.
         #[arg(long)]
         json: bool,
@@ -285,18 +289,34 @@ async fn run(cmd: Cmd) -> ExitCode {
             fp8,
             chain,
             ring_kib,
+            changed,
             json,
         }) => {
             if receivers.is_empty() || receivers.contains(&0) {
                 return fail("--receivers takes positive counts, e.g. --receivers 1,2,4,8");
             }
-            let figs = troupe_weights::broadcast_bench::bench_broadcast(
-                &receivers,
-                mib as usize,
-                fp8,
-                (!chain).then_some(ring_kib as usize * 1024),
-            )
-            .await;
+            let ring = (!chain).then_some(ring_kib as usize * 1024);
+            let figs = match changed {
+                Some(f) => {
+                    troupe_weights::broadcast_delta_bench::bench_broadcast_delta(
+                        &receivers,
+                        mib as usize,
+                        fp8,
+                        ring,
+                        f,
+                    )
+                    .await
+                }
+                None => {
+                    troupe_weights::broadcast_bench::bench_broadcast(
+                        &receivers,
+                        mib as usize,
+                        fp8,
+                        ring,
+                    )
+                    .await
+                }
+            };
             figures(figs, json)
         }
         Cmd::Bench(BenchCmd::Gateway(a)) => figures(bench::gateway::run(&a).await, a.json),

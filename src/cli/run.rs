@@ -42,12 +42,13 @@ pub fn bring_up_bar() -> Progress {
 /// The line printed for a step.
 fn line(s: &StepReport) -> String {
     format!(
-        "step {:>3}  reward {:.3}  tokens/s {:>6.0}  train {:.2}s  sync {:.3}s ({})  staleness {}  ratio {:.3}",
+        "step {:>3}  reward {:.3}  tokens/s {:>6.0}  train {:.2}s  sync {:.3}s {:.2} MB ({})  staleness {}  ratio {:.3}",
         s.step,
         s.reward,
         s.tokens_per_s,
         s.train_seconds,
         s.sync_seconds,
+        s.sync_bytes_sent as f64 / 1e6,
         s.weight_format,
         s.staleness,
         s.mean_ratio

@@ -191,3 +191,82 @@ async fn fp8_update_matches_a_regular_engine_holding_the_dequantized_weights() {
     })
     .await
 }
+
+/// The trainer's weights after a small step: every value moves by up to 5e-4 relative, so only
+/// some BF16 values change.
+fn small_step(tensors: &[troupe_serving::control_plane::HostTensor]) -> Vec<(String, Vec<f32>)> {
+    let mut s = 0x9E37_79B9_7F4A_7C15_u64;
+    tensors
+        .iter()
+        .map(|t| {
+            let troupe_weights::fp8::Weights::F32(v) = t.data.values() else {
+                unreachable!("the test's tensors are f32")
+            };
+            let v = v
+                .iter()
+                .map(|x| {
+                    s = s
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    x * (1.0 + 1e-3 * ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5))
+                })
+                .collect();
+            (t.name.clone(), v)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn delta_updates_through_the_plane_send_a_fraction_and_serve_the_same_tokens() {
+    use troupe_serving::control_plane::HostTensor;
+    use troupe_weights::delta::DeltaMode;
+    within(180, async {
+        let (cluster, svc) = pd_service().await;
+        let (mut w, tensors) = trainer_weights(1234);
+        let sync = WeightSync::new(WeightSyncOptions {
+            delta: DeltaMode::On,
+            ..WeightSyncOptions::default()
+        });
+        let engines = svc.control.engines();
+        let first = sync
+            .update_weights(&svc.control, &engines, "v1", &tensors)
+            .await
+            .unwrap();
+        assert_eq!(
+            first.delta.delta_tensors, 0,
+            "nobody held anything: {first:?}"
+        );
+        assert!(first.sent_bytes >= first.bytes);
+        let stepped = small_step(&tensors);
+        let tensors2: Vec<HostTensor> = tensors
+            .iter()
+            .zip(&stepped)
+            .map(|(t, (_, v))| HostTensor::f32(t.name.clone(), t.shape.clone(), v.clone()))
+            .collect();
+        let second = sync
+            .update_weights(&svc.control, &engines, "v2", &tensors2)
+            .await
+            .unwrap();
+        assert!(second.delta.delta_tensors > 0, "{second:?}");
+        assert!(second.sent_bytes * 2 < second.bytes, "{second:?}");
+        let f = second.delta.changed_fraction().unwrap();
+        assert!(f > 0.0 && f < 0.5, "changed fraction {f}");
+        // Every engine now serves exactly what a full update of v2 gives.
+        for (name, v) in stepped {
+            w.set(&name, v).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let reference = reference_engine(w, dir.path()).await;
+        let client = client();
+        for i in 0..6 {
+            let pd = generate(&client, &svc.gateway_url, i).await;
+            let regular = generate(&client, &reference.url(), i).await;
+            assert_eq!(pd["output_ids"], regular["output_ids"], "request {i}");
+            assert_eq!(pd["meta_info"]["weight_version"], "v2");
+        }
+        reference.shutdown().await.unwrap();
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}

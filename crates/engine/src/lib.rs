@@ -156,6 +156,7 @@ pub async fn start(args: EngineArgs) -> Result<EngineHandle, EngineError> {
         bootstrap_port: bootstrap.as_ref().map(|b| b.addr().port()),
         rooms,
         groups: tokio::sync::Mutex::new(HashMap::new()),
+        weight_bases: troupe_weights::delta::ReceiverBases::shared(),
         addr,
         args,
         vllm: Default::default(),

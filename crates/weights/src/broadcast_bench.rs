@@ -25,6 +25,8 @@ use crate::tcp::{TensorRef, TensorSpec, WeightReceiver, WeightSender, WireDtype}
 /// of two counts measured a minute apart says more about the machine than the code). The
 /// fastest round of each is reported.
 pub const RUNS: usize = 5;
+/// Longest a bench sync may take.
+pub(crate) const TIMEOUT_SECS: u64 = 600;
 /// Most receivers one measurement may use.
 pub const MAX_RECEIVERS: usize = 64;
 /// Largest payload accepted, in MiB.
@@ -32,19 +34,19 @@ pub const MAX_MIB: usize = 16 << 10;
 const TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Named bf16 tensors with their shapes: the model as the trainer holds it.
-type Model = Vec<(String, Vec<usize>, Vec<bf16>)>;
+pub(crate) type Model = Vec<(String, Vec<usize>, Vec<bf16>)>;
 
 /// One tensor as sent.
 #[derive(Debug, Clone)]
-struct WireTensor {
-    name: String,
-    dtype: WireDtype,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
+pub(crate) struct WireTensor {
+    pub(crate) name: String,
+    pub(crate) dtype: WireDtype,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) bytes: Vec<u8>,
 }
 
 impl WireTensor {
-    fn spec(&self) -> TensorSpec {
+    pub(crate) fn spec(&self) -> TensorSpec {
         TensorSpec {
             name: self.name.clone(),
             dtype: self.dtype,
@@ -279,7 +281,7 @@ async fn receive(
 /// The wire tensors for `model`: bf16 as is, or with `fp8` every projection quantized
 /// (128x128 blocks, f32 scales) followed by its scale. `reuse` holds buffers of a previous call
 /// to fill in place (the steady state of repeated syncs).
-fn encode(
+pub(crate) fn encode(
     model: &[(String, Vec<usize>, Vec<bf16>)],
     fp8: bool,
     reuse: Option<Vec<WireTensor>>,
@@ -339,7 +341,7 @@ fn encode(
 
 /// Decoder layers of a Llama-shaped model (GQA 4:1, MLP 2.75x) adding up to about `mib` MiB of
 /// bf16: width 1024 for large payloads, 256 for small ones so a small run stays small.
-fn model_tensors(mib: usize) -> Model {
+pub(crate) fn model_tensors(mib: usize) -> Model {
     let h = if mib >= 64 { 1024 } else { 256 };
     let (kv, inter) = (h / 4, h * 11 / 4);
     let layer_shapes = [

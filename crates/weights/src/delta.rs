@@ -27,24 +27,29 @@ pub mod codec;
 pub use bases::{ReceiverBases, SenderBases, SharedReceiverBases};
 
 /// Whether weight syncs send deltas (`weights.delta` in a deployment's YAML).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DeltaMode {
-    /// Delta where a receiver holds the previous version, whole otherwise: sparse pairs or
-    /// whole blocks, no compressor (it is slower than a local or datacenter link).
+    /// Deltas when some engine receives over the TCP chain (another machine), where bytes cost
+    /// link time; a group whose engines all read rank 0's shared-memory ring gets every byte,
+    /// because there a copy is faster than finding what changed.
     #[default]
     Auto,
+    /// Deltas for every group, the ring's too: sparse pairs or whole blocks, no compressor.
+    On,
     /// Every byte every time; nothing is kept on either side.
     Off,
-    /// As `Auto`, and blocks too dense for sparse pairs are XORed with the base and
+    /// As `On`, and blocks too dense for sparse pairs are XORed with the base and
     /// zstd-compressed when that is smaller: for links slower than about 1 GB/s.
     Compress,
 }
 
 impl DeltaMode {
-    /// Parses `auto`, `off` or `compress` (also `on`/`true` for auto, `false` for off).
+    /// Parses `auto`, `on`, `off` or `compress` (also `true` for on, `false` for off).
     pub fn parse(s: &str) -> Option<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
-            "auto" | "on" | "true" => Some(Self::Auto),
+            "auto" => Some(Self::Auto),
+            "on" | "true" => Some(Self::On),
             "off" | "false" | "none" => Some(Self::Off),
             "compress" | "zstd" => Some(Self::Compress),
             _ => None,
@@ -55,14 +60,24 @@ impl DeltaMode {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Auto => "auto",
+            Self::On => "on",
             Self::Off => "off",
             Self::Compress => "compress",
         }
     }
 
-    /// Whether deltas are sent at all.
+    /// Whether deltas may be sent at all (bases are kept).
     pub fn enabled(self) -> bool {
         self != Self::Off
+    }
+
+    /// Whether a group sends deltas, given whether every engine in it reads the ring.
+    pub fn for_group(self, all_on_ring: bool) -> bool {
+        match self {
+            Self::Off => false,
+            Self::Auto => !all_on_ring,
+            Self::On | Self::Compress => true,
+        }
     }
 }
 

@@ -10,6 +10,7 @@
 //! - [`bench`](mod@bench): FP8 quantizer throughput beside memcpy bandwidth.
 //! - [`broadcast_bench`]: chain-broadcast time as the number of receivers grows, beside
 //!   [`copy_floor`], the time the same receivers' unavoidable copies take on this machine.
+//! - [`broadcast_delta_bench`]: full against delta syncs after one optimizer step.
 //! - [`tcp`]: the `tcp` weight-update transport used by the reference engine (rank 0 sends, every
 //!   engine receives the same tensors in the same order), a pipelined chain like NCCL's ring.
 
@@ -17,6 +18,7 @@
 
 pub mod bench;
 pub mod broadcast_bench;
+pub mod broadcast_delta_bench;
 pub mod bucket;
 pub mod copy_floor;
 pub mod delta;

@@ -77,6 +77,7 @@ mod collect;
 mod control;
 mod frame;
 mod link;
+mod receive_bucket;
 mod receiver;
 pub(crate) mod ring;
 mod send_bucket;

@@ -53,6 +53,8 @@ pub struct StepReport {
     pub train_seconds: f64,
     /// Seconds of the weight sync.
     pub sync_seconds: f64,
+    /// Bytes the sync wrote to each engine's link (with deltas, only what changed).
+    pub sync_bytes_sent: u64,
     /// `fp8` or `bf16`.
     pub weight_format: &'static str,
     /// Staleness of the step's batch.
@@ -74,6 +76,15 @@ pub struct Summary {
     pub rewards: Vec<f32>,
     /// Seconds of each weight sync.
     pub sync_seconds: Vec<f64>,
+    /// Bytes each weight sync wrote to each engine's link.
+    pub sync_bytes_sent: Vec<u64>,
+    /// Bytes of the encoded weights: what a sync without deltas sends.
+    pub sync_bytes_full: u64,
+    /// Per sync, the fraction of wire elements (BF16 values, or FP8 bytes and scales) that
+    /// changed since the previous one, where deltas compared them (`null` otherwise).
+    pub changed_fraction: Vec<Option<f64>>,
+    /// `weights.delta` of the run: `auto`, `off` or `compress`.
+    pub weights_delta: String,
     /// Generation tokens per second up to each step.
     pub tokens_per_s: Vec<f64>,
     /// Staleness of each step's batch.
@@ -209,6 +220,8 @@ async fn train(
 
     let mut rewards = Vec::new();
     let mut sync_seconds = Vec::new();
+    let (mut sync_bytes_sent, mut changed_fraction, mut sync_bytes_full) =
+        (Vec::new(), Vec::new(), 0);
     let mut tokens_per_s = Vec::new();
     let mut staleness = Vec::new();
     let mut max_stale = 0;
@@ -245,6 +258,9 @@ async fn train(
             .map_err(|e| format!("step {step}: weight sync: {}", e.message))?;
         rc.set_version(version + 1);
         sync_seconds.push(rep.seconds);
+        sync_bytes_sent.push(rep.sent_bytes);
+        changed_fraction.push(rep.delta.changed_fraction());
+        sync_bytes_full = rep.bytes;
         let tps = generated as f64 / loop_start.elapsed().as_secs_f64().max(1e-6);
         tokens_per_s.push(tps);
         on_step(&StepReport {
@@ -254,6 +270,7 @@ async fn train(
             tokens_per_s: tps,
             train_seconds: st.seconds,
             sync_seconds: rep.seconds,
+            sync_bytes_sent: rep.sent_bytes,
             weight_format: if fp8 { "fp8" } else { "bf16" },
             staleness: stale,
             mean_ratio: st.mean_ratio,
@@ -270,6 +287,10 @@ async fn train(
         final_reward: mean(&rewards[rewards.len() - k..]),
         rewards,
         sync_seconds,
+        sync_bytes_sent,
+        sync_bytes_full,
+        changed_fraction,
+        weights_delta: cfg.weights.delta.as_str().into(),
         tokens_per_s,
         staleness,
         max_staleness_seen: max_stale,

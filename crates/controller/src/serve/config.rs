@@ -312,6 +312,9 @@ pub struct ServeConfig {
     /// Gateway settings.
     #[serde(default)]
     pub gateway: GatewaySection,
+    /// Weight sync settings (`weights.delta`).
+    #[serde(default)]
+    pub weights: super::weights_section::WeightsSection,
     /// Rollout settings.
     #[serde(default)]
     pub rollout: RolloutConfig,

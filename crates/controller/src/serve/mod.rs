@@ -25,6 +25,7 @@ pub mod setup;
 pub mod state;
 pub mod vllm_section;
 pub mod watch;
+pub mod weights_section;
 
 pub use config::{ConfigError, ServeConfig};
 pub use deployment::{Capacity, Deployment};

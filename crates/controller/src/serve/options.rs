@@ -81,6 +81,8 @@ pub struct ForkOptions {
     pub python: String,
     /// `fp8` or none.
     pub quantization: Option<String>,
+    /// Whether weight syncs send deltas (`weights.delta`).
+    pub weights_delta: troupe_weights::delta::DeltaMode,
     /// PD transfer backend.
     pub transfer_backend: Option<String>,
     /// Extra server flags, verbatim, for every server.
@@ -118,6 +120,7 @@ impl Default for ForkOptions {
             model: "tiny".into(),
             python: "python3".into(),
             quantization: None,
+            weights_delta: troupe_weights::delta::DeltaMode::Auto,
             transfer_backend: None,
             extra_args: Vec::new(),
             sglang_args: Vec::new(),

@@ -169,6 +169,7 @@ pub(crate) async fn open_control(
     let sync = WeightSync::new(WeightSyncOptions {
         group_name: FLEET_GROUP.into(),
         fp8: opts.quantization.as_deref() == Some("fp8"),
+        delta: opts.weights_delta,
         master_host: ip.clone(),
         ..WeightSyncOptions::default()
     });

@@ -67,6 +67,9 @@ pub struct AppState {
     pub rooms: Option<Arc<RoomStore>>,
     /// Joined weight-update groups by name.
     pub groups: tokio::sync::Mutex<HashMap<String, WeightReceiver>>,
+    /// The tensors this engine holds as bases of delta weight updates, kept across groups (a
+    /// group is rebuilt when the fleet changes; this engine's weights stay).
+    pub weight_bases: troupe_weights::delta::SharedReceiverBases,
     /// The HTTP address.
     pub addr: SocketAddr,
     /// What vLLM's routes keep between calls (their pause's refusal of new requests, the

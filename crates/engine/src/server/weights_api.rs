@@ -132,12 +132,13 @@ pub async fn connect(
             "group {group:?} is already joined; call /destroy_weights_update_group first or use another group_name"
         )));
     }
-    let rx = WeightReceiver::connect(
+    let rx = WeightReceiver::connect_with_bases(
         &target,
         wire_group,
         rank_offset as u32,
         state.args.tp_size,
         state.weights_timeout,
+        state.weight_bases.clone(),
     )
     .await
     .map_err(|e| {

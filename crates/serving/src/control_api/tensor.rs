@@ -108,6 +108,9 @@ async fn update(
         "seconds": rep.seconds,
         "buckets": rep.buckets,
         "bytes": rep.bytes,
+        "sent_bytes": rep.sent_bytes,
+        "delta_tensors": rep.delta.delta_tensors,
+        "changed_fraction": rep.delta.changed_fraction(),
         "fp8_tensors": rep.fp8_tensors,
         "skipped": rep.skipped,
     })))

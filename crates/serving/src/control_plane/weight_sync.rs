@@ -7,9 +7,11 @@
 //! is ever served by a prefill and a decode on different weight versions.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use troupe_weights::bucket::{Bucket, pack_buckets};
+use troupe_weights::delta::{DeltaMode, DeltaStats, SenderBases};
 use troupe_weights::plan::{EngineGpus, WeightSyncPlan};
 use troupe_weights::tcp::{TensorRef, WeightSender};
 use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
@@ -44,6 +46,10 @@ pub struct WeightSyncOptions {
     /// weights at once, before it serves (memory: one encoded copy of the model). Without it
     /// a restarted server waits, unrouted, for the next update.
     pub keep_for_catch_up: bool,
+    /// Send only what changed since the version the engines hold (`weights.delta`): costs one
+    /// more encoded copy of the model on this process (the bases), and on each engine keeps the
+    /// buffers it already received.
+    pub delta: DeltaMode,
 }
 
 impl Default for WeightSyncOptions {
@@ -57,6 +63,7 @@ impl Default for WeightSyncOptions {
             flush_cache: true,
             join_timeout: Duration::from_secs(60),
             keep_for_catch_up: true,
+            delta: DeltaMode::Auto,
         }
     }
 }
@@ -70,8 +77,12 @@ pub struct UpdateReport {
     pub seconds: f64,
     /// Buckets sent.
     pub buckets: usize,
-    /// Bytes on the wire per receiver.
+    /// Bytes of the encoded weights (what a full update sends to each receiver).
     pub bytes: u64,
+    /// Bytes actually written to each data link (with deltas, usually far fewer).
+    pub sent_bytes: u64,
+    /// What delta encoding did (all zero with `weights.delta: off`).
+    pub delta: DeltaStats,
     /// Tensors sent as FP8.
     pub fp8_tensors: usize,
     /// Servers the update skipped because their process was down (they catch up when back).
@@ -102,6 +113,8 @@ struct Core {
     opts: WeightSyncOptions,
     group: Option<Group>,
     last: Option<Cached>,
+    /// What the engines were last sent, when deltas are on; outlives groups.
+    bases: Option<Arc<Mutex<SenderBases>>>,
 }
 
 impl WeightSync {
@@ -109,6 +122,11 @@ impl WeightSync {
     pub fn new(opts: WeightSyncOptions) -> Self {
         WeightSync {
             core: std::sync::Arc::new(tokio::sync::Mutex::new(Core {
+                bases: opts.delta.enabled().then(|| {
+                    Arc::new(Mutex::new(SenderBases::new(
+                        opts.delta == DeltaMode::Compress,
+                    )))
+                }),
                 opts,
                 group: None,
                 last: None,
@@ -271,6 +289,11 @@ impl Core {
             Ok::<_, String>(n)
         }
         .await;
+        let delta = self
+            .group
+            .as_mut()
+            .map(|g| g.sender.take_stats())
+            .unwrap_or_default();
         match sent {
             Ok(n) => {
                 self.last = self.opts.keep_for_catch_up.then(|| Cached {
@@ -289,6 +312,12 @@ impl Core {
                     seconds: t0.elapsed().as_secs_f64(),
                     buckets: n,
                     bytes: total,
+                    sent_bytes: if self.bases.is_some() {
+                        delta.sent_bytes
+                    } else {
+                        total
+                    },
+                    delta,
                     fp8_tensors,
                     skipped,
                 })
@@ -430,6 +459,10 @@ impl Core {
         if let Some(accepted) = accepted {
             accepted
                 .map_err(|e| format!("engines did not connect to the broadcast master: {e}"))?;
+        }
+        let all_on_ring = sender.shared_memory_receivers().len() == sender.receivers().len();
+        if self.opts.delta.for_group(all_on_ring) {
+            sender.set_delta(self.bases.clone());
         }
         self.group = Some(Group {
             sender,

@@ -105,6 +105,9 @@ pub struct GatewayConfig {
     pub control_upstream: Option<String>,
     /// Weight pushes through this gateway's own plane go out FP8 block-quantized.
     pub weights_fp8: bool,
+    /// Whether those pushes send only what changed (`--weights-delta`).
+    #[serde(default)]
+    pub weights_delta: troupe_weights::delta::DeltaMode,
     /// The address engines dial for this gateway's weight broadcast (default: the listen
     /// address's host, or 127.0.0.1 when it listens on every interface).
     pub weights_master_host: Option<String>,
@@ -173,6 +176,7 @@ impl Default for GatewayConfig {
             key_reads: false,
             control_upstream: None,
             weights_fp8: false,
+            weights_delta: troupe_weights::delta::DeltaMode::Auto,
             weights_master_host: None,
             control_timeout: super::engine_client::CONTROL_TIMEOUT,
             io_threads: 0,
@@ -416,6 +420,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
                 WeightSyncOptions {
                     group_name: "troupe-fleet".into(),
                     fp8: state.cfg.weights_fp8,
+                    delta: state.cfg.weights_delta,
                     master_host: master,
                     ..WeightSyncOptions::default()
                 },

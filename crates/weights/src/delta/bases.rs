@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::codec;
-use crate::tcp::{TensorRef, WireDtype};
 
 /// How one tensor goes in a bucket.
 #[derive(Debug)]
@@ -30,7 +29,8 @@ pub(crate) enum Plan {
 }
 
 struct SenderBase {
-    dtype: WireDtype,
+    /// Bytes per element (1, 2 or 4: FP8, BF16, F32 on the wire).
+    elem: usize,
     shape: Vec<usize>,
     bytes: Vec<u8>,
     tag: u64,
@@ -113,25 +113,32 @@ impl SenderBases {
         }
     }
 
-    /// Decides how `t` goes and makes the base equal to `t` (a delta when `eligible`, i.e.
-    /// every receiver holds this sender's base of it, and it pays; whole otherwise).
-    pub(crate) fn plan(&mut self, t: &TensorRef<'_>, eligible: bool) -> Plan {
+    /// Decides how tensor `name` (`shape`, `elem`-byte elements, these `bytes`) goes, and
+    /// makes its base equal to `bytes`: a delta when `eligible` (every receiver holds this
+    /// sender's base of it) and it pays; whole otherwise.
+    pub(crate) fn plan(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        elem: usize,
+        bytes: &[u8],
+        eligible: bool,
+    ) -> Plan {
         let compress = self.compress;
-        let elem = t.dtype.elem_size();
-        if let Some(b) = self.tensors.get_mut(t.name)
-            && b.dtype == t.dtype
-            && b.shape == t.shape
-            && b.bytes.len() == t.bytes.len()
+        if let Some(b) = self.tensors.get_mut(name)
+            && b.elem == elem
+            && b.shape == shape
+            && b.bytes.len() == bytes.len()
         {
             let base_tag = b.tag;
             let enc = if eligible {
-                codec::encode(&mut b.bytes, t.bytes, elem, compress)
+                codec::encode(&mut b.bytes, bytes, elem, compress)
             } else {
                 None
             };
             match enc {
                 Some(e) => {
-                    self.set_tag(t.name, e.checksum);
+                    self.set_tag(name, e.checksum);
                     return Plan::Delta {
                         base_tag,
                         result: e.checksum,
@@ -139,26 +146,31 @@ impl SenderBases {
                         changed: e.changed,
                     };
                 }
+                // A tensor resent unchanged (a catch-up, a repeated version) keeps its tag, so
+                // engines that were not in this group still match the sender afterwards.
+                None if !eligible && b.bytes[..] == bytes[..] => {
+                    return Plan::Whole { tag: base_tag };
+                }
                 None => {
-                    b.bytes.copy_from_slice(t.bytes);
+                    b.bytes.copy_from_slice(bytes);
                     let tag = self.fresh_tag();
-                    self.set_tag(t.name, tag);
+                    self.set_tag(name, tag);
                     return Plan::Whole { tag };
                 }
             }
         }
-        self.forget(t.name);
+        self.forget(name);
         let tag = self.fresh_tag();
         self.tensors.insert(
-            t.name.to_string(),
+            name.to_string(),
             SenderBase {
-                dtype: t.dtype,
-                shape: t.shape.to_vec(),
-                bytes: t.bytes.to_vec(),
+                elem,
+                shape: shape.to_vec(),
+                bytes: bytes.to_vec(),
                 tag,
             },
         );
-        self.digest ^= mix(t.name, tag);
+        self.digest ^= mix(name, tag);
         Plan::Whole { tag }
     }
 
@@ -236,7 +248,8 @@ impl ReceiverBases {
     /// Records that the engine now has `name` under `tag`.
     pub(crate) fn lend(&mut self, name: &str, tag: u64) {
         self.forget(name);
-        self.held.insert(name.to_string(), Held { tag, bytes: None });
+        self.held
+            .insert(name.to_string(), Held { tag, bytes: None });
         self.digest ^= mix(name, tag);
     }
 

@@ -27,7 +27,7 @@ const WHOLE: u8 = 3;
 
 /// Blocks encoded per parallel wave; after the first wave a tensor that does not pay is
 /// abandoned (sent whole) instead of being diffed to the end.
-const WAVE_BLOCKS: usize = 16;
+const WAVE_BLOCKS: usize = 64;
 
 /// A delta is sent only when it is at most this fraction of the tensor's bytes; above it the
 /// receiver's decode costs more than the bytes saved.
@@ -72,7 +72,7 @@ fn combine(len: usize, block_hashes: &[u64]) -> u64 {
 /// `new` on the way. Returns `None` when the delta would not be clearly smaller than `new`
 /// (then `base` may hold a mix: the caller sends `new` whole and copies it into `base`).
 pub fn encode(base: &mut [u8], new: &[u8], elem: usize, compress: bool) -> Option<Encoded> {
-    if base.len() != new.len() || !matches!(elem, 1 | 2 | 4) || new.len() % elem != 0 {
+    if base.len() != new.len() || !matches!(elem, 1 | 2 | 4) || !new.len().is_multiple_of(elem) {
         return None;
     }
     let blocks = new.len().div_ceil(BLOCK_BYTES);
@@ -87,9 +87,6 @@ pub fn encode(base: &mut [u8], new: &[u8], elem: usize, compress: bool) -> Optio
             .map(|(b, n)| {
                 let mut out = Vec::new();
                 let c = encode_block(b, n, elem, compress, &mut out);
-                if c > 0 {
-                    b.copy_from_slice(n);
-                }
                 (out, xxh3_64(n), c)
             })
             .collect();
@@ -110,15 +107,22 @@ pub fn encode(base: &mut [u8], new: &[u8], elem: usize, compress: bool) -> Optio
     })
 }
 
-/// Encodes one block into `out`; returns how many elements differ.
-fn encode_block(base: &[u8], new: &[u8], elem: usize, compress: bool, out: &mut Vec<u8>) -> u64 {
-    if base == new {
-        out.push(SAME);
-        return 0;
-    }
+/// Encodes one block into `out` and makes `base` equal to `new`; returns how many elements
+/// differ.
+fn encode_block(
+    base: &mut [u8],
+    new: &[u8],
+    elem: usize,
+    compress: bool,
+    out: &mut Vec<u8>,
+) -> u64 {
     let mut idx: Vec<u16> = Vec::new();
     changed_indices(base, new, elem, &mut idx);
     let count = idx.len();
+    if count == 0 {
+        out.push(SAME);
+        return 0;
+    }
     let sparse_len = 5 + count * (2 + elem);
     let whole_len = 1 + new.len();
     let mut best = sparse_len.min(whole_len);
@@ -138,6 +142,7 @@ fn encode_block(base: &[u8], new: &[u8], elem: usize, compress: bool, out: &mut 
         out.push(XOR_ZSTD);
         out.extend_from_slice(&(z.len() as u32).to_le_bytes());
         out.extend_from_slice(&z);
+        base.copy_from_slice(new);
     } else if best == sparse_len {
         out.reserve(sparse_len);
         out.push(SPARSE);
@@ -148,10 +153,12 @@ fn encode_block(base: &[u8], new: &[u8], elem: usize, compress: bool, out: &mut 
         for &i in &idx {
             let at = usize::from(i) * elem;
             out.extend_from_slice(&new[at..at + elem]);
+            base[at..at + elem].copy_from_slice(&new[at..at + elem]);
         }
     } else {
         out.push(WHOLE);
         out.extend_from_slice(new);
+        base.copy_from_slice(new);
     }
     count as u64
 }
@@ -251,10 +258,14 @@ fn apply_block(b: &mut [u8], part: &[u8], elem: usize) -> Result<u64, String> {
             }
         }
         XOR_ZSTD => {
-            let x = zstd::bulk::decompress(&body[4..], b.len())
-                .map_err(|e| format!("zstd: {e}"))?;
+            let x =
+                zstd::bulk::decompress(&body[4..], b.len()).map_err(|e| format!("zstd: {e}"))?;
             if x.len() != b.len() {
-                return Err(format!("XOR of {} bytes for a {}-byte block", x.len(), b.len()));
+                return Err(format!(
+                    "XOR of {} bytes for a {}-byte block",
+                    x.len(),
+                    b.len()
+                ));
             }
             for (d, x) in b.iter_mut().zip(&x) {
                 *d ^= x;
@@ -336,14 +347,21 @@ mod tests {
         new[10] = 1;
         let enc = encode(&mut base.clone(), &new, 2, false).unwrap().bytes;
         for cut in [0, 1, enc.len() - 1] {
-            assert!(apply(&mut base.clone(), &enc[..cut], 2).is_err(), "cut {cut}");
+            assert!(
+                apply(&mut base.clone(), &enc[..cut], 2).is_err(),
+                "cut {cut}"
+            );
         }
         let mut extra = enc.clone();
         extra.push(0);
         assert!(apply(&mut base.clone(), &extra, 2).is_err());
         let mut bad_kind = enc.clone();
         bad_kind[0] = 9;
-        assert!(apply(&mut base.clone(), &bad_kind, 2).unwrap_err().contains("kind 9"));
+        assert!(
+            apply(&mut base.clone(), &bad_kind, 2)
+                .unwrap_err()
+                .contains("kind 9")
+        );
         // A flipped value byte still decodes, but the checksum differs: the caller resends.
         let mut flipped = enc.clone();
         // Block 0 is sparse: kind, count, one index, then the value at byte 7.

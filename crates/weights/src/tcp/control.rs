@@ -271,7 +271,9 @@ fn put_positions(buf: &mut Vec<u8>, list: &[u32]) {
 async fn read_positions<S: AsyncRead + Unpin>(s: &mut S) -> Result<Vec<u32>, TcpError> {
     let n = s.read_u32_le().await? as usize;
     if n > MAX_POSITIONS {
-        return Err(TcpError::Protocol(format!("a list of {n} tensor positions")));
+        return Err(TcpError::Protocol(format!(
+            "a list of {n} tensor positions"
+        )));
     }
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {

@@ -14,11 +14,10 @@ use super::assemble::{Assembler, Frames};
 use super::control::{
     Fault, FromEngine, ToEngine, read_to_engine, read_to_engine_rest, write_from_engine,
 };
-use super::frame::{bucket_len, expected_len, put_short_str, read_status};
+use super::frame::{bucket_len, put_short_str, read_status};
 use super::link::{accept_link, connect_link};
 use super::ring::{RingFailure, RingReceiver};
 use super::{CHUNK_BYTES, MAGIC, OwnedTensor, TcpError, TensorSpec, VERSION, shm};
-use crate::delta::codec;
 use crate::delta::{ReceiverBases, SharedReceiverBases};
 
 /// How long an engine whose neighbour failed waits for rank 0 to say which rank it was.
@@ -26,7 +25,7 @@ const VERDICT_GRACE: Duration = Duration::from_secs(10);
 
 /// Why a bucket transfer stopped.
 #[derive(Debug)]
-enum Failure {
+pub(super) enum Failure {
     /// This engine refused the bytes (they do not match what it was told to expect).
     Mine(String),
     /// The predecessor's data link broke.
@@ -50,24 +49,24 @@ enum Failure {
 /// is a hop of the chain: an engine's tensor-parallel ranks share one process and one copy.
 #[derive(Debug)]
 pub struct WeightReceiver {
-    control: TcpStream,
+    pub(super) control: TcpStream,
     /// From the predecessor: bucket bytes on the chain, ring positions with a ring.
-    upstream: TcpStream,
-    downstream: Option<TcpStream>,
+    pub(super) upstream: TcpStream,
+    pub(super) downstream: Option<TcpStream>,
     /// Rank 0's shared-memory ring, when this engine is on its machine and could map it.
-    ring: Option<RingReceiver>,
-    rank: u32,
-    n_ranks: u32,
-    pred_rank: u32,
-    succ_rank: Option<u32>,
-    group_name: String,
+    pub(super) ring: Option<RingReceiver>,
+    pub(super) rank: u32,
+    pub(super) n_ranks: u32,
+    pub(super) pred_rank: u32,
+    pub(super) succ_rank: Option<u32>,
+    pub(super) group_name: String,
     /// Set by the first failure: `(rank, reason)`; the receiver is unusable afterwards.
-    broken: Option<(u32, String)>,
+    pub(super) broken: Option<(u32, String)>,
     /// Buffers handed back with [`recycle`](Self::recycle), filled by the next bucket.
-    spare: Vec<Vec<u8>>,
+    pub(super) spare: Vec<Vec<u8>>,
     /// The tensors this engine holds as bases of delta updates (shared with the engine's
     /// later receivers).
-    bases: SharedReceiverBases,
+    pub(super) bases: SharedReceiverBases,
     /// Test hook: after this many bucket bytes, drop out as if killed.
     #[cfg(test)]
     pub(crate) die_after: Option<u64>,
@@ -302,108 +301,6 @@ impl WeightReceiver {
         }
     }
 
-    /// Reads a bucket, applies its deltas, confirms it (naming deltas that could not be
-    /// applied), reads the repair rank 0 then sends if any engine named one, and waits for
-    /// the commit.
-    async fn receive(
-        &mut self,
-        expected: &[TensorSpec],
-        deadline: Instant,
-    ) -> Result<Vec<OwnedTensor>, Failure> {
-        let (mut tensors, frames) = self.transfer(expected, deadline).await?;
-        let mut need = self.resolve(&mut tensors, frames);
-        let mut repaired = false;
-        loop {
-            let ack = if need.is_empty() {
-                FromEngine::Ack
-            } else {
-                FromEngine::AckNeed(need.clone())
-            };
-            write_from_engine(&mut self.control, &ack)
-                .await
-                .map_err(|e| Failure::Lost(e.to_string()))?;
-            match read_control(&mut self.control, deadline, "the bucket verdict").await {
-                Ok(ToEngine::Commit) if need.is_empty() => return Ok(tensors),
-                Ok(ToEngine::Commit) => {
-                    return Err(Failure::Mine(
-                        "rank 0 committed a bucket whose deltas this engine could not apply".into(),
-                    ));
-                }
-                Ok(ToEngine::Repair(list)) if !repaired => {
-                    repaired = true;
-                    let mut sub = Vec::with_capacity(list.len());
-                    for &i in &list {
-                        let spec = expected.get(i as usize).ok_or_else(|| {
-                            Failure::Lost(format!("repair names tensor #{i} of {}", expected.len()))
-                        })?;
-                        sub.push(spec.clone());
-                    }
-                    let (mut got, frames) = self.transfer(&sub, deadline).await?;
-                    let again = self.resolve(&mut got, frames);
-                    if let Some(&k) = again.first() {
-                        return Err(Failure::Mine(format!(
-                            "tensor {} failed its checksum again when resent whole",
-                            sub[k as usize].name
-                        )));
-                    }
-                    for (&i, t) in list.iter().zip(got) {
-                        tensors[i as usize] = t;
-                    }
-                    need.clear();
-                }
-                Ok(ToEngine::Repair(_)) => {
-                    return Err(Failure::Lost("a second repair of one bucket".into()));
-                }
-                Err(TcpError::RankFailed { rank, reason }) => {
-                    return Err(Failure::Verdict(rank, reason));
-                }
-                Ok(ToEngine::Close) => return Err(Failure::Closed),
-                Ok(other) => return Err(Failure::Lost(format!("unexpected {other:?}"))),
-                Err(TcpError::Timeout(m)) => return Err(Failure::Timeout(m)),
-                Err(e) => return Err(Failure::Lost(e.to_string())),
-            }
-        }
-    }
-
-    /// Records whole tensors as bases and applies deltas to the bases they name; returns the
-    /// positions of deltas that could not be applied (base missing or not the one named, a
-    /// malformed delta, or a result whose checksum differs): rank 0 resends those whole.
-    fn resolve(&mut self, tensors: &mut [OwnedTensor], frames: Frames) -> Vec<u32> {
-        let mut need = Vec::new();
-        let Ok(mut bases) = self.bases.lock() else {
-            return frames.deltas.iter().map(|d| d.index as u32).collect();
-        };
-        for i in frames.untagged {
-            bases.forget(&tensors[i].name);
-        }
-        for (i, tag) in frames.tagged {
-            bases.lend(&tensors[i].name, tag);
-        }
-        for d in frames.deltas {
-            let t = &mut tensors[d.index];
-            let len = expected_len(&t.shape, t.dtype).unwrap_or(0);
-            let applied = match bases.take(&t.name, d.base_tag, len) {
-                None => Err("this engine does not hold the base it applies to".to_string()),
-                Some(mut buf) => match codec::apply(&mut buf, &d.bytes, t.dtype.elem_size()) {
-                    Ok(sum) if sum == d.result => Ok(buf),
-                    Ok(_) => Err("the result failed its checksum".to_string()),
-                    Err(e) => Err(format!("malformed delta: {e}")),
-                },
-            };
-            match applied {
-                Ok(buf) => {
-                    t.bytes = buf;
-                    bases.lend(&t.name, d.result);
-                }
-                Err(why) => {
-                    tracing::warn!(tensor = %t.name, rank = self.rank, %why, "delta not applied; asking for it whole");
-                    need.push(d.index as u32);
-                }
-            }
-        }
-        need
-    }
-
     /// Hands back the tensors of an earlier bucket once the caller is done with them, so the
     /// next bucket is read into memory that is already mapped. A fresh allocation of a large
     /// tensor costs a page fault and a zeroed page per 4 KiB, which was a third of a loopback
@@ -503,7 +400,7 @@ impl WeightReceiver {
 
     /// Reads the bucket from the predecessor, forwarding each chunk to the successor as soon
     /// as it is read; watches the control connection for rank 0 calling the bucket off.
-    async fn transfer(
+    pub(super) async fn transfer(
         &mut self,
         expected: &[TensorSpec],
         deadline: Instant,
@@ -669,7 +566,7 @@ fn map_offer(offer: &shm::Offer, group: &str, rank: u32) -> Result<shm::Segment,
 
 /// Reads one control message from rank 0 by `deadline`, turning a failure verdict into
 /// [`TcpError::RankFailed`].
-async fn read_control(
+pub(super) async fn read_control(
     control: &mut TcpStream,
     deadline: Instant,
     waiting_for: &str,

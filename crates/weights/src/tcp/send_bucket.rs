@@ -108,7 +108,7 @@ impl WeightSender {
             for (i, t) in tensors.iter().enumerate() {
                 stats.full_bytes += t.bytes.len() as u64;
                 let eligible = synced || self.whole_since_join.contains(t.name);
-                match b.plan(t, eligible) {
+                match b.plan(t.name, t.shape, t.dtype.elem_size(), t.bytes, eligible) {
                     Plan::Whole { tag } => {
                         wire.own(encode_header_with(t, FRAME_WHOLE_TAGGED, &[tag])?);
                         wire.tensor(i);
@@ -141,7 +141,9 @@ impl WeightSender {
             let at = d.len() / 2;
             d[at] ^= 0x5A;
         }
-        let sent = self.send_checked(tensors, &wire, deadline, &mut stats).await;
+        let sent = self
+            .send_checked(tensors, &wire, deadline, &mut stats)
+            .await;
         match sent {
             Ok(()) => {
                 self.whole_since_join.extend(whole);

@@ -3,8 +3,8 @@
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::{Arc, Mutex};
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

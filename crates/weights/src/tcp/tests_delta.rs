@@ -231,7 +231,7 @@ async fn a_receiver_that_missed_a_step_or_restarted_gets_tensors_whole() {
         sync(&mut s1, rxs, &trainer.wire(), false).await;
         s1.close().await.unwrap();
         trainer.step();
-        let (mut s2, rxs) = group(&[a.clone()], &sb, false).await;
+        let (mut s2, rxs) = group(std::slice::from_ref(&a), &sb, false).await;
         let (rxs, st) = sync(&mut s2, rxs, &trainer.wire(), false).await;
         assert!(st.delta_tensors >= 2, "A held the bases: {st:?}");
         drop(rxs);
@@ -300,7 +300,11 @@ async fn without_delta_bases_are_dropped_and_nothing_is_kept() {
         sender.set_delta(None);
         let (_rxs, st) = sync(&mut sender, rxs, &trainer.wire(), false).await;
         assert_eq!(st, DeltaStats::default());
-        assert_eq!(bases[0].lock().unwrap().len(), 0, "delta-off frames drop the bases");
+        assert_eq!(
+            bases[0].lock().unwrap().len(),
+            0,
+            "delta-off frames drop the bases"
+        );
     })
     .await
     .expect("timed out");

@@ -1,0 +1,318 @@
+//! Full against delta weight syncs after one optimizer step (`troupe bench broadcast
+//! --changed F`).
+//!
+//! The step: every BF16 value of the model independently, with probability `F`, moves one
+//! unit in the last place up or down. That is what an optimizer step much smaller than BF16's
+//! rounding step does to the BF16 copy of FP32 master weights: a value crosses a rounding
+//! boundary with probability proportional to how far it moved, and then by exactly one ulp;
+//! which values cross is scattered over every tensor (verl measured 1-3% per RL step). With
+//! `--fp8` both versions are quantized inside the timed sync, as in a real one, and the delta is
+//! taken on the quantized bytes and scales.
+//!
+//! Each mode syncs version 0 to fresh receivers first (whole: nobody holds anything), then the
+//! timed sync of version 1; every receiver's copy is checked byte for byte against version 1.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use half::bf16;
+use rayon::prelude::*;
+
+use crate::broadcast_bench::{MAX_MIB, MAX_RECEIVERS, Model, RUNS, TIMEOUT_SECS, WireTensor};
+use crate::broadcast_bench::{encode, model_tensors};
+use crate::bucket::{DEFAULT_BUCKET_BYTES, TensorMeta, pack_buckets};
+use crate::delta::{DeltaStats, SenderBases};
+use crate::tcp::{TensorRef, TensorSpec, WeightReceiver, WeightSender};
+
+const TIMEOUT: Duration = Duration::from_secs(TIMEOUT_SECS);
+
+/// Both versions of the model and what each sync sends.
+struct Versions {
+    v0: Model,
+    v1: Model,
+    /// Encoded version 1: what every receiver must end with.
+    expected: Vec<WireTensor>,
+    /// Encoded version 0 (BF16 runs only; FP8 runs quantize inside the timed sync).
+    w0: Option<Vec<WireTensor>>,
+    buckets: Vec<Vec<usize>>,
+}
+
+/// Measures full and delta syncs of about `mib` MiB to each count in `receivers` after a step
+/// that changed a fraction `changed` of the BF16 values, and returns `(metric, value)` pairs
+/// per count `n`: `broadcast.full.receivers_<n>.seconds`, `broadcast.delta.receivers_<n>.seconds`
+/// (best of the rounds, quantizing included with `fp8`), `broadcast.full.receivers_<n>.bytes_sent`,
+/// `broadcast.delta.receivers_<n>.bytes_sent` (bytes written to each data link, frames
+/// included), `broadcast.delta.receivers_<n>.speedup` (full over delta seconds); and once,
+/// `broadcast.changed` (the fraction asked for) and `broadcast.delta.changed_seen` (the
+/// fraction of wire elements the delta found changed: of BF16 values, or with `fp8` of FP8
+/// bytes and scales).
+pub async fn bench_broadcast_delta(
+    receivers: &[usize],
+    mib: usize,
+    fp8: bool,
+    ring: Option<usize>,
+    changed: f64,
+) -> Result<Vec<(String, f64)>, String> {
+    if receivers.is_empty() || receivers.iter().any(|&n| n == 0 || n > MAX_RECEIVERS) {
+        return Err(format!(
+            "receivers must be a non-empty list of counts between 1 and {MAX_RECEIVERS}; got {receivers:?}"
+        ));
+    }
+    if mib == 0 || mib > MAX_MIB {
+        return Err(format!("mib must be between 1 and {MAX_MIB}; got {mib}"));
+    }
+    if !(changed > 0.0 && changed <= 1.0) {
+        return Err(format!(
+            "changed is the fraction of values a step changes, in (0, 1], e.g. 0.02; got {changed}"
+        ));
+    }
+    let versions = tokio::task::spawn_blocking(move || versions(mib, fp8, changed))
+        .await
+        .map_err(|e| format!("making the model failed: {e}"))??;
+    let versions = Arc::new(versions);
+    let mut best = vec![[(f64::INFINITY, 0u64); 2]; receivers.len()];
+    let mut seen = DeltaStats::default();
+    for _ in 0..RUNS {
+        for (k, &n) in receivers.iter().enumerate() {
+            for (m, delta) in [false, true].into_iter().enumerate() {
+                let (secs, bytes, stats) = measure(n, fp8, ring, delta, versions.clone()).await?;
+                let b = &mut best[k][m];
+                *b = (b.0.min(secs), bytes);
+                if delta {
+                    seen = stats;
+                }
+            }
+        }
+    }
+    let mut out = vec![("broadcast.changed".to_string(), changed)];
+    if let Some(f) = seen.changed_fraction() {
+        out.push(("broadcast.delta.changed_seen".to_string(), f));
+    }
+    for (&n, [full, delta]) in receivers.iter().zip(&best) {
+        out.push((format!("broadcast.full.receivers_{n}.seconds"), full.0));
+        out.push((format!("broadcast.delta.receivers_{n}.seconds"), delta.0));
+        out.push((
+            format!("broadcast.full.receivers_{n}.bytes_sent"),
+            full.1 as f64,
+        ));
+        out.push((
+            format!("broadcast.delta.receivers_{n}.bytes_sent"),
+            delta.1 as f64,
+        ));
+        out.push((
+            format!("broadcast.delta.receivers_{n}.speedup"),
+            full.0 / delta.0,
+        ));
+    }
+    Ok(out)
+}
+
+fn versions(mib: usize, fp8: bool, changed: f64) -> Result<Versions, String> {
+    let v0 = model_tensors(mib);
+    let v1 = step(&v0, changed);
+    let expected = encode(&v1, fp8, None)?;
+    let w0 = (!fp8).then(|| encode(&v0, false, None)).transpose()?;
+    let metas = expected
+        .iter()
+        .map(|t| TensorMeta::new(t.name.clone(), t.dtype, t.shape.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let index: std::collections::HashMap<&str, usize> = expected
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.as_str(), i))
+        .collect();
+    let buckets = pack_buckets(metas, DEFAULT_BUCKET_BYTES)
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|b| b.tensors.iter().map(|t| index[t.name.as_str()]).collect())
+        .collect();
+    Ok(Versions {
+        v0,
+        v1,
+        expected,
+        w0,
+        buckets,
+    })
+}
+
+/// One optimizer step as described in the module docs.
+fn step(model: &Model, changed: f64) -> Model {
+    model
+        .par_iter()
+        .enumerate()
+        .map(|(i, (name, shape, values))| {
+            let mut s = 0x2545_F491_4F6C_DD1D_u64 ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let threshold = (changed * (1u64 << 53) as f64) as u64;
+            let v = values
+                .iter()
+                .map(|&x| {
+                    s = s
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    let bits = x.to_bits();
+                    if (s >> 11) >= threshold || bits & 0x7F80 == 0x7F80 {
+                        return x;
+                    }
+                    let up = (s >> 5) & 1 == 1;
+                    bf16::from_bits(if up || bits & 0x7FFF == 0 {
+                        bits.wrapping_add(1)
+                    } else {
+                        bits - 1
+                    })
+                })
+                .collect();
+            (name.clone(), shape.clone(), v)
+        })
+        .collect()
+}
+
+/// One mode at one receiver count: version 0 (untimed), then version 1 timed. Returns the
+/// time, the bytes written to a data link for version 1, and the delta's statistics.
+async fn measure(
+    n: usize,
+    fp8: bool,
+    ring: Option<usize>,
+    delta: bool,
+    v: Arc<Versions>,
+) -> Result<(f64, u64, DeltaStats), String> {
+    let mut sender = WeightSender::bind("127.0.0.1:0", n + 1, "bench")
+        .await
+        .map_err(|e| e.to_string())?;
+    sender.set_bucket_timeout(TIMEOUT);
+    sender.set_shared_memory(ring).map_err(|e| e.to_string())?;
+    sender.set_delta(delta.then(|| Arc::new(Mutex::new(SenderBases::new(false)))));
+    let addr = sender.local_addr().map_err(|e| e.to_string())?.to_string();
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let (addr, v) = (addr.clone(), v.clone());
+        tasks.push(tokio::spawn(async move {
+            receive(&addr, i as u32 + 1, &v).await
+        }));
+    }
+    sender
+        .accept_all(Duration::from_secs(60))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut timed = 0.0;
+    let mut bytes = 0u64;
+    for run in 0..2u8 {
+        let start = Instant::now();
+        let wire = match (run, fp8) {
+            (_, false) => None,
+            (r, true) => {
+                let v = v.clone();
+                let w = tokio::task::spawn_blocking(move || {
+                    encode(if r == 0 { &v.v0 } else { &v.v1 }, true, None)
+                })
+                .await
+                .map_err(|e| format!("quantizing failed: {e}"))??;
+                Some(w)
+            }
+        };
+        let tensors: &[WireTensor] = match (&wire, run) {
+            (Some(w), _) => w,
+            (None, 0) => v.w0.as_deref().unwrap_or(&v.expected),
+            (None, _) => &v.expected,
+        };
+        for b in &v.buckets {
+            let refs: Vec<TensorRef<'_>> = b
+                .iter()
+                .map(|&i| TensorRef {
+                    name: &tensors[i].name,
+                    dtype: tensors[i].dtype,
+                    shape: &tensors[i].shape,
+                    bytes: &tensors[i].bytes,
+                })
+                .collect();
+            if run == 1 && !delta {
+                bytes += refs.iter().map(|t| t.bytes.len() as u64).sum::<u64>();
+            }
+            sender
+                .send_bucket(&refs)
+                .await
+                .map_err(|e| format!("{n} receivers: {e}"))?;
+        }
+        if run == 1 {
+            timed = start.elapsed().as_secs_f64();
+        } else {
+            sender.take_stats();
+        }
+    }
+    let stats = sender.take_stats();
+    if delta {
+        bytes = stats.sent_bytes;
+    }
+    for t in tasks {
+        t.await.map_err(|e| format!("receiver task: {e}"))??;
+    }
+    sender.close().await.map_err(|e| e.to_string())?;
+    Ok((timed, bytes, stats))
+}
+
+/// A receiver: joins, reads both syncs (handing each bucket back, as an engine does, which
+/// keeps the bases), and checks version 1 byte for byte.
+async fn receive(addr: &str, rank: u32, v: &Versions) -> Result<(), String> {
+    let mut rx = WeightReceiver::connect(addr, "bench", rank, 1, Duration::from_secs(60))
+        .await
+        .map_err(|e| format!("rank {rank}: {e}"))?;
+    let specs: Vec<Vec<TensorSpec>> = v
+        .buckets
+        .iter()
+        .map(|b| b.iter().map(|&i| v.expected[i].spec()).collect())
+        .collect();
+    for run in 0..2 {
+        for (b, s) in v.buckets.iter().zip(&specs) {
+            let got = rx
+                .recv_bucket(s, TIMEOUT)
+                .await
+                .map_err(|e| format!("rank {rank}: {e}"))?;
+            if run == 1 {
+                for (t, &i) in got.iter().zip(b) {
+                    if t.bytes != v.expected[i].bytes {
+                        return Err(format!("rank {rank}: tensor {} differs", t.name));
+                    }
+                }
+            }
+            rx.recycle(got);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn delta_bench_reports_both_modes_and_checks_bytes() {
+        let r = tokio::time::timeout(Duration::from_secs(120), async {
+            for fp8 in [false, true] {
+                let out = bench_broadcast_delta(&[1, 2], 2, fp8, None, 0.02)
+                    .await
+                    .unwrap();
+                let get = |k: &str| out.iter().find(|(n, _)| n == k).map(|(_, v)| *v).unwrap();
+                for n in [1, 2] {
+                    let full = get(&format!("broadcast.full.receivers_{n}.bytes_sent"));
+                    let delta = get(&format!("broadcast.delta.receivers_{n}.bytes_sent"));
+                    assert!(delta * 4.0 < full, "fp8 {fp8}: delta {delta} full {full}");
+                    assert!(get(&format!("broadcast.delta.receivers_{n}.seconds")) > 0.0);
+                }
+                let seen = get("broadcast.delta.changed_seen");
+                assert!(seen > 0.0 && seen < 0.2, "seen {seen}");
+            }
+            assert!(
+                bench_broadcast_delta(&[1], 2, false, None, 0.0)
+                    .await
+                    .is_err()
+            );
+            assert!(
+                bench_broadcast_delta(&[1], 2, false, None, 1.5)
+                    .await
+                    .is_err()
+            );
+        })
+        .await;
+        r.expect("bench test timed out");
+    }
+}

@@ -1,0 +1,116 @@
+//! An engine reading one bucket: the frames, then its deltas applied to the bases it holds,
+//! the confirmation (naming deltas it could not apply), the repair rank 0 sends then, and the
+//! commit.
+
+use tokio::time::Instant;
+
+use super::assemble::Frames;
+use super::control::{FromEngine, ToEngine, write_from_engine};
+use super::frame::expected_len;
+use super::receiver::{Failure, read_control};
+use super::{OwnedTensor, TcpError, TensorSpec, WeightReceiver};
+use crate::delta::codec;
+
+impl WeightReceiver {
+    /// Reads a bucket, applies its deltas, confirms it (naming deltas that could not be
+    /// applied), reads the repair rank 0 then sends if any engine named one, and waits for
+    /// the commit.
+    pub(super) async fn receive(
+        &mut self,
+        expected: &[TensorSpec],
+        deadline: Instant,
+    ) -> Result<Vec<OwnedTensor>, Failure> {
+        let (mut tensors, frames) = self.transfer(expected, deadline).await?;
+        let mut need = self.resolve(&mut tensors, frames);
+        let mut repaired = false;
+        loop {
+            let ack = if need.is_empty() {
+                FromEngine::Ack
+            } else {
+                FromEngine::AckNeed(need.clone())
+            };
+            write_from_engine(&mut self.control, &ack)
+                .await
+                .map_err(|e| Failure::Lost(e.to_string()))?;
+            match read_control(&mut self.control, deadline, "the bucket verdict").await {
+                Ok(ToEngine::Commit) if need.is_empty() => return Ok(tensors),
+                Ok(ToEngine::Commit) => {
+                    return Err(Failure::Mine(
+                        "rank 0 committed a bucket whose deltas this engine could not apply".into(),
+                    ));
+                }
+                Ok(ToEngine::Repair(list)) if !repaired => {
+                    repaired = true;
+                    let mut sub = Vec::with_capacity(list.len());
+                    for &i in &list {
+                        let spec = expected.get(i as usize).ok_or_else(|| {
+                            Failure::Lost(format!("repair names tensor #{i} of {}", expected.len()))
+                        })?;
+                        sub.push(spec.clone());
+                    }
+                    let (mut got, frames) = self.transfer(&sub, deadline).await?;
+                    let again = self.resolve(&mut got, frames);
+                    if let Some(&k) = again.first() {
+                        return Err(Failure::Mine(format!(
+                            "tensor {} failed its checksum again when resent whole",
+                            sub[k as usize].name
+                        )));
+                    }
+                    for (&i, t) in list.iter().zip(got) {
+                        tensors[i as usize] = t;
+                    }
+                    need.clear();
+                }
+                Ok(ToEngine::Repair(_)) => {
+                    return Err(Failure::Lost("a second repair of one bucket".into()));
+                }
+                Err(TcpError::RankFailed { rank, reason }) => {
+                    return Err(Failure::Verdict(rank, reason));
+                }
+                Ok(ToEngine::Close) => return Err(Failure::Closed),
+                Ok(other) => return Err(Failure::Lost(format!("unexpected {other:?}"))),
+                Err(TcpError::Timeout(m)) => return Err(Failure::Timeout(m)),
+                Err(e) => return Err(Failure::Lost(e.to_string())),
+            }
+        }
+    }
+
+    /// Records whole tensors as bases and applies deltas to the bases they name; returns the
+    /// positions of deltas that could not be applied (base missing or not the one named, a
+    /// malformed delta, or a result whose checksum differs): rank 0 resends those whole.
+    fn resolve(&mut self, tensors: &mut [OwnedTensor], frames: Frames) -> Vec<u32> {
+        let mut need = Vec::new();
+        let Ok(mut bases) = self.bases.lock() else {
+            return frames.deltas.iter().map(|d| d.index as u32).collect();
+        };
+        for i in frames.untagged {
+            bases.forget(&tensors[i].name);
+        }
+        for (i, tag) in frames.tagged {
+            bases.lend(&tensors[i].name, tag);
+        }
+        for d in frames.deltas {
+            let t = &mut tensors[d.index];
+            let len = expected_len(&t.shape, t.dtype).unwrap_or(0);
+            let applied = match bases.take(&t.name, d.base_tag, len) {
+                None => Err("this engine does not hold the base it applies to".to_string()),
+                Some(mut buf) => match codec::apply(&mut buf, &d.bytes, t.dtype.elem_size()) {
+                    Ok(sum) if sum == d.result => Ok(buf),
+                    Ok(_) => Err("the result failed its checksum".to_string()),
+                    Err(e) => Err(format!("malformed delta: {e}")),
+                },
+            };
+            match applied {
+                Ok(buf) => {
+                    t.bytes = buf;
+                    bases.lend(&t.name, d.result);
+                }
+                Err(why) => {
+                    tracing::warn!(tensor = %t.name, rank = self.rank, %why, "delta not applied; asking for it whole");
+                    need.push(d.index as u32);
+                }
+            }
+        }
+        need
+    }
+}
