@@ -104,7 +104,7 @@ def make_model(out, seed=0):
     subprocess.run([sys.executable, str(script), str(out), "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
 
 
-def config_text(model_dir, ready_timeout):
+def config_text(model_dir, ready_timeout, delta="auto"):
     """`troupe serve`'s config for two vLLM servers on one CPU core each."""
     return "\n".join(
         [
@@ -118,6 +118,7 @@ def config_text(model_dir, ready_timeout):
             "  kv_cache_memory_bytes: 268435456",
             "  max_model_len: 1024",
             "gateway: {listen: 127.0.0.1:0, policy: round_robin}",
+            f"weights: {{delta: {delta}}}",
             "",
         ]
     )
@@ -136,6 +137,12 @@ def main(argv=None):
     ap.add_argument("--ready-timeout", type=float, default=600.0, help="seconds a vLLM server may take to start")
     ap.add_argument("--weights", choices=["tensor", "disk"], default="tensor", help="how new weights reach the servers (see above)")
     ap.add_argument("--summary", help="write the per-step figures as JSON here")
+    ap.add_argument(
+        "--delta",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="weights.delta: send only what changed (on; auto does so for engines on other machines)",
+    )
     a = ap.parse_args(argv)
     try:
         from tokenizers import Tokenizer
@@ -154,7 +161,7 @@ def main(argv=None):
             print(f"error: no token of the tokenizer contains {LETTER!r}", file=sys.stderr)
             return 2
         cfg_path = work / "vllm.yaml"
-        cfg_path.write_text(config_text(model, a.ready_timeout))
+        cfg_path.write_text(config_text(model, a.ready_timeout, a.delta))
         cfg = troupe.load_config(str(cfg_path), [])
         data = [{"input_ids": tok.encode(p).ids, "seed": a.seed * 1000 + i} for i, p in enumerate(PROMPTS)]
 
@@ -166,14 +173,14 @@ def main(argv=None):
             n_samples=a.group_size,
             gconfig={"max_new_tokens": a.max_new_tokens, "temperature": 1.0, "ignore_eos": True},
         )
-        rewards, syncs, stales, start = [], [], [], time.time()
+        rewards, syncs, stales, reports, start = [], [], [], [], time.time()
         with troupe.Cluster.from_config(cfg) as cluster, cluster.serve(cfg) as svc:
             trainer = cluster.spawn_group(HfTrainer, 1, args=(str(model), a.lr, a.seed))
 
             def push(version):
                 """The trainer's current weights into every server, as `version`."""
                 if a.weights == "tensor":
-                    svc.update_weights(trainer.call_sync("weights")[0], version=version)
+                    reports.append(svc.update_weights(trainer.call_sync("weights")[0], version=version))
                 else:
                     svc.load_weights(trainer.call_sync("save", str(work / f"v{version}"))[0], version=version)
                     shutil.rmtree(work / f"v{version - 1}", ignore_errors=True)
@@ -210,6 +217,12 @@ def main(argv=None):
             "final_reward": float(np.mean(rewards[-k:])) if rewards else 0.0,
             "rewards": rewards,
             "sync_seconds": syncs,
+            # Per tensor sync (version 0 first): bytes written to each server's link, what a
+            # full sync sends, and the fraction of BF16 values that changed (weights.delta).
+            "weights_delta": a.delta,
+            "sync_bytes_sent": [r["sent_bytes"] for r in reports],
+            "sync_bytes_full": reports[-1]["bytes"] if reports else 0,
+            "changed_fraction": [r["changed_fraction"] for r in reports],
             "staleness": stales,
             "max_staleness": a.max_staleness,
             "total_seconds": time.time() - start,

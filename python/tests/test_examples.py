@@ -101,7 +101,9 @@ def test_grpo_runs_on_two_real_vllm_servers(tmp_path, vllm_py):
     py = vllm_py
     out = tmp_path / "run.json"
     p = subprocess.run(
-        [str(py), str(ROOT / "examples/python/vllm_grpo.py"), "--steps", "4", "--summary", str(out)],
+        # A small learning rate and weights.delta=on: after version 0, each sync into vLLM is a
+        # delta that vLLM's workers apply to the buffers they kept (Troupe's transfer engine).
+        [str(py), str(ROOT / "examples/python/vllm_grpo.py"), "--steps", "4", "--lr", "1e-5", "--delta", "on", "--summary", str(out)],
         capture_output=True,
         text=True,
         timeout=1200,
@@ -113,3 +115,5 @@ def test_grpo_runs_on_two_real_vllm_servers(tmp_path, vllm_py):
     assert max(s["staleness"]) <= s["max_staleness"], s
     assert len(s["sync_seconds"]) == 4
     assert "step   4 " in p.stdout, p.stdout
+    full, sent = s["sync_bytes_full"], s["sync_bytes_sent"]
+    assert len(sent) == 5 and sent[0] >= full and any(b < full / 2 for b in sent[1:]), (full, sent)

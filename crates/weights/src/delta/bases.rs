@@ -245,6 +245,18 @@ impl ReceiverBases {
         bytes
     }
 
+    /// Takes the buffer of `name`'s base whatever its tag, if it holds at least `len` bytes
+    /// (the tensor is coming whole, so the base is replaced anyway).
+    pub(crate) fn take_any(&mut self, name: &str, len: usize) -> Option<Vec<u8>> {
+        let h = self.held.get_mut(name)?;
+        if h.bytes.as_ref().is_none_or(|b| b.capacity() < len) {
+            return None;
+        }
+        let bytes = h.bytes.take();
+        self.forget(name);
+        bytes
+    }
+
     /// Records that the engine now has `name` under `tag`.
     pub(crate) fn lend(&mut self, name: &str, tag: u64) {
         self.forget(name);

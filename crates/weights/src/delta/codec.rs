@@ -29,6 +29,9 @@ const WHOLE: u8 = 3;
 /// abandoned (sent whole) instead of being diffed to the end.
 const WAVE_BLOCKS: usize = 64;
 
+/// Blocks diffed before the rest, to give up early on a tensor that changed nearly everywhere.
+const PROBE_BLOCKS: usize = 2;
+
 /// A delta is sent only when it is at most this fraction of the tensor's bytes; above it the
 /// receiver's decode costs more than the bytes saved.
 const WORTH: f64 = 0.9;
@@ -79,8 +82,15 @@ pub fn encode(base: &mut [u8], new: &[u8], elem: usize, compress: bool) -> Optio
     let mut bytes = Vec::new();
     let mut hashes = Vec::with_capacity(blocks);
     let mut changed = 0u64;
+    // A probe of the first blocks first: a tensor that changed nearly everywhere is sent whole
+    // after diffing a few blocks, not all of it.
+    let probe = (PROBE_BLOCKS * BLOCK_BYTES).min(new.len());
+    let (b0, b1) = base.split_at_mut(probe);
+    let (n0, n1) = new.split_at(probe);
     let wave = WAVE_BLOCKS * BLOCK_BYTES;
-    for (w, (b, n)) in base.chunks_mut(wave).zip(new.chunks(wave)).enumerate() {
+    let waves = std::iter::once((b0, n0)).chain(b1.chunks_mut(wave).zip(n1.chunks(wave)));
+    let mut seen = 0usize;
+    for (b, n) in waves {
         let encoded: Vec<(Vec<u8>, u64, u64)> = b
             .par_chunks_mut(BLOCK_BYTES)
             .zip(n.par_chunks(BLOCK_BYTES))
@@ -95,7 +105,7 @@ pub fn encode(base: &mut [u8], new: &[u8], elem: usize, compress: bool) -> Optio
             hashes.push(h);
             changed += c;
         }
-        let seen = ((w + 1) * wave).min(new.len());
+        seen += n.len();
         if bytes.len() as f64 > WORTH * seen as f64 {
             return None;
         }
@@ -163,32 +173,45 @@ fn encode_block(
     count as u64
 }
 
-/// Pushes the index of every `elem`-byte element where `a` and `b` differ, comparing eight
-/// bytes at a time (most words are equal in a sparse step).
+/// Pushes the index of every `elem`-byte element where `a` and `b` differ. Runs of 64 bytes
+/// are checked first with one vectorizable XOR-OR (most runs are equal in a sparse step),
+/// then words of eight bytes.
 fn changed_indices(a: &[u8], b: &[u8], elem: usize, idx: &mut Vec<u16>) {
+    const RUN: usize = 64;
     let per_word = 8 / elem;
     let mask: u64 = if elem == 4 {
         0xFFFF_FFFF
     } else {
         (1u64 << (8 * elem)) - 1
     };
-    let words = a.len() / 8;
-    for (w, (x, y)) in a.chunks_exact(8).zip(b.chunks_exact(8)).enumerate() {
-        let mut xa = [0u8; 8];
-        let mut ya = [0u8; 8];
-        xa.copy_from_slice(x);
-        ya.copy_from_slice(y);
-        let d = u64::from_le_bytes(xa) ^ u64::from_le_bytes(ya);
-        if d == 0 {
+    let word = |s: &[u8]| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(s);
+        u64::from_le_bytes(w)
+    };
+    let runs = a.len() / RUN;
+    for (r, (x, y)) in a.chunks_exact(RUN).zip(b.chunks_exact(RUN)).enumerate() {
+        let mut any = 0u64;
+        for k in 0..RUN / 8 {
+            any |= word(&x[8 * k..8 * k + 8]) ^ word(&y[8 * k..8 * k + 8]);
+        }
+        if any == 0 {
             continue;
         }
-        for k in 0..per_word {
-            if (d >> (8 * elem * k)) & mask != 0 {
-                idx.push((w * per_word + k) as u16);
+        for k in 0..RUN / 8 {
+            let d = word(&x[8 * k..8 * k + 8]) ^ word(&y[8 * k..8 * k + 8]);
+            if d == 0 {
+                continue;
+            }
+            let first = (r * RUN + 8 * k) / elem;
+            for e in 0..per_word {
+                if (d >> (8 * elem * e)) & mask != 0 {
+                    idx.push((first + e) as u16);
+                }
             }
         }
     }
-    for e in (words * 8 / elem)..(a.len() / elem) {
+    for e in (runs * RUN / elem)..(a.len() / elem) {
         if a[e * elem..(e + 1) * elem] != b[e * elem..(e + 1) * elem] {
             idx.push(e as u16);
         }

@@ -6,6 +6,7 @@ use super::{
     FRAME_BUCKET_END, FRAME_DELTA, FRAME_TENSOR, FRAME_WHOLE_TAGGED, MAX_NDIM, MAX_TENSOR_BYTES,
     OwnedTensor, TensorSpec, WireDtype,
 };
+use crate::delta::SharedReceiverBases;
 use crate::delta::codec::max_encoded_len;
 
 /// A delta frame read in full, to be applied to the receiver's base once the bucket is in.
@@ -78,6 +79,10 @@ pub(crate) struct Assembler<'a> {
     /// The current delta frame's `(base_tag, result)`.
     delta: Option<(u64, u64)>,
     frames: Frames,
+    /// The receiver's delta bases: a tensor that comes whole is read into its old base's
+    /// buffer (that base is replaced anyway), so a sync that sends tensors whole allocates
+    /// nothing.
+    bases: Option<SharedReceiverBases>,
 }
 
 impl<'a> Assembler<'a> {
@@ -99,7 +104,14 @@ impl<'a> Assembler<'a> {
             kind: FRAME_TENSOR,
             delta: None,
             frames: Frames::default(),
+            bases: None,
         }
+    }
+
+    /// Reads whole tensors into the buffers of the bases they replace.
+    pub(crate) fn with_bases(mut self, bases: SharedReceiverBases) -> Self {
+        self.bases = Some(bases);
+        self
     }
 
     /// What the frames said about tags and deltas (taken once the bucket is done).
@@ -137,6 +149,22 @@ impl<'a> Assembler<'a> {
     /// reader can take headers without reading into the payload that follows.
     pub(crate) fn header_want(&self) -> usize {
         self.want().saturating_sub(self.pending.len()).max(1)
+    }
+
+    /// An empty buffer with room for `len` bytes for tensor `name`, which comes whole: its old
+    /// base's buffer, else the best-fitting spare, else a new one.
+    fn buffer_for(&mut self, name: &str, len: usize) -> Vec<u8> {
+        let old = self
+            .bases
+            .as_ref()
+            .and_then(|b| b.lock().ok().and_then(|mut b| b.take_any(name, len)));
+        match old {
+            Some(mut b) => {
+                b.clear();
+                b
+            }
+            None => self.buffer(len),
+        }
     }
 
     /// An empty buffer with room for `len` bytes: the best-fitting spare, or a new one.
@@ -336,7 +364,7 @@ impl<'a> Assembler<'a> {
         let (bytes, len) = match self.kind {
             FRAME_WHOLE_TAGGED => {
                 self.frames.tagged.push((idx, word(ndim + 1)));
-                (self.buffer(len), len)
+                (self.buffer_for(&name, len), len)
             }
             FRAME_DELTA => {
                 let enc = usize::try_from(word(ndim + 3)).unwrap_or(usize::MAX);
@@ -348,7 +376,7 @@ impl<'a> Assembler<'a> {
                 self.delta = Some((word(ndim + 1), word(ndim + 2)));
                 (Vec::with_capacity(enc), enc)
             }
-            _ => (self.buffer(len), len),
+            _ => (self.buffer_for(&name, len), len),
         };
         self.current = Some(OwnedTensor {
             name,

@@ -419,7 +419,8 @@ impl WeightReceiver {
         let upstream = &mut self.upstream;
         let control = &mut self.control;
         let ring = &mut self.ring;
-        let mut asm = Assembler::with_spare(expected, std::mem::take(&mut self.spare));
+        let mut asm = Assembler::with_spare(expected, std::mem::take(&mut self.spare))
+            .with_bases(self.bases.clone());
         let read = async {
             if let Some(ring) = ring.as_mut() {
                 #[cfg(test)]
