@@ -56,14 +56,16 @@ def test_the_python_grpo_example_names_a_bad_override():
 def test_the_pytorch_grpo_example_trains_with_a_two_rank_group(tmp_path):
     need_torch()
     # weights.delta=on (engines on this machine read the ring, where `auto` sends every byte):
-    # the first sync goes whole, later ones only what changed, and the summary says how much.
+    # the summary reports each sync's bytes and the fraction of values that changed. This
+    # example's learning rate moves most of the tiny model's FP8 values every step, so its
+    # syncs go whole (a delta would not pay); tests/weights/sync.rs and the real-vLLM GRPO
+    # test show deltas that do.
     s = trained("torch_grpo.py", tmp_path, 14, "weights.delta=on")
     assert s["ranks"] == 2
-    full, sent = s["sync_bytes_full"], s["sync_bytes_sent"]
-    assert s["weights_delta"] == "on" and len(sent) == s["steps"] + 1
-    assert sent[0] >= full and any(b < full for b in sent[1:]), (full, sent)
-    seen = [f for f in s["changed_fraction"][1:] if f is not None]
-    assert seen and all(0.0 < f <= 1.0 for f in seen), s["changed_fraction"]
+    full, sent, seen = s["sync_bytes_full"], s["sync_bytes_sent"], s["changed_fraction"][1:]
+    assert s["weights_delta"] == "on" and len(sent) == s["steps"] + 1 and sent[0] >= full
+    assert all(f is not None and 0.0 < f <= 1.0 for f in seen), seen
+    assert all(b < full or f > 0.2 for b, f in zip(sent[1:], seen)), (full, sent, seen)
 
 
 def test_the_wheel_brings_the_troupe_command(tmp_path):

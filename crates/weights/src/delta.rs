@@ -93,8 +93,8 @@ pub struct DeltaStats {
     pub delta_tensors: u64,
     /// Tensors sent whole (no base, not eligible, or too dense to pay).
     pub whole_tensors: u64,
-    /// Elements compared against a base, and how many of them differed (tensors that were
-    /// diffed to the end only).
+    /// Elements compared against a base: all of a delta's, and the probed part of a tensor
+    /// that went whole because its delta would not pay.
     pub compared_elems: u64,
     /// Of [`compared_elems`](Self::compared_elems), those that changed.
     pub changed_elems: u64,

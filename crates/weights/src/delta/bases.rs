@@ -17,8 +17,13 @@ use super::codec;
 /// How one tensor goes in a bucket.
 #[derive(Debug)]
 pub(crate) enum Plan {
-    /// Whole, and the receiver keeps it under `tag`.
-    Whole { tag: u64 },
+    /// Whole, and the receiver keeps it under `tag`; `compared` elements were diffed first
+    /// (before the delta was found not to pay), `changed` of them differed.
+    Whole {
+        tag: u64,
+        compared: u64,
+        changed: u64,
+    },
     /// As a delta against the receiver's base `base_tag`; the result's checksum (its new tag).
     Delta {
         base_tag: u64,
@@ -134,10 +139,10 @@ impl SenderBases {
             let enc = if eligible {
                 codec::encode(&mut b.bytes, bytes, elem, compress)
             } else {
-                None
+                Err(codec::Dense::default())
             };
             match enc {
-                Some(e) => {
+                Ok(e) => {
                     self.set_tag(name, e.checksum);
                     return Plan::Delta {
                         base_tag,
@@ -148,14 +153,22 @@ impl SenderBases {
                 }
                 // A tensor resent unchanged (a catch-up, a repeated version) keeps its tag, so
                 // engines that were not in this group still match the sender afterwards.
-                None if !eligible && b.bytes[..] == bytes[..] => {
-                    return Plan::Whole { tag: base_tag };
+                Err(_) if !eligible && b.bytes[..] == bytes[..] => {
+                    return Plan::Whole {
+                        tag: base_tag,
+                        compared: 0,
+                        changed: 0,
+                    };
                 }
-                None => {
+                Err(d) => {
                     b.bytes.copy_from_slice(bytes);
                     let tag = self.fresh_tag();
                     self.set_tag(name, tag);
-                    return Plan::Whole { tag };
+                    return Plan::Whole {
+                        tag,
+                        compared: d.compared,
+                        changed: d.changed,
+                    };
                 }
             }
         }
@@ -171,7 +184,11 @@ impl SenderBases {
             },
         );
         self.digest ^= mix(name, tag);
-        Plan::Whole { tag }
+        Plan::Whole {
+            tag,
+            compared: 0,
+            changed: 0,
+        }
     }
 
     /// Drops a tensor's base (its bucket failed: receivers may hold either version).

@@ -71,12 +71,22 @@ fn combine(len: usize, block_hashes: &[u64]) -> u64 {
     xxh3_64(&buf)
 }
 
+/// A tensor whose delta would not pay: how many elements were compared before giving up, and
+/// how many of those had changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Dense {
+    /// Elements compared.
+    pub compared: u64,
+    /// Of those, the ones that differed.
+    pub changed: u64,
+}
+
 /// Encodes `new` against `base` (same length, `elem`-byte elements) and makes `base` equal to
-/// `new` on the way. Returns `None` when the delta would not be clearly smaller than `new`
-/// (then `base` may hold a mix: the caller sends `new` whole and copies it into `base`).
-pub fn encode(base: &mut [u8], new: &[u8], elem: usize, compress: bool) -> Option<Encoded> {
+/// `new` on the way. Fails with [`Dense`] when the delta would not be clearly smaller than
+/// `new` (then `base` may hold a mix: the caller sends `new` whole and copies it into `base`).
+pub fn encode(base: &mut [u8], new: &[u8], elem: usize, compress: bool) -> Result<Encoded, Dense> {
     if base.len() != new.len() || !matches!(elem, 1 | 2 | 4) || !new.len().is_multiple_of(elem) {
-        return None;
+        return Err(Dense::default());
     }
     let blocks = new.len().div_ceil(BLOCK_BYTES);
     let mut bytes = Vec::new();
@@ -107,10 +117,13 @@ pub fn encode(base: &mut [u8], new: &[u8], elem: usize, compress: bool) -> Optio
         }
         seen += n.len();
         if bytes.len() as f64 > WORTH * seen as f64 {
-            return None;
+            return Err(Dense {
+                compared: (seen / elem) as u64,
+                changed,
+            });
         }
     }
-    Some(Encoded {
+    Ok(Encoded {
         bytes,
         checksum: combine(new.len(), &hashes),
         changed,
@@ -344,7 +357,7 @@ mod tests {
         }
         // Dense changes do not pay: the caller sends the tensor whole.
         let new = step(&base, 1.0, 3);
-        assert!(encode(&mut base.clone(), &new, 2, false).is_none());
+        assert!(encode(&mut base.clone(), &new, 2, false).is_err());
     }
 
     #[test]

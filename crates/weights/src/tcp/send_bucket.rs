@@ -109,7 +109,13 @@ impl WeightSender {
                 stats.full_bytes += t.bytes.len() as u64;
                 let eligible = synced || self.whole_since_join.contains(t.name);
                 match b.plan(t.name, t.shape, t.dtype.elem_size(), t.bytes, eligible) {
-                    Plan::Whole { tag } => {
+                    Plan::Whole {
+                        tag,
+                        compared,
+                        changed,
+                    } => {
+                        stats.compared_elems += compared;
+                        stats.changed_elems += changed;
                         wire.own(encode_header_with(t, FRAME_WHOLE_TAGGED, &[tag])?);
                         wire.tensor(i);
                         whole.push(t.name.to_string());
