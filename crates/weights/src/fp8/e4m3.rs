@@ -5,6 +5,10 @@
 //! bits with round-to-nearest-even by integer arithmetic; results below 2^-6 are rounded by adding
 //! 2^14 in f32, whose ulp is exactly the e4m3 subnormal step 2^-9. Both paths are computed and one
 //! is selected, so the compiler can turn a loop of them into SIMD compares and blends.
+//!
+//! This is the definition the quantizer's fast paths are held to: `kernel/avx2.rs` encodes with
+//! one f32 addition per lane instead, and its tests compare it with this encoder (and with the
+//! `float8` crate) on every f32 magnitude the quantizer can produce.
 
 /// Largest finite e4m3fn magnitude; quantized values saturate to `[-448, 448]`.
 pub const E4M3_MAX: f32 = 448.0;

@@ -1,32 +1,56 @@
 //! The hot loops: block amax and quantization over bf16 / f32 rows, multi-threaded with rayon.
 //!
-//! Work is split into *bands* of `block_rows` rows (one row of scales each) that rayon spreads
-//! over the cores. A band is read twice: an amax pass that streams whole rows from memory (long
-//! contiguous runs that the hardware prefetcher follows), then a quantize pass that finds the band
-//! still in cache. The per-element loops are straight-line integer / f32 code that LLVM
-//! vectorizes; on x86-64 the same code is also compiled for AVX2 and picked at run time, because
-//! the default x86-64 target only assumes SSE2.
+//! Work is split into *units* of `block_rows` rows by a column group (usually all columns: a
+//! whole band of blocks, one row of scales). A unit's scales need its amax before any element
+//! can be quantized, so every unit is read twice; the second read comes from cache. The first
+//! read is the one that waits for memory, so each rayon task walks a contiguous range of bands
+//! and takes the amax of the *next* unit while it quantizes the current one, row by row in the
+//! same loop: memory streams the next band while the core divides and encodes the current one.
+//! (Measured on a 2-core Zen 3 VM: as a separate pass, the amax read cost about a third of the
+//! time, during which the cores did no arithmetic.)
+//!
+//! On x86-64 with AVX2 the loops are hand-written intrinsics ([`avx2`]); elsewhere they are
+//! plain loops that LLVM vectorizes. Both give the bytes of [`encode_saturating`].
 
 use half::bf16;
 use rayon::prelude::*;
 
 use super::e4m3::{E4M3_MAX, encode_saturating};
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
 /// Abs-value bit patterns at or above this are infinities or NaN.
 pub(crate) const NON_FINITE_BITS: u32 = 0x7F80_0000;
 
-/// Input bytes of one column group of a band, small enough to stay in cache between the passes.
-///
-/// Measured on the target machine (1 MiB L2, 32 MiB L3): 4 MiB groups (a whole 128-row band of a
-/// 14336-wide bf16 matrix) beat 64 KiB - 1 MiB groups by about 40%, because the amax pass then
-/// reads 28 KiB contiguous runs instead of 128 short ones per block.
+/// Most input bytes of one unit: a 128-row band of a 14336-wide bf16 matrix (3.5 MiB) is one
+/// unit; wider bands are cut into equal column groups, so that a unit and the next one (about
+/// 2 x 4 MiB per thread) stay in the last-level cache between their two reads.
 const GROUP_BYTES: usize = 4 * 1024 * 1024;
-
-/// Most column blocks per group (bounds the on-stack amax / scale arrays).
-const MAX_GROUP_BLOCKS: usize = 256;
 
 /// Elements per rayon task for whole-tensor passes (per-tensor scales).
 const FLAT_CHUNK: usize = 1 << 16;
+
+/// How runs are quantized: plain loops, or AVX2 intrinsics where the CPU has them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Isa {
+    /// Plain Rust loops, vectorized by LLVM for the build target.
+    Portable,
+    /// Hand-written AVX2 loops (x86-64 CPUs that have AVX2).
+    #[cfg(target_arch = "x86_64")]
+    Avx2(avx2::Avx2),
+}
+
+impl Isa {
+    /// The fastest loops this CPU runs.
+    pub(crate) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(cpu) = avx2::Avx2::detect() {
+            return Self::Avx2(cpu);
+        }
+        Self::Portable
+    }
+}
 
 /// A weight element the kernels read: bf16 or f32, widened to f32 exactly as `x.float()` does.
 pub(crate) trait Element: Copy + Send + Sync + 'static {
@@ -38,6 +62,58 @@ pub(crate) trait Element: Copy + Send + Sync + 'static {
 
     /// The element as f32 (exact for both bf16 and f32).
     fn widen(self) -> f32;
+
+    /// `dst[i] = encode_saturating(src[i] / scale)`, and the `abs_max_bits` of `next` (0 for
+    /// `None`), read in the same loop when it is as long as `src`.
+    ///
+    /// `scale` must come from the amax of a set holding `src` ([`ScaleRule::scale`]): the AVX2
+    /// loops rely on `|src[i]| / scale <= 464` instead of clamping.
+    fn quantize_run(
+        isa: Isa,
+        src: &[Self],
+        dst: &mut [u8],
+        scale: f32,
+        next: Option<&[Self]>,
+    ) -> u32;
+
+    /// [`Element::quantize_run`] over a row segment of whole blocks: block `j` (`block_cols`
+    /// wide, the last one may be shorter) with `scales[j]`, raising `amax[j]` to the
+    /// `abs_max_bits` of `next` in block `j`. `next` is as long as `src` or `None`.
+    #[inline(always)]
+    fn quantize_row(
+        isa: Isa,
+        src: &[Self],
+        dst: &mut [u8],
+        scales: &[f32],
+        block_cols: usize,
+        next: Option<&[Self]>,
+        amax: &mut [u32],
+    ) {
+        row_by_runs(isa, src, dst, scales, block_cols, next, amax);
+    }
+}
+
+/// [`Element::quantize_row`] as one [`Element::quantize_run`] per block.
+#[inline(always)]
+fn row_by_runs<E: Element>(
+    isa: Isa,
+    src: &[E],
+    dst: &mut [u8],
+    scales: &[f32],
+    block_cols: usize,
+    next: Option<&[E]>,
+    amax: &mut [u32],
+) {
+    let mut next_runs = next.map(|n| n.chunks(block_cols));
+    for (((run, q), &scale), a) in src
+        .chunks(block_cols)
+        .zip(dst.chunks_mut(block_cols))
+        .zip(scales)
+        .zip(amax.iter_mut())
+    {
+        let next_run = next_runs.as_mut().and_then(Iterator::next);
+        *a = (*a).max(E::quantize_run(isa, run, q, scale, next_run));
+    }
 }
 
 impl Element for bf16 {
@@ -54,6 +130,40 @@ impl Element for bf16 {
     fn widen(self) -> f32 {
         f32::from_bits((self.to_bits() as u32) << 16)
     }
+
+    #[inline(always)]
+    fn quantize_run(
+        isa: Isa,
+        src: &[Self],
+        dst: &mut [u8],
+        scale: f32,
+        next: Option<&[Self]>,
+    ) -> u32 {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2(cpu) => avx2::quantize_bf16(cpu, src, dst, scale, next),
+            Isa::Portable => portable_run(src, dst, scale, next),
+        }
+    }
+
+    #[inline(always)]
+    fn quantize_row(
+        isa: Isa,
+        src: &[Self],
+        dst: &mut [u8],
+        scales: &[f32],
+        block_cols: usize,
+        next: Option<&[Self]>,
+        amax: &mut [u32],
+    ) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2(cpu) if block_cols.is_multiple_of(avx2::STEP) => {
+                avx2::quantize_bf16_row(cpu, src, dst, scales, block_cols, next, amax);
+            }
+            _ => row_by_runs(isa, src, dst, scales, block_cols, next, amax),
+        }
+    }
 }
 
 impl Element for f32 {
@@ -69,6 +179,33 @@ impl Element for f32 {
     fn widen(self) -> f32 {
         self
     }
+
+    #[inline(always)]
+    fn quantize_run(
+        isa: Isa,
+        src: &[Self],
+        dst: &mut [u8],
+        scale: f32,
+        next: Option<&[Self]>,
+    ) -> u32 {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2(cpu) => avx2::quantize_f32(cpu, src, dst, scale, next),
+            Isa::Portable => portable_run(src, dst, scale, next),
+        }
+    }
+}
+
+/// The portable [`Element::quantize_run`].
+///
+/// The division is a real f32 division (not a multiply by `1 / scale`), as in PyTorch, so the
+/// rounding of `x / scale` and therefore every byte matches.
+#[inline(always)]
+fn portable_run<E: Element>(src: &[E], dst: &mut [u8], scale: f32, next: Option<&[E]>) -> u32 {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = encode_saturating(x.widen() / scale);
+    }
+    next.map_or(0, E::abs_max_bits)
 }
 
 /// A non-finite value was found; the caller locates it for the error message.
@@ -86,6 +223,9 @@ pub(crate) struct ScaleRule {
 
 impl ScaleRule {
     /// `max(amax, eps) / 448`, computed in f32 like PyTorch does, optionally rounded to bf16.
+    ///
+    /// Any `|x| <= amax` then has `|x| / scale <= 448 * (1 + 2^-8)`: at most 2^-24 below
+    /// `amax / 448` from the f32 division and 2^-9 from the bf16 rounding.
     #[inline(always)]
     pub fn scale(self, amax_bits: u32) -> f32 {
         let amax = f32::from_bits(amax_bits);
@@ -98,134 +238,182 @@ impl ScaleRule {
     }
 }
 
-/// Quantizes one contiguous run with one scale: `q = e4m3(clamp(x / scale, -448, 448))`.
-///
-/// The division is a real f32 division (not a multiply by `1 / scale`), as in PyTorch, so the
-/// rounding of `x / scale` and therefore every byte matches.
-#[inline(always)]
-fn quantize_run<E: Element>(src: &[E], dst: &mut [u8], scale: f32) {
-    for (d, &x) in dst.iter_mut().zip(src) {
-        *d = encode_saturating(x.widen() / scale);
+/// The shape of the matrix and of its blocks, shared by every unit.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    cols: usize,
+    block_rows: usize,
+    block_cols: usize,
+    /// Blocks per unit (the last unit of a band may have fewer).
+    group_blocks: usize,
+    rule: ScaleRule,
+}
+
+impl Layout {
+    fn new<E>(cols: usize, block: (usize, usize), rule: ScaleRule, group_bytes: usize) -> Self {
+        let (block_rows, block_cols) = block;
+        let scale_cols = cols.div_ceil(block_cols);
+        let band_bytes = block_rows * cols * std::mem::size_of::<E>();
+        let groups = band_bytes
+            .div_ceil(group_bytes.max(1))
+            .clamp(1, scale_cols.max(1));
+        Self {
+            cols,
+            block_rows,
+            block_cols,
+            group_blocks: scale_cols.div_ceil(groups).max(1),
+            rule,
+        }
+    }
+
+    fn scale_cols(self) -> usize {
+        self.cols.div_ceil(self.block_cols)
     }
 }
 
-/// Quantizes one band (up to `block_rows` full rows) into `dst`, one scale per column block.
-///
-/// Very wide bands are walked in column groups of about [`GROUP_BYTES`] of input, so that the
-/// quantize pass still finds its group in cache.
+/// One unit: rows `rows` of a band (the band's offset into the task's slice), block columns
+/// `blocks` (scale indices within a row of scales).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Unit {
+    band: usize,
+    rows: usize,
+    first_block: usize,
+    blocks: usize,
+}
+
+impl Unit {
+    /// The units of `len` elements of whole bands, in memory order (band by band).
+    fn all(layout: Layout, len: usize) -> impl Iterator<Item = Unit> {
+        let band_len = layout.block_rows * layout.cols;
+        let scale_cols = layout.scale_cols();
+        (0..len.div_ceil(band_len)).flat_map(move |band| {
+            let rows = (len - band * band_len).min(band_len) / layout.cols;
+            (0..scale_cols)
+                .step_by(layout.group_blocks)
+                .map(move |first_block| Unit {
+                    band,
+                    rows,
+                    first_block,
+                    blocks: layout.group_blocks.min(scale_cols - first_block),
+                })
+        })
+    }
+
+    /// Columns `c0..c1` of the unit.
+    fn cols(self, layout: Layout) -> (usize, usize) {
+        let c0 = self.first_block * layout.block_cols;
+        (c0, (c0 + self.blocks * layout.block_cols).min(layout.cols))
+    }
+
+    /// Columns in the unit.
+    fn width(self, layout: Layout) -> usize {
+        let (c0, c1) = self.cols(layout);
+        c1 - c0
+    }
+
+    /// Row `r` of the unit in `src` (the task's slice of whole bands).
+    fn row<T>(self, layout: Layout, src: &[T], r: usize) -> &[T] {
+        let (c0, c1) = self.cols(layout);
+        let start = (self.band * layout.block_rows + r) * layout.cols;
+        &src[start + c0..start + c1]
+    }
+}
+
+/// The amax of every block of `unit`, read on its own (the first unit of a task).
 #[inline(always)]
-fn quantize_band<E: Element>(
+fn unit_amax<E: Element>(layout: Layout, src: &[E], unit: Unit, amax: &mut [u32]) {
+    amax.fill(0);
+    for r in 0..unit.rows {
+        let row = unit.row(layout, src, r);
+        for (a, run) in amax.iter_mut().zip(row.chunks(layout.block_cols)) {
+            *a = (*a).max(E::abs_max_bits(run));
+        }
+    }
+}
+
+/// Quantizes a slice of whole bands, unit after unit, fusing each unit's quantization with the
+/// amax of the next one whenever both have the same columns.
+#[inline(always)]
+fn quantize_range<E: Element>(
+    isa: Isa,
+    layout: Layout,
     src: &[E],
     dst: &mut [u8],
     scales: &mut [f32],
-    cols: usize,
-    block_cols: usize,
-    rule: ScaleRule,
 ) -> Result<(), FoundNonFinite> {
-    let band_rows = src.len() / cols;
-    let block_bytes = (band_rows * block_cols * std::mem::size_of::<E>()).max(1);
-    let group_blocks = (GROUP_BYTES / block_bytes).clamp(1, MAX_GROUP_BLOCKS);
-    let mut amax = [0u32; MAX_GROUP_BLOCKS];
-    for (g, group_scales) in scales.chunks_mut(group_blocks).enumerate() {
-        let g0 = g * group_blocks * block_cols;
-        let g1 = (g0 + group_scales.len() * block_cols).min(cols);
-        let amax = &mut amax[..group_scales.len()];
-        amax.fill(0);
-        for row in src.chunks_exact(cols) {
-            for (a, run) in amax.iter_mut().zip(row[g0..g1].chunks(block_cols)) {
-                *a = (*a).max(E::abs_max_bits(run));
-            }
-        }
-        for (a, s) in amax.iter().zip(group_scales.iter_mut()) {
+    let scale_cols = layout.scale_cols();
+    let mut amax = vec![0u32; layout.group_blocks];
+    let mut next_amax = vec![0u32; layout.group_blocks];
+    let mut units = Unit::all(layout, src.len()).peekable();
+    if let Some(&first) = units.peek() {
+        unit_amax(layout, src, first, &mut amax[..first.blocks]);
+    }
+    while let Some(unit) = units.next() {
+        let next = units.peek().copied();
+        let row_scales = &mut scales[unit.band * scale_cols..][..scale_cols];
+        let unit_scales = &mut row_scales[unit.first_block..][..unit.blocks];
+        for (a, s) in amax.iter().zip(unit_scales.iter_mut()) {
             if *a >= NON_FINITE_BITS {
                 return Err(FoundNonFinite);
             }
-            *s = rule.scale(*a);
+            *s = layout.rule.scale(*a);
         }
-        for (row, out) in src.chunks_exact(cols).zip(dst.chunks_exact_mut(cols)) {
-            for ((run, q), &scale) in row[g0..g1]
-                .chunks(block_cols)
-                .zip(out[g0..g1].chunks_mut(block_cols))
-                .zip(group_scales.iter())
-            {
-                quantize_run(run, q, scale);
-            }
+        // Equal column ranges have equal block partitions, so runs pair up one to one; the next
+        // band may only have fewer rows (the last band of the matrix).
+        let fused = next.filter(|n| n.width(layout) == unit.width(layout));
+        next_amax.fill(0);
+        let (c0, c1) = unit.cols(layout);
+        for r in 0..unit.rows {
+            let start = (unit.band * layout.block_rows + r) * layout.cols;
+            let row = &src[start + c0..start + c1];
+            let out = &mut dst[start + c0..start + c1];
+            let next_row = fused.filter(|n| r < n.rows).map(|n| n.row(layout, src, r));
+            let slots = &mut next_amax[..unit.blocks];
+            E::quantize_row(
+                isa,
+                row,
+                out,
+                unit_scales,
+                layout.block_cols,
+                next_row,
+                slots,
+            );
         }
+        if let (Some(n), None) = (next, fused) {
+            unit_amax(layout, src, n, &mut next_amax[..n.blocks]);
+        }
+        std::mem::swap(&mut amax, &mut next_amax);
     }
     Ok(())
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn quantize_band_avx2<E: Element>(
+fn quantize_range_avx2<E: Element>(
+    cpu: avx2::Avx2,
+    layout: Layout,
     src: &[E],
     dst: &mut [u8],
     scales: &mut [f32],
-    cols: usize,
-    block_cols: usize,
-    rule: ScaleRule,
 ) -> Result<(), FoundNonFinite> {
-    quantize_band(src, dst, scales, cols, block_cols, rule)
+    quantize_range(Isa::Avx2(cpu), layout, src, dst, scales)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn quantize_run_avx2<E: Element>(src: &[E], dst: &mut [u8], scale: f32) {
-    quantize_run(src, dst, scale)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn abs_max_bits_avx2<E: Element>(run: &[E]) -> u32 {
-    E::abs_max_bits(run)
-}
-
-/// Whether the AVX2 instantiations may run on this CPU (cached by the std macro).
-#[inline]
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Dispatches one band to the best instantiation for this CPU.
-fn band_dispatch<E: Element>(
+/// [`quantize_range`] compiled for the chosen instruction set (AVX2 code inlines only into
+/// AVX2 functions, so the whole range loop is instantiated twice).
+fn range_dispatch<E: Element>(
+    isa: Isa,
+    layout: Layout,
     src: &[E],
     dst: &mut [u8],
     scales: &mut [f32],
-    cols: usize,
-    block_cols: usize,
-    rule: ScaleRule,
 ) -> Result<(), FoundNonFinite> {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU supports AVX2 (checked at run time just above).
-        return unsafe { quantize_band_avx2(src, dst, scales, cols, block_cols, rule) };
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Avx2` token exists only on CPUs with AVX2.
+        Isa::Avx2(cpu) => unsafe { quantize_range_avx2(cpu, layout, src, dst, scales) },
+        Isa::Portable => quantize_range(isa, layout, src, dst, scales),
     }
-    quantize_band(src, dst, scales, cols, block_cols, rule)
-}
-
-fn run_dispatch<E: Element>(src: &[E], dst: &mut [u8], scale: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU supports AVX2 (checked at run time just above).
-        return unsafe { quantize_run_avx2(src, dst, scale) };
-    }
-    quantize_run(src, dst, scale)
-}
-
-fn abs_max_dispatch<E: Element>(run: &[E]) -> u32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU supports AVX2 (checked at run time just above).
-        return unsafe { abs_max_bits_avx2(run) };
-    }
-    E::abs_max_bits(run)
 }
 
 /// Block-wise quantization of a row-major `rows x cols` matrix (both non-zero).
@@ -239,13 +427,58 @@ pub(crate) fn quantize_blocks<E: Element>(
     block: (usize, usize),
     rule: ScaleRule,
 ) -> Result<(), FoundNonFinite> {
-    let (block_rows, block_cols) = block;
-    let scale_cols = cols.div_ceil(block_cols);
-    let band = block_rows * cols;
-    src.par_chunks(band)
-        .zip(dst.par_chunks_mut(band))
-        .zip(scales.par_chunks_mut(scale_cols))
-        .try_for_each(|((s, d), sc)| band_dispatch(s, d, sc, cols, block_cols, rule))
+    let tasks = rayon::current_num_threads();
+    quantize_blocks_with(
+        Isa::detect(),
+        src,
+        dst,
+        scales,
+        cols,
+        block,
+        rule,
+        tasks,
+        GROUP_BYTES,
+    )
+}
+
+/// [`quantize_blocks`] with its tuning made explicit (for tests): the bands are cut into
+/// `tasks` contiguous ranges, one rayon task each, so that each task can carry the next unit's
+/// amax from band to band (one task per thread: more tasks only add unfused first units).
+#[allow(clippy::too_many_arguments)]
+fn quantize_blocks_with<E: Element>(
+    isa: Isa,
+    src: &[E],
+    dst: &mut [u8],
+    scales: &mut [f32],
+    cols: usize,
+    block: (usize, usize),
+    rule: ScaleRule,
+    tasks: usize,
+    group_bytes: usize,
+) -> Result<(), FoundNonFinite> {
+    let layout = Layout::new::<E>(cols, block, rule, group_bytes);
+    let band_len = block.0 * cols;
+    let bands = src.len().div_ceil(band_len.max(1));
+    let per_task = bands.div_ceil(tasks.clamp(1, bands.max(1))).max(1);
+    src.par_chunks(per_task * band_len)
+        .zip(dst.par_chunks_mut(per_task * band_len))
+        .zip(scales.par_chunks_mut(per_task * layout.scale_cols()))
+        .try_for_each(|((s, d), sc)| range_dispatch(isa, layout, s, d, sc))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn abs_max_bits_avx2<E: Element>(run: &[E]) -> u32 {
+    E::abs_max_bits(run)
+}
+
+fn abs_max_dispatch<E: Element>(isa: Isa, run: &[E]) -> u32 {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Avx2` token exists only on CPUs with AVX2.
+        Isa::Avx2(_) => unsafe { abs_max_bits_avx2(run) },
+        Isa::Portable => E::abs_max_bits(run),
+    }
 }
 
 /// Per-tensor quantization: one scale for the whole (non-empty) tensor, returned.
@@ -254,9 +487,10 @@ pub(crate) fn quantize_tensor<E: Element>(
     dst: &mut [u8],
     rule: ScaleRule,
 ) -> Result<f32, FoundNonFinite> {
+    let isa = Isa::detect();
     let amax_bits = src
         .par_chunks(FLAT_CHUNK)
-        .map(abs_max_dispatch)
+        .map(|run| abs_max_dispatch(isa, run))
         .max()
         .unwrap_or(0);
     if amax_bits >= NON_FINITE_BITS {
@@ -265,7 +499,9 @@ pub(crate) fn quantize_tensor<E: Element>(
     let scale = rule.scale(amax_bits);
     src.par_chunks(FLAT_CHUNK)
         .zip(dst.par_chunks_mut(FLAT_CHUNK))
-        .for_each(|(s, d)| run_dispatch(s, d, scale));
+        .for_each(|(s, d)| {
+            E::quantize_run(isa, s, d, scale, None);
+        });
     Ok(scale)
 }
 
@@ -277,46 +513,4 @@ pub(crate) fn first_non_finite<E: Element>(src: &[E]) -> Option<(usize, f32)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The run-time dispatch (AVX2 where available) and the portable build of the same loops
-    /// must agree on every byte, including non-multiple-of-vector widths and subnormal results.
-    #[test]
-    fn dispatched_and_portable_kernels_agree() {
-        let (rows, cols, block): (usize, usize, (usize, usize)) = (70, 333, (32, 50));
-        let mut state = 7u64;
-        let src: Vec<f32> = (0..rows * cols)
-            .map(|i| {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1);
-                let unit = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-                unit * 10f32.powi((i % 9) as i32 - 6)
-            })
-            .collect();
-        let rule = ScaleRule {
-            eps: 1e-10,
-            round_to_bf16: false,
-        };
-        let scale_count = rows.div_ceil(block.0) * cols.div_ceil(block.1);
-        let (mut d1, mut s1) = (vec![0u8; src.len()], vec![0f32; scale_count]);
-        quantize_blocks(&src, &mut d1, &mut s1, cols, block, rule).expect("finite");
-        let (mut d2, mut s2) = (vec![0u8; src.len()], vec![0f32; scale_count]);
-        let band = block.0 * cols;
-        for ((s, d), sc) in src
-            .chunks(band)
-            .zip(d2.chunks_mut(band))
-            .zip(s2.chunks_mut(cols.div_ceil(block.1)))
-        {
-            quantize_band(s, d, sc, cols, block.1, rule).expect("finite");
-        }
-        assert_eq!(s1, s2);
-        assert_eq!(d1, d2);
-        let mut d3 = vec![0u8; src.len()];
-        let t = quantize_tensor(&src, &mut d3, rule).expect("finite");
-        let mut d4 = vec![0u8; src.len()];
-        quantize_run(&src, &mut d4, t);
-        assert_eq!(d3, d4);
-    }
-}
+mod tests;
