@@ -51,6 +51,10 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
             .await
             .unwrap();
         assert_eq!(report.fp8_tensors, 0);
+        // `weights.delta: auto` with every engine on this machine's ring: every byte goes, and
+        // the report says so (frame headers included).
+        assert_eq!(report.delta.delta_tensors, 0);
+        assert!(report.sent_bytes > report.bytes, "{report:?}");
         for r in svc.control.weight_versions().await.versions {
             assert_eq!(r.result.unwrap(), "v1", "{}", r.url);
         }

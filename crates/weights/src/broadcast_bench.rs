@@ -240,8 +240,9 @@ async fn measure(
     Ok((timed, on_ring, work))
 }
 
-/// A receiver: joins, reads `runs` syncs, and checks the last one byte for byte.
-async fn receive(
+/// A receiver: joins, reads `runs` syncs (handing each bucket back, as an engine does once it
+/// applied it, which also keeps delta bases), and checks the last one byte for byte.
+pub(crate) async fn receive(
     addr: &str,
     rank: u32,
     expected: &[WireTensor],

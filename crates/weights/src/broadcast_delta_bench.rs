@@ -19,10 +19,10 @@ use half::bf16;
 use rayon::prelude::*;
 
 use crate::broadcast_bench::{MAX_MIB, MAX_RECEIVERS, Model, RUNS, TIMEOUT_SECS, WireTensor};
-use crate::broadcast_bench::{encode, model_tensors};
+use crate::broadcast_bench::{encode, model_tensors, receive};
 use crate::bucket::{DEFAULT_BUCKET_BYTES, TensorMeta, pack_buckets};
 use crate::delta::{DeltaStats, SenderBases};
-use crate::tcp::{TensorRef, TensorSpec, WeightReceiver, WeightSender};
+use crate::tcp::{TensorRef, WeightSender};
 
 const TIMEOUT: Duration = Duration::from_secs(TIMEOUT_SECS);
 
@@ -187,7 +187,7 @@ async fn measure(
     for i in 0..n {
         let (addr, v) = (addr.clone(), v.clone());
         tasks.push(tokio::spawn(async move {
-            receive(&addr, i as u32 + 1, &v).await
+            receive(&addr, i as u32 + 1, &v.expected, &v.buckets, 2).await
         }));
     }
     sender
@@ -195,22 +195,21 @@ async fn measure(
         .await
         .map_err(|e| e.to_string())?;
     let mut timed = 0.0;
-    let mut bytes = 0u64;
     for run in 0..2u8 {
         let start = Instant::now();
-        let wire = match (run, fp8) {
-            (_, false) => None,
-            (r, true) => {
-                let v = v.clone();
-                let w = tokio::task::spawn_blocking(move || {
-                    encode(if r == 0 { &v.v0 } else { &v.v1 }, true, None)
-                })
-                .await
-                .map_err(|e| format!("quantizing failed: {e}"))??;
-                Some(w)
-            }
+        // FP8 quantizes inside the timed sync; BF16 sends the encodings made up front.
+        let quantized = if fp8 {
+            let v = v.clone();
+            let w = tokio::task::spawn_blocking(move || {
+                encode(if run == 0 { &v.v0 } else { &v.v1 }, true, None)
+            })
+            .await
+            .map_err(|e| format!("quantizing failed: {e}"))??;
+            Some(w)
+        } else {
+            None
         };
-        let tensors: &[WireTensor] = match (&wire, run) {
+        let tensors: &[WireTensor] = match (&quantized, run) {
             (Some(w), _) => w,
             (None, 0) => v.w0.as_deref().unwrap_or(&v.expected),
             (None, _) => &v.expected,
@@ -225,9 +224,6 @@ async fn measure(
                     bytes: &tensors[i].bytes,
                 })
                 .collect();
-            if run == 1 && !delta {
-                bytes += refs.iter().map(|t| t.bytes.len() as u64).sum::<u64>();
-            }
             sender
                 .send_bucket(&refs)
                 .await
@@ -240,44 +236,11 @@ async fn measure(
         }
     }
     let stats = sender.take_stats();
-    if delta {
-        bytes = stats.sent_bytes;
-    }
     for t in tasks {
         t.await.map_err(|e| format!("receiver task: {e}"))??;
     }
     sender.close().await.map_err(|e| e.to_string())?;
-    Ok((timed, bytes, stats))
-}
-
-/// A receiver: joins, reads both syncs (handing each bucket back, as an engine does, which
-/// keeps the bases), and checks version 1 byte for byte.
-async fn receive(addr: &str, rank: u32, v: &Versions) -> Result<(), String> {
-    let mut rx = WeightReceiver::connect(addr, "bench", rank, 1, Duration::from_secs(60))
-        .await
-        .map_err(|e| format!("rank {rank}: {e}"))?;
-    let specs: Vec<Vec<TensorSpec>> = v
-        .buckets
-        .iter()
-        .map(|b| b.iter().map(|&i| v.expected[i].spec()).collect())
-        .collect();
-    for run in 0..2 {
-        for (b, s) in v.buckets.iter().zip(&specs) {
-            let got = rx
-                .recv_bucket(s, TIMEOUT)
-                .await
-                .map_err(|e| format!("rank {rank}: {e}"))?;
-            if run == 1 {
-                for (t, &i) in got.iter().zip(b) {
-                    if t.bytes != v.expected[i].bytes {
-                        return Err(format!("rank {rank}: tensor {} differs", t.name));
-                    }
-                }
-            }
-            rx.recycle(got);
-        }
-    }
-    Ok(())
+    Ok((timed, stats.sent_bytes, stats))
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ pub mod codec;
 pub use bases::{ReceiverBases, SenderBases, SharedReceiverBases};
 
 /// Whether weight syncs send deltas (`weights.delta` in a deployment's YAML).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DeltaMode {
     /// Deltas when some engine receives over the TCP chain (another machine), where bytes cost
@@ -81,8 +81,28 @@ impl DeltaMode {
     }
 }
 
-/// What delta encoding did over some buckets: what went on the wire against what a full
-/// update would have sent, and how many elements had changed.
+/// Read as [`DeltaMode::parse`] reads it (a YAML `on`/`off` that a loader took for a boolean
+/// too), with an error naming the accepted values.
+impl<'de> serde::Deserialize<'de> for DeltaMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Word(String),
+            Flag(bool),
+        }
+        let s = match Raw::deserialize(d)? {
+            Raw::Word(s) => s,
+            Raw::Flag(b) => b.to_string(),
+        };
+        Self::parse(&s).ok_or_else(|| {
+            serde::de::Error::custom(format!("delta mode {s:?}: use auto, on, off or compress"))
+        })
+    }
+}
+
+/// What some buckets sent: the bytes on a data link against the tensors' own size, and with
+/// deltas on, what the encoding did (tensors as deltas, elements that had changed).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct DeltaStats {
     /// Bytes of the tensors' full encoding (what a full update sends).

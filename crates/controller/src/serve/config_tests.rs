@@ -73,6 +73,22 @@ fn enum_like_values_are_checked_at_load_naming_the_key() {
         open.gateway.to_gateway().control_auth,
         troupe_serving::gateway::ControlAuthMode::None
     );
+    // weights.delta: YAML's bare on/off (which a loader may read as booleans) and the words.
+    use troupe_weights::delta::DeltaMode;
+    for (yaml, want) in [
+        ("on", DeltaMode::On),
+        ("off", DeltaMode::Off),
+        ("compress", DeltaMode::Compress),
+        ("false", DeltaMode::Off),
+    ] {
+        let c = ServeConfig::from_yaml(
+            &format!("allocation_mode: x\nweights: {{delta: {yaml}}}\n"),
+            "t.yaml",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.weights.delta, want, "{yaml}");
+    }
     // One set of defaults: the gateway's own.
     let d = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[]).unwrap();
     assert_eq!(
@@ -90,6 +106,9 @@ fn enum_like_values_are_checked_at_load_naming_the_key() {
         ("rollout.stale_policy=keep", "stale_policy"),
         (busy.as_str(), "in use"),
         ("sglang.quantization=fp4", "sglang.quantization"),
+        ("weights.delta=maybe", "weights.delta"),
+        ("weights.delta=maybe", "auto, on, off or compress"),
+        ("weights.zstd=1", "zstd"),
         ("sglang.ready_timeout_s=1e20", "sglang.ready_timeout_s"),
         ("sglang.model_path=/nonexistent/model", "sglang.model_path"),
         ("cluster.n_nodes=1000000000", "cluster.n_nodes"),

@@ -13,20 +13,6 @@ pub struct WeightsSection {
     /// `on`: deltas for the ring too. `off`: every byte every sync, nothing kept. `compress`: as
     /// `on`, and dense blocks XOR + zstd where smaller (links slower than about 1 GB/s). Deltas
     /// keep one more encoded copy of the model on the trainer's process.
-    #[serde(default, deserialize_with = "delta_mode")]
+    #[serde(default)]
     pub delta: DeltaMode,
-}
-
-fn delta_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DeltaMode, D::Error> {
-    let v = serde_json::Value::deserialize(d)?;
-    let s = match &v {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Bool(b) => b.to_string(),
-        other => other.to_string(),
-    };
-    DeltaMode::parse(&s).ok_or_else(|| {
-        serde::de::Error::custom(format!(
-            "weights.delta must be auto, on, off or compress, got {v}"
-        ))
-    })
 }

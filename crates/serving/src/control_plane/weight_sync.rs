@@ -79,9 +79,11 @@ pub struct UpdateReport {
     pub buckets: usize,
     /// Bytes of the encoded weights (what a full update sends to each receiver).
     pub bytes: u64,
-    /// Bytes actually written to each data link (with deltas, usually far fewer).
+    /// Bytes written to each data link, frame headers included (with deltas, usually far
+    /// fewer than `bytes`).
     pub sent_bytes: u64,
-    /// What delta encoding did (all zero with `weights.delta: off`).
+    /// What was sent and what delta encoding did (no deltas with `weights.delta: off`, or
+    /// `auto` when every engine reads the ring).
     pub delta: DeltaStats,
     /// Tensors sent as FP8.
     pub fp8_tensors: usize,
@@ -312,11 +314,7 @@ impl Core {
                     seconds: t0.elapsed().as_secs_f64(),
                     buckets: n,
                     bytes: total,
-                    sent_bytes: if self.bases.is_some() {
-                        delta.sent_bytes
-                    } else {
-                        total
-                    },
+                    sent_bytes: delta.sent_bytes,
                     delta,
                     fp8_tensors,
                     skipped,

@@ -90,16 +90,6 @@ impl SenderBases {
         self.tensors.values().map(|b| b.bytes.len() as u64).sum()
     }
 
-    /// Tensors held.
-    pub fn len(&self) -> usize {
-        self.tensors.len()
-    }
-
-    /// Whether nothing is held.
-    pub fn is_empty(&self) -> bool {
-        self.tensors.is_empty()
-    }
-
     /// The tag a tensor is held under.
     pub(crate) fn tag(&self, name: &str) -> Option<u64> {
         self.tensors.get(name).map(|b| b.tag)

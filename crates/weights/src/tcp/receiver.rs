@@ -321,11 +321,6 @@ impl WeightReceiver {
             .collect();
     }
 
-    /// The delta bases this receiver keeps (shared with whoever passed them in).
-    pub fn bases(&self) -> &SharedReceiverBases {
-        &self.bases
-    }
-
     /// Reports `failure` to rank 0 where that helps, waits for the verdict naming the rank at
     /// fault where this engine cannot know it, and turns it into the caller's error.
     async fn fail(&mut self, failure: Failure) -> TcpError {

@@ -13,41 +13,37 @@ use super::{FRAME_DELTA, FRAME_WHOLE_TAGGED, TcpError, TensorRef, WeightSender};
 use crate::delta::DeltaStats;
 use crate::delta::bases::Plan;
 
+/// One piece of a bucket on a data link.
+enum Piece {
+    /// Bytes made here: a frame header, a delta, the end frame.
+    Own(Vec<u8>),
+    /// The bytes of the caller's tensor at this position, sent as they lie.
+    Tensor(usize),
+}
+
 /// A bucket's bytes on a data link, as the pieces written one after another.
+#[derive(Default)]
 struct Wire {
-    /// Frame headers and delta payloads, owned here; `pieces` points into them and into the
-    /// caller's tensors.
-    owned: Vec<Vec<u8>>,
-    /// `(owned index, or None for the tensor's own bytes at that position)` in write order.
-    order: Vec<(Option<usize>, usize)>,
-    /// Which of `owned` are delta payloads (a test corrupts one).
+    pieces: Vec<Piece>,
+    /// Which pieces are delta payloads (a test corrupts one).
     deltas: Vec<usize>,
 }
 
 impl Wire {
-    fn new() -> Self {
-        Wire {
-            owned: Vec::new(),
-            order: Vec::new(),
-            deltas: Vec::new(),
-        }
-    }
-
     fn own(&mut self, bytes: Vec<u8>) {
-        self.order.push((Some(self.owned.len()), 0));
-        self.owned.push(bytes);
+        self.pieces.push(Piece::Own(bytes));
     }
 
     fn tensor(&mut self, i: usize) {
-        self.order.push((None, i));
+        self.pieces.push(Piece::Tensor(i));
     }
 
     fn pieces<'a>(&'a self, tensors: &'a [TensorRef<'a>]) -> Vec<&'a [u8]> {
-        self.order
+        self.pieces
             .iter()
-            .map(|&(o, i)| match o {
-                Some(k) => &self.owned[k][..],
-                None => tensors[i].bytes,
+            .map(|p| match p {
+                Piece::Own(b) => &b[..],
+                Piece::Tensor(i) => tensors[*i].bytes,
             })
             .collect()
     }
@@ -84,18 +80,25 @@ impl WeightSender {
             .collect::<Result<Vec<_>, _>>()?;
         let end = encode_end(tensors.len())?;
         let deadline = Instant::now() + self.bucket_timeout;
+        let mut stats = DeltaStats {
+            full_bytes: tensors.iter().map(|t| t.bytes.len() as u64).sum(),
+            ..DeltaStats::default()
+        };
         let Some(bases) = self.delta.clone() else {
-            let mut wire = Wire::new();
+            let mut wire = Wire::default();
             for (i, h) in headers.into_iter().enumerate() {
                 wire.own(h);
                 wire.tensor(i);
             }
             wire.own(end.to_vec());
-            let outcomes = self.transmit(&wire.pieces(tensors), deadline).await?;
-            return self.commit(outcomes).await;
+            let pieces = wire.pieces(tensors);
+            stats.sent_bytes = pieces.iter().map(|p| p.len() as u64).sum();
+            self.transmit(&pieces, deadline).await?;
+            self.commit().await?;
+            self.stats.add(&stats);
+            return Ok(());
         };
-        let mut stats = DeltaStats::default();
-        let mut wire = Wire::new();
+        let mut wire = Wire::default();
         let mut whole = Vec::new();
         {
             let mut b = bases
@@ -106,7 +109,6 @@ impl WeightSender {
                 self.peers.iter().all(|p| p.digest == digest)
             });
             for (i, t) in tensors.iter().enumerate() {
-                stats.full_bytes += t.bytes.len() as u64;
                 let eligible = synced || self.whole_since_join.contains(t.name);
                 match b.plan(t.name, t.shape, t.dtype.elem_size(), t.bytes, eligible) {
                     Plan::Whole {
@@ -129,7 +131,7 @@ impl WeightSender {
                     } => {
                         let extra = [base_tag, result, bytes.len() as u64];
                         wire.own(encode_header_with(t, FRAME_DELTA, &extra)?);
-                        wire.deltas.push(wire.owned.len());
+                        wire.deltas.push(wire.pieces.len());
                         wire.own(bytes);
                         stats.delta_tensors += 1;
                         stats.compared_elems += (t.bytes.len() / t.dtype.elem_size()) as u64;
@@ -142,8 +144,8 @@ impl WeightSender {
         #[cfg(test)]
         if std::mem::take(&mut self.corrupt_next_delta)
             && let Some(&k) = wire.deltas.first()
+            && let Piece::Own(d) = &mut wire.pieces[k]
         {
-            let d = &mut wire.owned[k];
             let at = d.len() / 2;
             d[at] ^= 0x5A;
         }
@@ -191,7 +193,7 @@ impl WeightSender {
         need.sort_unstable();
         need.dedup();
         if need.is_empty() {
-            return self.commit(outcomes).await;
+            return self.commit().await;
         }
         let asked: Vec<u32> = outcomes
             .iter()
@@ -199,7 +201,7 @@ impl WeightSender {
             .map(|(r, _)| *r)
             .collect();
         tracing::warn!(ranks = ?asked, tensors = need.len(), "resending deltas engines could not apply, whole");
-        let mut repair = Wire::new();
+        let mut repair = Wire::default();
         let bases = self.delta.clone();
         for &i in &need {
             let t = &tensors[i as usize];
@@ -227,11 +229,11 @@ impl WeightSender {
                 )
                 .await;
         }
-        self.commit(outcomes).await
+        self.commit().await
     }
 
     /// Tells every engine the bucket is committed.
-    async fn commit(&mut self, _outcomes: Vec<(u32, Outcome)>) -> Result<(), TcpError> {
+    async fn commit(&mut self) -> Result<(), TcpError> {
         for p in &mut self.peers {
             write_to_engine(&mut p.control, &ToEngine::Commit).await?;
         }

@@ -74,7 +74,7 @@ pub struct WeightSender {
     pub(super) synced: Option<bool>,
     /// Tensors sent whole (and committed) since the group formed: every engine holds them.
     pub(super) whole_since_join: HashSet<String>,
-    /// What delta encoding did since the last [`take_stats`](Self::take_stats).
+    /// What was sent since the last [`take_stats`](Self::take_stats).
     pub(super) stats: DeltaStats,
     /// Test hook: flip a byte of the next bucket's first delta on the way out.
     #[cfg(test)]
@@ -444,7 +444,8 @@ impl WeightSender {
         self.delta = bases;
     }
 
-    /// What delta encoding did since the last call (zero when deltas are off).
+    /// What the buckets committed since the last call sent (bytes on a data link, and with
+    /// deltas what the encoding did).
     pub fn take_stats(&mut self) -> DeltaStats {
         std::mem::take(&mut self.stats)
     }
