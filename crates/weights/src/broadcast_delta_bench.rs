@@ -15,6 +15,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use half::bf16;
 use rayon::prelude::*;
 
@@ -22,7 +23,7 @@ use crate::broadcast_bench::{MAX_MIB, MAX_RECEIVERS, Model, RUNS, TIMEOUT_SECS, 
 use crate::broadcast_bench::{encode, model_tensors, receive};
 use crate::bucket::{DEFAULT_BUCKET_BYTES, TensorMeta, pack_buckets};
 use crate::delta::{DeltaStats, SenderBases};
-use crate::tcp::{TensorRef, WeightSender};
+use crate::tcp::{SharedTensorRef, WeightSender};
 
 const TIMEOUT: Duration = Duration::from_secs(TIMEOUT_SECS);
 
@@ -32,8 +33,9 @@ struct Versions {
     v1: Model,
     /// Encoded version 1: what every receiver must end with.
     expected: Vec<WireTensor>,
-    /// Encoded version 0 (BF16 runs only; FP8 runs quantize inside the timed sync).
-    w0: Option<Vec<WireTensor>>,
+    /// Encoded version 0 and 1 in buffers the sender may keep (BF16 runs only; FP8 runs
+    /// quantize inside the timed sync).
+    shared: Option<[Vec<Bytes>; 2]>,
     buckets: Vec<Vec<usize>>,
 }
 
@@ -111,7 +113,13 @@ fn versions(mib: usize, fp8: bool, changed: f64) -> Result<Versions, String> {
     let v0 = model_tensors(mib);
     let v1 = step(&v0, changed);
     let expected = encode(&v1, fp8, None)?;
-    let w0 = (!fp8).then(|| encode(&v0, false, None)).transpose()?;
+    let shared = if fp8 {
+        None
+    } else {
+        let w0 = encode(&v0, false, None)?;
+        let bytes = |w: &[WireTensor]| w.iter().map(|t| Bytes::copy_from_slice(&t.bytes)).collect();
+        Some([bytes(&w0), bytes(&expected)])
+    };
     let metas = expected
         .iter()
         .map(|t| TensorMeta::new(t.name.clone(), t.dtype, t.shape.clone()))
@@ -131,7 +139,7 @@ fn versions(mib: usize, fp8: bool, changed: f64) -> Result<Versions, String> {
         v0,
         v1,
         expected,
-        w0,
+        shared,
         buckets,
     })
 }
@@ -197,11 +205,13 @@ async fn measure(
     let mut timed = 0.0;
     for run in 0..2u8 {
         let start = Instant::now();
-        // FP8 quantizes inside the timed sync; BF16 sends the encodings made up front.
-        let quantized = if fp8 {
+        // FP8 quantizes inside the timed sync; BF16 sends the encodings made up front. Both
+        // hand the sender buffers it may keep, as `WeightSync` does.
+        let quantized: Option<Vec<Bytes>> = if fp8 {
             let v = v.clone();
             let w = tokio::task::spawn_blocking(move || {
                 encode(if run == 0 { &v.v0 } else { &v.v1 }, true, None)
+                    .map(|w| w.into_iter().map(|t| Bytes::from(t.bytes)).collect())
             })
             .await
             .map_err(|e| format!("quantizing failed: {e}"))??;
@@ -209,23 +219,23 @@ async fn measure(
         } else {
             None
         };
-        let tensors: &[WireTensor] = match (&quantized, run) {
+        let bytes: &[Bytes] = match (&quantized, &v.shared) {
             (Some(w), _) => w,
-            (None, 0) => v.w0.as_deref().unwrap_or(&v.expected),
-            (None, _) => &v.expected,
+            (None, Some(s)) => &s[usize::from(run)],
+            (None, None) => return Err("internal: no encodings".into()),
         };
         for b in &v.buckets {
-            let refs: Vec<TensorRef<'_>> = b
+            let refs: Vec<SharedTensorRef<'_>> = b
                 .iter()
-                .map(|&i| TensorRef {
-                    name: &tensors[i].name,
-                    dtype: tensors[i].dtype,
-                    shape: &tensors[i].shape,
-                    bytes: &tensors[i].bytes,
+                .map(|&i| SharedTensorRef {
+                    name: &v.expected[i].name,
+                    dtype: v.expected[i].dtype,
+                    shape: &v.expected[i].shape,
+                    bytes: &bytes[i],
                 })
                 .collect();
             sender
-                .send_bucket(&refs)
+                .send_bucket_shared(&refs)
                 .await
                 .map_err(|e| format!("{n} receivers: {e}"))?;
         }

@@ -9,10 +9,15 @@
 //! smaller than itself goes whole. FP8 tensors are diffed after quantization, on the quantized
 //! bytes and the scales, so the result is bit-identical to a full FP8 update.
 //!
-//! - [`codec`]: the block encoding, its decoder, and the per-tensor checksum of the result.
-//! - [`bases`]: what the sender last sent ([`SenderBases`], one wire-format copy of the weights
-//!   on the sender) and what a receiver holds ([`ReceiverBases`], the buffers the engine
-//!   hands back with `WeightReceiver::recycle`, so no copy beyond the engine's own).
+//! - [`codec`]: the block encoding and its decoder; `scan` finds what changed in a block.
+//! - [`sum`]: the per-tensor checksum of the result, a sum over words that a receiver updates
+//!   from the words a delta rewrites (no second pass over the model on every engine).
+//! - [`bases`]: what the sender last sent ([`SenderBases`]: the caller's own buffers when it
+//!   lends them with `send_bucket_shared`, else one wire-format copy of the weights) and what a
+//!   receiver holds ([`ReceiverBases`], the buffers the engine hands back with
+//!   `WeightReceiver::recycle`, read-only while lent, so no copy beyond the engine's own).
+//!   A tensor whose delta did not pay is sent plain (no base kept, nothing summed) and retried
+//!   after 1, 2, 4, then every 8 updates.
 //!
 //! The transport ([`crate::tcp`]) decides per tensor, keeps bases versioned by *tag* (the
 //! checksum of a delta's result, or a fresh random tag for a tensor sent whole), and falls back
@@ -23,6 +28,8 @@
 
 pub mod bases;
 pub mod codec;
+mod scan;
+pub mod sum;
 
 pub use bases::{ReceiverBases, SenderBases, SharedReceiverBases};
 

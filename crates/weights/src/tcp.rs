@@ -83,6 +83,7 @@ pub(crate) mod ring;
 mod send_bucket;
 mod sender;
 pub mod shm;
+mod tensor_bytes;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -94,6 +95,7 @@ mod tests_shm;
 
 pub use receiver::WeightReceiver;
 pub use sender::WeightSender;
+pub use tensor_bytes::TensorBytes;
 
 pub(crate) const MAGIC: &[u8; 4] = b"TRWU";
 pub(crate) const DATA_MAGIC: &[u8; 4] = b"TRWD";
@@ -224,6 +226,20 @@ pub struct TensorRef<'a> {
     pub bytes: &'a [u8],
 }
 
+/// A tensor handed to [`WeightSender::send_bucket_shared`] in a buffer the sender may keep
+/// (with deltas on, as the base of the tensor's next delta: no copy).
+#[derive(Debug, Clone, Copy)]
+pub struct SharedTensorRef<'a> {
+    /// Hugging Face parameter name.
+    pub name: &'a str,
+    /// Element type of `bytes`.
+    pub dtype: WireDtype,
+    /// Dimensions, row-major.
+    pub shape: &'a [usize],
+    /// Raw little-endian element bytes; length must be `product(shape) * dtype.elem_size()`.
+    pub bytes: &'a bytes::Bytes,
+}
+
 /// What a receiver is told to expect for one tensor (from `/update_weights_from_distributed`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSpec {
@@ -244,6 +260,6 @@ pub struct OwnedTensor {
     pub dtype: WireDtype,
     /// Dimensions.
     pub shape: Vec<usize>,
-    /// Raw little-endian element bytes.
-    pub bytes: Vec<u8>,
+    /// Raw little-endian element bytes (read-only: see [`TensorBytes`]).
+    pub bytes: TensorBytes,
 }

@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use bytes::Bytes;
+
 use troupe_weights::bucket::TensorMeta;
 use troupe_weights::fp8::{self, Fp8Options, Weights};
 use troupe_weights::tcp::WireDtype;
@@ -75,8 +77,9 @@ impl std::fmt::Debug for HostData {
     }
 }
 
-/// Tensor metadata in bucket order, each tensor's wire bytes by name, and how many went as FP8.
-pub(super) type Encoded = (Vec<TensorMeta>, HashMap<String, Vec<u8>>, usize);
+/// Tensor metadata in bucket order, each tensor's wire bytes by name (shared buffers: the catch-up
+/// copy and the delta bases keep these very buffers), and how many went as FP8.
+pub(super) type Encoded = (Vec<TensorMeta>, HashMap<String, Bytes>, usize);
 
 pub(super) fn encode(tensors: &[HostTensor], fp8_on: bool) -> Result<Encoded, WeightSyncError> {
     let mut metas = Vec::new();
@@ -104,8 +107,8 @@ pub(super) fn encode(tensors: &[HostTensor], fp8_on: bool) -> Result<Encoded, We
             .map_err(|e| WeightSyncError::Encode(e.to_string()))?;
             let (wm, sm) = TensorMeta::for_quantized(&t.name, &q)
                 .map_err(|e| WeightSyncError::Encode(e.to_string()))?;
-            bytes.insert(sm.name.clone(), q.scales.to_le_bytes());
-            bytes.insert(wm.name.clone(), q.data);
+            bytes.insert(sm.name.clone(), Bytes::from(q.scales.to_le_bytes()));
+            bytes.insert(wm.name.clone(), Bytes::from(q.data));
             metas.push(wm);
             metas.push(sm);
             n_fp8 += 1;
@@ -115,7 +118,7 @@ pub(super) fn encode(tensors: &[HostTensor], fp8_on: bool) -> Result<Encoded, We
                 TensorMeta::new(&t.name, WireDtype::Bf16, t.shape.clone())
                     .map_err(|e| WeightSyncError::Encode(e.to_string()))?,
             );
-            bytes.insert(t.name.clone(), b);
+            bytes.insert(t.name.clone(), Bytes::from(b));
         }
     }
     Ok((metas, bytes, n_fp8))

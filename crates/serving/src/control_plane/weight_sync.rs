@@ -10,10 +10,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use troupe_weights::bucket::{Bucket, pack_buckets};
 use troupe_weights::delta::{DeltaMode, DeltaStats, SenderBases};
 use troupe_weights::plan::{EngineGpus, WeightSyncPlan};
-use troupe_weights::tcp::{TensorRef, WeightSender};
+use troupe_weights::tcp::{SharedTensorRef, WeightSender};
 use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
 
 use troupe_wire::PauseMode;
@@ -101,7 +103,7 @@ struct Group {
 struct Cached {
     version: String,
     buckets: Vec<Bucket>,
-    bytes: HashMap<String, Vec<u8>>,
+    bytes: HashMap<String, Bytes>,
 }
 
 /// Rank 0 of the weight broadcast, and the orchestration around it. Cheap to clone: clones
@@ -475,7 +477,7 @@ impl Core {
         control: &dyn ControlHandle,
         engines: &[Engine],
         b: &Bucket,
-        bytes: &HashMap<String, Vec<u8>>,
+        bytes: &HashMap<String, Bytes>,
         version: &str,
         flush: bool,
     ) -> Result<(), String> {
@@ -494,7 +496,7 @@ impl Core {
             let data = bytes
                 .get(&t.name)
                 .ok_or_else(|| format!("internal: no bytes for {}", t.name))?;
-            refs.push(TensorRef {
+            refs.push(SharedTensorRef {
                 name: &t.name,
                 dtype: t.dtype,
                 shape: &t.shape,
@@ -514,7 +516,7 @@ impl Core {
         // An engine that refuses the bucket (an unknown name, a wrong shape) never reads it, so
         // the broadcast would wait for it forever: a refusal ends the send at once (the group
         // is rebuilt next time; the engines changed nothing).
-        let send = group.sender.send_bucket(&refs);
+        let send = group.sender.send_bucket_shared(&refs);
         tokio::pin!(send);
         tokio::pin!(http);
         let mut sent = None;

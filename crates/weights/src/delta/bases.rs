@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::codec;
@@ -24,6 +25,9 @@ pub(crate) enum Plan {
         compared: u64,
         changed: u64,
     },
+    /// Whole and not kept by anyone (no tag): the tensor changed nearly everywhere lately, so
+    /// holding a base of it (and summing it on every engine) would not pay for a while.
+    Plain { compared: u64, changed: u64 },
     /// As a delta against the receiver's base `base_tag`; the result's checksum (its new tag).
     Delta {
         base_tag: u64,
@@ -33,11 +37,44 @@ pub(crate) enum Plan {
     },
 }
 
+/// The sender's copy of one tensor: its own buffer, updated in place by each delta, or the
+/// caller's buffer kept as it was sent (no copy; [`Bytes`] cannot change under it).
+enum Stored {
+    Own(Vec<u8>),
+    Shared(Bytes),
+}
+
+impl Stored {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Stored::Own(v) => v,
+            Stored::Shared(b) => b,
+        }
+    }
+
+    /// Becomes `new`: the caller's buffer when it lends one, else a copy in the buffer held.
+    fn replace(&mut self, new: &[u8], shared: Option<&Bytes>) {
+        match (shared, &mut *self) {
+            (Some(b), _) => *self = Stored::Shared(b.clone()),
+            (None, Stored::Own(v)) if v.len() == new.len() => v.copy_from_slice(new),
+            (None, _) => *self = Stored::Own(new.to_vec()),
+        }
+    }
+
+    /// Whether it holds exactly `new` (the same buffer, or equal bytes).
+    fn holds(&self, new: &[u8], shared: Option<&Bytes>) -> bool {
+        match (self, shared) {
+            (Stored::Shared(b), Some(s)) if b.as_ptr() == s.as_ptr() && b.len() == s.len() => true,
+            _ => self.bytes() == new,
+        }
+    }
+}
+
 struct SenderBase {
     /// Bytes per element (1, 2 or 4: FP8, BF16, F32 on the wire).
     elem: usize,
     shape: Vec<usize>,
-    bytes: Vec<u8>,
+    bytes: Stored,
     tag: u64,
 }
 
@@ -46,6 +83,10 @@ struct SenderBase {
 /// that kept theirs.
 pub struct SenderBases {
     tensors: HashMap<String, SenderBase>,
+    /// Tensors whose last delta did not pay: `(updates still to send plain, times in a row)`.
+    /// A tensor that keeps changing everywhere is tried again after 1, 2, 4, then every 8
+    /// updates.
+    dense: HashMap<String, (u32, u32)>,
     digest: u64,
     compress: bool,
     seed: u64,
@@ -73,6 +114,7 @@ impl SenderBases {
         h.write_u64(std::process::id().into());
         SenderBases {
             tensors: HashMap::new(),
+            dense: HashMap::new(),
             digest: 0,
             compress,
             seed: h.finish(),
@@ -87,7 +129,10 @@ impl SenderBases {
 
     /// Bytes held (the memory cost of delta updates on the sender).
     pub fn bytes(&self) -> u64 {
-        self.tensors.values().map(|b| b.bytes.len() as u64).sum()
+        self.tensors
+            .values()
+            .map(|b| b.bytes.bytes().len() as u64)
+            .sum()
     }
 
     /// The tag a tensor is held under.
@@ -110,29 +155,36 @@ impl SenderBases {
 
     /// Decides how tensor `name` (`shape`, `elem`-byte elements, these `bytes`) goes, and
     /// makes its base equal to `bytes`: a delta when `eligible` (every receiver holds this
-    /// sender's base of it) and it pays; whole otherwise.
+    /// sender's base of it) and it pays; whole otherwise. When the caller lends the buffer
+    /// (`shared`, the same bytes), it becomes the base as it is: the diff then only reads.
     pub(crate) fn plan(
         &mut self,
         name: &str,
         shape: &[usize],
         elem: usize,
         bytes: &[u8],
+        shared: Option<&Bytes>,
         eligible: bool,
     ) -> Plan {
         let compress = self.compress;
         if let Some(b) = self.tensors.get_mut(name)
             && b.elem == elem
             && b.shape == shape
-            && b.bytes.len() == bytes.len()
+            && b.bytes.bytes().len() == bytes.len()
         {
             let base_tag = b.tag;
-            let enc = if eligible {
-                codec::encode(&mut b.bytes, bytes, elem, compress)
-            } else {
-                Err(codec::Dense::default())
+            let enc = match (&mut b.bytes, shared) {
+                (_, _) if !eligible => Err(codec::Dense::default()),
+                (Stored::Own(v), None) => codec::encode(v, bytes, elem, compress),
+                (held, _) => codec::encode_against(held.bytes(), bytes, elem, compress),
             };
+            let updated_in_place = shared.is_none() && matches!(b.bytes, Stored::Own(_));
             match enc {
                 Ok(e) => {
+                    self.dense.remove(name);
+                    if !updated_in_place {
+                        b.bytes.replace(bytes, shared);
+                    }
                     self.set_tag(name, e.checksum);
                     return Plan::Delta {
                         base_tag,
@@ -143,15 +195,18 @@ impl SenderBases {
                 }
                 // A tensor resent unchanged (a catch-up, a repeated version) keeps its tag, so
                 // engines that were not in this group still match the sender afterwards.
-                Err(_) if !eligible && b.bytes[..] == bytes[..] => {
+                Err(_) if !eligible && b.bytes.holds(bytes, shared) => {
+                    if shared.is_some() {
+                        b.bytes.replace(bytes, shared);
+                    }
                     return Plan::Whole {
                         tag: base_tag,
                         compared: 0,
                         changed: 0,
                     };
                 }
-                Err(d) => {
-                    b.bytes.copy_from_slice(bytes);
+                Err(d) if !eligible => {
+                    b.bytes.replace(bytes, shared);
                     let tag = self.fresh_tag();
                     self.set_tag(name, tag);
                     return Plan::Whole {
@@ -160,16 +215,40 @@ impl SenderBases {
                         changed: d.changed,
                     };
                 }
+                // Changed nearly everywhere: sent plain, and no base is kept for a while.
+                Err(d) => {
+                    self.forget(name);
+                    let streak = self.dense.get(name).map_or(0, |e| e.1) + 1;
+                    let wait = 1u32 << (streak - 1).min(3);
+                    self.dense.insert(name.to_string(), (wait, streak));
+                    return Plan::Plain {
+                        compared: d.compared,
+                        changed: d.changed,
+                    };
+                }
             }
+        }
+        if let Some(e) = self.dense.get_mut(name)
+            && e.0 > 0
+        {
+            e.0 -= 1;
+            return Plan::Plain {
+                compared: 0,
+                changed: 0,
+            };
         }
         self.forget(name);
         let tag = self.fresh_tag();
+        let stored = match shared {
+            Some(b) => Stored::Shared(b.clone()),
+            None => Stored::Own(bytes.to_vec()),
+        };
         self.tensors.insert(
             name.to_string(),
             SenderBase {
                 elem,
                 shape: shape.to_vec(),
-                bytes: bytes.to_vec(),
+                bytes: stored,
                 tag,
             },
         );
@@ -194,6 +273,9 @@ impl SenderBases {
 #[derive(Debug)]
 struct Held {
     tag: u64,
+    /// The checksum ([`super::sum`]) of these bytes, computed from them as they arrived and
+    /// kept up to date by every delta applied since.
+    sum: u64,
     bytes: Option<Vec<u8>>,
 }
 
@@ -240,16 +322,17 @@ impl ReceiverBases {
             .sum()
     }
 
-    /// Takes the base of `name` to apply a delta to, if it is held under `tag` with `len`
-    /// bytes; the entry is gone until [`lend`](Self::lend) records the result.
-    pub(crate) fn take(&mut self, name: &str, tag: u64, len: usize) -> Option<Vec<u8>> {
+    /// Takes the base of `name` and its checksum to apply a delta to, if it is held under
+    /// `tag` with `len` bytes; the entry is gone until [`lend`](Self::lend) records the result.
+    pub(crate) fn take(&mut self, name: &str, tag: u64, len: usize) -> Option<(Vec<u8>, u64)> {
         let h = self.held.get(name)?;
         if h.tag != tag || h.bytes.as_ref().is_none_or(|b| b.len() != len) {
             return None;
         }
+        let sum = h.sum;
         let bytes = self.held.get_mut(name).and_then(|h| h.bytes.take());
         self.forget(name);
-        bytes
+        bytes.map(|b| (b, sum))
     }
 
     /// Takes the buffer of `name`'s base whatever its tag, if it holds at least `len` bytes
@@ -264,11 +347,17 @@ impl ReceiverBases {
         bytes
     }
 
-    /// Records that the engine now has `name` under `tag`.
-    pub(crate) fn lend(&mut self, name: &str, tag: u64) {
+    /// Records that the engine now has `name` under `tag`, its bytes summing to `sum`.
+    pub(crate) fn lend(&mut self, name: &str, tag: u64, sum: u64) {
         self.forget(name);
-        self.held
-            .insert(name.to_string(), Held { tag, bytes: None });
+        self.held.insert(
+            name.to_string(),
+            Held {
+                tag,
+                sum,
+                bytes: None,
+            },
+        );
         self.digest ^= mix(name, tag);
     }
 
@@ -289,5 +378,53 @@ impl ReceiverBases {
             }
             _ => Some(bytes),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(p: &Plan) -> &'static str {
+        match p {
+            Plan::Whole { .. } => "whole",
+            Plan::Plain { .. } => "plain",
+            Plan::Delta { .. } => "delta",
+        }
+    }
+
+    #[test]
+    fn a_tensor_that_keeps_changing_everywhere_is_sent_plain_and_retried_less_often() {
+        let mut b = SenderBases::new(false);
+        let mut v = vec![0u8; 1 << 16];
+        let mut seen = Vec::new();
+        for step in 0..12u8 {
+            v.iter_mut().for_each(|x| *x = x.wrapping_add(1));
+            let p = b.plan("w", &[1 << 15], 2, &v, None, true);
+            seen.push(kind(&p));
+            if step == 0 {
+                assert!(b.tag("w").is_some());
+            }
+        }
+        // Kept whole at first, dense (plain) when tried, then tried again after 1, 2, 4 plain.
+        assert_eq!(
+            seen,
+            [
+                "whole", "plain", "plain", "whole", "plain", "plain", "plain", "whole", "plain",
+                "plain", "plain", "plain"
+            ]
+        );
+        assert_eq!(b.tag("w"), None, "no base is kept while it goes plain");
+        // Once a delta pays again, the tensor is a regular delta.
+        let mut b = SenderBases::new(false);
+        let mut v = vec![0u8; 1 << 16];
+        b.plan("w", &[1 << 15], 2, &v, None, true);
+        v.iter_mut().for_each(|x| *x = x.wrapping_add(1));
+        assert_eq!(kind(&b.plan("w", &[1 << 15], 2, &v, None, true)), "plain");
+        assert_eq!(kind(&b.plan("w", &[1 << 15], 2, &v, None, true)), "plain");
+        assert_eq!(kind(&b.plan("w", &[1 << 15], 2, &v, None, true)), "whole");
+        v[10] ^= 1;
+        assert_eq!(kind(&b.plan("w", &[1 << 15], 2, &v, None, true)), "delta");
+        assert!(b.dense.is_empty());
     }
 }

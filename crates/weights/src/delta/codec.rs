@@ -9,12 +9,18 @@
 //! - `2` XOR-zstd: `u32 len`, then `len` bytes of zstd-compressed `new ^ base` for the block;
 //! - `3` whole: the block's bytes.
 //!
-//! Blocks are independent, so both ends work on them in parallel (rayon). The checksum of a
-//! tensor is xxh3-64 over its length and the xxh3-64 of every block, so it too is computed per
-//! block, in the same pass that encodes or applies the block (the block is still in cache).
+//! Blocks are independent, so both ends work on them in parallel (rayon). The checksum of the
+//! result ([`super::sum`]) is a sum over words: the sender computes it per block in the pass that
+//! diffs the block, and a receiver updates the sum of its base from the words each block
+//! rewrites.
 
 use rayon::prelude::*;
-use xxhash_rust::xxh3::xxh3_64;
+
+use super::scan::changed_indices;
+use super::sum::{self, term, word, words_sum};
+
+/// Words per block.
+const BLOCK_WORDS: u64 = (BLOCK_BYTES / 8) as u64;
 
 /// Bytes per block: 64 KiB, so an element index within a block fits a `u16` for 1-byte (FP8)
 /// elements, and a block's encoding is decided on data that is still in cache.
@@ -28,6 +34,19 @@ const WHOLE: u8 = 3;
 /// Blocks encoded per parallel wave; after the first wave a tensor that does not pay is
 /// abandoned (sent whole) instead of being diffed to the end.
 const WAVE_BLOCKS: usize = 64;
+
+/// Most changed elements a block of `len` bytes goes sparse with: one per 16 bytes. Each pair
+/// costs ~10 ns on each end (find it, write it, update the checksum), so past this a block is
+/// cheaper to send whole at a few GB/s than to patch (measured: FP8 with 8% of bytes changed
+/// went 3x slower as pairs than whole over loopback); the pairs are also at most
+/// `(2 + 4) / 16` of the block, so a sparse block always saves bytes.
+fn sparse_limit(len: usize) -> usize {
+    len / 16
+}
+
+/// Bytes counted (not encoded) before anything else, to give up at once on a tensor that
+/// changed nearly everywhere.
+const GLANCE_BYTES: usize = 8 << 10;
 
 /// Blocks diffed before the rest, to give up early on a tensor that changed nearly everywhere.
 const PROBE_BLOCKS: usize = 2;
@@ -52,23 +71,9 @@ pub struct Encoded {
     pub changed: u64,
 }
 
-/// The checksum of a tensor's bytes (xxh3-64 over its length and its blocks' xxh3-64s).
+/// The checksum of a tensor's bytes ([`super::sum`]).
 pub fn checksum(bytes: &[u8]) -> u64 {
-    let hashes: Vec<u64> = if bytes.len() > 4 * BLOCK_BYTES {
-        bytes.par_chunks(BLOCK_BYTES).map(xxh3_64).collect()
-    } else {
-        bytes.chunks(BLOCK_BYTES).map(xxh3_64).collect()
-    };
-    combine(bytes.len(), &hashes)
-}
-
-fn combine(len: usize, block_hashes: &[u64]) -> u64 {
-    let mut buf = Vec::with_capacity(8 + 8 * block_hashes.len());
-    buf.extend_from_slice(&(len as u64).to_le_bytes());
-    for h in block_hashes {
-        buf.extend_from_slice(&h.to_le_bytes());
-    }
-    xxh3_64(&buf)
+    sum::checksum(bytes)
 }
 
 /// A tensor whose delta would not pay: how many elements were compared before giving up, and
@@ -81,79 +86,173 @@ pub struct Dense {
     pub changed: u64,
 }
 
+/// A block of the base as the encoder sees it: updated in place to equal the new bytes
+/// (the sender owns its copy), or only read (the sender will keep the caller's new buffer).
+trait BaseBlock: Send {
+    fn bytes(&self) -> &[u8];
+    fn set(&mut self, at: usize, src: &[u8]);
+}
+
+impl BaseBlock for &[u8] {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn set(&mut self, _: usize, _: &[u8]) {}
+}
+
+impl BaseBlock for &mut [u8] {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn set(&mut self, at: usize, src: &[u8]) {
+        self[at..at + src.len()].copy_from_slice(src);
+    }
+}
+
+fn valid(base: &[u8], new: &[u8], elem: usize) -> bool {
+    base.len() == new.len() && matches!(elem, 1 | 2 | 4) && new.len().is_multiple_of(elem)
+}
+
 /// Encodes `new` against `base` (same length, `elem`-byte elements) and makes `base` equal to
 /// `new` on the way. Fails with [`Dense`] when the delta would not be clearly smaller than
 /// `new` (then `base` may hold a mix: the caller sends `new` whole and copies it into `base`).
 pub fn encode(base: &mut [u8], new: &[u8], elem: usize, compress: bool) -> Result<Encoded, Dense> {
-    if base.len() != new.len() || !matches!(elem, 1 | 2 | 4) || !new.len().is_multiple_of(elem) {
+    if !valid(base, new, elem) {
         return Err(Dense::default());
     }
-    let blocks = new.len().div_ceil(BLOCK_BYTES);
-    let mut bytes = Vec::new();
-    let mut hashes = Vec::with_capacity(blocks);
-    let mut changed = 0u64;
-    // A probe of the first blocks first: a tensor that changed nearly everywhere is sent whole
-    // after diffing a few blocks, not all of it.
-    let probe = (PROBE_BLOCKS * BLOCK_BYTES).min(new.len());
-    let (b0, b1) = base.split_at_mut(probe);
-    let (n0, n1) = new.split_at(probe);
-    let wave = WAVE_BLOCKS * BLOCK_BYTES;
-    let waves = std::iter::once((b0, n0)).chain(b1.chunks_mut(wave).zip(n1.chunks(wave)));
-    let mut seen = 0usize;
-    for (b, n) in waves {
-        let encoded: Vec<(Vec<u8>, u64, u64)> = b
-            .par_chunks_mut(BLOCK_BYTES)
-            .zip(n.par_chunks(BLOCK_BYTES))
-            .map(|(b, n)| {
-                let mut out = Vec::new();
-                let c = encode_block(b, n, elem, compress, &mut out);
-                (out, xxh3_64(n), c)
-            })
-            .collect();
-        for (e, h, c) in encoded {
-            bytes.extend_from_slice(&e);
-            hashes.push(h);
-            changed += c;
-        }
-        seen += n.len();
-        if bytes.len() as f64 > WORTH * seen as f64 {
+    encode_blocks(base.chunks_mut(BLOCK_BYTES).collect(), new, elem, compress)
+}
+
+/// [`encode`] without touching `base`: for a sender that keeps `new` itself as the next base
+/// (it reads the two versions and writes nothing but the delta).
+pub fn encode_against(
+    base: &[u8],
+    new: &[u8],
+    elem: usize,
+    compress: bool,
+) -> Result<Encoded, Dense> {
+    if !valid(base, new, elem) {
+        return Err(Dense::default());
+    }
+    encode_blocks(base.chunks(BLOCK_BYTES).collect(), new, elem, compress)
+}
+
+fn encode_blocks<B: BaseBlock>(
+    mut base: Vec<B>,
+    new: &[u8],
+    elem: usize,
+    compress: bool,
+) -> Result<Encoded, Dense> {
+    // A glance first (a count, nothing built): a tensor that changed nearly everywhere is sent
+    // whole after reading a few KiB of it (unless compressing, which may still pay on it).
+    let glance = GLANCE_BYTES.min(new.len());
+    if !compress && glance >= 64 {
+        let (b, n) = (&base[0].bytes()[..glance], &new[..glance]);
+        let changed = changed_indices(b, n, elem, 0, &mut Vec::with_capacity(8));
+        if changed > sparse_limit(glance) {
             return Err(Dense {
-                compared: (seen / elem) as u64,
-                changed,
+                compared: (glance / elem) as u64,
+                changed: changed as u64,
             });
         }
     }
+    let news: Vec<&[u8]> = new.chunks(BLOCK_BYTES).collect();
+    let mut bytes = Vec::new();
+    let mut body = 0u64;
+    let mut changed = 0u64;
+    // A probe of the first blocks first: a tensor that changed nearly everywhere is sent whole
+    // after diffing a few blocks, not all of it.
+    let (mut start, mut wave, mut seen) = (0usize, PROBE_BLOCKS, 0usize);
+    while start < news.len() {
+        let end = (start + wave).min(news.len());
+        let one = |(k, (b, n)): (usize, (&mut B, &&[u8]))| {
+            let mut out = Vec::new();
+            let c = encode_block(b, n, elem, compress, &mut out);
+            (out, words_sum(k as u64 * BLOCK_WORDS, n), c)
+        };
+        // A probe's two blocks are not worth waking the pool for.
+        let encoded: Vec<(Vec<u8>, u64, u64)> = if end - start <= PROBE_BLOCKS {
+            base[start..end]
+                .iter_mut()
+                .zip(news[start..end].iter())
+                .enumerate()
+                .map(|(i, p)| one((start + i, p)))
+                .collect()
+        } else {
+            base[start..end]
+                .par_iter_mut()
+                .zip(news[start..end].par_iter())
+                .enumerate()
+                .map(|(i, p)| one((start + i, p)))
+                .collect()
+        };
+        // A block left empty goes whole: its bytes are copied once, here, and only if the
+        // tensor still pays.
+        let size = |(e, n): (&Vec<u8>, &&[u8])| if e.is_empty() { 1 + n.len() } else { e.len() };
+        let wave_len: usize = encoded
+            .iter()
+            .map(|e| &e.0)
+            .zip(&news[start..end])
+            .map(size)
+            .sum();
+        seen += news[start..end].iter().map(|n| n.len()).sum::<usize>();
+        if (bytes.len() + wave_len) as f64 > WORTH * seen as f64 {
+            let more: u64 = encoded.iter().map(|e| e.2).sum();
+            return Err(Dense {
+                compared: (seen / elem) as u64,
+                changed: changed + more,
+            });
+        }
+        bytes.reserve(wave_len);
+        for ((e, h, c), n) in encoded.into_iter().zip(&news[start..end]) {
+            if e.is_empty() {
+                bytes.push(WHOLE);
+                bytes.extend_from_slice(n);
+            } else {
+                bytes.extend_from_slice(&e);
+            }
+            body = body.wrapping_add(h);
+            changed += c;
+        }
+        (start, wave) = (end, WAVE_BLOCKS);
+    }
     Ok(Encoded {
         bytes,
-        checksum: combine(new.len(), &hashes),
+        checksum: sum::finish(new.len(), body),
         changed,
     })
 }
 
-/// Encodes one block into `out` and makes `base` equal to `new`; returns how many elements
-/// differ.
-fn encode_block(
-    base: &mut [u8],
+/// Encodes one block into `out` (left empty when the block goes whole: the caller copies it)
+/// and makes `base` equal to `new`; returns how many elements differ.
+fn encode_block<B: BaseBlock>(
+    base: &mut B,
     new: &[u8],
     elem: usize,
     compress: bool,
     out: &mut Vec<u8>,
 ) -> u64 {
-    let mut idx: Vec<u16> = Vec::new();
-    changed_indices(base, new, elem, &mut idx);
-    let count = idx.len();
+    // Beyond this many changed elements the block goes whole, and the indices are not
+    // collected past it (a dense block costs one quick pass).
+    let limit = sparse_limit(new.len());
+    let mut idx: Vec<u16> = Vec::with_capacity(limit + 8);
+    let count = changed_indices(base.bytes(), new, elem, limit, &mut idx);
     if count == 0 {
         out.push(SAME);
         return 0;
     }
     let sparse_len = 5 + count * (2 + elem);
     let whole_len = 1 + new.len();
-    let mut best = sparse_len.min(whole_len);
+    let mut best = if count <= limit {
+        sparse_len.min(whole_len)
+    } else {
+        whole_len
+    };
     let mut xz = None;
     // Below 1/16 of the block the pairs are within a few bytes of any compressed form, and
     // the compressor would cost more than the block takes to send.
     if compress && sparse_len > new.len() / 16 {
-        let x: Vec<u8> = base.iter().zip(new).map(|(a, b)| a ^ b).collect();
+        let x: Vec<u8> = base.bytes().iter().zip(new).map(|(a, b)| a ^ b).collect();
         if let Ok(z) = zstd::bulk::compress(&x, ZSTD_LEVEL)
             && 5 + z.len() < best
         {
@@ -165,76 +264,33 @@ fn encode_block(
         out.push(XOR_ZSTD);
         out.extend_from_slice(&(z.len() as u32).to_le_bytes());
         out.extend_from_slice(&z);
-        base.copy_from_slice(new);
+        base.set(0, new);
     } else if best == sparse_len {
-        out.reserve(sparse_len);
-        out.push(SPARSE);
-        out.extend_from_slice(&(count as u32).to_le_bytes());
-        for i in &idx {
-            out.extend_from_slice(&i.to_le_bytes());
+        let start = out.len();
+        out.resize(start + sparse_len, 0);
+        let o = &mut out[start..];
+        o[0] = SPARSE;
+        o[1..5].copy_from_slice(&(count as u32).to_le_bytes());
+        let (ix, vals) = o[5..].split_at_mut(2 * count);
+        for (d, i) in ix.chunks_exact_mut(2).zip(&idx) {
+            d.copy_from_slice(&i.to_le_bytes());
         }
-        for &i in &idx {
+        for (d, &i) in vals.chunks_exact_mut(elem).zip(&idx) {
             let at = usize::from(i) * elem;
-            out.extend_from_slice(&new[at..at + elem]);
-            base[at..at + elem].copy_from_slice(&new[at..at + elem]);
+            d.copy_from_slice(&new[at..at + elem]);
+            base.set(at, &new[at..at + elem]);
         }
     } else {
-        out.push(WHOLE);
-        out.extend_from_slice(new);
-        base.copy_from_slice(new);
+        base.set(0, new);
     }
     count as u64
 }
 
-/// Pushes the index of every `elem`-byte element where `a` and `b` differ. Runs of 64 bytes
-/// are checked first with one vectorizable XOR-OR (most runs are equal in a sparse step),
-/// then words of eight bytes.
-fn changed_indices(a: &[u8], b: &[u8], elem: usize, idx: &mut Vec<u16>) {
-    const RUN: usize = 64;
-    let per_word = 8 / elem;
-    let mask: u64 = if elem == 4 {
-        0xFFFF_FFFF
-    } else {
-        (1u64 << (8 * elem)) - 1
-    };
-    let word = |s: &[u8]| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(s);
-        u64::from_le_bytes(w)
-    };
-    let runs = a.len() / RUN;
-    for (r, (x, y)) in a.chunks_exact(RUN).zip(b.chunks_exact(RUN)).enumerate() {
-        let mut any = 0u64;
-        for k in 0..RUN / 8 {
-            any |= word(&x[8 * k..8 * k + 8]) ^ word(&y[8 * k..8 * k + 8]);
-        }
-        if any == 0 {
-            continue;
-        }
-        for k in 0..RUN / 8 {
-            let d = word(&x[8 * k..8 * k + 8]) ^ word(&y[8 * k..8 * k + 8]);
-            if d == 0 {
-                continue;
-            }
-            let first = (r * RUN + 8 * k) / elem;
-            for e in 0..per_word {
-                if (d >> (8 * elem * e)) & mask != 0 {
-                    idx.push((first + e) as u16);
-                }
-            }
-        }
-    }
-    for e in (runs * RUN / elem)..(a.len() / elem) {
-        if a[e * elem..(e + 1) * elem] != b[e * elem..(e + 1) * elem] {
-            idx.push(e as u16);
-        }
-    }
-}
-
 /// Applies the block stream `enc` to `base` in place (`elem`-byte elements) and returns the
-/// [`checksum`] of the result. An error names what was malformed; `base` is then partly
-/// updated and must not be used.
-pub fn apply(base: &mut [u8], enc: &[u8], elem: usize) -> Result<u64, String> {
+/// [`checksum`] of the result, given `base_sum`, the checksum of `base` as the caller holds it
+/// (only the words the delta rewrites are read). An error names what was malformed; `base` is
+/// then partly updated and must not be used.
+pub fn apply(base: &mut [u8], enc: &[u8], elem: usize, base_sum: u64) -> Result<u64, String> {
     if !matches!(elem, 1 | 2 | 4) {
         return Err(format!("element size {elem}"));
     }
@@ -270,28 +326,35 @@ pub fn apply(base: &mut [u8], enc: &[u8], elem: usize) -> Result<u64, String> {
     if at != enc.len() {
         return Err(format!("{} bytes after the last block", enc.len() - at));
     }
-    let hashes = base
+    let change = base
         .par_chunks_mut(BLOCK_BYTES)
         .zip(parts.par_iter())
         .enumerate()
-        .map(|(k, (b, p))| apply_block(b, p, elem).map_err(|e| format!("block {k}: {e}")))
-        .collect::<Result<Vec<u64>, String>>()?;
-    Ok(combine(base.len(), &hashes))
+        .map(|(k, (b, p))| {
+            apply_block(b, p, elem, k as u64 * BLOCK_WORDS).map_err(|e| format!("block {k}: {e}"))
+        })
+        .try_reduce(|| 0, |x, y| Ok(x.wrapping_add(y)))?;
+    Ok(base_sum.wrapping_add(change))
 }
 
-fn apply_block(b: &mut [u8], part: &[u8], elem: usize) -> Result<u64, String> {
+/// Applies one block's encoding; returns how the checksum's sum changed (the block's first word
+/// is word `first` of the tensor).
+fn apply_block(b: &mut [u8], part: &[u8], elem: usize, first: u64) -> Result<u64, String> {
     let body = &part[1..];
+    let whole_before = match part[0] {
+        SAME => return Ok(0),
+        SPARSE => None,
+        _ => Some(words_sum(first, b)),
+    };
     match part[0] {
-        SAME => {}
         SPARSE => {
             let count = read_u32(body, 0)? as usize;
             let (idx, vals) = body[4..].split_at(2 * count);
-            for (i, v) in idx.chunks_exact(2).zip(vals.chunks_exact(elem)) {
-                let at = usize::from(u16::from_le_bytes([i[0], i[1]])) * elem;
-                b.get_mut(at..at + elem)
-                    .ok_or_else(|| format!("element {} outside the block", at / elem))?
-                    .copy_from_slice(v);
-            }
+            return match elem {
+                1 => apply_sparse::<1>(b, idx, vals, first),
+                2 => apply_sparse::<2>(b, idx, vals, first),
+                _ => apply_sparse::<4>(b, idx, vals, first),
+            };
         }
         XOR_ZSTD => {
             let x =
@@ -309,7 +372,52 @@ fn apply_block(b: &mut [u8], part: &[u8], elem: usize) -> Result<u64, String> {
         }
         _ => b.copy_from_slice(body),
     }
-    Ok(xxh3_64(b))
+    let before = whole_before.unwrap_or(0);
+    Ok(words_sum(first, b).wrapping_sub(before))
+}
+
+/// Writes sparse `(index, value)` pairs of `ELEM`-byte elements into block `b` and returns how
+/// the checksum's sum changed: each rewritten word adds `term(new) - term(old)`. Entries of one
+/// word are grouped (in a valid delta they are ascending); a word met again later adds its next
+/// change, so any order sums right.
+fn apply_sparse<const ELEM: usize>(
+    b: &mut [u8],
+    idx: &[u8],
+    vals: &[u8],
+    first: u64,
+) -> Result<u64, String> {
+    let word_at = |b: &[u8], wi: usize| match b.get(8 * wi..8 * wi + 8) {
+        Some(w) => u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]),
+        None => word(&b[8 * wi..]),
+    };
+    let mut change = 0u64;
+    let mut cur: Option<(usize, u64)> = None;
+    for (i, v) in idx.chunks_exact(2).zip(vals.chunks_exact(ELEM)) {
+        let at = usize::from(u16::from_le_bytes([i[0], i[1]])) * ELEM;
+        if at + ELEM > b.len() {
+            return Err(format!("element {} outside the block", at / ELEM));
+        }
+        let wi = at / 8;
+        if cur.is_none_or(|(w, _)| w != wi) {
+            if let Some((w, old)) = cur {
+                let j = first + w as u64;
+                change = change
+                    .wrapping_add(term(j, word_at(b, w)))
+                    .wrapping_sub(term(j, old));
+            }
+            cur = Some((wi, word_at(b, wi)));
+        }
+        let mut val = [0u8; ELEM];
+        val.copy_from_slice(v);
+        b[at..at + ELEM].copy_from_slice(&val);
+    }
+    if let Some((w, old)) = cur {
+        let j = first + w as u64;
+        change = change
+            .wrapping_add(term(j, word_at(b, w)))
+            .wrapping_sub(term(j, old));
+    }
+    Ok(change)
 }
 
 fn read_u32(buf: &[u8], at: usize) -> Result<u32, String> {
@@ -350,9 +458,13 @@ mod tests {
             let mut sender = base.clone();
             let enc = encode(&mut sender, &new, 2, compress).expect("pays");
             assert_eq!(sender, new, "the sender's base follows");
+            assert_eq!(encode_against(&base, &new, 2, compress), Ok(enc.clone()));
             assert_eq!(enc.checksum, checksum(&new));
             let mut rx = base.clone();
-            assert_eq!(apply(&mut rx, &enc.bytes, 2).unwrap(), checksum(&new));
+            assert_eq!(
+                apply(&mut rx, &enc.bytes, 2, checksum(&base)).unwrap(),
+                checksum(&new)
+            );
             assert_eq!(rx, new, "frac {frac} compress {compress}");
         }
         // Dense changes do not pay: the caller sends the tensor whole.
@@ -371,7 +483,8 @@ mod tests {
             let enc = encode(&mut base.clone(), &new, elem, false).unwrap();
             assert_eq!(enc.changed, 2);
             let mut rx = base.clone();
-            apply(&mut rx, &enc.bytes, elem).unwrap();
+            let sum = apply(&mut rx, &enc.bytes, elem, checksum(&base)).unwrap();
+            assert_eq!(sum, checksum(&new));
             assert_eq!(rx, new);
         }
     }
@@ -384,17 +497,17 @@ mod tests {
         let enc = encode(&mut base.clone(), &new, 2, false).unwrap().bytes;
         for cut in [0, 1, enc.len() - 1] {
             assert!(
-                apply(&mut base.clone(), &enc[..cut], 2).is_err(),
+                apply(&mut base.clone(), &enc[..cut], 2, 0).is_err(),
                 "cut {cut}"
             );
         }
         let mut extra = enc.clone();
         extra.push(0);
-        assert!(apply(&mut base.clone(), &extra, 2).is_err());
+        assert!(apply(&mut base.clone(), &extra, 2, 0).is_err());
         let mut bad_kind = enc.clone();
         bad_kind[0] = 9;
         assert!(
-            apply(&mut base.clone(), &bad_kind, 2)
+            apply(&mut base.clone(), &bad_kind, 2, 0)
                 .unwrap_err()
                 .contains("kind 9")
         );
@@ -404,6 +517,15 @@ mod tests {
         assert_eq!(flipped[0], SPARSE);
         flipped[7] ^= 0xFF;
         let mut rx = base.clone();
-        assert_ne!(apply(&mut rx, &flipped, 2).unwrap(), checksum(&new));
+        assert_ne!(
+            apply(&mut rx, &flipped, 2, checksum(&base)).unwrap(),
+            checksum(&new)
+        );
+        // So does a base that is not what the sender diffed against, even where the delta
+        // does not write.
+        let mut other = base.clone();
+        other[BLOCK_BYTES + 3] ^= 4;
+        let sum = checksum(&other);
+        assert_ne!(apply(&mut other, &enc, 2, sum).unwrap(), checksum(&new));
     }
 }

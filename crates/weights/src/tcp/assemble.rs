@@ -4,10 +4,11 @@
 use super::frame::expected_len;
 use super::{
     FRAME_BUCKET_END, FRAME_DELTA, FRAME_TENSOR, FRAME_WHOLE_TAGGED, MAX_NDIM, MAX_TENSOR_BYTES,
-    OwnedTensor, TensorSpec, WireDtype,
+    OwnedTensor, TensorBytes, TensorSpec, WireDtype,
 };
 use crate::delta::SharedReceiverBases;
 use crate::delta::codec::max_encoded_len;
+use crate::delta::sum::Running;
 
 /// A delta frame read in full, to be applied to the receiver's base once the bucket is in.
 #[derive(Debug)]
@@ -26,7 +27,8 @@ pub(crate) struct PendingDelta {
 /// which tensors came in the untagged (delta-off) form.
 #[derive(Debug, Default)]
 pub(crate) struct Frames {
-    pub(crate) tagged: Vec<(usize, u64)>,
+    /// Whole tensors kept as bases: position, tag, and the checksum of the bytes received.
+    pub(crate) tagged: Vec<(usize, u64, u64)>,
     pub(crate) deltas: Vec<PendingDelta>,
     pub(crate) untagged: Vec<usize>,
 }
@@ -78,6 +80,8 @@ pub(crate) struct Assembler<'a> {
     kind: u8,
     /// The current delta frame's `(base_tag, result)`.
     delta: Option<(u64, u64)>,
+    /// The current tagged whole tensor's checksum so far (summed as its bytes arrive).
+    running: Option<(u64, Running)>,
     frames: Frames,
     /// The receiver's delta bases: a tensor that comes whole is read into its old base's
     /// buffer (that base is replaced anyway), so a sync that sends tensors whole allocates
@@ -103,6 +107,7 @@ impl<'a> Assembler<'a> {
             spare,
             kind: FRAME_TENSOR,
             delta: None,
+            running: None,
             frames: Frames::default(),
             bases: None,
         }
@@ -129,7 +134,7 @@ impl<'a> Assembler<'a> {
     /// [`filled`](Self::filled), so payload is read straight into place instead of copied.
     pub(crate) fn payload_room(&mut self) -> Option<(&mut Vec<u8>, usize)> {
         match (&self.stage, self.current.as_mut()) {
-            (Stage::Payload { remaining }, Some(t)) => Some((&mut t.bytes, *remaining)),
+            (Stage::Payload { remaining }, Some(t)) => Some((&mut t.bytes.0, *remaining)),
             _ => None,
         }
     }
@@ -139,7 +144,9 @@ impl<'a> Assembler<'a> {
     pub(crate) fn filled(&mut self, n: usize) {
         if let Stage::Payload { remaining } = &mut self.stage {
             *remaining -= n.min(*remaining);
-            if *remaining == 0 {
+            let done = *remaining == 0;
+            self.sum_arrived();
+            if done {
                 self.finish_tensor();
             }
         }
@@ -220,11 +227,13 @@ impl<'a> Assembler<'a> {
                 Stage::Payload { remaining } => {
                     let take = (*remaining).min(input.len());
                     if let Some(t) = self.current.as_mut() {
-                        t.bytes.extend_from_slice(&input[..take]);
+                        t.bytes.0.extend_from_slice(&input[..take]);
                     }
                     *remaining -= take;
+                    let done = *remaining == 0;
                     input = &input[take..];
-                    if *remaining == 0 {
+                    self.sum_arrived();
+                    if done {
                         self.finish_tensor();
                     }
                 }
@@ -245,13 +254,20 @@ impl<'a> Assembler<'a> {
         Ok(())
     }
 
+    /// Adds the payload bytes that just arrived to the running checksum of a tagged tensor.
+    fn sum_arrived(&mut self) {
+        if let (Some((_, r)), Some(t)) = (self.running.as_mut(), self.current.as_ref()) {
+            r.update(&t.bytes);
+        }
+    }
+
     fn finish_tensor(&mut self) {
         if let Some(mut t) = self.current.take() {
             let index = self.out.len();
             match (self.kind, self.delta.take()) {
                 (FRAME_DELTA, Some((base_tag, result))) => {
                     // The payload was the block stream; the tensor is filled once applied.
-                    let bytes = std::mem::take(&mut t.bytes);
+                    let bytes = std::mem::take(&mut t.bytes.0);
                     self.frames.deltas.push(PendingDelta {
                         index,
                         base_tag,
@@ -260,7 +276,12 @@ impl<'a> Assembler<'a> {
                     });
                 }
                 (FRAME_TENSOR, _) => self.frames.untagged.push(index),
-                _ => {}
+                _ => {
+                    if let Some((tag, r)) = self.running.take() {
+                        let sum = r.finish(&t.bytes);
+                        self.frames.tagged.push((index, tag, sum));
+                    }
+                }
             }
             self.out.push(t);
         }
@@ -363,7 +384,7 @@ impl<'a> Assembler<'a> {
         let len = usize::try_from(byte_len).map_err(|_| format!("tensor {name} too large"))?;
         let (bytes, len) = match self.kind {
             FRAME_WHOLE_TAGGED => {
-                self.frames.tagged.push((idx, word(ndim + 1)));
+                self.running = Some((word(ndim + 1), Running::default()));
                 (self.buffer_for(&name, len), len)
             }
             FRAME_DELTA => {
@@ -382,7 +403,7 @@ impl<'a> Assembler<'a> {
             name,
             dtype,
             shape,
-            bytes,
+            bytes: TensorBytes(bytes),
         });
         if len == 0 {
             self.finish_tensor();
@@ -439,7 +460,7 @@ mod tests {
         let spare = vec![
             Vec::with_capacity(8),
             Vec::with_capacity(4096),
-            first.into_iter().next().unwrap().bytes,
+            first.into_iter().next().unwrap().bytes.into_vec(),
         ];
         let mut asm = Assembler::with_spare(&specs, spare);
         asm.feed(&wire).unwrap();

@@ -8,7 +8,7 @@ use super::assemble::Frames;
 use super::control::{FromEngine, ToEngine, write_from_engine};
 use super::frame::expected_len;
 use super::receiver::{Failure, read_control};
-use super::{OwnedTensor, TcpError, TensorSpec, WeightReceiver};
+use super::{OwnedTensor, TcpError, TensorBytes, TensorSpec, WeightReceiver};
 use crate::delta::codec;
 
 impl WeightReceiver {
@@ -86,24 +86,26 @@ impl WeightReceiver {
         for i in frames.untagged {
             bases.forget(&tensors[i].name);
         }
-        for (i, tag) in frames.tagged {
-            bases.lend(&tensors[i].name, tag);
+        for (i, tag, sum) in frames.tagged {
+            bases.lend(&tensors[i].name, tag, sum);
         }
         for d in frames.deltas {
             let t = &mut tensors[d.index];
             let len = expected_len(&t.shape, t.dtype).unwrap_or(0);
             let applied = match bases.take(&t.name, d.base_tag, len) {
                 None => Err("this engine does not hold the base it applies to".to_string()),
-                Some(mut buf) => match codec::apply(&mut buf, &d.bytes, t.dtype.elem_size()) {
-                    Ok(sum) if sum == d.result => Ok(buf),
-                    Ok(_) => Err("the result failed its checksum".to_string()),
-                    Err(e) => Err(format!("malformed delta: {e}")),
-                },
+                Some((mut buf, sum)) => {
+                    match codec::apply(&mut buf, &d.bytes, t.dtype.elem_size(), sum) {
+                        Ok(sum) if sum == d.result => Ok(buf),
+                        Ok(_) => Err("the result failed its checksum".to_string()),
+                        Err(e) => Err(format!("malformed delta: {e}")),
+                    }
+                }
             };
             match applied {
                 Ok(buf) => {
-                    t.bytes = buf;
-                    bases.lend(&t.name, d.result);
+                    t.bytes = TensorBytes(buf);
+                    bases.lend(&t.name, d.result, d.result);
                 }
                 Err(why) => {
                     tracing::warn!(tensor = %t.name, rank = self.rank, %why, "delta not applied; asking for it whole");

@@ -313,10 +313,10 @@ impl WeightReceiver {
         let mut bases = self.bases.lock().ok();
         self.spare = tensors
             .into_iter()
-            .filter(|t| t.bytes.capacity() > 0)
+            .filter(|t| t.bytes.0.capacity() > 0)
             .filter_map(|t| match bases.as_mut() {
-                Some(b) => b.give_back(&t.name, t.bytes),
-                None => Some(t.bytes),
+                Some(b) => b.give_back(&t.name, t.bytes.0),
+                None => Some(t.bytes.0),
             })
             .collect();
     }

@@ -2,6 +2,7 @@
 //! against what the engines hold, then a repair of the deltas an engine could not apply, then
 //! the commit.
 
+use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
@@ -9,7 +10,7 @@ use super::collect::{Outcome, culprit, restore, spawn_collect_until};
 use super::control::{ToEngine, write_to_engine};
 use super::frame::{encode_end, encode_header, encode_header_with};
 use super::sender::FAILURE_GRACE;
-use super::{FRAME_DELTA, FRAME_WHOLE_TAGGED, TcpError, TensorRef, WeightSender};
+use super::{FRAME_DELTA, FRAME_WHOLE_TAGGED, SharedTensorRef, TcpError, TensorRef, WeightSender};
 use crate::delta::DeltaStats;
 use crate::delta::bases::Plan;
 
@@ -61,6 +62,35 @@ impl WeightSender {
     /// base is not the one named, or the result fails its checksum) gets it whole in the same
     /// call, before the commit.
     pub async fn send_bucket(&mut self, tensors: &[TensorRef<'_>]) -> Result<(), TcpError> {
+        self.send_tensors(tensors, None).await
+    }
+
+    /// [`send_bucket`](Self::send_bucket) for tensors in buffers the sender may keep: with
+    /// deltas on, each becomes the base of its next delta as it is, instead of being copied
+    /// into the sender's own (one copy of the model less on the trainer, and no write to it
+    /// while diffing). [`Bytes`] cannot change, so the base cannot drift from what was sent.
+    pub async fn send_bucket_shared(
+        &mut self,
+        tensors: &[SharedTensorRef<'_>],
+    ) -> Result<(), TcpError> {
+        let refs: Vec<TensorRef<'_>> = tensors
+            .iter()
+            .map(|t| TensorRef {
+                name: t.name,
+                dtype: t.dtype,
+                shape: t.shape,
+                bytes: t.bytes,
+            })
+            .collect();
+        let owners: Vec<&Bytes> = tensors.iter().map(|t| t.bytes).collect();
+        self.send_tensors(&refs, Some(&owners)).await
+    }
+
+    async fn send_tensors(
+        &mut self,
+        tensors: &[TensorRef<'_>],
+        owners: Option<&[&Bytes]>,
+    ) -> Result<(), TcpError> {
         if let Some((rank, reason)) = &self.broken {
             return Err(TcpError::RankFailed {
                 rank: *rank,
@@ -110,7 +140,15 @@ impl WeightSender {
             });
             for (i, t) in tensors.iter().enumerate() {
                 let eligible = synced || self.whole_since_join.contains(t.name);
-                match b.plan(t.name, t.shape, t.dtype.elem_size(), t.bytes, eligible) {
+                let shared = owners.and_then(|o| o.get(i).copied());
+                match b.plan(
+                    t.name,
+                    t.shape,
+                    t.dtype.elem_size(),
+                    t.bytes,
+                    shared,
+                    eligible,
+                ) {
                     Plan::Whole {
                         tag,
                         compared,
@@ -121,6 +159,13 @@ impl WeightSender {
                         wire.own(encode_header_with(t, FRAME_WHOLE_TAGGED, &[tag])?);
                         wire.tensor(i);
                         whole.push(t.name.to_string());
+                        stats.whole_tensors += 1;
+                    }
+                    Plan::Plain { compared, changed } => {
+                        stats.compared_elems += compared;
+                        stats.changed_elems += changed;
+                        wire.own(encode_header(t)?);
+                        wire.tensor(i);
                         stats.whole_tensors += 1;
                     }
                     Plan::Delta {

@@ -132,7 +132,7 @@ async fn group(
 }
 
 /// One sync of `model`: every receiver must end with exactly its bytes. `scribble` makes the
-/// first receiver's engine change a byte of the BF16 tensor before handing it back.
+/// first receiver's engine take the first tensor's buffer for itself and write to it.
 async fn sync(
     sender: &mut WeightSender,
     rxs: Vec<WeightReceiver>,
@@ -176,7 +176,9 @@ async fn sync(
             assert!(g.bytes == want.bytes, "receiver {k}: {} differs", g.name);
         }
         if scribble && k == 0 {
-            got[0].bytes[100] ^= 1;
+            // Its bytes are read-only; to write, the engine must take the buffer for good.
+            let mut own = got.remove(0).bytes.into_vec();
+            own[100] ^= 1;
         }
         rx.recycle(got);
         out.push(rx);
@@ -268,11 +270,15 @@ async fn a_corrupted_delta_or_base_is_resent_whole_never_applied() {
             let bases = [ReceiverBases::shared(), ReceiverBases::shared()];
             let (mut sender, rxs) = group(&bases, &sb, ring).await;
             let mut trainer = Trainer::new();
-            // The first receiver's engine scribbles on the BF16 tensor it hands back.
+            // The first receiver's engine keeps (and scribbles on) a buffer instead of handing
+            // it back: that receiver no longer holds the base, and asks for the tensor whole.
             let (rxs, _) = sync(&mut sender, rxs, &trainer.wire(), true).await;
             trainer.step();
             let (rxs, st) = sync(&mut sender, rxs, &trainer.wire(), false).await;
-            assert_eq!(st.repaired_tensors, 1, "the scribbled base: {st:?}");
+            assert_eq!(
+                st.repaired_tensors, 1,
+                "the base kept by the engine: {st:?}"
+            );
             // A byte of a delta flipped on the way: every receiver asks for it whole.
             trainer.step();
             sender.corrupt_next_delta = true;
