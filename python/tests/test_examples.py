@@ -59,13 +59,17 @@ def test_the_pytorch_grpo_example_trains_with_a_two_rank_group(tmp_path):
     # the summary reports each sync's bytes and the fraction of values that changed. This
     # example's learning rate moves most of the tiny model's FP8 values every step, so its
     # syncs go whole (a delta would not pay); tests/weights/sync.rs and the real-vLLM GRPO
-    # test show deltas that do.
+    # test show deltas that do. A tensor whose delta did not pay goes plain for the next 1, 2,
+    # 4, then 8 syncs, which measure nothing (changed_fraction None) and cost no more than full.
     s = trained("torch_grpo.py", tmp_path, 14, "weights.delta=on")
     assert s["ranks"] == 2
     full, sent, seen = s["sync_bytes_full"], s["sync_bytes_sent"], s["changed_fraction"][1:]
     assert s["weights_delta"] == "on" and len(sent) == s["steps"] + 1 and sent[0] >= full
-    assert all(f is not None and 0.0 < f <= 1.0 for f in seen), seen
-    assert all(b < full or f > 0.2 for b, f in zip(sent[1:], seen)), (full, sent, seen)
+    assert all(f is None or 0.0 < f <= 1.0 for f in seen), seen
+    assert seen[0] is not None and seen[0] > 0.2, seen
+    assert any(f is None for f in seen), "dense tensors back off: " + str(seen)
+    assert all(b < full or f is None or f > 0.2 for b, f in zip(sent[1:], seen)), (full, sent, seen)
+    assert all(b <= full * 1.05 for b in sent[1:]), (full, sent)
 
 
 def test_the_wheel_brings_the_troupe_command(tmp_path):
@@ -118,4 +122,4 @@ def test_grpo_runs_on_two_real_vllm_servers(tmp_path, vllm_py):
     assert len(s["sync_seconds"]) == 4
     assert "step   4 " in p.stdout, p.stdout
     full, sent = s["sync_bytes_full"], s["sync_bytes_sent"]
-    assert len(sent) == 5 and sent[0] >= full and any(b < full / 2 for b in sent[1:]), (full, sent)
+    assert len(sent) == 5 and sent[0] >= full and any(b < full * 0.85 for b in sent[1:]), (full, sent)
