@@ -1,6 +1,6 @@
 //! Delta updates over real sockets and the real ring: every receiver ends each step with
 //! exactly the bytes a full update sends (BF16, and FP8 quantized first), across steps, for a
-//! receiver that missed a step, a restarted one, a base its engine scribbled on, and a delta
+//! receiver that missed a step, a restarted one, an engine that kept a buffer (and wrote to it), and a delta
 //! corrupted on the way.
 
 use std::sync::{Arc, Mutex};
