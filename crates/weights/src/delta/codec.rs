@@ -16,7 +16,7 @@
 
 use rayon::prelude::*;
 
-use super::scan::changed_indices;
+use super::scan::{changed_indices, changed_indices_summed};
 use super::sum::{self, term, word, words_sum};
 
 /// Words per block.
@@ -167,8 +167,8 @@ fn encode_blocks<B: BaseBlock>(
         let end = (start + wave).min(news.len());
         let one = |(k, (b, n)): (usize, (&mut B, &&[u8]))| {
             let mut out = Vec::new();
-            let c = encode_block(b, n, elem, compress, &mut out);
-            (out, words_sum(k as u64 * BLOCK_WORDS, n), c)
+            let (c, sum) = encode_block(b, n, elem, compress, &mut out, k as u64 * BLOCK_WORDS);
+            (out, sum, c)
         };
         // A probe's two blocks are not worth waking the pool for.
         let encoded: Vec<(Vec<u8>, u64, u64)> = if end - start <= PROBE_BLOCKS {
@@ -224,22 +224,24 @@ fn encode_blocks<B: BaseBlock>(
 }
 
 /// Encodes one block into `out` (left empty when the block goes whole: the caller copies it)
-/// and makes `base` equal to `new`; returns how many elements differ.
+/// and makes `base` equal to `new`; returns how many elements differ and the checksum's sum
+/// over `new`'s words (its first is word `first` of the tensor).
 fn encode_block<B: BaseBlock>(
     base: &mut B,
     new: &[u8],
     elem: usize,
     compress: bool,
     out: &mut Vec<u8>,
-) -> u64 {
+    first: u64,
+) -> (u64, u64) {
     // Beyond this many changed elements the block goes whole, and the indices are not
     // collected past it (a dense block costs one quick pass).
     let limit = sparse_limit(new.len());
     let mut idx: Vec<u16> = Vec::with_capacity(limit + 8);
-    let count = changed_indices(base.bytes(), new, elem, limit, &mut idx);
+    let (count, sum) = changed_indices_summed(base.bytes(), new, elem, limit, &mut idx, first);
     if count == 0 {
         out.push(SAME);
-        return 0;
+        return (0, sum);
     }
     let sparse_len = 5 + count * (2 + elem);
     let whole_len = 1 + new.len();
@@ -283,7 +285,7 @@ fn encode_block<B: BaseBlock>(
     } else {
         base.set(0, new);
     }
-    count as u64
+    (count as u64, sum)
 }
 
 /// Applies the block stream `enc` to `base` in place (`elem`-byte elements) and returns the

@@ -1,6 +1,8 @@
 //! Finding what changed between two versions of a block: the one pass over both that a delta
 //! costs the sender, so it runs at memory speed (a vector check per 64 bytes, and in a run that
-//! differs, one mask per word).
+//! differs, one mask per word), and the checksum's sum of the new version in the same pass.
+
+use super::sum::{KEY_STEP, words_sum};
 
 /// Counts the `elem`-byte elements where `a` and `b` differ, and pushes their indices while
 /// there are at most `limit`. Runs of 64 bytes are checked first with one vectorizable XOR-OR
@@ -43,56 +45,64 @@ fn changed_indices_x86(a: &[u8], b: &[u8], elem: usize, limit: usize, idx: &mut 
     changed_indices_any(a, b, elem, limit, idx)
 }
 
-#[inline(always)]
-fn changed_indices_portable<const ELEM: usize>(
-    a: &[u8],
-    b: &[u8],
-    limit: usize,
-    idx: &mut Vec<u16>,
-) -> usize {
-    const RUN: usize = 64;
-    let elem = ELEM;
-    // Lane masks: all bits but each lane's top one, and each lane's top bit.
-    let (low, top): (u64, u64) = match elem {
+/// Lane masks for `ELEM`-byte elements: all bits but each lane's top one, and each lane's top
+/// bit.
+const fn lanes<const ELEM: usize>() -> (u64, u64) {
+    match ELEM {
         1 => (0x7F7F_7F7F_7F7F_7F7F, 0x8080_8080_8080_8080),
         2 => (0x7FFF_7FFF_7FFF_7FFF, 0x8000_8000_8000_8000),
         _ => (0x7FFF_FFFF_7FFF_FFFF, 0x8000_0000_8000_0000),
-    };
-    let word = |s: &[u8]| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(s);
-        u64::from_le_bytes(w)
-    };
-    let lane_bits = 8 * elem as u32;
+    }
+}
+
+#[inline(always)]
+fn word(s: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&s[..8]);
+    u64::from_le_bytes(w)
+}
+
+/// The changed elements of run `r` (64 bytes `x` against `y`, known to differ): counted, and
+/// their indices pushed while there are at most `limit`.
+#[inline(always)]
+fn run_changes<const ELEM: usize>(
+    x: &[u8],
+    y: &[u8],
+    r: usize,
+    limit: usize,
+    idx: &mut Vec<u16>,
+) -> usize {
+    let (low, top) = lanes::<ELEM>();
+    let lane_bits = 8 * ELEM as u32;
     let mut count = 0usize;
-    let runs = a.len() / RUN;
-    for (r, (x, y)) in a.chunks_exact(RUN).zip(b.chunks_exact(RUN)).enumerate() {
-        let mut any = 0u64;
-        for k in 0..RUN / 8 {
-            any |= word(&x[8 * k..8 * k + 8]) ^ word(&y[8 * k..8 * k + 8]);
-        }
-        if any == 0 {
+    for k in 0..RUN / 8 {
+        let d = word(&x[8 * k..]) ^ word(&y[8 * k..]);
+        if d == 0 {
             continue;
         }
-        for k in 0..RUN / 8 {
-            let d = word(&x[8 * k..8 * k + 8]) ^ word(&y[8 * k..8 * k + 8]);
-            if d == 0 {
-                continue;
-            }
-            // The add cannot carry out of a lane: both terms are below the lane's top bit.
-            let mut m = (((d & low) + low) | d) & top;
-            count += m.count_ones() as usize;
-            if idx.len() <= limit {
-                let first = ((r * RUN + 8 * k) / elem) as u32;
-                while m != 0 {
-                    idx.push((first + m.trailing_zeros() / lane_bits) as u16);
-                    m &= m - 1;
-                }
+        // The add cannot carry out of a lane: both terms are below the lane's top bit.
+        let mut m = (((d & low) + low) | d) & top;
+        count += m.count_ones() as usize;
+        if idx.len() <= limit {
+            let first = ((r * RUN + 8 * k) / ELEM) as u32;
+            while m != 0 {
+                idx.push((first + m.trailing_zeros() / lane_bits) as u16);
+                m &= m - 1;
             }
         }
     }
-    for e in (runs * RUN / elem)..(a.len() / elem) {
-        if a[e * elem..(e + 1) * elem] != b[e * elem..(e + 1) * elem] {
+    count
+}
+
+/// Bytes per run checked at once.
+const RUN: usize = 64;
+
+/// The elements after the last whole run.
+#[inline(always)]
+fn tail_changes<const ELEM: usize>(a: &[u8], b: &[u8], limit: usize, idx: &mut Vec<u16>) -> usize {
+    let mut count = 0;
+    for e in (a.len() / RUN * RUN / ELEM)..(a.len() / ELEM) {
+        if a[e * ELEM..(e + 1) * ELEM] != b[e * ELEM..(e + 1) * ELEM] {
             count += 1;
             if idx.len() <= limit {
                 idx.push(e as u16);
@@ -100,4 +110,104 @@ fn changed_indices_portable<const ELEM: usize>(
         }
     }
     count
+}
+
+#[inline(always)]
+fn changed_indices_portable<const ELEM: usize>(
+    a: &[u8],
+    b: &[u8],
+    limit: usize,
+    idx: &mut Vec<u16>,
+) -> usize {
+    let mut count = 0usize;
+    for (r, (x, y)) in a.chunks_exact(RUN).zip(b.chunks_exact(RUN)).enumerate() {
+        let mut any = 0u64;
+        for k in 0..RUN / 8 {
+            any |= word(&x[8 * k..]) ^ word(&y[8 * k..]);
+        }
+        if any != 0 {
+            count += run_changes::<ELEM>(x, y, r, limit, idx);
+        }
+    }
+    count + tail_changes::<ELEM>(a, b, limit, idx)
+}
+
+/// [`changed_indices`] of a block, and the checksum's sum over the words of `b` (the new
+/// version; its first word is word `first` of the tensor), in one pass over both: on AVX2 the
+/// sum of each run is taken from the registers its check loaded.
+pub(crate) fn changed_indices_summed(
+    a: &[u8],
+    b: &[u8],
+    elem: usize,
+    limit: usize,
+    idx: &mut Vec<u16>,
+    first: u64,
+) -> (usize, u64) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("popcnt")
+        && std::arch::is_x86_feature_detected!("bmi1")
+    {
+        // SAFETY: this CPU has every feature the function is compiled for.
+        return unsafe {
+            match elem {
+                1 => summed_x86::<1>(a, b, limit, idx, first),
+                2 => summed_x86::<2>(a, b, limit, idx, first),
+                _ => summed_x86::<4>(a, b, limit, idx, first),
+            }
+        };
+    }
+    let count = changed_indices_any(a, b, elem, limit, idx);
+    (count, words_sum(first, b))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt,bmi1")]
+fn summed_x86<const ELEM: usize>(
+    a: &[u8],
+    b: &[u8],
+    limit: usize,
+    idx: &mut Vec<u16>,
+    first: u64,
+) -> (usize, u64) {
+    use std::arch::x86_64::*;
+    let key = |i: u64| first.wrapping_add(1 + i).wrapping_mul(KEY_STEP) as i64;
+    let mut k0 = _mm256_set_epi64x(key(3), key(2), key(1), key(0));
+    let mut k1 = _mm256_set_epi64x(key(7), key(6), key(5), key(4));
+    let step = _mm256_set1_epi64x(KEY_STEP.wrapping_mul(8) as i64);
+    let mut acc = _mm256_setzero_si256();
+    let mut count = 0usize;
+    let runs = a.len().min(b.len()) / RUN;
+    for (r, (x, y)) in a.chunks_exact(RUN).zip(b.chunks_exact(RUN)).enumerate() {
+        // SAFETY: `x` and `y` hold 64 readable bytes each; the loads are unaligned.
+        let (x0, x1, y0, y1) = unsafe {
+            (
+                _mm256_loadu_si256(x.as_ptr().cast()),
+                _mm256_loadu_si256(x[32..].as_ptr().cast()),
+                _mm256_loadu_si256(y.as_ptr().cast()),
+                _mm256_loadu_si256(y[32..].as_ptr().cast()),
+            )
+        };
+        let s0 = _mm256_add_epi32(y0, k0);
+        let s1 = _mm256_add_epi32(y1, k1);
+        let p0 = _mm256_mul_epu32(s0, _mm256_srli_epi64::<32>(s0));
+        let p1 = _mm256_mul_epu32(s1, _mm256_srli_epi64::<32>(s1));
+        acc = _mm256_add_epi64(acc, _mm256_add_epi64(p0, y0));
+        acc = _mm256_add_epi64(acc, _mm256_add_epi64(p1, y1));
+        k0 = _mm256_add_epi64(k0, step);
+        k1 = _mm256_add_epi64(k1, step);
+        let d = _mm256_or_si256(_mm256_xor_si256(x0, y0), _mm256_xor_si256(x1, y1));
+        if _mm256_testz_si256(d, d) == 0 {
+            count += run_changes::<ELEM>(x, y, r, limit, idx);
+        }
+    }
+    let mut lanes = [0u64; 4];
+    // SAFETY: `lanes` is 32 writable bytes; the store is unaligned.
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), acc) };
+    let head = lanes.iter().fold(0u64, |s, &l| s.wrapping_add(l));
+    let rest = words_sum(first + (runs * RUN / 8) as u64, &b[runs * RUN..]);
+    (
+        count + tail_changes::<ELEM>(a, b, limit, idx),
+        head.wrapping_add(rest),
+    )
 }

@@ -26,7 +26,7 @@
 //! tensor, swap words, and corrupt 20,000 random sets of bytes.
 
 /// Multiplier of the word position in the key (the 64-bit golden ratio, odd).
-const KEY_STEP: u64 = 0x9E37_79B9_7F4A_7C15;
+pub(crate) const KEY_STEP: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// Multiplier of the tensor's byte length, so tensors of different lengths whose words match
 /// (a zero-padded tail) do not collide.
