@@ -48,8 +48,9 @@ pub struct WeightSyncOptions {
     /// weights at once, before it serves (memory: one encoded copy of the model). Without it
     /// a restarted server waits, unrouted, for the next update.
     pub keep_for_catch_up: bool,
-    /// Send only what changed since the version the engines hold (`weights.delta`): costs one
-    /// more encoded copy of the model on this process (the bases), and on each engine keeps the
+    /// Send only what changed since the version the engines hold (`weights.delta`). The bases
+    /// are the last update's encoded buffers themselves (the catch-up copy, when that is kept:
+    /// then no extra memory; else one encoded copy of the model), and on each engine the
     /// buffers it already received.
     pub delta: DeltaMode,
 }

@@ -127,7 +127,8 @@ impl SenderBases {
         self.digest
     }
 
-    /// Bytes held (the memory cost of delta updates on the sender).
+    /// Bytes held (the memory cost of delta updates on the sender; buffers lent with
+    /// `send_bucket_shared` are counted, though the caller may hold them too).
     pub fn bytes(&self) -> u64 {
         self.tensors
             .values()
