@@ -75,6 +75,7 @@
 mod assemble;
 mod collect;
 mod control;
+mod cpu;
 mod frame;
 mod link;
 mod receive_bucket;

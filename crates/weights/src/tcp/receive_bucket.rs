@@ -6,6 +6,7 @@ use tokio::time::Instant;
 
 use super::assemble::Frames;
 use super::control::{FromEngine, ToEngine, write_from_engine};
+use super::cpu::cpu_bound;
 use super::frame::expected_len;
 use super::receiver::{Failure, read_control};
 use super::{OwnedTensor, TcpError, TensorBytes, TensorSpec, WeightReceiver};
@@ -21,7 +22,7 @@ impl WeightReceiver {
         deadline: Instant,
     ) -> Result<Vec<OwnedTensor>, Failure> {
         let (mut tensors, frames) = self.transfer(expected, deadline).await?;
-        let mut need = self.resolve(&mut tensors, frames);
+        let mut need = cpu_bound(|| self.resolve(&mut tensors, frames));
         let mut repaired = false;
         loop {
             let ack = if need.is_empty() {
@@ -49,7 +50,7 @@ impl WeightReceiver {
                         sub.push(spec.clone());
                     }
                     let (mut got, frames) = self.transfer(&sub, deadline).await?;
-                    let again = self.resolve(&mut got, frames);
+                    let again = cpu_bound(|| self.resolve(&mut got, frames));
                     if let Some(&k) = again.first() {
                         return Err(Failure::Mine(format!(
                             "tensor {} failed its checksum again when resent whole",
@@ -77,7 +78,8 @@ impl WeightReceiver {
 
     /// Records whole tensors as bases and applies deltas to the bases they name; returns the
     /// positions of deltas that could not be applied (base missing or not the one named, a
-    /// malformed delta, or a result whose checksum differs): rank 0 resends those whole.
+    /// malformed delta, or a result whose checksum differs): rank 0 resends those whole. CPU
+    /// work: callers run it through `cpu_bound`.
     fn resolve(&mut self, tensors: &mut [OwnedTensor], frames: Frames) -> Vec<u32> {
         let mut need = Vec::new();
         let Ok(mut bases) = self.bases.lock() else {

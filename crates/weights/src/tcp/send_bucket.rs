@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::collect::{Outcome, culprit, restore, spawn_collect_until};
 use super::control::{ToEngine, write_to_engine};
+use super::cpu::cpu_bound;
 use super::frame::{encode_end, encode_header, encode_header_with};
 use super::sender::FAILURE_GRACE;
 use super::{FRAME_DELTA, FRAME_WHOLE_TAGGED, SharedTensorRef, TcpError, TensorRef, WeightSender};
@@ -130,7 +131,9 @@ impl WeightSender {
         };
         let mut wire = Wire::default();
         let mut whole = Vec::new();
-        {
+        // The diff reads both versions of the bucket: seconds for a large model, off the
+        // runtime's other tasks.
+        cpu_bound(|| -> Result<(), TcpError> {
             let mut b = bases
                 .lock()
                 .map_err(|_| TcpError::InvalidArgument("delta bases poisoned".into()))?;
@@ -184,7 +187,8 @@ impl WeightSender {
                     }
                 }
             }
-        }
+            Ok(())
+        })?;
         wire.own(end.to_vec());
         #[cfg(test)]
         if std::mem::take(&mut self.corrupt_next_delta)
