@@ -93,6 +93,10 @@ enum BenchCmd {
         /// of the BF16 values (e.g. 0.02), scattered over every tensor.
         #[arg(long)]
         changed: Option<f64>,
+        /// With --changed and --chain: every receiver reads its link no faster than this many
+        /// Gb/s, as between machines (on one machine a loopback link is a memory copy).
+        #[arg(long)]
+        link_gbps: Option<f64>,
         /// Print one JSON object instead of one line per figure.
         #[arg(long)]
         json: bool,
@@ -290,8 +294,14 @@ async fn run(cmd: Cmd) -> ExitCode {
             chain,
             ring_kib,
             changed,
+            link_gbps,
             json,
         }) => {
+            if link_gbps.is_some() && (changed.is_none() || !chain) {
+                return fail(
+                    "--link-gbps models a link between machines: use it with --chain and --changed",
+                );
+            }
             if receivers.is_empty() || receivers.contains(&0) {
                 return fail("--receivers takes positive counts, e.g. --receivers 1,2,4,8");
             }
@@ -304,6 +314,7 @@ async fn run(cmd: Cmd) -> ExitCode {
                         fp8,
                         ring,
                         f,
+                        link_gbps,
                     )
                     .await
                 }

@@ -197,7 +197,7 @@ async fn measure(
     for i in 0..n {
         let (addr, expected, buckets) = (addr.clone(), expected.clone(), buckets.clone());
         tasks.push(tokio::spawn(async move {
-            receive(&addr, i as u32 + 1, &expected, &buckets, total_runs).await
+            receive(&addr, i as u32 + 1, &expected, &buckets, total_runs, None).await
         }));
     }
     sender
@@ -248,10 +248,14 @@ pub(crate) async fn receive(
     expected: &[WireTensor],
     buckets: &[Vec<usize>],
     runs: usize,
+    link_gbps: Option<f64>,
 ) -> Result<(), String> {
     let mut rx = WeightReceiver::connect(addr, "bench", rank, 1, Duration::from_secs(60))
         .await
         .map_err(|e| format!("rank {rank}: {e}"))?;
+    if let Some(g) = link_gbps {
+        rx.pace_link(g).map_err(|e| e.to_string())?;
+    }
     let specs: Vec<Vec<TensorSpec>> = buckets
         .iter()
         .map(|b| b.iter().map(|&i| expected[i].spec()).collect())

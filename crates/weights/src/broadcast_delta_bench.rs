@@ -40,7 +40,9 @@ struct Versions {
 }
 
 /// Measures full and delta syncs of about `mib` MiB to each count in `receivers` after a step
-/// that changed a fraction `changed` of the BF16 values, and returns `(metric, value)` pairs
+/// that changed a fraction `changed` of the BF16 values (with `link_gbps`, every receiver reads
+/// its chain link no faster than a link of that many Gb/s: what the syncs cost between
+/// machines), and returns `(metric, value)` pairs
 /// per count `n`: `broadcast.full.receivers_<n>.seconds`, `broadcast.delta.receivers_<n>.seconds`
 /// (best of the rounds, quantizing included with `fp8`), `broadcast.full.receivers_<n>.bytes_sent`,
 /// `broadcast.delta.receivers_<n>.bytes_sent` (bytes written to each data link, frames
@@ -54,6 +56,7 @@ pub async fn bench_broadcast_delta(
     fp8: bool,
     ring: Option<usize>,
     changed: f64,
+    link_gbps: Option<f64>,
 ) -> Result<Vec<(String, f64)>, String> {
     if receivers.is_empty() || receivers.iter().any(|&n| n == 0 || n > MAX_RECEIVERS) {
         return Err(format!(
@@ -68,6 +71,14 @@ pub async fn bench_broadcast_delta(
             "changed is the fraction of values a step changes, in (0, 1], e.g. 0.02; got {changed}"
         ));
     }
+    if let Some(g) = link_gbps {
+        if ring.is_some() {
+            return Err(
+                "a link rate applies to the TCP chain; the ring is memory (add --chain)".into(),
+            );
+        }
+        crate::tcp::WeightReceiver::check_link_rate(g).map_err(|e| e.to_string())?;
+    }
     let versions = tokio::task::spawn_blocking(move || versions(mib, fp8, changed))
         .await
         .map_err(|e| format!("making the model failed: {e}"))??;
@@ -77,7 +88,8 @@ pub async fn bench_broadcast_delta(
     for _ in 0..RUNS {
         for (k, &n) in receivers.iter().enumerate() {
             for (m, delta) in [false, true].into_iter().enumerate() {
-                let (secs, bytes, stats) = measure(n, fp8, ring, delta, versions.clone()).await?;
+                let (secs, bytes, stats) =
+                    measure(n, fp8, ring, delta, link_gbps, versions.clone()).await?;
                 let b = &mut best[k][m];
                 *b = (b.0.min(secs), bytes);
                 if delta {
@@ -87,6 +99,9 @@ pub async fn bench_broadcast_delta(
         }
     }
     let mut out = vec![("broadcast.changed".to_string(), changed)];
+    if let Some(g) = link_gbps {
+        out.push(("broadcast.link_gbps".to_string(), g));
+    }
     if let Some(f) = seen.changed_fraction() {
         out.push(("broadcast.delta.changed_seen".to_string(), f));
     }
@@ -182,6 +197,7 @@ async fn measure(
     fp8: bool,
     ring: Option<usize>,
     delta: bool,
+    link_gbps: Option<f64>,
     v: Arc<Versions>,
 ) -> Result<(f64, u64, DeltaStats), String> {
     let mut sender = WeightSender::bind("127.0.0.1:0", n + 1, "bench")
@@ -195,7 +211,7 @@ async fn measure(
     for i in 0..n {
         let (addr, v) = (addr.clone(), v.clone());
         tasks.push(tokio::spawn(async move {
-            receive(&addr, i as u32 + 1, &v.expected, &v.buckets, 2).await
+            receive(&addr, i as u32 + 1, &v.expected, &v.buckets, 2, link_gbps).await
         }));
     }
     sender
@@ -261,7 +277,7 @@ mod tests {
     async fn delta_bench_reports_both_modes_and_checks_bytes() {
         let r = tokio::time::timeout(Duration::from_secs(120), async {
             for fp8 in [false, true] {
-                let out = bench_broadcast_delta(&[1, 2], 2, fp8, None, 0.02)
+                let out = bench_broadcast_delta(&[1, 2], 2, fp8, None, 0.02, None)
                     .await
                     .unwrap();
                 let get = |k: &str| out.iter().find(|(n, _)| n == k).map(|(_, v)| *v).unwrap();
@@ -275,17 +291,49 @@ mod tests {
                 assert!(seen > 0.0 && seen < 0.2, "seen {seen}");
             }
             assert!(
-                bench_broadcast_delta(&[1], 2, false, None, 0.0)
+                bench_broadcast_delta(&[1], 2, false, None, 0.0, None)
                     .await
                     .is_err()
             );
             assert!(
-                bench_broadcast_delta(&[1], 2, false, None, 1.5)
+                bench_broadcast_delta(&[1], 2, false, None, 1.5, None)
                     .await
                     .is_err()
             );
         })
         .await;
         r.expect("bench test timed out");
+    }
+
+    /// A paced link holds every sync to its rate (a lower bound only, so a slow machine cannot
+    /// fail it), and a rate that is not one, or a ring, is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paced_link_takes_at_least_its_time() {
+        let r = tokio::time::timeout(Duration::from_secs(120), async {
+            let out = bench_broadcast_delta(&[1], 2, false, None, 0.02, Some(1.0))
+                .await
+                .unwrap();
+            let get = |k: &str| out.iter().find(|(n, _)| n == k).map(|(_, v)| *v).unwrap();
+            assert_eq!(get("broadcast.link_gbps"), 1.0);
+            for mode in ["full", "delta"] {
+                let bytes = get(&format!("broadcast.{mode}.receivers_1.bytes_sent"));
+                let secs = get(&format!("broadcast.{mode}.receivers_1.seconds"));
+                // The receiver waits out each payload read at 1.25e8 bytes/s (headers, a few
+                // bytes per tensor, are not paced); unpaced, 2 MiB take about a millisecond.
+                let paced = 0.9 * bytes / 1.25e8;
+                assert!(secs >= paced, "{mode}: {secs} s for {bytes} bytes");
+            }
+            for bad in [0.0, -3.0, f64::NAN] {
+                assert!(
+                    bench_broadcast_delta(&[1], 2, false, None, 0.02, Some(bad))
+                        .await
+                        .is_err()
+                );
+            }
+            let ring = bench_broadcast_delta(&[1], 2, false, Some(1 << 20), 0.02, Some(10.0)).await;
+            assert!(ring.unwrap_err().contains("--chain"));
+        })
+        .await;
+        r.expect("paced bench test timed out");
     }
 }

@@ -78,6 +78,7 @@ mod control;
 mod cpu;
 mod frame;
 mod link;
+mod pace;
 mod receive_bucket;
 mod receiver;
 pub(crate) mod ring;

@@ -16,6 +16,7 @@ use super::control::{
 };
 use super::frame::{bucket_len, put_short_str, read_status};
 use super::link::{accept_link, connect_link};
+use super::pace::Pace;
 use super::ring::{RingFailure, RingReceiver};
 use super::{CHUNK_BYTES, MAGIC, OwnedTensor, TcpError, TensorSpec, VERSION, shm};
 use crate::delta::{ReceiverBases, SharedReceiverBases};
@@ -67,6 +68,8 @@ pub struct WeightReceiver {
     /// The tensors this engine holds as bases of delta updates (shared with the engine's
     /// later receivers).
     pub(super) bases: SharedReceiverBases,
+    /// Set by [`pace_link`](Self::pace_link).
+    pub(super) pace: Option<Pace>,
     /// Test hook: after this many bucket bytes, drop out as if killed.
     #[cfg(test)]
     pub(crate) die_after: Option<u64>,
@@ -239,6 +242,7 @@ impl WeightReceiver {
             broken: None,
             spare: Vec::new(),
             bases,
+            pace: None,
             #[cfg(test)]
             die_after: None,
         })
@@ -412,6 +416,7 @@ impl WeightReceiver {
         #[cfg(test)]
         let die_after = self.die_after;
         let upstream = &mut self.upstream;
+        let pace = &mut self.pace;
         let control = &mut self.control;
         let ring = &mut self.ring;
         let mut asm = Assembler::with_spare(expected, std::mem::take(&mut self.spare))
@@ -466,6 +471,9 @@ impl WeightReceiver {
                         }
                         pass_on(&mut down, &mut down_err, &writing, &dst[at..at + n]).await;
                         asm.filled(n);
+                        if let Some(p) = pace.as_mut() {
+                            p.wait(n).await;
+                        }
                         n
                     }
                     None => {
