@@ -12,11 +12,17 @@ use super::{TcpError, WeightReceiver};
 /// Fastest link a pace may model, in Gb/s (beyond it a pace would not slow anything).
 const MAX_GBPS: f64 = 10_000.0;
 
+/// A link quiet for longer than this starts afresh; within it, the link's timeline goes on, so
+/// a wait the timer overshot (it ticks in milliseconds, and a read takes microseconds at
+/// 10 Gb/s) is made up by the reads after it instead of lost.
+const IDLE: Duration = Duration::from_millis(5);
+
 /// When the bytes read so far would have finished arriving over a link of a given rate.
 #[derive(Debug, Clone)]
 pub(crate) struct Pace {
     bytes_per_sec: f64,
-    /// When the link would be done delivering what was read; idle time earns no credit.
+    /// When the link would be done delivering what was read; time idle past [`IDLE`] earns
+    /// no credit.
     free_at: Option<Instant>,
 }
 
@@ -37,7 +43,7 @@ impl Pace {
     /// Accounts for `n` bytes just read and returns when the link would have delivered them,
     /// if that is still ahead.
     pub(crate) fn took(&mut self, n: usize, now: Instant) -> Option<Instant> {
-        let from = self.free_at.filter(|t| *t > now).unwrap_or(now);
+        let from = self.free_at.filter(|t| *t + IDLE > now).unwrap_or(now);
         let done = from + Duration::from_secs_f64(n as f64 / self.bytes_per_sec);
         self.free_at = Some(done);
         (done > now).then_some(done)
@@ -74,9 +80,15 @@ mod tests {
     fn bytes_take_their_time_and_idle_time_earns_no_credit() {
         let mut p = Pace::gbps(8.0).unwrap(); // 1e9 bytes/s
         let t0 = Instant::now();
-        assert_eq!(p.took(1_000_000, t0), Some(t0 + Duration::from_millis(1)));
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        assert_eq!(p.took(1_000_000, t0), Some(ms(1)));
         // Read again at once: queued behind the first megabyte.
-        assert_eq!(p.took(1_000_000, t0), Some(t0 + Duration::from_millis(2)));
+        assert_eq!(p.took(1_000_000, t0), Some(ms(2)));
+        // The timer woke 2 ms late: the next megabyte is already due, and so is the one
+        // after it, but not a third.
+        assert_eq!(p.took(1_000_000, ms(4)), None);
+        assert_eq!(p.took(1_000_000, ms(4)), None);
+        assert_eq!(p.took(1_000_000, ms(4)), Some(ms(5)));
         // After a pause, the link starts from now, not from when it went idle.
         let later = t0 + Duration::from_secs(1);
         assert_eq!(
