@@ -99,6 +99,12 @@ pub use receiver::WeightReceiver;
 pub use sender::WeightSender;
 pub use tensor_bytes::TensorBytes;
 
+/// How long a paced link may sit idle and keep its timeline (see `pace.rs`).
+#[cfg(test)]
+pub(crate) fn pace_idle() -> std::time::Duration {
+    pace::IDLE
+}
+
 pub(crate) const MAGIC: &[u8; 4] = b"TRWU";
 pub(crate) const DATA_MAGIC: &[u8; 4] = b"TRWD";
 pub(crate) const VERSION: u16 = 4;

@@ -15,7 +15,7 @@ const MAX_GBPS: f64 = 10_000.0;
 /// A link quiet for longer than this starts afresh; within it, the link's timeline goes on, so
 /// a wait the timer overshot (it ticks in milliseconds, and a read takes microseconds at
 /// 10 Gb/s) is made up by the reads after it instead of lost.
-const IDLE: Duration = Duration::from_millis(5);
+pub(crate) const IDLE: Duration = Duration::from_millis(2);
 
 /// When the bytes read so far would have finished arriving over a link of a given rate.
 #[derive(Debug, Clone)]
@@ -84,11 +84,9 @@ mod tests {
         assert_eq!(p.took(1_000_000, t0), Some(ms(1)));
         // Read again at once: queued behind the first megabyte.
         assert_eq!(p.took(1_000_000, t0), Some(ms(2)));
-        // The timer woke 2 ms late: the next megabyte is already due, and so is the one
-        // after it, but not a third.
-        assert_eq!(p.took(1_000_000, ms(4)), None);
-        assert_eq!(p.took(1_000_000, ms(4)), None);
-        assert_eq!(p.took(1_000_000, ms(4)), Some(ms(5)));
+        // The timer woke 1 ms late: the next megabyte is already due, but not the one after.
+        assert_eq!(p.took(1_000_000, ms(3)), None);
+        assert_eq!(p.took(1_000_000, ms(3)), Some(ms(4)));
         // After a pause, the link starts from now, not from when it went idle.
         let later = t0 + Duration::from_secs(1);
         assert_eq!(
