@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{TcpError, WeightReceiver};
+use super::TcpError;
 
 /// Fastest link a pace may model, in Gb/s (beyond it a pace would not slow anything).
 const MAX_GBPS: f64 = 10_000.0;
@@ -54,21 +54,6 @@ impl Pace {
         if let Some(t) = self.took(n, Instant::now()) {
             tokio::time::sleep_until(t).await;
         }
-    }
-}
-
-impl WeightReceiver {
-    /// Reads the chain no faster than a `gbps` Gb/s link delivers (later hops are held to it
-    /// by flow control): how `troupe bench broadcast --link-gbps` measures, on one machine,
-    /// what a sync costs between machines. No effect on the ring.
-    pub fn pace_link(&mut self, gbps: f64) -> Result<(), TcpError> {
-        self.pace = Some(Pace::gbps(gbps)?);
-        Ok(())
-    }
-
-    /// Whether [`pace_link`](Self::pace_link) takes `gbps`, checked before any group forms.
-    pub fn check_link_rate(gbps: f64) -> Result<(), TcpError> {
-        Pace::gbps(gbps).map(|_| ())
     }
 }
 

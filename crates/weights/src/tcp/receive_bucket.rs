@@ -8,6 +8,7 @@ use super::assemble::Frames;
 use super::control::{FromEngine, ToEngine, write_from_engine};
 use super::cpu::cpu_bound;
 use super::frame::expected_len;
+use super::pace::Pace;
 use super::receiver::{Failure, read_control};
 use super::{OwnedTensor, TcpError, TensorBytes, TensorSpec, WeightReceiver};
 use crate::delta::codec;
@@ -116,5 +117,20 @@ impl WeightReceiver {
             }
         }
         need
+    }
+}
+
+impl WeightReceiver {
+    /// Reads the chain no faster than a `gbps` Gb/s link delivers (later hops are held to it
+    /// by flow control): how `troupe bench broadcast --link-gbps` measures, on one machine,
+    /// what a sync costs between machines. No effect on the ring.
+    pub fn pace_link(&mut self, gbps: f64) -> Result<(), TcpError> {
+        self.pace = Some(Pace::gbps(gbps)?);
+        Ok(())
+    }
+
+    /// Whether [`pace_link`](Self::pace_link) takes `gbps`, checked before any group forms.
+    pub fn check_link_rate(gbps: f64) -> Result<(), TcpError> {
+        Pace::gbps(gbps).map(|_| ())
     }
 }
