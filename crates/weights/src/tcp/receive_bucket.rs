@@ -1,6 +1,6 @@
 //! An engine reading one bucket: the frames, then its deltas applied to the bases it holds,
 //! the confirmation (naming deltas it could not apply), the repair rank 0 sends then, and the
-//! commit.
+//! commit; and the pace at which a benchmark may have it read its link.
 
 use tokio::time::Instant;
 
