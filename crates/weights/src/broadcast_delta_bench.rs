@@ -77,7 +77,7 @@ pub async fn bench_broadcast_delta(
                 "a link rate applies to the TCP chain; the ring is memory (add --chain)".into(),
             );
         }
-        crate::tcp::WeightReceiver::check_link_rate(g).map_err(|e| e.to_string())?;
+        crate::tcp::pace::Pace::gbps(g).map_err(|e| e.to_string())?;
     }
     let versions = tokio::task::spawn_blocking(move || versions(mib, fp8, changed))
         .await
@@ -321,7 +321,7 @@ mod tests {
                 // The receiver waits out each payload read at 6.25e7 bytes/s (headers, a few
                 // bytes per tensor, are not paced), less the slack a link keeps from the sync
                 // before; unpaced, 2 MiB take about a millisecond.
-                let slack = crate::tcp::pace_idle().as_secs_f64();
+                let slack = crate::tcp::pace::IDLE.as_secs_f64();
                 let paced = 0.9 * bytes / 6.25e7 - slack;
                 assert!(secs >= paced, "{mode}: {secs} s for {bytes} bytes");
             }

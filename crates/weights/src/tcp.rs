@@ -78,7 +78,7 @@ mod control;
 mod cpu;
 mod frame;
 mod link;
-mod pace;
+pub(crate) mod pace;
 mod receive_bucket;
 mod receiver;
 pub(crate) mod ring;
@@ -98,12 +98,6 @@ mod tests_shm;
 pub use receiver::WeightReceiver;
 pub use sender::WeightSender;
 pub use tensor_bytes::TensorBytes;
-
-/// How long a paced link may sit idle and keep its timeline (see `pace.rs`).
-#[cfg(test)]
-pub(crate) fn pace_idle() -> std::time::Duration {
-    pace::IDLE
-}
 
 pub(crate) const MAGIC: &[u8; 4] = b"TRWU";
 pub(crate) const DATA_MAGIC: &[u8; 4] = b"TRWD";

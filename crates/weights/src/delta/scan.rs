@@ -260,17 +260,8 @@ fn summed_x86<const ELEM: usize>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::sum::test_bytes as data;
     use super::*;
-
-    fn data(len: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed | 1;
-        (0..len)
-            .map(|_| {
-                s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-                (s >> 56) as u8
-            })
-            .collect()
-    }
 
     /// The vector scan finds exactly the elements the portable one does, in order, and sums
     /// what [`words_sum`] does, for every element size, changes of one byte of an element or

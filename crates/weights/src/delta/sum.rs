@@ -163,19 +163,22 @@ impl Running {
     }
 }
 
+/// `len` pseudo-random bytes from `seed`, for the tests of the delta code.
+#[cfg(test)]
+pub(crate) fn test_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (s >> 56) as u8
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_bytes as data;
     use super::*;
-
-    fn data(len: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed | 1;
-        (0..len)
-            .map(|_| {
-                s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-                (s >> 56) as u8
-            })
-            .collect()
-    }
 
     #[test]
     fn the_vector_loop_matches_the_definition_and_pieces_add_up() {

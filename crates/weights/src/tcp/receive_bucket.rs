@@ -128,9 +128,4 @@ impl WeightReceiver {
         self.pace = Some(Pace::gbps(gbps)?);
         Ok(())
     }
-
-    /// Whether [`pace_link`](Self::pace_link) takes `gbps`, checked before any group forms.
-    pub fn check_link_rate(gbps: f64) -> Result<(), TcpError> {
-        Pace::gbps(gbps).map(|_| ())
-    }
 }
