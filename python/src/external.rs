@@ -23,6 +23,7 @@ use troupe_wire::v1::{
     Shape, WeightAck, WeightBucketRequest,
 };
 
+use crate::bases::SenderBases;
 use crate::errors::{ControlError, WeightSyncError};
 use crate::runtime::wait;
 
@@ -187,27 +188,39 @@ fn tcp_err(e: impl std::fmt::Display) -> PyErr {
 #[pymethods]
 impl TcpWeightSender {
     /// Binds the broadcast master on `host` (an ephemeral port) for `world_size` ranks. With
-    /// `delta` (default), a bucket after the first sends only what changed since this sender's
-    /// previous one (engines keep what they received; one that cannot apply a delta gets the
-    /// tensor whole); this costs one bf16 copy of what was sent, kept here.
+    /// `delta` (default), a bucket after the first sends only what changed since the version
+    /// the engines hold (engines keep what they received; one that cannot apply a delta gets
+    /// the tensor whole); this costs one bf16 copy of what was sent, kept in `bases`: pass the
+    /// same `SenderBases` to the next group's sender (and each engine its `ReceiverBases`) to
+    /// keep sending deltas after the group is re-created; without it they last as long as
+    /// this sender.
     #[new]
-    #[pyo3(signature = (world_size, group_name, host = "0.0.0.0", delta = true))]
+    #[pyo3(signature = (world_size, group_name, host = "0.0.0.0", delta = true, bases = None))]
     fn new(
         py: Python<'_>,
         world_size: usize,
         group_name: String,
         host: &str,
         delta: bool,
+        bases: Option<PyRef<'_, SenderBases>>,
     ) -> PyResult<Self> {
+        if !delta && bases.is_some() {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "bases keep what delta updates are taken against; with delta=False nothing is kept (drop bases, or set delta=True)",
+            ));
+        }
+        let bases = bases.map(|b| b.inner.clone());
         let addr = format!("{host}:0");
         let mut s = wait(py, async move {
             WeightSender::bind(&addr, world_size, &group_name).await
         })?
         .map_err(tcp_err)?;
         if delta {
-            s.set_delta(Some(Arc::new(std::sync::Mutex::new(
-                troupe_weights::delta::SenderBases::new(false),
-            ))));
+            s.set_delta(Some(bases.unwrap_or_else(|| {
+                Arc::new(std::sync::Mutex::new(
+                    troupe_weights::delta::SenderBases::new(false),
+                ))
+            })));
         }
         let port = s.local_addr().map_err(tcp_err)?.port();
         Ok(TcpWeightSender {
@@ -265,6 +278,29 @@ impl TcpWeightSender {
             s.send_bucket(&refs).await.map_err(|e| e.to_string())
         })?
         .map_err(tcp_err)
+    }
+
+    /// What the buckets committed since the last call sent: `{"full_bytes", "sent_bytes",
+    /// "delta_tensors", "whole_tensors", "repaired_tensors", "changed_fraction"}`
+    /// (`changed_fraction` is `None` when nothing was compared).
+    fn take_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let inner = self.inner.clone();
+        let st = wait(py, async move {
+            inner
+                .lock()
+                .await
+                .as_mut()
+                .map(|s| s.take_stats())
+                .unwrap_or_default()
+        })?;
+        let d = PyDict::new(py);
+        d.set_item("full_bytes", st.full_bytes)?;
+        d.set_item("sent_bytes", st.sent_bytes)?;
+        d.set_item("delta_tensors", st.delta_tensors)?;
+        d.set_item("whole_tensors", st.whole_tensors)?;
+        d.set_item("repaired_tensors", st.repaired_tensors)?;
+        d.set_item("changed_fraction", st.changed_fraction())?;
+        Ok(d)
     }
 
     /// Closes the broadcast (engines see the group end). Idempotent.

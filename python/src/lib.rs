@@ -5,6 +5,7 @@
 
 mod actors;
 mod arrays;
+mod bases;
 mod cli;
 mod client;
 mod cluster;
@@ -44,6 +45,7 @@ fn _troupe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<spmd::Group>()?;
     rollout::register(m)?;
     external::register(m)?;
+    bases::register(m)?;
     receiver::register(m)?;
     task::register(m)?;
     cli::register(m)?;

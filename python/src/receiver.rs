@@ -17,8 +17,10 @@ use std::time::Duration;
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
+use troupe_weights::delta::ReceiverBases as Bases;
 use troupe_weights::tcp::{TensorSpec, WeightReceiver, WireDtype};
 
+use crate::bases::ReceiverBases;
 use crate::errors::WeightSyncError;
 use crate::runtime::wait;
 
@@ -80,8 +82,12 @@ impl TcpWeightReceiver {
     /// Joins rank 0 at `master_address:master_port` as ranks `rank .. rank + n_ranks` and waits
     /// (up to `timeout` seconds) until the whole group has joined, as NCCL's
     /// `init_process_group` does. `group_name` empty joins whichever group rank 0 runs.
+    /// `bases` keeps what this engine receives as the bases of delta updates across groups
+    /// (pass the same `ReceiverBases` to the engine's next receiver); without it they last as
+    /// long as this receiver.
     #[new]
-    #[pyo3(signature = (master_address, master_port, rank, n_ranks = 1, group_name = String::new(), timeout = 300.0))]
+    #[pyo3(signature = (master_address, master_port, rank, n_ranks = 1, group_name = String::new(), timeout = 300.0, bases = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         master_address: String,
@@ -90,6 +96,7 @@ impl TcpWeightReceiver {
         n_ranks: u32,
         group_name: String,
         timeout: f64,
+        bases: Option<PyRef<'_, ReceiverBases>>,
     ) -> PyResult<Self> {
         if rank == 0 || n_ranks == 0 {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
@@ -102,8 +109,9 @@ impl TcpWeightReceiver {
         } else {
             format!("{master_address}:{master_port}")
         };
+        let bases = bases.map_or_else(Bases::shared, |b| b.inner.clone());
         let r = wait(py, async move {
-            WeightReceiver::connect(&addr, &group_name, rank, n_ranks, t).await
+            WeightReceiver::connect_with_bases(&addr, &group_name, rank, n_ranks, t, bases).await
         })?
         .map_err(err)?;
         Ok(TcpWeightReceiver {

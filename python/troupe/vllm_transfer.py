@@ -34,7 +34,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from troupe._troupe import TcpWeightReceiver
+from troupe._troupe import ReceiverBases, TcpWeightReceiver
 
 #: The backend name a server selects (``--weight-transfer-config '{"backend": "troupe"}'``).
 BACKEND = "troupe"
@@ -101,6 +101,9 @@ class TroupeWeightTransferEngine(WeightTransferEngine[TroupeInitInfo, TroupeUpda
         super().__init__(*args, **kwargs)
         self._receiver: TcpWeightReceiver | None = None
         self._last: TroupeUpdateInfo | None = None
+        # What this worker received, kept as the bases of delta updates across groups: a
+        # group re-created after a fleet change still gets deltas if the worker kept them.
+        self._bases = ReceiverBases()
 
     def init_transfer_engine(self, init_info: TroupeInitInfo) -> None:
         self.shutdown()
@@ -113,6 +116,7 @@ class TroupeWeightTransferEngine(WeightTransferEngine[TroupeInitInfo, TroupeUpda
             1,
             "",
             TIMEOUT_S,
+            self._bases,
         )
 
     def start_weight_update(self) -> None:

@@ -72,6 +72,7 @@
 //! Every frame says its own length, so data links carry nothing but bucket bytes: a receiver
 //! reads frames until the end frame and never past it.
 
+mod apply;
 mod assemble;
 mod collect;
 mod control;
@@ -83,6 +84,7 @@ mod receive_bucket;
 mod receiver;
 pub(crate) mod ring;
 mod send_bucket;
+mod send_stream;
 mod sender;
 pub mod shm;
 mod tensor_bytes;

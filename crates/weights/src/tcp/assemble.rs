@@ -1,6 +1,7 @@
 //! Incremental decoding of a bucket from arbitrary chunks of the data stream, checking every
 //! header against what the engine was told to expect *before* allocating for its payload.
 
+use super::apply::{self, Work};
 use super::frame::expected_len;
 use super::{
     FRAME_BUCKET_END, FRAME_DELTA, FRAME_TENSOR, FRAME_WHOLE_TAGGED, MAX_NDIM, MAX_TENSOR_BYTES,
@@ -10,7 +11,8 @@ use crate::delta::SharedReceiverBases;
 use crate::delta::codec::max_encoded_len;
 use crate::delta::sum::Running;
 
-/// A delta frame read in full, to be applied to the receiver's base once the bucket is in.
+/// A delta frame read in full: being applied to the receiver's base (started as the frame
+/// completed), or to be applied once the bucket is in.
 #[derive(Debug)]
 pub(crate) struct PendingDelta {
     /// Position of the tensor in the bucket.
@@ -19,8 +21,8 @@ pub(crate) struct PendingDelta {
     pub(crate) base_tag: u64,
     /// Checksum of the result (its tag afterwards).
     pub(crate) result: u64,
-    /// The block stream.
-    pub(crate) bytes: Vec<u8>,
+    /// Its apply.
+    pub(crate) work: Work,
 }
 
 /// What a bucket's frames said beyond the tensors: tags of whole tensors, deltas to apply, and
@@ -266,13 +268,21 @@ impl<'a> Assembler<'a> {
             let index = self.out.len();
             match (self.kind, self.delta.take()) {
                 (FRAME_DELTA, Some((base_tag, result))) => {
-                    // The payload was the block stream; the tensor is filled once applied.
+                    // The payload was the block stream; the tensor is filled once applied,
+                    // which starts now (the receiver waits for it once the bucket is in).
                     let bytes = std::mem::take(&mut t.bytes.0);
+                    let len = expected_len(&t.shape, t.dtype).unwrap_or(0);
+                    let work = match &self.bases {
+                        Some(b) => {
+                            apply::start(b, &t.name, base_tag, len, t.dtype.elem_size(), bytes)
+                        }
+                        None => Work::Later(bytes),
+                    };
                     self.frames.deltas.push(PendingDelta {
                         index,
                         base_tag,
                         result,
-                        bytes,
+                        work,
                     });
                 }
                 (FRAME_TENSOR, _) => self.frames.untagged.push(index),

@@ -1,9 +1,10 @@
-//! An engine reading one bucket: the frames, then its deltas applied to the bases it holds,
-//! the confirmation (naming deltas it could not apply), the repair rank 0 sends then, and the
+//! An engine reading one bucket: the frames (each delta starts applying to the base it names
+//! as its frame completes, `apply.rs`), then the deltas' results checked, the confirmation (naming deltas it could not apply), the repair rank 0 sends then, and the
 //! commit; and the pace at which a benchmark may have it read its link.
 
 use tokio::time::Instant;
 
+use super::apply::{self, Work};
 use super::assemble::Frames;
 use super::control::{FromEngine, ToEngine, write_from_engine};
 use super::cpu::cpu_bound;
@@ -11,7 +12,6 @@ use super::frame::expected_len;
 use super::pace::Pace;
 use super::receiver::{Failure, read_control};
 use super::{OwnedTensor, TcpError, TensorBytes, TensorSpec, WeightReceiver};
-use crate::delta::codec;
 
 impl WeightReceiver {
     /// Reads a bucket, applies its deltas, confirms it (naming deltas that could not be
@@ -22,7 +22,11 @@ impl WeightReceiver {
         expected: &[TensorSpec],
         deadline: Instant,
     ) -> Result<Vec<OwnedTensor>, Failure> {
-        let (mut tensors, frames) = self.transfer(expected, deadline).await?;
+        let (mut tensors, mut frames) = self.transfer(expected, deadline).await?;
+        for d in &mut frames.deltas {
+            let w = std::mem::replace(&mut d.work, Work::Later(Vec::new()));
+            d.work = apply::finish(w).await;
+        }
         let mut need = cpu_bound(|| self.resolve(&mut tensors, frames));
         let mut repaired = false;
         loop {
@@ -77,7 +81,8 @@ impl WeightReceiver {
         }
     }
 
-    /// Records whole tensors as bases and applies deltas to the bases they name; returns the
+    /// Records whole tensors as bases and applies the deltas not applied yet to the bases they
+    /// name (the others were started as their frames came in, and are finished); returns the
     /// positions of deltas that could not be applied (base missing or not the one named, a
     /// malformed delta, or a result whose checksum differs): rank 0 resends those whole. CPU
     /// work: callers run it through `cpu_bound`.
@@ -95,16 +100,21 @@ impl WeightReceiver {
         for d in frames.deltas {
             let t = &mut tensors[d.index];
             let len = expected_len(&t.shape, t.dtype).unwrap_or(0);
-            let applied = match bases.take(&t.name, d.base_tag, len) {
-                None => Err("this engine does not hold the base it applies to".to_string()),
-                Some((mut buf, sum)) => {
-                    match codec::apply(&mut buf, &d.bytes, t.dtype.elem_size(), sum) {
-                        Ok(sum) if sum == d.result => Ok(buf),
-                        Ok(_) => Err("the result failed its checksum".to_string()),
-                        Err(e) => Err(format!("malformed delta: {e}")),
-                    }
+            let elem = t.dtype.elem_size();
+            let applied = match d.work {
+                Work::Done(a) => a,
+                Work::Later(delta) => {
+                    apply::now(&mut bases, &t.name, d.base_tag, len, elem, &delta)
                 }
-            };
+                Work::Running(_) => Err("internal: an apply was not waited for".into()),
+            }
+            .and_then(|(buf, sum)| {
+                if sum == d.result {
+                    Ok(buf)
+                } else {
+                    Err("the result failed its checksum".to_string())
+                }
+            });
             match applied {
                 Ok(buf) => {
                     t.bytes = TensorBytes(buf);

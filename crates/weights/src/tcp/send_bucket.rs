@@ -1,6 +1,7 @@
 //! Rank 0 sending one bucket: every byte, or (deltas on) each tensor whole or as a delta
-//! against what the engines hold, then a repair of the deltas an engine could not apply, then
-//! the commit.
+//! against what the engines hold (streamed as it is diffed, `send_stream.rs`, when the sender
+//! may keep the buffers and there is no ring), then a repair of the deltas an engine could not
+//! apply, then the commit.
 
 use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
@@ -10,10 +11,10 @@ use super::collect::{Outcome, culprit, restore, spawn_collect_until};
 use super::control::{ToEngine, write_to_engine};
 use super::cpu::cpu_bound;
 use super::frame::{encode_end, encode_header, encode_header_with};
+use super::send_stream::{Body, Source, plan_one};
 use super::sender::FAILURE_GRACE;
-use super::{FRAME_DELTA, FRAME_WHOLE_TAGGED, SharedTensorRef, TcpError, TensorRef, WeightSender};
+use super::{FRAME_WHOLE_TAGGED, SharedTensorRef, TcpError, TensorRef, WeightSender};
 use crate::delta::DeltaStats;
-use crate::delta::bases::Plan;
 
 /// One piece of a bucket on a data link.
 enum Piece {
@@ -124,66 +125,45 @@ impl WeightSender {
             wire.own(end.to_vec());
             let pieces = wire.pieces(tensors);
             stats.sent_bytes = pieces.iter().map(|p| p.len() as u64).sum();
-            self.transmit(&pieces, deadline).await?;
+            self.transmit(Source::Pieces(&pieces), deadline).await?;
             self.commit().await?;
             self.stats.add(&stats);
             return Ok(());
         };
+        if let Some(owners) = owners
+            && self.ring.is_none()
+        {
+            return self
+                .send_streamed(tensors, owners, &bases, end.to_vec(), deadline, stats)
+                .await;
+        }
         let mut wire = Wire::default();
         let mut whole = Vec::new();
+        #[cfg(test)]
+        let gate = self.plan_gate.take();
         // The diff reads both versions of the bucket: seconds for a large model, off the
         // runtime's other tasks.
         cpu_bound(|| -> Result<(), TcpError> {
             let mut b = bases
                 .lock()
                 .map_err(|_| TcpError::InvalidArgument("delta bases poisoned".into()))?;
-            let synced = *self.synced.get_or_insert_with(|| {
-                let digest = b.digest();
-                self.peers.iter().all(|p| p.digest == digest)
-            });
+            let synced = self.synced_with(b.digest());
             for (i, t) in tensors.iter().enumerate() {
+                #[cfg(test)]
+                if i > 0
+                    && let Some(g) = &gate
+                {
+                    let _ = g.recv();
+                }
                 let eligible = synced || self.whole_since_join.contains(t.name);
                 let shared = owners.and_then(|o| o.get(i).copied());
-                match b.plan(
-                    t.name,
-                    t.shape,
-                    t.dtype.elem_size(),
-                    t.bytes,
-                    shared,
-                    eligible,
-                ) {
-                    Plan::Whole {
-                        tag,
-                        compared,
-                        changed,
-                    } => {
-                        stats.compared_elems += compared;
-                        stats.changed_elems += changed;
-                        wire.own(encode_header_with(t, FRAME_WHOLE_TAGGED, &[tag])?);
-                        wire.tensor(i);
-                        whole.push(t.name.to_string());
-                        stats.whole_tensors += 1;
-                    }
-                    Plan::Plain { compared, changed } => {
-                        stats.compared_elems += compared;
-                        stats.changed_elems += changed;
-                        wire.own(encode_header(t)?);
-                        wire.tensor(i);
-                        stats.whole_tensors += 1;
-                    }
-                    Plan::Delta {
-                        base_tag,
-                        result,
-                        bytes,
-                        changed,
-                    } => {
-                        let extra = [base_tag, result, bytes.len() as u64];
-                        wire.own(encode_header_with(t, FRAME_DELTA, &extra)?);
+                let (header, body) = plan_one(&mut b, t, shared, eligible, &mut stats, &mut whole)?;
+                wire.own(header);
+                match body {
+                    Body::Tensor => wire.tensor(i),
+                    Body::Delta(d) => {
                         wire.deltas.push(wire.pieces.len());
-                        wire.own(bytes);
-                        stats.delta_tensors += 1;
-                        stats.compared_elems += (t.bytes.len() / t.dtype.elem_size()) as u64;
-                        stats.changed_elems += changed;
+                        wire.own(d);
                     }
                 }
             }
@@ -229,7 +209,20 @@ impl WeightSender {
     ) -> Result<(), TcpError> {
         let pieces = wire.pieces(tensors);
         stats.sent_bytes += pieces.iter().map(|p| p.len() as u64).sum::<u64>();
-        let outcomes = self.transmit(&pieces, deadline).await?;
+        let outcomes = self.transmit(Source::Pieces(&pieces), deadline).await?;
+        self.repair_then_commit(tensors, &outcomes, deadline, stats)
+            .await
+    }
+
+    /// Resends whole the deltas an engine could not apply (`outcomes` of the bucket), then
+    /// commits the bucket.
+    pub(super) async fn repair_then_commit(
+        &mut self,
+        tensors: &[TensorRef<'_>],
+        outcomes: &[(u32, Outcome)],
+        deadline: Instant,
+        stats: &mut DeltaStats,
+    ) -> Result<(), TcpError> {
         let mut need: Vec<u32> = outcomes
             .iter()
             .filter_map(|(_, o)| match o {
@@ -268,7 +261,7 @@ impl WeightSender {
         let pieces = repair.pieces(tensors);
         stats.sent_bytes += pieces.iter().map(|p| p.len() as u64).sum::<u64>();
         stats.repaired_tensors += need.len() as u64;
-        let outcomes = self.transmit(&pieces, deadline).await?;
+        let outcomes = self.transmit(Source::Pieces(&pieces), deadline).await?;
         if let Some((rank, _)) = outcomes.iter().find(|(_, o)| matches!(o, Outcome::Need(_))) {
             let rank = *rank;
             return self
@@ -289,11 +282,12 @@ impl WeightSender {
         Ok(())
     }
 
-    /// Writes `pieces` down the chain and through the ring and collects every engine's answer;
-    /// a failure anywhere fails the group, naming the rank at fault.
-    async fn transmit(
+    /// Writes the bucket's bytes (`source`) down the chain and through the ring and collects
+    /// every engine's answer; a failure anywhere fails the group, naming the rank at fault. A
+    /// streamed bucket goes down the chain only (the ring is written from pieces).
+    pub(super) async fn transmit(
         &mut self,
-        pieces: &[&[u8]],
+        source: Source<'_>,
         deadline: Instant,
     ) -> Result<Vec<(u32, Outcome)>, TcpError> {
         let first_rank = self.peers.iter().find(|p| !p.on_ring).map_or(0, |p| p.rank);
@@ -303,23 +297,43 @@ impl WeightSender {
         let mut tasks =
             spawn_collect_until(std::mem::take(&mut self.peers), deadline, Some(cancelled));
         let (data, ring) = (&mut self.data, &mut self.ring);
+        let ring_pieces = match &source {
+            Source::Pieces(p) => Some(*p),
+            Source::Stream(_) => None,
+        };
         let chain = async {
             let Some(data) = data.as_mut() else {
                 return Ok(());
             };
-            let sent = async {
-                for p in pieces {
-                    data.write_all(p).await?;
+            let link =
+                |e: std::io::Error| (first_rank, format!("data link to rank {first_rank}: {e}"));
+            match source {
+                Source::Pieces(pieces) => {
+                    for p in pieces {
+                        data.write_all(p).await.map_err(link)?;
+                    }
                 }
-                data.flush().await
-            };
-            sent.await
-                .map_err(|e| (first_rank, format!("data link to rank {first_rank}: {e}")))
+                Source::Stream(mut planned) => {
+                    let mut ended = false;
+                    while let Some(p) = planned.recv().await {
+                        data.write_all(&p.header).await.map_err(link)?;
+                        if let Some(b) = &p.body {
+                            data.write_all(b).await.map_err(link)?;
+                        }
+                        ended |= p.end;
+                    }
+                    if !ended {
+                        return Err((0, "rank 0 stopped encoding the bucket".to_string()));
+                    }
+                }
+            }
+            data.flush().await.map_err(link)
         };
         let shared = async {
-            match ring.as_mut() {
-                Some(ring) => ring.send(pieces).await,
-                None => Ok(()),
+            match (ring.as_mut(), ring_pieces) {
+                (Some(ring), Some(pieces)) => ring.send(pieces).await,
+                (Some(_), None) => Err((0, "a streamed bucket cannot go through the ring".into())),
+                (None, _) => Ok(()),
             }
         };
         let write = async {

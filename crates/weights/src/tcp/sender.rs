@@ -79,6 +79,10 @@ pub struct WeightSender {
     /// Test hook: flip a byte of the next bucket's first delta on the way out.
     #[cfg(test)]
     pub(crate) corrupt_next_delta: bool,
+    /// Test hook: the next streamed bucket's planner waits on this before each tensor after
+    /// the first.
+    #[cfg(test)]
+    pub(crate) plan_gate: Option<std::sync::mpsc::Receiver<()>>,
 }
 
 impl WeightSender {
@@ -121,6 +125,8 @@ impl WeightSender {
             stats: DeltaStats::default(),
             #[cfg(test)]
             corrupt_next_delta: false,
+            #[cfg(test)]
+            plan_gate: None,
         })
     }
 

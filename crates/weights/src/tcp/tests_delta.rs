@@ -132,12 +132,15 @@ async fn group(
 }
 
 /// One sync of `model`: every receiver must end with exactly its bytes. `scribble` makes the
-/// first receiver's engine take the first tensor's buffer for itself and write to it.
+/// first receiver's engine take the first tensor's buffer for itself and write to it;
+/// `shared` hands the sender buffers it may keep (`send_bucket_shared`: streamed down the
+/// chain while it is diffed), else borrowed ones (`send_bucket`: diffed, then sent).
 async fn sync(
     sender: &mut WeightSender,
     rxs: Vec<WeightReceiver>,
     model: &[Wt],
     scribble: bool,
+    shared: bool,
 ) -> (Vec<WeightReceiver>, DeltaStats) {
     let specs: Vec<TensorSpec> = model
         .iter()
@@ -166,7 +169,25 @@ async fn sync(
             bytes: &t.bytes,
         })
         .collect();
-    sender.send_bucket(&refs).await.unwrap();
+    if shared {
+        let owners: Vec<bytes::Bytes> = model
+            .iter()
+            .map(|t| bytes::Bytes::copy_from_slice(&t.bytes))
+            .collect();
+        let refs: Vec<SharedTensorRef<'_>> = refs
+            .iter()
+            .zip(&owners)
+            .map(|(r, b)| SharedTensorRef {
+                name: r.name,
+                dtype: r.dtype,
+                shape: r.shape,
+                bytes: b,
+            })
+            .collect();
+        sender.send_bucket_shared(&refs).await.unwrap();
+    } else {
+        sender.send_bucket(&refs).await.unwrap();
+    }
     let mut out = Vec::new();
     for (k, task) in tasks.into_iter().enumerate() {
         let (mut rx, got) = task.await.unwrap();
@@ -189,14 +210,14 @@ async fn sync(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deltas_are_bit_exact_across_steps_on_the_chain_and_the_ring() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        for ring in [false, true] {
+        for (ring, shared) in [(false, false), (false, true), (true, true)] {
             let sb = Arc::new(Mutex::new(SenderBases::new(false)));
             let bases = [ReceiverBases::shared(), ReceiverBases::shared()];
             let (mut sender, mut rxs) = group(&bases, &sb, ring).await;
             let mut trainer = Trainer::new();
             let mut stats = Vec::new();
             for _ in 0..4 {
-                let (r, s) = sync(&mut sender, rxs, &trainer.wire(), false).await;
+                let (r, s) = sync(&mut sender, rxs, &trainer.wire(), false, shared).await;
                 rxs = r;
                 stats.push(s);
                 trainer.step();
@@ -230,11 +251,11 @@ async fn a_receiver_that_missed_a_step_or_restarted_gets_tensors_whole() {
         let mut trainer = Trainer::new();
         // Step 1: both. Step 2: only A (B was down).
         let (mut s1, rxs) = group(&[a.clone(), b.clone()], &sb, false).await;
-        sync(&mut s1, rxs, &trainer.wire(), false).await;
+        sync(&mut s1, rxs, &trainer.wire(), false, true).await;
         s1.close().await.unwrap();
         trainer.step();
         let (mut s2, rxs) = group(std::slice::from_ref(&a), &sb, false).await;
-        let (rxs, st) = sync(&mut s2, rxs, &trainer.wire(), false).await;
+        let (rxs, st) = sync(&mut s2, rxs, &trainer.wire(), false, true).await;
         assert!(st.delta_tensors >= 2, "A held the bases: {st:?}");
         drop(rxs);
         s2.close().await.unwrap();
@@ -242,20 +263,20 @@ async fn a_receiver_that_missed_a_step_or_restarted_gets_tensors_whole() {
         // (both still end exact); step 4 in the same group is a delta again.
         trainer.step();
         let (mut s3, rxs) = group(&[a.clone(), b.clone()], &sb, false).await;
-        let (rxs, st) = sync(&mut s3, rxs, &trainer.wire(), false).await;
+        let (rxs, st) = sync(&mut s3, rxs, &trainer.wire(), false, true).await;
         assert_eq!((st.whole_tensors, st.delta_tensors), (3, 0), "{st:?}");
         trainer.step();
-        let (rxs, st) = sync(&mut s3, rxs, &trainer.wire(), false).await;
+        let (rxs, st) = sync(&mut s3, rxs, &trainer.wire(), false, true).await;
         assert!(st.delta_tensors >= 2, "{st:?}");
         drop(rxs);
         s3.close().await.unwrap();
         // A restarted engine holds nothing: whole again, then deltas.
         trainer.step();
         let (mut s4, rxs) = group(&[a.clone(), ReceiverBases::shared()], &sb, true).await;
-        let (rxs, st) = sync(&mut s4, rxs, &trainer.wire(), false).await;
+        let (rxs, st) = sync(&mut s4, rxs, &trainer.wire(), false, true).await;
         assert_eq!(st.whole_tensors, 3, "{st:?}");
         trainer.step();
-        let (_rxs, st) = sync(&mut s4, rxs, &trainer.wire(), false).await;
+        let (_rxs, st) = sync(&mut s4, rxs, &trainer.wire(), false, true).await;
         assert!(st.delta_tensors >= 2, "{st:?}");
     })
     .await
@@ -265,16 +286,16 @@ async fn a_receiver_that_missed_a_step_or_restarted_gets_tensors_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupted_delta_or_base_is_resent_whole_never_applied() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        for ring in [false, true] {
+        for (ring, shared) in [(false, false), (false, true), (true, true)] {
             let sb = Arc::new(Mutex::new(SenderBases::new(true)));
             let bases = [ReceiverBases::shared(), ReceiverBases::shared()];
             let (mut sender, rxs) = group(&bases, &sb, ring).await;
             let mut trainer = Trainer::new();
             // The first receiver's engine keeps (and scribbles on) a buffer instead of handing
             // it back: that receiver no longer holds the base, and asks for the tensor whole.
-            let (rxs, _) = sync(&mut sender, rxs, &trainer.wire(), true).await;
+            let (rxs, _) = sync(&mut sender, rxs, &trainer.wire(), true, shared).await;
             trainer.step();
-            let (rxs, st) = sync(&mut sender, rxs, &trainer.wire(), false).await;
+            let (rxs, st) = sync(&mut sender, rxs, &trainer.wire(), false, shared).await;
             assert_eq!(
                 st.repaired_tensors, 1,
                 "the base kept by the engine: {st:?}"
@@ -282,11 +303,11 @@ async fn a_corrupted_delta_or_base_is_resent_whole_never_applied() {
             // A byte of a delta flipped on the way: every receiver asks for it whole.
             trainer.step();
             sender.corrupt_next_delta = true;
-            let (rxs, st) = sync(&mut sender, rxs, &trainer.wire(), false).await;
+            let (rxs, st) = sync(&mut sender, rxs, &trainer.wire(), false, shared).await;
             assert_eq!(st.repaired_tensors, 1, "the corrupted delta: {st:?}");
             // And the next step is a clean delta again.
             trainer.step();
-            let (_rxs, st) = sync(&mut sender, rxs, &trainer.wire(), false).await;
+            let (_rxs, st) = sync(&mut sender, rxs, &trainer.wire(), false, shared).await;
             assert!(st.delta_tensors >= 2 && st.repaired_tensors == 0, "{st:?}");
         }
     })
@@ -301,10 +322,10 @@ async fn without_delta_bases_are_dropped_and_nothing_is_kept() {
         let bases = [ReceiverBases::shared()];
         let (mut sender, rxs) = group(&bases, &sb, false).await;
         let trainer = Trainer::new();
-        let (rxs, _) = sync(&mut sender, rxs, &trainer.wire(), false).await;
+        let (rxs, _) = sync(&mut sender, rxs, &trainer.wire(), false, true).await;
         assert_eq!(bases[0].lock().unwrap().len(), 3);
         sender.set_delta(None);
-        let (_rxs, st) = sync(&mut sender, rxs, &trainer.wire(), false).await;
+        let (_rxs, st) = sync(&mut sender, rxs, &trainer.wire(), false, true).await;
         assert_eq!(
             (st.delta_tensors, st.whole_tensors, st.compared_elems),
             (0, 0, 0)
@@ -315,6 +336,43 @@ async fn without_delta_bases_are_dropped_and_nothing_is_kept() {
             0,
             "delta-off frames drop the bases"
         );
+    })
+    .await
+    .expect("timed out");
+}
+
+/// A delta-on bucket in buffers the sender keeps is streamed: an engine starts applying the
+/// first tensor's delta before rank 0 has diffed the second (the planner waits for that).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_bucket_is_applied_while_it_is_still_being_diffed() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let sb = Arc::new(Mutex::new(SenderBases::new(false)));
+        let bases = [ReceiverBases::shared()];
+        let (mut sender, rxs) = group(&bases, &sb, false).await;
+        let mut trainer = Trainer::new();
+        let (rxs, _) = sync(&mut sender, rxs, &trainer.wire(), false, true).await;
+        assert_eq!(bases[0].lock().unwrap().len(), 3);
+        trainer.step();
+        let (gate, gated) = std::sync::mpsc::channel();
+        sender.plan_gate = Some(gated);
+        let held = bases[0].clone();
+        let opener = tokio::spawn(async move {
+            // The first tensor's base leaves the engine's bases when its delta starts applying.
+            let deadline = tokio::time::Instant::now() + T;
+            while held.lock().unwrap().len() == 3 {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the engine did not start on the first delta before the second was diffed"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            for _ in 0..2 {
+                let _ = gate.send(());
+            }
+        });
+        let (_rxs, st) = sync(&mut sender, rxs, &trainer.wire(), false, true).await;
+        opener.await.unwrap();
+        assert!(st.delta_tensors >= 2, "{st:?}");
     })
     .await
     .expect("timed out");
