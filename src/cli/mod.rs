@@ -89,8 +89,9 @@ enum BenchCmd {
         /// Size of the shared-memory ring in KiB.
         #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(64..=1048576))]
         ring_kib: u64,
-        /// Measure full against delta syncs after an optimizer step that changed this fraction
-        /// of the BF16 values (e.g. 0.02), scattered over every tensor.
+        /// Measure full against delta syncs after optimizer steps that each changed this
+        /// fraction of the BF16 values (e.g. 0.02), scattered over every tensor; the second
+        /// step is timed, a training loop's steady state.
         #[arg(long)]
         changed: Option<f64>,
         /// With --changed and --chain: every receiver reads its link no faster than this many
