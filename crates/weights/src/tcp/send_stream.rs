@@ -188,10 +188,10 @@ pub(super) fn plan_streamed(
 
 /// A channel for a streamed bucket. Unbounded: the planner runs as far ahead of the link as
 /// it can, so the writer does not wait for the planner's thread to be scheduled again at each
-/// frame (measured with 8 frames of room: an FP8 sync whose tensors all went whole took
-/// 1.04-1.10x a full one to 1 engine; 0.93-0.96x unbounded). What it holds is at most the
-/// bucket's deltas (tensors that go whole are the caller's buffers, shared), as when a bucket
-/// is diffed before it is sent.
+/// frame (an FP8 sync whose tensors all went whole, to 1 engine, took a median 1.08x a full
+/// one over six runs with 8 frames of room, 0.93-0.96x over two unbounded). What it holds is
+/// at most the bucket's deltas (tensors that go whole are the caller's buffers, shared), as
+/// when a bucket is diffed before it is sent.
 pub(super) fn channel() -> (
     mpsc::UnboundedSender<Planned>,
     mpsc::UnboundedReceiver<Planned>,
