@@ -2,37 +2,13 @@
 with Troupe's TCP chain, NCCL's place on the CPU) while the controller's gRPC API does the
 engine side on every engine."""
 
-import threading
-
 import ml_dtypes
 import numpy as np
 import pytest
 
 import troupe
+from background import in_thread
 from workers import Counter
-
-
-def in_thread(fn, *args):
-    """Runs `fn(*args)` on a thread; the returned function joins it and gives the result."""
-    out = {}
-
-    def run():
-        try:
-            out["value"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
-            out["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-
-    def join():
-        t.join(120)
-        assert not t.is_alive(), "the engine-side call did not finish"
-        if "error" in out:
-            raise out["error"]
-        return out["value"]
-
-    return join
 
 
 def test_rank_zero_drives_weight_sync_through_the_controller_api(served):

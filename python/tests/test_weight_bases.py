@@ -3,36 +3,12 @@ their bases (`troupe.SenderBases`, `troupe.ReceiverBases`) get deltas in the nex
 engine that did not keep them gets every tensor whole; every engine ends each update with
 exactly the bytes sent."""
 
-import threading
-
 import ml_dtypes
 import numpy as np
 import pytest
 
 import troupe
-
-
-def in_thread(fn, *args):
-    """Runs `fn(*args)` on a thread; the returned function joins it and gives the result."""
-    out = {}
-
-    def run():
-        try:
-            out["value"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
-            out["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-
-    def join():
-        t.join(120)
-        assert not t.is_alive(), "the call did not finish"
-        if "error" in out:
-            raise out["error"]
-        return out["value"]
-
-    return join
+from background import in_thread
 
 
 def model(seed: int = 3) -> dict[str, np.ndarray]:

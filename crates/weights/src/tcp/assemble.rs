@@ -11,14 +11,11 @@ use crate::delta::SharedReceiverBases;
 use crate::delta::codec::max_encoded_len;
 use crate::delta::sum::Running;
 
-/// A delta frame read in full: being applied to the receiver's base (started as the frame
-/// completed), or to be applied once the bucket is in.
+/// A delta frame read in full, being applied to the receiver's base since its frame completed.
 #[derive(Debug)]
 pub(crate) struct PendingDelta {
     /// Position of the tensor in the bucket.
     pub(crate) index: usize,
-    /// The base it applies to.
-    pub(crate) base_tag: u64,
     /// Checksum of the result (its tag afterwards).
     pub(crate) result: u64,
     /// Its apply.
@@ -85,21 +82,26 @@ pub(crate) struct Assembler<'a> {
     /// The current tagged whole tensor's checksum so far (summed as its bytes arrive).
     running: Option<(u64, Running)>,
     frames: Frames,
-    /// The receiver's delta bases: a tensor that comes whole is read into its old base's
-    /// buffer (that base is replaced anyway), so a sync that sends tensors whole allocates
-    /// nothing.
-    bases: Option<SharedReceiverBases>,
+    /// The receiver's delta bases: a delta is applied to the one it names as soon as its
+    /// frame is in, and a tensor that comes whole is read into its old base's buffer (that
+    /// base is replaced anyway), so a sync that sends tensors whole allocates nothing.
+    bases: SharedReceiverBases,
 }
 
 impl<'a> Assembler<'a> {
     #[cfg(test)]
     pub(crate) fn new(expected: &'a [TensorSpec]) -> Self {
-        Self::with_spare(expected, Vec::new())
+        Self::with_spare(expected, Vec::new(), SharedReceiverBases::default())
     }
 
-    /// A decoder that fills the best-fitting buffer of `spare` for each tensor (the smallest
-    /// whose capacity holds it) and allocates only when none fits.
-    pub(crate) fn with_spare(expected: &'a [TensorSpec], spare: Vec<Vec<u8>>) -> Self {
+    /// A decoder that applies deltas to `bases` and fills, for each tensor that comes whole,
+    /// its old base's buffer, else the best-fitting buffer of `spare` (the smallest whose
+    /// capacity holds it), and allocates only when none fits.
+    pub(crate) fn with_spare(
+        expected: &'a [TensorSpec],
+        spare: Vec<Vec<u8>>,
+        bases: SharedReceiverBases,
+    ) -> Self {
         Self {
             expected,
             out: Vec::with_capacity(expected.len()),
@@ -111,14 +113,8 @@ impl<'a> Assembler<'a> {
             delta: None,
             running: None,
             frames: Frames::default(),
-            bases: None,
+            bases,
         }
-    }
-
-    /// Reads whole tensors into the buffers of the bases they replace.
-    pub(crate) fn with_bases(mut self, bases: SharedReceiverBases) -> Self {
-        self.bases = Some(bases);
-        self
     }
 
     /// What the frames said about tags and deltas (taken once the bucket is done).
@@ -165,8 +161,9 @@ impl<'a> Assembler<'a> {
     fn buffer_for(&mut self, name: &str, len: usize) -> Vec<u8> {
         let old = self
             .bases
-            .as_ref()
-            .and_then(|b| b.lock().ok().and_then(|mut b| b.take_any(name, len)));
+            .lock()
+            .ok()
+            .and_then(|mut b| b.take_any(name, len));
         match old {
             Some(mut b) => {
                 b.clear();
@@ -272,15 +269,10 @@ impl<'a> Assembler<'a> {
                     // which starts now (the receiver waits for it once the bucket is in).
                     let bytes = std::mem::take(&mut t.bytes.0);
                     let len = expected_len(&t.shape, t.dtype).unwrap_or(0);
-                    let work = match &self.bases {
-                        Some(b) => {
-                            apply::start(b, &t.name, base_tag, len, t.dtype.elem_size(), bytes)
-                        }
-                        None => Work::Later(bytes),
-                    };
+                    let elem = t.dtype.elem_size();
+                    let work = apply::start(&self.bases, &t.name, base_tag, len, elem, bytes);
                     self.frames.deltas.push(PendingDelta {
                         index,
-                        base_tag,
                         result,
                         work,
                     });
@@ -472,7 +464,7 @@ mod tests {
             Vec::with_capacity(4096),
             first.into_iter().next().unwrap().bytes.into_vec(),
         ];
-        let mut asm = Assembler::with_spare(&specs, spare);
+        let mut asm = Assembler::with_spare(&specs, spare, SharedReceiverBases::default());
         asm.feed(&wire).unwrap();
         let left: Vec<usize> = asm.take_spare().iter().map(Vec::capacity).collect();
         let out = asm.into_tensors();

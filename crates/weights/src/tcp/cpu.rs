@@ -1,5 +1,6 @@
-//! Long computations (a delta's diff, its apply) called from async code without stalling the
-//! runtime's other tasks.
+//! Long computations (a delta's diff, where a bucket is diffed before it is sent: buffers the
+//! sender may not keep, or the ring) called from async code without stalling the runtime's
+//! other tasks.
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 

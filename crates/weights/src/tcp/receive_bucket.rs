@@ -1,14 +1,13 @@
 //! An engine reading one bucket: the frames (each delta starts applying to the base it names
-//! as its frame completes, `apply.rs`), then the deltas' results checked, the confirmation (naming deltas it could not apply), the repair rank 0 sends then, and the
-//! commit; and the pace at which a benchmark may have it read its link.
+//! as its frame completes, `apply.rs`), then the deltas' results checked, the confirmation
+//! (naming deltas it could not apply), the repair rank 0 sends then, and the commit; and the
+//! pace at which a benchmark may have it read its link.
 
 use tokio::time::Instant;
 
-use super::apply::{self, Work};
+use super::apply;
 use super::assemble::Frames;
 use super::control::{FromEngine, ToEngine, write_from_engine};
-use super::cpu::cpu_bound;
-use super::frame::expected_len;
 use super::pace::Pace;
 use super::receiver::{Failure, read_control};
 use super::{OwnedTensor, TcpError, TensorBytes, TensorSpec, WeightReceiver};
@@ -22,12 +21,8 @@ impl WeightReceiver {
         expected: &[TensorSpec],
         deadline: Instant,
     ) -> Result<Vec<OwnedTensor>, Failure> {
-        let (mut tensors, mut frames) = self.transfer(expected, deadline).await?;
-        for d in &mut frames.deltas {
-            let w = std::mem::replace(&mut d.work, Work::Later(Vec::new()));
-            d.work = apply::finish(w).await;
-        }
-        let mut need = cpu_bound(|| self.resolve(&mut tensors, frames));
+        let (mut tensors, frames) = self.transfer(expected, deadline).await?;
+        let mut need = self.resolve(&mut tensors, frames).await;
         let mut repaired = false;
         loop {
             let ack = if need.is_empty() {
@@ -55,7 +50,7 @@ impl WeightReceiver {
                         sub.push(spec.clone());
                     }
                     let (mut got, frames) = self.transfer(&sub, deadline).await?;
-                    let again = cpu_bound(|| self.resolve(&mut got, frames));
+                    let again = self.resolve(&mut got, frames).await;
                     if let Some(&k) = again.first() {
                         return Err(Failure::Mine(format!(
                             "tensor {} failed its checksum again when resent whole",
@@ -81,15 +76,18 @@ impl WeightReceiver {
         }
     }
 
-    /// Records whole tensors as bases and applies the deltas not applied yet to the bases they
-    /// name (the others were started as their frames came in, and are finished); returns the
-    /// positions of deltas that could not be applied (base missing or not the one named, a
-    /// malformed delta, or a result whose checksum differs): rank 0 resends those whole. CPU
-    /// work: callers run it through `cpu_bound`.
-    fn resolve(&mut self, tensors: &mut [OwnedTensor], frames: Frames) -> Vec<u32> {
+    /// Records whole tensors as bases, waits for the deltas (started as their frames came
+    /// in) and records their results as bases; returns the positions of deltas that could not
+    /// be applied (base missing or not the one named, a malformed delta, or a result whose
+    /// checksum differs): rank 0 resends those whole.
+    async fn resolve(&mut self, tensors: &mut [OwnedTensor], frames: Frames) -> Vec<u32> {
+        let mut applied = Vec::with_capacity(frames.deltas.len());
+        for d in frames.deltas {
+            applied.push((d.index, d.result, apply::finish(d.work).await));
+        }
         let mut need = Vec::new();
         let Ok(mut bases) = self.bases.lock() else {
-            return frames.deltas.iter().map(|d| d.index as u32).collect();
+            return applied.iter().map(|a| a.0 as u32).collect();
         };
         for i in frames.untagged {
             bases.forget(&tensors[i].name);
@@ -97,32 +95,17 @@ impl WeightReceiver {
         for (i, tag, sum) in frames.tagged {
             bases.lend(&tensors[i].name, tag, sum);
         }
-        for d in frames.deltas {
-            let t = &mut tensors[d.index];
-            let len = expected_len(&t.shape, t.dtype).unwrap_or(0);
-            let elem = t.dtype.elem_size();
-            let applied = match d.work {
-                Work::Done(a) => a,
-                Work::Later(delta) => {
-                    apply::now(&mut bases, &t.name, d.base_tag, len, elem, &delta)
-                }
-                Work::Running(_) => Err("internal: an apply was not waited for".into()),
-            }
-            .and_then(|(buf, sum)| {
-                if sum == d.result {
-                    Ok(buf)
-                } else {
-                    Err("the result failed its checksum".to_string())
-                }
-            });
-            match applied {
-                Ok(buf) => {
+        for (index, result, a) in applied {
+            let t = &mut tensors[index];
+            match a {
+                Ok((buf, sum)) if sum == result => {
                     t.bytes = TensorBytes(buf);
-                    bases.lend(&t.name, d.result, d.result);
+                    bases.lend(&t.name, result, result);
                 }
-                Err(why) => {
+                other => {
+                    let why = other.map_or_else(|e| e, |_| "the result failed its checksum".into());
                     tracing::warn!(tensor = %t.name, rank = self.rank, %why, "delta not applied; asking for it whole");
-                    need.push(d.index as u32);
+                    need.push(index as u32);
                 }
             }
         }

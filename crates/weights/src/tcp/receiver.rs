@@ -419,8 +419,8 @@ impl WeightReceiver {
         let pace = &mut self.pace;
         let control = &mut self.control;
         let ring = &mut self.ring;
-        let mut asm = Assembler::with_spare(expected, std::mem::take(&mut self.spare))
-            .with_bases(self.bases.clone());
+        let spare = std::mem::take(&mut self.spare);
+        let mut asm = Assembler::with_spare(expected, spare, self.bases.clone());
         let read = async {
             if let Some(ring) = ring.as_mut() {
                 #[cfg(test)]

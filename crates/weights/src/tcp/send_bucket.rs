@@ -28,8 +28,6 @@ enum Piece {
 #[derive(Default)]
 struct Wire {
     pieces: Vec<Piece>,
-    /// Which pieces are delta payloads (a test corrupts one).
-    deltas: Vec<usize>,
 }
 
 impl Wire {
@@ -139,8 +137,7 @@ impl WeightSender {
         }
         let mut wire = Wire::default();
         let mut whole = Vec::new();
-        #[cfg(test)]
-        let gate = self.plan_gate.take();
+        let mut hooks = self.take_hooks();
         // The diff reads both versions of the bucket: seconds for a large model, off the
         // runtime's other tasks.
         cpu_bound(|| -> Result<(), TcpError> {
@@ -149,20 +146,15 @@ impl WeightSender {
                 .map_err(|_| TcpError::InvalidArgument("delta bases poisoned".into()))?;
             let synced = self.synced_with(b.digest());
             for (i, t) in tensors.iter().enumerate() {
-                #[cfg(test)]
-                if i > 0
-                    && let Some(g) = &gate
-                {
-                    let _ = g.recv();
-                }
+                hooks.before(i);
                 let eligible = synced || self.whole_since_join.contains(t.name);
                 let shared = owners.and_then(|o| o.get(i).copied());
                 let (header, body) = plan_one(&mut b, t, shared, eligible, &mut stats, &mut whole)?;
                 wire.own(header);
                 match body {
                     Body::Tensor => wire.tensor(i),
-                    Body::Delta(d) => {
-                        wire.deltas.push(wire.pieces.len());
+                    Body::Delta(mut d) => {
+                        hooks.delta(&mut d);
                         wire.own(d);
                     }
                 }
@@ -170,33 +162,10 @@ impl WeightSender {
             Ok(())
         })?;
         wire.own(end.to_vec());
-        #[cfg(test)]
-        if std::mem::take(&mut self.corrupt_next_delta)
-            && let Some(&k) = wire.deltas.first()
-            && let Piece::Own(d) = &mut wire.pieces[k]
-        {
-            let at = d.len() / 2;
-            d[at] ^= 0x5A;
-        }
         let sent = self
             .send_checked(tensors, &wire, deadline, &mut stats)
             .await;
-        match sent {
-            Ok(()) => {
-                self.whole_since_join.extend(whole);
-                self.stats.add(&stats);
-                Ok(())
-            }
-            Err(e) => {
-                // Engines may hold either version of these now: no delta against them.
-                if let Ok(mut b) = bases.lock() {
-                    for t in tensors {
-                        b.forget(t.name);
-                    }
-                }
-                Err(e)
-            }
-        }
+        self.settle(tensors, &bases, sent.map(|()| whole), stats)
     }
 
     /// Sends a delta-on bucket, then the repair any engine asks for, then the commit.
@@ -320,7 +289,7 @@ impl WeightSender {
                         if let Some(b) = &p.body {
                             data.write_all(b).await.map_err(link)?;
                         }
-                        ended |= p.end;
+                        ended |= p.body.is_none();
                     }
                     if !ended {
                         return Err((0, "rank 0 stopped encoding the bucket".to_string()));

@@ -86,9 +86,8 @@ pub(super) struct OwnedRef {
 /// One piece of the streamed bucket: a tensor's frame, or the end frame.
 pub(super) struct Planned {
     pub(super) header: Vec<u8>,
+    /// What follows the header; none after the end frame (the bucket was planned in full).
     pub(super) body: Option<Bytes>,
-    /// The end frame: the bucket was planned in full.
-    pub(super) end: bool,
 }
 
 /// Where the writer takes a bucket's bytes from.
@@ -108,12 +107,30 @@ pub(super) struct Planning {
     pub(super) failed: Option<TcpError>,
 }
 
-/// Test hooks of the planner: flip a byte of the first delta; wait on `gate` before planning
-/// each tensor after the first.
+/// Test hooks of a bucket's planning (either path): flip a byte of the first delta; wait on
+/// `gate` before planning each tensor after the first. Empty outside tests.
 #[derive(Default)]
 pub(super) struct Hooks {
-    pub(super) corrupt: bool,
-    pub(super) gate: Option<std::sync::mpsc::Receiver<()>>,
+    corrupt: bool,
+    gate: Option<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Hooks {
+    /// Before planning tensor `i`.
+    pub(super) fn before(&self, i: usize) {
+        if i > 0
+            && let Some(g) = &self.gate
+        {
+            let _ = g.recv();
+        }
+    }
+
+    /// On a delta just planned.
+    pub(super) fn delta(&mut self, d: &mut [u8]) {
+        if std::mem::take(&mut self.corrupt) && !d.is_empty() {
+            d[d.len() / 2] ^= 0x5A;
+        }
+    }
 }
 
 /// Plans `tensors` in order, sending each frame to `out` as soon as it is planned, then the
@@ -123,7 +140,7 @@ pub(super) fn plan_streamed(
     bases: &std::sync::Mutex<SenderBases>,
     tensors: Vec<OwnedRef>,
     end: Vec<u8>,
-    hooks: Hooks,
+    mut hooks: Hooks,
     out: mpsc::UnboundedSender<Planned>,
 ) -> Planning {
     let mut p = Planning {
@@ -135,13 +152,8 @@ pub(super) fn plan_streamed(
         p.failed = Some(TcpError::InvalidArgument("delta bases poisoned".into()));
         return p;
     };
-    let mut corrupt = hooks.corrupt;
     for (i, t) in tensors.iter().enumerate() {
-        if i > 0
-            && let Some(g) = &hooks.gate
-        {
-            let _ = g.recv();
-        }
+        hooks.before(i);
         let r = TensorRef {
             name: &t.name,
             dtype: t.dtype,
@@ -160,10 +172,7 @@ pub(super) fn plan_streamed(
         let body = match body {
             Body::Tensor => t.bytes.clone(),
             Body::Delta(mut d) => {
-                if std::mem::take(&mut corrupt) && !d.is_empty() {
-                    let at = d.len() / 2;
-                    d[at] ^= 0x5A;
-                }
+                hooks.delta(&mut d);
                 Bytes::from(d)
             }
         };
@@ -171,7 +180,6 @@ pub(super) fn plan_streamed(
         let piece = Planned {
             header,
             body: Some(body),
-            end: false,
         };
         if out.send(piece).is_err() {
             return p;
@@ -181,7 +189,6 @@ pub(super) fn plan_streamed(
     let _ = out.send(Planned {
         header: end,
         body: None,
-        end: true,
     });
     p
 }
@@ -228,13 +235,7 @@ impl super::WeightSender {
                 eligible: synced || self.whole_since_join.contains(t.name),
             })
             .collect();
-        #[cfg(test)]
-        let hooks = Hooks {
-            corrupt: std::mem::take(&mut self.corrupt_next_delta),
-            gate: self.plan_gate.take(),
-        };
-        #[cfg(not(test))]
-        let hooks = Hooks::default();
+        let hooks = self.take_hooks();
         let (tx, rx) = channel();
         let shared = bases.clone();
         let planner =
@@ -261,6 +262,19 @@ impl super::WeightSender {
                     .map(|()| p.whole)
             }
         };
+        self.settle(tensors, bases, done, stats)
+    }
+
+    /// Ends a delta-on bucket: once committed, what it sent whole and tagged is held by every
+    /// engine, and its statistics count; if it failed, engines may hold either version of its
+    /// tensors, so no delta is taken against them.
+    pub(super) fn settle(
+        &mut self,
+        tensors: &[TensorRef<'_>],
+        bases: &std::sync::Mutex<SenderBases>,
+        done: Result<Vec<String>, TcpError>,
+        stats: DeltaStats,
+    ) -> Result<(), TcpError> {
         match done {
             Ok(whole) => {
                 self.whole_since_join.extend(whole);
@@ -268,7 +282,6 @@ impl super::WeightSender {
                 Ok(())
             }
             Err(e) => {
-                // Engines may hold either version of these now: no delta against them.
                 if let Ok(mut b) = bases.lock() {
                     for t in tensors {
                         b.forget(t.name);
@@ -277,6 +290,17 @@ impl super::WeightSender {
                 Err(e)
             }
         }
+    }
+
+    /// The test hooks set for the next bucket.
+    pub(super) fn take_hooks(&mut self) -> Hooks {
+        #[cfg(test)]
+        return Hooks {
+            corrupt: std::mem::take(&mut self.corrupt_next_delta),
+            gate: self.plan_gate.take(),
+        };
+        #[cfg(not(test))]
+        Hooks::default()
     }
 
     /// Whether every engine joined holding exactly the sender's bases (summed in `digest`),
