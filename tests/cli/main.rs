@@ -7,6 +7,7 @@ mod alloc;
 mod bench;
 mod fuzz;
 mod gateway;
+mod hostile;
 mod plan;
 mod quantize;
 mod run;

@@ -463,3 +463,54 @@ async fn restart_back_off_doubles_while_an_actor_keeps_failing_and_starts_over_o
     })
     .await
 }
+
+/// A host in the controller's own process lives and dies with it: when the process is too busy
+/// to deliver heartbeats (one request hogging the runtime), the host is not declared lost. With
+/// a `lost_after` far below the heartbeat interval every in-process host used to be reported
+/// lost within it; now none is, over either transport, and calls still work after the runtime
+/// was blocked for longer than `lost_after`.
+#[tokio::test]
+async fn an_in_process_host_is_never_lost_while_its_process_is_busy() {
+    within(30, async {
+        for t in BOTH {
+            let c = Cluster::builder()
+                .registry(registry())
+                .transport(t)
+                .lost_after(Duration::from_millis(20))
+                .shutdown_grace(Duration::from_millis(200))
+                .in_process(2, 1)
+                .await
+                .unwrap();
+            let mut ev = c.events();
+            let d = c
+                .host(1)
+                .spawn::<Diag>("busy-diag", &DiagArgs::default())
+                .await
+                .unwrap();
+            // The whole runtime is blocked, as by CPU-heavy work on an async worker.
+            std::thread::sleep(Duration::from_millis(300));
+            let echo = Echo {
+                seq: 1,
+                body: "still here".into(),
+            };
+            assert_eq!(d.call(echo).await.unwrap().body, "still here");
+            // Several heartbeat intervals (250 ms) pass; no host is lost meanwhile.
+            let quiet = tokio::time::timeout(Duration::from_millis(800), async {
+                loop {
+                    match ev.recv().await {
+                        Ok(e @ ClusterEvent::HostLost { .. }) => return e,
+                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(e) => panic!("event stream closed: {e}"),
+                    }
+                }
+            })
+            .await;
+            assert!(
+                quiet.is_err(),
+                "{t:?}: an in-process host was lost: {quiet:?}"
+            );
+            c.shutdown().await;
+        }
+    })
+    .await
+}

@@ -12,6 +12,7 @@ mod fleet_standalone;
 mod fleet_vllm;
 mod gateway;
 mod gateway_proxy;
+mod hostile;
 mod pd;
 mod plan_matches;
 mod python_examples;

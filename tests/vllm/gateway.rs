@@ -12,6 +12,8 @@ const KEY: &str = "vllm-test-admin";
 struct Client {
     http: reqwest::Client,
     base: String,
+    /// The servers' logs, whose tails a failed call prints.
+    logs: Vec<std::path::PathBuf>,
 }
 
 impl Client {
@@ -46,7 +48,7 @@ impl Client {
 
     async fn ok(&self, path: &str, body: Value) -> Value {
         let (s, v) = self.post(path, body).await;
-        assert_eq!(s, 200, "{path}: {v}");
+        assert_eq!(s, 200, "{path}: {v}\n{}", server::tails(&self.logs));
         v
     }
 
@@ -95,6 +97,7 @@ async fn a_gateway_speaks_vllm_to_real_vllm_servers() {
         let c = Client {
             http: reqwest::Client::builder().no_proxy().build().unwrap(),
             base,
+            logs: vec![a.log.clone(), b.log.clone()],
         };
         let model = m1.display().to_string();
 

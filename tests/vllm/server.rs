@@ -62,29 +62,23 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// The environment Troupe gives a vLLM server on a CPU-only host: the development routes its
-/// control plane calls, one core of its own, no network.
-pub fn cpu_env(core: usize) -> Vec<(String, String)> {
-    [
-        ("VLLM_SERVER_DEV_MODE", "1".to_string()),
-        ("VLLM_CPU_OMP_THREADS_BIND", core.to_string()),
-        ("HF_HUB_OFFLINE", "1".to_string()),
-        ("VLLM_NO_USAGE_STATS", "1".to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
+/// The environment a test server gets beyond what Troupe's launcher gives every vLLM server on
+/// CPU cores (development routes, core binding, the AMX start-up call): no network.
+fn test_env() -> std::collections::BTreeMap<String, String> {
+    [("HF_HUB_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1")]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 /// The flags every test server gets: eager (no compile warm-up), a small KV cache (the CPU
-/// backend otherwise reserves most of the machine's memory), the token route.
+/// backend otherwise reserves most of the machine's memory). The launcher adds the token route.
 pub const CPU_FLAGS: &[&str] = &[
     "--enforce-eager",
     "--kv-cache-memory-bytes",
     "268435456",
     "--max-model-len",
     "1024",
-    "--enable-scale-out",
 ];
 
 /// One real vLLM server; killed with its process group when dropped.
@@ -94,22 +88,51 @@ pub struct VllmServer {
     pub url: String,
     /// Its log file.
     pub log: PathBuf,
+    port: u16,
 }
 
 impl VllmServer {
-    /// Starts `python -m vllm.entrypoints.openai.api_server` for `model` on a free port, bound
-    /// to `core`, logging into `log_dir`; returns at once (see [`VllmServer::ready`]).
+    /// Starts a vLLM server for `model` on a free port, bound to `core`, logging into `log_dir`;
+    /// returns at once (see [`VllmServer::ready`]). The command, environment and start-up files
+    /// are the ones Troupe's launcher gives a vLLM server on CPU cores
+    /// (`troupe_serving::inference::command::build`, `write_files`): one start-up path, so a
+    /// test server on a CPU with AMX asks Linux for the tile state as a launched one does.
     pub fn spawn(python: &Path, model: &Path, core: usize, log_dir: &Path) -> VllmServer {
+        use troupe_serving::inference::{Backend, LaunchSpec, WorkerType, command};
         let port = free_port();
         let log = log_dir.join(format!("vllm-{port}.log"));
+        let spec = LaunchSpec {
+            backend: Backend::Vllm,
+            worker_type: WorkerType::Regular,
+            model: model.display().to_string(),
+            tp: 1,
+            pp: 1,
+            gpus: vec![u32::try_from(core).expect("a core id")],
+            cpu: true,
+            host: "127.0.0.1".into(),
+            advertise_host: "127.0.0.1".into(),
+            port,
+            dist_port: None,
+            bootstrap_port: None,
+            transfer_backend: None,
+            multi_node: None,
+            quantization: None,
+            extra_args: CPU_FLAGS.iter().map(|s| s.to_string()).collect(),
+            env: test_env(),
+            python: python.display().to_string(),
+            troupe_bin: None,
+            log_path: Some(log.clone()),
+            ready_timeout_s: 360.0,
+            admin_api_key: None,
+            wait_ready: true,
+        };
+        let site = log_dir.join(format!("vllm-{port}"));
+        let cl = command::build(&spec, env!("CARGO_BIN_EXE_troupe"), &site)
+            .expect("the launcher's vLLM command");
+        command::write_files(&cl).expect("the server's start-up files");
         let file = std::fs::File::create(&log).expect("log file");
         let err = file.try_clone().expect("log file");
-        let child = tokio::process::Command::new(python)
-            .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
-            .arg(model)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(CPU_FLAGS)
-            .envs(cpu_env(core))
+        let child = command::command(&cl)
             .stdout(file)
             .stderr(err)
             .process_group(0)
@@ -120,6 +143,7 @@ impl VllmServer {
             child,
             url: format!("http://127.0.0.1:{port}"),
             log,
+            port,
         }
     }
 
@@ -128,17 +152,36 @@ impl VllmServer {
         let http = reqwest::Client::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(360);
         loop {
-            if let Ok(r) = http.get(format!("{}/health", self.url)).send().await
-                && r.status().is_success()
-            {
-                return;
-            }
+            let ok = matches!(
+                http.get(format!("{}/health", self.url)).send().await,
+                Ok(r) if r.status().is_success()
+            );
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!(
                     "vLLM at {} exited ({status}) before it was ready:\n{}",
                     self.url,
                     self.log_tail()
                 );
+            }
+            if ok {
+                // Ready only when the answer came from our own server: with another suite on
+                // this machine, something else may have taken the port between the pick and
+                // the bind (the launcher's own rule, `troupe_actors::sockets`).
+                let pid = self.child.id().expect("a running child");
+                let port = self.port;
+                let ours = tokio::task::spawn_blocking(move || {
+                    troupe_actors::sockets::group_listens_on(pid, port)
+                })
+                .await
+                .expect("the socket check");
+                assert_ne!(
+                    ours,
+                    Some(false),
+                    "another process answers on {}, not the vLLM server started there:\n{}",
+                    self.url,
+                    self.log_tail()
+                );
+                return;
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
@@ -152,9 +195,7 @@ impl VllmServer {
 
     /// The last lines of its log.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        log_tail(&self.log)
     }
 }
 
@@ -168,6 +209,22 @@ impl Drop for VllmServer {
             );
         }
     }
+}
+
+/// The last 40 lines of the log at `path`.
+pub fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// The servers' log tails, for a failure message: a request that failed because a server died
+/// (e.g. vLLM's worker killed by SIGILL) says so instead of only "502".
+pub fn tails(logs: &[PathBuf]) -> String {
+    logs.iter()
+        .map(|l| format!("---- {}:\n{}", l.display(), log_tail(l)))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// `troupe gateway --listen 127.0.0.1:0 ARGS` as a child (killed when dropped), and the URL its

@@ -55,7 +55,7 @@ async fn sessions_aborts_by_id_and_engine_fields_through_the_gateway_to_real_vll
                     .send()
                     .await
                     .unwrap();
-                assert_eq!(r.status(), 200);
+                assert_eq!(r.status(), 200, "{}", server::tails(&[a.log.clone(), b.log.clone()]));
                 let v: Value = r.json().await.unwrap();
                 let reply = v["choices"][0]["message"]["content"].clone();
                 messages.push(json!({"role": "assistant", "content": reply}));
@@ -215,7 +215,7 @@ async fn sessions_aborts_by_id_and_engine_fields_through_the_gateway_to_real_vll
                 .send()
                 .await
                 .unwrap();
-            assert_eq!(r.status(), 200);
+            assert_eq!(r.status(), 200, "{}", server::tails(&[a.log.clone(), b.log.clone()]));
             let v: Value = r.json().await.unwrap();
             messages.push(v["choices"][0]["message"].clone());
             messages.push(json!({"role": "user", "content": "and then?"}));

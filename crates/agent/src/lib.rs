@@ -11,6 +11,7 @@
 //! The HTTP side (routes, the engine call) lives in the gateway (`troupe-serving`); this crate
 //! has no I/O but reading the tokenizer files.
 
+pub mod bound;
 pub mod error;
 pub mod export;
 pub mod messages;
@@ -23,7 +24,7 @@ use serde_json::{Map, Value};
 
 pub use error::AgentError;
 pub use parse::{OutputParser, Parsed, ToolCall};
-pub use session::{SessionLimits, SessionStore, Turn};
+pub use session::{Reservation, SessionLimits, SessionStore, Turn};
 pub use tokenizer::ChatTokenizer;
 
 /// One served model's agent layer.

@@ -141,6 +141,9 @@ pub struct Session {
     /// `end_session` was called (AReaL's lifecycle: export waits for it).
     pub ended: bool,
     tokens: usize,
+    /// Tokens held for turns being generated now (their prompt plus their `max_new_tokens`),
+    /// so concurrent turns are counted together before any of them generates.
+    reserved: usize,
     last: Instant,
 }
 
@@ -153,6 +156,23 @@ pub struct SessionStore {
     capacity: std::sync::atomic::AtomicI64,
     /// When idle sessions were last looked for.
     swept: Mutex<Option<Instant>>,
+}
+
+/// Room held in a session for a turn being generated ([`SessionStore::reserve`]); released
+/// when dropped.
+#[derive(Debug)]
+pub struct Reservation<'a> {
+    store: &'a SessionStore,
+    id: String,
+    tokens: usize,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.store.inner.lock().sessions.get_mut(&self.id) {
+            s.reserved = s.reserved.saturating_sub(self.tokens);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -258,6 +278,7 @@ impl SessionStore {
                 reward: None,
                 ended: false,
                 tokens: 0,
+                reserved: 0,
                 last: Instant::now(),
             },
         );
@@ -310,24 +331,55 @@ impl SessionStore {
             .sessions
             .get(id)
             .ok_or_else(|| AgentError::NotFound(format!("session {id} is not open")))?;
-        if s.tokens + tokens > self.limits.max_session_tokens {
+        self.fits(s, s.reserved, tokens)
+    }
+
+    fn fits(&self, s: &Session, reserved: usize, tokens: usize) -> Result<(), AgentError> {
+        let held = s.tokens.saturating_add(reserved);
+        if held.saturating_add(tokens) > self.limits.max_session_tokens {
+            let pending = if reserved > 0 {
+                format!(" (and {reserved} held for turns being generated)")
+            } else {
+                String::new()
+            };
             return Err(AgentError::BadRequest(format!(
-                "session {id} holds {} tokens; this turn's {tokens} would pass the {} a session may record (max_session_tokens); finish it and start another",
-                s.tokens, self.limits.max_session_tokens
+                "session {} holds {} tokens{pending}; this turn's {tokens} would pass the {} a session may record (max_session_tokens); finish it and start another",
+                s.id, s.tokens, self.limits.max_session_tokens
             )));
         }
         Ok(())
     }
 
+    /// Holds room for a turn of session `id` that may record up to `tokens` (its prompt plus
+    /// its `max_new_tokens`) before it generates: a turn that could not be recorded is refused
+    /// before any engine works on it, and turns generating at once on one session are counted
+    /// together. The hold ends when the returned guard drops (after the turn is recorded).
+    pub fn reserve(&self, id: &str, tokens: usize) -> Result<Reservation<'_>, AgentError> {
+        let mut g = self.inner.lock();
+        let s = g
+            .sessions
+            .get_mut(id)
+            .ok_or_else(|| AgentError::NotFound(format!("session {id} is not open")))?;
+        self.fits(s, s.reserved, tokens)?;
+        s.reserved += tokens;
+        Ok(Reservation {
+            store: self,
+            id: id.to_string(),
+            tokens,
+        })
+    }
+
     /// Records `turn` in session `id`.
     pub fn record(&self, id: &str, turn: Turn) -> Result<(), AgentError> {
-        self.room(id, turn.tokens())?;
         {
             let mut g = self.inner.lock();
             let s = g
                 .sessions
                 .get_mut(id)
                 .ok_or_else(|| AgentError::NotFound(format!("session {id} is not open")))?;
+            // A reserved turn's tokens are in `reserved` already (its guard still lives): only
+            // what is recorded counts here, and the reservation kept the room for it.
+            self.fits(s, 0, turn.tokens())?;
             s.tokens += turn.tokens();
             s.last = Instant::now();
             s.turns.push(turn);

@@ -23,6 +23,8 @@ pub struct ChatTokenizer {
     /// `bos_token`, `eos_token`, ... as strings, for the template.
     special: Map<String, Value>,
     eos_id: Option<u32>,
+    /// The most bytes of text one token can stand for (see [`ChatTokenizer::max_token_bytes`]).
+    max_token_bytes: usize,
 }
 
 impl std::fmt::Debug for ChatTokenizer {
@@ -50,6 +52,34 @@ fn read(path: &Path) -> Result<Option<String>, AgentError> {
     std::fs::read_to_string(path)
         .map(Some)
         .map_err(|e| AgentError::Tokenizer(format!("{}: {e}", path.display())))
+}
+
+/// Template variables a request's `chat_template_kwargs` may not set: the special tokens (a
+/// client must not rename `eos_token` under the template) and what the gateway passes itself.
+const RESERVED: &[&str] = &[
+    "bos_token",
+    "eos_token",
+    "pad_token",
+    "unk_token",
+    "messages",
+    "tools",
+    "add_generation_prompt",
+];
+
+/// [`ChatTokenizer::max_token_bytes`] of `tok`.
+fn longest_token(tok: &tokenizers::Tokenizer) -> usize {
+    let longest = tok
+        .get_vocab(true)
+        .keys()
+        .map(String::len)
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    if tok.get_normalizer().is_some() {
+        longest.saturating_mul(4)
+    } else {
+        longest
+    }
 }
 
 /// A special token in `tokenizer_config.json`: a string or `{"content": ...}`.
@@ -118,7 +148,9 @@ impl ChatTokenizer {
             .get("eos_token")
             .and_then(Value::as_str)
             .and_then(|t| tok.token_to_id(t));
+        let max_token_bytes = longest_token(&tok);
         Ok(Self {
+            max_token_bytes,
             tok,
             template: ChatTemplate::new(&source)?,
             tool_template: tool_use.map(|t| ChatTemplate::new(&t)).transpose()?,
@@ -141,6 +173,21 @@ impl ChatTokenizer {
         self.tok
             .decode(ids, skip_special)
             .map_err(|e| AgentError::Tokenizer(format!("cannot decode: {e}")))
+    }
+
+    /// An upper bound on the bytes of text one token covers: the longest vocabulary entry
+    /// (added tokens included) in UTF-8 bytes, which is at least the bytes it decodes to in
+    /// every scheme Hugging Face tokenizers use (byte-level BPE maps each byte to one char,
+    /// SentencePiece's `▁` is 3 bytes for 1, byte-fallback `<0xAB>` is 6 for 1), times 4 when
+    /// the tokenizer normalizes (NFKC and the like can shrink text before it is split). A text
+    /// longer than the context times this cannot fit: it is refused before it is tokenized.
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
+    }
+
+    /// How many token ids there are (added tokens included): a token id is below this.
+    pub fn vocab_size(&self) -> usize {
+        self.tok.get_vocab_size(true)
     }
 
     /// The end-of-sequence token's id (`eos_token` of the config), if the vocabulary has it.
@@ -172,6 +219,12 @@ impl ChatTokenizer {
     ) -> Result<String, AgentError> {
         let mut ctx = self.special.clone();
         for (k, v) in kwargs {
+            if ctx.contains_key(k) || RESERVED.contains(&k.as_str()) {
+                return Err(AgentError::BadRequest(format!(
+                    "chat_template_kwargs may not set {k:?}: the tokenizer's special tokens and the template's own variables ({}) come from the model and the request",
+                    RESERVED.join(", ")
+                )));
+            }
             ctx.insert(k.clone(), v.clone());
         }
         ctx.insert("messages".into(), Value::Array(messages.to_vec()));

@@ -253,7 +253,7 @@ impl ClusterBuilder {
             })
             .collect();
         let owned = cores.into_iter().map(Owned::Core).collect();
-        Ok(Cluster::assemble(conns, owned, self.lost_after).await)
+        Ok(Cluster::assemble(conns, owned, self.lost_after, true).await)
     }
 
     /// `n` `troupe host` child processes on this machine, each advertising `gpus_per_host` GPUs
@@ -334,8 +334,14 @@ impl ClusterBuilder {
                 }
             }
         }
-        let mut cluster =
-            Cluster::assemble(conns, vec![Owned::Launcher(launcher)], self.lost_after).await;
+        let same_process = launcher.in_this_process();
+        let mut cluster = Cluster::assemble(
+            conns,
+            vec![Owned::Launcher(launcher)],
+            self.lost_after,
+            same_process,
+        )
+        .await;
         cluster.launched = launched;
         Ok(cluster)
     }
@@ -360,7 +366,7 @@ impl ClusterBuilder {
         {
             conns.push(c.map_err(|source| ClusterError::Host { index: i, source })?);
         }
-        Ok(Cluster::assemble(conns, Vec::new(), self.lost_after).await)
+        Ok(Cluster::assemble(conns, Vec::new(), self.lost_after, false).await)
     }
 }
 
@@ -423,6 +429,7 @@ impl Cluster {
         conns: Vec<(Arc<HostConn>, troupe_wire::v1::HostDescription)>,
         owned: Vec<Owned>,
         lost_after: Duration,
+        same_process: bool,
     ) -> Cluster {
         let (events, _) = broadcast::channel(4096);
         let closing = Arc::new(AtomicBool::new(false));
@@ -442,7 +449,7 @@ impl Cluster {
                     conn.clone(),
                     opened,
                     events.clone(),
-                    lost_after,
+                    (lost_after, same_process),
                     closing.clone(),
                 ));
                 HostHandle { index, conn, desc }

@@ -146,6 +146,12 @@ pub(crate) struct HostConn {
 }
 
 impl HostConn {
+    /// Whether the host runs in this process (a core called directly). Such a host cannot be
+    /// lost apart from its controller: a missed heartbeat only means this process was busy.
+    pub(crate) fn in_process(&self) -> bool {
+        matches!(self.transport, Transport::Direct(_))
+    }
+
     pub fn direct(core: HostCore) -> Arc<Self> {
         let d = core.describe();
         Arc::new(HostConn {

@@ -75,6 +75,10 @@ impl HostLauncher for InProcessLauncher {
         "inprocess"
     }
 
+    fn in_this_process(&self) -> bool {
+        true
+    }
+
     fn launch<'a>(
         &'a self,
         req: &'a LaunchRequest,

@@ -2,7 +2,9 @@
 //! declares the host lost when the stream breaks or heartbeats stop.
 //!
 //! A killed host is noticed at once (its TCP connection resets); a hung or partitioned one
-//! within `lost_after` of its last heartbeat. Either way every pending call on it fails with
+//! within `lost_after` of its last heartbeat. A host in the controller's own process is never
+//! lost by silence: it lives and dies with the process, and a silence there only means the
+//! process was busy. Either way every pending call on it fails with
 //! `HostLost` right then, so no caller waits on a dead host.
 
 use std::sync::Arc;
@@ -84,18 +86,20 @@ pub enum ClusterEvent {
     },
 }
 
-/// Watches one host until it is lost or the cluster closes.
+/// Watches one host until it is lost or the cluster closes. `same_process`: the host runs in
+/// this process (an in-process launcher's, over gRPC), so silence does not make it lost.
 pub(crate) async fn watch_host(
     index: usize,
     conn: Arc<HostConn>,
     opened: Result<EventStream, String>,
     events: broadcast::Sender<ClusterEvent>,
-    lost_after: Duration,
+    (lost_after, same_process): (Duration, bool),
     closing: Arc<AtomicBool>,
 ) {
     let reason = match opened {
         Err(e) => format!("cannot watch host: {e}"),
         Ok(mut stream) => {
+            let in_process = same_process || conn.in_process();
             let mut deadline = Instant::now() + lost_after;
             loop {
                 tokio::select! {
@@ -109,7 +113,11 @@ pub(crate) async fn watch_host(
                         Some(Err(s)) => break format!("event stream failed: {s}"),
                         None => break "event stream ended (host shut down or connection closed)".to_string(),
                     },
-                    _ = tokio::time::sleep_until(deadline) => {
+                    // A host in this process shares its fate: its heartbeats stop only when
+                    // the process is too busy to deliver them (one request hogging the
+                    // runtime), never because the host is gone, so only a real host's silence
+                    // counts. Its end comes as the stream's end.
+                    _ = tokio::time::sleep_until(deadline), if !in_process => {
                         break format!("no heartbeat for {lost_after:?}");
                     }
                 }

@@ -144,6 +144,10 @@ async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(format!("no endpoint {} {}", req.method(), req.uri().path()))
 }
 
+/// The largest request body the engine reads: the gateway's default client-facing limit
+/// (`troupe_serving::client::DEFAULT_MAX_BODY_BYTES`, 32 MiB) plus room for what it adds.
+pub const MAX_BODY_BYTES: usize = 33 << 20;
+
 /// Builds the router with every endpoint.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -196,6 +200,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/inference/v1/generate", post(inference::generate))
         .merge(vllm::routes())
         .fallback(not_found)
+        // As large as a gateway passes on (its client-facing limit), so a prompt too long for
+        // the context is answered 400 naming the context, not 413 from axum's 2 MiB default.
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), admit))
         .with_state(state)
 }

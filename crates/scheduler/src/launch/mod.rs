@@ -147,6 +147,13 @@ pub trait HostLauncher: Send + Sync {
     /// Short name for messages (`local`, `slurm`).
     fn name(&self) -> &'static str;
 
+    /// Whether the hosts run inside the caller's own process. Such hosts live and die with it,
+    /// so the controller never declares them lost for a missed heartbeat (which there only
+    /// means the process was busy).
+    fn in_this_process(&self) -> bool {
+        false
+    }
+
     /// Starts `req.n_hosts` hosts and returns them ordered by index, once every one has
     /// reported its address (or fails, having stopped whatever it started).
     fn launch<'a>(

@@ -212,12 +212,16 @@ pub(super) async fn handle_native(
                 req.session =
                     super::session_key::bearer(&headers).and_then(|k| agent.sessions.by_key(k));
             }
-            let rid = req.ensure_rid(&headers);
-            let mut resp = run(&state, &req).await;
-            if let Some(v) = rid.and_then(|r| HeaderValue::from_str(&r).ok()) {
-                resp.headers_mut().entry(REQUEST_ID).or_insert(v);
+            match req.ensure_rid(&headers) {
+                Ok(rid) => {
+                    let mut resp = run(&state, &req).await;
+                    if let Some(v) = rid.and_then(|r| HeaderValue::from_str(&r).ok()) {
+                        resp.headers_mut().entry(REQUEST_ID).or_insert(v);
+                    }
+                    resp
+                }
+                Err(e) => e.into_response(),
             }
-            resp
         }
         Err(e) => e.into_response(),
     };

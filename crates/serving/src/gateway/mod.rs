@@ -205,6 +205,8 @@ pub(crate) struct GatewayState {
     pub(crate) inflight: Arc<crate::inflight::InFlight>,
     /// The agent layer built from `cfg.agent` (its tokenizer loaded once, at start).
     pub(crate) agent: Option<Arc<troupe_agent::Agent>>,
+    /// What bounds its work: the workers' context, and its CPU work off the async workers.
+    pub(crate) agent_work: agent::Work,
 }
 
 impl GatewayConfig {
@@ -384,6 +386,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         plane: std::sync::OnceLock::new(),
         inflight: Arc::default(),
         agent,
+        agent_work: agent::Work::default(),
         cfg,
     });
     if state.cfg.admin_key.is_none() && !addr.ip().is_loopback() {

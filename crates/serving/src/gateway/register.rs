@@ -71,6 +71,10 @@ impl GatewayState {
         if vllm {
             worker.set_dialect(EngineDialect::Vllm);
         }
+        if let Ok(i) = &info {
+            // The context agent turns are bounded by before they are tokenized.
+            self.agent_work.learn(i);
+        }
         let mode = info.map(|i| i.get("disaggregation_mode").cloned());
         let unchecked = match mode {
             Ok(Some(mode)) => match type_of_mode(&mode) {

@@ -30,8 +30,15 @@ pub(crate) struct InferReq {
     pub(crate) native: Option<Bytes>,
 }
 
-/// The longest request id taken from a client's `X-Request-Id` header.
-const MAX_ID_BYTES: usize = 256;
+/// The longest request id a client may give (`rid`, `request_id`, `X-Request-Id`).
+pub(crate) const MAX_ID_BYTES: usize = 256;
+
+/// A 400 for a request id of `len` bytes, named by `what`.
+fn too_long(what: &str, len: usize) -> ApiError {
+    ApiError::bad_request(format!(
+        "{what} is {len} bytes, over the {MAX_ID_BYTES} a request id may have; use a shorter id"
+    ))
+}
 
 /// vLLM's token-in/token-out route (served with `--enable-scale-out`).
 pub(crate) const VLLM_GENERATE: &str = "/inference/v1/generate";
@@ -100,9 +107,19 @@ impl InferReq {
     /// routes and vLLM's own token route, as `request_id` too (vLLM reads that there).
     /// Returns the id, which the gateway sends back in `X-Request-Id`; `None` for batches
     /// (a list of prompts, or `n` above 1 on the OpenAI routes).
-    pub(crate) fn ensure_rid(&mut self, headers: &HeaderMap) -> Option<String> {
+    ///
+    /// An id longer than [`MAX_ID_BYTES`], in the body or the header, is refused (400) rather
+    /// than echoed: a 100 KB id in `X-Request-Id` makes clients drop the answer
+    /// (`LineTooLong`), as session keys are capped.
+    pub(crate) fn ensure_rid(&mut self, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
         if self.batch.is_some() || !self.single() {
-            return None;
+            return Ok(None);
+        }
+        let header = headers.get("x-request-id");
+        if let Some(h) = header
+            && h.len() > MAX_ID_BYTES
+        {
+            return Err(too_long("the X-Request-Id header", h.len()));
         }
         let from_body = |obj: &Map<String, Value>, k: &str| match obj.get(k) {
             Some(Value::String(r)) if !r.is_empty() => Some(Some(r.clone())),
@@ -117,13 +134,15 @@ impl InferReq {
             .or_else(|| from_body(&self.obj, "request_id"))
             .or_else(|| native.as_ref().and_then(|n| from_body(n, "request_id")));
         let rid = match found {
+            Some(Some(r)) if r.len() > MAX_ID_BYTES => {
+                return Err(too_long("the request's rid / request_id", r.len()));
+            }
             Some(Some(r)) => r,
             // A non-string id: the engine will refuse or ignore it; not one to abort by.
-            Some(None) => return None,
-            None => headers
-                .get("x-request-id")
+            Some(None) => return Ok(None),
+            None => header
                 .and_then(|h| h.to_str().ok())
-                .filter(|h| !h.is_empty() && h.len() <= MAX_ID_BYTES)
+                .filter(|h| !h.is_empty())
                 .map_or_else(
                     || format!("troupe-{}", uuid::Uuid::new_v4().simple()),
                     str::to_string,
@@ -148,7 +167,7 @@ impl InferReq {
         {
             self.native = Some(pd::append_fields(n, obj.is_empty(), &[("request_id", id)]));
         }
-        Some(rid)
+        Ok(Some(rid))
     }
 
     /// One generation: not a list of prompts, and at most one choice (`n`).

@@ -330,6 +330,24 @@ fn cpu_server(
 /// vLLM's CPU backend: the cores a server's OpenMP threads are bound to (`0`, `0,1`, `0-3`).
 pub const VLLM_CPU_BIND: &str = "VLLM_CPU_OMP_THREADS_BIND";
 
+/// Writes the private files `cl` reads at start (mode 0600, their directories created) and
+/// returns their paths, for the caller to remove once the server is up or gone. Every start of a
+/// server goes through this and [`build`]: the `troupe.inference` actor's, and the real-vLLM
+/// tests', so a test server gets exactly what a launched one gets (e.g. the AMX start-up call).
+pub fn write_files(cl: &CommandLine) -> Result<Vec<PathBuf>, String> {
+    let mut written = Vec::with_capacity(cl.files.len());
+    for f in &cl.files {
+        if let Some(dir) = f.path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        super::rundir::write_private(&f.path, &f.contents)
+            .map_err(|e| format!("cannot write {}: {e}", f.path.display()))?;
+        written.push(f.path.clone());
+    }
+    Ok(written)
+}
+
 /// The process to spawn for `cl`: its program, arguments and extra environment. (The
 /// control-plane token is taken out of every child's environment by
 /// `troupe_actors::process::ChildProcess::spawn`, for engines and any other child alike.)

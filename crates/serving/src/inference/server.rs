@@ -216,17 +216,7 @@ impl Actor for InferenceServer {
             let short: String = ctx.actor_id.chars().take(8).collect();
             run_dir.join(format!("{}-{short}.log", rundir::file_stem(&ctx.name)))
         });
-        let mut secrets = SecretFiles(Vec::new());
-        for f in &cl.files {
-            if let Some(dir) = f.path.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| {
-                    ActorError::new(format!("cannot create {}: {e}", dir.display()))
-                })?;
-            }
-            rundir::write_private(&f.path, &f.contents)
-                .map_err(|e| ActorError::new(format!("cannot write {}: {e}", f.path.display())))?;
-            secrets.0.push(f.path.clone());
-        }
+        let mut secrets = SecretFiles(command::write_files(&cl).map_err(ActorError::new)?);
         let CommandLine { program, args, .. } = &cl;
         let spawned = Instant::now();
         let mut child = ChildProcess::spawn(command::command(&cl), Some(&log))

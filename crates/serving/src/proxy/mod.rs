@@ -102,7 +102,9 @@ impl Default for ProxyConfig {
             pause_poll: Duration::from_millis(20),
             pause_wait: Duration::from_secs(600),
             backend_api_key: None,
-            max_body_bytes: client::DEFAULT_MAX_BODY_BYTES,
+            // The gateway's client-facing limit plus room for the fields it adds (`rid`, PD's
+            // bootstrap fields): a body the gateway took is never refused by the hop behind it.
+            max_body_bytes: client::DEFAULT_MAX_BODY_BYTES + (1 << 20),
             header_read_timeout: Duration::from_secs(30),
             body_read_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(90),

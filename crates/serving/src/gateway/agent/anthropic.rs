@@ -72,6 +72,22 @@ fn chat(obj: &Map<String, Value>) -> Result<Vec<Value>, TurnError> {
         let role = m["role"]
             .as_str()
             .ok_or_else(|| TurnError::bad(format!("messages[{i}].role must be a string")))?;
+        // Anthropic's messages are the user's and the assistant's; the system prompt has a
+        // field of its own.
+        match role {
+            "user" | "assistant" => {}
+            "system" => {
+                return Err(TurnError::bad(format!(
+                    "messages[{i}].role is \"system\"; Anthropic's messages take \"user\" or \"assistant\": put the system prompt in the top-level system field"
+                )));
+            }
+            other => {
+                let shown: String = other.chars().take(40).collect();
+                return Err(TurnError::bad(format!(
+                    "messages[{i}].role {shown:?} is not \"user\" or \"assistant\""
+                )));
+            }
+        }
         let Some(blocks) = m["content"].as_array() else {
             out.push(json!({"role": role, "content": text(i, &m["content"])?}));
             continue;
@@ -155,6 +171,7 @@ fn tools(obj: &Map<String, Value>) -> Result<(Vec<Value>, bool, Option<String>),
 /// The turn an Anthropic request asks for.
 fn spec(
     agent: &Agent,
+    admin_key: Option<&str>,
     headers: &HeaderMap,
     obj: &Map<String, Value>,
     counting: bool,
@@ -168,6 +185,14 @@ fn spec(
     let messages = messages::for_template(&Value::Array(chat(obj)?))?;
     let (tools, parse_tools, forced) = tools(obj)?;
     let mut kwargs = Map::new();
+    if let Some(budget) = obj.get("thinking").and_then(|t| t.get("budget_tokens"))
+        && !budget.is_null()
+        && budget.as_u64().is_none_or(|b| b < 1)
+    {
+        return Err(TurnError::bad(format!(
+            "thinking.budget_tokens must be a positive integer, got {budget}"
+        )));
+    }
     match obj.get("thinking").and_then(|t| t["type"].as_str()) {
         Some("enabled" | "adaptive") => {
             kwargs.insert("enable_thinking".into(), json!(true));
@@ -188,7 +213,7 @@ fn spec(
         session: if counting {
             None
         } else {
-            super::session_of(agent, headers, obj)
+            super::session_of(agent, admin_key, headers, obj)
         },
     })
 }
@@ -212,7 +237,7 @@ pub(super) async fn messages(
     };
     let prepared = object(&raw).and_then(|o| {
         let stream = o.get("stream").and_then(Value::as_bool) == Some(true);
-        spec(&agent, &headers, &o, false).map(|s| (s, stream))
+        spec(&agent, state.cfg.admin_key.as_deref(), &headers, &o, false).map(|s| (s, stream))
     });
     let (spec, stream) = match prepared {
         Ok(p) => p,
@@ -244,16 +269,13 @@ pub(super) async fn count_tokens(
             "this gateway counts tokens only with a tokenizer (troupe gateway --tokenizer)",
         );
     };
-    let counted = object(&raw).and_then(|o| {
-        let s = spec(&agent, &headers, &o, true)?;
-        let tools = (!s.tools.is_empty()).then_some(s.tools.as_slice());
-        Ok(agent
-            .prompt(None, &s.messages, tools, &s.kwargs, None)?
-            .ids
-            .len())
-    });
-    match counted {
-        Ok(n) => axum::Json(json!({"input_tokens": n})).into_response(),
+    let s = match object(&raw).and_then(|o| spec(&agent, None, &headers, &o, true)) {
+        Ok(s) => s,
+        Err(e) => return error(e.status, &e.message),
+    };
+    // Bounded by the context and rendered off the async workers, as a turn's prompt is.
+    match turn::prompt(&state, &agent, &s, None, 0).await {
+        Ok(p) => axum::Json(json!({"input_tokens": p.ids.len()})).into_response(),
         Err(e) => error(e.status, &e.message),
     }
 }

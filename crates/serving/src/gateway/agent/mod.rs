@@ -15,6 +15,9 @@ mod generate;
 mod openai;
 mod sessions;
 mod turn;
+mod work;
+
+pub(crate) use work::Work;
 
 use std::sync::Arc;
 
@@ -52,15 +55,27 @@ pub(super) const ADMIN_PATHS: &[&str] = &[
     "/export_trajectories",
 ];
 
-/// The recorded session a data request belongs to: the one its bearer key was issued for, or
-/// the one its session key (`X-Session-ID`, ... as routing reads them) names.
+/// The recorded session a data request records into: the one its bearer key (`Authorization`
+/// or `x-api-key`) was issued for, or, for the admin key's holder only, the one its session key
+/// (`X-Session-ID`, ... as routing reads them) names. A session key alone routes (it pins the
+/// session's engine) but never records: session ids are handed out in sequence (`t-0`,
+/// `t-1`, ...), and a stranger who guesses one must not write into its trajectory.
 pub(super) fn session_of(
     agent: &Agent,
+    admin_key: Option<&str>,
     headers: &HeaderMap,
     body: &Map<String, Value>,
 ) -> Option<String> {
-    if let Some(id) = super::session_key::bearer(headers).and_then(|k| agent.sessions.by_key(k)) {
+    let bearer = super::session_key::bearer(headers);
+    if let Some(id) = bearer.and_then(|k| agent.sessions.by_key(k)) {
         return Some(id);
+    }
+    let admin = match (bearer, admin_key) {
+        (Some(b), Some(k)) => troupe_wire::auth::same(b.as_bytes(), k.as_bytes()),
+        _ => false,
+    };
+    if !admin {
+        return None;
     }
     super::session_key::session_key(headers, body)
         .ok()

@@ -139,7 +139,7 @@ pub(super) async fn chat(
             forced,
             kwargs,
             sampling: turn::sampling(&obj)?,
-            session: super::session_of(&agent, &headers, &obj),
+            session: super::session_of(&agent, state.cfg.admin_key.as_deref(), &headers, &obj),
         };
         Ok((spec, flag(&obj, "logprobs")?, flag(&obj, "stream")?, usage))
     })();

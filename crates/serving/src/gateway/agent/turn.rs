@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::http::HeaderMap;
 use serde_json::{Map, Value, json};
-use troupe_agent::{Agent, AgentError, Parsed, Turn};
+use troupe_agent::{Agent, AgentError, Parsed, Prompt, Turn, bound};
 
 use super::super::GatewayState;
 
@@ -59,7 +59,7 @@ pub(super) struct TurnOut {
 
 /// A turn that failed: the status and message the API's error shape carries.
 #[derive(Debug)]
-pub(super) struct TurnError {
+pub(crate) struct TurnError {
     pub status: u16,
     pub message: String,
 }
@@ -82,10 +82,88 @@ impl TurnError {
     }
 }
 
+/// A turn's prompt tokens: refused from the text's length when it cannot fit the model's
+/// context (before any rendering), rendered and tokenized on a blocking thread under the
+/// gateway's CPU bound, then checked in tokens against the context with room for `max_new`.
+pub(super) async fn prompt(
+    state: &Arc<GatewayState>,
+    agent: &Arc<Agent>,
+    spec: &TurnSpec,
+    forced: Option<String>,
+    max_new: usize,
+) -> Result<Prompt, TurnError> {
+    let context = state.agent_work.context();
+    let bytes = bound::text_bytes(&Value::Array(spec.messages.clone()))
+        .saturating_add(bound::text_bytes(&Value::Array(spec.tools.clone())))
+        .saturating_add(forced.as_ref().map_or(0, String::len));
+    bound::check_text(bytes, context, agent.tokenizer.max_token_bytes())?;
+    let (a, session, messages, tools, kwargs) = (
+        agent.clone(),
+        spec.session.clone(),
+        spec.messages.clone(),
+        spec.tools.clone(),
+        spec.kwargs.clone(),
+    );
+    let prompt = state
+        .agent_work
+        .cpu(move || {
+            let tools = (!tools.is_empty()).then_some(tools.as_slice());
+            a.prompt(
+                session.as_deref(),
+                &messages,
+                tools,
+                &kwargs,
+                forced.as_deref(),
+            )
+        })
+        .await??;
+    bound::check_tokens(prompt.ids.len(), max_new, context)?;
+    Ok(prompt)
+}
+
+/// The request's `stop_token_ids`, each a token of the vocabulary (a bad entry is named, not
+/// dropped), plus the model's end-of-sequence token.
+fn stop_ids(agent: &Agent, v: Option<&Value>) -> Result<Vec<u32>, TurnError> {
+    let vocab = agent.tokenizer.vocab_size();
+    let mut ids = match v {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                x.as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|&n| (n as usize) < vocab)
+                    .ok_or_else(|| {
+                        TurnError::bad(format!(
+                            "stop_token_ids[{i}] is {x}; each must be a token id from 0 to {}",
+                            vocab.saturating_sub(1)
+                        ))
+                    })
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(TurnError::bad(format!(
+                "stop_token_ids must be a list of token ids, got {other}"
+            )));
+        }
+    };
+    if let Some(eos) = agent.tokenizer.eos_id()
+        && !ids.contains(&eos)
+    {
+        ids.push(eos);
+    }
+    Ok(ids)
+}
+
+/// The engine's default `max_new_tokens` (SGLang's and the reference engine's) when a request
+/// names none: what a turn is assumed to add when its room is held.
+const DEFAULT_MAX_NEW_TOKENS: usize = 128;
+
 /// Runs one turn.
 pub(super) async fn run(
     state: &Arc<GatewayState>,
-    agent: &Agent,
+    agent: &Arc<Agent>,
     client: &HeaderMap,
     spec: TurnSpec,
 ) -> Result<TurnOut, TurnError> {
@@ -97,26 +175,26 @@ pub(super) async fn run(
         })?),
         None => None,
     };
-    let tools = (!spec.tools.is_empty()).then_some(spec.tools.as_slice());
-    let prompt = agent.prompt(
-        spec.session.as_deref(),
-        &spec.messages,
-        tools,
-        &spec.kwargs,
-        forced.as_deref(),
-    )?;
-    if let Some(s) = &spec.session {
-        agent.sessions.room(s, prompt.ids.len())?;
-    }
     let mut sampling = spec.sampling.clone();
-    if let Some(eos) = agent.tokenizer.eos_id() {
-        let mut stops =
-            super::generate::ids(sampling.get("stop_token_ids").unwrap_or(&Value::Null));
-        if !stops.contains(&eos) {
-            stops.push(eos);
-        }
-        sampling.insert("stop_token_ids".into(), json!(stops));
-    }
+    let stops = stop_ids(agent, sampling.get("stop_token_ids"))?;
+    sampling.insert("stop_token_ids".into(), json!(stops));
+    let max_new = sampling
+        .get("max_new_tokens")
+        .and_then(Value::as_u64)
+        .map_or(DEFAULT_MAX_NEW_TOKENS, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX)
+        });
+    let prompt = prompt(state, agent, &spec, forced.clone(), max_new).await?;
+    // The room this turn may record is held before it generates: a turn that could not be
+    // recorded costs no engine work, and concurrent turns of one session count together.
+    let _held = match &spec.session {
+        Some(s) => Some(
+            agent
+                .sessions
+                .reserve(s, prompt.ids.len().saturating_add(max_new))?,
+        ),
+        None => None,
+    };
     let generated = super::generate::generate(
         state,
         spec.session.as_deref(),
@@ -218,6 +296,17 @@ pub(super) fn sampling(obj: &Map<String, Value>) -> Result<Map<String, Value>, T
             && !sp.contains_key(*to)
         {
             sp.insert((*to).into(), v.clone());
+        }
+    }
+    // OpenAI allows 0 to 20; the answer carries none of them (`top_logprobs: []`), so a
+    // larger count is refused rather than silently answered with nothing.
+    match obj.get("top_logprobs") {
+        None | Some(Value::Null) => {}
+        Some(n) if n.as_u64().is_some_and(|n| n <= 20) => {}
+        Some(n) => {
+            return Err(TurnError::bad(format!(
+                "top_logprobs must be an integer from 0 to 20, got {n}"
+            )));
         }
     }
     match obj.get("n") {
