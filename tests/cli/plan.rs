@@ -233,3 +233,60 @@ fn secrets_are_refused_as_flags_and_never_printed() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && !err.contains("12345"), "{err}");
 }
+
+/// The printed command reads back, through a shell, as exactly the argv launched: a value with
+/// a newline, a space or a quote is one quoted word, not several (issue 49).
+#[test]
+fn the_printed_command_is_quoted_as_a_shell_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("quoted.yaml");
+    let base = std::fs::read_to_string("examples/configs/pd-local.yaml").unwrap();
+    let text = base.replacen(
+        "  model_path: tiny",
+        "  model_path: tiny\n  tokenizer_path: \"tok dir/it's\\n--trust-remote-code\"",
+        1,
+    );
+    assert_ne!(text, base, "the example config names its model");
+    std::fs::write(&cfg, text).unwrap();
+    let cfg = cfg.display().to_string();
+    let out = plan(&[&cfg, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let argv: Vec<String> = v["servers"][0]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap().replace("$RUN_DIR", "/run/x"))
+        .collect();
+    assert!(
+        argv.iter()
+            .any(|a| a == "tok dir/it's\n--trust-remote-code"),
+        "{argv:?}"
+    );
+    let human = plan(&[&cfg]);
+    let human = String::from_utf8_lossy(&human.stdout);
+    let start = human.find("    command: ").unwrap() + "    command: ".len();
+    let line = &human[start..];
+    let line = &line[..line.find("\n    ").unwrap_or(line.len())];
+    let sh = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("printf '%s\\0' {line}"))
+        .env("RUN_DIR", "/run/x")
+        .output()
+        .unwrap();
+    assert!(sh.status.success(), "{line}");
+    let words: Vec<String> = String::from_utf8_lossy(&sh.stdout)
+        .split_terminator('\0')
+        .map(str::to_string)
+        .collect();
+    // The same words as the JSON argv (ports are drawn again for each plan).
+    let port = |w: &str| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit());
+    assert_eq!(words.len(), argv.len(), "{line}");
+    for (w, a) in words.iter().zip(&argv) {
+        assert!(w == a || (port(w) && port(a)), "{w:?} != {a:?} in {line}");
+    }
+}

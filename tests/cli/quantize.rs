@@ -86,3 +86,43 @@ fn truncated_input_is_a_clear_error_and_leaves_no_output() {
         "no temp file left behind"
     );
 }
+
+/// `troupe quantize FIFO out` used to wait forever for a writer: a FIFO input is refused at
+/// once, naming it, and nothing is written.
+#[test]
+fn a_fifo_input_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (
+        dir.path().join("in.fifo"),
+        dir.path().join("out.safetensors"),
+    );
+    assert!(
+        Command::new("mkfifo")
+            .arg(&input)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut child = Command::new(BIN)
+        .arg("quantize")
+        .args([&input, &output])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("troupe quantize hung on a FIFO input");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("in.fifo") && err.contains("a FIFO, not a regular file"),
+        "{err}"
+    );
+    assert!(!output.exists());
+}

@@ -8,7 +8,9 @@
 //! upstream (forwarded inference, fleet control fan-outs, registration probes) carries
 //! [`VIA_HEADER`]: the ids of the gateways the request it serves has passed, then its own. A
 //! request arriving with the gateway's own id in it, or past [`MAX_HOPS`] gateways, is answered
-//! 508 (Loop Detected) at once instead of forwarded again.
+//! 508 (Loop Detected) at once instead of forwarded again. The gateway that sent such a
+//! request first, from a client, then removes the worker that answered 508 ([`Hop::is_first`]):
+//! every request routed to it would loop again.
 
 use std::sync::Arc;
 
@@ -52,6 +54,15 @@ impl Hop {
     /// The id.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Whether the request being served reached this gateway through no other gateway: the
+    /// chain it sends upstream is this gateway's id alone. Only then does a 508 from a worker
+    /// say something about that worker, not about the client: the client chose nothing of what
+    /// the worker was sent (a client's own via header makes the chain longer), so the loop or
+    /// the over-long chain lies behind the worker (`gateway/register.rs` drops it).
+    pub fn is_first(&self) -> bool {
+        current().is_some_and(|c| c == self.alone)
     }
 }
 

@@ -304,15 +304,73 @@ mod loops {
             assert_eq!(st, 202, "{v}");
             let (st, v) = add(&b.url(), json!({"url": a.url()})).await;
             assert_eq!(st, 202, "a's fleet answers b's probe: registered: {v}");
-            // A generation request comes back to the gateway that sent it: 508, at once.
-            let (st, v) = post(&format!("{}/generate", a.url()), &json!({"text": "x"})).await;
-            assert_eq!(st, 508, "{v}");
-            // The fleet's control fan-out ends too.
+            // The fleet's control fan-out ends.
             let (st, v) = post(&format!("{}/pause_generation", a.url()), &json!({})).await;
             assert_eq!(st, 502, "{v}");
             assert!(v.to_string().contains("508"), "{v}");
             let (st, v) = get(&format!("{}/is_paused", a.url())).await;
             assert_eq!((st, &v["is_paused"]), (200, &json!(false)), "{v}");
+            // A generation request comes back to the gateway that sent it: 508, at once.
+            let (st, v) = post(&format!("{}/generate", a.url()), &json!({"text": "x"})).await;
+            assert_eq!(st, 508, "{v}");
+        })
+        .await
+    }
+
+    /// A worker that answers 508 to a request straight from a client leads into a loop: it is
+    /// removed, so the next requests go to the workers that serve (issue 49). Before, it stayed
+    /// registered and every request routed to it looped again.
+    #[tokio::test]
+    async fn a_worker_that_leads_into_a_loop_is_removed_and_the_rest_serve() {
+        within(30, async {
+            let real = reporting(json!("null"), "/server_info").await;
+            let round_robin = troupe_serving::RouterConfig {
+                policy: troupe_serving::policy::PolicyKind::RoundRobin,
+                ..Default::default()
+            };
+            let a = support::gw_routed(false, vec![], 0, round_robin).await;
+            let b = gw(false, vec![], 0).await;
+            for (gw, worker) in [
+                (a.url(), real.url.clone()),
+                (a.url(), b.url()),
+                (b.url(), a.url()),
+            ] {
+                let (st, v) = add(&gw, json!({"url": worker})).await;
+                assert_eq!(st, 202, "{worker} into {gw}: {v}");
+            }
+            let (url, body) = (format!("{}/generate", a.url()), json!({"text": "x"}));
+            let generate = || post(&url, &body);
+            // Round robin sends one of the first two requests to b, which leads back to a.
+            let mut answers = Vec::new();
+            for _ in 0..2 {
+                answers.push(generate().await.0);
+            }
+            answers.sort_unstable();
+            assert_eq!(answers, [200, 508]);
+            let (_, v) = get(&format!("{}/workers", a.url())).await;
+            let urls: Vec<&str> = v["workers"]
+                .as_array()
+                .map(|ws| ws.iter().filter_map(|w| w["url"].as_str()).collect())
+                .unwrap_or_default();
+            assert_eq!(urls, [real.url.as_str()], "{v}");
+            for _ in 0..6 {
+                let (st, v) = generate().await;
+                assert_eq!(st, 200, "{v}");
+            }
+            // A 508 that a client's own via header causes removes nothing: the chain is theirs.
+            let (_, before) = get(&format!("{}/workers", b.url())).await;
+            let long: Vec<String> = (0..7).map(|i| format!("g{i}")).collect();
+            let r = client()
+                .post(format!("{}/generate", b.url()))
+                .header("x-troupe-via", long.join(","))
+                .json(&json!({"text": "x"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 508);
+            let (_, after) = get(&format!("{}/workers", b.url())).await;
+            assert_eq!(before["total"], 1, "{before}");
+            assert_eq!(after["total"], 1, "{after}");
         })
         .await
     }

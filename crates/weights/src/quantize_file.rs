@@ -32,6 +32,14 @@ pub enum QuantizeFileError {
         /// The I/O error.
         source: io::Error,
     },
+    /// The input is not a regular file (a FIFO would block forever, a device never end).
+    #[error("input `{path}` is {kind}, not a regular file; give a .safetensors file")]
+    InputNotRegular {
+        /// The input path as given.
+        path: PathBuf,
+        /// What it is ("a FIFO", "a character device", ...).
+        kind: &'static str,
+    },
     /// The input is not a well-formed safetensors file.
     #[error(
         "`{path}` is not a valid safetensors file: {reason}; re-download or re-export the \
@@ -184,7 +192,7 @@ pub fn quantize_file_with_progress(
         source,
     };
     check_output(output)?;
-    let file = File::open(input).map_err(read_err)?;
+    let file = open_input(input)?;
     let bytes_before = file.metadata().map_err(read_err)?.len();
     if let (Ok(a), Ok(b)) = (fs::canonicalize(input), fs::canonicalize(output))
         && a == b
@@ -462,6 +470,28 @@ fn quantize_bytes(
             fp8::quantize(name, rows, cols, Weights::F32(&v), opts)
         }
     }
+}
+
+/// Opens the input without blocking (a FIFO would wait for a writer) and refuses anything but a
+/// regular file, checked on the opened file; a symlink is followed (model caches are made of them).
+fn open_input(input: &Path) -> Result<File, QuantizeFileError> {
+    let read_err = |source| QuantizeFileError::Read {
+        path: input.to_path_buf(),
+        source,
+    };
+    let mut open = OpenOptions::new();
+    open.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut open, libc::O_NONBLOCK);
+    let file = open.open(input).map_err(read_err)?;
+    let t = file.metadata().map_err(read_err)?.file_type();
+    if !t.is_file() {
+        return Err(QuantizeFileError::InputNotRegular {
+            path: input.to_path_buf(),
+            kind: file_kind(&t),
+        });
+    }
+    Ok(file)
 }
 
 /// Refuses an output that exists and is not a regular file. `symlink_metadata` does not follow a

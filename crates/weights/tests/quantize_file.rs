@@ -413,3 +413,43 @@ fn an_output_that_is_not_a_regular_file_is_refused_and_left_alone() {
     assert_eq!(fs::read(&target).expect("target"), b"keep me");
     assert_eq!(dir.listing(), before);
 }
+
+/// An input that is not a regular file is refused at once, naming it: a FIFO (opening it would
+/// wait for a writer forever), a device (`/dev/zero` never ends), a directory. Nothing is written.
+#[test]
+fn an_input_that_is_not_a_regular_file_is_refused_at_once() {
+    let dir = Dir::new();
+    let fifo = dir.path("fifo.safetensors");
+    let c = std::ffi::CString::new(fifo.to_str().expect("utf-8 path")).expect("no NUL");
+    // SAFETY: a valid NUL-terminated path; mkfifo has no other preconditions.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let sub = dir.path("sub");
+    fs::create_dir(&sub).expect("dir");
+    let before = dir.listing();
+    for (input, kind) in [
+        (fifo, "a FIFO"),
+        (PathBuf::from("/dev/zero"), "a character device"),
+        (sub, "a directory"),
+    ] {
+        let out = dir.path("out.safetensors");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let from = input.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(quantize_file(&from, &out, &Fp8Options::default()));
+        });
+        let err = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("quantize hung on a non-regular input")
+            .unwrap_err();
+        assert!(
+            matches!(err, QuantizeFileError::InputNotRegular { kind: k, .. } if k == kind),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&input.display().to_string()) && msg.contains(kind),
+            "{msg}"
+        );
+    }
+    assert_eq!(dir.listing(), before);
+}

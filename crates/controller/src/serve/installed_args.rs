@@ -11,7 +11,19 @@
 //! (`$TROUPE_CACHE_DIR`, else `$XDG_CACHE_HOME/troupe`, else `~/.cache/troupe`), per version and
 //! interpreter. No vLLM there, or a list that cannot be read, keeps the pinned one (with a
 //! warning in the second case): launching says what is missing.
+//!
+//! The cache's path is predictable, so what is there is not trusted (issue 49): it is read only
+//! when it is a regular file this user owns that no one else may write, of at most
+//! [`MAX_LIST_BYTES`] (`cache_file.rs`: a FIFO there does not hang planning, a link to
+//! `/dev/zero` does not grow it), and its content must be a well-formed list whose every field
+//! maps to its own flag (no row may send `enforce_eager` to `--trust-remote-code`). Anything
+//! else is ignored and the list generated again, replacing the file with a private one.
 
+mod cache_file;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -37,6 +49,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long generating a list may take (importing vLLM: about a minute on 2 cores).
 const GENERATE_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The most a list may hold: vLLM 0.32.0's is 15 KB, so a larger one is not a list.
+pub const MAX_LIST_BYTES: u64 = 1 << 20;
+
 /// The installed vLLM's list when it is another version than the pin, from the user's cache.
 pub fn vllm_table(python: &str) -> Option<ArgTable> {
     vllm_table_in(python, cache_dir().as_deref())
@@ -51,11 +66,19 @@ pub fn vllm_table_in(python: &str, cache: Option<&Path>) -> Option<ArgTable> {
         return None;
     }
     let file = cache.map(|d| d.join(cache_name(python, &version)));
-    if let Some(f) = &file
-        && let Ok(text) = std::fs::read_to_string(f)
-        && let Ok(t) = ArgTable::parse(&text)
-    {
-        return Some(t);
+    if let Some(f) = &file {
+        match cache_file::read_private(f, MAX_LIST_BYTES)
+            .map_err(|e| e.to_string())
+            .and_then(|text| text.map(|t| checked(&t)).transpose())
+        {
+            Ok(Some(t)) => return Some(t),
+            Ok(None) => {}
+            Err(why) => tracing::warn!(
+                file = %f.display(),
+                %why,
+                "ignoring the cached vLLM argument list; generating it again"
+            ),
+        }
     }
     tracing::info!(
         %python,
@@ -64,11 +87,13 @@ pub fn vllm_table_in(python: &str, cache: Option<&Path>) -> Option<ArgTable> {
         "reading the installed vLLM's arguments (once per version; imports vLLM)"
     );
     let table = run(python, &["-", "vllm"], Some(GENERATOR), GENERATE_TIMEOUT)
-        .and_then(|text| ArgTable::parse(&text).map(|t| (t, text)));
+        .and_then(|text| checked(&text).map(|t| (t, text)));
     match table {
         Ok((t, text)) => {
-            if let Some(f) = &file {
-                keep(f, &text);
+            if let Some(f) = &file
+                && let Err(e) = cache_file::write_private(f, &text)
+            {
+                tracing::debug!(error = %e, "cannot keep the vLLM argument list");
             }
             Some(t)
         }
@@ -82,6 +107,83 @@ pub fn vllm_table_in(python: &str, cache: Option<&Path>) -> Option<ArgTable> {
             None
         }
     }
+}
+
+/// The flag argparse would take `field` for (`enforce_eager` → `--enforce-eager`).
+fn own_flag(field: &str) -> String {
+    format!("--{}", field.replace('_', "-"))
+}
+
+/// `text` as a vLLM argument list, when it is one that cannot change what a key means: a
+/// `# vllm <version>:` header, then `field<TAB>flag<TAB>kind` rows, every name well-formed
+/// (no space, `=` or quote that could smuggle a second argument), every kind known, no field or
+/// flag twice, and a row whose flag is not its field's own name never naming (or abbreviating,
+/// as argparse accepts; `_` and `-` alike, as vLLM's parser takes both) the flag of another
+/// field, of this list or of the pinned one. So a list edited to send `enforce_eager` to
+/// `--trust-remote-code` is refused whoever wrote it, and the generator's own renames
+/// (a field whose parser flag differs) still pass.
+fn checked(text: &str) -> Result<ArgTable, String> {
+    if text.len() as u64 > MAX_LIST_BYTES {
+        return Err(format!("the list is larger than {MAX_LIST_BYTES} bytes"));
+    }
+    let mut lines = text.lines();
+    if !lines
+        .next()
+        .is_some_and(|h| h.starts_with("# vllm ") && h.contains(':'))
+    {
+        return Err("the list does not start with a `# vllm <version>:` line".into());
+    }
+    let field_ok = |f: &str| {
+        f.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && f.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let flag_ok = |f: &str| {
+        f.strip_prefix("--").is_some_and(|n| {
+            n.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        })
+    };
+    let mut rows = Vec::new();
+    let (mut fields, mut flags) = (BTreeSet::new(), BTreeSet::new());
+    for (i, line) in lines.enumerate() {
+        let n = i + 2;
+        let cols: Vec<&str> = line.split('\t').collect();
+        let [field, flag, kind] = cols[..] else {
+            return Err(format!("line {n} is not `field<TAB>flag<TAB>kind`"));
+        };
+        if !field_ok(field) || !flag_ok(flag) {
+            return Err(format!("line {n} has a malformed field or flag"));
+        }
+        if !matches!(kind, "true" | "false" | "bool" | "list" | "json" | "value") {
+            return Err(format!("line {n} has an unknown kind"));
+        }
+        let norm = flag.replace('_', "-");
+        if !fields.insert(field) || !flags.insert(norm.clone()) {
+            return Err(format!("line {n} repeats a field or a flag"));
+        }
+        rows.push((field, norm));
+    }
+    let known: BTreeSet<&str> = EngineDialect::Vllm
+        .fields()
+        .iter()
+        .map(|a| a.field.as_str())
+        .chain(fields.iter().copied())
+        .collect();
+    for (field, flag) in &rows {
+        if *flag == own_flag(field) {
+            continue;
+        }
+        if let Some(other) = known
+            .iter()
+            .find(|o| *o != field && own_flag(o).starts_with(flag.as_str()))
+        {
+            return Err(format!(
+                "the list maps {field} to {flag}, the flag of {other}; refusing it"
+            ));
+        }
+    }
+    ArgTable::parse(text)
 }
 
 /// `$TROUPE_CACHE_DIR`, else `$XDG_CACHE_HOME/troupe`, else `$HOME/.cache/troupe`.
@@ -114,22 +216,4 @@ fn cache_name(python: &str, version: &str) -> String {
         })
         .collect();
     format!("vllm-args-{safe}-{h:016x}.tsv")
-}
-
-/// Writes `text` to `f` whole or not at all (a unique temporary file renamed over it), so two
-/// deployments generating at once never read half a list.
-fn keep(f: &Path, text: &str) {
-    let Some(dir) = f.parent() else { return };
-    let tmp = dir.join(format!(
-        ".{}.{}",
-        std::process::id(),
-        uuid::Uuid::new_v4().simple()
-    ));
-    let ok = std::fs::create_dir_all(dir)
-        .and_then(|_| std::fs::write(&tmp, text))
-        .and_then(|_| std::fs::rename(&tmp, f));
-    if let Err(e) = ok {
-        let _ = std::fs::remove_file(&tmp);
-        tracing::debug!(file = %f.display(), error = %e, "cannot keep the vLLM argument list");
-    }
 }

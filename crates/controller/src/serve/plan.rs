@@ -152,13 +152,17 @@ impl LaunchPlan {
                 opt(s.ports.dist),
                 opt(s.ports.bootstrap)
             ));
-            line(format!("    command: {}", s.command.join(" ")));
+            line(format!("    command: {}", shell_words(&s.command)));
             if !s.env.is_empty() {
-                let env: Vec<String> = s.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let env: Vec<String> = s
+                    .env
+                    .iter()
+                    .map(|(k, v)| format!("{}={}", shell_quote(k), shell_quote(v)))
+                    .collect();
                 line(format!("    env: {}", env.join(" ")));
             }
             if !s.files.is_empty() {
-                line(format!("    files: {}", s.files.join(" ")));
+                line(format!("    files: {}", shell_words(&s.files)));
             }
             if let Some(u) = &s.url {
                 line(format!("    data proxy -> {u}"));
@@ -193,6 +197,39 @@ impl LaunchPlan {
     }
 }
 
+/// The run directory's placeholder in planned commands: the host's directory, known at launch.
+const RUN_DIR: &str = "$RUN_DIR";
+
+/// `words` as one shell line that reads back as exactly these words.
+fn shell_words(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|w| shell_quote(w))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `word` as a POSIX shell reads it back as one word, so a value holding a space, a newline or
+/// a quote cannot look like several arguments in the printed plan: unchanged when every
+/// character is one a shell takes literally (`[A-Za-z0-9_@%+=:,./-]`), else in single quotes
+/// (a `'` inside written `'\''`); `''` for an empty word. A leading `$RUN_DIR` (the run
+/// directory's placeholder) stays a variable, `"$RUN_DIR"`, so the line runs with it set.
+pub fn shell_quote(word: &str) -> String {
+    fn plain(w: &str) -> String {
+        let literal = |c: char| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c);
+        if !w.is_empty() && w.chars().all(literal) {
+            w.to_string()
+        } else {
+            format!("'{}'", w.replace('\'', r"'\''"))
+        }
+    }
+    match word.strip_prefix(RUN_DIR) {
+        Some("") => format!("\"{RUN_DIR}\""),
+        Some(rest) => format!("\"{RUN_DIR}\"{}", plain(rest)),
+        None => plain(word),
+    }
+}
+
 fn opt(p: Option<u16>) -> String {
     p.map_or_else(|| "-".into(), |p| p.to_string())
 }
@@ -207,7 +244,7 @@ fn planned(
     let mut spec = spec.clone();
     troupe_serving::inference::vllm_plugin::choose_backend(&mut spec);
     let spec = &spec;
-    let cl = command::build(spec, troupe_bin, Path::new("$RUN_DIR"))
+    let cl = command::build(spec, troupe_bin, Path::new(RUN_DIR))
         .map_err(|e| ForkError::Placement(format!("{name}: {e}")))?;
     let env = cl
         .env
@@ -239,4 +276,51 @@ fn planned(
             .collect(),
         url: spec.wait_ready.then(|| spec.url()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_quote;
+
+    /// What `sh` reads back from the quoted words (each printed with a NUL after it).
+    fn through_sh(words: &[&str]) -> Vec<String> {
+        let line: Vec<String> = words.iter().map(|w| shell_quote(w)).collect();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf '%s\\0' {}", line.join(" ")))
+            .env("RUN_DIR", "/run/x")
+            .output()
+            .expect("sh");
+        assert!(out.status.success(), "{line:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .split_terminator('\0')
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn quoted_words_read_back_as_the_same_words() {
+        let words = [
+            "--tokenizer-path",
+            "a\nb",
+            "two words",
+            "it's \"quoted\"",
+            "",
+            "$HOME `x` $(y) \\ ; | & * ? ~ # !",
+            "plain/path-1.0_x@y%z+w=v:u,t",
+            "\t",
+        ];
+        assert_eq!(through_sh(&words), words);
+        assert_eq!(shell_quote("plain/path-1.0"), "plain/path-1.0");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("a b"), "'a b'");
+    }
+
+    #[test]
+    fn the_run_directory_stays_a_variable() {
+        assert_eq!(
+            through_sh(&["$RUN_DIR/server.sock", "$RUN_DIR", "$RUN_DIR/a b"]),
+            ["/run/x/server.sock", "/run/x", "/run/x/a b"]
+        );
+    }
 }

@@ -99,6 +99,9 @@ pub(crate) async fn send(
         ));
     }
     w.record_outcome(true);
+    // A 508 says the worker leads into a loop of gateways: it is removed, and the client gets
+    // the 508 that says why.
+    state.drop_looping(w, status.as_u16());
     Err(Fail::Final(Box::new(upstream_error(w, status, &text))))
 }
 

@@ -318,7 +318,10 @@ pub(super) async fn any_worker(state: &GatewayState, path: &str, body: Option<By
         Ok(r) => {
             let status = r.status();
             match read_body(r).await {
-                Ok(b) if !status.is_success() => upstream_error(&w, status, &b),
+                Ok(b) if !status.is_success() => {
+                    state.drop_looping(&w, status.as_u16());
+                    upstream_error(&w, status, &b)
+                }
                 Ok(b) => (status, [(header::CONTENT_TYPE, "application/json")], b).into_response(),
                 Err(e) => ApiError::bad_gateway(format!("{}: {e}", w.url())).into_response(),
             }

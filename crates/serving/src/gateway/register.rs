@@ -11,6 +11,11 @@
 //! wrongly or hang the PD handoff. A server whose info cannot be read (not up yet, no such
 //! endpoint as on vLLM, an auth failure, a timeout) or has no `disaggregation_mode` is registered
 //! unchecked, as before this check existed, and the reason is logged.
+//!
+//! A loop that forms after registration (two gateways each registered into the other, the
+//! second one while the first could not yet see it) shows when a request comes back: a worker
+//! that answers 508 to a request this gateway forwarded straight from a client leads into a
+//! loop, and is removed ([`GatewayState::drop_looping`]) so it is never routed again.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -102,6 +107,29 @@ impl GatewayState {
             tracing::info!(url = %worker.url(), worker_type = %spec.worker_type, "worker type not checked ({why}); registering as given");
         }
         Ok(worker)
+    }
+
+    /// Removes `w` when it answered `status` 508 (Loop Detected) to a request this gateway
+    /// forwarded straight from a client ([`crate::hops::Hop::is_first`]): the loop lies behind
+    /// it, so every request routed there would come back again. A 508 to a request that came
+    /// through other gateways is the chain's, not the worker's: the worker stays (otherwise a
+    /// client could empty a gateway by sending a long via header). Whether it was removed.
+    pub(crate) fn drop_looping(&self, w: &Arc<dyn Worker>, status: u16) -> bool {
+        if status != 508 || !self.hop.is_first() {
+            return false;
+        }
+        match self.router.remove_worker(w.id()) {
+            Ok(_) => {
+                tracing::warn!(
+                    url = %w.url(),
+                    id = %w.id(),
+                    "worker removed: it answered 508 Loop Detected to a request from a client, so it leads back into a loop of gateways; register the inference servers instead"
+                );
+                true
+            }
+            // Already removed by a request that saw the loop at the same time.
+            Err(_) => false,
+        }
     }
 
     /// Whether a connection to `a` would reach this gateway's own listener, as the OS would
