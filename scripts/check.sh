@@ -2,25 +2,37 @@
 # Static gates CI runs before the tests: formatting, clippy with warnings as errors (the
 # workspace and the Python extension's crate), no Rust source file over 600 lines (split
 # by responsibility instead), and no dependency cycle between the modules of a crate
-# (scripts/module-cycles.py: top-level modules and their children).
+# (scripts/module-cycles.py: top-level modules and their children). Each gate is a timed phase
+# (scripts/phase.sh).
 #
 #   bash scripts/check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/phase.sh
 
-cargo fmt --all --check
-cargo fmt --manifest-path python/Cargo.toml --check
-cargo clippy --workspace --all-targets -- -D warnings
-cargo clippy --manifest-path python/Cargo.toml --all-targets -- -D warnings
+fmt() {
+  cargo fmt --all --check
+  cargo fmt --manifest-path python/Cargo.toml --check
+}
 
-LIMIT=600
-long=$(find crates src tests examples python/src -name '*.rs' -print0 \
-  | xargs -0 wc -l | awk -v max="$LIMIT" '$2 != "total" && $1 > max { print $2 " (" $1 " lines)" }')
-if [ -n "$long" ]; then
-  echo "error: source files over $LIMIT lines (split them by responsibility):" >&2
-  echo "$long" >&2
-  exit 1
-fi
+clippy() {
+  cargo clippy --workspace --all-targets --quiet -- -D warnings
+  cargo clippy --manifest-path python/Cargo.toml --all-targets --quiet -- -D warnings
+}
 
-python3 scripts/module-cycles.py
+sizes() {
+  local limit=600 long
+  long=$(find crates src tests examples python/src -name '*.rs' -print0 \
+    | xargs -0 wc -l | awk -v max="$limit" '$2 != "total" && $1 > max { print $2 " (" $1 " lines)" }')
+  if [ -n "$long" ]; then
+    echo "error: source files over $limit lines (split them by responsibility):" >&2
+    echo "$long" >&2
+    return 1
+  fi
+  python3 scripts/module-cycles.py
+}
+
+phase gate.fmt fmt
+phase gate.clippy clippy
+phase gate.sizes-cycles sizes
 echo "check: fmt, clippy, file sizes and module cycles clean"

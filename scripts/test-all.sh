@@ -1,18 +1,38 @@
 #!/usr/bin/env bash
 # Every test: the Rust workspace, then the Python bindings' pytest suite (python/).
 #
-#   bash scripts/test-all.sh
+#   bash scripts/test-all.sh            # everything (what CI runs, after scripts/check.sh)
+#   bash scripts/test-all.sh rust       # only the Rust workspace: build, then run the tests
+#   bash scripts/test-all.sh python     # only the Python suite (builds what it needs)
 #
-# The Python part needs python3 that can make a venv (Debian: python3-venv); without it, it is
-# skipped with a warning, unless TROUPE_REQUIRE_PYTHON_BINDINGS=1, which makes it required.
+# Each phase prints `phase NAME SECONDS` when it ends (scripts/phase.sh). The Python part needs
+# python3 that can make a venv (Debian: python3-venv); without it, it is skipped with a warning,
+# unless TROUPE_REQUIRE_PYTHON_BINDINGS=1, which makes it required.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test --workspace
-if python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
-  bash scripts/python-tests.sh
-elif [ "${TROUPE_REQUIRE_PYTHON_BINDINGS:-}" = 1 ]; then
-  echo "error: TROUPE_REQUIRE_PYTHON_BINDINGS=1 but python3 cannot make a venv (Debian: apt install python3-venv)" >&2
-  exit 1
-else
-  echo "warning: python3 cannot make a venv (Debian: apt install python3-venv); skipping the Python binding tests" >&2
+. scripts/phase.sh
+
+what="${1:-all}"
+case "$what" in
+  all | rust | python) ;;
+  *)
+    echo "usage: bash scripts/test-all.sh [all|rust|python]" >&2
+    exit 2
+    ;;
+esac
+
+if [ "$what" != python ]; then
+  # The build is its own phase, so a run's table tells compile time from test time.
+  phase rust.build cargo test --workspace --no-run --quiet
+  phase rust.test cargo test --workspace
+fi
+if [ "$what" != rust ]; then
+  if python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
+    bash scripts/python-tests.sh
+  elif [ "${TROUPE_REQUIRE_PYTHON_BINDINGS:-}" = 1 ]; then
+    echo "error: TROUPE_REQUIRE_PYTHON_BINDINGS=1 but python3 cannot make a venv (Debian: apt install python3-venv)" >&2
+    exit 1
+  else
+    echo "warning: python3 cannot make a venv (Debian: apt install python3-venv); skipping the Python binding tests" >&2
+  fi
 fi

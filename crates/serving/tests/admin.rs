@@ -1,7 +1,7 @@
 //! The gateway's admin REST (`/workers`) and the auth in front of it, over real sockets
 //! against scripted backends.
 
-mod support;
+use crate::support;
 
 use support::*;
 use troupe_serving::gateway::{self, GatewayConfig, GatewayHandle};

@@ -2,7 +2,7 @@
 //! cancellation, retries, the workers' key, errors and metrics, and cache-aware routing of
 //! prompts shared by concurrent requests. Admin REST and auth: `admin.rs`.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::Ordering;
 

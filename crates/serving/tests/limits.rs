@@ -4,7 +4,7 @@
 //! every limit or routing error (405, 408, 413, 414, 431) and an upstream's plain-text error
 //! come back as the JSON error envelope.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! `meta_info.routed_experts` for MoE routing replay, anything a later engine adds) reach the
 //! client on every data route, streamed or not, and the PD merge only adds.
 
-mod support;
+use crate::support;
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};

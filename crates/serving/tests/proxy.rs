@@ -1,7 +1,7 @@
 //! The DataProxy against a scripted backend (abort → wait while paused → resubmit → stitch),
 //! and the `troupe.gateway` / `troupe.proxy` actor kinds on an in-process host.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,7 +2,7 @@
 //! credentials are refused, one server is one worker whatever the URL's spelling, and a server
 //! that reports another role in its `/server_info` than the one it is registered as is refused.
 
-mod support;
+use crate::support;
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};

@@ -2,7 +2,7 @@
 //! every dialect and the session lifecycle (`/finish_session`, `/clear_sessions`) through a
 //! gateway over scripted backends.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

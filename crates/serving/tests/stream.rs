@@ -1,7 +1,7 @@
 //! Streaming through the gateway (event relay, mid-stream failures, retries before the first
 //! event, load guards tied to the stream body) and background health probing.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
