@@ -23,7 +23,11 @@ esac
 
 if [ "$what" != python ]; then
   # The build is its own phase, so a run's table tells compile time from test time.
-  phase rust.build cargo test --workspace --no-run --quiet
+  # TROUPE_CARGO_TIMINGS=1 (.ci/run sets it) writes cargo's timing report of the build
+  # (target/cargo-timings/cargo-timing.html: the crates on the critical path).
+  timings=()
+  if [ "${TROUPE_CARGO_TIMINGS:-}" = 1 ]; then timings=(--timings); fi
+  phase rust.build cargo test --workspace --no-run --quiet "${timings[@]}"
   phase rust.test cargo test --workspace
 fi
 if [ "$what" != rust ]; then

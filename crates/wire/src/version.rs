@@ -15,10 +15,33 @@ use serde::{Deserialize, Serialize};
 /// Longest version accepted from outside.
 pub const MAX_VERSION_CHARS: usize = 256;
 
-/// A weight version (see the module docs for its rules).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+/// A weight version (see the module docs for its rules). Ordered by step, then by text (so
+/// `"v9" < "v10"`, where text alone would put `"v10"` first); read from JSON through
+/// [`WeightVersion::new`], so a version from outside is checked wherever it is parsed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct WeightVersion(String);
+pub struct WeightVersion(#[serde(deserialize_with = "checked")] String);
+
+fn checked<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    WeightVersion::new(s)
+        .map(|v| v.0)
+        .map_err(serde::de::Error::custom)
+}
+
+impl Ord for WeightVersion {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.step()
+            .cmp(&other.step())
+            .then_with(|| self.0.cmp(&other.0))
+    }
+}
+
+impl PartialOrd for WeightVersion {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
 
 impl WeightVersion {
     /// `s` as a version: non-empty, at most [`MAX_VERSION_CHARS`] characters, no control
@@ -117,5 +140,19 @@ mod tests {
         assert!(WeightVersion::new("").is_err());
         assert!(WeightVersion::new("a\nb").is_err());
         assert!(WeightVersion::new("x".repeat(300)).is_err());
+    }
+
+    #[test]
+    fn versions_order_by_step_and_are_checked_when_read() {
+        assert!(v("v9") < v("v10"), "by step, not text");
+        assert!(v("default") < v("1"));
+        let mut vs = vec![v("10"), v("2"), v("v1")];
+        vs.sort();
+        assert_eq!(vs, [v("v1"), v("2"), v("10")]);
+        let ok: WeightVersion = serde_json::from_str("\"v3\"").unwrap();
+        assert_eq!(ok, v("v3"));
+        for bad in ["\"\"", "\"a\\nb\""] {
+            assert!(serde_json::from_str::<WeightVersion>(bad).is_err(), "{bad}");
+        }
     }
 }
