@@ -98,9 +98,10 @@ impl ControllerClient {
     }
 
     /// Has every engine join the trainer's broadcast group at `master_address:master_port`
-    /// (`backend`: `nccl`, or `tcp` for reference engines). Blocks until they joined: run it
-    /// on a thread while rank 0 accepts them.
-    #[pyo3(signature = (master_address, master_port, group_name, backend = "nccl"))]
+    /// (`backend`: `nccl`, or `tcp` for reference engines, which also needs `group_secret`:
+    /// the `TcpWeightSender`'s `secret`). Blocks until they joined: run it on a thread while
+    /// rank 0 accepts them.
+    #[pyo3(signature = (master_address, master_port, group_name, backend = "nccl", group_secret = None))]
     fn init_weight_group<'py>(
         &self,
         py: Python<'py>,
@@ -108,6 +109,7 @@ impl ControllerClient {
         master_port: u16,
         group_name: String,
         backend: &str,
+        group_secret: Option<String>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let mut c = self.inner.clone();
         let req = InitWeightGroupRequest {
@@ -115,6 +117,7 @@ impl ControllerClient {
             master_port: u32::from(master_port),
             group_name,
             backend: backend.to_string(),
+            group_secret: group_secret.unwrap_or_default(),
         };
         let a = wait(py, async move { c.init_weight_group(req).await })?.map_err(status)?;
         ack(py, a.into_inner())
@@ -179,6 +182,7 @@ impl ControllerClient {
 pub struct TcpWeightSender {
     inner: Arc<tokio::sync::Mutex<Option<WeightSender>>>,
     port: u16,
+    secret: String,
 }
 
 fn tcp_err(e: impl std::fmt::Display) -> PyErr {
@@ -223,9 +227,11 @@ impl TcpWeightSender {
             })));
         }
         let port = s.local_addr().map_err(tcp_err)?.port();
+        let secret = s.secret();
         Ok(TcpWeightSender {
             inner: Arc::new(tokio::sync::Mutex::new(Some(s))),
             port,
+            secret,
         })
     }
 
@@ -233,6 +239,14 @@ impl TcpWeightSender {
     #[getter]
     fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The group's secret (64 hex digits), fresh for this sender: every engine must be handed
+    /// it (`init_weight_group(..., group_secret=...)`, `TcpWeightReceiver(..., secret=...)`) to
+    /// join; the port and the group name are not secret.
+    #[getter]
+    fn secret(&self) -> String {
+        self.secret.clone()
     }
 
     /// Waits until every engine rank connected.

@@ -84,9 +84,11 @@ impl TcpWeightReceiver {
     /// `init_process_group` does. `group_name` empty joins whichever group rank 0 runs.
     /// `bases` keeps what this engine receives as the bases of delta updates across groups
     /// (pass the same `ReceiverBases` to the engine's next receiver); without it they last as
-    /// long as this receiver.
+    /// long as this receiver. `secret` (required, keyword) is the group's secret, rank 0's
+    /// `TcpWeightSender.secret` as the init call hands it over: the join proves it, since the
+    /// port and group name are not secret.
     #[new]
-    #[pyo3(signature = (master_address, master_port, rank, n_ranks = 1, group_name = String::new(), timeout = 300.0, bases = None))]
+    #[pyo3(signature = (master_address, master_port, rank, n_ranks = 1, group_name = String::new(), timeout = 300.0, bases = None, *, secret = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -97,7 +99,13 @@ impl TcpWeightReceiver {
         group_name: String,
         timeout: f64,
         bases: Option<PyRef<'_, ReceiverBases>>,
+        secret: Option<String>,
     ) -> PyResult<Self> {
+        let Some(secret) = secret.filter(|s| !s.is_empty()) else {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "secret is required: the group's secret (rank 0's TcpWeightSender.secret, handed over as init_info.group_secret); rank 0 admits no engine without it",
+            ));
+        };
         if rank == 0 || n_ranks == 0 {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "an engine takes ranks from 1 (rank 0 is the sender) and at least one rank; got rank {rank}, n_ranks {n_ranks}"
@@ -111,7 +119,8 @@ impl TcpWeightReceiver {
         };
         let bases = bases.map_or_else(Bases::shared, |b| b.inner.clone());
         let r = wait(py, async move {
-            WeightReceiver::connect_with_bases(&addr, &group_name, rank, n_ranks, t, bases).await
+            WeightReceiver::connect_with_bases(&addr, &group_name, &secret, rank, n_ranks, t, bases)
+                .await
         })?
         .map_err(err)?;
         Ok(TcpWeightReceiver {

@@ -19,7 +19,7 @@ def test_rank_zero_drives_weight_sync_through_the_controller_api(served):
     assert plan["world_size"] == 3 and [e["rank_offset"] for e in plan["engines"]] == [1, 2]
 
     sender = troupe.TcpWeightSender(plan["world_size"], "ext", host="127.0.0.1")
-    joined = in_thread(api.init_weight_group, "127.0.0.1", sender.port, "ext", "tcp")
+    joined = in_thread(api.init_weight_group, "127.0.0.1", sender.port, "ext", "tcp", sender.secret)
     sender.accept_all(60)
     j = joined()
     assert j["ok"] and [s["ok"] for s in j["servers"]] == [True, True], j

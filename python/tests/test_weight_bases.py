@@ -3,6 +3,8 @@ their bases (`troupe.SenderBases`, `troupe.ReceiverBases`) get deltas in the nex
 engine that did not keep them gets every tensor whole; every engine ends each update with
 exactly the bytes sent."""
 
+import functools
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -31,10 +33,15 @@ def step(w: dict[str, np.ndarray], frac: float, seed: int) -> dict[str, np.ndarr
     return out
 
 
+def receiver(sender):
+    """`TcpWeightReceiver` holding `sender`'s group secret (every join must prove it)."""
+    return functools.partial(troupe.TcpWeightReceiver, secret=sender.secret)
+
+
 def group(sender_bases, engine_bases, name):
     sender = troupe.TcpWeightSender(len(engine_bases) + 1, name, host="127.0.0.1", bases=sender_bases)
     joins = [
-        in_thread(troupe.TcpWeightReceiver, "127.0.0.1", sender.port, i + 1, 1, name, 60.0, b)
+        in_thread(receiver(sender), "127.0.0.1", sender.port, i + 1, 1, name, 60.0, b)
         for i, b in enumerate(engine_bases)
     ]
     sender.accept_all(60)
@@ -102,7 +109,7 @@ def test_without_bases_each_group_starts_whole():
     for name in ("h1", "h2"):
         # A sender given no bases keeps its own, for this group only.
         sender = troupe.TcpWeightSender(2, name, host="127.0.0.1")
-        join = in_thread(troupe.TcpWeightReceiver, "127.0.0.1", sender.port, 1, 1, name, 60.0, a)
+        join = in_thread(receiver(sender), "127.0.0.1", sender.port, 1, 1, name, 60.0, a)
         sender.accept_all(60)
         engines = [join()]
         st = sync(sender, engines, w)

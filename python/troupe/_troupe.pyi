@@ -332,7 +332,7 @@ class ControllerClient:
     def __init__(self, addr: str, token: str | None = None, timeout: float = 10.0) -> None: ...
     def get_weight_plan(self) -> dict[str, Any]:
         """{world_size, engines: [{url, rank_offset, gpus}]}; the trainer is rank 0."""
-    def init_weight_group(self, master_address: str, master_port: int, group_name: str, backend: str = "nccl") -> dict[str, Any]:
+    def init_weight_group(self, master_address: str, master_port: int, group_name: str, backend: str = "nccl", group_secret: str | None = None) -> dict[str, Any]:
         """Engines join rank 0's group; blocks until they did (run it on a thread while rank 0 accepts)."""
     def begin_weight_update(self, pause_mode: str = "abort") -> dict[str, Any]: ...
     def weight_bucket(
@@ -365,6 +365,9 @@ class TcpWeightSender:
     def __init__(self, world_size: int, group_name: str, host: str = "0.0.0.0", delta: bool = True, bases: SenderBases | None = None) -> None: ...
     @property
     def port(self) -> int: ...
+    @property
+    def secret(self) -> str:
+        """The group's secret: every engine's join must prove it (hand it over with the init call)."""
     def accept_all(self, timeout: float = 60.0) -> None: ...
     def send_bucket(self, tensors: Mapping[str, WeightArray]) -> None:
         """Broadcasts one bucket as bf16, in the order given."""
@@ -374,7 +377,8 @@ class TcpWeightSender:
 
 class TcpWeightReceiver:
     """An engine's end of Troupe's TCP weight broadcast (what `troupe.vllm_transfer` runs in vLLM)."""
-    def __init__(self, master_address: str, master_port: int, rank: int, n_ranks: int = 1, group_name: str = "", timeout: float = 300.0, bases: ReceiverBases | None = None) -> None: ...
+    def __init__(self, master_address: str, master_port: int, rank: int, n_ranks: int = 1, group_name: str = "", timeout: float = 300.0, bases: ReceiverBases | None = None, *, secret: str | None = None) -> None:
+        """Joins rank 0's group; `secret` (required) is rank 0's TcpWeightSender.secret."""
     @property
     def rank(self) -> int: ...
     def recv_bucket(self, names: Sequence[str], dtype_names: Sequence[str], shapes: Sequence[Sequence[int]], timeout: float = 300.0) -> list[tuple[str, str, list[int], npt.NDArray[np.uint8]]]:

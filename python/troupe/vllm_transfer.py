@@ -9,8 +9,9 @@ CUDA IPC, RDMA). This one joins Troupe's TCP broadcast instead (the Rust receive
 in the same bodies Troupe's gateway sends every vLLM-dialect engine:
 
 - ``init_info``: ``master_address``, ``master_port`` (rank 0), ``rank_offset`` (this server's
-  first rank), ``world_size``; ``packed`` is accepted and changes nothing (the TCP sender
-  frames a bucket as one byte stream either way). Each worker of the server joins as its own
+  first rank), ``world_size``, ``group_secret`` (rank 0's ``TcpWeightSender.secret``: every
+  join proves it, since the port is not secret; required); ``packed`` is accepted and changes
+  nothing (the TCP sender frames a bucket as one byte stream either way). Each worker of the server joins as its own
   rank, ``rank_offset`` + its global worker rank, as vLLM's NCCL engine numbers them.
 - ``update_info``: ``names``, ``dtype_names``, ``shapes`` (``packed`` likewise): one bucket,
   loaded through the model's ``load_weights`` once rank 0 confirms every engine holds it.
@@ -52,8 +53,16 @@ class TroupeInitInfo(WeightTransferInitInfo):
     rank_offset: int
     world_size: int
     packed: bool = False
+    #: The group's secret (rank 0's ``TcpWeightSender.secret``); a join without it is refused.
+    group_secret: str = ""
 
     def __post_init__(self) -> None:
+        if not self.group_secret:
+            raise ValueError(
+                "init_info.group_secret is required: the weight group's secret from rank 0 "
+                "(troupe.TcpWeightSender.secret; Troupe's controller sends it), without which "
+                "rank 0 admits no worker"
+            )
         if not 0 < int(self.master_port) < 65536:
             raise ValueError(f"master_port must be a TCP port (1-65535), got {self.master_port}")
         if self.rank_offset < 1 or self.world_size <= self.rank_offset:
@@ -117,6 +126,7 @@ class TroupeWeightTransferEngine(WeightTransferEngine[TroupeInitInfo, TroupeUpda
             "",
             TIMEOUT_S,
             self._bases,
+            secret=init_info.group_secret,
         )
 
     def start_weight_update(self) -> None:

@@ -103,11 +103,13 @@ async fn the_controller_api_refuses_calls_without_the_token_and_they_change_noth
         // A trainer's broadcast master that engines would join if an init went through.
         let mut master = WeightSender::bind("127.0.0.1:0", 2, "g").await.unwrap();
         let port = master.local_addr().unwrap().port() as u32;
+        let key = master.secret();
         let init = || InitWeightGroupRequest {
             master_address: "127.0.0.1".into(),
             master_port: port,
             group_name: "g".into(),
             backend: "tcp".into(),
+            group_secret: key.clone(),
         };
         for token in [None, Some("wrong")] {
             let mut c = api::connect(&addr, token, None, Duration::from_secs(10))
@@ -169,6 +171,7 @@ async fn the_controller_api_refuses_calls_without_the_token_and_they_change_noth
         let (joined, accepted) = tokio::join!(
             c.init_weight_group(InitWeightGroupRequest {
                 master_port: port,
+                group_secret: master.secret(),
                 ..init()
             }),
             master.accept_all(Duration::from_secs(30))

@@ -192,8 +192,9 @@ async fn sglang_names_reach_every_engine_of_a_pd_fleet_once() {
         // A client that is rank 0 of its own broadcast: offsets 1 and 2, world 3.
         let mut sender = WeightSender::bind("127.0.0.1:0", 3, "client").await.unwrap();
         let port = sender.local_addr().unwrap().port();
+        let key = sender.secret();
         let init = |w: Option<u32>| {
-            let mut b = json!({"master_address": "127.0.0.1", "master_port": port, "group_name": "client", "backend": "tcp"});
+            let mut b = json!({"master_address": "127.0.0.1", "master_port": port, "group_name": "client", "backend": "tcp", "group_secret": key});
             if let Some(w) = w {
                 b["world_size"] = json!(w);
             }

@@ -44,7 +44,7 @@ async fn skyrl_calls_drive_the_whole_fleet_as_one_server() {
         // The four-phase transfer, the trainer seeing one server of 2 ranks after its own.
         let mut sender = WeightSender::bind("127.0.0.1:0", 3, VLLM_TRANSFER_GROUP).await.unwrap();
         let port = sender.local_addr().unwrap().port();
-        let init = json!({"init_info": {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 3, "backend": "tcp"}});
+        let init = json!({"init_info": {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 3, "backend": "tcp", "group_secret": sender.secret()}});
         let (joined, accepted) = tokio::join!(
             f.post("/init_weight_transfer_engine", init),
             sender.accept_all(Duration::from_secs(30))

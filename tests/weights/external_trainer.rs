@@ -54,6 +54,7 @@ async fn open_group(
         master_port: port as u32,
         group_name: name.into(),
         backend: "tcp".into(),
+        group_secret: sender.secret(),
     });
     let (joined, accepted) =
         tokio::join!(init, sender.accept_all(std::time::Duration::from_secs(30)));

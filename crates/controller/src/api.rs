@@ -279,6 +279,7 @@ impl Controller for ControllerApi {
                 backend,
                 world_size: None,
                 rank_offset: Some(FIRST_ENGINE_RANK),
+                group_secret: (!r.group_secret.is_empty()).then_some(r.group_secret),
             })
             .await)
     }

@@ -78,7 +78,7 @@ async fn an_unresolvable_weight_sender_fails_the_join_at_once() {
         let (s, err) = post(
             &format!("{}/init_weights_update_group", e.url()),
             &json!({"master_address": "no-such-host.invalid", "master_port": 29500, "rank_offset": 1,
-                    "world_size": 2, "group_name": "g", "backend": "tcp"}),
+                    "world_size": 2, "group_name": "g", "backend": "tcp", "group_secret": "00".repeat(32)}),
         )
         .await;
         assert_eq!(s, 400, "{err}");

@@ -409,8 +409,9 @@ async fn four_phase_transfer_and_skyrls_rpcs_update_weights_and_version() {
         refused(s, &v, 400, "init_weight_transfer_engine");
         let mut sender = WeightSender::bind("127.0.0.1:0", 2, "trainer").await.unwrap();
         let port = sender.local_addr().unwrap().port();
+        let key = sender.secret();
         let init = |extra: Value| {
-            let mut i = json!({"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2});
+            let mut i = json!({"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2, "group_secret": key});
             for (k, v) in extra.as_object().unwrap() {
                 i[k] = v.clone();
             }
@@ -426,6 +427,8 @@ async fn four_phase_transfer_and_skyrls_rpcs_update_weights_and_version() {
             (init(json!({"backend": "nccl"})), "nccl"),
             (init(json!({"packed": "yes"})), "packed"),
             (init(json!({"ranks": 3})), "ranks"),
+            (init(json!({"group_secret": null})), "group_secret"),
+            (init(json!({"group_secret": "short"})), "group secret"),
         ] {
             let (s, v) = post(&p("/init_weight_transfer_engine"), &body).await;
             refused(s, &v, 400, needle);

@@ -127,7 +127,8 @@ async fn fp8_update_equals_loading_dequantized_weights() {
 
         let mut sender = WeightSender::bind("127.0.0.1:0", 4, "fp8").await.unwrap();
         let port = sender.local_addr().unwrap().port();
-        let init = |rank: u64| json!({"master_address": "127.0.0.1", "master_port": port, "rank_offset": rank, "world_size": 4, "group_name": "fp8", "backend": "tcp"});
+        let key = sender.secret();
+        let init = |rank: u64| json!({"master_address": "127.0.0.1", "master_port": port, "rank_offset": rank, "world_size": 4, "group_name": "fp8", "backend": "tcp", "group_secret": key});
         let (au, bu) = (format!("{}/init_weights_update_group", a.url()), format!("{}/init_weights_update_group", b.url()));
         let (ia, ib) = (init(1), init(2));
         let (ra, rb, acc) = tokio::join!(post(&au, &ia), post(&bu, &ib), sender.accept_all(Duration::from_secs(30)));

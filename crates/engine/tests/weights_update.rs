@@ -38,7 +38,8 @@ async fn tcp_group_updates_every_engine_atomically() {
         // world = trainer + engine a (1 rank) + engine b (2 ranks).
         let mut sender = WeightSender::bind("127.0.0.1:0", 4, "wsync").await.unwrap();
         let port = sender.local_addr().unwrap().port();
-        let init = |rank: u64| json!({"master_address": "127.0.0.1", "master_port": port, "rank_offset": rank, "world_size": 4, "group_name": "wsync", "backend": "tcp"});
+        let key = sender.secret();
+        let init = |rank: u64| json!({"master_address": "127.0.0.1", "master_port": port, "rank_offset": rank, "world_size": 4, "group_name": "wsync", "backend": "tcp", "group_secret": key});
         let (au, bu) = (format!("{}/init_weights_update_group", a.url()), format!("{}/init_weights_update_group", b.url()));
         let (ia, ib) = (init(1), init(2));
         let (ra, rb, acc) = tokio::join!(post(&au, &ia), post(&bu, &ib), sender.accept_all(Duration::from_secs(30)));
@@ -109,8 +110,18 @@ async fn tcp_group_updates_every_engine_atomically() {
         }
         let (_, same) = post(&format!("{}/generate", a.url()), &greedy()).await;
         assert_eq!(same["output_ids"], v3["output_ids"]);
-        let (s, _) = post(&format!("{}/init_weights_update_group", a.url()), &json!({"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 4, "group_name": "x", "backend": "nccl"})).await;
+        let (s, _) = post(&format!("{}/init_weights_update_group", a.url()), &json!({"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 4, "group_name": "x", "backend": "nccl", "group_secret": key})).await;
         assert_eq!(s, 400);
+        // An old client's join (no group_secret) is refused by name, before anything connects.
+        for secret in [json!(null), json!(7), json!("")] {
+            let mut old = json!({"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 4, "group_name": "x", "backend": "tcp"});
+            if !secret.is_null() {
+                old["group_secret"] = secret;
+            }
+            let (s, err) = post(&format!("{}/init_weights_update_group", a.url()), &old).await;
+            assert_eq!(s, 400, "{err}");
+            assert!(err.to_string().contains("group_secret"), "{err}");
+        }
 
         // From disk: back to the seed-7 weights, and the original outputs.
         let dir = tempfile::tempdir().unwrap();

@@ -191,13 +191,16 @@ async fn measure(
     sender.set_bucket_timeout(TIMEOUT);
     sender.set_shared_memory(ring).map_err(|e| e.to_string())?;
     let addr = sender.local_addr().map_err(|e| e.to_string())?.to_string();
+    let key = sender.secret();
     // A warm-up (connections, first touches of every buffer), then the timed sync.
     let total_runs = 2;
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
-        let (addr, expected, buckets) = (addr.clone(), expected.clone(), buckets.clone());
+        let (addr, key) = (addr.clone(), key.clone());
+        let (expected, buckets) = (expected.clone(), buckets.clone());
         tasks.push(tokio::spawn(async move {
-            receive(&addr, i as u32 + 1, &expected, &buckets, total_runs, None).await
+            let at = (addr.as_str(), key.as_str());
+            receive(at, i as u32 + 1, &expected, &buckets, total_runs, None).await
         }));
     }
     sender
@@ -240,17 +243,18 @@ async fn measure(
     Ok((timed, on_ring, work))
 }
 
-/// A receiver: joins, reads `runs` syncs (handing each bucket back, as an engine does once it
-/// applied it, which also keeps delta bases), and checks the last one byte for byte.
+/// A receiver: joins rank 0 at `(address, group secret)`, reads `runs` syncs (handing each
+/// bucket back, as an engine does once it applied it, which also keeps delta bases), and
+/// checks the last one byte for byte.
 pub(crate) async fn receive(
-    addr: &str,
+    (addr, key): (&str, &str),
     rank: u32,
     expected: &[WireTensor],
     buckets: &[Vec<usize>],
     runs: usize,
     link_gbps: Option<f64>,
 ) -> Result<(), String> {
-    let mut rx = WeightReceiver::connect(addr, "bench", rank, 1, Duration::from_secs(60))
+    let mut rx = WeightReceiver::connect(addr, "bench", key, rank, 1, Duration::from_secs(60))
         .await
         .map_err(|e| format!("rank {rank}: {e}"))?;
     if let Some(g) = link_gbps {

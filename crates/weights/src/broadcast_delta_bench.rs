@@ -222,12 +222,13 @@ async fn measure(
     sender.set_shared_memory(ring).map_err(|e| e.to_string())?;
     sender.set_delta(delta.then(|| Arc::new(Mutex::new(SenderBases::new(false)))));
     let addr = sender.local_addr().map_err(|e| e.to_string())?.to_string();
+    let key = sender.secret();
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
-        let (addr, v) = (addr.clone(), v.clone());
+        let (addr, key, v) = (addr.clone(), key.clone(), v.clone());
         tasks.push(tokio::spawn(async move {
             receive(
-                &addr,
+                (&addr, &key),
                 i as u32 + 1,
                 &v.expected,
                 &v.buckets,

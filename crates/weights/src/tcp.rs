@@ -38,16 +38,27 @@
 //!
 //! # Wire format (all integers little-endian)
 //!
-//! Control connection (engine -> rank 0), handshake: `b"TRWU"`, `u16 version (=4)`, `u32 rank`,
-//! `u32 n_ranks`, `u16 len` + group name, `u16 len` + the engine's data address (`ip:port`),
-//! `u64` digest of the delta bases it holds (0: none).
-//! Reply: `u8 status` (0 = accepted, 1 = rejected, then `u32 len` + UTF-8 reason). A malformed
-//! or older handshake is answered with a rejection saying what was wrong.
+//! Every join and every data link proves the group's secret ([`WeightSender::secret`], 32
+//! random bytes per group, handed to engines by the admin-keyed init call): knowing rank 0's
+//! port and the group name is not enough to take a rank. The secret never crosses these
+//! sockets: each side answers a fresh 32-byte challenge with an HMAC-SHA256 keyed by it
+//! (`tag(purpose; parts)` below: the purpose's label, then each part with its `u64` length).
+//! Handshakes are read side by side, each with its own deadline (at most 64 at once, the
+//! oldest dropped first), so a silent connection holds up no other and no deadline.
+//!
+//! Control connection (engine -> rank 0), handshake: `b"TRWU"`, `u16 version (=5)`; rank 0
+//! answers `u8 0` + a 32-byte challenge (or a rejection, below); the engine sends `u32 rank`,
+//! `u32 n_ranks`, `u16 len` + group name, `u16 len` + its data address (`ip:port`), `u64`
+//! digest of the delta bases it holds (0: none), its own 32-byte nonce, and `tag(join;
+//! challenge, those fields, its nonce)`. Reply: `u8 status` (0 = accepted, then `tag(admit;
+//! engine nonce, challenge)`, which the engine checks; 1 = rejected, then `u32 len` + UTF-8
+//! reason). A malformed, older or unauthenticated handshake is answered with a rejection
+//! saying what was wrong and never takes a rank.
 //!
 //! Control messages, rank 0 -> engine: `14` ring offer (`u16 len` + path, 16-byte nonce, `u64`
 //! ring bytes; only to engines on rank 0's machine, before the topology), `10` topology (`u32
-//! predecessor rank`, `u8 has_successor` [, `u32 successor rank`, `u16 len` + address], `u64
-//! token`, `u8 on_ring`), `11` group ready, `12` bucket committed, `13` failed (`u32 rank`, `u32
+//! predecessor rank`, `u8 has_successor` [, `u32 successor rank`, `u16 len` + address],
+//! `u8 on_ring`), `11` group ready, `12` bucket committed, `13` failed (`u32 rank`, `u32
 //! len` + reason), `15` repair (`u32 n`, `n x u32` tensor positions: a sub-bucket of those
 //! tensors, whole and tagged, follows on the data link), `3` close. Engine -> rank 0: `23` ring
 //! answer (`u8` 0 mapped, 1 not, then `u32 len` + why), `20` ready, `21` bucket received, `24`
@@ -56,8 +67,9 @@
 //! + reason).
 //!
 //! Data link (predecessor -> successor, rank 0 -> first engine): hello `b"TRWD"`, `u16 version`,
-//! `u64 token`, `u32 from rank`, `u32 to rank`, answered with a status byte as above; then per
-//! bucket, frames each starting with a `u8` kind:
+//! `u32 from rank`, `u32 to rank`, answered with a status byte as above and, when accepted, a
+//! 32-byte challenge; the predecessor sends `tag(link; challenge, from, to)` and gets a final
+//! status byte; then per bucket, frames each starting with a `u8` kind:
 //! - `1` tensor: `u16 len` + name, `u8 dtype` ([`WireDtype`]), `u8 ndim`, `ndim x u64` dims,
 //!   `u64 byte_len`, then the raw bytes (row-major, little-endian elements).
 //! - `3` tagged tensor (delta on): as `1`, with a `u64 tag` after `byte_len`; the receiver keeps
@@ -74,12 +86,15 @@
 
 mod apply;
 mod assemble;
+mod auth;
 mod collect;
 mod control;
 mod cpu;
 mod frame;
+mod join;
 mod link;
 pub(crate) mod pace;
+mod pending;
 mod receive_bucket;
 mod receiver;
 pub(crate) mod ring;
@@ -91,6 +106,8 @@ mod tensor_bytes;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_auth;
+#[cfg(test)]
 mod tests_chain;
 #[cfg(test)]
 mod tests_delta;
@@ -101,9 +118,16 @@ pub use receiver::WeightReceiver;
 pub use sender::WeightSender;
 pub use tensor_bytes::TensorBytes;
 
+/// Checks that `secret` has the form of a group secret ([`WeightSender::secret`]: 64 hex
+/// digits), so a caller can refuse a bad one before changing anything; the join itself is
+/// what proves it is the right one.
+pub fn check_secret(secret: &str) -> Result<(), TcpError> {
+    auth::GroupSecret::parse(secret).map(|_| ())
+}
+
 pub(crate) const MAGIC: &[u8; 4] = b"TRWU";
 pub(crate) const DATA_MAGIC: &[u8; 4] = b"TRWD";
-pub(crate) const VERSION: u16 = 4;
+pub(crate) const VERSION: u16 = 5;
 pub(crate) const FRAME_TENSOR: u8 = 1;
 pub(crate) const FRAME_BUCKET_END: u8 = 2;
 /// A whole tensor the receiver keeps as the base of later deltas, under the tag that follows.

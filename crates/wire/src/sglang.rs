@@ -42,6 +42,12 @@ pub struct InitWeightsUpdateGroup {
     pub group_name: String,
     /// Collective backend: `nccl` for SGLang on GPUs, `tcp` for the reference engine.
     pub backend: String,
+    /// Troupe's field for the `tcp` backend: the group's secret (rank 0's
+    /// `WeightSender::secret()`, 64 hex digits) that the engine's join must prove, so knowing
+    /// the port and group name is not enough to take a rank. The route is admin-keyed, which
+    /// is what keeps it secret. Absent for NCCL, whose engines ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_secret: Option<String>,
 }
 
 /// `POST /destroy_weights_update_group`.

@@ -17,6 +17,10 @@ pub struct WeightTransferInit {
     pub rank_offset: u32,
     /// Ranks in the whole group (1 + every engine GPU).
     pub world_size: u32,
+    /// Troupe's field for its `tcp` transport: the group's secret (rank 0's
+    /// `WeightSender::secret()`) the server's join must prove. Absent for vLLM's own engines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_secret: Option<String>,
 }
 
 /// `POST /init_weight_transfer_engine`.

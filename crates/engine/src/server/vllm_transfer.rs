@@ -3,7 +3,7 @@
 //! `/init_weights_update_group` and `/update_weights_from_distributed`:
 //!
 //! 1. `POST /init_weight_transfer_engine {"init_info": {master_address, master_port,
-//!    rank_offset, world_size, packed?, ...}}` joins rank 0's broadcast over the `tcp`
+//!    rank_offset, world_size, group_secret, packed?, ...}}` joins rank 0's broadcast over the `tcp`
 //!    transport (rank 0 is a `troupe_weights::tcp::WeightSender`), replacing an earlier one.
 //! 2. `POST /start_weight_update` opens a session (one at a time, as in vLLM).
 //! 3. `POST /update_weights {"update_info": {names, dtype_names, shapes, packed?}}`, once per
@@ -31,7 +31,8 @@ use super::weights_api;
 use crate::core::Command;
 
 /// The key of the weight group joined through `/init_weight_transfer_engine` (vLLM names
-/// none; on the wire the engine joins with an empty name, which matches any master's group).
+/// none; on the wire the engine joins with an empty name, which matches the group of the master
+/// whose secret it proves).
 pub const TRANSFER_GROUP: &str = "vllm-transfer";
 
 /// The methods `/collective_rpc` runs (SkyRL's worker-extension names, then vLLM's own).
@@ -99,7 +100,7 @@ fn boolean(m: &Map<String, Value>, k: &str, what: &str) -> Result<(), ApiError> 
 async fn init(state: &Arc<AppState>, info: Option<&Value>) -> Result<(), ApiError> {
     let Some(Value::Object(info)) = info else {
         return Err(bad(
-            "init_info (an object {master_address, master_port, rank_offset, world_size}) is required",
+            "init_info (an object {master_address, master_port, rank_offset, world_size, group_secret}) is required",
         ));
     };
     if info.contains_key("nccl_unique_id_b64") {
@@ -116,10 +117,11 @@ async fn init(state: &Arc<AppState>, info: Option<&Value>) -> Result<(), ApiErro
         "packed_buffer_size_bytes",
         "packed_num_buffers",
         "backend",
+        "group_secret",
     ];
     if let Some(k) = info.keys().find(|k| !KEYS.contains(&k.as_str())) {
         return Err(bad(format!(
-            "init_info.{k} is not supported; send master_address, master_port, rank_offset, world_size (packed and its buffer sizes are accepted)"
+            "init_info.{k} is not supported; send master_address, master_port, rank_offset, world_size, group_secret (packed and its buffer sizes are accepted)"
         )));
     }
     boolean(info, "packed", "init_info")?;

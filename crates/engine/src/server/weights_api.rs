@@ -12,7 +12,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
-use troupe_weights::tcp::{TensorSpec, WeightReceiver, WireDtype};
+use troupe_weights::tcp::{TensorSpec, WeightReceiver, WireDtype, check_secret};
 
 use super::AppState;
 use super::error::{ApiError, parse_object};
@@ -49,7 +49,8 @@ fn uint_field(obj: &Map<String, Value>, key: &str) -> Result<u64, ApiError> {
 }
 
 /// `POST /init_weights_update_group {master_address, master_port, rank_offset, world_size,
-/// group_name, backend}`: connects to rank 0 covering ranks `rank_offset..rank_offset+tp_size`.
+/// group_name, backend, group_secret}`: connects to rank 0 covering ranks
+/// `rank_offset..rank_offset+tp_size`, proving the group's secret.
 pub async fn init_group(
     State(state): State<Arc<AppState>>,
     body: Bytes,
@@ -68,10 +69,14 @@ pub struct JoinPlan {
     group: String,
     target: String,
     rank_offset: u64,
+    /// The group's secret, which the join proves to rank 0.
+    secret: String,
 }
 
 /// Checks SGLang's `init_weights_update_group` fields (`master_address`, `master_port`,
-/// `rank_offset`, `world_size`, `group_name`, `backend`) against this engine; changes nothing.
+/// `rank_offset`, `world_size`, `group_name`, `backend`, and Troupe's `group_secret`: rank 0's
+/// `WeightSender::secret()`, required, since the port and group name are not secret) against
+/// this engine; changes nothing.
 pub fn plan(state: &AppState, obj: &Map<String, Value>) -> Result<JoinPlan, ApiError> {
     let addr = str_field(obj, "master_address", "127.0.0.1")?.to_string();
     let port = u16::try_from(uint_field(obj, "master_port")?)
@@ -79,6 +84,25 @@ pub fn plan(state: &AppState, obj: &Map<String, Value>) -> Result<JoinPlan, ApiE
     let rank_offset = uint_field(obj, "rank_offset")?;
     let world_size = uint_field(obj, "world_size")?;
     let group = str_field(obj, "group_name", "weight_sync")?.to_string();
+    let secret = match obj.get("group_secret") {
+        Some(Value::String(s)) if !s.is_empty() => {
+            check_secret(s).map_err(|e| bad(format!("group_secret: {e}")))?;
+            s.clone()
+        }
+        None | Some(Value::Null) => {
+            return Err(bad(
+                "group_secret is required: the tcp group's secret from rank 0 \
+                 (troupe_weights::tcp::WeightSender::secret(), troupe.TcpWeightSender.secret); \
+                 rank 0 admits no engine without it",
+            ));
+        }
+        Some(v) => {
+            return Err(bad(format!(
+                "group_secret must be the group's secret as a non-empty string of 64 hex \
+                 digits, got {v}"
+            )));
+        }
+    };
     let backend = match obj.get("backend") {
         None | Some(Value::Null) => "tcp",
         Some(Value::String(b)) => b.as_str(),
@@ -111,11 +135,13 @@ pub fn plan(state: &AppState, obj: &Map<String, Value>) -> Result<JoinPlan, ApiE
         group,
         target: format!("{host}:{port}"),
         rank_offset,
+        secret,
     })
 }
 
 /// Connects to rank 0 as `plan` says, announcing `wire_group` (empty: any group, for routes
-/// that name none), and keeps the receiver under the plan's group name.
+/// that name none; the secret still has to be that group's), and keeps the receiver under the
+/// plan's group name.
 pub async fn connect(
     state: &AppState,
     plan: JoinPlan,
@@ -125,6 +151,7 @@ pub async fn connect(
         group,
         target,
         rank_offset,
+        secret,
     } = plan;
     let mut groups = state.groups.lock().await;
     if groups.contains_key(&group) {
@@ -135,6 +162,7 @@ pub async fn connect(
     let rx = WeightReceiver::connect_with_bases(
         &target,
         wire_group,
+        &secret,
         rank_offset as u32,
         state.args.tp_size,
         state.weights_timeout,

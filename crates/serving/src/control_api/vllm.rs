@@ -205,7 +205,8 @@ async fn world_size(State(p): Plane, uri: axum::http::Uri) -> Answer {
 }
 
 /// `init_info` as vLLM takes it, or the same fields flat (the SkyRL RFC's
-/// `/init_weight_update_communicator`); `backend` is Troupe's addition (default `nccl`).
+/// `/init_weight_update_communicator`); `backend` and `group_secret` (the `tcp` group's secret)
+/// are Troupe's additions (default `nccl`, none).
 /// vLLM's packing settings are accepted (packing is per bucket here).
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -225,6 +226,8 @@ struct InitInfo {
     world_size: Option<u32>,
     #[serde(default)]
     backend: Option<String>,
+    #[serde(default)]
+    group_secret: Option<String>,
 }
 
 async fn init_transfer(State(p): Plane, b: Bytes) -> Answer {
@@ -242,6 +245,7 @@ async fn init_transfer(State(p): Plane, b: Bytes) -> Answer {
         backend: info.backend.unwrap_or_else(|| "nccl".into()),
         world_size: info.world_size,
         rank_offset: info.rank_offset,
+        group_secret: info.group_secret,
     };
     Ok(json(p.init_group(req).await?))
 }

@@ -56,6 +56,10 @@ pub struct FleetGroupRequest {
     /// The fleet's first rank (ranks before it are the trainer's).
     #[serde(default)]
     pub rank_offset: Option<u32>,
+    /// The `tcp` group's secret (the client's `WeightSender::secret()`), passed on to every
+    /// engine's join; a `tcp` engine refuses to join without it.
+    #[serde(default)]
+    pub group_secret: Option<String>,
 }
 
 fn default_group() -> String {
@@ -256,6 +260,7 @@ impl ControlPlane {
                 world_size: world,
                 group_name: req.group_name.clone(),
                 backend: req.backend.clone(),
+                group_secret: req.group_secret.clone(),
             };
             let control = &control;
             async move {

@@ -416,6 +416,9 @@ impl Core {
         .await
         .map_err(|e| format!("cannot open the broadcast master: {e}"))?;
         let port = sender.local_addr().map_err(|e| e.to_string())?.port();
+        // Engines prove it to join (the init call is admin-keyed; the port and name are not
+        // secret).
+        let secret = sender.secret();
         let joins = engines.iter().enumerate().map(|(i, e)| {
             let req = InitWeightsUpdateGroup {
                 master_address: self.opts.master_host.clone(),
@@ -424,6 +427,7 @@ impl Core {
                 world_size: world,
                 group_name: name.clone(),
                 backend: "tcp".into(),
+                group_secret: Some(secret.clone()),
             };
             async move {
                 control

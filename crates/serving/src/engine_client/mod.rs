@@ -176,7 +176,8 @@ impl EngineClient {
     }
 
     /// Joins a trainer's broadcast group: SGLang `POST /init_weights_update_group`, vLLM
-    /// `POST /init_weight_transfer_engine {init_info}` (the group name is SGLang's only).
+    /// `POST /init_weight_transfer_engine {init_info}` (the group name is SGLang's only; the
+    /// `tcp` group's `group_secret` goes in either body).
     pub async fn init_weight_group(
         &self,
         e: &Engine,
@@ -191,6 +192,7 @@ impl EngineClient {
                         master_port: req.master_port,
                         rank_offset: req.rank_offset,
                         world_size: req.world_size,
+                        group_secret: req.group_secret.clone(),
                     },
                 };
                 self.post(&e.url, "/init_weight_transfer_engine", &body)

@@ -29,9 +29,6 @@ pub(crate) struct Topology {
     pub pred_rank: u32,
     /// The next engine's first rank and data address, if this engine is not the last.
     pub succ: Option<(u32, String)>,
-    /// Group secret that data-link hellos must carry, so a stray connection (an old group, a
-    /// port scanner) is told apart from the real predecessor.
-    pub token: u64,
     /// The engine reads buckets from the shared-memory ring it mapped (its data link from rank
     /// 0 then carries ring positions, not bytes); such engines are not chain members.
     pub shm: bool,
@@ -99,7 +96,6 @@ pub(crate) async fn write_to_engine<S: AsyncWrite + Unpin>(
                 }
                 None => buf.push(0),
             }
-            buf.extend_from_slice(&t.token.to_le_bytes());
             buf.push(u8::from(t.shm));
         }
         ToEngine::ShmOffer(o) => {
@@ -142,7 +138,6 @@ pub(crate) async fn read_to_engine_rest<S: AsyncRead + Unpin>(
                 }
                 b => return Err(TcpError::Protocol(format!("topology successor flag {b}"))),
             };
-            let token = s.read_u64_le().await?;
             let shm = match s.read_u8().await? {
                 0 => false,
                 1 => true,
@@ -151,7 +146,6 @@ pub(crate) async fn read_to_engine_rest<S: AsyncRead + Unpin>(
             ToEngine::Topology(Topology {
                 pred_rank,
                 succ,
-                token,
                 shm,
             })
         }
@@ -179,6 +173,16 @@ pub(crate) async fn read_to_engine_rest<S: AsyncRead + Unpin>(
             )));
         }
     })
+}
+
+/// The error for a rank-0 message that is not the one an engine waits for.
+pub(crate) fn unexpected(m: ToEngine, waiting_for: &str) -> TcpError {
+    match m {
+        ToEngine::Close => TcpError::Rejected("sender closed the group".into()),
+        other => TcpError::Protocol(format!(
+            "rank 0 sent {other:?} while this engine waited for {waiting_for}"
+        )),
+    }
 }
 
 pub(crate) async fn read_to_engine<S: AsyncRead + Unpin>(s: &mut S) -> Result<ToEngine, TcpError> {

@@ -1,17 +1,29 @@
-//! Data links of the chain: a predecessor connects to its successor's listener and introduces
-//! itself with the group token, so a stray connection is told apart from the real predecessor.
+//! Data links of the chain: a predecessor connects to its successor's listener, names the two
+//! ranks, and answers the successor's challenge with a tag keyed by the group secret, so a
+//! stray connection (an old group, a port scanner, a stranger) is told apart from the real
+//! predecessor without the secret crossing the wire.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
+use super::auth::{GroupSecret, NONCE_BYTES, Purpose, TAG_BYTES, nonce};
 use super::frame::{read_status, write_status};
+use super::pending::Handshakes;
 use super::{DATA_MAGIC, TcpError, VERSION};
+
+/// Longest one incoming data link may take to complete its hello; each is read on its own, so
+/// a silent stranger holds up neither the real predecessor nor the deadline.
+const LINK_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connects from rank `from` to rank `to`'s data address and performs the data hello.
 pub(crate) async fn connect_link(
     addr: &str,
-    token: u64,
+    secret: &GroupSecret,
     from: u32,
     to: u32,
     deadline: Instant,
@@ -19,13 +31,20 @@ pub(crate) async fn connect_link(
     let work = async {
         let mut s = TcpStream::connect(addr).await?;
         s.set_nodelay(true)?;
-        let mut hello = Vec::with_capacity(22);
+        let mut hello = Vec::with_capacity(14);
         hello.extend_from_slice(DATA_MAGIC);
         hello.extend_from_slice(&VERSION.to_le_bytes());
-        hello.extend_from_slice(&token.to_le_bytes());
         hello.extend_from_slice(&from.to_le_bytes());
         hello.extend_from_slice(&to.to_le_bytes());
         s.write_all(&hello).await?;
+        read_status(&mut s).await?.map_err(TcpError::Rejected)?;
+        let mut challenge = [0u8; NONCE_BYTES];
+        s.read_exact(&mut challenge).await?;
+        let tag = secret.tag(
+            Purpose::Link,
+            &[&challenge, &from.to_le_bytes(), &to.to_le_bytes()],
+        );
+        s.write_all(&tag).await?;
         match read_status(&mut s).await? {
             Ok(()) => Ok(s),
             Err(reason) => Err(TcpError::Rejected(reason)),
@@ -47,51 +66,61 @@ pub(crate) async fn connect_link(
 }
 
 /// Accepts connections on `listener` until one is the data link from rank `from` to rank `to`
-/// carrying `token`; strangers get a rejection naming what was wrong and the wait goes on.
+/// proving `secret`; strangers get a rejection naming what was wrong and the wait goes on.
+/// Every connection's hello is read in its own task, so one that says nothing delays nobody.
 pub(crate) async fn accept_link(
     listener: &TcpListener,
-    token: u64,
+    secret: Arc<GroupSecret>,
     from: u32,
     to: u32,
     deadline: Instant,
 ) -> Result<TcpStream, TcpError> {
-    loop {
-        let (mut s, peer) = match tokio::time::timeout_at(deadline, listener.accept()).await {
-            Ok(r) => r?,
-            Err(_) => {
-                return Err(TcpError::Timeout(format!(
-                    "rank {from} never opened its data link to rank {to}"
-                )));
-            }
-        };
-        s.set_nodelay(true)?;
-        let verdict = match tokio::time::timeout_at(deadline, read_link_hello(&mut s)).await {
-            Ok(Ok((t, f, dest))) if t == token && f == from && dest == to => Ok(()),
-            Ok(Ok((t, f, dest))) if t != token => Err(format!(
-                "data hello from rank {f} to rank {dest} carries the token of another group; \
-                 re-create the group so every engine has the current topology"
-            )),
-            Ok(Ok((_, f, dest))) => Err(format!(
-                "rank {to} expects its data link from rank {from}, got one from rank {f} \
-                 addressed to rank {dest}"
-            )),
-            Ok(Err(e)) => Err(format!("bad data-link hello: {e}")),
-            Err(_) => continue,
-        };
-        match verdict {
-            Ok(()) => {
-                write_status(&mut s, Ok(())).await?;
-                return Ok(s);
-            }
-            Err(reason) => {
-                tracing::warn!(%peer, %reason, "refusing a weight data link");
-                let _ = write_status(&mut s, Err(&reason)).await;
-            }
-        }
+    let mut pending = Handshakes::new(LINK_HELLO_TIMEOUT);
+    let shake = move |s: TcpStream, peer: SocketAddr, by: Instant| {
+        let secret = secret.clone();
+        async move { shake_link(s, peer, by, &secret, from, to).await }
+    };
+    match pending.next(listener, deadline, shake).await {
+        Some(s) => Ok(s),
+        None => Err(TcpError::Timeout(format!(
+            "rank {from} never opened its data link to rank {to}"
+        ))),
     }
 }
 
-async fn read_link_hello(s: &mut TcpStream) -> Result<(u64, u32, u32), TcpError> {
+/// One incoming connection: the link if it is the right predecessor's and proves the secret by
+/// `by`; otherwise it is told why (where it is still listening) and dropped.
+async fn shake_link(
+    mut s: TcpStream,
+    peer: SocketAddr,
+    by: Instant,
+    secret: &GroupSecret,
+    from: u32,
+    to: u32,
+) -> Option<TcpStream> {
+    let _ = s.set_nodelay(true);
+    let reason = match tokio::time::timeout_at(by, read_link_hello(&mut s, secret, from, to)).await
+    {
+        Ok(Ok(())) => match write_status(&mut s, Ok(())).await {
+            Ok(()) => return Some(s),
+            Err(e) => format!("the link went away: {e}"),
+        },
+        Ok(Err(TcpError::Rejected(m))) => m,
+        Ok(Err(e)) => format!("bad data-link hello: {e}"),
+        Err(_) => "no complete data-link hello in time".to_string(),
+    };
+    tracing::warn!(%peer, %reason, "refusing a weight data link");
+    let _ = tokio::time::timeout(Duration::from_secs(1), write_status(&mut s, Err(&reason))).await;
+    None
+}
+
+/// Reads a data hello for the link `from -> to`, challenges it, and checks the answer.
+async fn read_link_hello(
+    s: &mut TcpStream,
+    secret: &GroupSecret,
+    from: u32,
+    to: u32,
+) -> Result<(), TcpError> {
     let mut magic = [0u8; 4];
     s.read_exact(&mut magic).await?;
     if &magic != DATA_MAGIC {
@@ -106,9 +135,29 @@ async fn read_link_hello(s: &mut TcpStream) -> Result<(u64, u32, u32), TcpError>
              version on trainer and engines"
         )));
     }
-    Ok((
-        s.read_u64_le().await?,
-        s.read_u32_le().await?,
-        s.read_u32_le().await?,
-    ))
+    let (f, dest) = (s.read_u32_le().await?, s.read_u32_le().await?);
+    if f != from || dest != to {
+        return Err(TcpError::Rejected(format!(
+            "rank {to} expects its data link from rank {from}, got one from rank {f} \
+             addressed to rank {dest}"
+        )));
+    }
+    let challenge = nonce()?;
+    let mut ask = vec![0u8];
+    ask.extend_from_slice(&challenge);
+    s.write_all(&ask).await?;
+    let mut tag = [0u8; TAG_BYTES];
+    s.read_exact(&mut tag).await?;
+    if !secret.verify(
+        Purpose::Link,
+        &[&challenge, &from.to_le_bytes(), &to.to_le_bytes()],
+        &tag,
+    ) {
+        return Err(TcpError::Rejected(format!(
+            "data link from rank {f} to rank {dest} does not prove this group's secret (another \
+             group's, or a stranger's); re-create the group so every engine has the current \
+             topology"
+        )));
+    }
+    Ok(())
 }

@@ -1,9 +1,9 @@
 //! An engine's side: join a group (a control connection to rank 0 plus data links to its chain
 //! neighbours), read buckets while forwarding them to the next engine.
 
-use std::time::Duration;
-
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use bytes::BufMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -11,14 +11,16 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
 use super::assemble::{Assembler, Frames};
+use super::auth::GroupSecret;
 use super::control::{
-    Fault, FromEngine, ToEngine, read_to_engine, read_to_engine_rest, write_from_engine,
+    Fault, FromEngine, ToEngine, read_to_engine, read_to_engine_rest, unexpected, write_from_engine,
 };
-use super::frame::{bucket_len, put_short_str, read_status};
+use super::frame::bucket_len;
+use super::join::{Hello, send_join};
 use super::link::{accept_link, connect_link};
 use super::pace::Pace;
 use super::ring::{RingFailure, RingReceiver};
-use super::{CHUNK_BYTES, MAGIC, OwnedTensor, TcpError, TensorSpec, VERSION, shm};
+use super::{CHUNK_BYTES, OwnedTensor, TcpError, TensorSpec, shm};
 use crate::delta::{ReceiverBases, SharedReceiverBases};
 
 /// How long an engine whose neighbour failed waits for rank 0 to say which rank it was.
@@ -81,9 +83,13 @@ impl WeightReceiver {
     /// until the whole group has joined and this engine's chain links are up, like NCCL's
     /// `init_process_group`. Its own data listener is bound on the interface that reaches rank
     /// 0, on an ephemeral port that is sent to rank 0 in the handshake.
+    ///
+    /// `secret` is the group's ([`WeightSender::secret`](super::WeightSender::secret), handed
+    /// to the engine by the init call): the join proves it, and rank 0 must prove it back.
     pub async fn connect(
         addr: &str,
         group_name: &str,
+        secret: &str,
         rank: u32,
         n_ranks: u32,
         timeout: Duration,
@@ -91,6 +97,7 @@ impl WeightReceiver {
         Self::connect_with_bases(
             addr,
             group_name,
+            secret,
             rank,
             n_ranks,
             timeout,
@@ -105,11 +112,13 @@ impl WeightReceiver {
     pub async fn connect_with_bases(
         addr: &str,
         group_name: &str,
+        secret: &str,
         rank: u32,
         n_ranks: u32,
         timeout: Duration,
         bases: SharedReceiverBases,
     ) -> Result<Self, TcpError> {
+        let secret = Arc::new(GroupSecret::parse(secret)?);
         let deadline = Instant::now() + timeout;
         // Resolve once, up front: a name that does not resolve will not start resolving by
         // waiting, so it fails now instead of after the whole timeout. Connecting is retried
@@ -152,26 +161,23 @@ impl WeightReceiver {
         control.set_nodelay(true)?;
         let listener = TcpListener::bind((control.local_addr()?.ip(), 0)).await?;
         let data_addr = listener.local_addr()?.to_string();
-        let mut hello = Vec::with_capacity(40 + group_name.len());
-        hello.extend_from_slice(MAGIC);
-        hello.extend_from_slice(&VERSION.to_le_bytes());
-        hello.extend_from_slice(&rank.to_le_bytes());
-        hello.extend_from_slice(&n_ranks.to_le_bytes());
-        put_short_str(&mut hello, group_name)?;
-        put_short_str(&mut hello, &data_addr)?;
-        let digest = bases.lock().map_or(0, |b| b.digest());
-        hello.extend_from_slice(&digest.to_le_bytes());
-        control.write_all(&hello).await?;
-        match tokio::time::timeout_at(deadline, read_status(&mut control)).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(reason))) => return Err(TcpError::Rejected(reason)),
-            Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                return Err(TcpError::Timeout(format!(
-                    "weight sender at {addr} accepted the connection but never admitted rank {rank}"
-                )));
-            }
-        }
+        #[cfg(test)]
+        super::tests_auth::data_listener_bound(group_name, rank, &data_addr);
+        let hello = Hello {
+            rank,
+            n_ranks,
+            group: group_name.to_string(),
+            data_addr,
+            digest: bases.lock().map_or(0, |b| b.digest()),
+        };
+        let never = || {
+            format!(
+                "weight sender at {addr} accepted the connection but never admitted rank {rank}"
+            )
+        };
+        tokio::time::timeout_at(deadline, send_join(&mut control, &secret, &hello, addr))
+            .await
+            .map_err(|_| TcpError::Timeout(never()))??;
         let mut mapped = None;
         let topo = match read_control(&mut control, deadline, "the chain topology").await? {
             ToEngine::ShmOffer(offer) => {
@@ -201,10 +207,10 @@ impl WeightReceiver {
         };
         let succ_rank = topo.succ.as_ref().map(|(r, _)| *r);
         let (up, down) = tokio::join!(
-            accept_link(&listener, topo.token, topo.pred_rank, rank, deadline),
+            accept_link(&listener, secret.clone(), topo.pred_rank, rank, deadline),
             async {
                 match &topo.succ {
-                    Some((succ, a)) => connect_link(a, topo.token, rank, *succ, deadline)
+                    Some((succ, a)) => connect_link(a, &secret, rank, *succ, deadline)
                         .await
                         .map(Some),
                     None => Ok(None),
@@ -582,14 +588,5 @@ pub(super) async fn read_control(
         Err(_) => Err(TcpError::Timeout(format!(
             "rank 0 sent nothing while waiting for {waiting_for}"
         ))),
-    }
-}
-
-fn unexpected(m: ToEngine, waiting_for: &str) -> TcpError {
-    match m {
-        ToEngine::Close => TcpError::Rejected("sender closed the group".into()),
-        other => TcpError::Protocol(format!(
-            "rank 0 sent {other:?} while this engine waited for {waiting_for}"
-        )),
     }
 }

@@ -2,23 +2,24 @@
 //! whether each bucket is committed or which rank failed.
 
 use std::collections::HashSet;
-use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::auth::GroupSecret;
 use super::collect::{Outcome, Peer, culprit, join_collect, spawn_collect};
 use super::control::{ToEngine, Topology, write_to_engine};
-use super::frame::{read_short_str, write_status};
+use super::join::{HELLO_TIMEOUT, Hello, Joined, shake};
 use super::link::connect_link;
+use super::pending::Handshakes;
 use super::ring::RingSender;
 use super::shm::{self, DEFAULT_RING_BYTES, MAX_RING_BYTES, MIN_RING_BYTES};
-use super::{DEFAULT_BUCKET_TIMEOUT, MAGIC, TcpError, VERSION};
+use super::{DEFAULT_BUCKET_TIMEOUT, TcpError};
 use crate::delta::{DeltaStats, SenderBases};
 
 /// The default ring size: [`DEFAULT_RING_BYTES`], or none when `TROUPE_SHM_DISABLE=1` (as
@@ -42,10 +43,6 @@ pub(crate) fn ring_unless_disabled(shm_disable: Option<&str>) -> Option<usize> {
 /// would otherwise be waited for until the bucket's deadline.
 pub(super) const FAILURE_GRACE: Duration = Duration::from_millis(500);
 
-/// Longest a single connection may take to send its handshake before it is dropped (so one
-/// silent client cannot hold up the others).
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Rank 0 of a weight-update group: listens on `master_port`, admits every engine, wires them
 /// into a chain and sends buckets of tensors down it.
 #[derive(Debug)]
@@ -53,7 +50,8 @@ pub struct WeightSender {
     pub(super) listener: TcpListener,
     pub(super) world_size: u32,
     pub(super) group_name: String,
-    pub(super) token: u64,
+    /// What every engine and data link must prove it knows ([`secret`](Self::secret)).
+    pub(super) secret: Arc<GroupSecret>,
     /// Engines in rank order once wired; in accept order before.
     pub(super) peers: Vec<Peer>,
     /// Whether every engine is linked (by the chain or the ring).
@@ -86,8 +84,10 @@ pub struct WeightSender {
 }
 
 impl WeightSender {
-    /// Binds the listening socket for a group of `world_size` ranks (rank 0 included). Engines
-    /// may connect as soon as this returns; call [`accept_all`](Self::accept_all) to admit them.
+    /// Binds the listening socket for a group of `world_size` ranks (rank 0 included), with a
+    /// fresh random group secret ([`secret`](Self::secret)) that every engine must prove it
+    /// knows to join. Engines may connect as soon as this returns; call
+    /// [`accept_all`](Self::accept_all) to admit them.
     pub async fn bind(
         addr: impl ToSocketAddrs,
         world_size: usize,
@@ -104,14 +104,13 @@ impl WeightSender {
         if group_name.is_empty() {
             return Err(TcpError::InvalidArgument("group_name is empty".into()));
         }
+        let secret = Arc::new(GroupSecret::generate()?);
         let listener = TcpListener::bind(addr).await?;
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write(group_name.as_bytes());
         Ok(Self {
             listener,
             world_size,
             group_name: group_name.to_string(),
-            token: h.finish(),
+            secret,
             peers: Vec::new(),
             wired: false,
             data: None,
@@ -138,6 +137,14 @@ impl WeightSender {
     /// The group name engines must present.
     pub fn group_name(&self) -> &str {
         &self.group_name
+    }
+
+    /// The group secret (64 hex digits) every engine must be handed to join: the port and the
+    /// group name are not secret, so without it anyone who reaches the port could take a rank
+    /// and read the weights. Give it only over an authenticated channel (the admin-keyed init
+    /// call's `group_secret`); it never crosses the weight transport itself.
+    pub fn secret(&self) -> String {
+        self.secret.to_hex()
     }
 
     /// Ranks `(rank_offset, n_ranks)` of the engines admitted so far: in chain order (ascending
@@ -176,9 +183,10 @@ impl WeightSender {
         self.ring.iter().flat_map(|r| r.ranks()).collect()
     }
 
-    /// Accepts engines until ranks `1..world_size` are all covered, rejecting wrong group
-    /// names, malformed handshakes, out-of-range and overlapping ranks (those connections get a
-    /// reason and are dropped; the wait goes on); then wires the chain in ascending rank order
+    /// Accepts engines until ranks `1..world_size` are all covered, rejecting joins that do
+    /// not prove the group secret, wrong group names, malformed handshakes, out-of-range and
+    /// overlapping ranks (those connections get a reason and are dropped; the wait goes on;
+    /// handshakes are read side by side, so a silent connection delays no other); then wires the chain in ascending rank order
     /// and waits until every link is up. Fails with [`TcpError::Timeout`] if ranks are still
     /// missing at the deadline, or [`TcpError::RankFailed`] if an engine could not be linked
     /// (every engine is told which).
@@ -197,6 +205,9 @@ impl WeightSender {
         self.wire_chain(deadline).await
     }
 
+    /// Admits engines until every rank is covered. Each connection's handshake is read in its
+    /// own task ([`Handshakes`]), so a silent or slow stranger delays neither the real engines
+    /// nor the deadline; one that does not prove the secret never gets near a rank.
     async fn admit(&mut self, deadline: Instant) -> Result<(), TcpError> {
         let mut covered = vec![false; self.world_size as usize];
         covered[0] = true;
@@ -205,51 +216,47 @@ impl WeightSender {
                 covered[r as usize] = true;
             }
         }
+        let mut pending = Handshakes::new(HELLO_TIMEOUT);
         while covered.iter().any(|c| !c) {
-            let (mut stream, from) = match tokio::time::timeout_at(deadline, self.listener.accept())
-                .await
-            {
-                Ok(r) => r?,
-                Err(_) => {
-                    let missing: Vec<usize> = (0..covered.len()).filter(|&i| !covered[i]).collect();
-                    return Err(TcpError::Timeout(format!(
-                        "group {}: ranks {missing:?} never joined",
-                        self.group_name
-                    )));
-                }
+            let secret = self.secret.clone();
+            let next = pending
+                .next(&self.listener, deadline, move |stream, from, by| {
+                    shake(stream, from, by, secret.clone())
+                })
+                .await;
+            let Some(mut joined) = next else {
+                let missing: Vec<usize> = (0..covered.len()).filter(|&i| !covered[i]).collect();
+                return Err(TcpError::Timeout(format!(
+                    "group {}: ranks {missing:?} never joined",
+                    self.group_name
+                )));
             };
-            stream.set_nodelay(true)?;
-            let local = match (stream.local_addr(), stream.peer_addr()) {
-                (Ok(me), Ok(them)) => me.ip() == them.ip(),
-                _ => false,
-            };
-            let hello_by = deadline.min(Instant::now() + HELLO_TIMEOUT);
-            let verdict = match tokio::time::timeout_at(hello_by, read_hello(&mut stream)).await {
-                Ok(Ok(h)) => self.check_join(&h, &covered).map(|()| h),
-                Ok(Err(e)) => Err(format!("bad handshake: {e}")),
-                Err(_) => Err("no handshake within 10 s".to_string()),
-            };
-            match verdict {
-                Ok(h) => {
-                    write_status(&mut stream, Ok(())).await?;
-                    for r in h.rank..h.rank + h.n_ranks {
-                        covered[r as usize] = true;
-                    }
-                    self.peers.push(Peer {
-                        rank: h.rank,
-                        n_ranks: h.n_ranks,
-                        data_addr: h.data_addr,
-                        control: stream,
-                        local,
-                        on_ring: false,
-                        digest: h.digest,
-                    });
-                }
-                Err(reason) => {
-                    tracing::warn!(%from, %reason, "rejecting weight receiver");
-                    let _ = write_status(&mut stream, Err(&reason)).await;
-                }
+            if let Err(reason) = self.check_join(&joined.hello, &covered) {
+                joined.refuse(&reason).await;
+                continue;
             }
+            if let Err(e) = joined.admit().await {
+                tracing::warn!(from = %joined.from, error = %e, "admitted engine went away");
+                continue;
+            }
+            let Joined {
+                stream,
+                local,
+                hello: h,
+                ..
+            } = joined;
+            for r in h.rank..h.rank + h.n_ranks {
+                covered[r as usize] = true;
+            }
+            self.peers.push(Peer {
+                rank: h.rank,
+                n_ranks: h.n_ranks,
+                data_addr: h.data_addr,
+                control: stream,
+                local,
+                on_ring: false,
+                digest: h.digest,
+            });
         }
         Ok(())
     }
@@ -257,7 +264,8 @@ impl WeightSender {
     fn check_join(&self, h: &Hello, covered: &[bool]) -> Result<(), String> {
         let (rank, n_ranks, group) = (h.rank, h.n_ranks, &h.group);
         // An empty name is a receiver that joined through a route naming no group (vLLM's
-        // `/init_weight_transfer_engine`): it takes whichever group its master runs.
+        // `/init_weight_transfer_engine`): it takes whichever group its master runs. It has
+        // proved this group's secret already, so that is this group.
         if !group.is_empty() && *group != self.group_name {
             return Err(format!(
                 "group name {group:?} does not match this group {:?}",
@@ -296,7 +304,6 @@ impl WeightSender {
                 Topology {
                     pred_rank: 0,
                     succ: None,
-                    token: self.token,
                     shm: true,
                 }
             } else {
@@ -309,7 +316,6 @@ impl WeightSender {
                     succ: chain
                         .get(k + 1)
                         .map(|&j| (self.peers[j].rank, self.peers[j].data_addr.clone())),
-                    token: self.token,
                     shm: false,
                 };
                 k += 1;
@@ -329,9 +335,9 @@ impl WeightSender {
         let mut tasks = spawn_collect(std::mem::take(&mut self.peers), deadline);
         let mut connects = JoinSet::new();
         for (rank, addr, on_ring) in targets {
-            let token = self.token;
+            let secret = self.secret.clone();
             connects.spawn(async move {
-                let link = connect_link(&addr, token, 0, rank, deadline).await;
+                let link = connect_link(&addr, &secret, 0, rank, deadline).await;
                 (rank, on_ring, link)
             });
         }
@@ -468,50 +474,4 @@ impl WeightSender {
         self.ring = None;
         Ok(())
     }
-}
-
-/// A receiver's handshake.
-#[derive(Debug)]
-struct Hello {
-    rank: u32,
-    n_ranks: u32,
-    group: String,
-    data_addr: String,
-    /// Digest of the delta bases the engine holds.
-    digest: u64,
-}
-
-async fn read_hello(stream: &mut TcpStream) -> Result<Hello, TcpError> {
-    let mut magic = [0u8; 4];
-    stream.read_exact(&mut magic).await?;
-    if &magic != MAGIC {
-        return Err(TcpError::Protocol(format!(
-            "magic {magic:?} is not {MAGIC:?}: this port is a troupe weight sender, connect \
-             with troupe_weights::tcp::WeightReceiver"
-        )));
-    }
-    let version = stream.read_u16_le().await?;
-    if version != VERSION {
-        return Err(TcpError::Protocol(format!(
-            "handshake version {version}, this sender speaks {VERSION}; run the same troupe \
-             version on trainer and engines"
-        )));
-    }
-    let rank = stream.read_u32_le().await?;
-    let n_ranks = stream.read_u32_le().await?;
-    let group = read_short_str(stream, "group name").await?;
-    let data_addr = read_short_str(stream, "data address").await?;
-    if data_addr.parse::<SocketAddr>().is_err() {
-        return Err(TcpError::Protocol(format!(
-            "data address {data_addr:?} is not ip:port"
-        )));
-    }
-    let digest = stream.read_u64_le().await?;
-    Ok(Hello {
-        rank,
-        n_ranks,
-        group,
-        data_addr,
-        digest,
-    })
 }

@@ -23,14 +23,15 @@ async fn two_receivers_get_identical_buckets_in_order() {
     with_timeout(async {
         let mut sender = WeightSender::bind("127.0.0.1:0", 4, "g").await.unwrap();
         let addr = sender.local_addr().unwrap().to_string();
+        let key = sender.secret();
         // Receiver A covers ranks 1..3 (TP 2), receiver B covers rank 3.
         let a = tokio::spawn({
-            let addr = addr.clone();
-            async move { WeightReceiver::connect(&addr, "g", 1, 2, Duration::from_secs(5)).await }
+            let (addr, key) = (addr.clone(), key.clone());
+            async move { WeightReceiver::connect(&addr, "g", &key, 1, 2, Duration::from_secs(5)).await }
         });
         let b = tokio::spawn({
-            let addr = addr.clone();
-            async move { WeightReceiver::connect(&addr, "g", 3, 1, Duration::from_secs(5)).await }
+            let (addr, key) = (addr.clone(), key.clone());
+            async move { WeightReceiver::connect(&addr, "g", &key, 3, 1, Duration::from_secs(5)).await }
         });
         sender.accept_all(Duration::from_secs(5)).await.unwrap();
         let mut a = a.await.unwrap().unwrap();
@@ -97,10 +98,11 @@ async fn wrong_group_and_overlapping_ranks_are_rejected() {
     with_timeout(async {
         let mut sender = WeightSender::bind("127.0.0.1:0", 2, "right").await.unwrap();
         let addr = sender.local_addr().unwrap().to_string();
+        let key = sender.secret();
         let bad = tokio::spawn({
-            let addr = addr.clone();
+            let (addr, key) = (addr.clone(), key.clone());
             async move {
-                WeightReceiver::connect(&addr, "wrong", 1, 1, Duration::from_secs(5)).await
+                WeightReceiver::connect(&addr, "wrong", &key, 1, 1, Duration::from_secs(5)).await
             }
         });
         let accept = tokio::spawn(async move {
@@ -113,9 +115,9 @@ async fn wrong_group_and_overlapping_ranks_are_rejected() {
             "{err}"
         );
         let out_of_range =
-            WeightReceiver::connect(&addr, "right", 1, 5, Duration::from_secs(5)).await;
+            WeightReceiver::connect(&addr, "right", &key, 1, 5, Duration::from_secs(5)).await;
         assert!(matches!(out_of_range, Err(TcpError::Rejected(_))));
-        let good = WeightReceiver::connect(&addr, "right", 1, 1, Duration::from_secs(5))
+        let good = WeightReceiver::connect(&addr, "right", &key, 1, 1, Duration::from_secs(5))
             .await
             .unwrap();
         let (_sender, r) = accept.await.unwrap();
@@ -130,8 +132,9 @@ async fn mismatched_bucket_is_refused_on_both_sides() {
     with_timeout(async {
         let mut sender = WeightSender::bind("127.0.0.1:0", 2, "g").await.unwrap();
         let addr = sender.local_addr().unwrap().to_string();
+        let key = sender.secret();
         let rx = tokio::spawn(async move {
-            WeightReceiver::connect(&addr, "g", 1, 1, Duration::from_secs(5)).await
+            WeightReceiver::connect(&addr, "g", &key, 1, 1, Duration::from_secs(5)).await
         });
         sender.accept_all(Duration::from_secs(5)).await.unwrap();
         let mut rx = rx.await.unwrap().unwrap();

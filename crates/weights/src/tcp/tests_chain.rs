@@ -7,7 +7,11 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::frame::{put_short_str, read_status};
+use std::sync::Arc;
+
+use super::auth::GroupSecret;
+use super::frame::read_status;
+use super::join::{Hello, send_join};
 use super::link::{accept_link, connect_link};
 use super::*;
 
@@ -38,12 +42,13 @@ pub(super) async fn group_with(
         .unwrap();
     sender.set_shared_memory(ring).unwrap();
     let addr = sender.local_addr().unwrap().to_string();
+    let key = sender.secret();
     let mut offset = 1;
     let mut joins = Vec::new();
     for &n in layout {
-        let (addr, rank) = (addr.clone(), offset);
+        let (addr, key, rank) = (addr.clone(), key.clone(), offset);
         joins.push(tokio::spawn(async move {
-            WeightReceiver::connect(&addr, name, rank, n, T).await
+            WeightReceiver::connect(&addr, name, &key, rank, n, T).await
         }));
         offset += n;
     }
@@ -260,6 +265,7 @@ async fn bad_handshakes_are_rejected_with_a_reason() {
     with_timeout(async {
         let mut sender = WeightSender::bind("127.0.0.1:0", 2, "g").await.unwrap();
         let addr = sender.local_addr().unwrap().to_string();
+        let key = sender.secret();
         let accept = tokio::spawn(async move {
             let r = sender.accept_all(T).await;
             (sender, r)
@@ -279,16 +285,23 @@ async fn bad_handshakes_are_rejected_with_a_reason() {
             old.contains("version 1") && old.contains(&format!("speaks {VERSION}")),
             "{old}"
         );
-        let mut bad_addr = MAGIC.to_vec();
-        bad_addr.extend_from_slice(&VERSION.to_le_bytes());
-        bad_addr.extend_from_slice(&1u32.to_le_bytes());
-        bad_addr.extend_from_slice(&1u32.to_le_bytes());
-        put_short_str(&mut bad_addr, "g").unwrap();
-        put_short_str(&mut bad_addr, "nowhere").unwrap();
-        let no_addr = raw_hello(&addr, &bad_addr).await.unwrap_err();
+        let bad_addr = Hello {
+            rank: 1,
+            n_ranks: 1,
+            group: "g".into(),
+            data_addr: "nowhere".into(),
+            digest: 0,
+        };
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        let no_addr = send_join(&mut s, &GroupSecret::parse(&key).unwrap(), &bad_addr, &addr)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(no_addr.contains("\"nowhere\" is not ip:port"), "{no_addr}");
         // The wait went on: a real engine still joins and the group forms.
-        let good = WeightReceiver::connect(&addr, "g", 1, 1, T).await.unwrap();
+        let good = WeightReceiver::connect(&addr, "g", &key, 1, 1, T)
+            .await
+            .unwrap();
         let (_sender, r) = accept.await.unwrap();
         r.unwrap();
         assert_eq!(good.predecessor_rank(), 0);
@@ -303,26 +316,37 @@ async fn data_links_refuse_strangers_and_wait_for_the_real_predecessor() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let deadline = tokio::time::Instant::now() + T;
-        let acc = tokio::spawn(async move {
-            let s = accept_link(&listener, 42, 3, 5, deadline).await;
-            s.map(|mut s| async move {
-                let mut b = [0u8; 1];
-                s.read_exact(&mut b).await.map(|_| b[0])
-            })
+        let secret = Arc::new(GroupSecret::generate().unwrap());
+        let stranger = GroupSecret::generate().unwrap();
+        let acc = tokio::spawn({
+            let secret = secret.clone();
+            async move {
+                let s = accept_link(&listener, secret, 3, 5, deadline).await;
+                s.map(|mut s| async move {
+                    let mut b = [0u8; 1];
+                    s.read_exact(&mut b).await.map(|_| b[0])
+                })
+            }
         });
-        let wrong_token = connect_link(&addr, 7, 3, 5, deadline).await.unwrap_err();
+        let wrong_secret = connect_link(&addr, &stranger, 3, 5, deadline)
+            .await
+            .unwrap_err();
         assert!(
-            wrong_token.to_string().contains("another group"),
-            "{wrong_token}"
+            wrong_secret
+                .to_string()
+                .contains("does not prove this group's secret"),
+            "{wrong_secret}"
         );
-        let wrong_rank = connect_link(&addr, 42, 2, 5, deadline).await.unwrap_err();
+        let wrong_rank = connect_link(&addr, &secret, 2, 5, deadline)
+            .await
+            .unwrap_err();
         assert!(
             wrong_rank
                 .to_string()
                 .contains("expects its data link from rank 3"),
             "{wrong_rank}"
         );
-        let mut ok = connect_link(&addr, 42, 3, 5, deadline).await.unwrap();
+        let mut ok = connect_link(&addr, &secret, 3, 5, deadline).await.unwrap();
         ok.write_all(&[9]).await.unwrap();
         assert_eq!(acc.await.unwrap().unwrap().await.unwrap(), 9);
     })

@@ -113,13 +113,14 @@ async fn group(
         .unwrap();
     sender.set_delta(Some(sender_bases.clone()));
     let addr = sender.local_addr().unwrap().to_string();
+    let key = sender.secret();
     let joins: Vec<_> = bases
         .iter()
         .enumerate()
         .map(|(i, b)| {
-            let (addr, b) = (addr.clone(), b.clone());
+            let (addr, key, b) = (addr.clone(), key.clone(), b.clone());
             tokio::spawn(async move {
-                WeightReceiver::connect_with_bases(&addr, "d", i as u32 + 1, 1, T, b).await
+                WeightReceiver::connect_with_bases(&addr, "d", &key, i as u32 + 1, 1, T, b).await
             })
         })
         .collect();
