@@ -34,6 +34,22 @@ fn bench_rpc_prints_every_figure() {
             assert!(v.is_finite() && v > 0.0, "{line}");
         }
     }
+    // The socket's floor (a raw loopback ping-pong of a call-sized message) and the remote
+    // paths' latency over it.
+    for name in [
+        "rpc.floor.seq.p50_us",
+        "rpc.floor.seq.p99_us",
+        "rpc.floor.seq.calls_per_s",
+        "rpc.remote_vs_floor.seq.ratio",
+        "rpc.remote_grpc_vs_floor.seq.ratio",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} missing from:\n{text}"));
+        let v: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(v.is_finite() && v > 0.0, "{line}");
+    }
     assert!(
         !text.contains("rpc.ray."),
         "no Ray figures without --vs-ray"

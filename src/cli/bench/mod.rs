@@ -9,6 +9,7 @@ mod gateway_backends;
 pub mod proc_cpu;
 pub mod rollout;
 pub mod rpc;
+mod rpc_floor;
 pub mod scale;
 
 /// Prints figures as `name value` lines, or as one JSON object.

@@ -1,6 +1,8 @@
 //! `troupe bench rpc`: what an actor call costs, from raw ractor up to a call over loopback gRPC.
 //!
-//! Four paths, same work (an echo): (a) a bare ractor `call`, the floor; (b) a typed handle to
+//! Four paths, same work (an echo), beside the socket's floor (`rpc_floor.rs`: a raw loopback
+//! ping-pong of a call-sized message, `rpc.floor.*`, and the remote paths' p50 over it,
+//! `rpc.*_vs_floor.seq.ratio`): (a) a bare ractor `call`, the in-process floor; (b) a typed handle to
 //! an actor on an in-process host; (c) a typed handle to an actor on a `troupe host` subprocess
 //! with framed calls, and (d) the same over gRPC's `CallStream`.
 //! Each is measured sequentially (latency percentiles and calls/s) and pipelined with a fixed
@@ -152,7 +154,8 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1e6
 }
 
-async fn sequential<F, Fut>(
+/// Times `calls` sequential calls (after a warm-up) and pushes their p50, p99 and calls/s.
+pub(super) async fn sequential<F, Fut>(
     name: &str,
     calls: u64,
     call: F,
@@ -236,6 +239,8 @@ pub async fn run(args: &RpcArgs) -> Result<Vec<(String, f64)>, String> {
     sequential("ractor", n, raw_call, &mut out).await?;
     pipelined("ractor", n, k, raw_call, &mut out).await?;
     raw.stop(None);
+    // The socket's own floor, beside which the remote paths are read.
+    super::rpc_floor::measure(n, &mut out).await?;
 
     // Each cluster starts just before its measurement and is gone before the next starts,
     // so no idle host shares the machine with a measurement.
@@ -266,6 +271,20 @@ pub async fn run(args: &RpcArgs) -> Result<Vec<(String, f64)>, String> {
         sequential(name, n, call, &mut out).await?;
         pipelined(name, n, k, call, &mut out).await?;
         cluster.shutdown().await;
+    }
+    let figure = |v: &[(String, f64)], k: &str| v.iter().find(|(n, _)| n == k).map(|(_, x)| *x);
+    for (ours, ratio) in [
+        ("rpc.remote.seq.p50_us", "rpc.remote_vs_floor.seq.ratio"),
+        (
+            "rpc.remote_grpc.seq.p50_us",
+            "rpc.remote_grpc_vs_floor.seq.ratio",
+        ),
+    ] {
+        if let (Some(a), Some(b)) = (figure(&out, ours), figure(&out, "rpc.floor.seq.p50_us"))
+            && b > 0.0
+        {
+            out.push((ratio.to_string(), a / b));
+        }
     }
     if let Some(python) = &args.vs_ray {
         let ray = ray_figures(python, n, k).await?;
