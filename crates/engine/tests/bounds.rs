@@ -2,7 +2,7 @@
 //! regular files or claim more data than the model has, unresolvable weight senders, and flag
 //! values past what a duration can hold.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

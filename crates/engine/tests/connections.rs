@@ -1,7 +1,7 @@
 //! Client connections: a keep-alive connection survives any answer, however the client splits
 //! its writes, and a streamed answer arrives as it is produced.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! Control plane: pause modes, continue, abort, flush, memory release / resume.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

@@ -1,7 +1,7 @@
 //! Endpoint conformance: SGLang response shapes, sampling controls, bad input (400 envelope,
 //! no effect), auth, OpenAI endpoints, continuous batching.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

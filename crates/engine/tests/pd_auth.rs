@@ -1,7 +1,7 @@
 //! The KV handoff is authenticated with the deployment's bootstrap secret: a decode takes KV
 //! only from a prefill of its own deployment, and a prefill gives it only to one.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

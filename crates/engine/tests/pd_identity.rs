@@ -2,7 +2,7 @@
 //! (real TCP KV handoff) and through a regular server, with the same seed and weights, yields
 //! identical tokens and logprobs: non-stream, stream, logprobs, batches, concurrent load.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

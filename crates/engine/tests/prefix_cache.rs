@@ -3,7 +3,7 @@
 //! prefills its prompt once; `/flush_cache` and weight updates empty it; a PD decode server
 //! receives only the KV it lacks.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

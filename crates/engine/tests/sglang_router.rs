@@ -6,7 +6,7 @@
 //! the machine allows it, so the router can never reach outside. Without `sglang-router` on
 //! PATH it prints SKIP and passes, unless `TROUPE_REQUIRE_SGLANG_ROUTER=1`.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Stdio;

@@ -5,7 +5,7 @@
 //! `/inference/v1/generate`, `/abort_requests`, the admin key, and bad input on each (a 4xx in
 //! the engine's envelope naming the field, changing nothing).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

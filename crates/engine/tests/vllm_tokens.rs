@@ -3,7 +3,7 @@
 //! what SGLang's `/generate` gives for the same tokens and seed (n > 1, stops, logprobs,
 //! prompt logprobs, text mode, streaming), with bad input refused by name.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

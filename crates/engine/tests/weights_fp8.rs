@@ -3,7 +3,7 @@
 //! produces exactly what an engine loaded with `dequantize(quantize(w))` produces; malformed FP8
 //! updates are refused and change nothing; BF16 updates keep working.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

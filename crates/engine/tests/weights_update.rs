@@ -2,7 +2,7 @@
 //! change to exactly what the new weights produce, `weight_version` is reported, and bad
 //! updates change nothing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
