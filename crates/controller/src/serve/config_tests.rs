@@ -89,6 +89,29 @@ fn enum_like_values_are_checked_at_load_naming_the_key() {
         .unwrap();
         assert_eq!(c.weights.delta, want, "{yaml}");
     }
+    // weights.bucket_mib: a size in MiB, named when out of range.
+    let c = ServeConfig::from_yaml(
+        "allocation_mode: x\nweights: {bucket_mib: 8}\n",
+        "t.yaml",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.weights.bucket_bytes(), 8 << 20);
+    let d = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[]).unwrap();
+    assert_eq!(
+        d.weights.bucket_bytes(),
+        troupe_weights::bucket::DEFAULT_BUCKET_BYTES
+    );
+    for bad in ["0", "16385", "-1", "big"] {
+        let e = ServeConfig::from_yaml(
+            &format!("allocation_mode: x\nweights: {{bucket_mib: {bad}}}\n"),
+            "t.yaml",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("bucket_mib"), "{bad}: {e}");
+    }
     // One set of defaults: the gateway's own.
     let d = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[]).unwrap();
     assert_eq!(

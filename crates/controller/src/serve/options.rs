@@ -83,6 +83,8 @@ pub struct ForkOptions {
     pub quantization: Option<String>,
     /// Whether weight syncs send deltas (`weights.delta`).
     pub weights_delta: troupe_weights::delta::DeltaMode,
+    /// The most bytes of tensors one bucket of a weight sync carries (`weights.bucket_mib`).
+    pub weights_bucket_bytes: u64,
     /// PD transfer backend.
     pub transfer_backend: Option<String>,
     /// Extra server flags, verbatim, for every server.
@@ -121,6 +123,7 @@ impl Default for ForkOptions {
             python: "python3".into(),
             quantization: None,
             weights_delta: troupe_weights::delta::DeltaMode::Auto,
+            weights_bucket_bytes: troupe_weights::bucket::DEFAULT_BUCKET_BYTES,
             transfer_backend: None,
             extra_args: Vec::new(),
             sglang_args: Vec::new(),

@@ -170,6 +170,7 @@ pub(crate) async fn open_control(
         group_name: FLEET_GROUP.into(),
         fp8: opts.quantization.as_deref() == Some("fp8"),
         delta: opts.weights_delta,
+        bucket_bytes: opts.weights_bucket_bytes,
         master_host: ip.clone(),
         ..WeightSyncOptions::default()
     });

@@ -20,6 +20,7 @@ pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: Progress) ->
         quantization: (!cfg.sglang.quantization.is_empty())
             .then(|| cfg.sglang.quantization.clone()),
         weights_delta: cfg.weights.delta,
+        weights_bucket_bytes: cfg.weights.bucket_bytes(),
         transfer_backend: cfg.sglang.disaggregation_transfer_backend.clone(),
         extra_args: cfg.sglang.extra_args.clone(),
         // Checked when the config loaded; an error here cannot happen for a loaded config.

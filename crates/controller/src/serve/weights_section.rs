@@ -4,7 +4,7 @@ use serde::Deserialize;
 use troupe_weights::delta::DeltaMode;
 
 /// `weights.*` in a deployment's YAML.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WeightsSection {
     /// `auto` (default): when some engine is on another machine, send only what changed since
@@ -15,4 +15,42 @@ pub struct WeightsSection {
     /// keep one more encoded copy of the model on the trainer's process.
     #[serde(default)]
     pub delta: DeltaMode,
+    /// The most MiB of tensors one bucket of a sync carries (default 1024, at most 16384):
+    /// smaller buckets bound the memory a sync stages per step and let a sync of a small model
+    /// travel in several buckets.
+    #[serde(default = "default_bucket_mib", deserialize_with = "bucket_mib")]
+    pub bucket_mib: u64,
+}
+
+impl Default for WeightsSection {
+    fn default() -> Self {
+        Self {
+            delta: DeltaMode::default(),
+            bucket_mib: default_bucket_mib(),
+        }
+    }
+}
+
+impl WeightsSection {
+    /// `bucket_mib` in bytes.
+    pub fn bucket_bytes(&self) -> u64 {
+        self.bucket_mib << 20
+    }
+}
+
+/// The largest `weights.bucket_mib`: 16 GiB, beyond any one tensor a trainer syncs.
+pub const MAX_BUCKET_MIB: u64 = 16 << 10;
+
+fn default_bucket_mib() -> u64 {
+    troupe_weights::bucket::DEFAULT_BUCKET_BYTES >> 20
+}
+
+fn bucket_mib<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let n = u64::deserialize(d)?;
+    if n == 0 || n > MAX_BUCKET_MIB {
+        return Err(serde::de::Error::custom(format!(
+            "weights.bucket_mib must be from 1 to {MAX_BUCKET_MIB} (MiB), got {n}"
+        )));
+    }
+    Ok(n)
 }
