@@ -17,42 +17,18 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use troupe_actors::auth::TokenAttach;
-use troupe_actors::service::ERROR_CODE_KEY;
 use troupe_actors::tls::ClientTls;
 use troupe_actors::{CallError, HostCore};
 use troupe_wire::error_chain;
 use troupe_wire::v1::{self, actor_host_client::ActorHostClient};
 
 use crate::conn_framed::FramedConn;
+use crate::grpc_status::from_status;
 
 type Reply = Result<Vec<u8>, CallError>;
 
 /// A call's reply, whichever transport carries it.
 pub(crate) type CallFuture = Pin<Box<dyn Future<Output = Reply> + Send>>;
-
-/// Converts a gRPC status from Spawn/Stop/Describe back into a typed error.
-pub(crate) fn from_status(s: &tonic::Status) -> CallError {
-    if let Some(code) = s
-        .metadata()
-        .get(ERROR_CODE_KEY)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<i32>().ok())
-    {
-        return CallError::from_wire(&v1::CallError {
-            code,
-            message: s.message().to_string(),
-        });
-    }
-    match s.code() {
-        tonic::Code::Unauthenticated => CallError::Unauthenticated(s.message().to_string()),
-        tonic::Code::Unavailable => CallError::HostLost(s.message().to_string()),
-        tonic::Code::ResourceExhausted | tonic::Code::OutOfRange => {
-            CallError::MessageTooLarge { size: 0, limit: 0 }
-        }
-        tonic::Code::DeadlineExceeded => CallError::DeadlineExceeded(Duration::ZERO),
-        _ => CallError::Transport(format!("{:?}: {}", s.code(), s.message())),
-    }
-}
 
 /// Where a host is reached: the address it reports, unless that is empty or a wildcard
 /// (`0.0.0.0`, `[::]`: a host listening on every interface), which is no address anyone can
