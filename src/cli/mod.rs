@@ -102,7 +102,8 @@ enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
-    /// FP8 block quantization throughput of a 4096x14336 bf16 matrix, beside memcpy.
+    /// FP8 block quantization throughput of a 4096x14336 bf16 matrix, beside memcpy, and the
+    /// kernel measured (`TROUPE_FP8_KERNEL=scalar|avx2|avx512` forces one).
     Fp8 {
         /// Print one JSON object instead of one line per figure.
         #[arg(long)]
@@ -205,10 +206,7 @@ pub fn main_from(args: Vec<String>) -> ExitCode {
                 Err(e) => fail(e),
             };
         }
-        Cmd::Bench(BenchCmd::Fp8 { json }) => {
-            bench::print_figures(&troupe_weights::bench::bench_fp8(), *json);
-            return ExitCode::SUCCESS;
-        }
+        Cmd::Bench(BenchCmd::Fp8 { json }) => return bench::fp8::run(*json),
         _ => {}
     }
     if let Cmd::Plan(a) = &cli.cmd {

@@ -26,3 +26,4 @@ pub use codec::{
 pub use e4m3::E4M3_MAX;
 pub use error::Fp8Error;
 pub use filter::{scale_name, scaled_weight_name, should_quantize};
+pub use kernel::{KERNEL_ENV, Kernel, with_kernel};

@@ -4,6 +4,8 @@
 #[test]
 #[ignore = "benchmark: run explicitly, in release"]
 fn bench_fp8_reports_quantize_and_memcpy_bandwidth() {
+    let kernel = troupe_weights::fp8::Kernel::active().expect("a kernel this CPU runs");
+    println!("fp8.kernel {kernel}");
     let figures = troupe_weights::bench::bench_fp8();
     for (metric, value) in &figures {
         println!("{metric} {value:.3}");

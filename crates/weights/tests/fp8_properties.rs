@@ -3,7 +3,8 @@
 use half::bf16;
 use proptest::prelude::*;
 use troupe_weights::fp8::{
-    self, BLOCK_EPS, BlockSize, Fp8Error, Fp8Options, Granularity, ScaleDtype, Scales, Weights,
+    self, BLOCK_EPS, BlockSize, Fp8Error, Fp8Options, Granularity, Kernel, ScaleDtype, Scales,
+    Weights,
 };
 
 /// A small deterministic generator, so one proptest seed yields a whole matrix cheaply.
@@ -183,6 +184,25 @@ proptest! {
             if amax[b] > eps {
                 // The largest element of every block lands on +-448 (byte 0x7e / 0xfe).
                 prop_assert_eq!(qmax[b], 0x7E, "block {} amax {:e}", b, amax[b]);
+            }
+        }
+    }
+
+    /// Every kernel this CPU runs gives the scalar kernel's bytes and scales, through the public
+    /// entry point (its dispatch, unit walk and threads), for both input types.
+    #[test]
+    fn every_kernel_gives_the_scalar_kernels_bytes(s in setup()) {
+        let opts = Fp8Options { granularity: s.granularity, scale_dtype: s.scale_dtype };
+        let bf: Vec<bf16> = s.values.iter().map(|&v| bf16::from_f32(v)).collect();
+        for weights in [Weights::Bf16(&bf), Weights::F32(&s.values)] {
+            let run = |k| {
+                fp8::with_kernel(k, || fp8::quantize("w.weight", s.rows, s.cols, weights, &opts))
+                    .expect("supported kernel")
+                    .expect("finite input")
+            };
+            let want = run(Kernel::Scalar);
+            for kernel in Kernel::supported() {
+                prop_assert_eq!(&run(kernel), &want, "kernel {}", kernel);
             }
         }
     }
@@ -381,4 +401,41 @@ fn non_square_blocks_tile_rows_and_columns_independently() {
     assert_eq!(q.data[3], 0x7E);
     assert_eq!(q.data[9], 0x7E);
     assert_eq!(q.data[11], 0xFE);
+}
+
+/// The kernel overrides: a forced kernel is the active one inside its closure only, an unknown
+/// name is an error naming it, and a kernel the CPU lacks is refused (not run) with the list of
+/// those it has.
+#[test]
+fn kernel_overrides_are_checked_and_scoped() {
+    let supported = Kernel::supported();
+    assert!(supported.contains(&Kernel::Scalar), "{supported:?}");
+    assert!(supported.contains(&Kernel::best()), "{supported:?}");
+    for kernel in Kernel::ALL {
+        assert_eq!(kernel.name().parse::<Kernel>(), Ok(kernel));
+        let inside = fp8::with_kernel(kernel, Kernel::active);
+        if kernel.is_supported() {
+            assert_eq!(inside, Ok(Ok(kernel)));
+        } else {
+            eprintln!("kernel {kernel}: not on this CPU, checking that it is refused");
+            let err = inside.expect_err("unsupported kernel");
+            assert!(matches!(err, Fp8Error::KernelUnsupported { .. }), "{err:?}");
+            assert!(err.to_string().contains(kernel.name()), "{err}");
+        }
+    }
+    assert_eq!(" AVX2 ".parse::<Kernel>(), Ok(Kernel::Avx2));
+    let err = "avx-512".parse::<Kernel>().expect_err("unknown name");
+    assert_eq!(
+        err,
+        Fp8Error::UnknownKernel {
+            requested: "avx-512".into()
+        }
+    );
+    assert!(err.to_string().contains("TROUPE_FP8_KERNEL"), "{err}");
+    // Nested overrides restore the outer one.
+    let outer = fp8::with_kernel(Kernel::Scalar, || {
+        let inner = fp8::with_kernel(Kernel::best(), Kernel::active);
+        (inner, Kernel::active())
+    });
+    assert_eq!(outer, Ok((Ok(Ok(Kernel::best())), Ok(Kernel::Scalar))));
 }

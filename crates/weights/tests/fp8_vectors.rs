@@ -6,7 +6,9 @@
 use half::bf16;
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
-use troupe_weights::fp8::{self, BlockSize, Fp8Options, Granularity, ScaleDtype, Scales, Weights};
+use troupe_weights::fp8::{
+    self, BlockSize, Fp8Options, Granularity, Kernel, ScaleDtype, Scales, Weights,
+};
 
 const VECTORS: &[u8] = include_bytes!("data/fp8_vectors.safetensors");
 
@@ -109,16 +111,32 @@ fn every_case_matches_pytorch_bit_for_bit() {
             }
             other => panic!("{name}: unexpected input dtype {other}"),
         };
-        let q = fp8::quantize(name, rows, cols, weights, &opts).expect("quantize");
-        assert_eq!(q.scale_shape(), s_ref.shape(), "{name}: scale shape");
-        first_diff(name, "fp8 bytes", &q.data, q_ref.data(), cols, 1);
-        let (scale_bytes, elem) = match (&q.scales, s_ref.dtype()) {
-            (Scales::F32(_), Dtype::F32) => (q.scales.to_le_bytes(), 4),
-            (Scales::Bf16(_), Dtype::BF16) => (q.scales.to_le_bytes(), 2),
-            (ours, theirs) => panic!("{name}: scale dtype {ours:?} vs {theirs}"),
-        };
-        let scale_cols = q.scale_shape().last().copied().unwrap_or(1);
-        first_diff(name, "scales", &scale_bytes, s_ref.data(), scale_cols, elem);
+        // Every kernel this CPU runs (the others are listed once, below).
+        for kernel in Kernel::supported() {
+            let case = format!("{name} ({kernel} kernel)");
+            let q = fp8::with_kernel(kernel, || fp8::quantize(name, rows, cols, weights, &opts))
+                .expect("supported kernel")
+                .expect("quantize");
+            assert_eq!(q.scale_shape(), s_ref.shape(), "{case}: scale shape");
+            first_diff(&case, "fp8 bytes", &q.data, q_ref.data(), cols, 1);
+            let (scale_bytes, elem) = match (&q.scales, s_ref.dtype()) {
+                (Scales::F32(_), Dtype::F32) => (q.scales.to_le_bytes(), 4),
+                (Scales::Bf16(_), Dtype::BF16) => (q.scales.to_le_bytes(), 2),
+                (ours, theirs) => panic!("{case}: scale dtype {ours:?} vs {theirs}"),
+            };
+            let scale_cols = q.scale_shape().last().copied().unwrap_or(1);
+            first_diff(
+                &case,
+                "scales",
+                &scale_bytes,
+                s_ref.data(),
+                scale_cols,
+                elem,
+            );
+        }
+    }
+    for kernel in Kernel::ALL.into_iter().filter(|k| !k.is_supported()) {
+        eprintln!("PyTorch vectors: kernel {kernel} skipped, this CPU cannot run it");
     }
 }
 

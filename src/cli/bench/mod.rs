@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod chaos;
 pub mod fixture;
+pub mod fp8;
 pub mod gateway;
 mod gateway_backends;
 pub mod proc_cpu;

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::e4m3::{DECODE, is_nan_byte};
 use super::error::Fp8Error;
-use super::kernel::{self, Element, FoundNonFinite, ScaleRule};
+use super::kernel::{self, Element, FoundNonFinite, Isa, ScaleRule};
 
 /// Lower bound on a block's amax: an all-zero block still gets a positive scale.
 pub const BLOCK_EPS: f32 = 1e-10;
@@ -290,39 +290,24 @@ pub fn quantize_into(
             scales.len(),
         ));
     }
-    let round_to_bf16 = opts.scale_dtype == ScaleDtype::Bf16;
+    let isa = Isa::active()?;
     let result = match weights {
-        Weights::Bf16(src) => run(
-            src,
-            rows,
-            cols,
-            opts.granularity,
-            round_to_bf16,
-            data,
-            scales,
-        ),
-        Weights::F32(src) => run(
-            src,
-            rows,
-            cols,
-            opts.granularity,
-            round_to_bf16,
-            data,
-            scales,
-        ),
+        Weights::Bf16(src) => run(isa, src, rows, cols, opts, data, scales),
+        Weights::F32(src) => run(isa, src, rows, cols, opts, data, scales),
     };
     result.map_err(|FoundNonFinite| non_finite_error(name, cols, weights))
 }
 
 fn run<E: Element>(
+    isa: Isa,
     src: &[E],
     rows: usize,
     cols: usize,
-    granularity: Granularity,
-    round_to_bf16: bool,
+    opts: &Fp8Options,
     data: &mut [u8],
     scales: &mut [f32],
 ) -> Result<(), FoundNonFinite> {
+    let (granularity, round_to_bf16) = (opts.granularity, opts.scale_dtype == ScaleDtype::Bf16);
     if rows == 0 || cols == 0 {
         // Nothing to quantize; a per-tensor scale still gets its eps value.
         if let (Granularity::PerTensor, Some(s)) = (granularity, scales.first_mut()) {
@@ -340,14 +325,14 @@ fn run<E: Element>(
                 eps: BLOCK_EPS,
                 round_to_bf16,
             };
-            kernel::quantize_blocks(src, data, scales, cols, (b.rows, b.cols), rule)
+            kernel::quantize_blocks(isa, src, data, scales, cols, (b.rows, b.cols), rule)
         }
         Granularity::PerTensor => {
             let rule = ScaleRule {
                 eps: TENSOR_EPS,
                 round_to_bf16,
             };
-            scales[0] = kernel::quantize_tensor(src, data, rule)?;
+            scales[0] = kernel::quantize_tensor(isa, src, data, rule)?;
             Ok(())
         }
     }

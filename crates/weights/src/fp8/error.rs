@@ -95,6 +95,26 @@ pub enum Fp8Error {
         /// Requested block columns.
         cols: usize,
     },
+    /// `TROUPE_FP8_KERNEL` (or a parsed kernel name) names no quantizer kernel.
+    #[error(
+        "`{requested}` names no FP8 kernel: use scalar, avx2 or avx512 in TROUPE_FP8_KERNEL, or \
+         unset it to use the fastest this CPU runs"
+    )]
+    UnknownKernel {
+        /// The name as given.
+        requested: String,
+    },
+    /// A kernel was forced (`TROUPE_FP8_KERNEL` or `with_kernel`) that this CPU cannot run.
+    #[error(
+        "the FP8 kernel `{kernel}` needs instructions this CPU lacks; it runs: {supported} (unset \
+         TROUPE_FP8_KERNEL to use the fastest)"
+    )]
+    KernelUnsupported {
+        /// The kernel asked for.
+        kernel: &'static str,
+        /// The kernels this CPU runs, comma-separated.
+        supported: String,
+    },
     /// Only `<name>.weight` tensors have a scale name under the checkpoint convention.
     #[error(
         "tensor `{tensor}` does not end in `.weight`, so it has no `.weight_scale_inv` companion; \

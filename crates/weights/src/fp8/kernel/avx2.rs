@@ -13,16 +13,25 @@
 //! - the sign comes from the input with one saturating pack per 32 elements, not per lane;
 //! - the divisions run one step ahead of the encode (see [`quantize_bf16_row`]);
 //! - the amax of the *next* unit's run at the same position is taken in the same loop (see
-//!   `kernel.rs`), so that its memory reads overlap with this run's arithmetic.
+//!   `kernel.rs`), so that its memory reads overlap with this run's arithmetic;
+//! - both streams are prefetched a few KiB ahead in software: on Intel cores (measured on a
+//!   2-core Sapphire Rapids-class VM) the hardware prefetchers alone left the loop at 0.65 of
+//!   memcpy, waiting on `next` from memory and on `src` from the last-level cache.
 
 use std::arch::x86_64::*;
 
 use half::bf16;
 
 use super::super::e4m3::encode_saturating;
+use super::{PREFETCH_NEXT_BYTES, PREFETCH_SRC_BYTES};
 
 /// Elements per step: 32 outputs, one 256-bit store.
 pub(crate) const STEP: usize = 32;
+
+/// 32-byte vectors between a load and the one its stream prefetches (`next` from memory, `src`
+/// back from the last-level cache).
+const NEXT_AHEAD: usize = PREFETCH_NEXT_BYTES / 32;
+const SRC_AHEAD: usize = PREFETCH_SRC_BYTES / 32;
 
 /// f32 exponent field mask.
 const EXP_MASK: i32 = 0x7F80_0000;
@@ -192,12 +201,17 @@ unsafe fn bf16_row(
                 if ahead_left == 0 {
                     (ahead_block, ahead_left) = (ahead_block + 1, steps_per_block);
                 }
+                // Prefetches (never fault, so the address may lie past the slice): Intel cores
+                // do not stream `next` from memory and `src` back from the last-level cache fast
+                // enough on their own (0.65 of memcpy without them, 0.95 with them).
+                _mm_prefetch::<_MM_HINT_T0>(sp.wrapping_add(2 * i + SRC_AHEAD).cast());
                 let ahead = if i + 1 < steps {
                     bf16_divide(sp.add(2 * (i + 1)), scales[ahead_block])
                 } else {
                     (q, sign)
                 };
                 if next.is_some() {
+                    _mm_prefetch::<_MM_HINT_T0>(np.wrapping_add(2 * i + NEXT_AHEAD).cast());
                     let na = _mm256_and_si256(_mm256_loadu_si256(np.add(2 * i)), magnitude);
                     let nb = _mm256_and_si256(_mm256_loadu_si256(np.add(2 * i + 1)), magnitude);
                     acc = _mm256_max_epi16(acc, _mm256_max_epi16(na, nb));
@@ -267,6 +281,13 @@ fn f32_run(src: &[f32], dst: &mut [u8], scale: f32, next: Option<&[f32]>) -> u32
         // SAFETY: `(i + 1) * STEP <= n` elements of `src`, `next` (same length) and `dst`;
         // unaligned loads and stores.
         unsafe {
+            // A step reads two lines of each stream; prefetches never fault.
+            for line in [4 * i, 4 * i + 2] {
+                _mm_prefetch::<_MM_HINT_T0>(sp.wrapping_add(line + SRC_AHEAD).cast());
+                if fused.is_some() {
+                    _mm_prefetch::<_MM_HINT_T0>(np.wrapping_add(line + NEXT_AHEAD).cast());
+                }
+            }
             if fused.is_some() {
                 let m01 = _mm256_max_epi32(
                     _mm256_and_si256(_mm256_loadu_si256(np.add(4 * i)), magnitude),
@@ -349,14 +370,14 @@ fn max_i32(v: __m256i) -> u32 {
 
 /// Scalar `abs_max_bits` of a bf16 tail.
 #[inline(always)]
-fn bf16_abs_max(run: &[bf16]) -> u32 {
+pub(super) fn bf16_abs_max(run: &[bf16]) -> u32 {
     let key = run.iter().fold(0u16, |m, x| m.max(x.to_bits() & 0x7FFF));
     u32::from(key) << 16
 }
 
 /// Scalar `abs_max_bits` of an f32 tail.
 #[inline(always)]
-fn f32_abs_max(run: &[f32]) -> u32 {
+pub(super) fn f32_abs_max(run: &[f32]) -> u32 {
     run.iter().fold(0, |m, x| m.max(x.to_bits() & 0x7FFF_FFFF))
 }
 

@@ -64,7 +64,7 @@ fn check<E: Element>(src: &[E], cols: usize, block: (usize, usize), rule: ScaleR
         3 * block.1 * block.0 * std::mem::size_of::<E>(),
     ] {
         for tasks in [1, 2, 3, 64] {
-            for isa in [Isa::Portable, Isa::detect()] {
+            for isa in Isa::all_supported() {
                 let (mut data, mut scales) = (vec![0u8; src.len()], vec![0f32; scale_count]);
                 quantize_blocks_with(
                     isa,
@@ -129,7 +129,7 @@ fn non_finite_values_are_found_in_every_unit() {
             let mut src = values(rows * cols, 3);
             src[at] = bad;
             let scale_count = rows.div_ceil(block.0) * cols.div_ceil(block.1);
-            for isa in [Isa::Portable, Isa::detect()] {
+            for isa in Isa::all_supported() {
                 for group_bytes in [GROUP_BYTES, 1] {
                     let (mut d, mut s) = (vec![0u8; src.len()], vec![0f32; scale_count]);
                     let r = quantize_blocks_with(
@@ -158,10 +158,16 @@ fn per_tensor_quantization_matches_the_portable_runs() {
         round_to_bf16: false,
     };
     let f = values(3 * FLAT_CHUNK + 77, 11);
-    let mut got = vec![0u8; f.len()];
-    let scale = quantize_tensor(&f, &mut got, rule).expect("finite");
-    let mut want = vec![0u8; f.len()];
-    portable_run(&f, &mut want, scale, None);
-    assert_eq!(scale, rule.scale(f32::abs_max_bits(&f)));
-    assert!(got == want);
+    let b: Vec<bf16> = f.iter().map(|&x| bf16::from_f32(x)).collect();
+    for isa in Isa::all_supported() {
+        let mut got = vec![0u8; f.len()];
+        let scale = quantize_tensor(isa, &f, &mut got, rule).expect("finite");
+        let mut want = vec![0u8; f.len()];
+        portable_run(&f, &mut want, scale, None);
+        assert_eq!(scale, rule.scale(f32::abs_max_bits(&f)), "{isa:?}");
+        assert!(got == want, "f32, {isa:?}");
+        let scale = quantize_tensor(isa, &b, &mut got, rule).expect("finite");
+        portable_run(&b, &mut want, scale, None);
+        assert!(got == want, "bf16, {isa:?}");
+    }
 }
