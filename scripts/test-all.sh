@@ -12,6 +12,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/phase.sh
 
+# TROUPE_CLIPPY_IN_BUILD=1 (.ci/run sets it): the workspace's crates (and the Python extension's)
+# are compiled by clippy-driver, rustc with clippy's lints, warnings denied, instead of rustc,
+# so the lints of `cargo clippy --all-targets -D warnings` run in the one build the tests need
+# rather than in a second, metadata-only compile of every crate (cargo's own clippy protocol:
+# RUSTC_WORKSPACE_WRAPPER and CLIPPY_ARGS, as `cargo clippy` sets them).
+if [ "${TROUPE_CLIPPY_IN_BUILD:-}" = 1 ]; then
+  driver="$(rustc --print sysroot)/bin/clippy-driver"
+  if [ ! -x "$driver" ]; then
+    echo "error: TROUPE_CLIPPY_IN_BUILD=1 but there is no clippy-driver at $driver (rustup component add clippy)" >&2
+    exit 1
+  fi
+  export RUSTC_WORKSPACE_WRAPPER="$driver"
+  export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+fi
+
 what="${1:-all}"
 case "$what" in
   all | rust | python) ;;
@@ -28,6 +43,11 @@ if [ "$what" != python ]; then
   timings=()
   if [ "${TROUPE_CARGO_TIMINGS:-}" = 1 ]; then timings=(--timings); fi
   phase rust.build cargo test --workspace --no-run --quiet "${timings[@]}"
+  # TROUPE_BEFORE_TESTS: a file sourced between the build and the tests (.ci/run's: it waits
+  # for the tools it installs meanwhile and says which tests they make required).
+  if [ -n "${TROUPE_BEFORE_TESTS:-}" ]; then
+    phase install.wait . "$TROUPE_BEFORE_TESTS"
+  fi
   phase rust.test cargo test --workspace
 fi
 if [ "$what" != rust ]; then
