@@ -20,7 +20,7 @@ install() {
   if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
   fi
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.5,<2" numpy msgpack pytest pytest-timeout ml_dtypes mypy openai anthropic
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.5,<2" numpy msgpack pytest pytest-timeout ml_dtypes mypy openai anthropic openai-agents
   # PyTorch (PyPI's wheel runs on the CPU) for the Python-actor examples and DLPack tests:
   # installed when TROUPE_WITH_TORCH=1 (.ci/run sets it), and then required. PyPI's wheel brings
   # ~3 GB of CUDA libraries; --no-cache-dir keeps pip from keeping a second copy of them in its

@@ -4,6 +4,7 @@
 mod common;
 
 mod agent;
+mod agent_responses;
 mod disconnect;
 mod fleet_control;
 mod fleet_faults;

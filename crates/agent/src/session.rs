@@ -20,6 +20,8 @@ use serde_json::Value;
 use crate::error::AgentError;
 use crate::messages::comparable;
 
+mod chain;
+
 /// The bounds on what sessions hold.
 #[derive(Debug, Clone)]
 pub struct SessionLimits {

@@ -8,11 +8,13 @@
 //! - [`turn`]: one turn through the gateway's own routing (retries, sessions, PD), recorded;
 //!   [`generate`]: its generation, whole across weight updates;
 //! - [`openai`], [`anthropic`]: the two APIs' requests and answers, errors in each one's shape;
+//!   [`responses`]: OpenAI's Responses API from the same turns, errors in OpenAI's shape;
 //! - [`sessions`]: opening, rewarding, finishing and exporting sessions.
 
 mod anthropic;
 mod generate;
 mod openai;
+mod responses;
 mod sessions;
 mod turn;
 mod work;
@@ -35,6 +37,7 @@ pub(super) fn routes() -> Router<Arc<GatewayState>> {
         .route("/v1/chat/completions", post(openai::chat))
         // AReaL's agents reach the gateway with `base_url` = its address, no `/v1`.
         .route("/chat/completions", post(openai::chat))
+        .route("/v1/responses", post(responses::create))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/sessions", post(sessions::open))
