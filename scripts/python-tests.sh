@@ -57,7 +57,12 @@ build() {
 tests() {
   # The package type-checks strictly against its extension's stubs (troupe/_troupe.pyi).
   (cd python && "$VENV/bin/mypy" --strict troupe)
-  "$VENV/bin/python" -m pytest -q python/tests "$@"
+  # Paths among the arguments: those tests only; otherwise the whole suite (with -k etc.).
+  local a paths=(python/tests)
+  for a in "$@"; do
+    if [ -e "$a" ]; then paths=(); break; fi
+  done
+  "$VENV/bin/python" -m pytest -q "${paths[@]}" "$@"
 }
 
 phase python.install install
