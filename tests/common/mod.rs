@@ -6,15 +6,20 @@
 
 pub mod model;
 pub mod procs;
+// `engine()` has one copy, beside the engine's own tests; see that file for why it is not in
+// the test kit.
+#[path = "../../crates/engine/tests/common/start.rs"]
+mod start;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+pub use start::engine;
 use tokio::sync::broadcast;
 use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_controller::{
     Actor, ActorContext, ActorError, Cluster, ClusterEvent, Handler, Message, Methods, Registry,
 };
-use troupe_engine::{EngineArgs, EngineHandle};
+use troupe_engine::EngineArgs;
 use troupe_scheduler::AllocationPlan;
 pub use troupe_testkit::*;
 
@@ -25,14 +30,6 @@ pub fn engine_args() -> EngineArgs {
         port: 0,
         ..Default::default()
     }
-}
-
-/// Starts a reference engine in this process (real sockets, the tiny model); panics if it
-/// cannot start.
-pub async fn engine(a: EngineArgs) -> EngineHandle {
-    troupe_engine::start(a)
-        .await
-        .expect("reference engine starts")
 }
 
 /// An in-process cluster of `hosts` hosts with `gpus` GPUs each, and `plan` (the allocation

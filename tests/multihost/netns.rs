@@ -226,18 +226,12 @@ async fn post_stream(client: &reqwest::Client, url: &str, body: &Value) -> (Vec<
         .expect("stream request");
     assert!(r.status().is_success(), "{}", r.status());
     let text = r.text().await.expect("stream body");
-    let events: Vec<&str> = text
-        .split("\n\n")
-        .filter_map(|e| e.trim().strip_prefix("data:"))
-        .map(str::trim)
+    let events = common::sse_json(&text);
+    let ids = events
+        .iter()
+        .flat_map(|v| v["output_ids"].as_array().cloned().unwrap_or_default())
         .collect();
-    assert_eq!(events.last(), Some(&"[DONE]"), "{text}");
-    let mut ids = Vec::new();
-    for e in &events[..events.len() - 1] {
-        let v: Value = serde_json::from_str(e).expect("event json");
-        ids.extend(v["output_ids"].as_array().cloned().unwrap_or_default());
-    }
-    (ids, events.len() - 1)
+    (ids, events.len())
 }
 
 #[tokio::test]

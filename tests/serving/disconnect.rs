@@ -69,7 +69,11 @@ async fn a_client_that_leaves_has_its_request_aborted_on_the_engine() {
             })
             .await;
             let stopped = generated_tokens(&e).await;
-            tokio::time::sleep(Duration::from_millis(300)).await; // decoding time it would use
+            // Decoding time it would use. Real time, not tokio's paused clock: the engine paces
+            // its decode steps with `std::thread::sleep` on its own threads, so a paused clock
+            // would skip this wait without the engine decoding at all, and the check below
+            // could no longer fail.
+            tokio::time::sleep(Duration::from_millis(300)).await;
             assert_eq!(
                 generated_tokens(&e).await,
                 stopped,

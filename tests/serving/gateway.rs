@@ -78,15 +78,8 @@ async fn post_stream(c: &reqwest::Client, url: &str, body: &Value) -> Value {
     let r = c.post(url).json(body).send().await.expect("request sent");
     assert_eq!(r.status(), 200);
     let text = r.text().await.expect("body");
-    let events: Vec<&str> = text
-        .split("\n\n")
-        .filter(|e| !e.trim().is_empty())
-        .map(|e| e.strip_prefix("data: ").expect("SSE data line"))
-        .collect();
-    assert_eq!(events.last().copied(), Some("[DONE]"), "{text}");
     let mut items: std::collections::BTreeMap<u64, (Vec<Value>, Value)> = Default::default();
-    for e in &events[..events.len() - 1] {
-        let v: Value = serde_json::from_str(e).expect("event is JSON");
+    for v in common::sse_json(&text) {
         assert!(v.get("error").is_none(), "error event: {v}");
         let i = v["index"].as_u64().unwrap_or(0);
         let slot = items.entry(i).or_default();

@@ -54,14 +54,6 @@ pub fn make_model(python: &Path, dir: &Path, seed: u64) {
     );
 }
 
-/// A port nothing listens on now (the OS's pick; released for the server to take).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 /// The environment a test server gets beyond what Troupe's launcher gives every vLLM server on
 /// CPU cores (development routes, core binding, the AMX start-up call): no network.
 fn test_env() -> std::collections::BTreeMap<String, String> {
@@ -99,7 +91,7 @@ impl VllmServer {
     /// test server on a CPU with AMX asks Linux for the tile state as a launched one does.
     pub fn spawn(python: &Path, model: &Path, core: usize, log_dir: &Path) -> VllmServer {
         use troupe_serving::inference::{Backend, LaunchSpec, WorkerType, command};
-        let port = free_port();
+        let port = crate::common::free_port();
         let log = log_dir.join(format!("vllm-{port}.log"));
         let spec = LaunchSpec {
             backend: Backend::Vllm,

@@ -6,19 +6,6 @@ use crate::common;
 use common::*;
 use serde_json::{Value, json};
 
-fn assert_envelope(status: u16, err: &Value, needle: &str) {
-    assert_eq!(status, 400, "{err}");
-    assert_eq!(err["object"], "error", "{err}");
-    assert_eq!(err["type"], "BadRequestError");
-    assert_eq!(err["code"], 400);
-    assert!(err["param"].is_null());
-    let msg = err["message"].as_str().unwrap_or("");
-    assert!(
-        msg.contains(needle),
-        "message {msg:?} should mention {needle:?}"
-    );
-}
-
 async fn generated_total(url: &str) -> u64 {
     let (_, m) = get(&format!("{url}/metrics")).await;
     let text = m.as_str().unwrap_or("").to_string();
@@ -106,9 +93,9 @@ async fn bad_input_is_400_and_changes_nothing() {
         let before = generated_total(&u).await;
         let g = format!("{u}/generate");
         let (s, err) = post_raw(&g, "{\"text\": \"unterminated").await;
-        assert_envelope(s, &err, "malformed JSON");
+        assert_bad_request(s, &err, "malformed JSON");
         let (s, err) = post_raw(&g, "[1, 2]").await;
-        assert_envelope(s, &err, "JSON object");
+        assert_bad_request(s, &err, "JSON object");
         let cases = [
             (json!({"text": "a", "input_ids": [1]}), "exactly one"),
             (json!({"sampling_params": {}}), "text or input_ids"),
@@ -137,24 +124,24 @@ async fn bad_input_is_400_and_changes_nothing() {
         ];
         for (body, needle) in &cases {
             let (s, err) = post(&g, body).await;
-            assert_envelope(s, &err, needle);
+            assert_bad_request(s, &err, needle);
         }
         let (s, err) = post(&format!("{}/generate", decode.url()), &json!({"text": "a"})).await;
-        assert_envelope(s, &err, "bootstrap_room");
+        assert_bad_request(s, &err, "bootstrap_room");
         let (s, err) = post(&format!("{u}/abort_request"), &json!({})).await;
-        assert_envelope(s, &err, "abort_all");
+        assert_bad_request(s, &err, "abort_all");
         let (s, err) = post(
             &format!("{u}/init_weights_update_group"),
             &json!({"master_address": "127.0.0.1"}),
         )
         .await;
-        assert_envelope(s, &err, "master_port");
+        assert_bad_request(s, &err, "master_port");
         let (s, err) = post(
             &format!("{u}/v1/chat/completions"),
             &json!({"messages": []}),
         )
         .await;
-        assert_envelope(s, &err, "messages");
+        assert_bad_request(s, &err, "messages");
         let (s, err) = get(&format!("{u}/no_such_endpoint")).await;
         assert_eq!(s, 404);
         assert_eq!(err["object"], "error");

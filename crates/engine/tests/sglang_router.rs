@@ -59,11 +59,6 @@ fn run_in_netns() -> Option<bool> {
     Some(status.success())
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sglang_router_pd_matches_regular_engine() {
     let Some(router_exe) = find_on_path("sglang-router") else {

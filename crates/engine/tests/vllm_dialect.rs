@@ -336,10 +336,6 @@ async fn cache_world_size_abort_and_the_admin_key() {
     .await;
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 /// `(names, shapes, f32 bytes)` of every tensor of the seed-`seed` model except the final
 /// norm, which goes in a bucket of its own.
 fn model_bucket(seed: u64) -> Vec<(String, Vec<usize>, Vec<u8>)> {

@@ -19,10 +19,6 @@ fn greedy() -> Value {
     json!({"text": "fp8 weights", "sampling_params": {"max_new_tokens": 12, "temperature": 0}, "return_logprob": true})
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 /// One tensor as it goes on the wire.
 struct Wire {
     name: String,

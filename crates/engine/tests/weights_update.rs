@@ -15,10 +15,6 @@ fn greedy() -> Value {
     json!({"text": "weights!", "sampling_params": {"max_new_tokens": 12, "temperature": 0}, "return_logprob": true})
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_group_updates_every_engine_atomically() {
     within(90, async {

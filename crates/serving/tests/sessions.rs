@@ -110,7 +110,9 @@ mod policy {
         let y = p.pick(&ws, &ctx("y"));
         assert_ne!(x, y);
         p.finish_session("y");
-        std::thread::sleep(Duration::from_millis(60)); // the idle time is the behaviour
+        // The idle time is the behaviour. Real time: the policy's TTL reads
+        // `std::time::Instant`, which tokio's paused clock does not move.
+        std::thread::sleep(Duration::from_millis(60));
         // `x` expired: both engines hold no live session, so `z` and `x` spread again.
         let z = p.pick(&ws, &ctx("z"));
         let x2 = p.pick(&ws, &ctx("x"));

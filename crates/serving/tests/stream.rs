@@ -15,13 +15,6 @@ use troupe_serving::{RouterConfig, WorkerSpec};
 mod streaming {
     use super::*;
 
-    fn events(text: &str) -> Vec<String> {
-        text.split("\n\n")
-            .filter(|e| !e.trim().is_empty())
-            .map(|e| e.trim_start_matches("data: ").to_string())
-            .collect()
-    }
-
     #[tokio::test]
     async fn pd_stream_is_relayed_event_by_event_with_logprobs() {
         within(20, async {
@@ -36,7 +29,7 @@ mod streaming {
             let g = gw(true, vec![WorkerSpec::prefill(&p.url, None), WorkerSpec::decode(&d.url)], 0).await;
             let r = client().post(format!("{}/generate", g.url())).json(&json!({"text": "x", "stream": true, "return_logprob": true})).send().await.expect("sent");
             assert_eq!(r.headers()["content-type"], "text/event-stream");
-            let evs = events(&r.text().await.expect("body"));
+            let evs = sse_data(&r.text().await.expect("body"));
             assert_eq!(evs.len(), 4, "{evs:?}");
             assert_eq!(evs[3], "[DONE]");
             for (i, e) in evs[..3].iter().enumerate() {
@@ -66,7 +59,7 @@ mod streaming {
                 .await
                 .expect("sent");
             assert_eq!(r.status(), 200);
-            let evs = events(&r.text().await.expect("body"));
+            let evs = sse_data(&r.text().await.expect("body"));
             assert_eq!(evs.len(), 3, "{evs:?}");
             let err: Value = serde_json::from_str(&evs[1]).expect("error event is JSON");
             assert_envelope(&err["error"], 502);
@@ -103,7 +96,7 @@ mod streaming {
                     .send()
                     .await
                     .expect("sent");
-                let evs = events(&r.text().await.expect("body"));
+                let evs = sse_data(&r.text().await.expect("body"));
                 assert_eq!(
                     evs,
                     vec![json!({"output_ids": [7]}).to_string(), "[DONE]".to_string()]
@@ -139,7 +132,7 @@ mod streaming {
                 .map(|i| json!({"output_ids": [i]}).to_string())
                 .chain(["[DONE]".to_string()])
                 .collect();
-            assert_eq!(events(&text), want);
+            assert_eq!(sse_data(&text), want);
             // One frame per event before; now the first, then what arrived together.
             assert!(frames <= 4, "33 events in {frames} frames");
         })
@@ -164,7 +157,7 @@ mod streaming {
             assert_eq!(r.version(), reqwest::Version::HTTP_2);
             let mut text = String::new();
             // A lone event arrives while the backend sends nothing more, then a burst.
-            while events(&text).is_empty() {
+            while sse_data(&text).is_empty() {
                 let c = r.chunk().await.expect("chunk").expect("stream open");
                 text.push_str(std::str::from_utf8(&c).expect("utf-8"));
             }
@@ -178,7 +171,7 @@ mod streaming {
                 .map(|i| json!({"output_ids": [i]}).to_string())
                 .chain(["[DONE]".to_string()])
                 .collect();
-            assert_eq!(events(&text), want);
+            assert_eq!(sse_data(&text), want);
         })
         .await;
     }
@@ -195,16 +188,16 @@ mod streaming {
                 if i > 0 {
                     tx.send(event(i)).expect("send");
                 }
-                while events(&text).len() <= i {
+                while sse_data(&text).len() <= i {
                     let c = r.chunk().await.expect("chunk").expect("stream open");
                     text.push_str(std::str::from_utf8(&c).expect("utf-8"));
                 }
-                assert_eq!(events(&text)[i], json!({"output_ids": [i]}).to_string());
+                assert_eq!(sse_data(&text)[i], json!({"output_ids": [i]}).to_string());
             }
             tx.send(Ok("data: [DONE]\n\n".into())).expect("send");
             drop(tx);
             text.push_str(&read_frames(&mut r).await.1);
-            assert_eq!(events(&text).len(), 4);
+            assert_eq!(sse_data(&text).len(), 4);
         })
         .await;
     }

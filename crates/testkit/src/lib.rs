@@ -1,11 +1,19 @@
 //! The test kit every Troupe test binary uses: a deadline around a test step ([`within`]),
 //! polling for the event that shows work happened instead of sleeping for it ([`until`],
-//! [`until_some`], [`Poll`]), and small HTTP/JSON helpers that answer `(status, body)`
-//! ([`client`], [`send`], [`post`], [`get`] and their variants).
+//! [`until_some`], [`Poll`]), small HTTP/JSON helpers that answer `(status, body)`
+//! ([`client`], [`send`], [`post`], [`get`] and their variants), reading an SSE body
+//! ([`sse_data`], [`sse_json`]), the error envelope's checks ([`assert_envelope`],
+//! [`assert_bad_request`]), [`f32_bytes`] and [`free_port`].
 //!
 //! It depends on no Troupe crate, so the engine's and serving's own tests can take it as a
 //! dev-dependency without a cycle; Troupe-specific helpers (starting a reference engine, a PD
 //! deployment) live beside the tests that use them (`tests/common`).
+
+mod sse;
+mod wire;
+
+pub use sse::{sse_data, sse_json};
+pub use wire::{assert_bad_request, assert_envelope, f32_bytes, free_port};
 
 use std::future::Future;
 use std::time::Duration;

@@ -3,8 +3,11 @@
 //! run the PD flow the way a router does.
 #![allow(dead_code)]
 
+mod start;
+
 use serde_json::{Value, json};
-use troupe_engine::{EngineArgs, EngineHandle, start};
+pub use start::engine;
+use troupe_engine::EngineArgs;
 pub use troupe_testkit::*;
 
 /// Engine flags for tests: free ports, tiny model.
@@ -16,11 +19,6 @@ pub fn args(mode: &str) -> EngineArgs {
         random_seed: 7,
         ..Default::default()
     }
-}
-
-/// Starts an engine in this process.
-pub async fn engine(a: EngineArgs) -> EngineHandle {
-    start(a).await.expect("engine starts")
 }
 
 /// Polls the engine's `/v1/loads` until `pred` holds for its (first) load entry, and returns
@@ -45,20 +43,7 @@ pub async fn post_stream(url: &str, body: &Value) -> Vec<Value> {
     let status = r.status().as_u16();
     let text = r.text().await.expect("body");
     assert_eq!(status, 200, "stream status: {text}");
-    let events: Vec<&str> = text
-        .split("\n\n")
-        .filter(|e| !e.trim().is_empty())
-        .map(|e| e.strip_prefix("data: ").expect("SSE data line"))
-        .collect();
-    assert_eq!(
-        events.last().copied(),
-        Some("[DONE]"),
-        "stream must end with [DONE]: {text}"
-    );
-    events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).expect("event is JSON"))
-        .collect()
+    sse_json(&text)
 }
 
 /// Adds bootstrap fields (one room per item for batches) to a body.

@@ -193,19 +193,6 @@ pub fn answer(n: usize) -> Value {
     })
 }
 
-/// Asserts `v` is exactly one error envelope with `code`.
-pub fn assert_envelope(v: &Value, code: u16) {
-    let o = v
-        .as_object()
-        .unwrap_or_else(|| panic!("not an object: {v}"));
-    assert_eq!(o.len(), 5, "{v}");
-    assert_eq!(o["object"], "error");
-    assert_eq!(o["code"], code);
-    assert!(o["param"].is_null());
-    assert!(o["type"].is_string());
-    assert!(!o["message"].as_str().unwrap_or("").is_empty());
-}
-
 /// A gateway over `workers` with probing off and no retry backoff.
 pub async fn gw(pd: bool, workers: Vec<WorkerSpec>, max_retries: u32) -> GatewayHandle {
     gw_routed(pd, workers, max_retries, RouterConfig::default()).await
