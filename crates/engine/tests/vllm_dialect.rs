@@ -102,9 +102,11 @@ async fn pause_modes_refuse_or_queue_new_requests_and_resume() {
         );
 
         // keep: the running request stays in place, new ones queue, /resume continues both.
+        // (Requests long enough, 3 s and 2 s at 5 ms a step, that a loaded machine still
+        // pauses them while they run: at 120 and 60 tokens this test failed under load.)
         let kept = tokio::spawn({
             let g = g.clone();
-            async move { post(&g, &long(120)).await }
+            async move { post(&g, &long(600)).await }
         });
         wait_load(&u, |l| l["num_running_reqs"] == 1).await;
         let (s, _) = post(
@@ -123,7 +125,7 @@ async fn pause_modes_refuse_or_queue_new_requests_and_resume() {
         post(&format!("{u}/resume"), &json!({})).await;
         let (_, k) = kept.await.unwrap();
         assert_eq!(k["choices"][0]["finish_reason"], "length", "{k}");
-        assert_eq!(k["choices"][0]["token_ids"].as_array().unwrap().len(), 120);
+        assert_eq!(k["choices"][0]["token_ids"].as_array().unwrap().len(), 600);
         let (_, q) = queued.await.unwrap();
         assert_eq!(q["choices"][0]["finish_reason"], "length", "{q}");
 
@@ -131,7 +133,7 @@ async fn pause_modes_refuse_or_queue_new_requests_and_resume() {
         // slot) stays queued, as under vLLM's PAUSED_NEW, and runs after /resume.
         let first = tokio::spawn({
             let g = g.clone();
-            async move { post(&g, &long(60)).await }
+            async move { post(&g, &long(400)).await }
         });
         wait_load(&u, |l| l["num_running_reqs"] == 1).await;
         let second = tokio::spawn({
@@ -143,7 +145,7 @@ async fn pause_modes_refuse_or_queue_new_requests_and_resume() {
         assert_eq!((s, v), (200, json!({"status": "paused"})));
         let (_, f) = first.await.unwrap();
         assert_eq!(f["choices"][0]["finish_reason"], "length", "{f}");
-        assert_eq!(f["choices"][0]["token_ids"].as_array().unwrap().len(), 60);
+        assert_eq!(f["choices"][0]["token_ids"].as_array().unwrap().len(), 400);
         let l = wait_load(&u, |_| true).await;
         assert_eq!(
             (l["num_running_reqs"].clone(), l["num_waiting_reqs"].clone()),
