@@ -1,13 +1,13 @@
 //! The machine's floor for a remote call: a raw loopback TCP ping-pong of a call-sized message
-//! (no framing, no actor, no serialization), a blocking echo thread on one end and this
-//! runtime's socket on the other, as the framed client's is. `rpc.remote.seq.p50_us` over
-//! `rpc.floor.seq.p50_us` is how far a Troupe call is from what the socket allows.
+//! (no framing, no actor, no serialization) between an echo thread and this runtime's socket,
+//! both ends polling their socket instead of sleeping until it is readable (a thread woken from
+//! sleep costs tens of microseconds on a VM, and Troupe's framed client polls a lone call's
+//! reply too, so a sleeping floor would be slower than the calls it is the floor of).
+//! `rpc.remote.seq.p50_us` over `rpc.floor.seq.p50_us` is how far a Troupe call is from what
+//! the socket allows.
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::Mutex;
 
 /// Bytes each way: about a framed `Echo` call and its reply (header, actor id, method,
 /// MessagePack payload).
@@ -26,29 +26,48 @@ pub async fn measure(calls: u64, out: &mut Vec<(String, f64)>) -> Result<(), Str
         s.set_nodelay(true)?;
         let mut buf = [0u8; MESSAGE_BYTES];
         loop {
-            if s.read_exact(&mut buf).is_err() {
-                return Ok(()); // the client closed: done
+            s.set_nonblocking(true)?;
+            let mut got = 0;
+            while got < MESSAGE_BYTES {
+                match s.read(&mut buf[got..]) {
+                    Ok(0) => return Ok(()), // the client closed: done
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                    Err(e) => return Err(e),
+                }
             }
+            s.set_nonblocking(false)?;
             s.write_all(&buf)?;
         }
     });
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("floor: connect: {e}"))?;
+    // The calling end polls a plain non-blocking socket: tokio's `try_read` only reads once
+    // its reactor has seen the socket readable, which a polling loop would never let it see.
+    let stream = std::net::TcpStream::connect(addr).map_err(|e| format!("floor: connect: {e}"))?;
     stream
         .set_nodelay(true)
         .map_err(|e| format!("floor: nodelay: {e}"))?;
-    let stream = Mutex::new(stream);
+    let stream = std::sync::Mutex::new(stream);
     let call = |i: u64| {
         let stream = &stream;
         async move {
             let mut msg = [0u8; MESSAGE_BYTES];
             msg[..8].copy_from_slice(&i.to_le_bytes());
-            let mut s = stream.lock().await;
-            s.write_all(&msg).await.map_err(|e| format!("floor: {e}"))?;
-            s.read_exact(&mut msg)
-                .await
+            let mut s = stream
+                .lock()
+                .map_err(|_| "floor: the socket's lock is poisoned".to_string())?;
+            s.set_nonblocking(false)
                 .map_err(|e| format!("floor: {e}"))?;
+            s.write_all(&msg).map_err(|e| format!("floor: {e}"))?;
+            s.set_nonblocking(true).map_err(|e| format!("floor: {e}"))?;
+            let mut got = 0;
+            while got < MESSAGE_BYTES {
+                match s.read(&mut msg[got..]) {
+                    Ok(0) => return Err("floor: the echo closed".into()),
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                    Err(e) => return Err(format!("floor: {e}")),
+                }
+            }
             if msg[..8] != i.to_le_bytes() {
                 return Err("floor: the echo answered another message".into());
             }
