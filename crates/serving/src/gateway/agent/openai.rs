@@ -49,19 +49,33 @@ pub(super) fn tools(obj: &Map<String, Value>) -> Result<Vec<Value>, TurnError> {
     Ok(list.clone())
 }
 
-/// `tool_choice`: (look for calls, a function forced).
+/// `tool_choice`: (look for calls, a function forced), with chat's shape of a forced function
+/// (`{"type": "function", "function": {"name": ...}}`).
 fn tool_choice(
     obj: &Map<String, Value>,
     tools: &[Value],
+) -> Result<(bool, Option<String>), TurnError> {
+    tool_choice_in(obj, tools, "function.name", |v| {
+        v["function"]["name"].as_str()
+    })
+}
+
+/// `tool_choice` of either OpenAI API: `none`, `auto`, `required`, or an object naming one of
+/// `tools` (chat form) at `name_path` (chat: `function.name`; Responses: `name`).
+pub(super) fn tool_choice_in(
+    obj: &Map<String, Value>,
+    tools: &[Value],
+    name_path: &str,
+    name_of: impl Fn(&Value) -> Option<&str>,
 ) -> Result<(bool, Option<String>), TurnError> {
     match obj.get("tool_choice") {
         None | Some(Value::Null) => Ok((true, None)),
         Some(Value::String(s)) if s == "none" => Ok((false, None)),
         Some(Value::String(s)) if s == "auto" || s == "required" => Ok((true, None)),
-        Some(v @ Value::Object(_)) => {
-            let name = v["function"]["name"]
-                .as_str()
-                .ok_or_else(|| TurnError::bad("tool_choice.function.name must be a string"))?;
+        Some(v @ Value::Object(_)) if v["type"] == "function" || v.get("type").is_none() => {
+            let name = name_of(v).ok_or_else(|| {
+                TurnError::bad(format!("tool_choice.{name_path} must be a string"))
+            })?;
             if !tools.iter().any(|t| t["function"]["name"] == name) {
                 return Err(TurnError::bad(format!(
                     "tool_choice names {name:?}, which is not among the request's tools"
@@ -70,7 +84,7 @@ fn tool_choice(
             Ok((true, Some(name.to_string())))
         }
         Some(v) => Err(TurnError::bad(format!(
-            "tool_choice must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {v}"
+            "tool_choice must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", {name_path}: ...}}, got {v}"
         ))),
     }
 }

@@ -173,30 +173,13 @@ fn tools(obj: &Map<String, Value>) -> Result<Vec<Value>, TurnError> {
         .collect()
 }
 
-/// `tool_choice`: (look for calls, a function forced).
+/// `tool_choice`: (look for calls, a function forced); a forced function is named flat
+/// (`{"type": "function", "name": ...}`).
 fn tool_choice(
     obj: &Map<String, Value>,
     tools: &[Value],
 ) -> Result<(bool, Option<String>), TurnError> {
-    match obj.get("tool_choice") {
-        None | Some(Value::Null) => Ok((true, None)),
-        Some(Value::String(s)) if s == "none" => Ok((false, None)),
-        Some(Value::String(s)) if s == "auto" || s == "required" => Ok((true, None)),
-        Some(v) if v["type"] == "function" => {
-            let name = v["name"]
-                .as_str()
-                .ok_or_else(|| TurnError::bad("tool_choice.name must be a string"))?;
-            if !tools.iter().any(|t| t["function"]["name"] == name) {
-                return Err(TurnError::bad(format!(
-                    "tool_choice names {name:?}, which is not among the request's tools"
-                )));
-            }
-            Ok((true, Some(name.to_string())))
-        }
-        Some(v) => Err(TurnError::bad(format!(
-            "tool_choice must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"name\": ...}}, got {v}"
-        ))),
-    }
+    super::openai::tool_choice_in(obj, tools, "name", |v| v["name"].as_str())
 }
 
 /// The request's sampling fields as SGLang's (through chat's mapping).
