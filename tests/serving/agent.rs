@@ -11,7 +11,9 @@ use troupe_engine::{EngineArgs, EngineHandle, hf_tokenizer};
 use troupe_serving::WorkerSpec;
 use troupe_serving::gateway::{self, GatewayConfig, GatewayHandle};
 
-fn spec() -> AgentSpec {
+/// The reference model's agent layer (tokenizer built in, its tool-call parser), named `tiny`;
+/// the fixture of every agent-layer test file here.
+pub(crate) fn spec() -> AgentSpec {
     let mut s = AgentSpec::new(
         "tiny",
         TokenizerSource::Files {
@@ -23,7 +25,8 @@ fn spec() -> AgentSpec {
     s
 }
 
-async fn setup(spec: AgentSpec, admin: Option<&str>) -> (EngineHandle, GatewayHandle) {
+/// A reference engine (seed 3) behind a gateway with agent layer `spec` and admin key `admin`.
+pub(crate) async fn setup(spec: AgentSpec, admin: Option<&str>) -> (EngineHandle, GatewayHandle) {
     let e = engine(EngineArgs {
         random_seed: 3,
         ..engine_args()
@@ -41,7 +44,8 @@ async fn setup(spec: AgentSpec, admin: Option<&str>) -> (EngineHandle, GatewayHa
     (e, g)
 }
 
-async fn call(url: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
+/// POSTs `body` with bearer `key`: (status, JSON body or null).
+pub(crate) async fn call(url: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
     let mut r = client().post(url).json(body);
     if let Some(k) = key {
         r = r.bearer_auth(k);

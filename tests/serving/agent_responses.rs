@@ -5,46 +5,14 @@
 
 use crate::common;
 
-use common::{client, engine, engine_args, within};
+use super::agent::call;
+use common::{client, within};
 use serde_json::{Value, json};
-use troupe_agent::{AgentSpec, TokenizerSource};
-use troupe_engine::{EngineArgs, EngineHandle, hf_tokenizer};
-use troupe_serving::WorkerSpec;
-use troupe_serving::gateway::{self, GatewayConfig, GatewayHandle};
+use troupe_engine::EngineHandle;
+use troupe_serving::gateway::GatewayHandle;
 
 async fn setup() -> (EngineHandle, GatewayHandle) {
-    let e = engine(EngineArgs {
-        random_seed: 3,
-        ..engine_args()
-    })
-    .await;
-    let mut spec = AgentSpec::new(
-        "tiny",
-        TokenizerSource::Files {
-            tokenizer_json: hf_tokenizer::tokenizer_json(),
-            tokenizer_config_json: hf_tokenizer::tokenizer_config_json(),
-        },
-    );
-    spec.tool_call_parser = "reference".into();
-    let g = gateway::start(GatewayConfig {
-        listen: "127.0.0.1:0".into(),
-        workers: vec![WorkerSpec::regular(e.url())],
-        agent: Some(spec),
-        ..Default::default()
-    })
-    .await
-    .expect("gateway");
-    (e, g)
-}
-
-async fn call(url: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
-    let mut r = client().post(url).json(body);
-    if let Some(k) = key {
-        r = r.bearer_auth(k);
-    }
-    let r = r.send().await.expect("sent");
-    let s = r.status().as_u16();
-    (s, r.json().await.unwrap_or(Value::Null))
+    super::agent::setup(super::agent::spec(), None).await
 }
 
 async fn session(base: &str) -> (String, String) {

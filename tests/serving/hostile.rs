@@ -8,22 +8,15 @@ use crate::common;
 
 use common::{client, engine, engine_args, within};
 use serde_json::{Value, json};
-use troupe_agent::{AgentSpec, TokenizerSource};
-use troupe_engine::{EngineArgs, EngineHandle, hf_tokenizer};
+use troupe_agent::AgentSpec;
+use troupe_engine::{EngineArgs, EngineHandle};
 use troupe_serving::WorkerSpec;
 use troupe_serving::gateway::{self, GatewayConfig, GatewayHandle};
 
 const ADMIN: &str = "hostile-admin";
 
 fn spec(max_session_tokens: usize) -> AgentSpec {
-    let mut s = AgentSpec::new(
-        "tiny",
-        TokenizerSource::Files {
-            tokenizer_json: hf_tokenizer::tokenizer_json(),
-            tokenizer_config_json: hf_tokenizer::tokenizer_config_json(),
-        },
-    );
-    s.tool_call_parser = "reference".into();
+    let mut s = super::agent::spec();
     s.max_session_tokens = max_session_tokens;
     s
 }
