@@ -103,3 +103,21 @@ def agent_gateway(admin_key):
             if p is not None:
                 p.kill()
                 p.wait(30)
+
+
+def post_json(url, body, key):
+    """POST `body` as JSON with bearer `key`; the decoded answer (agent-gateway tests)."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    req.add_header("Authorization", f"Bearer {key}")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def open_session(base, admin):
+    """A recorded session on the agent gateway at `base`: (session id, its bearer key)."""
+    s = post_json(f"{base}/sessions", {}, admin)
+    return s["session_id"], s["api_key"]

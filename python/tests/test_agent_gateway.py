@@ -3,12 +3,11 @@ to `troupe gateway --tokenizer reference` in front of a reference engine, call a
 and the session's trajectory holds exactly the tokens of each turn."""
 
 import json
-import urllib.request
 
 import anthropic
 import openai
 import pytest
-from conftest import agent_gateway
+from conftest import agent_gateway, open_session, post_json
 
 ADMIN = "agent-test-admin"
 CALC = {
@@ -22,11 +21,7 @@ CALC = {
 
 
 def _http(url, body=None, key=ADMIN):
-    req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST")
-    req.add_header("Content-Type", "application/json")
-    req.add_header("Authorization", f"Bearer {key}")
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())
+    return post_json(url, body, key)
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +31,7 @@ def gateway():
 
 
 def _session(base):
-    s = _http(f"{base}/sessions")
-    return s["session_id"], s["api_key"]
+    return open_session(base, ADMIN)
 
 
 def test_the_openai_sdk_calls_a_tool_and_the_trajectory_is_token_exact(gateway):

@@ -4,12 +4,10 @@
 recorded into a session."""
 
 import asyncio
-import json
-import urllib.request
 
 import openai
 import pytest
-from conftest import agent_gateway
+from conftest import agent_gateway, open_session, post_json
 
 ADMIN = "responses-test-admin"
 CALC = {
@@ -21,11 +19,7 @@ CALC = {
 
 
 def _http(url, body=None, key=ADMIN):
-    req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST")
-    req.add_header("Content-Type", "application/json")
-    req.add_header("Authorization", f"Bearer {key}")
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())
+    return post_json(url, body, key)
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +29,7 @@ def gateway():
 
 
 def _session(base):
-    s = _http(f"{base}/sessions")
-    return s["session_id"], s["api_key"]
+    return open_session(base, ADMIN)
 
 
 def test_responses_create_plain_streamed_and_continued(gateway):
