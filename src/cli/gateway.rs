@@ -214,7 +214,11 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
         weights_master_host: a.weights_master_host.clone(),
         control_timeout,
         io_threads: a.io_threads.map_or_else(default_io_threads, |n| n as usize),
-        agent: super::agent_flags::spec(&a.agent)?,
+        // Without --tokenizer, `run` asks the workers for their model (`discover`).
+        agent: match &a.agent.tokenizer {
+            Some(_) => super::agent_flags::spec(&a.agent)?,
+            None => None,
+        },
         ..d
     })
 }
@@ -228,8 +232,24 @@ pub fn default_io_threads() -> usize {
 /// Runs `troupe gateway` until SIGINT/SIGTERM.
 pub async fn run(a: &GatewayArgs) -> Result<(), String> {
     let mut stop = super::Shutdown::listen();
-    let cfg = config(a)?;
+    let mut cfg = config(a)?;
+    let line = match (&a.agent.tokenizer, &cfg.agent) {
+        (None, _) => {
+            let urls: Vec<String> = cfg.workers.iter().map(|w| w.url.clone()).collect();
+            let (spec, line) =
+                super::agent_flags::discover(&a.agent, &urls, cfg.worker_api_key.as_deref())
+                    .await?;
+            cfg.agent = spec;
+            line
+        }
+        (Some(t), Some(s)) => format!(
+            "agent layer: tokenizer {t} (--tokenizer), model {:?}",
+            s.model
+        ),
+        (Some(_), None) => "agent layer: off (--tokenizer none)".into(),
+    };
     let handle = gateway::start(cfg).await.map_err(|e| e.to_string())?;
+    eprintln!("{line}");
     println!("gateway listening on {}", handle.url());
     stop.wait().await;
     handle.shutdown().await.map_err(|e| e.to_string())

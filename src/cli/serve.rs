@@ -238,6 +238,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig, mut stop: Shutdown) -> Result
         cfg,
     )?;
     println!("gateway: {}", svc.gateway_url);
+    eprintln!("{}", cfg.gateway.agent_line());
     let _announce = AbortOnDrop(announce(&svc));
     match &settled {
         Settled::Held(m) => eprintln!("warning: {m}"),
@@ -261,7 +262,14 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig, mut stop: Shutdown) -> Result
 /// Runs `troupe serve`.
 pub async fn run(a: &ServeArgs) -> Result<(), String> {
     let mut stop = Shutdown::listen();
-    let cfg = ServeConfig::load(&a.config, &a.overrides).map_err(|e| e.to_string())?;
+    let mut cfg = ServeConfig::load(&a.config, &a.overrides).map_err(|e| e.to_string())?;
+    // A deployment that keeps a state file keeps its recorded sessions beside it.
+    if cfg.gateway.session_dir.is_none()
+        && cfg.gateway.tokenizer.is_some()
+        && let Some(p) = state_path(a, &cfg)
+    {
+        cfg.gateway.session_dir = Some(p.with_extension("sessions"));
+    }
     if a.recover {
         return recover(a, &cfg, stop).await;
     }
@@ -338,6 +346,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
         None => None,
     };
     println!("gateway: {}", svc.gateway_url);
+    eprintln!("{}", cfg.gateway.agent_line());
     let _announce = AbortOnDrop(announce(&svc));
     // Serves until shutdown below: it stops before the deployment it controls is torn down.
     let mut api_server = None;

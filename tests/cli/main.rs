@@ -3,6 +3,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agent;
 mod alloc;
 mod bench;
 mod fuzz;

@@ -28,6 +28,9 @@ pub enum AgentError {
     /// A cap is reached (429).
     #[error("{0}")]
     Full(String),
+    /// The sessions' store on disk cannot be written or read (503: nothing was recorded).
+    #[error("{0}")]
+    Storage(String),
 }
 
 impl AgentError {
@@ -40,6 +43,7 @@ impl AgentError {
             Self::Gone(_) => 410,
             Self::Conflict(_) => 409,
             Self::Full(_) => 429,
+            Self::Storage(_) => 503,
         }
     }
 }

@@ -24,7 +24,7 @@ use serde_json::{Map, Value};
 
 pub use error::AgentError;
 pub use parse::{OutputParser, Parsed, ToolCall};
-pub use session::{Reservation, SessionLimits, SessionStore, Turn};
+pub use session::{Reservation, Restored, SessionLimits, SessionLog, SessionStore, Turn};
 pub use tokenizer::ChatTokenizer;
 
 /// One served model's agent layer.
@@ -32,6 +32,9 @@ pub use tokenizer::ChatTokenizer;
 pub struct Agent {
     /// The model's name in requests (`model`), as the engines serve it.
     pub model: String,
+    /// Other names requests may give for it (the reference tokenizer's `tiny`, the name it had
+    /// before the gateway took the engines' listed `troupe-tiny`).
+    pub aliases: Vec<String>,
     /// Its tokenizer and template.
     pub tokenizer: ChatTokenizer,
     /// Its output parsers.
@@ -60,6 +63,9 @@ pub enum TokenizerSource {
 pub struct AgentSpec {
     /// The served model's name (requests' `model`).
     pub model: String,
+    /// Other names requests may give for the model.
+    #[serde(default)]
+    pub aliases: Vec<String>,
     /// Its tokenizer.
     pub tokenizer: TokenizerSource,
     /// Tool-call parser ([`parse::TOOL_PARSERS`]).
@@ -72,6 +78,11 @@ pub struct AgentSpec {
     pub max_session_tokens: usize,
     /// Session bounds: idle seconds before a session is dropped.
     pub session_idle_ttl_secs: u64,
+    /// Where recorded sessions are written as they change and read back from at start (one
+    /// append-only file per open session, removed once it is exported); none keeps them in
+    /// memory only, as a pure inference gateway wants.
+    #[serde(default)]
+    pub session_dir: Option<std::path::PathBuf>,
 }
 
 impl AgentSpec {
@@ -80,12 +91,14 @@ impl AgentSpec {
         let l = SessionLimits::default();
         Self {
             model: model.into(),
+            aliases: Vec::new(),
             tokenizer,
             tool_call_parser: "hermes".into(),
             reasoning_parser: "none".into(),
             max_sessions: l.max_sessions,
             max_session_tokens: l.max_session_tokens,
             session_idle_ttl_secs: l.idle_ttl.as_secs(),
+            session_dir: None,
         }
     }
 
@@ -112,6 +125,7 @@ impl AgentSpec {
         }
         Ok(Agent {
             model: self.model.clone(),
+            aliases: self.aliases.clone(),
             tokenizer,
             parser: OutputParser::new(&self.reasoning_parser, &self.tool_call_parser)?,
             sessions: SessionStore::new(SessionLimits {
@@ -135,6 +149,11 @@ pub struct Prompt {
 }
 
 impl Agent {
+    /// Whether requests naming `model` are for this agent layer's model.
+    pub fn serves(&self, model: &str) -> bool {
+        model == self.model || self.aliases.iter().any(|a| a == model)
+    }
+
     /// The prompt of a request with `messages` (template form): in a session, when it continues
     /// an earlier turn, that turn's prompt and output tokens followed by the tokens of what the
     /// template adds after them; otherwise the whole rendered template's tokens. `forced`: text
@@ -196,6 +215,7 @@ mod tests {
     fn agent() -> Agent {
         Agent {
             model: "tiny".into(),
+            aliases: Vec::new(),
             tokenizer: ChatTokenizer::from_files(
                 &hf_tokenizer::tokenizer_json(),
                 &hf_tokenizer::tokenizer_config_json(),

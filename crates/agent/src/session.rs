@@ -21,6 +21,11 @@ use crate::error::AgentError;
 use crate::messages::comparable;
 
 mod chain;
+mod durable;
+mod log;
+
+pub use durable::Restored;
+pub use log::SessionLog;
 
 /// The bounds on what sessions hold.
 #[derive(Debug, Clone)]
@@ -45,7 +50,7 @@ impl Default for SessionLimits {
 }
 
 /// One recorded turn.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Turn {
     /// The answer's id (`chatcmpl-…`, `msg_…`): AReaL's interaction id.
     pub id: String,
@@ -61,7 +66,8 @@ pub struct Turn {
     pub prompt_ids: Vec<u32>,
     /// The token ids it made.
     pub output_ids: Vec<u32>,
-    /// Their logprobs.
+    /// Their logprobs (a non-finite one is written as JSON `null` and read back as -inf).
+    #[serde(deserialize_with = "durable::lenient_f64s")]
     pub output_logprobs: Vec<f64>,
     /// The weight version that made each output token.
     pub weight_versions: Vec<Value>,
@@ -74,6 +80,8 @@ pub struct Turn {
     pub parent: Option<usize>,
     /// The reward given to this turn (`set_reward` with its id).
     pub reward: Option<f64>,
+    /// The comparison keys of its messages and reply (recomputed when read back).
+    #[serde(skip)]
     keys: Vec<Value>,
 }
 
@@ -158,6 +166,8 @@ pub struct SessionStore {
     capacity: std::sync::atomic::AtomicI64,
     /// When idle sessions were last looked for.
     swept: Mutex<Option<Instant>>,
+    /// Where sessions are written as they change, when they are kept across restarts.
+    log: std::sync::OnceLock<std::sync::Arc<dyn SessionLog>>,
 }
 
 /// Room held in a session for a turn being generated ([`SessionStore::reserve`]); released
@@ -204,6 +214,7 @@ impl SessionStore {
             inner: Mutex::default(),
             capacity: std::sync::atomic::AtomicI64::new(0),
             swept: Mutex::new(None),
+            log: std::sync::OnceLock::new(),
         }
     }
 
@@ -270,6 +281,9 @@ impl SessionStore {
             )));
         }
         let key = api_key.map_or_else(new_key, str::to_string);
+        if let Some(l) = self.log.get() {
+            l.opened(&id, &key)?;
+        }
         g.keys.insert(key.clone(), id.clone());
         g.sessions.insert(
             id.clone(),
@@ -382,6 +396,9 @@ impl SessionStore {
             // A reserved turn's tokens are in `reserved` already (its guard still lives): only
             // what is recorded counts here, and the reservation kept the room for it.
             self.fits(s, 0, turn.tokens())?;
+            if let Some(l) = self.log.get() {
+                l.recorded(id, &turn, turn.parent.and_then(|p| s.turns.get(p)))?;
+            }
             s.tokens += turn.tokens();
             s.last = Instant::now();
             s.turns.push(turn);
@@ -410,13 +427,30 @@ impl SessionStore {
             .get_mut(id)
             .ok_or_else(|| AgentError::NotFound(format!("session {id} is not open")))?;
         s.last = Instant::now();
+        if interaction.is_some_and(|i| !s.turns.iter().any(|t| t.id == i)) {
+            return Err(AgentError::BadRequest(format!(
+                "Interaction {} not found",
+                interaction.unwrap_or_default()
+            )));
+        }
+        if let Some(l) = self.log.get() {
+            l.rewarded(id, interaction, reward)?;
+        }
+        s.apply_reward(interaction, reward);
+        Ok(())
+    }
+}
+
+impl Session {
+    /// A reward given to a turn (`interaction`, known to exist) or to the session and its last
+    /// turn: what [`SessionStore::set_reward`] records, and what reading it back repeats.
+    fn apply_reward(&mut self, interaction: Option<&str>, reward: f64) {
+        let s = self;
         match interaction {
             Some(i) => {
-                let t =
-                    s.turns.iter_mut().find(|t| t.id == i).ok_or_else(|| {
-                        AgentError::BadRequest(format!("Interaction {i} not found"))
-                    })?;
-                t.reward = Some(reward);
+                if let Some(t) = s.turns.iter_mut().find(|t| t.id == i) {
+                    t.reward = Some(reward);
+                }
             }
             None => {
                 s.reward = Some(reward);
@@ -425,9 +459,10 @@ impl SessionStore {
                 }
             }
         }
-        Ok(())
     }
+}
 
+impl SessionStore {
     /// Marks session `id` ended (its trajectory may be exported).
     pub fn end(&self, id: &str) -> Result<usize, AgentError> {
         let mut g = self.inner.lock();
@@ -435,6 +470,11 @@ impl SessionStore {
             .sessions
             .get_mut(id)
             .ok_or_else(|| AgentError::Gone(format!("Session {id} already ended or expired")))?;
+        if !s.ended
+            && let Some(l) = self.log.get()
+        {
+            l.ended(id)?;
+        }
         s.ended = true;
         Ok(s.turns.len())
     }
@@ -449,6 +489,9 @@ impl SessionStore {
         let mut g = self.inner.lock();
         let s = g.sessions.remove(id)?;
         g.keys.remove(&s.key);
+        if let Some(l) = self.log.get() {
+            l.removed(id);
+        }
         Some(s)
     }
 
@@ -492,6 +535,9 @@ impl SessionStore {
         for id in old {
             if let Some(s) = g.sessions.remove(&id) {
                 g.keys.remove(&s.key);
+                if let Some(l) = self.log.get() {
+                    l.removed(&id);
+                }
                 tracing::warn!(session = %id, turns = s.turns.len(), ?ttl, "agent session idle past its TTL; dropped with its trajectory");
             }
         }
@@ -499,97 +545,4 @@ impl SessionStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn turn(msgs: &[Value], reply: &str, ids: &[u32]) -> Turn {
-        Turn::new(
-            "t".into(),
-            msgs.to_vec(),
-            json!({"role": "assistant", "content": reply}),
-            ("P".into(), ids.to_vec()),
-            ("O".into(), vec![9], vec![-0.5], vec![json!("1")]),
-            json!({"type": "stop"}),
-            json!({}),
-            None,
-        )
-    }
-
-    #[test]
-    fn a_turn_continues_the_turn_whose_messages_and_reply_it_starts_with() {
-        let store = SessionStore::new(SessionLimits::default());
-        let (id, key) = store.open(Some("task"), None).unwrap();
-        assert_eq!(id, "task-0");
-        assert_eq!(store.by_key(&key).as_deref(), Some("task-0"));
-        let u1 = json!({"role": "user", "content": "hi"});
-        store
-            .record(&id, turn(std::slice::from_ref(&u1), "yo", &[1, 2]))
-            .unwrap();
-        let a1 = json!({"role": "assistant", "content": "yo", "refusal": null});
-        let u2 = json!({"role": "user", "content": "more"});
-        let b = store
-            .base(&id, &[u1.clone(), a1.clone(), u2.clone()])
-            .expect("continues");
-        assert_eq!(
-            (b.index, b.covered, b.ids.clone(), b.text.as_str()),
-            (0, 2, vec![1, 2, 9], "PO")
-        );
-        let edited = json!({"role": "assistant", "content": "yo!"});
-        assert!(
-            store.base(&id, &[u1.clone(), edited, u2]).is_none(),
-            "an edited history branches"
-        );
-        assert!(store.base(&id, &[u1]).is_none());
-    }
-
-    #[test]
-    fn idle_sessions_go_while_others_record() {
-        let store = SessionStore::new(SessionLimits {
-            idle_ttl: Duration::from_millis(30),
-            ..SessionLimits::default()
-        });
-        let (idle, key) = store.open(None, None).unwrap();
-        let (busy, _) = store.open(None, None).unwrap();
-        std::thread::sleep(Duration::from_millis(60));
-        let u = json!({"role": "user", "content": "x"});
-        store
-            .record(&busy, turn(std::slice::from_ref(&u), "a", &[1]))
-            .unwrap();
-        assert!(
-            !store.contains(&idle) && store.by_key(&key).is_none(),
-            "the idle one is gone"
-        );
-        assert!(store.contains(&busy));
-    }
-
-    #[test]
-    fn limits_hold() {
-        let store = SessionStore::new(SessionLimits {
-            max_sessions: 1,
-            max_session_tokens: 4,
-            idle_ttl: Duration::from_secs(3600),
-        });
-        let (id, key) = store.open(None, None).unwrap();
-        assert!(matches!(store.open(None, None), Err(AgentError::Full(_))));
-        let u = json!({"role": "user", "content": "x"});
-        assert!(
-            store
-                .record(&id, turn(std::slice::from_ref(&u), "a", &[1, 2, 3, 4]))
-                .is_err(),
-            "5 tokens"
-        );
-        store.record(&id, turn(&[u], "a", &[1, 2])).unwrap();
-        assert!(store.set_reward(&id, None, f64::NAN).is_err());
-        store.set_reward(&id, Some("t"), 1.0).unwrap();
-        assert!(store.set_reward(&id, Some("nope"), 1.0).is_err());
-        let s = store.take(&id).unwrap();
-        assert_eq!(s.turns[0].reward, Some(1.0));
-        assert!(store.by_key(&key).is_none() && store.is_empty());
-        store.open(None, Some("mine")).unwrap();
-        assert!(matches!(
-            store.open(None, Some("mine")),
-            Err(AgentError::Conflict(_) | AgentError::Full(_))
-        ));
-    }
-}
+mod tests;

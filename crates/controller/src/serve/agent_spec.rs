@@ -7,9 +7,11 @@ use troupe_agent::{AgentSpec, SessionLimits, TokenizerSource};
 /// The agent settings as given (all optional).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AgentOptions {
-    /// `reference` (the reference engine's tokenizer) or a model directory.
+    /// `reference` (the reference engine's tokenizer), a model directory, or `none` (no agent
+    /// layer).
     pub tokenizer: Option<String>,
-    /// The model name requests give (default `tiny` for `reference`, else the directory).
+    /// The model name requests give (default `troupe-tiny`, the name the reference engine lists,
+    /// for `reference`, else the directory).
     pub served_model_name: Option<String>,
     /// hermes | reference | none (default: reference for `reference`, else hermes).
     pub tool_call_parser: Option<String>,
@@ -21,7 +23,14 @@ pub struct AgentOptions {
     pub max_session_tokens: Option<usize>,
     /// Idle seconds before a session is dropped.
     pub session_idle_ttl_secs: Option<u64>,
+    /// Where recorded sessions are kept across gateway restarts (none: in memory only).
+    pub session_dir: Option<std::path::PathBuf>,
 }
+
+/// The name the reference engine lists for its default model (`troupe-<model>`, `/v1/models`):
+/// the agent layer's default name with the `reference` tokenizer, so a client naming the listed
+/// model reaches it.
+pub const REFERENCE_MODEL: &str = "troupe-tiny";
 
 /// The agent layer the settings describe (none without a tokenizer), its tokenizer loaded once
 /// to report a bad directory or parser now. `key(name)` spells a setting as the caller's user
@@ -30,7 +39,7 @@ pub fn agent_spec(
     o: &AgentOptions,
     key: impl Fn(&str) -> String,
 ) -> Result<Option<AgentSpec>, String> {
-    let Some(t) = &o.tokenizer else {
+    let Some(t) = o.tokenizer.as_ref().filter(|t| *t != "none") else {
         if o.served_model_name.is_some()
             || o.tool_call_parser.is_some()
             || o.reasoning_parser.is_some()
@@ -46,19 +55,26 @@ pub fn agent_spec(
         return Ok(None);
     };
     let (source, model, parser) = if t == "reference" {
-        (reference_files()?, "tiny".to_string(), "reference")
+        (reference_files()?, REFERENCE_MODEL.to_string(), "reference")
     } else {
         (TokenizerSource::Dir(t.into()), t.clone(), "hermes")
+    };
+    // `tiny` was the reference tokenizer's name before it took the engine's listed one.
+    let aliases = match (t.as_str(), &o.served_model_name) {
+        ("reference", None) => vec!["tiny".to_string()],
+        _ => Vec::new(),
     };
     let l = SessionLimits::default();
     let spec = AgentSpec {
         model: o.served_model_name.clone().unwrap_or(model),
+        aliases,
         tokenizer: source,
         tool_call_parser: o.tool_call_parser.clone().unwrap_or_else(|| parser.into()),
         reasoning_parser: o.reasoning_parser.clone().unwrap_or_else(|| "none".into()),
         max_sessions: o.max_agent_sessions.unwrap_or(l.max_sessions),
         max_session_tokens: o.max_session_tokens.unwrap_or(l.max_session_tokens),
         session_idle_ttl_secs: o.session_idle_ttl_secs.unwrap_or(l.idle_ttl.as_secs()),
+        session_dir: o.session_dir.clone(),
     };
     spec.build()
         .map_err(|e| format!("{} {t}: {e}", key("tokenizer")))?;
@@ -95,9 +111,15 @@ mod tests {
         let s = agent_spec(&o, flag).unwrap().unwrap();
         assert_eq!(
             (s.model.as_str(), s.tool_call_parser.as_str()),
-            ("tiny", "reference")
+            ("troupe-tiny", "reference")
         );
+        assert_eq!(s.aliases, ["tiny"]);
         assert_eq!(agent_spec(&AgentOptions::default(), flag).unwrap(), None);
+        let off = AgentOptions {
+            tokenizer: Some("none".into()),
+            ..Default::default()
+        };
+        assert_eq!(agent_spec(&off, flag).unwrap(), None);
         let e = agent_spec(
             &AgentOptions {
                 tokenizer: Some("/nonexistent".into()),

@@ -426,8 +426,13 @@ impl ServeConfig {
             cfg.vllm_args = super::installed_args::vllm_table(python);
         }
         let reference = cfg.uses(troupe_scheduler::Backend::Troupe);
+        let flags: Vec<String> = [EngineDialect::Sglang, EngineDialect::Vllm]
+            .into_iter()
+            .flat_map(|d| cfg.engine_flags(d).unwrap_or_default())
+            .chain(cfg.sglang.extra_args.iter().cloned())
+            .collect();
         cfg.gateway
-            .resolve_tokenizer(&cfg.sglang.model_path, reference);
+            .resolve_tokenizer(&cfg.sglang.model_path, reference, &flags);
         cfg.check().map_err(invalid)?;
         cfg.source = source;
         Ok(cfg)

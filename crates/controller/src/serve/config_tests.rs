@@ -97,6 +97,29 @@ fn enum_like_values_are_checked_at_load_naming_the_key() {
     )
     .unwrap();
     assert_eq!(c.weights.bucket_bytes(), 8 << 20);
+    // weights.staging: auto by default, off on request, anything else named.
+    assert_eq!(
+        c.weights.staging,
+        troupe_serving::control_plane::Staging::Auto
+    );
+    let off = ServeConfig::from_yaml(
+        "allocation_mode: x\nweights: {staging: off}\n",
+        "t.yaml",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        off.weights.staging,
+        troupe_serving::control_plane::Staging::Off
+    );
+    let e = ServeConfig::from_yaml(
+        "allocation_mode: x\nweights: {staging: maybe}\n",
+        "t.yaml",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("staging"), "{e}");
     let d = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[]).unwrap();
     assert_eq!(
         d.weights.bucket_bytes(),
@@ -256,22 +279,58 @@ fn sglang_and_vllm_engine_fields_pass_through_checked() {
 
 #[cfg(feature = "reference")]
 #[test]
-fn the_gateways_tokenizer_is_the_engines_own_with_auto() {
-    let y =
-        "allocation_mode: 'troupe:d1'\nsglang: {model_path: tiny}\ngateway: {tokenizer: auto}\n";
-    let c = ServeConfig::from_yaml(y, "t.yaml", &[]).unwrap();
-    let agent = c.gateway.to_gateway().agent.expect("an agent layer");
-    assert_eq!(
-        (agent.model.as_str(), agent.tool_call_parser.as_str()),
-        ("tiny", "reference")
+fn the_gateways_tokenizer_is_the_engines_own_by_default() {
+    // No key: the reference engine's tokenizer, under the name its engines list.
+    for y in [
+        "allocation_mode: 'troupe:d1'\nsglang: {model_path: tiny}\n",
+        "allocation_mode: 'troupe:d1'\nsglang: {model_path: tiny}\ngateway: {tokenizer: auto}\n",
+    ] {
+        let c = ServeConfig::from_yaml(y, "t.yaml", &[]).unwrap();
+        let agent = c.gateway.to_gateway().agent.expect("an agent layer");
+        assert_eq!(
+            (agent.model.as_str(), agent.tool_call_parser.as_str()),
+            ("troupe-tiny", "reference")
+        );
+        let line = c.gateway.agent_line();
+        assert!(
+            line.contains("reference engine's built-in tokenizer") && line.contains("troupe-tiny"),
+            "{line}"
+        );
+    }
+    // The engines' own --served-model-name is the agent layer's name too.
+    let c = ServeConfig::from_yaml(
+        "allocation_mode: 'troupe:d1'\nsglang: {model_path: small, extra_args: [--served-model-name, m1]}\n",
+        "t.yaml",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.gateway.to_gateway().agent.unwrap().model, "m1");
+    // `none`: a pure inference gateway.
+    let c = ServeConfig::from_yaml(
+        "allocation_mode: 'troupe:d1'\ngateway: {tokenizer: none}\n",
+        "t.yaml",
+        &[],
+    )
+    .unwrap();
+    assert!(c.gateway.to_gateway().agent.is_none());
+    assert!(c.gateway.agent_line().contains("tokenizer: none"));
+    // A model the gateway cannot read: off by default, and the line says why; `auto` asked
+    // for it, so its absence is an error naming the key.
+    let hub = "allocation_mode: 'sglang:d1'\nsglang: {model_path: org/model}\n";
+    let c = ServeConfig::from_yaml(hub, "t.yaml", &[]).unwrap();
+    assert!(c.gateway.to_gateway().agent.is_none());
+    let line = c.gateway.agent_line();
+    assert!(
+        line.contains("off") && line.contains("org/model") && line.contains("tokenizer.json"),
+        "{line}"
     );
-    let d = "allocation_mode: 'troupe:d1'\nsglang: {model_path: /nonexistent/m}\ngateway: {tokenizer: auto}\n";
+    let d = "allocation_mode: 'sglang:d1'\nsglang: {model_path: /nonexistent/m}\ngateway: {tokenizer: auto}\n";
     let e = ServeConfig::from_yaml(d, "t.yaml", &[])
         .unwrap_err()
         .to_string();
     assert!(e.contains("gateway.tokenizer /nonexistent/m"), "{e}");
     let e = ServeConfig::from_yaml(
-        "allocation_mode: x\ngateway: {tool_call_parser: hermes}\n",
+        "allocation_mode: x\ngateway: {tokenizer: none, tool_call_parser: hermes}\n",
         "t.yaml",
         &[],
     )

@@ -72,13 +72,20 @@ pub struct GatewaySection {
     /// the runtime of the host it runs on; `troupe gateway` uses one per core).
     #[serde(default)]
     pub io_threads: Option<usize>,
-    /// The agent routes' tokenizer: `reference`, a model directory, or `auto` (the engines'
-    /// model: `reference` for the reference engine's built-in models, else `sglang.model_path`).
-    /// With it the gateway serves chat and Anthropic messages from token ids and records
+    /// The agent routes' tokenizer: `auto` (the default: the engines' own model's, found where
+    /// the gateway can know it: `reference` for the reference engine, else `sglang.model_path`
+    /// when it is a directory on this machine holding `tokenizer.json`), `reference`, a model
+    /// directory, or `none` (a pure inference gateway: chat passes through, no sessions). With
+    /// it the gateway serves chat, Anthropic messages and Responses from token ids and records
     /// sessions.
     #[serde(default)]
     pub tokenizer: Option<String>,
-    /// The model name agent requests give (default `tiny` for `reference`, else the directory).
+    /// What the agent layer runs with, or why there is none: the start-up line's words, set
+    /// when the config is loaded.
+    #[serde(skip)]
+    pub agent_note: String,
+    /// The model name agent requests give (default: the name the engines list, `troupe-tiny`
+    /// for the reference engine's default model, else `--served-model-name` or the model path).
     #[serde(default)]
     pub served_model_name: Option<String>,
     /// Tool-call parser: hermes | reference | none.
@@ -96,6 +103,11 @@ pub struct GatewaySection {
     /// Idle seconds before a recorded session is dropped (default 3600).
     #[serde(default)]
     pub session_idle_ttl_secs: Option<u64>,
+    /// Where recorded sessions are written as they happen, so a gateway started again over the
+    /// same directory continues them (default: `STATE_FILE.sessions` when the deployment keeps
+    /// a state file, else none: in memory only). A path on the gateway's host.
+    #[serde(default)]
+    pub session_dir: Option<std::path::PathBuf>,
 }
 
 impl GatewaySection {
@@ -123,17 +135,93 @@ impl GatewaySection {
         }
     }
 
-    /// `gateway.tokenizer: auto` made concrete: the engines' own model's tokenizer, the
-    /// reference engine's for its built-in models (`reference_engine`: the plan runs it), else
-    /// the model directory the engines load.
-    pub(super) fn resolve_tokenizer(&mut self, model_path: &str, reference_engine: bool) {
-        if self.tokenizer.as_deref() == Some("auto") {
-            let builtin = reference_engine && matches!(model_path, "tiny" | "small");
-            self.tokenizer = Some(if builtin {
-                "reference".into()
-            } else {
-                model_path.into()
+    /// `gateway.tokenizer` made concrete. Unset or `auto`: the engines' own model's tokenizer,
+    /// the reference engine's built-in one (`reference_engine`: the plan runs it), else the
+    /// model directory the engines load when it holds `tokenizer.json` here. Unset and no such
+    /// directory: no agent layer, and [`Self::agent_note`] says why (`auto` keeps the path, so
+    /// loading it reports what is missing). `none`: no agent layer. `engine_flags`: the
+    /// engines' flags, whose `--served-model-name` the agent layer's default name follows.
+    pub(super) fn resolve_tokenizer(
+        &mut self,
+        model_path: &str,
+        reference_engine: bool,
+        engine_flags: &[String],
+    ) {
+        let asked = self.tokenizer.clone();
+        match asked.as_deref() {
+            Some("none") => {
+                self.tokenizer = None;
+                self.agent_note = "off (gateway.tokenizer: none)".into();
+                return;
+            }
+            None | Some("auto") => {}
+            Some(t) => {
+                self.agent_note = format!("tokenizer {t} (gateway.tokenizer)");
+                return;
+            }
+        }
+        let dir = std::path::Path::new(model_path);
+        let (tokenizer, why) = if reference_engine {
+            (
+                Some("reference".to_string()),
+                "the reference engine's built-in tokenizer".to_string(),
+            )
+        } else if dir.join("tokenizer.json").is_file() {
+            (
+                Some(model_path.to_string()),
+                format!("{model_path}/tokenizer.json, the engines' model"),
+            )
+        } else if asked.is_some() {
+            // `auto` asked for it: loading the path names what is missing.
+            (Some(model_path.to_string()), String::new())
+        } else {
+            (
+                None,
+                format!(
+                    "off: the engines' model {model_path:?} is not a directory on this machine holding tokenizer.json; set gateway.tokenizer to a model directory for chat, messages, responses and /sessions"
+                ),
+            )
+        };
+        self.tokenizer = tokenizer;
+        if self.tokenizer.is_none() {
+            self.agent_note = why;
+            return;
+        }
+        // The agent layer answers to the name the engines list, so a client that reads
+        // `/v1/models` and names that model reaches it.
+        if self.served_model_name.is_none() {
+            self.served_model_name = served_name_flag(engine_flags).or_else(|| {
+                reference_engine.then(|| match model_path {
+                    "small" => "troupe-small".to_string(),
+                    _ => super::agent_spec::REFERENCE_MODEL.to_string(),
+                })
             });
+        }
+        self.agent_note = why;
+    }
+
+    /// The start-up line's words for the agent layer: its tokenizer, template and model name,
+    /// or why it is off.
+    pub fn agent_line(&self) -> String {
+        match self.agent() {
+            Ok(Some(spec)) => format!(
+                "agent layer: {} with its tokenizer_config.json chat template, model {:?}, tool-call parser {}, reasoning parser {}, sessions {} (POST /sessions, /v1/chat/completions, /v1/messages, /v1/responses)",
+                if self.agent_note.is_empty() {
+                    self.tokenizer.clone().unwrap_or_default()
+                } else {
+                    self.agent_note.clone()
+                },
+                spec.model,
+                spec.tool_call_parser,
+                spec.reasoning_parser,
+                spec.session_dir.as_ref().map_or_else(
+                    || "in memory only".to_string(),
+                    |d| format!("kept in {}", d.display())
+                )
+            ),
+            Ok(None) if self.agent_note.is_empty() => "agent layer: off".into(),
+            Ok(None) => format!("agent layer: {}", self.agent_note),
+            Err(e) => format!("agent layer: off ({e})"),
         }
     }
 
@@ -147,6 +235,7 @@ impl GatewaySection {
             max_agent_sessions: self.max_agent_sessions,
             max_session_tokens: self.max_session_tokens,
             session_idle_ttl_secs: self.session_idle_ttl_secs,
+            session_dir: self.session_dir.clone(),
         };
         super::agent_spec::agent_spec(&o, |k| format!("gateway.{k}"))
     }
@@ -215,4 +304,18 @@ impl GatewaySection {
         }
         Ok(())
     }
+}
+
+/// `--served-model-name NAME` (or `=NAME`) among an engine's flags.
+fn served_name_flag(flags: &[String]) -> Option<String> {
+    let mut it = flags.iter();
+    while let Some(f) = it.next() {
+        if let Some(v) = f.strip_prefix("--served-model-name=") {
+            return Some(v.to_string());
+        }
+        if f == "--served-model-name" {
+            return it.next().cloned();
+        }
+    }
+    None
 }

@@ -364,7 +364,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         )));
     }
     let agent = match &cfg.agent {
-        Some(spec) => Some(Arc::new(spec.build().map_err(|e| {
+        Some(spec) => Some(Arc::new(agent::journal::build(spec).map_err(|e| {
             ServingError::Config(format!("the gateway's agent layer: {e}"))
         })?)),
         None => None,

@@ -176,7 +176,7 @@ fn spec(
     obj: &Map<String, Value>,
     counting: bool,
 ) -> Result<TurnSpec, TurnError> {
-    super::openai::check_model(obj, &agent.model)?;
+    super::openai::check_model(obj, agent)?;
     if !counting && !obj.get("max_tokens").is_some_and(Value::is_u64) {
         return Err(TurnError::bad(
             "max_tokens (a positive integer) is required",

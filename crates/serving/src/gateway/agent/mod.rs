@@ -13,6 +13,7 @@
 
 mod anthropic;
 mod generate;
+pub(crate) mod journal;
 mod openai;
 mod responses;
 mod sessions;

@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
-use troupe_agent::messages;
+use troupe_agent::{Agent, messages};
 
 use super::super::GatewayState;
 use super::turn::{self, Stop, TurnError, TurnOut, TurnSpec};
@@ -90,9 +90,10 @@ pub(super) fn tool_choice_in(
 }
 
 /// The `model` field, which must name the served model.
-pub(super) fn check_model(obj: &Map<String, Value>, served: &str) -> Result<(), TurnError> {
+pub(super) fn check_model(obj: &Map<String, Value>, agent: &Agent) -> Result<(), TurnError> {
+    let served = &agent.model;
     match obj.get("model").and_then(Value::as_str) {
-        Some(m) if m == served => Ok(()),
+        Some(m) if agent.serves(m) => Ok(()),
         Some(m) => Err(TurnError {
             status: 404,
             message: format!("The model `{m}` does not exist; this gateway serves `{served}`."),
@@ -127,7 +128,7 @@ pub(super) async fn chat(
         Err(e) => return error(400, &format!("the body must be a JSON object: {e}")),
     };
     let prepared = (|| -> Result<(TurnSpec, bool, bool, bool), TurnError> {
-        check_model(&obj, &agent.model)?;
+        check_model(&obj, &agent)?;
         let msgs = messages::for_template(obj.get("messages").unwrap_or(&Value::Null))?;
         let tools = tools(&obj)?;
         let (parse_tools, forced) = tool_choice(&obj, &tools)?;

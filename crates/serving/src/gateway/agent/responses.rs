@@ -249,7 +249,7 @@ fn prepare(
     headers: &HeaderMap,
     obj: &Map<String, Value>,
 ) -> Result<Prepared, TurnError> {
-    check_model(obj, &agent.model)?;
+    check_model(obj, agent)?;
     unsupported(obj)?;
     let stream = match obj.get("stream") {
         None | Some(Value::Null) => false,

@@ -1,0 +1,94 @@
+//! The session store's own rules: which turn a request continues, idle sessions, limits.
+
+use super::*;
+use serde_json::json;
+
+fn turn(msgs: &[Value], reply: &str, ids: &[u32]) -> Turn {
+    Turn::new(
+        "t".into(),
+        msgs.to_vec(),
+        json!({"role": "assistant", "content": reply}),
+        ("P".into(), ids.to_vec()),
+        ("O".into(), vec![9], vec![-0.5], vec![json!("1")]),
+        json!({"type": "stop"}),
+        json!({}),
+        None,
+    )
+}
+
+#[test]
+fn a_turn_continues_the_turn_whose_messages_and_reply_it_starts_with() {
+    let store = SessionStore::new(SessionLimits::default());
+    let (id, key) = store.open(Some("task"), None).unwrap();
+    assert_eq!(id, "task-0");
+    assert_eq!(store.by_key(&key).as_deref(), Some("task-0"));
+    let u1 = json!({"role": "user", "content": "hi"});
+    store
+        .record(&id, turn(std::slice::from_ref(&u1), "yo", &[1, 2]))
+        .unwrap();
+    let a1 = json!({"role": "assistant", "content": "yo", "refusal": null});
+    let u2 = json!({"role": "user", "content": "more"});
+    let b = store
+        .base(&id, &[u1.clone(), a1.clone(), u2.clone()])
+        .expect("continues");
+    assert_eq!(
+        (b.index, b.covered, b.ids.clone(), b.text.as_str()),
+        (0, 2, vec![1, 2, 9], "PO")
+    );
+    let edited = json!({"role": "assistant", "content": "yo!"});
+    assert!(
+        store.base(&id, &[u1.clone(), edited, u2]).is_none(),
+        "an edited history branches"
+    );
+    assert!(store.base(&id, &[u1]).is_none());
+}
+
+#[test]
+fn idle_sessions_go_while_others_record() {
+    let store = SessionStore::new(SessionLimits {
+        idle_ttl: Duration::from_millis(30),
+        ..SessionLimits::default()
+    });
+    let (idle, key) = store.open(None, None).unwrap();
+    let (busy, _) = store.open(None, None).unwrap();
+    std::thread::sleep(Duration::from_millis(60));
+    let u = json!({"role": "user", "content": "x"});
+    store
+        .record(&busy, turn(std::slice::from_ref(&u), "a", &[1]))
+        .unwrap();
+    assert!(
+        !store.contains(&idle) && store.by_key(&key).is_none(),
+        "the idle one is gone"
+    );
+    assert!(store.contains(&busy));
+}
+
+#[test]
+fn limits_hold() {
+    let store = SessionStore::new(SessionLimits {
+        max_sessions: 1,
+        max_session_tokens: 4,
+        idle_ttl: Duration::from_secs(3600),
+    });
+    let (id, key) = store.open(None, None).unwrap();
+    assert!(matches!(store.open(None, None), Err(AgentError::Full(_))));
+    let u = json!({"role": "user", "content": "x"});
+    assert!(
+        store
+            .record(&id, turn(std::slice::from_ref(&u), "a", &[1, 2, 3, 4]))
+            .is_err(),
+        "5 tokens"
+    );
+    store.record(&id, turn(&[u], "a", &[1, 2])).unwrap();
+    assert!(store.set_reward(&id, None, f64::NAN).is_err());
+    store.set_reward(&id, Some("t"), 1.0).unwrap();
+    assert!(store.set_reward(&id, Some("nope"), 1.0).is_err());
+    let s = store.take(&id).unwrap();
+    assert_eq!(s.turns[0].reward, Some(1.0));
+    assert!(store.by_key(&key).is_none() && store.is_empty());
+    store.open(None, Some("mine")).unwrap();
+    assert!(matches!(
+        store.open(None, Some("mine")),
+        Err(AgentError::Conflict(_) | AgentError::Full(_))
+    ));
+}
