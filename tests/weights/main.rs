@@ -8,3 +8,4 @@ mod external_trainer;
 mod rollout;
 mod staleness;
 mod sync;
+mod transactions;

@@ -322,6 +322,7 @@ impl Controller for ControllerApi {
             flush_cache: r.flush_cache,
             weight_version: Some(r.weight_version).filter(|v| !v.is_empty()),
             packed: false,
+            stage: false,
         };
         // With a version, the plane records it once every member took the bucket: the fleet
         // then expects it, so `EndWeightUpdate` checks and resumes in one call per engine.

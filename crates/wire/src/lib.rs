@@ -28,9 +28,11 @@ pub mod error_chain;
 pub mod pause;
 pub mod routes;
 pub mod sglang;
+pub mod staging;
 pub mod version;
 pub mod vllm;
 pub mod vocab;
+pub mod want;
 
 /// Generated protobuf messages and gRPC stubs for `troupe.v1`.
 #[allow(clippy::all, missing_docs)]

@@ -111,6 +111,9 @@ pub const ROUTES: &[Route] = &[
     route("/finish_weight_update", POST, Some(Vllm), true, Admin, Side::Both),
     route("/collective_rpc", POST, Some(Vllm), true, Admin, Side::Both),
     route("/abort_requests", POST, Some(Vllm), true, Normal, Side::Both),
+    // Troupe: staged weight updates, both dialects (`crate::staging`).
+    route("/commit_weight_update", POST, None, true, Admin, Side::Engine),
+    route("/abort_weight_update", POST, None, true, Admin, Side::Engine),
     // vLLM: reads.
     route("/is_paused", GET, Some(Vllm), false, Normal, Side::Both),
     route("/is_sleeping", GET, Some(Vllm), false, Normal, Side::Both),
@@ -121,6 +124,8 @@ pub const ROUTES: &[Route] = &[
     route("/init_weight_update_communicator", POST, Some(Vllm), true, Admin, Side::Gateway),
     // Troupe: a whole model pushed as a safetensors body (the plane is rank 0).
     route("/update_weights_from_tensor", POST, None, true, Admin, Side::Gateway),
+    // Troupe: servers join and leave a running deployment (`troupe_serving::scale`).
+    route("/scale", POST, None, true, Admin, Side::Gateway),
 ];
 
 /// The route at `path`, if it is a control route. One hash lookup: every request to the

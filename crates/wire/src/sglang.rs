@@ -79,6 +79,11 @@ pub struct UpdateWeightsFromDistributed {
     /// engines take it, so it is never sent to SGLang (Troupe's field; absent when false).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub packed: bool,
+    /// Keep the bucket beside the live weights until `/commit_weight_update` (Troupe's field,
+    /// sent only to engines whose `/server_info` says `weight_staging`; absent when false). See
+    /// [`crate::staging`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stage: bool,
 }
 
 /// `POST /abort_request`: one request by id, or every request. Fields SGLang adds in later
@@ -139,6 +144,7 @@ mod tests {
             flush_cache: true,
             weight_version: Some("v1".into()),
             packed: false,
+            stage: false,
         };
         assert_eq!(
             serde_json::to_value(&b).unwrap(),

@@ -42,6 +42,10 @@ pub struct UpdateInfo {
     /// Whether the tensors arrive packed into one flat buffer.
     #[serde(default)]
     pub packed: bool,
+    /// Keep the bucket beside the live weights until `/commit_weight_update` (Troupe's field,
+    /// as SGLang's `stage`; absent when false). See [`crate::staging`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stage: bool,
 }
 
 /// `POST /update_weights`.

@@ -85,6 +85,8 @@ pub struct ForkOptions {
     pub weights_delta: troupe_weights::delta::DeltaMode,
     /// The most bytes of tensors one bucket of a weight sync carries (`weights.bucket_mib`).
     pub weights_bucket_bytes: u64,
+    /// Whether engines that can stage weight updates do (`weights.staging`).
+    pub weights_staging: troupe_serving::control_plane::Staging,
     /// PD transfer backend.
     pub transfer_backend: Option<String>,
     /// Extra server flags, verbatim, for every server.
@@ -124,6 +126,7 @@ impl Default for ForkOptions {
             quantization: None,
             weights_delta: troupe_weights::delta::DeltaMode::Auto,
             weights_bucket_bytes: troupe_weights::bucket::DEFAULT_BUCKET_BYTES,
+            weights_staging: Default::default(),
             transfer_backend: None,
             extra_args: Vec::new(),
             sglang_args: Vec::new(),

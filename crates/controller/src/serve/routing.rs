@@ -171,6 +171,7 @@ pub(crate) async fn open_control(
         fp8: opts.quantization.as_deref() == Some("fp8"),
         delta: opts.weights_delta,
         bucket_bytes: opts.weights_bucket_bytes,
+        staging: opts.weights_staging,
         master_host: ip.clone(),
         ..WeightSyncOptions::default()
     });

@@ -81,6 +81,10 @@ impl Watcher {
             ServingEvent::Replaced { old, new, host } => {
                 tracing::warn!(%old, %new, host, "lost server re-placed")
             }
+            // Scaling's own events: `super::scale` logs them where it sends them.
+            ServingEvent::Added { .. }
+            | ServingEvent::Draining { .. }
+            | ServingEvent::Retired { .. } => {}
             ServingEvent::GatewayLost { host, reason } => {
                 // `troupe serve` also says so on stderr (it watches these events).
                 tracing::error!(host, %reason, "the gateway's host is lost: the gateway is gone");
@@ -101,6 +105,8 @@ impl Watcher {
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
                 _ = fleet.wait_updated() => {
+                    let out = fleet.take_held_out();
+                    futures::future::join_all(out.into_iter().map(|url| self.clone().held_out(url))).await;
                     let back = fleet.take_caught_up();
                     futures::future::join_all(back.iter().map(|url| self.readmit(url))).await;
                 }
@@ -213,11 +219,39 @@ impl Watcher {
             return;
         }
         self.instances.set_running(&url);
+        self.catch_up(engine);
+    }
+
+    /// A failed weight update may have left `url` with part of it (`Fleet::hold_out`): out of
+    /// the router now, and back once a catch-up (or the next update) brings it to a complete
+    /// version.
+    async fn held_out(self: Arc<Self>, url: String) {
+        let Some(i) = self.instances.by_url(&url) else {
+            return;
+        };
+        if let Some(w) = &i.worker {
+            match self
+                .gateway
+                .call(RemoveWorker {
+                    worker: w.url.clone(),
+                })
+                .await
+            {
+                Ok(_) => {}
+                Err(e) => tracing::warn!(worker = %w.url, "cannot remove worker: {e}"),
+            }
+        }
+        self.catch_up(i.engine());
+    }
+
+    /// Says `engine` is held and catches it up off the event loop (a catch-up waits for any
+    /// update in progress), routing it once it holds the current weights.
+    fn catch_up(self: Arc<Self>, engine: Engine) {
+        let url = engine.url.clone();
         self.emit(ServingEvent::Held { url: url.clone() });
         let Some(c) = self.fleet().catcher() else {
             return; // the next weight update reaches it (see Fleet::updated)
         };
-        // Off the event loop: a catch-up waits for any update in progress.
         tokio::spawn(async move {
             match c.catch_up(&self.control, &engine).await {
                 Ok(version) => {

@@ -20,6 +20,14 @@ pub struct WeightsSection {
     /// travel in several buckets.
     #[serde(default = "default_bucket_mib", deserialize_with = "bucket_mib")]
     pub bucket_mib: u64,
+    /// `auto` (default): engines that can (the reference engine) stage each update beside
+    /// their live weights and swap it in only once every engine has all of it, so a failed
+    /// update is dropped whole; while an update is in flight each such engine holds one more
+    /// copy of the tensors sent (for a full update, of the model). `off`: every engine applies
+    /// buckets as they arrive, and one a failed update reached is held out until a complete
+    /// update reaches it (what SGLang and vLLM engines always get).
+    #[serde(default)]
+    pub staging: troupe_serving::control_plane::Staging,
 }
 
 impl Default for WeightsSection {
@@ -27,6 +35,7 @@ impl Default for WeightsSection {
         Self {
             delta: DeltaMode::default(),
             bucket_mib: default_bucket_mib(),
+            staging: Default::default(),
         }
     }
 }

@@ -90,6 +90,25 @@ impl Scheduler {
                 self.publish();
                 let _ = reply.send(r);
             }
+            Command::StageTensors {
+                tensors,
+                version,
+                reply,
+            } => {
+                let r = self.stage_tensors(tensors, version);
+                self.publish();
+                let _ = reply.send(r);
+            }
+            Command::CommitStaged { version, reply } => {
+                let r = self.commit_staged(version);
+                self.publish();
+                let _ = reply.send(r);
+            }
+            Command::DiscardStaged(reply) => {
+                let n = self.discard_staged();
+                self.publish();
+                let _ = reply.send(n);
+            }
             Command::ReplaceWeights {
                 weights,
                 version,
@@ -165,7 +184,7 @@ impl Scheduler {
         self.counters.weight_updates_total += 1;
     }
 
-    fn update_tensors(
+    pub(super) fn update_tensors(
         &mut self,
         tensors: Vec<(String, Vec<f32>)>,
         version: Option<String>,
@@ -216,7 +235,7 @@ impl Scheduler {
     }
 }
 
-fn released_msg() -> String {
+pub(super) fn released_msg() -> String {
     "weights are released; call /resume_memory_occupation with tags [\"weights\"] first".into()
 }
 

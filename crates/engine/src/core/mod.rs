@@ -7,6 +7,7 @@
 //! - [`admit`]: the prefix cache's part in admission (lookups, in-batch holding back).
 //! - [`prefix_cache`]: the radix tree of cached prompt KV (GRPO groups prefill once).
 //! - [`scheduler`]: the loop (admit, prefill, decode step, commands between steps).
+//! - `staging`: a weight update kept beside the live weights until it is committed.
 //! - [`handle`]: the handle to the loop's thread (commands in, cheap ones applied in place).
 
 pub mod admit;
@@ -17,6 +18,7 @@ pub mod prefix_cache;
 pub mod request;
 pub mod scheduler;
 pub mod sequence;
+mod staging;
 
 pub use handle::EngineCore;
 pub use latency::LatencyModel;

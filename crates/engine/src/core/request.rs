@@ -138,6 +138,25 @@ pub enum Command {
         /// Reply.
         reply: Reply,
     },
+    /// Keep some tensors (already validated and converted) for a later [`Command::CommitStaged`];
+    /// nothing served changes.
+    StageTensors {
+        /// `(name, values)` pairs.
+        tensors: Vec<(String, Vec<f32>)>,
+        /// The version they belong to, if the sender names it per bucket.
+        version: Option<String>,
+        /// Reply.
+        reply: Reply,
+    },
+    /// Swap every staged tensor in at once and serve `version` (else the staged one).
+    CommitStaged {
+        /// The version to serve.
+        version: Option<String>,
+        /// Reply.
+        reply: Reply,
+    },
+    /// Drop a staged update (answered with how many tensors it held).
+    DiscardStaged(oneshot::Sender<usize>),
     /// Replace all weights (from disk).
     ReplaceWeights {
         /// The new weights.

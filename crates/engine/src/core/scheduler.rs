@@ -108,6 +108,8 @@ pub struct EngineStatus {
     pub kv_local_tokens_total: u64,
     /// Tokens held by the prefix cache now.
     pub prefix_cache_tokens: usize,
+    /// Tensors received for a staged weight update not committed yet (see `staging`).
+    pub weights_staged: usize,
 }
 
 pub(super) struct Scheduler {
@@ -128,6 +130,8 @@ pub(super) struct Scheduler {
     pub(super) prefix: Option<SharedCache>,
     /// Set once the loop has ended: nothing is applied inline after that.
     pub(super) stopped: bool,
+    /// A weight update received but not committed (see `super::staging`).
+    pub(super) staged: Option<super::staging::Staged>,
 }
 
 impl Scheduler {
@@ -165,6 +169,7 @@ impl Scheduler {
             status,
             counters: EngineStatus::default(),
             stopped: false,
+            staged: None,
         }
     }
 
@@ -456,6 +461,7 @@ impl Scheduler {
             weight_version: self.weight_version.clone(),
             weights_released: self.weights.is_none(),
             kv_cache_released: self.kv_released,
+            weights_staged: self.staged_tensors(),
             ..self.counters.clone()
         };
     }

@@ -121,6 +121,9 @@ pub async fn server_info(State(state): State<Arc<AppState>>) -> Response {
         // `/continue_generation` honours `If-Match: "<weight version>"`: a gateway that only
         // has this server's URL learns here that it may check and resume in one call.
         "resume_if_match": true,
+        // Buckets sent with `stage` wait for `/commit_weight_update` (`troupe_wire::staging`).
+        (troupe_wire::staging::CAPABILITY): true,
+        "weights_staged": st.weights_staged,
     }))
     .into_response()
 }

@@ -6,6 +6,7 @@
 //! - [`weights_api`]: weight-update groups and `/update_weights_from_disk`.
 //! - [`info`]: health, server and model info, loads, metrics.
 //! - [`vllm`], [`vllm_transfer`]: vLLM's RL routes over the same operations.
+//! - [`staging`]: Troupe's commit and abort of a staged weight update (both dialects).
 //! - [`tokens`]: vLLM's `/tokenize`, `/detokenize`; [`inference`]: its token-in/token-out
 //!   `/inference/v1/generate`.
 //! - [`parse`], [`error`]: request parsing and SGLang-style errors; [`keep_alive`]: small
@@ -20,6 +21,7 @@ pub mod info;
 pub mod keep_alive;
 pub mod openai;
 pub mod parse;
+pub mod staging;
 pub mod tokens;
 pub mod vllm;
 pub mod vllm_transfer;
@@ -199,6 +201,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(tokens::detokenize))
         .route("/inference/v1/generate", post(inference::generate))
         .merge(vllm::routes())
+        .merge(staging::routes())
         .fallback(not_found)
         // As large as a gateway passes on (its client-facing limit), so a prompt too long for
         // the context is answered 400 naming the context, not 413 from axum's 2 MiB default.

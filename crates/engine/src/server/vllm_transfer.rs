@@ -12,6 +12,9 @@
 //!    entries must agree).
 //! 4. `POST /finish_weight_update {weight_version?}` closes it and sets the served version.
 //!
+//! With Troupe's `update_info.stage`, buckets are staged instead (`super::staging`): finish
+//! then serves nothing new, and `/commit_weight_update` swaps the session's buckets in.
+//!
 //! `packed` is accepted and changes nothing: it is NCCL buffer geometry, while over `tcp` the
 //! sender frames each bucket as one ordered byte stream either way. CUDA IPC and NCCL unique
 //! ids cannot reach this engine and are refused by name.
@@ -54,6 +57,9 @@ pub const RPC_METHODS: &[&str] = &[
 pub struct Transfer {
     active: bool,
     last: Option<Bucket>,
+    /// The session's buckets are staged (Troupe's `update_info.stage`): its finish serves
+    /// nothing new; `/commit_weight_update` does.
+    staged: bool,
 }
 
 /// One bucket's tensors in broadcast order, in the SGLang handler's field names.
@@ -62,6 +68,13 @@ struct Bucket {
     names: Vec<Value>,
     dtypes: Vec<Value>,
     shapes: Vec<Value>,
+}
+
+/// Ends an open session without serving it (`/abort_weight_update`).
+pub async fn close(state: &AppState) {
+    let mut t = state.vllm.transfer.lock().await;
+    t.active = false;
+    t.staged = false;
 }
 
 /// The routes.
@@ -163,6 +176,9 @@ async fn start(state: &AppState) -> Result<(), ApiError> {
         ));
     }
     t.active = true;
+    t.staged = false;
+    // A staged update never committed belongs to an abandoned session: a new one starts clean.
+    state.core.call(Command::DiscardStaged).await?;
     Ok(())
 }
 
@@ -192,6 +208,7 @@ fn parse_info(v: &Value) -> Result<Option<Bucket>, ApiError> {
         "shapes",
         "packed",
         "is_checkpoint_format",
+        "stage",
     ];
     if let Some(k) = info.keys().find(|k| !KEYS.contains(&k.as_str())) {
         return Err(bad(format!(
@@ -200,6 +217,7 @@ fn parse_info(v: &Value) -> Result<Option<Bucket>, ApiError> {
     }
     boolean(info, "packed", "update_info")?;
     boolean(info, "is_checkpoint_format", "update_info")?;
+    boolean(info, "stage", "update_info")?;
     let b = Bucket {
         names: list(info, "names")?,
         dtypes: list(info, "dtype_names")?,
@@ -247,6 +265,7 @@ fn parse_payload(v: Option<&Value>, ranks: usize) -> Result<Option<Bucket>, ApiE
 /// transfer ends the session (and leaves the group), as in vLLM.
 async fn update(state: &Arc<AppState>, payload: Option<&Value>) -> Result<(), ApiError> {
     let parsed = parse_payload(payload, state.args.tp_size as usize)?;
+    let stage = stage_of(payload);
     let mut t = state.vllm.transfer.lock().await;
     if !t.active {
         return Err(bad(
@@ -263,7 +282,7 @@ async fn update(state: &Arc<AppState>, payload: Option<&Value>) -> Result<(), Ap
     };
     let req = json!({
         "names": bucket.names, "dtypes": bucket.dtypes, "shapes": bucket.shapes,
-        "group_name": TRANSFER_GROUP,
+        "group_name": TRANSFER_GROUP, "stage": stage,
     });
     let r =
         weights_api::update_from_distributed(State(state.clone()), Bytes::from(req.to_string()))
@@ -271,6 +290,7 @@ async fn update(state: &Arc<AppState>, payload: Option<&Value>) -> Result<(), Ap
     match r {
         Ok(_) => {
             t.last = Some(bucket);
+            t.staged |= stage;
             Ok(())
         }
         Err(e) => {
@@ -280,6 +300,17 @@ async fn update(state: &Arc<AppState>, payload: Option<&Value>) -> Result<(), Ap
             Err(e)
         }
     }
+}
+
+/// Whether a (checked) `update_info` asks for staging: its own field, or rank 0's entry's.
+fn stage_of(payload: Option<&Value>) -> bool {
+    let info = match payload {
+        Some(Value::Array(a)) => a.first(),
+        v => v,
+    };
+    info.and_then(|i| i.get("stage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
 }
 
 fn version(v: Option<&Value>) -> Result<Option<String>, ApiError> {
@@ -301,6 +332,10 @@ async fn finish(state: &AppState, version: Option<String>) -> Result<(), ApiErro
         ));
     }
     t.active = false;
+    if t.staged {
+        // Staged: nothing is served until `/commit_weight_update`, which names the version.
+        return Ok(());
+    }
     if let Some(version) = version {
         state
             .core

@@ -291,8 +291,9 @@ fn version_of(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
 }
 
 /// `POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache,
-/// weight_version}`: reads exactly these tensors from rank 0 and swaps them in, all at once,
-/// once every engine of the group holds the bucket. `float8_e4m3fn` weights must come with
+/// weight_version, stage?}`: reads exactly these tensors from rank 0 and swaps them in, all at
+/// once, once every engine of the group holds the bucket; with `stage` (Troupe's), keeps them
+/// for `/commit_weight_update` instead (`super::staging`). `float8_e4m3fn` weights must come with
 /// their `.weight_scale_inv` (block, tiled by `weight_block_size`) or `.weight_scale`
 /// (per-tensor) in the same bucket and are dequantized to f32. A malformed request is refused
 /// before anything is read (the group stays joined); a transport error or mismatch leaves the
@@ -304,6 +305,11 @@ pub async fn update_from_distributed(
     let obj = parse_object(&body).map_err(ApiError::control)?;
     let group = str_field(&obj, "group_name", "weight_sync")?.to_string();
     let version = version_of(&obj)?;
+    let stage = match obj.get("stage") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => return Err(bad(format!("stage must be true or false, got {v}"))),
+    };
     let (specs, pairs) = specs(&state, &obj)?;
     // Take the receiver out while reading, so two updates on one group cannot interleave.
     let mut rx = state.groups.lock().await.remove(&group).ok_or_else(|| {
@@ -330,15 +336,26 @@ pub async fn update_from_distributed(
         rx.recycle(got);
     }
     let tensors = tensors.map_err(|e| bad(format!("{e}; weights unchanged")))?;
-    match state
-        .core
-        .call(|reply| Command::UpdateTensors {
-            tensors,
-            version,
-            reply,
-        })
-        .await?
-    {
+    let r = if stage {
+        state
+            .core
+            .call(|reply| Command::StageTensors {
+                tensors,
+                version,
+                reply,
+            })
+            .await?
+    } else {
+        state
+            .core
+            .call(|reply| Command::UpdateTensors {
+                tensors,
+                version,
+                reply,
+            })
+            .await?
+    };
+    match r {
         Ok(m) => Ok(ok(m)),
         Err(m) => Err(bad(m)),
     }

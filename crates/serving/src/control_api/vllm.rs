@@ -321,6 +321,7 @@ async fn bucket(p: &ControlPlane, info: UpdateInfo) -> Answer {
         flush_cache: false,
         weight_version: None,
         packed: info.packed,
+        stage: false,
     };
     Ok(json(p.update_distributed(req).await?))
 }

@@ -38,6 +38,11 @@ struct Inner {
     expected: Option<String>,
     /// Held heads that a finished update brought to the current version: to readmit.
     caught_up: Vec<String>,
+    /// Live heads a failed update may have left with part of it (see [`Fleet::hold_out`]):
+    /// held until a complete update reaches them, whatever version they report.
+    tainted: BTreeSet<String>,
+    /// Heads held out since the last [`Fleet::take_held_out`]: to take out of the router.
+    held_out: Vec<String>,
     /// Heads with control calls still open past the control timeout, and how many (see
     /// `super::reconcile`): their paused state is not known until those calls end.
     doubts: BTreeMap<String, usize>,
@@ -93,6 +98,7 @@ impl Fleet {
     pub fn mark_back(&self, url: &str) -> bool {
         self.with(|i| {
             i.down.remove(url);
+            i.tainted.remove(url);
             i.generation += 1;
             if i.version.is_none() {
                 i.held.remove(url);
@@ -109,6 +115,8 @@ impl Fleet {
         self.with(|i| {
             i.down.remove(url);
             i.held.remove(url);
+            i.tainted.remove(url);
+            i.held_out.retain(|u| u != url);
             i.caught_up.retain(|u| u != url);
         });
     }
@@ -127,7 +135,34 @@ impl Fleet {
         self.with(|i| {
             i.held.remove(url);
             i.down.remove(url);
+            i.tainted.remove(url);
         });
+    }
+
+    /// A failed update may have left `url` (alive, paused) with part of it: held, and out of
+    /// the router, until a complete update or a catch-up reaches it. Its own version label says
+    /// nothing then ([`Fleet::is_tainted`]).
+    pub fn hold_out(&self, url: &str) {
+        self.with(|i| {
+            i.down.remove(url);
+            i.held.insert(url.to_string());
+            i.tainted.insert(url.to_string());
+            if !i.held_out.iter().any(|u| u == url) {
+                i.held_out.push(url.to_string());
+            }
+        });
+        self.changed.notify_one();
+    }
+
+    /// Whether `url` was held out after a failed update and has not caught up since.
+    pub fn is_tainted(&self, url: &str) -> bool {
+        self.with(|i| i.tainted.contains(url))
+    }
+
+    /// Heads held out since the last call (each returned once): the watcher takes them out
+    /// of the router and catches them up.
+    pub fn take_held_out(&self) -> Vec<String> {
+        self.with(|i| std::mem::take(&mut i.held_out))
     }
 
     /// Bumped on every restart: a broadcast group built under another generation is stale.

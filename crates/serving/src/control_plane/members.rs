@@ -9,6 +9,8 @@
 //!
 //! - an unhealthy worker is *down*: fleet operations skip it and list it, and it is held out
 //!   of routing, so coming back healthy does not route it by itself;
+//! - a worker a failed weight update may have left with part of it is *held out* at once
+//!   (`Fleet::hold_out`) and caught up like a returning one, whatever version it reports;
 //! - a worker that is back, or new while the fleet has a known weight version, is *held*
 //!   until it is known to hold that version: its own `/get_weight_version` says so, or the
 //!   fleet catches it up (replaying the last tensor push or disk load), or the next update
@@ -57,12 +59,27 @@ impl ControlPlane {
         }
     }
 
+    /// Takes workers a failed update held out (`Fleet::hold_out`) out of routing at once; the
+    /// next [`ControlPlane::sync_members`] catches them up.
+    pub(crate) fn fence_held_out(&self) {
+        let Source::Router(router) = &self.source else {
+            return;
+        };
+        for url in self.fleet().take_held_out() {
+            if let Some(w) = router.get(&url) {
+                w.set_held(true);
+                tracing::warn!(worker = %url, "worker may hold part of a failed weight update: held out of routing until a complete update reaches it");
+            }
+        }
+    }
+
     /// Brings the fleet's view of the router's workers up to date (module docs).
     pub async fn sync_members(self: &Arc<Self>) {
         let Source::Router(router) = &self.source else {
             return;
         };
         let fleet = self.fleet();
+        self.fence_held_out();
         for url in fleet.take_caught_up() {
             if let Some(w) = router.get(&url) {
                 fleet.mark_serving(&url);
@@ -122,7 +139,10 @@ impl ControlPlane {
             .client()
             .clone()
             .with_timeout(self.read_timeout());
-        if let Ok(v) = reads.weight_version(&engine).await
+        // A worker held out after a failed update may report the fleet's version over part
+        // of another: only a catch-up (or the next update) brings it in.
+        if !self.fleet().is_tainted(url)
+            && let Ok(v) = reads.weight_version(&engine).await
             && v == want
         {
             tracing::info!(worker = url, version = %v, "worker holds the fleet's weight version: routed");

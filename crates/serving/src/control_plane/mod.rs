@@ -10,7 +10,8 @@
 //!   or returning ones held until they hold the fleet's weights.
 //! - [`reconcile`] brings an engine in doubt to the fleet's state once its open call ends.
 //! - [`weight_sync::WeightSync`] is rank 0 of a weight broadcast (BF16 or FP8 blocks) of the
-//!   trainer's [`tensors::HostTensor`]s.
+//!   trainer's [`tensors::HostTensor`]s over the group of `weight_group.rs`; an update is all
+//!   or nothing ([`outcome`]: staged and committed, or held out).
 //! - [`plane::ControlPlane`] puts them together with the rules a fleet-wide operation keeps
 //!   (one at a time, atomic in effect, one answer: `answer.rs`); the gateway's control
 //!   endpoints (`crate::control_api`), the controller and its gRPC API all use it. Its
@@ -29,6 +30,7 @@ pub use crate::engines;
 pub mod fleet;
 pub mod members;
 mod op_state;
+pub mod outcome;
 pub mod plane;
 pub mod reconcile;
 pub mod resume;
@@ -36,12 +38,14 @@ mod stale;
 mod sync_error;
 pub mod tensors;
 pub mod updates;
+mod weight_group;
 pub mod weight_sync;
 
 pub use catch_up::{CatchUp, ControlHandle};
 pub use control::{InferenceControl, ServerResult, VersionCheck, all_ok};
 pub use engines::{Engine, EngineDialect};
 pub use fleet::{Fleet, HeadState};
+pub use outcome::{EngineOutcome, Outcome, Staging};
 pub use plane::{ControlPlane, Status};
 pub use resume::{Mixed, Resumed};
 pub use sync_error::WeightSyncError;

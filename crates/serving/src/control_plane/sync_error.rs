@@ -14,7 +14,8 @@ pub enum WeightSyncError {
     /// Building the group failed.
     #[error("weight group: {0}")]
     Group(String),
-    /// A bucket failed; `resumed` says whether serving continued (on one consistent version).
+    /// A bucket failed; `after` says whether serving continued (on one consistent version),
+    /// `engines` what the update did to each engine (none serves any of it).
     #[error("weight update to version {version} failed: {reason}; {after}")]
     Update {
         /// Target version.
@@ -23,5 +24,7 @@ pub enum WeightSyncError {
         reason: String,
         /// What state serving was left in.
         after: String,
+        /// Per engine: discarded, unchanged, held out or skipped.
+        engines: Vec<super::outcome::EngineOutcome>,
     },
 }

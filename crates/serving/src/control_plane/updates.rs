@@ -482,6 +482,7 @@ impl ControlPlane {
             .sync
             .update_weights_with(&self.control, &engines, version, tensors, keep_paused)
             .await;
+        self.fence_held_out();
         match r {
             Ok(rep) => {
                 st.last = Some(LastUpdate::Tensors);

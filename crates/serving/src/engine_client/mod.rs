@@ -32,6 +32,7 @@ pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(120);
 
 mod errors;
 mod info;
+mod staging;
 
 pub use errors::{EngineCallError, Refusal, version_tag};
 
@@ -247,6 +248,7 @@ impl EngineClient {
                         dtype_names: req.dtypes.clone(),
                         shapes: req.shapes.clone(),
                         packed: req.packed,
+                        stage: req.stage,
                     },
                 };
                 self.post(&e.url, "/update_weights", &body).await

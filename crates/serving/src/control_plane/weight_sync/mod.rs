@@ -2,11 +2,14 @@
 //! prefill and decode alike, in BF16 or FP8 block-quantized form.
 //!
 //! Order of one update: pause every server → (re)build the broadcast group if the server set
-//! changed → for each bucket, tell every engine what is coming and send it, concurrently →
-//! resume every server. Prefill and decode are paused before and resumed after, so no request
-//! is ever served by a prefill and a decode on different weight versions.
+//! changed → for each bucket, tell every engine what is coming and send it, concurrently (staged
+//! on the engines that stage) → commit on the staging engines once every engine has every
+//! bucket → resume every server. Prefill and decode are paused before and resumed after, so no
+//! request is ever served by a prefill and a decode on different weight versions. A failure
+//! takes nothing half-way: staged updates are dropped, and engines that applied buckets as
+//! they came are held out until a complete update reaches them (`super::outcome`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,16 +17,17 @@ use bytes::Bytes;
 
 use troupe_weights::bucket::{Bucket, pack_buckets};
 use troupe_weights::delta::{DeltaMode, DeltaStats, SenderBases};
-use troupe_weights::plan::{EngineGpus, WeightSyncPlan};
-use troupe_weights::tcp::{SharedTensorRef, WeightSender};
-use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
 
 use troupe_wire::PauseMode;
 
 use super::catch_up::{CatchUp, ControlHandle};
-use super::control::{InferenceControl, all_ok};
+use super::control::InferenceControl;
+use super::outcome::{EngineOutcome, Outcome, Staging};
 use super::tensors::{HostTensor, encode};
+use super::weight_group::{BucketSend, Group, Phase, leave, phase, send_bucket};
 use crate::engines::Engine;
+
+mod txn;
 
 pub use super::sync_error::WeightSyncError;
 
@@ -53,6 +57,9 @@ pub struct WeightSyncOptions {
     /// then no extra memory; else one encoded copy of the model), and on each engine the
     /// buffers it already received.
     pub delta: DeltaMode,
+    /// Stage updates on engines that can, so a failed update is dropped whole
+    /// (`weights.staging`; see [`Staging`]).
+    pub staging: Staging,
 }
 
 impl Default for WeightSyncOptions {
@@ -67,6 +74,7 @@ impl Default for WeightSyncOptions {
             join_timeout: Duration::from_secs(60),
             keep_for_catch_up: true,
             delta: DeltaMode::Auto,
+            staging: Staging::Auto,
         }
     }
 }
@@ -92,12 +100,9 @@ pub struct UpdateReport {
     pub fp8_tensors: usize,
     /// Servers the update skipped because their process was down (they catch up when back).
     pub skipped: Vec<String>,
-}
-
-struct Group {
-    sender: WeightSender,
-    members: Vec<String>,
-    generation: u64,
+    /// What the update did to each engine (committed a staged update, applied it as it came,
+    /// held out after a commit went unanswered, or skipped).
+    pub engines: Vec<EngineOutcome>,
 }
 
 /// The last update, encoded, for servers that come back after it.
@@ -120,6 +125,12 @@ struct Core {
     last: Option<Cached>,
     /// What the engines were last sent, when deltas are on; outlives groups.
     bases: Option<Arc<Mutex<SenderBases>>>,
+    /// Whether each engine stages, by URL, as read under a fleet generation (a restart may
+    /// bring another engine to the same URL).
+    stages: HashMap<String, (u64, bool)>,
+    /// Engines held out after a failed update: paused with part of it; resumed once a
+    /// catch-up brings them to a complete version.
+    tainted: HashSet<String>,
 }
 
 impl WeightSync {
@@ -135,6 +146,8 @@ impl WeightSync {
                 opts,
                 group: None,
                 last: None,
+                stages: HashMap::new(),
+                tainted: HashSet::new(),
             })),
         }
     }
@@ -217,16 +230,33 @@ impl Core {
         };
         let engines = [engine.clone()];
         let generation = control.generation();
+        let none = HashSet::new();
         let r = async {
             self.ensure_group(control, &engines, generation).await?;
             phase(control, &engines, Phase::Start).await?;
             let n = last.buckets.len();
+            let how = |k: usize| BucketSend {
+                group_name: &self.opts.group_name,
+                version: &last.version,
+                flush: k + 1 == n,
+                staged: &none,
+            };
             for (k, b) in last.buckets.iter().enumerate() {
-                let flush = k + 1 == n;
-                self.send_bucket(control, &engines, b, &last.bytes, &last.version, flush)
-                    .await?;
+                let how = how(k);
+                let group = self.group.as_mut().ok_or("no weight group")?;
+                send_bucket(group, control, &engines, b, &last.bytes, &how).await?;
             }
-            phase(control, &engines, Phase::Finish(&last.version)).await?;
+            phase(control, &engines, Phase::Finish(&last.version, &none)).await?;
+            // Held out after a failed update, it was left paused: it serves again now that it
+            // holds a complete version.
+            if self.tainted.contains(url) {
+                control
+                    .client()
+                    .resume(engine)
+                    .await
+                    .map_err(|e| format!("{url}: resume after the catch-up: {e}"))?;
+                self.tainted.remove(url);
+            }
             Ok::<_, String>(())
         }
         .await;
@@ -240,6 +270,11 @@ impl Core {
                     version,
                     reason,
                     after: format!("{url} stays out of the router until an update reaches it"),
+                    engines: vec![EngineOutcome {
+                        url: url.clone(),
+                        staged: false,
+                        outcome: Outcome::HeldOut,
+                    }],
                 })
             }
         }
@@ -262,35 +297,63 @@ impl Core {
         let generation = fleet.generation();
         let (live, skipped) = super::fleet::reachable(&fleet, engines);
         let skipped: Vec<String> = skipped.into_iter().map(String::from).collect();
+        let outcome = |url: &str, staged: bool, outcome: Outcome| EngineOutcome {
+            url: url.to_string(),
+            staged,
+            outcome,
+        };
+        let skipped_outcomes: Vec<EngineOutcome> = skipped
+            .iter()
+            .map(|u| outcome(u, false, Outcome::Skipped))
+            .collect();
         if live.is_empty() {
             return Err(WeightSyncError::Update {
                 version: version.to_string(),
                 reason: format!("every server is down: {skipped:?}"),
                 after: "nothing changed".into(),
+                engines: skipped_outcomes,
             });
         }
         let control = &control.subset(live.iter().map(|e| e.url.clone()).collect());
         let engines = &live[..];
 
-        if let Err(e) = all_ok(&control.pause(self.opts.pause_mode).await) {
+        if let Err(e) = super::control::all_ok(&control.pause(self.opts.pause_mode).await) {
             // Nothing was sent: the servers that did pause all still hold one version.
             let after = self.recover(control, keep_paused).await;
+            let mut all: Vec<EngineOutcome> = engines
+                .iter()
+                .map(|e| outcome(&e.url, false, Outcome::Unchanged))
+                .collect();
+            all.extend(skipped_outcomes);
             return Err(WeightSyncError::Update {
                 version: version.to_string(),
                 reason: format!("pause failed on {e}"),
                 after,
+                engines: all,
             });
         }
+        let staged = self.staging_engines(control, engines, generation).await;
+        let group_name = self.opts.group_name.clone();
+        let flush_cache = self.opts.flush_cache;
+        // Whether any bucket went out: an engine that applies as it receives may hold part of
+        // the update from then on.
+        let mut began = false;
         let sent = async {
             self.ensure_group(control, engines, generation).await?;
             phase(control, engines, Phase::Start).await?;
             let n = buckets.len();
             for (k, b) in buckets.iter().enumerate() {
-                let flush = self.opts.flush_cache && k + 1 == n;
-                self.send_bucket(control, engines, b, &bytes, version, flush)
-                    .await?;
+                began = true;
+                let how = BucketSend {
+                    group_name: &group_name,
+                    version,
+                    flush: flush_cache && k + 1 == n,
+                    staged: &staged,
+                };
+                let group = self.group.as_mut().ok_or("no weight group")?;
+                send_bucket(group, control, engines, b, &bytes, &how).await?;
             }
-            phase(control, engines, Phase::Finish(version)).await?;
+            phase(control, engines, Phase::Finish(version, &staged)).await?;
             Ok::<_, String>(n)
         }
         .await;
@@ -299,71 +362,70 @@ impl Core {
             .as_mut()
             .map(|g| g.sender.take_stats())
             .unwrap_or_default();
-        match sent {
-            Ok(n) => {
-                self.last = self.opts.keep_for_catch_up.then(|| Cached {
-                    version: version.to_string(),
-                    buckets,
-                    bytes,
-                });
-                let reached: Vec<String> = engines.iter().map(|e| e.url.clone()).collect();
-                fleet.updated(version, &reached);
-                if !keep_paused {
-                    all_ok(&control.resume().await)
-                        .map_err(|e| WeightSyncError::Control(format!("resume failed on {e}")))?;
-                }
-                Ok(UpdateReport {
-                    version: version.to_string(),
-                    seconds: t0.elapsed().as_secs_f64(),
-                    buckets: n,
-                    bytes: total,
-                    sent_bytes: delta.sent_bytes,
-                    delta,
-                    fp8_tensors,
-                    skipped,
-                })
+        let Ok(n) = sent else {
+            let reason = sent.err().unwrap_or_default();
+            // The group is suspect now: rebuild it next time.
+            self.drop_group(control).await;
+            let outcomes = self.abandon(control, engines, &staged, began, &fleet).await;
+            let clean: Vec<String> = outcomes
+                .iter()
+                .filter(|o| o.outcome != Outcome::HeldOut)
+                .map(|o| o.url.clone())
+                .collect();
+            let mut after = self.recover(&control.subset(clean), keep_paused).await;
+            let held: Vec<&str> = outcomes
+                .iter()
+                .filter(|o| o.outcome == Outcome::HeldOut)
+                .map(|o| o.url.as_str())
+                .collect();
+            if !held.is_empty() {
+                after.push_str(&format!(
+                    "; held out (paused, unrouted) until a complete update reaches them, as they apply buckets as they arrive: {held:?}"
+                ));
             }
-            Err(reason) => {
-                // The group is suspect now: rebuild it next time.
-                self.drop_group(control).await;
-                let after = self.recover(control, keep_paused).await;
-                Err(WeightSyncError::Update {
-                    version: version.to_string(),
-                    reason,
-                    after,
-                })
-            }
+            let mut all = outcomes;
+            all.extend(skipped_outcomes);
+            return Err(WeightSyncError::Update {
+                version: version.to_string(),
+                reason,
+                after,
+                engines: all,
+            });
+        };
+        let outcomes = self
+            .commit(control, engines, &staged, version, &fleet)
+            .await;
+        let reached: Vec<String> = outcomes
+            .iter()
+            .filter(|o| o.outcome.took_it())
+            .map(|o| o.url.clone())
+            .collect();
+        self.last = self.opts.keep_for_catch_up.then(|| Cached {
+            version: version.to_string(),
+            buckets,
+            bytes,
+        });
+        for u in &reached {
+            self.tainted.remove(u);
         }
-    }
-
-    /// After a failed update: resume only if every reachable engine serves one version.
-    async fn recover(&self, control: &InferenceControl, keep_paused: bool) -> String {
-        if keep_paused {
-            return format!(
-                "servers stay paused as the caller left them; versions now {:?}",
-                control.weight_versions().await.distinct()
-            );
+        fleet.updated(version, &reached);
+        if !keep_paused {
+            super::control::all_ok(&control.subset(reached).resume().await)
+                .map_err(|e| WeightSyncError::Control(format!("resume failed on {e}")))?;
         }
-        // No version to expect after a failure: read them first.
-        match control.resume_on_one_version(None, None).await {
-            Ok(r) => {
-                let ok = r.results.iter().filter(|r| r.result.is_ok()).count();
-                let reached: std::collections::HashSet<&String> = r.reached.iter().collect();
-                let unreachable: Vec<String> = control
-                    .urls()
-                    .into_iter()
-                    .filter(|u| !reached.contains(u))
-                    .collect();
-                format!(
-                    "{ok} reachable servers resumed on one weight version {}; unreachable: {unreachable:?}",
-                    r.version.unwrap_or_default(),
-                )
-            }
-            Err(m) => format!(
-                "servers hold different weight versions {:?}, so they stay paused; call update_weights again to bring every server to one version and resume",
-                m.versions
-            ),
-        }
+        let mut all = outcomes;
+        all.extend(skipped_outcomes);
+        Ok(UpdateReport {
+            version: version.to_string(),
+            seconds: t0.elapsed().as_secs_f64(),
+            buckets: n,
+            bytes: total,
+            sent_bytes: delta.sent_bytes,
+            delta,
+            fp8_tensors,
+            skipped,
+            engines: all,
+        })
     }
 
     /// Forgets a suspect group and has its members leave it (best effort), so the next update
@@ -395,76 +457,14 @@ impl Core {
         if let Some(old) = self.group.take() {
             leave(control, &old.members, &name).await;
         }
-        let plan = WeightSyncPlan::new(
+        let mut sender = super::weight_group::build(
+            control,
+            engines,
             &name,
-            &engines
-                .iter()
-                .map(|e| EngineGpus {
-                    engine: e.url.clone(),
-                    gpus: e.gpus,
-                })
-                .collect::<Vec<_>>(),
-            1,
+            &self.opts.master_host,
+            self.opts.join_timeout,
         )
-        .map_err(|e| e.to_string())?;
-        let world = plan.world_size();
-        let mut sender = WeightSender::bind(
-            &format!("{}:0", self.opts.master_host),
-            world as usize,
-            &name,
-        )
-        .await
-        .map_err(|e| format!("cannot open the broadcast master: {e}"))?;
-        let port = sender.local_addr().map_err(|e| e.to_string())?.port();
-        // Engines prove it to join (the init call is admin-keyed; the port and name are not
-        // secret).
-        let secret = sender.secret();
-        let joins = engines.iter().enumerate().map(|(i, e)| {
-            let req = InitWeightsUpdateGroup {
-                master_address: self.opts.master_host.clone(),
-                master_port: port,
-                rank_offset: plan.rank_offset(i).unwrap_or(0),
-                world_size: world,
-                group_name: name.clone(),
-                backend: "tcp".into(),
-                group_secret: Some(secret.clone()),
-            };
-            async move {
-                control
-                    .client()
-                    .init_weight_group(e, &req)
-                    .await
-                    .map_err(|err| format!("{}: {err}", e.url))
-            }
-        });
-        // Once every engine has answered and one refused, nobody will connect for it: the
-        // failure is reported then, not after the whole join timeout.
-        let (accepted, joined) = {
-            let accept = sender.accept_all(self.opts.join_timeout);
-            let joins = futures::future::join_all(joins);
-            tokio::pin!(accept, joins);
-            tokio::select! {
-                joined = &mut joins => {
-                    if joined.iter().any(Result::is_err) {
-                        (None, joined)
-                    } else {
-                        (Some(accept.await), joined)
-                    }
-                }
-                accepted = &mut accept => (Some(accepted), joins.await),
-            }
-        };
-        let errs: Vec<String> = joined.into_iter().filter_map(Result::err).collect();
-        if !errs.is_empty() {
-            return Err(format!(
-                "engines failed to join the weight group: {}",
-                errs.join("; ")
-            ));
-        }
-        if let Some(accepted) = accepted {
-            accepted
-                .map_err(|e| format!("engines did not connect to the broadcast master: {e}"))?;
-        }
+        .await?;
         let all_on_ring = sender.shared_memory_receivers().len() == sender.receivers().len();
         if self.opts.delta.for_group(all_on_ring) {
             sender.set_delta(self.bases.clone());
@@ -475,114 +475,5 @@ impl Core {
             generation,
         });
         Ok(())
-    }
-
-    async fn send_bucket(
-        &mut self,
-        control: &dyn ControlHandle,
-        engines: &[Engine],
-        b: &Bucket,
-        bytes: &HashMap<String, Bytes>,
-        version: &str,
-        flush: bool,
-    ) -> Result<(), String> {
-        let group = self.group.as_mut().ok_or("no weight group")?;
-        let req = UpdateWeightsFromDistributed {
-            names: b.names().into_iter().map(String::from).collect(),
-            dtypes: b.dtypes().into_iter().map(String::from).collect(),
-            shapes: b.shapes(),
-            group_name: self.opts.group_name.clone(),
-            flush_cache: flush,
-            weight_version: Some(version.to_string()),
-            packed: false,
-        };
-        let mut refs = Vec::with_capacity(b.tensors.len());
-        for t in &b.tensors {
-            let data = bytes
-                .get(&t.name)
-                .ok_or_else(|| format!("internal: no bytes for {}", t.name))?;
-            refs.push(SharedTensorRef {
-                name: &t.name,
-                dtype: t.dtype,
-                shape: &t.shape,
-                bytes: data,
-            });
-        }
-        let http = futures::future::join_all(engines.iter().map(|e| {
-            let req = &req;
-            async move {
-                control
-                    .client()
-                    .update_weights(e, req)
-                    .await
-                    .map_err(|err| format!("{}: {err}", e.url))
-            }
-        }));
-        // An engine that refuses the bucket (an unknown name, a wrong shape) never reads it, so
-        // the broadcast would wait for it forever: a refusal ends the send at once (the group
-        // is rebuilt next time; the engines changed nothing).
-        let send = group.sender.send_bucket_shared(&refs);
-        tokio::pin!(send);
-        tokio::pin!(http);
-        let mut sent = None;
-        let answers = loop {
-            tokio::select! {
-                answers = &mut http => break answers,
-                r = &mut send, if sent.is_none() => sent = Some(r),
-            }
-        };
-        let errs: Vec<String> = answers.into_iter().filter_map(Result::err).collect();
-        if !errs.is_empty() {
-            return Err(errs.join("; "));
-        }
-        let sent = match sent {
-            Some(r) => r,
-            None => send.await,
-        };
-        sent.map_err(|e| format!("broadcast failed: {e}"))
-    }
-}
-
-/// Has every engine of `control` that is one of `members` leave group `name`, all at once
-/// (best effort).
-async fn leave(control: &dyn ControlHandle, members: &[String], name: &str) {
-    let members: std::collections::HashSet<&str> = members.iter().map(String::as_str).collect();
-    let all = control.engines();
-    futures::future::join_all(
-        all.iter()
-            .filter(|e| members.contains(e.url.as_str()))
-            .map(|e| control.client().destroy_weight_group(e, name)),
-    )
-    .await;
-}
-
-/// The phases around the buckets that only vLLM's dialect has (a no-op for SGLang engines).
-#[derive(Clone, Copy)]
-enum Phase<'a> {
-    Start,
-    Finish(&'a str),
-}
-
-async fn phase(
-    control: &dyn ControlHandle,
-    engines: &[Engine],
-    p: Phase<'_>,
-) -> Result<(), String> {
-    let calls = engines.iter().map(|e| async move {
-        let r = match p {
-            Phase::Start => control.client().start_weight_update(e).await,
-            Phase::Finish(v) => control.client().finish_weight_update(e, Some(v)).await,
-        };
-        r.map_err(|err| format!("{}: {err}", e.url))
-    });
-    let errs: Vec<String> = futures::future::join_all(calls)
-        .await
-        .into_iter()
-        .filter_map(Result::err)
-        .collect();
-    if errs.is_empty() {
-        Ok(())
-    } else {
-        Err(errs.join("; "))
     }
 }
