@@ -43,10 +43,13 @@ pub fn plan(cfg: &ServeConfig) -> Result<LaunchPlan, String> {
     let alloc =
         AllocationPlan::parse(&cfg.allocation_mode).map_err(|e| format!("allocation_mode: {e}"))?;
     let (n, g) = (cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node);
-    let slurm = cfg.scheduler.kind == SchedulerType::Slurm;
+    let slurm = matches!(
+        cfg.scheduler.kind,
+        SchedulerType::Slurm | SchedulerType::Ray
+    );
     let hosts: Vec<HostResources> = (0..n)
         .map(|i| {
-            // Local hosts run on this machine; Slurm's get their nodes' addresses at start.
+            // Local hosts run on this machine; Slurm's and Ray's get their nodes' addresses at start.
             let addr = if slurm {
                 format!("<node {i}>")
             } else {

@@ -105,9 +105,9 @@ fn state_path(a: &ServeArgs, cfg: &ServeConfig) -> Option<PathBuf> {
     match (&a.state_file, cfg.scheduler.kind) {
         (Some(p), _) => Some(p.clone()),
         (None, SchedulerType::Local) => Some(PathBuf::from(DEFAULT_STATE_FILE)),
-        // In-process hosts die with the controller; Slurm hosts stop when its connection
-        // closes (a dead controller must not leave a job holding GPUs).
-        (None, SchedulerType::Inprocess | SchedulerType::Slurm) => None,
+        // In-process hosts die with the controller; Slurm and Ray hosts stop when its
+        // connection closes (a dead controller must not leave a job holding GPUs).
+        (None, SchedulerType::Inprocess | SchedulerType::Slurm | SchedulerType::Ray) => None,
     }
 }
 
@@ -196,6 +196,12 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig, mut stop: Shutdown) -> Result
         SchedulerType::Slurm => {
             return Err(
                 "--recover needs hosts that outlive the controller: Slurm hosts stop when their controller's connection closes (so a dead controller never leaves a job holding GPUs); start a new job without --recover"
+                    .into(),
+            );
+        }
+        SchedulerType::Ray => {
+            return Err(
+                "--recover needs hosts that outlive the controller: Ray hosts stop when their controller's connection closes, and Ray removes their placement group with the launcher's job; start anew without --recover"
                     .into(),
             );
         }

@@ -1,6 +1,9 @@
 //! `scheduler.*` of the serve config: where actor hosts come from (in-process, local
-//! processes, a Slurm job) and how the Slurm job is submitted. Kept apart from the rest of the
-//! config because the Slurm keys carry their own checks.
+//! processes, a Slurm job, a Ray cluster) and how the Slurm job is submitted or the Ray
+//! placement group asked for. Kept apart from the rest of the config because the Slurm and Ray
+//! keys carry their own checks.
+
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_yaml_ng::Value;
@@ -16,6 +19,8 @@ pub enum SchedulerType {
     Local,
     /// One Slurm job: a `troupe host` per node, each with `cluster.n_gpus_per_node` GPUs.
     Slurm,
+    /// A Ray cluster: a placement-group bundle per host, a Ray actor on each running the host.
+    Ray,
 }
 
 impl SchedulerType {
@@ -25,6 +30,7 @@ impl SchedulerType {
             SchedulerType::Inprocess => "inprocess",
             SchedulerType::Local => "local",
             SchedulerType::Slurm => "slurm",
+            SchedulerType::Ray => "ray",
         }
     }
 }
@@ -60,7 +66,7 @@ impl Words {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerConfig {
-    /// `inprocess`, `local` or `slurm`.
+    /// `inprocess`, `local`, `slurm` or `ray`.
     #[serde(rename = "type", default)]
     pub kind: SchedulerType,
     /// Slurm partition (`sbatch --partition`); default: the cluster's default partition.
@@ -78,22 +84,52 @@ pub struct SchedulerConfig {
     /// Words before the troupe binary on each node, e.g. `apptainer exec --nv troupe.sif`.
     #[serde(default)]
     pub container_prefix: Words,
-    /// Seconds the whole job may take to start and have every host report (queueing included).
+    /// Seconds the whole job (Slurm) or placement group (Ray) may take to start and have every
+    /// host report (queueing included).
     #[serde(default = "startup_timeout")]
     pub startup_timeout_s: f64,
-    /// IP the hosts report to: `auto` (the interface of the default route) or an address.
+    /// IP the hosts report to: `auto` (the interface of the default route) or an address
+    /// (Slurm and Ray).
     #[serde(default = "auto")]
     pub report_address: String,
     /// Directory for the batch script and job output (shared with the nodes).
     #[serde(default = "log_dir")]
     pub log_dir: String,
-    /// The troupe binary as the nodes see it (default: this one).
+    /// The troupe binary as the nodes see it (default: this one; Slurm and Ray).
     #[serde(default)]
     pub binary: Option<String>,
     /// Inside an allocation (`SLURM_JOB_ID` set), start hosts with `srun` in it instead of
     /// submitting a new job.
     #[serde(default = "yes")]
     pub use_allocation: bool,
+    /// Ray: the cluster's address, `auto` (`RAY_ADDRESS`, else the cluster this machine is part
+    /// of) or the GCS address `ip:port`.
+    #[serde(default)]
+    pub address: Option<String>,
+    /// Ray: the namespace of the launcher's job and its host actors.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Ray: how the hosts' bundles spread over nodes (`STRICT_SPREAD`, the default, one host per
+    /// node; `SPREAD`; `PACK`; `STRICT_PACK`).
+    #[serde(default)]
+    pub placement_strategy: Option<String>,
+    /// Ray: CPUs each host's bundle reserves (default 1).
+    #[serde(default)]
+    pub cpus_per_host: Option<f64>,
+    /// Ray: more resources each host's bundle reserves (custom resources, by name).
+    #[serde(default)]
+    pub resources: BTreeMap<String, f64>,
+    /// Ray: the runtime environment of the launcher's job, as Ray takes it (`env_vars`, ...).
+    #[serde(default)]
+    pub runtime_env: Option<serde_json::Value>,
+    /// Ray: the Python interpreter (with `ray` installed) that runs the launcher (default
+    /// `python3`).
+    #[serde(default)]
+    pub python: Option<String>,
+    /// Ray: wait for an autoscaler instead of failing at once when Ray finds the placement
+    /// group infeasible (default false: a fixed cluster never will fit it).
+    #[serde(default)]
+    pub wait_for_autoscaler: bool,
 }
 
 /// A string that YAML (or a `key=value` override) may have read as a number: `time: 30`.
@@ -137,6 +173,14 @@ impl Default for SchedulerConfig {
             log_dir: log_dir(),
             binary: None,
             use_allocation: true,
+            address: None,
+            namespace: None,
+            placement_strategy: None,
+            cpus_per_host: None,
+            resources: BTreeMap::new(),
+            runtime_env: None,
+            python: None,
+            wait_for_autoscaler: false,
         }
     }
 }
@@ -155,6 +199,7 @@ impl SchedulerConfig {
                 !self.container_prefix.to_vec().is_empty(),
             ),
         ];
+        self.check_ray()?;
         if self.kind != SchedulerType::Slurm {
             if let Some((k, _)) = slurm_only.iter().find(|(_, set)| *set) {
                 return Err(format!(
@@ -193,6 +238,73 @@ impl SchedulerConfig {
         }
         if self.log_dir.trim().is_empty() {
             return Err("scheduler.log_dir must not be empty".into());
+        }
+        Ok(())
+    }
+
+    /// Rejects Ray keys under another scheduler type and malformed Ray values.
+    fn check_ray(&self) -> Result<(), String> {
+        let ray_only = [
+            ("address", self.address.is_some()),
+            ("namespace", self.namespace.is_some()),
+            ("placement_strategy", self.placement_strategy.is_some()),
+            ("cpus_per_host", self.cpus_per_host.is_some()),
+            ("resources", !self.resources.is_empty()),
+            ("runtime_env", self.runtime_env.is_some()),
+            ("python", self.python.is_some()),
+            ("wait_for_autoscaler", self.wait_for_autoscaler),
+        ];
+        if self.kind != SchedulerType::Ray {
+            if let Some((k, _)) = ray_only.iter().find(|(_, set)| *set) {
+                return Err(format!(
+                    "scheduler.{k} applies only to scheduler.type: ray (this config has type: {}); remove it or set scheduler.type=ray",
+                    self.kind.as_str()
+                ));
+            }
+            return Ok(());
+        }
+        if let Some(s) = &self.placement_strategy {
+            troupe_scheduler::launch::RayStrategy::parse(s)?;
+        }
+        if let Some(c) = self.cpus_per_host
+            && !(c.is_finite() && (0.0..=4096.0).contains(&c))
+        {
+            return Err(format!(
+                "scheduler.cpus_per_host must be a number of CPUs from 0 to 4096, got {c}"
+            ));
+        }
+        for (k, v) in &self.resources {
+            if k.trim().is_empty() || matches!(k.as_str(), "CPU" | "GPU") {
+                return Err(format!(
+                    "scheduler.resources names Ray custom resources; {k:?} is not one (CPUs come from scheduler.cpus_per_host, GPUs from cluster.n_gpus_per_node)"
+                ));
+            }
+            if !(v.is_finite() && *v > 0.0) {
+                return Err(format!(
+                    "scheduler.resources.{k} must be a positive amount, got {v}"
+                ));
+            }
+        }
+        if let Some(e) = &self.runtime_env
+            && !e.is_object()
+        {
+            return Err(format!(
+                "scheduler.runtime_env must be a mapping as Ray takes it (env_vars, pip, working_dir, ...), got {e}"
+            ));
+        }
+        for (k, v) in [("address", &self.address), ("python", &self.python)] {
+            if let Some(v) = v
+                && v.trim().is_empty()
+            {
+                return Err(format!("scheduler.{k} must not be empty"));
+            }
+        }
+        if self.report_address != "auto" && self.report_address.parse::<std::net::IpAddr>().is_err()
+        {
+            return Err(format!(
+                "scheduler.report_address must be `auto` or an IP address of this machine that the Ray nodes can reach, got {:?}",
+                self.report_address
+            ));
         }
         Ok(())
     }
@@ -253,6 +365,36 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("scheduler.report_address"), "{e}");
+    }
+
+    #[test]
+    fn ray_keys_are_checked_and_named() {
+        let c = ServeConfig::from_yaml(
+            "allocation_mode: x\nscheduler:\n  type: ray\n  address: 10.0.0.1:6379\n  placement_strategy: pack\n  resources: {troupe_node: 1}\n  runtime_env: {env_vars: {A: b}}\n",
+            "t.yaml",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.scheduler.kind, SchedulerType::Ray);
+        assert_eq!(c.scheduler.resources.get("troupe_node"), Some(&1.0));
+        let bad = |yaml: &str| {
+            ServeConfig::from_yaml(yaml, "t.yaml", &[])
+                .unwrap_err()
+                .to_string()
+        };
+        let e = bad("allocation_mode: x\nscheduler: {type: slurm, namespace: rl}\n");
+        assert!(
+            e.contains("scheduler.namespace") && e.contains("type: ray"),
+            "{e}"
+        );
+        let e = bad("allocation_mode: x\nscheduler: {type: ray, placement_strategy: wide}\n");
+        assert!(e.contains("scheduler.placement_strategy"), "{e}");
+        let e = bad("allocation_mode: x\nscheduler: {type: ray, resources: {GPU: 1}}\n");
+        assert!(e.contains("scheduler.resources"), "{e}");
+        let e = bad("allocation_mode: x\nscheduler: {type: ray, runtime_env: conda}\n");
+        assert!(e.contains("scheduler.runtime_env"), "{e}");
+        let e = bad("allocation_mode: x\nscheduler: {type: ray, partition: gpu}\n");
+        assert!(e.contains("type: slurm"), "{e}");
     }
 
     #[test]

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use troupe_scheduler::{SlurmLauncher, SlurmOptions};
+use troupe_scheduler::launch::{RayLauncher, RayOptions, RayStrategy};
+use troupe_scheduler::{HostLauncher, SlurmLauncher, SlurmOptions};
 
 use super::config::{SchedulerConfig, SchedulerType, ServeConfig};
 use super::options::{ForkOptions, Progress};
@@ -71,6 +72,32 @@ pub fn slurm_options(s: &SchedulerConfig) -> Result<SlurmOptions, String> {
     })
 }
 
+/// The Ray launcher's settings from `scheduler.*`.
+pub fn ray_options(s: &SchedulerConfig) -> Result<RayOptions, String> {
+    let d = RayOptions::default();
+    let report_ip = match s.report_address.as_str() {
+        "auto" => None,
+        a => Some(
+            a.parse()
+                .map_err(|_| format!("scheduler.report_address: not an IP address: {a:?}"))?,
+        ),
+    };
+    Ok(RayOptions {
+        python: s.python.clone().unwrap_or(d.python),
+        address: s.address.clone().unwrap_or(d.address),
+        namespace: s.namespace.clone(),
+        strategy: match &s.placement_strategy {
+            Some(p) => RayStrategy::parse(p)?,
+            None => RayStrategy::default(),
+        },
+        cpus_per_host: s.cpus_per_host.unwrap_or(d.cpus_per_host),
+        resources: s.resources.clone(),
+        runtime_env: s.runtime_env.clone(),
+        report_ip,
+        fail_infeasible: !s.wait_for_autoscaler,
+    })
+}
+
 /// Cluster settings from a config: its token and TLS files (hosts it starts use the same).
 pub fn cluster_builder(cfg: &ServeConfig) -> ClusterBuilder {
     Cluster::builder().token(cfg.token()).tls(cfg.tls())
@@ -83,23 +110,37 @@ pub async fn cluster_from(cfg: &ServeConfig, builder: ClusterBuilder) -> Result<
         SchedulerType::Inprocess => builder.in_process(n, g).await,
         SchedulerType::Local => builder.local_processes(n, g).await,
         SchedulerType::Slurm => {
-            let s = &cfg.scheduler;
-            let launcher = Arc::new(SlurmLauncher::new(slurm_options(s)?));
-            // Hosts on other nodes listen on routable addresses: they always get a token
-            // (the config's or $TROUPE_TOKEN, else a fresh one for this run).
-            let token = cfg
-                .token()
-                .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-            let mut b = builder
-                .token(Some(token))
-                .startup_timeout(Duration::from_secs_f64(s.startup_timeout_s));
-            if let Some(bin) = &s.binary {
-                b = b.binary(bin);
-            }
-            b.launch(launcher, n, g).await
+            let launcher = Arc::new(SlurmLauncher::new(slurm_options(&cfg.scheduler)?));
+            remote(cfg, builder, launcher).await
+        }
+        SchedulerType::Ray => {
+            let launcher = Arc::new(RayLauncher::new(ray_options(&cfg.scheduler)?));
+            remote(cfg, builder, launcher).await
         }
     }
     .map_err(|e| format!("cannot start the cluster: {e}"))
+}
+
+/// Hosts on other nodes (Slurm, Ray) listen on routable addresses: they always get a token (the
+/// config's or $TROUPE_TOKEN, else a fresh one for this run), and `scheduler.binary` and
+/// `scheduler.startup_timeout_s` apply.
+async fn remote(
+    cfg: &ServeConfig,
+    builder: ClusterBuilder,
+    launcher: Arc<dyn HostLauncher>,
+) -> Result<Cluster, crate::cluster::ClusterError> {
+    let (n, g) = (cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node);
+    let s = &cfg.scheduler;
+    let token = cfg
+        .token()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+    let mut b = builder
+        .token(Some(token))
+        .startup_timeout(Duration::from_secs_f64(s.startup_timeout_s));
+    if let Some(bin) = &s.binary {
+        b = b.binary(bin);
+    }
+    b.launch(launcher, n, g).await
 }
 
 /// The cluster a config asks for.

@@ -2,15 +2,18 @@
 //!
 //! Every way of starting `troupe host` processes — inside the controller (in the controller
 //! crate, which owns the host runtime), as child processes on this machine ([`LocalLauncher`]),
-//! or as one Slurm job across nodes ([`SlurmLauncher`]) — answers the same question: given
+//! as one Slurm job across nodes ([`SlurmLauncher`]), or as Ray actors on a Ray cluster's
+//! placement group ([`RayLauncher`]) — answers the same question: given
 //! "N hosts with G GPUs each", start them and say where each one listens. The controller then
 //! connects to those addresses the same way whatever started them, and calls
 //! [`HostLauncher::teardown`] when it shuts down.
 //!
 //! The types here are transport-neutral on purpose: this crate knows nothing of gRPC or of the
-//! actor runtime, only processes, addresses and Slurm.
+//! actor runtime, only processes, addresses, Slurm and Ray.
 
 mod local;
+mod ray;
+pub mod ray_spec;
 pub mod report;
 mod slurm;
 mod slurm_cmd;
@@ -21,6 +24,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub use local::{LocalLauncher, READY_PREFIX};
+pub use ray::RayLauncher;
+pub use ray_spec::{RayOptions, RayStrategy};
 pub use report::{HostReport, Rendezvous};
 pub use slurm::SlurmLauncher;
 pub use slurm_cmd::{JobInfo, SlurmOptions, batch_script, parse_job_info};
