@@ -15,6 +15,7 @@ mod gateway;
 mod gateway_proxy;
 mod hostile;
 mod pd;
+mod pinned;
 mod plan_matches;
 mod python_examples;
 mod routes;

@@ -107,6 +107,19 @@ async fn a_bucket_refused_after_others_leaves_every_engine_on_the_weights_it_had
             assert_eq!(info["weights_staged"], 0, "{url}");
         }
 
+        // A request asking for v1 waits for it, through the PD pair.
+        let gw = svc.gateway_url.clone();
+        let pinned = tokio::spawn(async move {
+            let body = json!({"text": "all or nothing: ", "sampling_params": {"max_new_tokens": 16, "temperature": 0.0}});
+            let r = client()
+                .post(format!("{gw}/generate"))
+                .header("x-weight-version", ">=v1")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        });
         // The complete update is committed on both, and every answer is its own.
         let r = sync
             .update_weights(&svc.control, &engines, "v1", &good)
@@ -123,6 +136,10 @@ async fn a_bucket_refused_after_others_leaves_every_engine_on_the_weights_it_had
         let (after, v) = greedy(&svc.gateway_url).await;
         assert_eq!(v, "v1");
         assert_ne!(after, before, "new weights give another greedy answer");
+        let (s, v) = pinned.await.unwrap();
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["meta_info"]["weight_version"], "v1", "{v}");
+        assert_eq!(v["output_ids"], after, "{v}");
         svc.teardown().await;
         cluster.shutdown().await;
     })

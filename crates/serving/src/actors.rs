@@ -2,7 +2,7 @@
 //!
 //! - `troupe.gateway` ([`GatewayActor`]): router + gateway in one actor and one HTTP port,
 //!   like SGLang's router. Messages: [`GetUrl`], [`AddWorker`], [`RemoveWorker`],
-//!   [`ListWorkers`], [`MarkUnhealthy`], [`SetControlUpstream`].
+//!   [`ListWorkers`], [`MarkUnhealthy`], [`SetControlUpstream`], [`SetWorkerVersions`] (`versions.rs`).
 //! - `troupe.proxy` ([`ProxyActor`]): a DataProxy in front of its backend(s). Message:
 //!   [`GetUrl`].
 //!
@@ -15,6 +15,10 @@ use super::proxy::{self, ProxyConfig, ProxyHandle};
 use super::worker::{WorkerInfo, WorkerSpec};
 use troupe_actors::ActorError;
 use troupe_actors::actor::{Actor, ActorContext, Handler, Message, Methods};
+
+mod versions;
+
+pub use versions::SetWorkerVersions;
 
 /// Asks a gateway or proxy actor for its `http://host:port`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -113,7 +117,8 @@ impl Actor for GatewayActor {
             .add::<RemoveWorker>()
             .add::<ListWorkers>()
             .add::<MarkUnhealthy>()
-            .add::<SetControlUpstream>();
+            .add::<SetControlUpstream>()
+            .add::<SetWorkerVersions>();
     }
 
     async fn stopping(&mut self, _ctx: &ActorContext) {

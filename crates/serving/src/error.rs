@@ -30,6 +30,10 @@ pub enum ServingError {
     /// No healthy worker of the needed type is available right now.
     #[error("no available {0} worker")]
     NoWorker(&'static str),
+    /// Workers are available, but none known to serve the weight version a request asks for
+    /// (the message names the want and the versions served).
+    #[error("{0}")]
+    NoVersion(String),
     /// Building the HTTP client failed.
     #[error("http client: {0}")]
     Client(String),
@@ -44,7 +48,9 @@ impl ServingError {
         let status = match self {
             ServingError::Config(_) | ServingError::InvalidWorker(_) => StatusCode::BAD_REQUEST,
             ServingError::UnknownWorker(_) => StatusCode::NOT_FOUND,
-            ServingError::NoWorker(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ServingError::NoWorker(_) | ServingError::NoVersion(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, self.to_string())

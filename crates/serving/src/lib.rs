@@ -14,6 +14,7 @@
 //! - [`policy`]: the [`Policy`] trait and `round_robin`, `random`, `power_of_two`, `sticky`,
 //!   `cache_aware` (SGLang's, over an approximate radix tree of routed prompts).
 //! - [`router`]: the typed worker registry, `route` and `route_pd`.
+//! - [`pinned`]: routing by weight version (requests that ask for one; PD pairs on one version).
 //! - [`health`]: the background `/health` prober.
 //! - [`gateway`]: the HTTP server (SGLang/OpenAI endpoints, admin REST, metrics).
 //! - [`listen`]: serving inbound HTTP with header-read, body-read and idle timeouts.
@@ -52,6 +53,7 @@ pub mod limits;
 pub mod listen;
 pub mod metrics;
 pub mod pd;
+pub mod pinned;
 pub mod policy;
 pub mod proxy;
 pub mod router;

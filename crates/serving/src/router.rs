@@ -89,6 +89,9 @@ pub struct Router {
     prefill: Arc<dyn Policy>,
     decode: Arc<dyn Policy>,
     needs_text: bool,
+    /// Woken whenever a worker's known weight version changes ([`Router::set_weight_versions`]):
+    /// requests waiting for a version look again.
+    versions: tokio::sync::Notify,
 }
 
 impl Router {
@@ -108,6 +111,7 @@ impl Router {
             decode,
             needs_text,
             workers: RwLock::new(Vec::new()),
+            versions: tokio::sync::Notify::new(),
             cfg,
         })
     }
@@ -235,10 +239,21 @@ impl Router {
         ctx: &RouteContext<'_>,
         avoid: &[String],
     ) -> Result<Arc<dyn Worker>, ServingError> {
+        self.pick(ty, ctx, avoid, |_| true)
+    }
+
+    /// [`Router::route`] among the workers `ok` accepts.
+    pub(crate) fn pick(
+        &self,
+        ty: WorkerType,
+        ctx: &RouteContext<'_>,
+        avoid: &[String],
+        ok: impl Fn(&dyn Worker) -> bool,
+    ) -> Result<Arc<dyn Worker>, ServingError> {
         let mut fresh = Vec::new();
         let mut tried = Vec::new();
         for w in self.workers.read().iter() {
-            if w.worker_type() != ty || !w.is_available() {
+            if w.worker_type() != ty || !w.is_available() || !ok(w.as_ref()) {
                 continue;
             }
             if avoid.iter().any(|a| a == w.id()) {
@@ -255,16 +270,43 @@ impl Router {
         Ok(pool[i].clone())
     }
 
-    /// Picks a prefill, a decode and a fresh bootstrap room.
+    /// Picks a prefill, a decode and a fresh bootstrap room. The two are on one weight
+    /// version wherever the versions are known (`crate::pinned`).
     pub fn route_pd(
         &self,
         ctx: &RouteContext<'_>,
         avoid: &[String],
     ) -> Result<PdPair, ServingError> {
-        Ok(PdPair {
-            prefill: self.route(WorkerType::Prefill, ctx, avoid)?,
-            decode: self.route(WorkerType::Decode, ctx, avoid)?,
-            room: fresh_room(),
-        })
+        self.route_pd_for(ctx, avoid, None)
+    }
+
+    /// Every registered worker of type `ty` (available or not).
+    pub(crate) fn of_type(&self, ty: WorkerType) -> Vec<Arc<dyn Worker>> {
+        self.workers
+            .read()
+            .iter()
+            .filter(|w| w.worker_type() == ty)
+            .cloned()
+            .collect()
+    }
+
+    /// Records the weight version the workers at `urls` serve (`None`: unknown from now on, as
+    /// during an update) and wakes requests waiting for a version; how many were found.
+    pub fn set_weight_versions(&self, urls: &[String], version: Option<&str>) -> usize {
+        let mut n = 0;
+        for u in urls {
+            if let Some(w) = self.get(u) {
+                w.set_weight_version(version);
+                n += 1;
+            }
+        }
+        self.versions.notify_waiters();
+        n
+    }
+
+    /// Resolves at the next [`Router::set_weight_versions`] (create it before looking, so no
+    /// change in between is missed: `Notified::enable`).
+    pub(crate) fn versions_changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.versions.notified()
     }
 }

@@ -262,6 +262,10 @@ pub struct WorkerInfo {
     /// the fleet's weight version).
     #[serde(default)]
     pub held: bool,
+    /// The weight version it serves as far as the gateway knows (its registration, then the
+    /// fleet at every update); absent while unknown, as during an update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_version: Option<String>,
     /// Always `http`.
     pub connection_mode: String,
 }
@@ -298,6 +302,14 @@ pub trait Worker: Send + Sync + fmt::Debug {
     fn is_held(&self) -> bool {
         false
     }
+    /// The weight version it serves, as far as the gateway knows (registration, and the
+    /// fleet at every update); `None` while unknown, as during an update. Requests that ask for
+    /// a version (`troupe_wire::want`) go only to workers known to serve a matching one.
+    fn weight_version(&self) -> Option<Arc<str>> {
+        None
+    }
+    /// Records the version it serves (`None`: unknown from now on).
+    fn set_weight_version(&self, _version: Option<&str>) {}
     /// Reports the outcome of one request (feeds the circuit breaker).
     fn record_outcome(&self, success: bool);
     /// The admin API's view.
@@ -327,6 +339,8 @@ pub struct HttpWorker {
     total: AtomicU64,
     healthy: AtomicBool,
     held: AtomicBool,
+    /// The version it serves, as far as the gateway knows ([`Worker::weight_version`]).
+    version: parking_lot::Mutex<Option<Arc<str>>>,
     /// Speaks vLLM's dialect (set once, at registration, from what the server answers).
     vllm: AtomicBool,
     breaker: CircuitBreaker,
@@ -361,6 +375,7 @@ impl HttpWorker {
             total: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
             held: AtomicBool::new(false),
+            version: parking_lot::Mutex::new(None),
             vllm: AtomicBool::new(false),
             breaker: CircuitBreaker::new(breaker),
             authority: url.strip_prefix("http://").and_then(|a| a.parse().ok()),
@@ -431,6 +446,12 @@ impl Worker for HttpWorker {
     fn record_outcome(&self, success: bool) {
         self.breaker.record(success);
     }
+    fn weight_version(&self) -> Option<Arc<str>> {
+        self.version.lock().clone()
+    }
+    fn set_weight_version(&self, version: Option<&str>) {
+        *self.version.lock() = version.map(Arc::from);
+    }
     fn info(&self) -> WorkerInfo {
         WorkerInfo {
             id: self.id.clone(),
@@ -448,6 +469,7 @@ impl Worker for HttpWorker {
             load: self.load(),
             total_requests: self.total.load(Ordering::Relaxed),
             held: self.is_held(),
+            weight_version: self.weight_version().map(|v| v.to_string()),
             connection_mode: "http".into(),
         }
     }

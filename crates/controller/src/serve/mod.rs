@@ -23,6 +23,7 @@ pub mod sched;
 mod seconds;
 pub mod setup;
 pub mod state;
+mod versions;
 pub mod vllm_section;
 pub mod watch;
 pub mod weights_section;

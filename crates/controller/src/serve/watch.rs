@@ -42,6 +42,12 @@ pub(crate) fn spawn(
     out: broadcast::Sender<ServingEvent>,
     replacer: Option<Arc<Replacer>>,
 ) -> JoinHandle<()> {
+    control
+        .fleet()
+        .set_version_sink(Arc::new(super::versions::GatewayVersions {
+            instances: instances.clone(),
+            gateway: gateway.clone(),
+        }));
     let w = Arc::new(Watcher {
         instances,
         gateway,

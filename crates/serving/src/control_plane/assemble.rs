@@ -30,8 +30,11 @@ impl ControlPlane {
         let plane = Arc::new(ControlPlane::from_parts(
             InferenceControl::over(Vec::new(), client),
             WeightSync::new(opts),
-            Source::Router(router),
+            Source::Router(router.clone()),
         ));
+        plane
+            .fleet()
+            .set_version_sink(Arc::new(super::version_sink::RouterVersions(router)));
         attach(&plane);
         plane
     }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use super::stale::Reconcile;
+use super::version_sink::VersionSink;
 use crate::engines::Engine;
 
 pub use super::catch_up::CatchUp;
@@ -56,6 +57,7 @@ pub struct Fleet {
     changed: Notify,
     catch_up: Mutex<Option<Arc<dyn CatchUp>>>,
     reconciler: Mutex<Option<Arc<dyn Reconcile>>>,
+    versions: Mutex<Option<Arc<dyn VersionSink>>>,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -267,6 +269,26 @@ impl Fleet {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Registers who routes by the engines' versions (replaces any earlier one).
+    pub fn set_version_sink(&self, s: Arc<dyn VersionSink>) {
+        *self.versions.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
+    }
+
+    /// Tells the router (through the registered [`VersionSink`], if any) that `urls` serve
+    /// `version` from now on (`None`: unknown).
+    pub async fn tell_versions(&self, urls: &[String], version: Option<&str>) {
+        let sink = self
+            .versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(s) = sink
+            && !urls.is_empty()
+        {
+            s.serving(urls, version).await;
+        }
     }
 
     /// Resolves after the next [`Fleet::updated`].

@@ -121,6 +121,10 @@ impl ControlPlane {
             me.joining.lock().remove(&url);
             if admitted {
                 me.fleet().mark_serving(&url);
+                let v = me.fleet_version();
+                me.fleet()
+                    .tell_versions(std::slice::from_ref(&url), v.as_deref())
+                    .await;
                 w.set_held(false);
             }
         });

@@ -38,6 +38,7 @@ mod stale;
 mod sync_error;
 pub mod tensors;
 pub mod updates;
+pub mod version_sink;
 mod weight_group;
 pub mod weight_sync;
 
@@ -46,6 +47,7 @@ pub use control::{InferenceControl, ServerResult, VersionCheck, all_ok};
 pub use engines::{Engine, EngineDialect};
 pub use fleet::{Fleet, HeadState};
 pub use outcome::{EngineOutcome, Outcome, Staging};
+pub use version_sink::{RouterVersions, VersionSink};
 pub use plane::{ControlPlane, Status};
 pub use resume::{Mixed, Resumed};
 pub use sync_error::WeightSyncError;

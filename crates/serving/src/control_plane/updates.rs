@@ -352,6 +352,7 @@ impl ControlPlane {
         if let Some(v) = &req.weight_version {
             let reached: Vec<String> = group.members.iter().map(|(e, _)| e.url.clone()).collect();
             self.fleet().updated(v, &reached);
+            self.fleet().tell_versions(&reached, Some(v)).await;
             st.last = Some(LastUpdate::Broadcast);
         }
         Ok(r)
@@ -409,6 +410,7 @@ impl ControlPlane {
         if let Some(Some(v)) = finish {
             let reached: Vec<String> = group.members.iter().map(|(e, _)| e.url.clone()).collect();
             self.fleet().updated(&v, &reached);
+            self.fleet().tell_versions(&reached, Some(&v)).await;
             st.last = Some(LastUpdate::Broadcast);
         }
         Ok(r)
@@ -441,6 +443,7 @@ impl ControlPlane {
         let r = settle("update_weights_from_disk", &results, &skipped, Map::new())?;
         if let Some(v) = version {
             self.fleet().updated(&v, &control.urls());
+            self.fleet().tell_versions(&control.urls(), Some(&v)).await;
         }
         st.last = Some(LastUpdate::Disk(body));
         Ok(r)
@@ -459,6 +462,9 @@ impl ControlPlane {
             .await;
         let r = settle("update_weight_version", &results, &skipped, Map::new())?;
         self.fleet().updated(version, &control.urls());
+        self.fleet()
+            .tell_versions(&control.urls(), Some(version))
+            .await;
         Ok(r)
     }
 

@@ -155,7 +155,7 @@ pub(super) fn pd_attempt(
 ) -> Result<(crate::router::PdPair, Vec<LoadGuard>, Bytes), Fail> {
     let pair = state
         .router
-        .route_pd(&req.ctx(), avoid)
+        .route_pd_for(&req.ctx(), avoid, req.want.as_ref())
         .map_err(ApiError::from)?;
     let guards = vec![
         LoadGuard::new(pair.prefill.clone()).holding(&state.inflight, req.rid(), req.ep),

@@ -59,7 +59,7 @@ async fn regular_once(
 ) -> Result<Response, Fail> {
     let w = state
         .router
-        .route(WorkerType::Regular, &req.ctx(), avoid)
+        .route_for(WorkerType::Regular, &req.ctx(), avoid, req.want.as_ref())
         .map_err(ApiError::from)?;
     let guard = LoadGuard::new(w.clone()).holding(&state.inflight, req.rid(), req.ep);
     // A vLLM worker gets vLLM's token route: the client's own vLLM body, or SGLang's
@@ -99,8 +99,32 @@ async fn regular_once(
             &w,
         ));
     }
+    pinned_answer(req, &body, &w)?;
     w.record_outcome(true);
     Ok(json_response(body, vec![guard]))
+}
+
+/// A request that asks for a version gets only an answer made by a matching one: another
+/// means `w` was updated after it was routed, so the gateway learns its version and the
+/// request is retried elsewhere (`super::version_pin`).
+fn pinned_answer(req: &InferReq, body: &[u8], w: &Arc<dyn Worker>) -> Result<(), Fail> {
+    let Some(want) = &req.want else {
+        return Ok(());
+    };
+    let v = parse_value(body, w)?;
+    if let Some(got) = super::version_pin::mismatch(want, &v) {
+        w.set_weight_version(Some(got));
+        return Err(Fail::retry(
+            format!(
+                "{} {} answered with weight version {got}, not {}",
+                w.worker_type(),
+                w.url(),
+                want.describe()
+            ),
+            w,
+        ));
+    }
+    Ok(())
 }
 
 /// One non-stream attempt on a PD pair: both requests concurrently; the first failure drops
@@ -139,6 +163,7 @@ async fn pd_once(
     } else {
         db
     };
+    pinned_answer(req, &out, d)?;
     p.record_outcome(true);
     d.record_outcome(true);
     Ok(json_response(out, guards))
@@ -233,6 +258,11 @@ pub(super) async fn handle_native(
 }
 
 async fn run(state: &GatewayState, req: &InferReq) -> Response {
+    if let Some(want) = &req.want
+        && let Err(e) = super::version_pin::wait_for(state, want).await
+    {
+        return e.into_response();
+    }
     let mut avoid: Vec<String> = Vec::new();
     let mut reason = String::new();
     let attempts = state.cfg.max_retries.saturating_add(1);

@@ -26,6 +26,7 @@ mod session_key;
 mod sessions;
 mod stream;
 mod tokens;
+mod version_pin;
 mod vllm_generate;
 
 pub use register::PROBE_TIMEOUT;
@@ -72,6 +73,10 @@ pub struct GatewayConfig {
     pub max_retries: u32,
     /// Backoff before the first retry; doubles per retry, capped at one second.
     pub retry_backoff: Duration,
+    /// Longest a request that asks for a weight version (`X-Weight-Version`,
+    /// `weight_version`, `min_weight_version`) waits for a worker serving it before it is
+    /// answered 503 (default 30 s: about one weight update on a large model).
+    pub version_wait: Duration,
     /// Upper bound on one non-stream attempt (decode waits up to its KV timeout for a prefill).
     pub request_timeout: Duration,
     /// Largest accepted request body, in bytes (default 32 MiB: a long prompt as JSON token ids
@@ -165,6 +170,7 @@ impl Default for GatewayConfig {
             worker_api_key: None,
             max_retries: 3,
             retry_backoff: Duration::from_millis(5),
+            version_wait: Duration::from_secs(30),
             request_timeout: Duration::from_secs(600),
             max_body_bytes: client::DEFAULT_MAX_BODY_BYTES,
             header_read_timeout: Duration::from_secs(30),

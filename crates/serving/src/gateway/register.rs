@@ -79,6 +79,11 @@ impl GatewayState {
         if let Ok(i) = &info {
             // The context agent turns are bounded by before they are tokenized.
             self.agent_work.learn(i);
+            // What it serves, for requests that ask for a version (`crate::pinned`); a vLLM
+            // worker's info has none, so it stays unknown until the fleet says.
+            if let Some(v) = i.get("weight_version").and_then(serde_json::Value::as_str) {
+                worker.set_weight_version(Some(v));
+            }
         }
         let mode = info.map(|i| i.get("disaggregation_mode").cloned());
         let unchecked = match mode {

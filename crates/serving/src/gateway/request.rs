@@ -28,6 +28,8 @@ pub(crate) struct InferReq {
     /// The client's own vLLM body of `/inference/v1/generate` (`raw` is its SGLang
     /// translation): a worker that speaks vLLM gets this, unchanged, on that path.
     pub(crate) native: Option<Bytes>,
+    /// The weight version the request asks for (`super::version_pin`), if any.
+    pub(crate) want: Option<troupe_wire::want::VersionWant>,
 }
 
 /// The longest request id a client may give (`rid`, `request_id`, `X-Request-Id`).
@@ -53,7 +55,8 @@ impl InferReq {
         pd_mode: bool,
         needs_text: bool,
     ) -> Result<Self, ApiError> {
-        let obj = pd::parse_object(&raw)?;
+        let mut obj = pd::parse_object(&raw)?;
+        let (want, raw) = super::version_pin::take(headers, &mut obj, raw)?;
         let stream = match obj.get("stream") {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
@@ -95,6 +98,7 @@ impl InferReq {
             session,
             text,
             native: None,
+            want,
         })
     }
 

@@ -150,7 +150,7 @@ pub(super) async fn regular(
 ) -> Result<Response, Fail> {
     let w = state
         .router
-        .route(WorkerType::Regular, &req.ctx(), avoid)
+        .route_for(WorkerType::Regular, &req.ctx(), avoid, req.want.as_ref())
         .map_err(ApiError::from)?;
     let guard = LoadGuard::new(w.clone()).holding(&state.inflight, req.rid(), req.ep);
     let (first, up) = open(state, &w, req, req.raw.clone(), last).await?;

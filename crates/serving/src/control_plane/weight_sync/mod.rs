@@ -314,12 +314,16 @@ impl Core {
                 engines: skipped_outcomes,
             });
         }
-        let control = &control.subset(live.iter().map(|e| e.url.clone()).collect());
+        let live_urls: Vec<String> = live.iter().map(|e| e.url.clone()).collect();
+        let control = &control.subset(live_urls.clone());
         let engines = &live[..];
+        // From the pause on, what each engine serves is unknown until the commit says.
+        fleet.tell_versions(&live_urls, None).await;
 
         if let Err(e) = super::control::all_ok(&control.pause(self.opts.pause_mode).await) {
             // Nothing was sent: the servers that did pause all still hold one version.
-            let after = self.recover(control, keep_paused).await;
+            let (after, on) = self.recover(control, keep_paused).await;
+            fleet.tell_versions(&live_urls, on.as_deref()).await;
             let mut all: Vec<EngineOutcome> = engines
                 .iter()
                 .map(|e| outcome(&e.url, false, Outcome::Unchanged))
@@ -372,7 +376,10 @@ impl Core {
                 .filter(|o| o.outcome != Outcome::HeldOut)
                 .map(|o| o.url.clone())
                 .collect();
-            let mut after = self.recover(&control.subset(clean), keep_paused).await;
+            let (mut after, on) = self
+                .recover(&control.subset(clean.clone()), keep_paused)
+                .await;
+            fleet.tell_versions(&clean, on.as_deref()).await;
             let held: Vec<&str> = outcomes
                 .iter()
                 .filter(|o| o.outcome == Outcome::HeldOut)
@@ -409,6 +416,9 @@ impl Core {
             self.tainted.remove(u);
         }
         fleet.updated(version, &reached);
+        // Before they resume: no request asking for a version reaches one the router has not
+        // been told about.
+        fleet.tell_versions(&reached, Some(version)).await;
         if !keep_paused {
             super::control::all_ok(&control.subset(reached).resume().await)
                 .map_err(|e| WeightSyncError::Control(format!("resume failed on {e}")))?;

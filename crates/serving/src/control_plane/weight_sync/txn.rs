@@ -144,12 +144,18 @@ impl Core {
     }
 
     /// After a failed update: resume only if every engine of `control` serves one version.
-    pub(super) async fn recover(&self, control: &InferenceControl, keep_paused: bool) -> String {
+    /// What happened, and the version they resumed on (`None`: they stay paused).
+    pub(super) async fn recover(
+        &self,
+        control: &InferenceControl,
+        keep_paused: bool,
+    ) -> (String, Option<String>) {
         if keep_paused {
-            return format!(
+            let msg = format!(
                 "servers stay paused as the caller left them; versions now {:?}",
                 control.weight_versions().await.distinct()
             );
+            return (msg, None);
         }
         // No version to expect after a failure: read them first.
         match control.resume_on_one_version(None, None).await {
@@ -161,14 +167,18 @@ impl Core {
                     .into_iter()
                     .filter(|u| !reached.contains(u))
                     .collect();
-                format!(
+                let msg = format!(
                     "{ok} reachable servers resumed on one weight version {}; unreachable: {unreachable:?}",
-                    r.version.unwrap_or_default(),
-                )
+                    r.version.clone().unwrap_or_default(),
+                );
+                (msg, r.version)
             }
-            Err(m) => format!(
-                "servers hold different weight versions {:?}, so they stay paused; call update_weights again to bring every server to one version and resume",
-                m.versions
+            Err(m) => (
+                format!(
+                    "servers hold different weight versions {:?}, so they stay paused; call update_weights again to bring every server to one version and resume",
+                    m.versions
+                ),
+                None,
             ),
         }
     }

@@ -1,0 +1,38 @@
+//! A deployment's version hook: the fleet's [`VersionSink`], which tells the gateway actor which
+//! weight version each server serves, by the worker URL the gateway routes to (each server's
+//! data proxy), so requests that ask for a version (`troupe_wire::want`) are routed by it.
+
+use futures::future::BoxFuture;
+use troupe_serving::actors::{GatewayActor, SetWorkerVersions};
+use troupe_serving::control_plane::VersionSink;
+
+use super::instances::Instances;
+use crate::handle::ActorHandle;
+
+/// Sends the fleet's version changes to the deployment's gateway.
+pub(crate) struct GatewayVersions {
+    pub(crate) instances: Instances,
+    pub(crate) gateway: ActorHandle<GatewayActor>,
+}
+
+impl VersionSink for GatewayVersions {
+    fn serving<'a>(&'a self, urls: &'a [String], version: Option<&'a str>) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let workers: Vec<String> = urls
+                .iter()
+                .filter_map(|u| self.instances.by_url(u).and_then(|i| i.worker))
+                .map(|w| w.url)
+                .collect();
+            if workers.is_empty() {
+                return;
+            }
+            let msg = SetWorkerVersions {
+                workers,
+                version: version.map(str::to_string),
+            };
+            if let Err(e) = self.gateway.call(msg).await {
+                tracing::warn!("cannot tell the gateway the servers' weight version: {e}");
+            }
+        })
+    }
+}

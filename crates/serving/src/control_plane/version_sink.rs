@@ -1,0 +1,30 @@
+//! The fleet's version hook ([`VersionSink`]): who tells the router which weight version each
+//! engine serves, so requests that ask for a version (`troupe_wire::want`) are routed by it.
+//! The weight sync tells it before an update pauses the engines (unknown from then on) and
+//! after the commit, before the engines resume (so no pinned request reaches an engine before
+//! the router knows what it serves); the plane tells it after its other version changes.
+//! A standalone gateway's router takes it directly ([`RouterVersions`]); a deployment's
+//! controller sends it to its gateway actor.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use crate::router::Router;
+
+/// Something that routes by the engines' versions.
+pub trait VersionSink: Send + Sync {
+    /// The engines at `urls` (the URLs the control plane talks to) serve `version` from now
+    /// on; `None`: unknown, as while an update runs.
+    fn serving<'a>(&'a self, urls: &'a [String], version: Option<&'a str>) -> BoxFuture<'a, ()>;
+}
+
+/// A standalone gateway's router, whose workers are the engines themselves.
+pub struct RouterVersions(pub Arc<Router>);
+
+impl VersionSink for RouterVersions {
+    fn serving<'a>(&'a self, urls: &'a [String], version: Option<&'a str>) -> BoxFuture<'a, ()> {
+        self.0.set_weight_versions(urls, version);
+        Box::pin(async {})
+    }
+}
