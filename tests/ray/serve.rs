@@ -274,6 +274,26 @@ async fn serve_on_ray_places_hosts_serves_updates_replaces_and_leaves_nothing() 
                 procs.extend(tree(*host));
             }
         }
+        // The re-placed server is held until it has caught up to v2; then it serves again.
+        let probe =
+            json!({"text": "Hi", "sampling_params": {"max_new_tokens": 2, "ignore_eos": true}});
+        Poll::every(Duration::from_millis(100))
+            .secs(60)
+            .until("the re-placed server serves v2", || async {
+                match http
+                    .post(format!("{}/generate", s.url))
+                    .json(&probe)
+                    .send()
+                    .await
+                {
+                    Ok(r) if r.status().is_success() => r
+                        .json::<Value>()
+                        .await
+                        .is_ok_and(|v| v["meta_info"]["weight_version"] == "v2"),
+                    _ => false,
+                }
+            })
+            .await;
         requests(&s.url, 20, Some("v2")).await;
 
         sigint_and_wait(&mut s).await;

@@ -209,7 +209,10 @@ impl RayLauncher {
         let deadline = tokio::time::Instant::now() + req.startup_timeout;
         let mut hosts: BTreeMap<usize, LaunchedHost> = BTreeMap::new();
         let mut refused: Vec<String> = Vec::new();
-        while hosts.len() < req.n_hosts {
+        // Every host reported and the launcher said where each one's actor runs (a host may
+        // report before the launcher has read its actor's answer).
+        let started = || self.set(|s| s.hosts.len()).unwrap_or(0);
+        while hosts.len() < req.n_hosts || started() < req.n_hosts {
             tokio::select! {
                 a = arrivals.recv() => match a {
                     Some(Ok(Arrival::Report(r, link))) => {
