@@ -4,6 +4,7 @@
 mod common;
 
 mod chaos;
+mod elastic;
 mod fault_tolerance;
 mod orphans;
 mod recover;

@@ -2,7 +2,7 @@
 //!
 //! - `troupe.gateway` ([`GatewayActor`]): router + gateway in one actor and one HTTP port,
 //!   like SGLang's router. Messages: [`GetUrl`], [`AddWorker`], [`RemoveWorker`],
-//!   [`ListWorkers`], [`MarkUnhealthy`], [`SetControlUpstream`], [`SetWorkerVersions`] (`versions.rs`).
+//!   [`ListWorkers`], [`MarkUnhealthy`], [`SetControlUpstream`], [`DrainWorker`] (`drain.rs`), [`SetWorkerVersions`] (`versions.rs`).
 //! - `troupe.proxy` ([`ProxyActor`]): a DataProxy in front of its backend(s). Message:
 //!   [`GetUrl`].
 //!
@@ -16,8 +16,9 @@ use super::worker::{WorkerInfo, WorkerSpec};
 use troupe_actors::ActorError;
 use troupe_actors::actor::{Actor, ActorContext, Handler, Message, Methods};
 
+mod drain;
 mod versions;
-
+pub use drain::DrainWorker;
 pub use versions::SetWorkerVersions;
 
 /// Asks a gateway or proxy actor for its `http://host:port`.
@@ -88,6 +89,8 @@ impl Message for SetControlUpstream {
 /// `troupe.gateway`: router and gateway.
 pub struct GatewayActor {
     handle: Option<GatewayHandle>,
+    /// Workers taken out of routing by [`DrainWorker`] whose requests are still finishing.
+    draining: drain::Draining,
 }
 
 impl GatewayActor {
@@ -108,6 +111,7 @@ impl Actor for GatewayActor {
         let handle = gateway::start(cfg).await.map_err(ActorError::new)?;
         Ok(Self {
             handle: Some(handle),
+            draining: Default::default(),
         })
     }
 
@@ -118,6 +122,7 @@ impl Actor for GatewayActor {
             .add::<ListWorkers>()
             .add::<MarkUnhealthy>()
             .add::<SetControlUpstream>()
+            .add::<DrainWorker>()
             .add::<SetWorkerVersions>();
     }
 

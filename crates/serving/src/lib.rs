@@ -57,6 +57,7 @@ pub mod pinned;
 pub mod policy;
 pub mod proxy;
 pub mod router;
+pub mod scale;
 pub mod sse;
 pub mod upstream;
 pub mod worker;

@@ -48,6 +48,8 @@ pub struct Deployment {
     pub(crate) admin_key: Option<String>,
     /// The ports this deployment holds in its cluster's ledger; released at teardown.
     pub(crate) claims: Arc<Claims>,
+    /// Adds and removes servers while it runs (`super::scale`); none for a recovered one.
+    pub(crate) scaler: Option<Arc<super::scale::Scaler>>,
 }
 
 impl Deployment {
@@ -218,6 +220,7 @@ pub(crate) mod tests {
             serving_events: tokio::sync::broadcast::channel(16).0,
             admin_key: None,
             claims,
+            scaler: None,
         }
     }
 

@@ -1,5 +1,6 @@
 //! What the serving watcher reports (`ServingEvent`): a server removed, held, caught up,
-//! readmitted, replaced or lost, and a lost gateway. The watcher (`watch.rs`) sends them and the
+//! readmitted, replaced or lost, and a lost gateway; and what scaling the fleet does (`scale.rs`:
+//! a server added, draining, retired). The watcher (`watch.rs`) sends them and the
 //! deployment (`deployment.rs`) hands out their channel; they live here, below both, so that
 //! the deployment does not depend on the watcher (deployment → watch → replace → routing →
 //! deployment was a cycle).
@@ -26,7 +27,7 @@ pub enum ServingEvent {
         /// The version it now holds.
         version: String,
     },
-    /// A server is routed again.
+    /// A server is routed again (or, for an added one, for the first time).
     Readmitted {
         /// Its URL.
         url: String,
@@ -55,5 +56,31 @@ pub enum ServingEvent {
         url: String,
         /// Why.
         reason: String,
+    },
+    /// A server was added to the running fleet (`Deployment::add_servers`): launched on free
+    /// GPUs, and held (not routed) until it holds the fleet's weights; `Readmitted` follows
+    /// once it is routed.
+    Added {
+        /// Its server URL.
+        url: String,
+        /// Regular, prefill or decode.
+        worker_type: troupe_serving::inference::WorkerType,
+        /// The host it runs on.
+        host: usize,
+    },
+    /// A server is leaving the fleet (`Deployment::remove_server`): out of the router for new
+    /// requests now; its in-flight requests finish before it stops.
+    Draining {
+        /// Its server URL.
+        url: String,
+        /// Requests in flight on it when it left the router.
+        in_flight: usize,
+    },
+    /// A leaving server is stopped and its GPUs are free.
+    Retired {
+        /// Its server URL.
+        url: String,
+        /// Requests still in flight when it was stopped: 0 unless the drain timed out.
+        cut: usize,
     },
 }

@@ -276,21 +276,30 @@ impl Deployment {
         }
         match Self::route(cluster, &instances, opts, claims).await {
             Ok(mut svc) => {
-                let replacer = Replacer::new(
+                let replacer = Arc::new(Replacer::new(
                     cluster,
                     hosts,
                     placement.clone(),
                     instances,
                     ports,
                     opts.server_restarts,
-                );
+                ));
+                let scaler = Arc::new(super::scale::Scaler::new(
+                    replacer.clone(),
+                    svc.instances.clone(),
+                    svc.gateway.clone(),
+                    svc.control.clone(),
+                    svc.serving_events.clone(),
+                ));
+                svc.plane.set_scaler(scaler.clone());
+                svc.scaler = Some(scaler);
                 svc.watcher = Some(super::watch::spawn(
                     svc.instances.clone(),
                     svc.gateway.clone(),
                     svc.control.clone(),
                     events,
                     svc.serving_events.clone(),
-                    Some(Arc::new(replacer)),
+                    Some(replacer),
                 ));
                 svc.bring_up = started.elapsed();
                 svc.placement = placement;

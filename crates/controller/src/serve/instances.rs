@@ -69,6 +69,17 @@ pub(crate) enum Lifecycle {
     Running,
     /// Superseded after its host was lost: the server URL of its successor.
     Replaced(String),
+    /// Leaving the fleet (`super::scale`): out of the router, its requests finishing.
+    Draining,
+    /// Left the fleet: drained and stopped; its GPUs are free again.
+    Removed,
+}
+
+impl Lifecycle {
+    /// Not replaced and not removed: it holds GPUs and may run.
+    pub fn is_live(&self) -> bool {
+        !matches!(self, Lifecycle::Replaced(_) | Lifecycle::Removed)
+    }
 }
 
 /// One instance: its nodes, its proxy, how the router knows it.
@@ -117,6 +128,7 @@ impl Instance {
     /// for `vllm` servers, SGLang's for the others).
     pub fn engine(&self) -> Engine {
         Engine::of_backend(self.server_url(), self.gpus(), self.head.spec.backend)
+            .with_role(self.head.info.worker_type)
     }
 
     /// Cluster hosts it runs on, the head's first.
@@ -129,9 +141,10 @@ impl Instance {
         self.nodes().any(|n| n.actor.id() == actor_id)
     }
 
-    /// Not superseded by a re-placement.
+    /// Not superseded by a re-placement, nor removed (a draining instance is still live: it
+    /// holds its GPUs and the watcher still follows it).
     pub fn is_live(&self) -> bool {
-        !matches!(self.life, Lifecycle::Replaced(_))
+        self.life.is_live()
     }
 
     /// Its successor's server URL, once replaced.
@@ -183,6 +196,10 @@ pub enum InstanceState {
     Down,
     /// Its host was lost and another instance took its place.
     Replaced,
+    /// Leaving the fleet: out of the router, its in-flight requests finishing.
+    Draining,
+    /// Left the fleet (drained and stopped).
+    Removed,
 }
 
 /// One row of [`super::Deployment::instances`]: an instance as a user sees it.
@@ -270,6 +287,27 @@ impl Instances {
         all.push(new);
     }
 
+    /// A new instance (a server added to the running fleet) joins the table.
+    pub fn add(&self, new: Instance) {
+        self.lock().push(new);
+    }
+
+    /// The live instance at `server_url` is now `life` (draining, or removed); false when there
+    /// is none.
+    pub fn set_life(&self, server_url: &str, life: Lifecycle) -> bool {
+        let mut all = self.lock();
+        match all
+            .iter_mut()
+            .find(|i| i.is_live() && i.server_url() == server_url)
+        {
+            Some(i) => {
+                i.life = life;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The instance at `server_url` has been routed (or held back) once: it is no longer
     /// starting.
     pub fn set_running(&self, server_url: &str) {
@@ -277,6 +315,8 @@ impl Instances {
         if let Some(i) = all
             .iter_mut()
             .find(|i| i.is_live() && i.server_url() == server_url)
+            // A leaving instance stays leaving, whatever catches it up meanwhile.
+            && i.life != Lifecycle::Draining
         {
             i.life = Lifecycle::Running;
         }
@@ -321,6 +361,8 @@ impl Instances {
                 gpus: i.gpus(),
                 state: match &i.life {
                     Lifecycle::Replaced(_) => InstanceState::Replaced,
+                    Lifecycle::Draining => InstanceState::Draining,
+                    Lifecycle::Removed => InstanceState::Removed,
                     Lifecycle::Starting => InstanceState::Starting,
                     Lifecycle::Running => match fleet.state(i.server_url()) {
                         HeadState::Serving => InstanceState::Routed,
@@ -333,7 +375,8 @@ impl Instances {
             .collect()
     }
 
-    /// Stops every proxy, then every server the table lists (replaced ones included), at once.
+    /// Stops every proxy, then every server the table lists (replaced ones included; removed ones
+    /// were stopped already, and stopping them again is harmless), at once.
     pub async fn stop(&self) {
         let all = self.all();
         futures::future::join_all(

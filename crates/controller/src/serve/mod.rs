@@ -19,6 +19,7 @@ pub mod plan;
 pub mod recover;
 mod replace;
 mod routing;
+pub mod scale;
 pub mod sched;
 mod seconds;
 pub mod setup;

@@ -210,11 +210,35 @@ impl Replacer {
             return Err(ReplaceError::MultiNode);
         }
         self.fence(old).await?;
-        let h = &old.head;
+        let base = old.head.name.clone();
+        let new = self
+            .place_like(old, old.head.instance, |attempt| {
+                format!("{base}-replaced{attempt}")
+            })
+            .await?;
+        self.instances.replace(old.server_url(), new.clone());
+        Ok(new)
+    }
+
+    /// Launches a server of `template`'s shape and launch spec (one node; its worker type,
+    /// GPU count, model and settings) with a proxy in front, on free GPUs as the scheduler
+    /// picks them and fresh ports, as instance `instance` of `template`'s group, named
+    /// `name(attempt)`: the new instance, not in the table yet. What a re-placement and a
+    /// server added to the fleet (`super::scale`) both launch.
+    pub async fn place_like(
+        &self,
+        template: &Instance,
+        instance: usize,
+        name: impl Fn(usize) -> String,
+    ) -> Result<Instance, ReplaceError> {
+        if !template.others.is_empty() {
+            return Err(ReplaceError::MultiNode);
+        }
+        let h = &template.head;
         let mut attempt = 0;
         loop {
-            // Picked and reserved under one lock: two re-placements at once never pick the
-            // same GPUs.
+            // Picked and reserved under one lock: two launches at once never pick the same
+            // GPUs.
             let (placed, _reserved) = {
                 let mut launching = lock(&self.launching);
                 let occupied = self.occupancy(&launching);
@@ -262,12 +286,12 @@ impl Replacer {
                 bootstrap_port: placed.ports.bootstrap,
                 ..h.spec.clone()
             };
-            let name = format!("{}-replaced{attempt}", h.name);
-            match self.launch(old, placed.host, &name, &spec, &machine).await {
-                Ok(new) => {
-                    self.instances.replace(old.server_url(), new.clone());
-                    return Ok(new);
-                }
+            let slot = (h.component, h.group, instance);
+            match self
+                .launch(slot, placed.host, &name(attempt), &spec, &machine)
+                .await
+            {
+                Ok(new) => return Ok(new),
                 // Someone took a port meanwhile: again, on fresh ports.
                 Err(e) if e.port_in_use() && attempt < PORT_RETRIES => attempt += 1,
                 Err(e) => return Err(e),
@@ -277,7 +301,7 @@ impl Replacer {
 
     async fn launch(
         &self,
-        old: &Instance,
+        (component, group, instance): (usize, usize, usize),
         host: usize,
         name: &str,
         spec: &LaunchSpec,
@@ -332,9 +356,9 @@ impl Replacer {
         let worker = super::routing::worker_spec(&info, proxy_url);
         let mut new = Instance::starting(
             ServerEntry {
-                component: old.head.component,
-                group: old.head.group,
-                instance: old.head.instance,
+                component,
+                group,
+                instance,
                 node_rank: 0,
                 host,
                 info,

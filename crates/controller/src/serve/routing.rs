@@ -144,6 +144,7 @@ impl Deployment {
             serving_events,
             admin_key: opts.admin_key.clone(),
             claims,
+            scaler: None,
         })
     }
 }

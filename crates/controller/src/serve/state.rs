@@ -283,7 +283,7 @@ impl InstanceRecord {
     }
 
     fn is_live(&self) -> bool {
-        !matches!(self.life, Lifecycle::Replaced(_))
+        self.life.is_live()
     }
 }
 
@@ -460,27 +460,38 @@ impl Deployment {
             serving_events,
             admin_key: st.admin_key.clone(),
             claims,
+            scaler: None,
         };
         let resources = super::fork::resources(cluster);
         let ports = PortAllocator::randomized(
             PortRange::default(),
             Arc::new(LedgerProbe::new(&resources, svc.claims.clone())),
         );
-        let replacer = Replacer::new(
+        let replacer = Arc::new(Replacer::new(
             cluster,
             resources,
             st.placement.clone(),
             svc.instances.clone(),
             ports,
             server_restarts,
-        );
+        ));
+        // A recovered deployment grows and shrinks like a forked one (`super::scale`).
+        let scaler = Arc::new(super::scale::Scaler::new(
+            replacer.clone(),
+            svc.instances.clone(),
+            svc.gateway.clone(),
+            svc.control.clone(),
+            svc.serving_events.clone(),
+        ));
+        svc.plane.set_scaler(scaler.clone());
+        svc.scaler = Some(scaler);
         svc.watcher = Some(super::watch::spawn(
             svc.instances.clone(),
             svc.gateway.clone(),
             svc.control.clone(),
             cluster.events(),
             svc.serving_events.clone(),
-            Some(Arc::new(replacer)),
+            Some(replacer),
         ));
         Ok(svc)
     }

@@ -1,5 +1,6 @@
 //! The fleet control endpoints: SGLang's names and bodies ([`sglang`]), vLLM's native RL routes
-//! and SkyRL's names ([`vllm`]), and Troupe's CPU weight push ([`tensor`]), each applying to
+//! and SkyRL's names ([`vllm`]), Troupe's CPU weight push ([`tensor`]) and `POST /scale` (`scale.rs`,
+//! servers joining and leaving a deployment), each applying to
 //! every engine of the fleet through one [`ControlPlane`] and answering once with a per-engine
 //! breakdown.
 //!
@@ -9,6 +10,7 @@
 //! the controller so that it is the fleet's one truth). Both serve the gateway's routes of
 //! `troupe_wire::routes::ROUTES`.
 
+mod scale;
 mod sglang;
 mod tensor;
 mod vllm;
@@ -76,6 +78,7 @@ pub(crate) fn router(plane: Arc<ControlPlane>, max_tensor_bytes: usize) -> axum:
     sglang::routes()
         .merge(vllm::routes())
         .merge(tensor::routes(max_tensor_bytes))
+        .merge(scale::routes())
         .with_state(plane)
 }
 

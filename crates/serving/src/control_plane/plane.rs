@@ -64,6 +64,8 @@ pub struct ControlPlane {
     described: parking_lot::Mutex<HashMap<String, Engine>>,
     /// Standalone gateways: held workers being checked or caught up now (`super::members`).
     pub(crate) joining: parking_lot::Mutex<std::collections::HashSet<String>>,
+    /// Who grows and shrinks the fleet (`crate::scale`): a deployment's controller.
+    pub(crate) scaler: parking_lot::Mutex<Option<Arc<dyn crate::scale::Scale>>>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -88,6 +90,7 @@ impl ControlPlane {
             reconciler: Reconciler::default(),
             described: parking_lot::Mutex::new(HashMap::new()),
             joining: parking_lot::Mutex::default(),
+            scaler: parking_lot::Mutex::new(None),
         }
     }
 

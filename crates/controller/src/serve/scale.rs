@@ -1,0 +1,396 @@
+//! An elastic fleet: servers join and leave a running deployment.
+//!
+//! **Joining** ([`Deployment::add_servers`]): a new server is launched like a re-placed one
+//! (`replace.rs`: the scheduler picks free GPUs under the placement's rules, ports come from the
+//! deployment's ledger, a DataProxy goes in front), with the launch settings of a running server
+//! of the same role. It joins the table (`Starting`), the control plane's engine list (so the
+//! next weight update reaches it) and the fleet, which bumps its generation: the weight sync
+//! then rebuilds its broadcast group for the next update, for every member (an NCCL group has a
+//! fixed world size, so no transport here adds a rank to a live group). Before any update it
+//! is routed at once (everyone serves the initial weights). After one, it is *held*: not
+//! routed until the fleet's catch-up hook (the weight sync keeping the last update) brings it
+//! to the current version, or the next update reaches it; then the gateway routes it
+//! (`AddWorker`).
+//!
+//! **Leaving** ([`Deployment::remove_server`]): the server is marked `Draining`, leaves the
+//! control plane's list and the fleet (updates no longer wait on it), and the gateway takes it
+//! out of routing at once (`DrainWorker`: no new request or session goes to it; requests
+//! already on it keep their place). Its in-flight count is polled until 0 or the drain
+//! deadline; then its proxy and server stop, it is `Removed` in the table and its GPUs are free
+//! for the next server. Its ports stay claimed until teardown (the ledger's cursor never goes
+//! back). The last routed server of a role is never removed: add another first.
+//!
+//! Both are also `POST /scale` on the gateway ([`troupe_serving::scale`]) and the Python
+//! `Service`. Multi-node instances are neither added nor removed here. On Slurm a new server
+//! must fit in the current allocation (no job is grown or given back).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::broadcast;
+use troupe_serving::actors::{AddWorker, DrainWorker, GatewayActor};
+use troupe_serving::control_plane::{Fleet, HeadState, InferenceControl};
+use troupe_serving::inference::WorkerType;
+use troupe_serving::scale::{Scale, ScaleError, ScaleOp};
+
+use super::deployment::Deployment;
+use super::events::ServingEvent;
+use super::instances::{Instance, InstanceView, Instances, Lifecycle};
+use super::replace::Replacer;
+use crate::handle::ActorHandle;
+
+/// How often a drain polls the gateway for what is still in flight.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
+
+/// What grows and shrinks one deployment (see the module docs); the plane's `/scale` calls it.
+pub(crate) struct Scaler {
+    replacer: Arc<Replacer>,
+    instances: Instances,
+    gateway: ActorHandle<GatewayActor>,
+    control: InferenceControl,
+    out: broadcast::Sender<ServingEvent>,
+    /// The instance index the next added server takes (past every index of the plan).
+    next_instance: AtomicUsize,
+    /// Removals one at a time: "the last routed server of its role" is decided under it.
+    removing: tokio::sync::Mutex<()>,
+}
+
+impl Scaler {
+    /// A scaler over the deployment's table, launching through `replacer`.
+    pub fn new(
+        replacer: Arc<Replacer>,
+        instances: Instances,
+        gateway: ActorHandle<GatewayActor>,
+        control: InferenceControl,
+        out: broadcast::Sender<ServingEvent>,
+    ) -> Self {
+        let next = instances
+            .all()
+            .iter()
+            .map(|i| i.head.instance + 1)
+            .max()
+            .unwrap_or(0);
+        Scaler {
+            replacer,
+            instances,
+            gateway,
+            control,
+            out,
+            next_instance: AtomicUsize::new(next),
+            removing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn fleet(&self) -> &Arc<Fleet> {
+        self.control.fleet()
+    }
+
+    fn emit(&self, e: ServingEvent) {
+        tracing::info!(event = ?e, "elastic fleet");
+        let _ = self.out.send(e);
+    }
+
+    fn view(&self, url: &str) -> Option<InstanceView> {
+        self.instances
+            .view(self.fleet())
+            .into_iter()
+            .rev()
+            .find(|v| v.server_url == url)
+    }
+
+    /// Launches `count` servers of `role` at once; each is routed before this returns unless it
+    /// waits for the next weight update (no catch-up hook, or the catch-up failed). Their rows.
+    pub async fn add(
+        &self,
+        role: WorkerType,
+        count: usize,
+    ) -> Result<Vec<InstanceView>, ScaleError> {
+        let live = self.instances.live();
+        let like: Vec<&Instance> = live
+            .iter()
+            .filter(|i| i.head.info.worker_type == role && i.life != Lifecycle::Draining)
+            .collect();
+        let Some(template) = like.iter().find(|i| i.others.is_empty()) else {
+            return Err(if like.is_empty() {
+                let roles: std::collections::BTreeSet<&str> = live
+                    .iter()
+                    .map(|i| i.head.info.worker_type.as_str())
+                    .collect();
+                ScaleError::BadRequest(format!(
+                    "role: this deployment has no {role} server to add another of (it serves: {})",
+                    roles.into_iter().collect::<Vec<_>>().join(", ")
+                ))
+            } else {
+                ScaleError::Conflict(format!(
+                    "its {role} servers span several hosts; multi-node servers are not added to a running deployment"
+                ))
+            });
+        };
+        let template = (*template).clone();
+        let added = futures::future::join_all((0..count).map(|_| self.add_one(&template))).await;
+        let mut rows = Vec::new();
+        let mut failed = Vec::new();
+        for r in added {
+            match r {
+                Ok(url) => rows.extend(self.view(&url)),
+                Err(e) => failed.push(e.to_string()),
+            }
+        }
+        if !failed.is_empty() {
+            let kept = rows
+                .iter()
+                .map(|r| r.server_url.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(ScaleError::Failed(format!(
+                "{} of {count} {role} servers did not start ({}); started: [{kept}]",
+                failed.len(),
+                failed.join("; ")
+            )));
+        }
+        Ok(rows)
+    }
+
+    async fn add_one(&self, template: &Instance) -> Result<String, ScaleError> {
+        let idx = self.next_instance.fetch_add(1, Ordering::Relaxed);
+        let h = &template.head;
+        let base = format!(
+            "{}-c{}g{}i{idx}n0",
+            h.info.worker_type.as_str(),
+            h.component,
+            h.group
+        );
+        let new = self
+            .replacer
+            .place_like(template, idx, |attempt| match attempt {
+                0 => base.clone(),
+                n => format!("{base}-r{n}"),
+            })
+            .await
+            .map_err(|e| ScaleError::Failed(e.to_string()))?;
+        let url = new.server_url().to_string();
+        self.instances.add(new.clone());
+        let mut engines = self.control.engines();
+        engines.push(new.engine());
+        self.control.set_engines(engines);
+        self.emit(ServingEvent::Added {
+            url: url.clone(),
+            worker_type: h.info.worker_type,
+            host: new.head.host,
+        });
+        // A fresh member: the fleet's generation moves, so the next update rebuilds its group.
+        if self.fleet().mark_back(&url) {
+            self.route(&url).await;
+            return Ok(url);
+        }
+        self.instances.set_running(&url);
+        self.emit(ServingEvent::Held { url: url.clone() });
+        let Some(c) = self.fleet().catcher() else {
+            return Ok(url); // the next weight update reaches it; the watcher routes it then
+        };
+        let started = Instant::now();
+        match c.catch_up(&self.control, &new.engine()).await {
+            Ok(version) => {
+                tracing::info!(server = %url, %version, ms = started.elapsed().as_millis() as u64, "added server caught up");
+                self.emit(ServingEvent::CaughtUp {
+                    url: url.clone(),
+                    version,
+                });
+                self.route(&url).await;
+            }
+            Err(e) => tracing::warn!(
+                server = %url,
+                "catch-up of an added server failed ({e}); the next weight update will include it"
+            ),
+        }
+        Ok(url)
+    }
+
+    /// Puts `url` in the router (unless it died or started leaving meanwhile).
+    async fn route(&self, url: &str) {
+        let Some(i) = self.instances.by_url(url) else {
+            return;
+        };
+        let Some(worker) = i.worker else {
+            return;
+        };
+        if i.life == Lifecycle::Draining || self.fleet().state(url) == HeadState::Down {
+            return;
+        }
+        match self.gateway.call(AddWorker(worker.clone())).await {
+            Ok(_) => {}
+            Err(e) if e.to_string().contains("already registered") => {}
+            Err(e) => {
+                tracing::warn!(worker = %worker.url, "cannot register the added server: {e}");
+                return;
+            }
+        }
+        self.fleet().mark_serving(url);
+        self.instances.set_running(url);
+        self.emit(ServingEvent::Readmitted {
+            url: url.to_string(),
+        });
+    }
+
+    /// Drains the server at `url` (its server or worker URL) for at most `drain`, then stops
+    /// it; its row.
+    pub async fn remove(&self, url: &str, drain: Duration) -> Result<InstanceView, ScaleError> {
+        let _one = self.removing.lock().await;
+        let want = url.trim_end_matches('/');
+        let live = self.instances.live();
+        let Some(i) = live
+            .iter()
+            .find(|i| i.server_url() == want || i.worker.as_ref().is_some_and(|w| w.url == want))
+        else {
+            let known: Vec<&str> = live.iter().map(Instance::server_url).collect();
+            return Err(ScaleError::BadRequest(format!(
+                "remove: no server of this deployment is at {url:?} (its servers: {})",
+                known.join(", ")
+            )));
+        };
+        let server = i.server_url().to_string();
+        if i.life == Lifecycle::Draining {
+            return Err(ScaleError::Conflict(format!("{server} is already leaving")));
+        }
+        if !i.others.is_empty() {
+            return Err(ScaleError::Conflict(format!(
+                "{server} spans several hosts; multi-node servers are not removed from a running deployment"
+            )));
+        }
+        let role = i.head.info.worker_type;
+        let routed_peers = live
+            .iter()
+            .filter(|o| o.server_url() != server && o.head.info.worker_type == role)
+            .filter(|o| {
+                o.life == Lifecycle::Running
+                    && self.fleet().state(o.server_url()) == HeadState::Serving
+            })
+            .count();
+        if routed_peers == 0 {
+            return Err(ScaleError::Conflict(format!(
+                "{server} is the last routed {role} server: removing it would stop serving; add another first ({{\"role\": \"{role}\", \"add\": 1}})"
+            )));
+        }
+        self.instances.set_life(&server, Lifecycle::Draining);
+        // Out of fleet operations: no update waits on it, and the next one rebuilds its group
+        // without it.
+        let engines = self
+            .control
+            .engines()
+            .into_iter()
+            .filter(|e| e.url != server)
+            .collect();
+        self.control.set_engines(engines);
+        self.fleet().forget(&server);
+        let worker = i.worker.as_ref().map(|w| w.url.clone());
+        let mut left = self.in_flight(worker.as_deref()).await;
+        self.emit(ServingEvent::Draining {
+            url: server.clone(),
+            in_flight: left,
+        });
+        let deadline = Instant::now() + drain;
+        while left > 0 && Instant::now() < deadline {
+            tokio::time::sleep(DRAIN_POLL).await;
+            left = self.in_flight(worker.as_deref()).await;
+        }
+        if left > 0 {
+            tracing::warn!(server = %server, left, "drain deadline passed: stopping with requests in flight");
+        }
+        self.instances.set_life(&server, Lifecycle::Removed);
+        if let Some(p) = &i.proxy {
+            let _ = p.stop(Duration::from_secs(5)).await;
+        }
+        futures::future::join_all(i.nodes().map(|n| n.actor.stop(Duration::from_secs(15)))).await;
+        self.emit(ServingEvent::Retired {
+            url: server.clone(),
+            cut: left,
+        });
+        self.view(&server)
+            .ok_or_else(|| ScaleError::Failed(format!("{server} left the table")))
+    }
+
+    /// Requests still in flight on `worker` (taking it out of routing on the first call); 0
+    /// when the router does not know it (it was held or down, so nothing was sent to it).
+    async fn in_flight(&self, worker: Option<&str>) -> usize {
+        let Some(w) = worker else {
+            return 0;
+        };
+        match self
+            .gateway
+            .call(DrainWorker {
+                worker: w.to_string(),
+            })
+            .await
+        {
+            Ok(info) => info.load,
+            Err(e) => {
+                tracing::debug!(worker = w, "drain: {e}");
+                0
+            }
+        }
+    }
+}
+
+impl Scale for Scaler {
+    fn scale(
+        &self,
+        op: ScaleOp,
+    ) -> futures::future::BoxFuture<'_, Result<serde_json::Value, ScaleError>> {
+        Box::pin(async move {
+            match op {
+                ScaleOp::Add { role, count } => {
+                    let rows = self.add(role, count).await?;
+                    Ok(serde_json::json!({ "added": rows }))
+                }
+                ScaleOp::Remove { url, drain } => {
+                    let row = self.remove(&url, drain).await?;
+                    Ok(serde_json::json!({ "removed": row }))
+                }
+            }
+        })
+    }
+}
+
+impl Deployment {
+    fn scaler(&self) -> Result<&Arc<Scaler>, ScaleError> {
+        self.scaler.as_ref().ok_or_else(|| {
+            ScaleError::Conflict(
+                "this deployment cannot add or remove servers (it was built without a placement)"
+                    .into(),
+            )
+        })
+    }
+
+    /// Adds `count` servers of `role` (regular, prefill or decode) to the running deployment,
+    /// on free GPUs, with the settings of its running servers of that role. Each is routed only
+    /// once it holds the fleet's weights (caught up through the weight sync's kept update, or
+    /// by the next update: then it is returned `held`), and the next weight update rebuilds the
+    /// group with it. Their rows of the instance table; `serving_events()` says `Added`, then
+    /// `Held` and `CaughtUp` after a weight update, then `Readmitted` once routed.
+    pub async fn add_servers(
+        &self,
+        role: WorkerType,
+        count: usize,
+    ) -> Result<Vec<InstanceView>, ScaleError> {
+        if count == 0 || count > troupe_serving::scale::MAX_ADD {
+            return Err(ScaleError::BadRequest(format!(
+                "count: {count} is not between 1 and {}",
+                troupe_serving::scale::MAX_ADD
+            )));
+        }
+        self.scaler()?.add(role, count).await
+    }
+
+    /// Removes the server at `url` (its server URL, or its worker URL as the router lists it):
+    /// out of the router at once, its in-flight requests finish (for at most `drain`; past it
+    /// they are cut and the `Retired` event counts them), then it stops and its GPUs are free.
+    /// The last routed server of a role is refused. Its row (`removed`).
+    pub async fn remove_server(
+        &self,
+        url: &str,
+        drain: Duration,
+    ) -> Result<InstanceView, ScaleError> {
+        self.scaler()?.remove(url, drain).await
+    }
+}
