@@ -68,6 +68,19 @@ impl Service {
             .and_then(|a| a.first().map(|s| s.addr().to_string()))
     }
 
+    /// One fleet change through the deployment's scaler (`add_servers`, `remove_server`).
+    fn scale(
+        &self,
+        py: Python<'_>,
+        op: troupe_serving::scale::ScaleOp,
+    ) -> PyResult<serde_json::Value> {
+        let scaler = self.plane.scaler().ok_or_else(|| {
+            crate::errors::ServingError::new_err("this deployment cannot add or remove servers")
+        })?;
+        wait(py, async move { scaler.scale(op).await })?
+            .map_err(|e| crate::errors::ServingError::new_err(e.to_string()))
+    }
+
     /// One weight update through the plane; its report as a dict.
     fn push(&self, py: Python<'_>, host: Vec<HostTensor>, version: String) -> PyResult<Py<PyAny>> {
         let plane = self.plane.clone();
@@ -188,6 +201,60 @@ impl Service {
     ) -> PyResult<Py<PyAny>> {
         let host = trainer.host_tensors(py)?;
         self.push(py, host, crate::control::version_string(version)?)
+    }
+
+    /// Adds `count` servers of `role` (`"regular"`, `"prefill"` or `"decode"`) to the running
+    /// deployment, on free GPUs, with the settings of its running servers of that role. Each
+    /// is routed only once it holds the fleet's weights (caught up from the last update, or
+    /// `"held"` until the next one). Returns their rows of the instance table (dicts with
+    /// `server_url`, `worker_url`, `state`, ...). The same as the gateway's `POST /scale
+    /// {"role": ..., "add": count}`.
+    #[pyo3(signature = (role, count = 1))]
+    fn add_servers(&self, py: Python<'_>, role: &str, count: usize) -> PyResult<Py<PyAny>> {
+        let role: troupe_wire::WorkerType = serde_json::from_value(serde_json::json!(role))
+            .map_err(|_| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "role {role:?}: give \"regular\", \"prefill\" or \"decode\""
+                ))
+            })?;
+        let v = self.scale(py, troupe_serving::scale::ScaleOp::Add { role, count })?;
+        crate::control::to_py(py, &v["added"])
+    }
+
+    /// Removes the server at `url` (its server URL or its worker URL): out of the router at
+    /// once, its in-flight requests finish (for at most `drain_timeout_s`), then it stops and
+    /// its GPUs are free. The last routed server of a role is refused. Returns its row. The
+    /// same as the gateway's `POST /scale {"remove": url}`.
+    #[pyo3(signature = (url, drain_timeout_s = 120.0))]
+    fn remove_server(
+        &self,
+        py: Python<'_>,
+        url: String,
+        drain_timeout_s: f64,
+    ) -> PyResult<Py<PyAny>> {
+        if !(0.0..=86_400.0).contains(&drain_timeout_s) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "drain_timeout_s: {drain_timeout_s} is not a number of seconds between 0 and 86400"
+            )));
+        }
+        let drain = std::time::Duration::from_secs_f64(drain_timeout_s);
+        let v = self.scale(py, troupe_serving::scale::ScaleOp::Remove { url, drain })?;
+        crate::control::to_py(py, &v["removed"])
+    }
+
+    /// Every serving instance and where it stands (`starting`, `routed`, `held`, `down`,
+    /// `replaced`, `draining`, `removed`), as a list of dicts.
+    fn instances(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let rows = {
+            let guard = self.deployment.blocking_lock();
+            let d = guard.as_ref().ok_or_else(|| {
+                crate::errors::ServingError::new_err("the deployment was torn down")
+            })?;
+            d.instances()
+        };
+        let v = serde_json::to_value(rows)
+            .map_err(|e| crate::errors::ServingError::new_err(e.to_string()))?;
+        crate::control::to_py(py, &v)
     }
 
     /// Serves the controller's gRPC API (`troupe.v1.Controller`: the external-trainer weight

@@ -147,6 +147,12 @@ class Service:
         """`control.load_weights`: every engine loads a checkpoint from disk (the path into real vLLM)."""
     def update_weights_from(self, trainer: Trainer, version: str | int) -> dict[str, Any]:
         """Pushes the trainer actor's weights to every engine without passing them through Python."""
+    def add_servers(self, role: str, count: int = 1) -> list[dict[str, Any]]:
+        """Add `count` regular, prefill or decode servers; each routed once it holds the fleet's weights."""
+    def remove_server(self, url: str, drain_timeout_s: float = 120.0) -> dict[str, Any]:
+        """Drain the server at `url` (no new requests; in-flight ones finish), then stop it."""
+    def instances(self) -> list[dict[str, Any]]:
+        """Every serving instance and its state (starting, routed, held, down, replaced, draining, removed)."""
     def serve_api(self, listen: str = "127.0.0.1:0", token: str | None = None) -> str:
         """Serves the controller's gRPC API (the external-trainer weight sequence) until teardown; returns host:port."""
     def teardown(self) -> None:
