@@ -4,7 +4,8 @@
 //! Lost means a client got no answer. The gateway's retries (a new prefill/decode pair after a
 //! transport error) and the serving watcher (a dead server leaves the router at once and is
 //! routed again after its restart) are what keep it at zero; the report shows how much
-//! retrying that took.
+//! retrying that took. With `--scale`, servers are also added and removed under the load
+//! (`chaos/scale.rs`): `chaos.scaled_up`, `chaos.scaled_down`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +16,8 @@ use troupe_scheduler::AllocationPlan;
 
 use troupe_controller::Cluster;
 use troupe_controller::serve::{Deployment, ForkOptions};
-use troupe_serving::control_plane::fleet::HeadState;
+
+mod scale;
 
 /// Settings of a chaos run.
 #[derive(Debug, Clone, clap::Args)]
@@ -38,6 +40,12 @@ pub struct ChaosArgs {
     /// Seed of the victim choice (default: from the clock; printed either way).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Also add and remove servers under the load (alternating, every `--scale-every-s`).
+    #[arg(long)]
+    pub scale: bool,
+    /// Seconds between adding or removing a server (with `--scale`).
+    #[arg(long, default_value_t = 4.0)]
+    pub scale_every_s: f64,
     /// Print one JSON object instead of one line per figure.
     #[arg(long)]
     pub json: bool,
@@ -56,6 +64,10 @@ pub struct ChaosReport {
     pub lost: u64,
     /// Servers killed.
     pub kills: u64,
+    /// Servers added and routed under the load (`--scale`).
+    pub scaled_up: u64,
+    /// Servers drained and stopped under the load (`--scale`).
+    pub scaled_down: u64,
     /// The first few errors clients saw (empty when nothing was lost).
     pub errors: Vec<String>,
 }
@@ -69,6 +81,8 @@ impl ChaosReport {
             ("chaos.retried", self.retried),
             ("chaos.lost", self.lost),
             ("chaos.kills", self.kills),
+            ("chaos.scaled_up", self.scaled_up),
+            ("chaos.scaled_down", self.scaled_down),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v as f64))
@@ -102,6 +116,29 @@ pub async fn run_chaos(
     svc: &Deployment,
     duration: Duration,
     kill_every: Duration,
+    concurrency: u64,
+    max_new_tokens: u64,
+    seed: u64,
+) -> ChaosReport {
+    run_chaos_scaled(
+        svc,
+        duration,
+        kill_every,
+        None,
+        concurrency,
+        max_new_tokens,
+        seed,
+    )
+    .await
+}
+
+/// [`run_chaos`], and with `scale_every` a server added or removed that often (alternating;
+/// the deployment needs a free GPU for the adds).
+pub async fn run_chaos_scaled(
+    svc: &Deployment,
+    duration: Duration,
+    kill_every: Duration,
+    scale_every: Option<Duration>,
     concurrency: u64,
     max_new_tokens: u64,
     seed: u64,
@@ -156,6 +193,20 @@ pub async fn run_chaos(
         }
     });
     let mut state = seed.max(1);
+    let mut scale_state = seed.max(1) ^ 0x9E37_79B9_7F4A_7C15;
+    // The killer and the scaler choose under one lock (see `scale.rs`).
+    let turn = tokio::sync::Mutex::new(());
+    let scaling = async {
+        match scale_every {
+            Some(every) => {
+                scale::scaler(svc, every, deadline, &turn, |n| {
+                    (next(&mut scale_state) % n as u64) as usize
+                })
+                .await
+            }
+            None => scale::Scaled::default(),
+        }
+    };
     let killer = async {
         let mut kills = 0u64;
         let mut tick = tokio::time::interval(kill_every);
@@ -165,22 +216,20 @@ pub async fn run_chaos(
             if Instant::now() + kill_every / 2 >= deadline {
                 return kills;
             }
-            let fleet = svc.control.fleet();
+            let _turn = turn.lock().await;
+            // Routed as the table says: a draining server is no longer counted.
+            let rows = svc.instances();
+            let is_routed = |url: &str| {
+                rows.iter().any(|r| {
+                    r.server_url == url
+                        && r.state == troupe_controller::serve::instances::InstanceState::Routed
+                })
+            };
             let servers = svc.servers();
             let heads: Vec<_> = servers.iter().filter(|s| s.node_rank == 0).collect();
-            let routed = |wt| {
-                heads
-                    .iter()
-                    .filter(|s| {
-                        s.info.worker_type == wt && fleet.state(&s.info.url) == HeadState::Serving
-                    })
-                    .count()
-            };
             let candidates: Vec<_> = heads
                 .iter()
-                .filter(|s| {
-                    fleet.state(&s.info.url) == HeadState::Serving && routed(s.info.worker_type) > 1
-                })
+                .filter(|s| is_routed(&s.info.url) && scale::routed(&rows, s.info.worker_type) > 1)
                 .collect();
             if candidates.is_empty() {
                 continue;
@@ -205,27 +254,42 @@ pub async fn run_chaos(
             }
         }
     };
-    let (_, kills) = tokio::join!(futures::future::join_all(clients), killer);
+    let (_, kills, scaled) = tokio::join!(futures::future::join_all(clients), killer, scaling);
+    for e in &scaled.errors {
+        tracing::warn!("chaos: scaling: {e}");
+    }
     let retried = gateway_retries(&client, &svc.gateway_url)
         .await
         .saturating_sub(retries_before);
     let sent = sent.load(Ordering::Relaxed);
     let answered = answered.load(Ordering::Relaxed);
-    let errors = errors.lock().map(|e| e.clone()).unwrap_or_default();
+    let mut errors = errors.lock().map(|e| e.clone()).unwrap_or_default();
+    errors.extend(
+        scaled
+            .errors
+            .iter()
+            .take(5)
+            .map(|e| format!("scaling: {e}")),
+    );
     ChaosReport {
         sent,
         answered,
         retried,
         lost: sent - answered,
         kills,
+        scaled_up: scaled.up,
+        scaled_down: scaled.down,
         errors,
     }
 }
 
 /// Runs `troupe bench chaos`: an in-process deployment, the chaos run, then teardown.
 pub async fn run(a: &ChaosArgs) -> Result<Vec<(String, f64)>, String> {
-    if !(a.duration_s > 0.0 && a.kill_every_s > 0.0) {
-        return Err("--duration-s and --kill-every-s must be positive numbers of seconds".into());
+    if !(a.duration_s > 0.0 && a.kill_every_s > 0.0 && a.scale_every_s > 0.0) {
+        return Err(
+            "--duration-s, --kill-every-s and --scale-every-s must be positive numbers of seconds"
+                .into(),
+        );
     }
     let plan = AllocationPlan::parse(&a.allocation).map_err(|e| format!("--allocation: {e}"))?;
     let gpus = plan
@@ -233,7 +297,9 @@ pub async fn run(a: &ChaosArgs) -> Result<Vec<(String, f64)>, String> {
         .iter()
         .map(|c| c.world_size())
         .sum::<u64>()
-        .clamp(1, 1024) as u32;
+        .clamp(1, 1024) as u32
+        // Room for the servers `--scale` adds (one at a time: an add, then a removal).
+        + if a.scale { 2 } else { 0 };
     let cluster = Cluster::in_process(1, gpus)
         .await
         .map_err(|e| format!("cannot start the cluster: {e}"))?;
@@ -255,10 +321,11 @@ pub async fn run(a: &ChaosArgs) -> Result<Vec<(String, f64)>, String> {
             .unwrap_or(1)
     });
     eprintln!("chaos: seed {seed}");
-    let rep = run_chaos(
+    let rep = run_chaos_scaled(
         &svc,
         Duration::from_secs_f64(a.duration_s),
         Duration::from_secs_f64(a.kill_every_s),
+        a.scale.then(|| Duration::from_secs_f64(a.scale_every_s)),
         a.concurrency,
         a.max_new_tokens,
         seed,
