@@ -37,6 +37,7 @@ import ctypes
 import importlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -199,6 +200,7 @@ class Launcher:
         self.ray: Any = None
         self.pg: Any = None
         self.actors: List[Any] = []
+        self.nodes: Dict[int, str] = {}
 
     def watch_stdin(self) -> None:
         def run() -> None:
@@ -265,6 +267,7 @@ class Launcher:
                     "node_ip": nodes.get(node, {}).get("NodeManagerAddress", ""),
                 }
             )
+        self.nodes = {b["index"]: b["node_id"] for b in placed}
         emit("placed", placement_group=self.pg.id.hex(), bundles=placed)
         return True
 
@@ -297,7 +300,8 @@ class Launcher:
             try:
                 info = self.ray.get(ref)
             except Exception as e:  # noqa: BLE001 - Ray's own words go to the controller
-                emit("error", index=i, message=f"host {i}: {_short(e)}")
+                node = self.nodes.get(i, "")[:12]
+                emit("error", index=i, message=f"host {i} on Ray node {node}: {_short(e)}")
                 continue
             emit("started", index=i, **info)
             waits[self.actors[i].wait.remote()] = i
@@ -374,9 +378,21 @@ class Launcher:
         return 0
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _short(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text if len(text) < 2000 else text[:2000] + "..."
+    """Ray's words for an error, without its traceback: a task's own exception (`cause`) when
+    there is one, else the first line and the line saying why an actor is dead."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException):
+        e = cause
+    lines = [ln.strip() for ln in _ANSI.sub("", str(e)).splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    keep = [lines[0]] + [ln for ln in lines[1:] if "is dead because" in ln or "node" in ln.lower() and "died" in ln]
+    text = " ".join(keep)
+    return text if len(text) < 1000 else text[:1000] + "..."
 
 
 def main() -> int:

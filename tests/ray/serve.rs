@@ -139,6 +139,15 @@ async fn requests(url: &str, n: usize, version: Option<&str>) {
     }
 }
 
+/// From `troupe serve`'s start to its line for the last host (the launcher's part of bring-up).
+async fn hosts_up(s: &Serve) -> Duration {
+    let (at, _) = wait_for_line(&s.err, "the last host's line", |l| {
+        l.trim_start().starts_with("host 2 on node ")
+    })
+    .await;
+    at - s.started
+}
+
 /// Each host's (node, Ray actor pid, host pid) from the launcher's line:
 /// `ray placement group PG on cluster A (host 0: node N actor pid P host pid Q, ...)`.
 fn ray_hosts(line: &str) -> (String, BTreeMap<usize, (String, u32, u32)>) {
@@ -191,6 +200,7 @@ async fn serve_on_ray_places_hosts_serves_updates_replaces_and_leaves_nothing() 
     within(420, async {
         let mut s = serve(CONFIG, &ray_args(&ray), "serve-ray").await;
         let ray_up = s.gateway_at - s.started;
+        let ray_hosts_up = hosts_up(&s).await;
         let (_, line) = wait_for_line(&s.err, "the ray launcher's line", |l| {
             l.starts_with("ray placement group ")
         })
@@ -330,10 +340,49 @@ async fn serve_on_ray_places_hosts_serves_updates_replaces_and_leaves_nothing() 
         )
         .await;
         let local_up = l.gateway_at - l.started;
+        let local_hosts_up = hosts_up(&l).await;
         requests(&l.url, 10, None).await;
         sigint_and_wait(&mut l).await;
+        println!("ray.hosts_up_s {:.2}", ray_hosts_up.as_secs_f64());
+        println!("local.hosts_up_s {:.2}", local_hosts_up.as_secs_f64());
         println!("ray.bringup_to_gateway_s {:.2}", ray_up.as_secs_f64());
         println!("local.bringup_to_gateway_s {:.2}", local_up.as_secs_f64());
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_binary_the_nodes_cannot_run_fails_at_once_naming_host_and_node() {
+    let Some(ray) = ray_ready("bad_binary") else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    within(120, async {
+        let mut args = ray_args(&ray);
+        args.push("scheduler.binary=/nonexistent/troupe".into());
+        let out = tokio::process::Command::new(BIN)
+            .arg("serve")
+            .arg(CONFIG)
+            .args(&args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("on Ray node ") && err.contains("cannot run /nonexistent/troupe"),
+            "{err}"
+        );
+        assert!(
+            !err.contains("Traceback"),
+            "Ray's words, not its traceback: {err}"
+        );
+        assert!(
+            !err.contains("hosts reported within"),
+            "failed early: {err}"
+        );
     })
     .await
 }
