@@ -14,6 +14,7 @@
 pub mod bound;
 pub mod error;
 pub mod export;
+mod incremental;
 pub mod messages;
 pub mod parse;
 pub mod session;
@@ -166,6 +167,28 @@ impl Agent {
         kwargs: &Map<String, Value>,
         forced: Option<&str>,
     ) -> Result<Prompt, AgentError> {
+        // The common case first: the session's latest turn, continued, renders only what is
+        // new.
+        if let Some(s) = session
+            && let Some(b) = self.sessions.latest(s, messages)
+            && let Some(d) = self.window_delta(&b, messages, tools, kwargs)?
+        {
+            let mut ids = b.ids;
+            ids.extend(self.tokenizer.encode(&d)?);
+            let mut text = b.prompt_text;
+            text.push_str(&b.output_text);
+            text.push_str(&d);
+            let mut p = Prompt {
+                text,
+                ids,
+                parent: Some(b.index),
+            };
+            if let Some(f) = forced {
+                p.ids.extend(self.tokenizer.encode(f)?);
+                p.text.push_str(f);
+            }
+            return Ok(p);
+        }
         let full = self.tokenizer.render(messages, tools, true, kwargs)?;
         let base = session.and_then(|s| self.sessions.base(s, messages));
         let mut prompt = None;

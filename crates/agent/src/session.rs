@@ -22,9 +22,11 @@ use crate::messages::comparable;
 
 mod chain;
 mod durable;
+mod latest;
 mod log;
 
 pub use durable::Restored;
+pub use latest::Latest;
 pub use log::SessionLog;
 
 /// The bounds on what sessions hold.
@@ -80,9 +82,10 @@ pub struct Turn {
     pub parent: Option<usize>,
     /// The reward given to this turn (`set_reward` with its id).
     pub reward: Option<f64>,
-    /// The comparison keys of its messages and reply (recomputed when read back).
+    /// The comparison keys of its messages and reply, computed when first compared (a turn
+    /// continuing the latest one compares the messages as they are, and never needs them).
     #[serde(skip)]
-    keys: Vec<Value>,
+    keys: std::sync::OnceLock<Vec<Value>>,
 }
 
 impl Turn {
@@ -98,7 +101,6 @@ impl Turn {
         meta_info: Value,
         parent: Option<usize>,
     ) -> Self {
-        let keys = messages.iter().chain([&reply]).map(comparable).collect();
         Self {
             id,
             messages,
@@ -113,8 +115,19 @@ impl Turn {
             meta_info,
             parent,
             reward: None,
-            keys,
+            keys: std::sync::OnceLock::new(),
         }
+    }
+
+    /// [`Turn::keys`]' comparison keys.
+    fn keys(&self) -> &[Value] {
+        self.keys.get_or_init(|| {
+            self.messages
+                .iter()
+                .chain([&self.reply])
+                .map(comparable)
+                .collect()
+        })
     }
 
     fn tokens(&self) -> usize {
@@ -329,11 +342,11 @@ impl SessionStore {
         s.turns
             .iter()
             .enumerate()
-            .filter(|(_, t)| t.keys.len() < keys.len() && keys[..t.keys.len()] == t.keys[..])
-            .max_by_key(|(i, t)| (t.keys.len(), *i))
+            .filter(|(_, t)| t.keys().len() < keys.len() && keys[..t.keys().len()] == t.keys()[..])
+            .max_by_key(|(i, t)| (t.keys().len(), *i))
             .map(|(i, t)| Base {
                 index: i,
-                covered: t.keys.len(),
+                covered: t.keys().len(),
                 messages: t.messages.iter().chain([&t.reply]).cloned().collect(),
                 ids: t.prompt_ids.iter().chain(&t.output_ids).copied().collect(),
                 text: format!("{}{}", t.prompt_text, t.output_text),

@@ -17,6 +17,8 @@ const NAME: &str = "chat";
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// Whether each message's text depends on that message alone ([`ChatTemplate::local`]).
+    local: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -30,6 +32,7 @@ impl ChatTemplate {
     /// `transformers`' masks, are dropped first: minijinja has no such tag).
     pub fn new(source: &str) -> Result<Self, AgentError> {
         let source = strip_generation_tags(source);
+        let local = is_local(&source);
         let mut env = Environment::new();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
@@ -44,7 +47,18 @@ impl ChatTemplate {
         env.add_template_owned(NAME, source).map_err(|e| {
             AgentError::Template(format!("the chat template does not compile: {e}"))
         })?;
-        Ok(Self { env })
+        Ok(Self { env, local })
+    }
+
+    /// Whether the template writes each message from that message alone (and the request's
+    /// tools and variables): it reads no loop position, no other message by index, no count
+    /// of messages, and keeps no state across messages. Then the text of messages appended to a
+    /// conversation is what rendering just those messages adds, whatever came before them, and
+    /// a session's turn renders only its new messages; any other template is rendered whole,
+    /// since what it writes for the history may change as the history grows (Qwen3's drops
+    /// reasoning before the last user message, for one).
+    pub fn local(&self) -> bool {
+        self.local
     }
 
     /// Renders the template with `ctx` (messages, tools, add_generation_prompt, the special
@@ -241,4 +255,24 @@ mod tests {
         ));
         assert_eq!(t.render(context! { messages => msgs }).unwrap(), "HI");
     }
+}
+
+/// [`ChatTemplate::local`] read from the source: none of the constructs through which a
+/// message's text can depend on the others.
+fn is_local(source: &str) -> bool {
+    const HISTORY: &[&str] = &[
+        "loop.",
+        "messages[",
+        "messages|",
+        "messages |",
+        "namespace",
+        "ns.",
+        "last_query",
+        "reasoning_content",
+        "previtem",
+        "nextitem",
+        "{% set",
+        "{%- set",
+    ];
+    !HISTORY.iter().any(|h| source.contains(h))
 }

@@ -236,11 +236,21 @@ impl ChatTokenizer {
             "add_generation_prompt".into(),
             Value::Bool(add_generation_prompt),
         );
-        let template = match (&self.tool_template, tools) {
+        self.template_for(tools)
+            .render(JValue::from(minijinja::value::Serde(Value::Object(ctx))))
+    }
+
+    /// Whether the template a request with `tools` renders with writes each message from that
+    /// message alone ([`ChatTemplate::local`]).
+    pub fn local(&self, tools: Option<&[Value]>) -> bool {
+        self.template_for(tools).local()
+    }
+
+    fn template_for(&self, tools: Option<&[Value]>) -> &ChatTemplate {
+        match (&self.tool_template, tools) {
             (Some(t), Some(list)) if !list.is_empty() => t,
             _ => &self.template,
-        };
-        template.render(JValue::from(minijinja::value::Serde(Value::Object(ctx))))
+        }
     }
 }
 

@@ -222,8 +222,11 @@ pub fn serve_on_threads(
             .name(format!("{IO_THREAD_PREFIX}{i}"))
             .spawn(move || {
                 let run = || {
+                    // Its blocking threads (where agent turns render and tokenize) carry
+                    // the prefix too, so the gateway's CPU counts them.
                     let rt = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
+                        .thread_name(format!("{IO_THREAD_PREFIX}{i}-blocking"))
                         .build()?;
                     rt.block_on(async move {
                         let l = TcpListener::from_std(l)?;

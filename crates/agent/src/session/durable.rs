@@ -23,14 +23,9 @@ pub struct Restored {
 }
 
 impl Turn {
-    /// A turn read back: its comparison keys computed again (they are not written).
+    /// A turn read back: its comparison keys are computed again when first needed.
     pub fn rekeyed(mut self) -> Self {
-        self.keys = self
-            .messages
-            .iter()
-            .chain([&self.reply])
-            .map(crate::messages::comparable)
-            .collect();
+        self.keys = std::sync::OnceLock::new();
         self
     }
 }

@@ -274,8 +274,8 @@ pub(super) async fn count_tokens(
         Err(e) => return error(e.status, &e.message),
     };
     // Bounded by the context and rendered off the async workers, as a turn's prompt is.
-    match turn::prompt(&state, &agent, &s, None, 0).await {
-        Ok(p) => axum::Json(json!({"input_tokens": p.ids.len()})).into_response(),
+    match turn::prompt(&state, &agent, s, None, 0).await {
+        Ok((p, _)) => axum::Json(json!({"input_tokens": p.ids.len()})).into_response(),
         Err(e) => error(e.status, &e.message),
     }
 }

@@ -85,40 +85,41 @@ impl TurnError {
 /// A turn's prompt tokens: refused from the text's length when it cannot fit the model's
 /// context (before any rendering), rendered and tokenized on a blocking thread under the
 /// gateway's CPU bound, then checked in tokens against the context with room for `max_new`.
+/// The spec travels to that thread and back whole, so no message is copied for it.
 pub(super) async fn prompt(
     state: &Arc<GatewayState>,
     agent: &Arc<Agent>,
-    spec: &TurnSpec,
+    spec: TurnSpec,
     forced: Option<String>,
     max_new: usize,
-) -> Result<Prompt, TurnError> {
+) -> Result<(Prompt, TurnSpec), TurnError> {
     let context = state.agent_work.context();
-    let bytes = bound::text_bytes(&Value::Array(spec.messages.clone()))
-        .saturating_add(bound::text_bytes(&Value::Array(spec.tools.clone())))
+    let bytes = spec
+        .messages
+        .iter()
+        .chain(&spec.tools)
+        .map(bound::text_bytes)
+        .fold(0, usize::saturating_add)
         .saturating_add(forced.as_ref().map_or(0, String::len));
     bound::check_text(bytes, context, agent.tokenizer.max_token_bytes())?;
-    let (a, session, messages, tools, kwargs) = (
-        agent.clone(),
-        spec.session.clone(),
-        spec.messages.clone(),
-        spec.tools.clone(),
-        spec.kwargs.clone(),
-    );
-    let prompt = state
+    let a = agent.clone();
+    let (prompt, spec) = state
         .agent_work
         .cpu(move || {
-            let tools = (!tools.is_empty()).then_some(tools.as_slice());
-            a.prompt(
-                session.as_deref(),
-                &messages,
+            let tools = (!spec.tools.is_empty()).then_some(spec.tools.as_slice());
+            let p = a.prompt(
+                spec.session.as_deref(),
+                &spec.messages,
                 tools,
-                &kwargs,
+                &spec.kwargs,
                 forced.as_deref(),
-            )
+            );
+            (p, spec)
         })
-        .await??;
+        .await?;
+    let prompt = prompt?;
     bound::check_tokens(prompt.ids.len(), max_new, context)?;
-    Ok(prompt)
+    Ok((prompt, spec))
 }
 
 /// The request's `stop_token_ids`, each a token of the vocabulary (a bad entry is named, not
@@ -184,7 +185,7 @@ pub(super) async fn run(
         .map_or(DEFAULT_MAX_NEW_TOKENS, |n| {
             usize::try_from(n).unwrap_or(usize::MAX)
         });
-    let prompt = prompt(state, agent, &spec, forced.clone(), max_new).await?;
+    let (prompt, spec) = prompt(state, agent, spec, forced.clone(), max_new).await?;
     // The room this turn may record is held before it generates: a turn that could not be
     // recorded costs no engine work, and concurrent turns of one session count together.
     let _held = match &spec.session {

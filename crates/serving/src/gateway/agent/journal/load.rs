@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::{BufReader, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use troupe_agent::{AgentError, Restored, SessionLimits};
@@ -174,7 +174,7 @@ fn set_aside(path: &Path, at: u64) -> std::io::Result<()> {
     let mut f = OpenOptions::new().read(true).write(true).open(path)?;
     f.seek(SeekFrom::Start(at))?;
     let mut aside = File::create(path.with_extension(format!("log.corrupt-{at}")))?;
-    std::io::copy(&mut (&mut f).take(u64::MAX), &mut aside)?;
+    std::io::copy(&mut f, &mut aside)?;
     f.set_len(at)?;
     f.sync_all()
 }
