@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::model::trainer_weights;
 use common::{Poll, client, pd_deployment, post_with, within};
 use serde_json::{Value, json};
+use troupe_controller::serve::autoscale::AutoscaleOptions;
 use troupe_controller::serve::instances::InstanceState;
 use troupe_controller::serve::{ForkOptions, ServingEvent};
 use troupe_serving::actors::ListWorkers;
@@ -242,6 +243,79 @@ async fn a_decode_added_under_load_serves_only_once_caught_up_and_a_removed_one_
         for r in versions {
             assert_eq!(r.result.unwrap(), "v2", "{}", r.url);
         }
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_autoscaler_adds_a_server_under_load_and_removes_one_when_idle() {
+    within(180, async {
+        // One regular server, and room for a second.
+        let (cluster, svc) = pd_deployment(1, 2, "troupe:d1", &ForkOptions::default()).await;
+        let mut events = svc.serving_events();
+        svc.autoscale(AutoscaleOptions {
+            min: 1,
+            max: 2,
+            scale_up_at: 1.5,
+            scale_down_at: 0.5,
+            cooldown: Duration::from_millis(500),
+            interval: Duration::from_millis(100),
+            drain: Duration::from_secs(30),
+        })
+        .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let senders = (0..6).map(|c| {
+            let (url, stop) = (svc.gateway_url.clone(), stop.clone());
+            tokio::spawn(async move {
+                let http = client();
+                let (mut sent, mut bad) = (0, Vec::new());
+                while !stop.load(Ordering::Relaxed) {
+                    let body = json!({"text": format!("autoscale {c} {sent}: "),
+                        "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": true}});
+                    let (status, v) = post_with(&http, &format!("{url}/generate"), &body).await;
+                    sent += 1;
+                    if !(200..300).contains(&status) {
+                        bad.push(format!("{status}: {v}"));
+                    }
+                }
+                (sent, bad)
+            })
+        });
+        let senders: Vec<_> = senders.collect();
+        let added = match common::wait_serving(&mut events, 60, |e| {
+            matches!(e, ServingEvent::Added { .. })
+        })
+        .await
+        {
+            ServingEvent::Added { url, .. } => url,
+            e => panic!("{e:?}"),
+        };
+        common::wait_serving(&mut events, 60, |e| {
+            matches!(e, ServingEvent::Readmitted { url } if url == &added)
+        })
+        .await;
+        stop.store(true, Ordering::Relaxed);
+        let (mut sent, mut bad) = (0, Vec::new());
+        for s in senders {
+            let (n, b) = s.await.unwrap();
+            sent += n;
+            bad.extend(b);
+        }
+        assert!(bad.is_empty(), "{} of {sent}: {bad:?}", bad.len());
+        // Idle: one of the two leaves, drained.
+        let retired = common::wait_serving(&mut events, 60, |e| {
+            matches!(e, ServingEvent::Retired { .. })
+        })
+        .await;
+        assert!(matches!(retired, ServingEvent::Retired { cut: 0, .. }), "{retired:?}");
+        let live = svc
+            .instances()
+            .into_iter()
+            .filter(|r| r.state == InstanceState::Routed)
+            .count();
+        assert_eq!(live, 1, "{:?}", svc.instances());
         svc.teardown().await;
         cluster.shutdown().await;
     })

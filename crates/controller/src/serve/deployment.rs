@@ -119,6 +119,9 @@ impl Deployment {
         if let Some(w) = &self.watcher {
             w.abort();
         }
+        if let Some(s) = &self.scaler {
+            s.stop_autoscaler();
+        }
         let _ = self.gateway.stop(Duration::from_secs(5)).await;
         if let Some(c) = self.control_server {
             c.shutdown().await;

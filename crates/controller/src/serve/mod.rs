@@ -6,6 +6,8 @@
 //! file records and teardown empties.
 
 mod addr;
+pub mod autoscale;
+pub mod autoscale_section;
 pub mod agent_spec;
 pub mod config;
 mod deployment;

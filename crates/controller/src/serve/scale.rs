@@ -54,6 +54,8 @@ pub(crate) struct Scaler {
     next_instance: AtomicUsize,
     /// Removals one at a time: "the last routed server of its role" is decided under it.
     removing: tokio::sync::Mutex<()>,
+    /// The autoscaler's task, when one runs (`super::autoscale`); aborted at teardown.
+    autoscaler: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Scaler {
@@ -79,6 +81,23 @@ impl Scaler {
             out,
             next_instance: AtomicUsize::new(next),
             removing: tokio::sync::Mutex::new(()),
+            autoscaler: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// `task` is the autoscaler now (one already running is stopped).
+    pub fn set_autoscaler(&self, task: tokio::task::JoinHandle<()>) {
+        let mut a = self.autoscaler.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = a.replace(task) {
+            old.abort();
+        }
+    }
+
+    /// Stops the autoscaler, if one runs (teardown).
+    pub fn stop_autoscaler(&self) {
+        let mut a = self.autoscaler.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = a.take() {
+            t.abort();
         }
     }
 
