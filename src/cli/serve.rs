@@ -132,15 +132,21 @@ fn keep_state(
         "state: {} (after a controller crash, `troupe serve CONFIG --recover` reattaches)",
         path.display()
     );
-    // Re-placements change the heads and engines, fleet operations the fleet's status (a
-    // client's pause): write the state again after each.
+    // Re-placements and scaling (a server added, leaving, removed) change the heads and
+    // engines, fleet operations the fleet's status (a client's pause): write the state again
+    // after each.
     let mut events = svc.serving_events();
     let mut status = svc.plane.watch_status();
     Ok(tokio::spawn(async move {
         loop {
             let changed = tokio::select! {
                 e = events.recv() => match e {
-                    Ok(ServingEvent::Replaced { .. }) => true,
+                    Ok(
+                        ServingEvent::Replaced { .. }
+                        | ServingEvent::Added { .. }
+                        | ServingEvent::Draining { .. }
+                        | ServingEvent::Retired { .. },
+                    ) => true,
 
                     Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => false,
                     Err(_) => return,

@@ -70,6 +70,10 @@ async fn adding_and_removing_servers_beside_the_kills_loses_no_request() {
         assert!(rep.sent > 100, "load was steady: {rep:?}");
         assert_eq!(rep.lost, 0, "no request lost: {rep:?}");
         assert!(rep.errors.is_empty(), "{rep:?}");
+        assert!(
+            rep.scale_errors.is_empty(),
+            "every add and removal worked: {rep:?}"
+        );
         svc.teardown().await;
         cluster.shutdown().await;
     })

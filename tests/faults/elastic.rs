@@ -243,6 +243,16 @@ async fn a_decode_added_under_load_serves_only_once_caught_up_and_a_removed_one_
         for r in versions {
             assert_eq!(r.result.unwrap(), "v2", "{}", r.url);
         }
+        // The freed GPU takes another decode, shaped like the added one (an instance the launch
+        // placement never had), caught up to v2.
+        let again = svc.add_servers(WorkerType::Decode, 1).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].state, InstanceState::Routed, "{again:?}");
+        let mut versions = svc.control.weight_versions().await.versions;
+        assert_eq!(versions.len(), 3);
+        for r in versions.drain(..) {
+            assert_eq!(r.result.unwrap(), "v2", "{}", r.url);
+        }
         svc.teardown().await;
         cluster.shutdown().await;
     })

@@ -70,6 +70,8 @@ pub struct ChaosReport {
     pub scaled_down: u64,
     /// The first few errors clients saw (empty when nothing was lost).
     pub errors: Vec<String>,
+    /// Adds or removals that failed (`--scale`: no free GPU, a server that did not start).
+    pub scale_errors: Vec<String>,
 }
 
 impl ChaosReport {
@@ -255,22 +257,12 @@ pub async fn run_chaos_scaled(
         }
     };
     let (_, kills, scaled) = tokio::join!(futures::future::join_all(clients), killer, scaling);
-    for e in &scaled.errors {
-        tracing::warn!("chaos: scaling: {e}");
-    }
     let retried = gateway_retries(&client, &svc.gateway_url)
         .await
         .saturating_sub(retries_before);
     let sent = sent.load(Ordering::Relaxed);
     let answered = answered.load(Ordering::Relaxed);
-    let mut errors = errors.lock().map(|e| e.clone()).unwrap_or_default();
-    errors.extend(
-        scaled
-            .errors
-            .iter()
-            .take(5)
-            .map(|e| format!("scaling: {e}")),
-    );
+    let errors = errors.lock().map(|e| e.clone()).unwrap_or_default();
     ChaosReport {
         sent,
         answered,
@@ -280,6 +272,7 @@ pub async fn run_chaos_scaled(
         scaled_up: scaled.up,
         scaled_down: scaled.down,
         errors,
+        scale_errors: scaled.errors,
     }
 }
 
@@ -333,6 +326,9 @@ pub async fn run(a: &ChaosArgs) -> Result<Vec<(String, f64)>, String> {
     .await;
     for e in &rep.errors {
         eprintln!("chaos: lost request: {e}");
+    }
+    for e in &rep.scale_errors {
+        eprintln!("chaos: scaling failed: {e}");
     }
     svc.teardown().await;
     cluster.shutdown().await;

@@ -235,6 +235,24 @@ impl Replacer {
             return Err(ReplaceError::MultiNode);
         }
         let h = &template.head;
+        // The shape comes from the plan: an added server (or its successor) has an instance
+        // index the launch placement does not know, but every instance of a group has the
+        // same shape.
+        let planned = self
+            .placement
+            .instances
+            .iter()
+            .filter(|p| (p.component, p.group) == (h.component, h.group))
+            .map(|p| p.instance)
+            .find(|&i| i == h.instance)
+            .or_else(|| {
+                self.placement
+                    .instances
+                    .iter()
+                    .find(|p| (p.component, p.group) == (h.component, h.group))
+                    .map(|p| p.instance)
+            })
+            .unwrap_or(h.instance);
         let mut attempt = 0;
         loop {
             // Picked and reserved under one lock: two launches at once never pick the same
@@ -247,7 +265,7 @@ impl Replacer {
                     .replace(
                         h.component,
                         h.group,
-                        h.instance,
+                        planned,
                         &self.resources,
                         &occupied,
                         &mut lock(&self.ports),
