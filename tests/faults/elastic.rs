@@ -214,9 +214,12 @@ async fn a_decode_added_under_load_serves_only_once_caught_up_and_a_removed_one_
             seen.iter().any(|e| matches!(e, ServingEvent::Retired { url, cut: 0 } if url == &old_decode.info.url)),
             "{seen:?}"
         );
-        // The last decode is not removed.
+        // The last decode is not removed (library and route alike).
         let refused = svc.remove_server(&new, Duration::from_secs(1)).await;
         assert!(refused.unwrap_err().to_string().contains("last routed decode"));
+        let (status, v) =
+            common::send(http.post(&scale).bearer_auth("k").json(&json!({"remove": new}))).await;
+        assert_eq!(status, 409, "{v}");
         // The load goes on through the added decode only.
         let before = requests_to(&svc, &worker).await;
         Poll::every(Duration::from_millis(50))
