@@ -159,7 +159,18 @@ impl HostArgs {
 /// Runs a host with every standard actor kind ([`troupe_controller::standard_registry`]: the
 /// runtime's, serving's and the reference trainer, so `troupe run` can place its trainer on any
 /// host) until SIGTERM or SIGINT, then stops every actor (killing their process trees) and exits.
+///
+/// With `TROUPE_BENCH_STUB_ENGINE=1` in its environment (set only by `troupe bench scale
+/// --engine stub` for the hosts it launches) the host's `troupe.inference` kind is that
+/// benchmark's in-process engine stand-in ([`super::bench::stub_engine`]) instead.
 pub async fn run(args: HostArgs) -> Result<(), HostCmdError> {
+    if std::env::var(super::bench::stub_engine::HOST_ENV).as_deref() == Ok("1") {
+        tracing::info!(
+            "{}=1: this host serves the scale benchmark's stub engines, not real ones",
+            super::bench::stub_engine::HOST_ENV
+        );
+        return run_with(args, super::bench::stub_engine::registry()).await;
+    }
     run_with(args, troupe_controller::standard_registry()).await
 }
 

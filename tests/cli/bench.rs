@@ -192,6 +192,8 @@ const SCALE_FIGURES: [&str; 21] = [
     "scale.fanout_max_ms",
     "scale.fanout_controller_cpu_ms",
     "scale.fanout_engines_cpu_ms",
+    "scale.version_change_ms",
+    "scale.generate_p50_ms",
     "scale.weight_update_s",
     "scale.weight_update_again_s",
     "scale.host_loss_event_ms",
@@ -254,6 +256,51 @@ fn bench_scale_prints_every_figure() {
     for name in SCALE_FIGURES {
         assert!(v[name].as_f64().is_some_and(f64::is_finite), "{name}: {v}");
     }
+}
+
+/// `--engine stub`: the benchmark's stand-ins on `troupe host` processes; every stand-in
+/// switches to the new version, the gateway routes `/generate` to them, and the hosts' CPU
+/// replaces the engines'.
+#[test]
+fn bench_scale_with_stub_engines_prints_its_figures() {
+    let (ok, text, err) = troupe_within(
+        &[
+            "bench",
+            "scale",
+            "--hosts",
+            "2",
+            "--servers",
+            "4",
+            "--engine",
+            "stub",
+            "--rounds",
+            "3",
+        ],
+        240,
+    );
+    assert!(ok, "{err}");
+    let figure = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
+    };
+    assert_eq!(figure("scale.version_seen_servers"), 4.0, "{text}");
+    for name in [
+        "scale.bringup_s",
+        "scale.controller_rss_mib",
+        "scale.host_rss_mib",
+        "scale.fanout_p99_ms",
+        "scale.fanout_hosts_cpu_ms",
+        "scale.version_change_ms",
+        "scale.version_seen_all_ms",
+        "scale.generate_p50_ms",
+        "scale.host_loss_detect_ms",
+    ] {
+        assert!(figure(name).is_finite(), "{name}: {text}");
+    }
+    assert!(!text.contains("scale.weight_update_s"), "{text}");
+    assert!(!text.contains("scale.engine_rss_mib"), "{text}");
 }
 
 /// `troupe bench <bench> ARGS` fails, says `says`, and panics on none of `cases`.

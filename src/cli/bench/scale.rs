@@ -2,7 +2,14 @@
 //!
 //! Brings up `--servers` reference engines (the tiny model, one real child process each) on
 //! `--hosts` in-process actor hosts (`--servers / --hosts` GPUs per host), regular or PD, and
-//! measures what grows with the fleet on the controller's side:
+//! measures what grows with the fleet on the controller's side. With `--engine stub` each server
+//! is instead the benchmark's stand-in ([`super::stub_engine`]), many to a `troupe host`
+//! process (the hosts are processes then, so the controller's memory and sockets are its own):
+//! 4,096 servers fit on one machine, and the engine figures become the hosts' (`host_rss_mib`,
+//! `bringup_hosts_cpu_s`, `fanout_hosts_cpu_ms`); stand-ins take no weights, so the weight
+//! updates are replaced by a version change (`version_change_ms`, and `version_seen_all_ms`:
+//! until the last stand-in switched, by its own clock reading). Both modes end with 200
+//! `/generate` calls through the gateway (`generate_p50_ms`, `generate_p99_ms`). Figures:
 //!
 //! - `scale.bringup_s`: `Deployment::fork`, from placement to the gateway routing every server;
 //!   `scale.slowest_server_s` / `scale.server_start_p50_s`: the servers' own start times (each
@@ -26,6 +33,8 @@
 //! - `scale.host_loss_event_ms` / `scale.host_loss_detect_ms`: the last host crashes (its event
 //!   stream ends, then its actors and engines stop); the time until the cluster reports it lost,
 //!   and until every one of its servers has left the router;
+//! - `scale.bringup_servers_ready_s`: from the fork's start until its last server was ready
+//!   (the rest of bring-up is the data proxies, the gateway and the control connections);
 //! - `scale.teardown_s`.
 //!
 //! [`ServerInfo::ready_ms`]: troupe_serving::inference::ServerInfo::ready_ms
@@ -40,6 +49,7 @@ use troupe_serving::control_plane::HostTensor;
 use troupe_wire::PauseMode;
 
 use super::proc_cpu::{proc_times, run_time};
+use super::scale_checks::{api, generate, pct, version_change};
 
 /// How the servers are grouped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -50,15 +60,30 @@ pub enum Layout {
     Pd,
 }
 
+/// What serves behind each server's port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineKind {
+    /// The reference engine, one child process per server (the tiny model).
+    Reference,
+    /// The benchmark's stand-in ([`super::stub_engine`]): many per process on this process's
+    /// runtime, answering the control and info routes and `/generate` with a fixed answer, so
+    /// thousands of servers fit on one machine and the controller is what is measured.
+    Stub,
+}
+
 /// Settings of the scale benchmark.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ScaleArgs {
     /// In-process actor hosts.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub hosts: u64,
-    /// Reference-engine servers in all (one child process each); a multiple of --hosts.
+    /// Servers in all (reference engines: one child process each); a multiple of --hosts.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub servers: u64,
+    /// What each server runs: reference engines (processes) or the benchmark's in-process
+    /// stand-ins (`stub`; no weights: the weight figures become a version change).
+    #[arg(long, value_enum, default_value = "reference")]
+    pub engine: EngineKind,
     /// One group of regular servers, or half prefill and half decode.
     #[arg(long, value_enum, default_value = "regular")]
     pub layout: Layout,
@@ -128,15 +153,6 @@ fn engines_cpu(pids: &[String]) -> f64 {
         .sum()
 }
 
-/// Percentile `p` (0..=1) of sorted millisecond samples.
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 /// The tiny model's parameters as trainer tensors (what every engine serves).
 fn tiny_tensors(seed: u64) -> Vec<HostTensor> {
     use troupe_engine::model::{ModelConfig, Weights};
@@ -148,10 +164,6 @@ fn tiny_tensors(seed: u64) -> Vec<HostTensor> {
             Some(HostTensor::f32(n.clone(), t.shape.clone(), t.data.clone()))
         })
         .collect()
-}
-
-fn api(what: &str, e: troupe_wire::ApiError) -> String {
-    format!("{what}: {}", e.message)
 }
 
 /// One pause and one resume of the whole fleet through the plane (ms each), each call in a
@@ -211,6 +223,12 @@ async fn host_loss(
         .filter(|s| s.host == victim && s.node_rank == 0)
         .map(|s| s.info.url)
         .collect();
+    let host_pid = svc
+        .servers()
+        .into_iter()
+        .find(|s| s.host == victim)
+        .map(|s| s.info.pid)
+        .filter(|&p| p != std::process::id());
     let t0 = Instant::now();
     let watch = async {
         let mut lost_at = None;
@@ -235,10 +253,16 @@ async fn host_loss(
         Ok((lost_at.unwrap_or_default(), t0.elapsed()))
     };
     let crash = async {
-        if !cluster.crash_host(victim).await {
-            return Err(format!("host {victim} is not an in-process host"));
+        if cluster.crash_host(victim).await {
+            return Ok(());
         }
-        Ok(())
+        // A host process (the stub engines' hosts): killed, as a machine that dies.
+        let pid = host_pid.ok_or_else(|| format!("host {victim} runs no server to find it by"))?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::SIGKILL,
+        )
+        .map_err(|e| format!("cannot kill host {victim} (pid {pid}): {e}"))
     };
     let watched = async { tokio::time::timeout(Duration::from_secs(120), watch).await };
     let (crashed, watched) = tokio::join!(crash, watched);
@@ -259,8 +283,18 @@ async fn measure(
     out: &mut Vec<(String, f64)>,
 ) -> Result<(), String> {
     let mut put = |k: &str, v: f64| out.push((format!("scale.{k}"), v));
+    let stub = a.engine == EngineKind::Stub;
     let servers = svc.servers();
-    let pids: Vec<String> = servers.iter().map(|s| s.info.pid.to_string()).collect();
+    // The engine processes, or with stand-ins the host processes they live in (with the
+    // hosts' proxies and the gateway): the `engine_*` figures become `host_*` ones.
+    let pids: Vec<String> = servers
+        .iter()
+        .map(|s| s.info.pid)
+        .collect::<BTreeSet<u32>>()
+        .into_iter()
+        .map(|p| p.to_string())
+        .collect();
+    let proc_kind = if stub { "host" } else { "engine" };
     let mut starts: Vec<f64> = servers
         .iter()
         .map(|s| s.info.ready_ms as f64 / 1e3)
@@ -278,13 +312,13 @@ async fn measure(
     );
     let engines: Vec<f64> = pids.iter().filter_map(|p| status_mib(p, "VmRSS")).collect();
     put(
-        "engine_rss_mib",
+        &format!("{proc_kind}_rss_mib"),
         engines.iter().sum::<f64>() / engines.len().max(1) as f64,
     );
     // Where bring-up's CPU went, and how long the controller took to get every process
     // started (process start times have the clock-tick resolution, 10 ms).
     put("bringup_controller_cpu_s", bringup_cpu_s);
-    put("bringup_engines_cpu_s", engines_cpu(&pids));
+    put(&format!("bringup_{proc_kind}s_cpu_s"), engines_cpu(&pids));
     let started: Vec<f64> = pids
         .iter()
         .filter_map(|p| proc_times(p))
@@ -292,14 +326,16 @@ async fn measure(
         .collect();
     let first = started.iter().copied().fold(f64::INFINITY, f64::min);
     let last = started.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    put(
-        "spawn_spread_s",
-        if started.is_empty() {
-            0.0
-        } else {
-            last - first
-        },
-    );
+    if !stub {
+        put(
+            "spawn_spread_s",
+            if started.is_empty() {
+                0.0
+            } else {
+                last - first
+            },
+        );
+    }
 
     // The engines run their pause and resume code for the first time here: timed apart.
     let (first_pause, first_resume) = round(svc).await?;
@@ -321,10 +357,27 @@ async fn measure(
         (proc_times("self").map_or(0.0, |t| t.0) - c0) * 1e3 / calls,
     );
     put(
-        "fanout_engines_cpu_ms",
+        &format!("fanout_{proc_kind}s_cpu_ms"),
         (engines_cpu(&pids) - e0) * 1e3 / calls,
     );
 
+    version_change(svc, stub, &mut put).await?;
+    let (p50, p99) = generate(svc, 200).await?;
+    put("generate_p50_ms", p50);
+    put("generate_p99_ms", p99);
+    if !stub {
+        weight_updates(svc, &mut put).await?;
+    }
+
+    let victim = cluster.hosts().len() - 1;
+    let (lost_ms, removed_ms) = host_loss(cluster, svc, victim).await?;
+    put("host_loss_event_ms", lost_ms);
+    put("host_loss_detect_ms", removed_ms);
+    Ok(())
+}
+
+/// Two tiny-model weight updates to every reference engine through the plane.
+async fn weight_updates(svc: &Deployment, put: &mut impl FnMut(&str, f64)) -> Result<(), String> {
     let tensors = tiny_tensors(7);
     for (name, version) in [
         ("weight_update_s", "scale-1"),
@@ -344,11 +397,6 @@ async fn measure(
             ));
         }
     }
-
-    let victim = cluster.hosts().len() - 1;
-    let (lost_ms, removed_ms) = host_loss(cluster, svc, victim).await?;
-    put("host_loss_event_ms", lost_ms);
-    put("host_loss_detect_ms", removed_ms);
     Ok(())
 }
 
@@ -357,17 +405,42 @@ pub async fn run(a: &ScaleArgs) -> Result<Vec<(String, f64)>, String> {
     let mode = allocation(a)?;
     let plan = AllocationPlan::parse(&mode).map_err(|e| format!("{mode}: {e}"))?;
     let per_host = (a.servers / a.hosts) as u32;
-    let cluster = Cluster::in_process(a.hosts as usize, per_host)
-        .await
-        .map_err(|e| format!("cannot start the cluster: {e}"))?;
+    let cluster = match a.engine {
+        EngineKind::Reference => Cluster::in_process(a.hosts as usize, per_host).await,
+        // Host processes, so the controller's own memory and sockets are what is measured
+        // (in-process hosts would put every proxy, the gateway and both ends of their
+        // connections in this process: past 20,000 descriptors at 4,096 servers).
+        EngineKind::Stub => {
+            let hosts =
+                super::stub_engine::StubHosts(troupe_scheduler::launch::LocalLauncher::new());
+            // 512 host processes share this machine's cores with the controller: a heartbeat
+            // may well be late here without the host being gone (a killed host is lost when
+            // its event stream ends, which is what the host-loss figure times).
+            Cluster::builder()
+                .lost_after(Duration::from_secs(30))
+                .launch(std::sync::Arc::new(hosts), a.hosts as usize, per_host)
+                .await
+        }
+    }
+    .map_err(|e| format!("cannot start the cluster: {e}"))?;
+    // When the fork's last server reported ready: bring-up before it is the servers', after it
+    // the data proxies', the gateway's and the control connections'.
+    let all_ready = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let ready_at = all_ready.clone();
     let opts = ForkOptions {
         model: "tiny".into(),
         ready_timeout: Duration::from_secs(a.ready_timeout_s),
         // A server that dies is a failure to report, not something to restart around.
         server_restarts: 0,
+        progress: troupe_controller::serve::fork::Progress::to(move |p| {
+            if p.ready == p.total {
+                *ready_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+            }
+        }),
         ..ForkOptions::default()
     };
     let cpu0 = proc_times("self").map_or(0.0, |t| t.0);
+    let fork_started = Instant::now();
     let svc = match Deployment::fork(&cluster, &plan, &opts).await {
         Ok(s) => s,
         Err(e) => {
@@ -380,6 +453,12 @@ pub async fn run(a: &ScaleArgs) -> Result<Vec<(String, f64)>, String> {
         ("scale.servers".to_string(), a.servers as f64),
     ];
     let bringup_cpu_s = proc_times("self").map_or(0.0, |t| t.0) - cpu0;
+    if let Some(t) = *all_ready.lock().unwrap_or_else(|e| e.into_inner()) {
+        out.push((
+            "scale.bringup_servers_ready_s".into(),
+            t.duration_since(fork_started).as_secs_f64(),
+        ));
+    }
     let measured = measure(&cluster, &svc, a, bringup_cpu_s, &mut out).await;
     let t = Instant::now();
     svc.teardown().await;
@@ -402,6 +481,7 @@ mod tests {
             hosts,
             servers,
             layout,
+            engine: EngineKind::Reference,
             rounds: 1,
             ready_timeout_s: 60,
             json: false,
