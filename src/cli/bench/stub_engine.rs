@@ -94,16 +94,12 @@ impl Stand {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// An admin route's key check, as the engine's: 401 unless the bearer key matches.
-    fn admin(&self, headers: &HeaderMap) -> Result<(), Response> {
-        let Some(key) = &self.admin_key else {
-            return Ok(());
-        };
-        if troupe_wire::auth::has_key(headers, key) {
-            Ok(())
-        } else {
-            Err(error(StatusCode::UNAUTHORIZED, "missing or wrong API key"))
-        }
+    /// An admin route's key check, as the engine's: the 401 to answer unless the bearer key
+    /// matches (`None`: go on).
+    fn refused(&self, headers: &HeaderMap) -> Option<Response> {
+        let key = self.admin_key.as_ref()?;
+        (!troupe_wire::auth::has_key(headers, key))
+            .then(|| error(StatusCode::UNAUTHORIZED, "missing or wrong API key"))
     }
 }
 
@@ -161,7 +157,7 @@ async fn get_load(State(s): St) -> Response {
 }
 
 async fn pause(State(s): St, headers: HeaderMap, body: axum::body::Bytes) -> Response {
-    if let Err(r) = s.admin(&headers) {
+    if let Some(r) = s.refused(&headers) {
         return r;
     }
     let mode = serde_json::from_slice::<Value>(&body)
@@ -175,7 +171,7 @@ async fn pause(State(s): St, headers: HeaderMap, body: axum::body::Bytes) -> Res
 /// `POST /continue_generation`, with `If-Match: "<version>"` (or `*`) checked as the engine
 /// checks it: 412 and the version held when it does not match.
 async fn resume(State(s): St, req: Request) -> Response {
-    if let Err(r) = s.admin(req.headers()) {
+    if let Some(r) = s.refused(req.headers()) {
         return r;
     }
     let wanted = req
@@ -204,7 +200,7 @@ async fn resume(State(s): St, req: Request) -> Response {
 }
 
 async fn set_version(State(s): St, headers: HeaderMap, body: axum::body::Bytes) -> Response {
-    if let Err(r) = s.admin(&headers) {
+    if let Some(r) = s.refused(&headers) {
         return r;
     }
     let Some(v) = serde_json::from_slice::<Value>(&body).ok().and_then(|v| {
@@ -221,10 +217,7 @@ async fn set_version(State(s): St, headers: HeaderMap, body: axum::body::Bytes) 
 }
 
 async fn admin_ok(State(s): St, headers: HeaderMap) -> Response {
-    match s.admin(&headers) {
-        Ok(()) => ok(),
-        Err(r) => r,
-    }
+    s.refused(&headers).unwrap_or_else(ok)
 }
 
 async fn no_weights() -> Response {
