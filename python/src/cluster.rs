@@ -258,9 +258,14 @@ impl Cluster {
                 return Err("the cluster was shut down".to_string());
             };
             let opts = fork_options(&cfg, admin_key(&cfg), Default::default());
-            Deployment::fork(cluster, &plan, &opts)
+            let svc = Deployment::fork(cluster, &plan, &opts)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+            // `autoscale:` (off by default; checked when the config was loaded).
+            if let Ok(Some(o)) = cfg.autoscale.options() {
+                svc.autoscale(o).map_err(|e| e.to_string())?;
+            }
+            Ok(svc)
         })?
         .map_err(ServingError::new_err)?;
         Ok(Service::new(svc))

@@ -112,6 +112,15 @@ fn state_path(a: &ServeArgs, cfg: &ServeConfig) -> Option<PathBuf> {
 }
 
 /// Keeps the state file current: written now, and again whenever a server is re-placed.
+/// Starts the config's `autoscale:` policy, when enabled (its values were checked at load).
+fn start_autoscaler(svc: &Deployment, cfg: &ServeConfig) {
+    if let Ok(Some(o)) = cfg.autoscale.options()
+        && let Err(e) = svc.autoscale(o)
+    {
+        eprintln!("autoscale: not started: {e}");
+    }
+}
+
 fn keep_state(
     path: PathBuf,
     svc: &Deployment,
@@ -249,6 +258,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig, mut stop: Shutdown) -> Result
         cfg.token().or(st.token.clone()),
         cfg,
     )?;
+    start_autoscaler(&svc, &cfg);
     println!("gateway: {}", svc.gateway_url);
     eprintln!("{}", cfg.gateway.agent_line());
     let _announce = AbortOnDrop(announce(&svc));
@@ -357,6 +367,7 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
         },
         None => None,
     };
+    start_autoscaler(&svc, &cfg);
     println!("gateway: {}", svc.gateway_url);
     eprintln!("{}", cfg.gateway.agent_line());
     let _announce = AbortOnDrop(announce(&svc));

@@ -128,4 +128,18 @@ mod tests {
         assert!(bad.options().unwrap_err().contains("min"));
         assert!(serde_yaml_ng::from_str::<AutoscaleSection>("maxx: 2").is_err());
     }
+
+    #[test]
+    fn a_deployment_config_takes_the_section_and_checks_it_at_load() {
+        use crate::serve::ServeConfig;
+        let base = "allocation_mode: x\nscheduler: {type: local}\n";
+        let c = ServeConfig::from_yaml(base, "t.yaml", &[]).unwrap();
+        assert_eq!(c.autoscale.options(), Ok(None), "off by default");
+        let on = format!("{base}autoscale: {{enabled: true, max: 2, cooldown_s: 10}}\n");
+        let c = ServeConfig::from_yaml(&on, "t.yaml", &[]).unwrap();
+        assert_eq!(c.autoscale.options().unwrap().unwrap().max, 2);
+        let bad = format!("{base}autoscale: {{enabled: true, min: 3, max: 2}}\n");
+        let e = ServeConfig::from_yaml(&bad, "t.yaml", &[]).unwrap_err();
+        assert!(e.to_string().contains("autoscale.min"), "{e}");
+    }
 }

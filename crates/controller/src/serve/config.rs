@@ -17,6 +17,7 @@ pub use super::sched::{SchedulerConfig, SchedulerType, Words};
 pub use super::vllm_section::{VllmConfig, VllmDevice};
 // The duration rule lives in `seconds.rs` (`sched.rs` checks with it too); re-exported so
 // `serve::config::MAX_SECONDS` keeps working.
+pub use super::rollout_section::RolloutConfig;
 pub use super::seconds::MAX_SECONDS;
 use super::seconds::check_seconds;
 
@@ -124,39 +125,6 @@ impl Default for SglangConfig {
             extra_args: Vec::new(),
             ready_timeout_s: ready_timeout(),
             args: BTreeMap::new(),
-        }
-    }
-}
-
-/// `rollout.*` (AReaL names; used by `troupe run`).
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RolloutConfig {
-    /// Most rollouts in flight at once.
-    #[serde(default = "max_concurrent")]
-    pub max_concurrent_rollouts: usize,
-    /// Most versions a trajectory may lag the trainer (0 = synchronous RL).
-    #[serde(default = "staleness")]
-    pub max_head_offpolicyness: u64,
-    /// What happens to a trajectory that finished too late for that bound: `regenerate`
-    /// (default: its prompt runs again on the current weights) or `drop`.
-    #[serde(default)]
-    pub stale_policy: crate::rollout::StalePolicy,
-}
-
-fn max_concurrent() -> usize {
-    128
-}
-fn staleness() -> u64 {
-    1
-}
-
-impl Default for RolloutConfig {
-    fn default() -> Self {
-        RolloutConfig {
-            max_concurrent_rollouts: max_concurrent(),
-            stale_policy: Default::default(),
-            max_head_offpolicyness: staleness(),
         }
     }
 }
@@ -318,6 +286,9 @@ pub struct ServeConfig {
     /// Rollout settings.
     #[serde(default)]
     pub rollout: RolloutConfig,
+    /// The autoscaler (`autoscale.*`; off unless `enabled: true`).
+    #[serde(default)]
+    pub autoscale: super::autoscale_section::AutoscaleSection,
     /// Trainer and task settings (`troupe run`).
     #[serde(default)]
     pub train: TrainConfig,
@@ -518,6 +489,7 @@ impl ServeConfig {
             .map_err(|e| format!("sglang.{e}"))?;
         self.check_tls()?;
         self.check_model_path()?;
+        self.autoscale.options()?;
         let t = &self.train;
         crate::rollout::RolloutOptions {
             max_concurrent: self.rollout.max_concurrent_rollouts,

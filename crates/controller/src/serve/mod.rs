@@ -20,6 +20,7 @@ mod options;
 pub mod plan;
 pub mod recover;
 mod replace;
+mod rollout_section;
 mod routing;
 pub mod scale;
 pub mod sched;
