@@ -288,7 +288,7 @@ impl Deployment {
                     replacer.clone(),
                     svc.instances.clone(),
                     svc.gateway.clone(),
-                    svc.control.clone(),
+                    &svc.plane,
                     svc.serving_events.clone(),
                 ));
                 svc.plane.set_scaler(scaler.clone());

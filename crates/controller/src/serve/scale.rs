@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast;
 use troupe_serving::actors::{AddWorker, DrainWorker, GatewayActor};
-use troupe_serving::control_plane::{Fleet, HeadState, InferenceControl};
+use troupe_serving::control_plane::{ControlPlane, Fleet, HeadState, InferenceControl};
 use troupe_serving::inference::WorkerType;
 use troupe_serving::scale::{Scale, ScaleError, ScaleOp};
 
@@ -49,6 +49,9 @@ pub(crate) struct Scaler {
     instances: Instances,
     gateway: ActorHandle<GatewayActor>,
     control: InferenceControl,
+    /// The deployment's plane: the engine list changes while no fleet operation runs
+    /// (`ControlPlane::quiet`). Weak: the plane holds this scaler.
+    plane: std::sync::Weak<ControlPlane>,
     out: broadcast::Sender<ServingEvent>,
     /// The instance index the next added server takes (past every index of the plan).
     next_instance: AtomicUsize,
@@ -64,9 +67,10 @@ impl Scaler {
         replacer: Arc<Replacer>,
         instances: Instances,
         gateway: ActorHandle<GatewayActor>,
-        control: InferenceControl,
+        plane: &Arc<ControlPlane>,
         out: broadcast::Sender<ServingEvent>,
     ) -> Self {
+        let control = plane.control().clone();
         let next = instances
             .all()
             .iter()
@@ -78,6 +82,7 @@ impl Scaler {
             instances,
             gateway,
             control,
+            plane: Arc::downgrade(plane),
             out,
             next_instance: AtomicUsize::new(next),
             removing: tokio::sync::Mutex::new(()),
@@ -103,6 +108,17 @@ impl Scaler {
 
     fn fleet(&self) -> &Arc<Fleet> {
         self.control.fleet()
+    }
+
+    /// Changes the engine list (and the fleet) by `f` while no fleet operation runs.
+    async fn between_operations<R>(&self, f: impl FnOnce() -> R) -> R {
+        match self.plane.upgrade() {
+            Some(p) => {
+                let _quiet = p.quiet().await;
+                f()
+            }
+            None => f(),
+        }
     }
 
     fn emit(&self, e: ServingEvent) {
@@ -190,16 +206,21 @@ impl Scaler {
             .map_err(|e| ScaleError::Failed(e.to_string()))?;
         let url = new.server_url().to_string();
         self.instances.add(new.clone());
-        let mut engines = self.control.engines();
-        engines.push(new.engine());
-        self.control.set_engines(engines);
+        // A fresh member: the fleet's generation moves, so the next update rebuilds its group.
+        let current = self
+            .between_operations(|| {
+                let mut engines = self.control.engines();
+                engines.push(new.engine());
+                self.control.set_engines(engines);
+                self.fleet().mark_back(&url)
+            })
+            .await;
         self.emit(ServingEvent::Added {
             url: url.clone(),
             worker_type: h.info.worker_type,
             host: new.head.host,
         });
-        // A fresh member: the fleet's generation moves, so the next update rebuilds its group.
-        if self.fleet().mark_back(&url) {
+        if current {
             self.route(&url).await;
             return Ok(url);
         }
@@ -292,16 +313,19 @@ impl Scaler {
             )));
         }
         self.instances.set_life(&server, Lifecycle::Draining);
-        // Out of fleet operations: no update waits on it, and the next one rebuilds its group
-        // without it.
-        let engines = self
-            .control
-            .engines()
-            .into_iter()
-            .filter(|e| e.url != server)
-            .collect();
-        self.control.set_engines(engines);
-        self.fleet().forget(&server);
+        // Out of fleet operations (after the one in progress, if any): no update waits on it,
+        // and the next one rebuilds its group without it.
+        self.between_operations(|| {
+            let engines = self
+                .control
+                .engines()
+                .into_iter()
+                .filter(|e| e.url != server)
+                .collect();
+            self.control.set_engines(engines);
+            self.fleet().forget(&server);
+        })
+        .await;
         let worker = i.worker.as_ref().map(|w| w.url.clone());
         let mut left = self.in_flight(worker.as_deref()).await;
         self.emit(ServingEvent::Draining {

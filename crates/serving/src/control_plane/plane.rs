@@ -68,6 +68,14 @@ pub struct ControlPlane {
     pub(crate) scaler: parking_lot::Mutex<Option<Arc<dyn crate::scale::Scale>>>,
 }
 
+/// While held, no fleet operation of the plane (pause, resume, weight update) runs: a scaler
+/// (`crate::scale`) changes the engine list under it, so an update never starts on one list and
+/// meets another (a server stopped under an all-or-nothing update would abort it). See
+/// [`ControlPlane::quiet`].
+pub struct Quiet<'a> {
+    _op: tokio::sync::MutexGuard<'a, OpState>,
+}
+
 impl std::fmt::Debug for ControlPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ControlPlane")
@@ -91,6 +99,14 @@ impl ControlPlane {
             described: parking_lot::Mutex::new(HashMap::new()),
             joining: parking_lot::Mutex::default(),
             scaler: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// Waits for the fleet operation in progress, if any, and holds off the next one until the
+    /// returned guard is dropped (keep it short: every operation waits on it).
+    pub async fn quiet(&self) -> Quiet<'_> {
+        Quiet {
+            _op: self.op.lock().await,
         }
     }
 
