@@ -55,8 +55,15 @@ STRATEGIES = ("STRICT_SPREAD", "SPREAD", "PACK", "STRICT_PACK")
 def emit(kind: str, **fields: Any) -> None:
     """Writes one event line for the controller."""
     fields["event"] = kind
-    sys.stdout.write(EVENT + json.dumps(fields) + "\n")
-    sys.stdout.flush()
+    if kind in ("error", "exited", "lost"):
+        # Also in the launcher's own log (its stderr), which outlives a controller killed hard.
+        sys.stderr.write(f"troupe-ray {time.strftime('%H:%M:%S')} {kind}: {json.dumps(fields)}\n")
+        sys.stderr.flush()
+    try:
+        sys.stdout.write(EVENT + json.dumps(fields) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        pass  # the controller is gone; shutting down goes on without it
 
 
 def _die_with_parent() -> None:
@@ -201,14 +208,23 @@ class Launcher:
         self.pg: Any = None
         self.actors: List[Any] = []
         self.nodes: Dict[int, str] = {}
+        # Set once connected: before that there is nothing to clean up, and `ray.init` (which
+        # retries an unreachable address for a long while) must not hold up a shutdown.
+        self.connected = threading.Event()
 
     def watch_stdin(self) -> None:
         def run() -> None:
             while sys.stdin.readline():
                 pass
-            self.closing.set()
+            self.stop_now()
 
         threading.Thread(target=run, name="stdin", daemon=True).start()
+
+    def stop_now(self) -> None:
+        """Asks for shutdown; exits at once while still connecting (nothing to undo yet)."""
+        self.closing.set()
+        if not self.connected.is_set():
+            os._exit(3)
 
     def bundles(self) -> List[Dict[str, float]]:
         s = self.spec
@@ -352,7 +368,7 @@ class Launcher:
     def run(self) -> int:
         s = self.spec
         self.watch_stdin()
-        signal.signal(signal.SIGTERM, lambda *_: self.closing.set())
+        signal.signal(signal.SIGTERM, lambda *_: self.stop_now())
         self.ray = importlib.import_module("ray")
         init: Dict[str, Any] = {
             "address": s.get("address") or "auto",
@@ -368,6 +384,10 @@ class Launcher:
         except Exception as e:  # noqa: BLE001
             emit("error", message=f"cannot connect to the Ray cluster at {init['address']}: {_short(e)}")
             return 2
+        self.connected.set()
+        if self.closing.is_set():
+            self.ray.shutdown()
+            return 0
         try:
             if self.place():
                 waits = self.start_hosts()

@@ -264,19 +264,21 @@ async fn serve_on_ray_places_hosts_serves_updates_replaces_and_leaves_nothing() 
             .expect("a server on a host other than 0");
         let (_, actor, host) = hosts[&victim];
         kill9(actor);
+        Poll::every(Duration::from_millis(50))
+            .secs(30)
+            .until("the host died with its actor", || async { !alive(host) })
+            .await;
+        // The controller sees the host go and re-places its servers on the hosts that remain.
+        wait_for_line(&s.err, "re-placement", |l| {
+            l.contains("lost server re-placed")
+        })
+        .await;
+        // The launcher reports the actor's death in Ray's words.
         let (_, lost) = wait_for_line(&s.err, "the launcher reports the actor dead", |l| {
             l.contains(&format!("ray: host {victim}'s actor died"))
         })
         .await;
         assert!(lost.contains("actor"), "{lost}");
-        Poll::every(Duration::from_millis(50))
-            .secs(30)
-            .until("the host died with its actor", || async { !alive(host) })
-            .await;
-        wait_for_line(&s.err, "re-placement", |l| {
-            l.contains("lost server re-placed")
-        })
-        .await;
         // The re-placed server's processes belong to the deployment too.
         for (_, actor, host) in hosts.values() {
             if alive(*host) {
@@ -383,6 +385,40 @@ async fn a_binary_the_nodes_cannot_run_fails_at_once_naming_host_and_node() {
             !err.contains("hosts reported within"),
             "failed early: {err}"
         );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_unreachable_cluster_fails_at_the_deadline_naming_the_address() {
+    let Some(ray) = ray_ready("unreachable") else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    within(120, async {
+        // A port nothing listens on: Ray's client retries it; the deadline ends the wait.
+        let port = crate::common::free_port();
+        let out = tokio::process::Command::new(BIN)
+            .arg("serve")
+            .arg(CONFIG)
+            .arg(format!("scheduler.address=127.0.0.1:{port}"))
+            .arg(format!("scheduler.python={}", ray.python))
+            .arg("scheduler.startup_timeout_s=5")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        // Ray's own retry lines ("Failed to connect to GCS ...") follow in the launcher's log
+        // tail when the deadline is long enough for its first 5 s attempt.
+        assert!(
+            err.contains("still connecting to the Ray cluster")
+                && err.contains("scheduler.address"),
+            "{err}"
+        );
+        assert!(!err.contains("interrupted"), "ended by its deadline: {err}");
     })
     .await
 }

@@ -34,6 +34,8 @@ use super::{BoxFuture, HostLauncher, LaunchError, LaunchRequest, LaunchedHost, t
 const TAIL_LINES: usize = 20;
 /// How long teardown waits for the Python half to stop the hosts and remove the group.
 const STOP_WAIT: Duration = Duration::from_secs(60);
+/// How long teardown waits for it when nothing was placed yet (it exits at once then).
+const STOP_WAIT_UNPLACED: Duration = Duration::from_secs(5);
 
 /// What the launcher started, for teardown.
 #[derive(Default)]
@@ -251,8 +253,12 @@ impl RayLauncher {
                 },
                 _ = tokio::time::sleep_until(deadline) => {
                     let mut head = format!("{} of {} hosts started by Ray", self.set(|s| s.hosts.len()).unwrap_or(0), req.n_hosts);
-                    if let Some(pg) = self.placement_group() {
-                        head.push_str(&format!(" (placement group {pg})"));
+                    match self.placement_group() {
+                        Some(pg) => head.push_str(&format!(" (placement group {pg})")),
+                        None => head.push_str(&format!(
+                            "; the launcher was still connecting to the Ray cluster at {} (scheduler.address)",
+                            self.opts.address
+                        )),
                     }
                     if !refused.is_empty() {
                         head.push_str(&format!("; refused reports: {}", refused.join("; ")));
@@ -302,6 +308,11 @@ impl RayLauncher {
     }
 
     async fn stop(&self) {
+        let wait = if self.placement_group().is_some() {
+            STOP_WAIT
+        } else {
+            STOP_WAIT_UNPLACED
+        };
         let (child, stdin, links, watcher, dir) = self
             .set(|s| {
                 (
@@ -320,9 +331,9 @@ impl RayLauncher {
         drop(links); // hosts see the controller go and start stopping their actors
         drop(stdin); // the Python half stops the hosts, kills the actors, removes the group
         if let Some(mut child) = child {
-            if tokio::time::timeout(STOP_WAIT, child.wait()).await.is_err() {
+            if tokio::time::timeout(wait, child.wait()).await.is_err() {
                 tracing::warn!(
-                    "the Ray launcher did not stop within {STOP_WAIT:?}; killing it (Ray removes its actors and placement group with its job)"
+                    "the Ray launcher did not stop within {wait:?}; killing it (Ray removes its actors and placement group with its job)"
                 );
             }
             if let Some(pid) = child.id() {
