@@ -2,7 +2,7 @@
 //! and who does it ([`Scale`]: the controller, which owns the servers).
 //!
 //! The plane only carries the request: a deployment registers its scaler with
-//! [`ControlPlane::set_scaler`], the control endpoint (`crate::control_api`) parses the body
+//! `ControlPlane::set_scaler`, the control endpoint (`crate::control_api`) parses the body
 //! and hands it over. A standalone `troupe gateway` has none (it launches nothing; workers are
 //! registered with `POST /workers` there), and its `/scale` says so.
 //!
@@ -10,13 +10,11 @@
 //! "http://host:port"}` drains one (its server URL, or its worker URL as the router lists it)
 //! and stops it; `"drain_timeout_s"` bounds the drain (default [`DEFAULT_DRAIN`]).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde::Deserialize;
 
-use crate::control_plane::ControlPlane;
 use crate::worker::WorkerType;
 
 /// How long a leaving server's in-flight requests may take to finish when the caller names no
@@ -121,18 +119,6 @@ impl ScaleOp {
                 Ok(ScaleOp::Remove { url, drain })
             }
         }
-    }
-}
-
-impl ControlPlane {
-    /// Registers who grows and shrinks this fleet (replaces any earlier one).
-    pub fn set_scaler(&self, s: Arc<dyn Scale>) {
-        *self.scaler.lock() = Some(s);
-    }
-
-    /// Who grows and shrinks this fleet, if anyone (a deployment; not a standalone gateway).
-    pub fn scaler(&self) -> Option<Arc<dyn Scale>> {
-        self.scaler.lock().clone()
     }
 }
 

@@ -18,8 +18,8 @@ use troupe_serving::inference::WorkerType;
 use troupe_serving::scale::ScaleError;
 
 use super::deployment::Deployment;
+use super::elastic::Elastic;
 use super::instances::InstanceState;
-use super::scale::Scaler;
 
 /// The autoscaler's policy (see the module docs). The same bounds hold for every role.
 #[derive(Debug, Clone, PartialEq)]
@@ -162,7 +162,7 @@ async fn run(d: Arc<AutoscaleTarget>, o: AutoscaleOptions) {
 
 /// What the autoscaler reads and changes.
 struct AutoscaleTarget {
-    scaler: Arc<Scaler>,
+    scaler: Arc<dyn Elastic>,
     gateway: crate::handle::ActorHandle<troupe_serving::actors::GatewayActor>,
     instances: super::instances::Instances,
     control: troupe_serving::control_plane::InferenceControl,

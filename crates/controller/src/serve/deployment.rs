@@ -7,6 +7,7 @@ use troupe_serving::actors::GatewayActor;
 use troupe_serving::control_api::ControlServer;
 use troupe_serving::control_plane::ControlPlane;
 use troupe_serving::inference::WorkerType;
+use troupe_serving::scale::{MAX_ADD, ScaleError};
 
 use super::events::ServingEvent;
 use super::instances::{InstanceView, Instances, ServerEntry};
@@ -49,7 +50,7 @@ pub struct Deployment {
     /// The ports this deployment holds in its cluster's ledger; released at teardown.
     pub(crate) claims: Arc<Claims>,
     /// Adds and removes servers while it runs (`super::scale`); none for a recovered one.
-    pub(crate) scaler: Option<Arc<super::scale::Scaler>>,
+    pub(crate) scaler: Option<Arc<dyn super::elastic::Elastic>>,
 }
 
 impl Deployment {
@@ -128,6 +129,50 @@ impl Deployment {
         }
         self.instances.stop().await;
         self.claims.release();
+    }
+}
+
+/// Growing and shrinking (the scaler is `super::scale`; see its docs).
+impl Deployment {
+    fn elastic(&self) -> Result<&Arc<dyn super::elastic::Elastic>, ScaleError> {
+        self.scaler.as_ref().ok_or_else(|| {
+            ScaleError::Conflict(
+                "this deployment cannot add or remove servers (it was built without a placement)"
+                    .into(),
+            )
+        })
+    }
+
+    /// Adds `count` servers of `role` (regular, prefill or decode) to the running deployment,
+    /// on free GPUs, with the settings of its running servers of that role. Each is routed only
+    /// once it holds the fleet's weights (caught up through the weight sync's kept update, or
+    /// by the next update: then it is returned `held`), and the next weight update rebuilds the
+    /// group with it. Their rows of the instance table; `serving_events()` says `Added`, then
+    /// `Held` and `CaughtUp` after a weight update, then `Readmitted` once routed.
+    pub async fn add_servers(
+        &self,
+        role: WorkerType,
+        count: usize,
+    ) -> Result<Vec<InstanceView>, ScaleError> {
+        if count == 0 || count > MAX_ADD {
+            return Err(ScaleError::BadRequest(format!(
+                "count: {count} is not between 1 and {}",
+                MAX_ADD
+            )));
+        }
+        self.elastic()?.add(role, count).await
+    }
+
+    /// Removes the server at `url` (its server URL, or its worker URL as the router lists it):
+    /// out of the router at once, its in-flight requests finish (for at most `drain`; past it
+    /// they are cut and the `Retired` event counts them), then it stops and its GPUs are free.
+    /// The last routed server of a role is refused. Its row (`removed`).
+    pub async fn remove_server(
+        &self,
+        url: &str,
+        drain: Duration,
+    ) -> Result<InstanceView, ScaleError> {
+        self.elastic()?.remove(url, drain).await
     }
 }
 

@@ -11,6 +11,7 @@ pub mod autoscale_section;
 pub mod agent_spec;
 pub mod config;
 mod deployment;
+mod elastic;
 mod events;
 pub mod fork;
 pub mod gateway_section;

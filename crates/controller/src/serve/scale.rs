@@ -1,6 +1,6 @@
 //! An elastic fleet: servers join and leave a running deployment.
 //!
-//! **Joining** ([`Deployment::add_servers`]): a new server is launched like a re-placed one
+//! **Joining** (`Deployment::add_servers`): a new server is launched like a re-placed one
 //! (`replace.rs`: the scheduler picks free GPUs under the placement's rules, ports come from the
 //! deployment's ledger, a DataProxy goes in front), with the launch settings of a running server
 //! of the same role. It joins the table (`Starting`), the control plane's engine list (so the
@@ -12,7 +12,7 @@
 //! to the current version, or the next update reaches it; then the gateway routes it
 //! (`AddWorker`).
 //!
-//! **Leaving** ([`Deployment::remove_server`]): the server is marked `Draining`, leaves the
+//! **Leaving** (`Deployment::remove_server`): the server is marked `Draining`, leaves the
 //! control plane's list and the fleet (updates no longer wait on it), and the gateway takes it
 //! out of routing at once (`DrainWorker`: no new request or session goes to it; requests
 //! already on it keep their place). Its in-flight count is polled until 0 or the drain
@@ -34,7 +34,7 @@ use troupe_serving::control_plane::{ControlPlane, Fleet, HeadState, InferenceCon
 use troupe_serving::inference::WorkerType;
 use troupe_serving::scale::{Scale, ScaleError, ScaleOp};
 
-use super::deployment::Deployment;
+use super::elastic::Elastic;
 use super::events::ServingEvent;
 use super::instances::{Instance, InstanceView, Instances, Lifecycle};
 use super::replace::Replacer;
@@ -87,22 +87,6 @@ impl Scaler {
             next_instance: AtomicUsize::new(next),
             removing: tokio::sync::Mutex::new(()),
             autoscaler: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// `task` is the autoscaler now (one already running is stopped).
-    pub fn set_autoscaler(&self, task: tokio::task::JoinHandle<()>) {
-        let mut a = self.autoscaler.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(old) = a.replace(task) {
-            old.abort();
-        }
-    }
-
-    /// Stops the autoscaler, if one runs (teardown).
-    pub fn stop_autoscaler(&self) {
-        let mut a = self.autoscaler.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(t) = a.take() {
-            t.abort();
         }
     }
 
@@ -395,45 +379,36 @@ impl Scale for Scaler {
     }
 }
 
-impl Deployment {
-    fn scaler(&self) -> Result<&Arc<Scaler>, ScaleError> {
-        self.scaler.as_ref().ok_or_else(|| {
-            ScaleError::Conflict(
-                "this deployment cannot add or remove servers (it was built without a placement)"
-                    .into(),
-            )
-        })
-    }
-
-    /// Adds `count` servers of `role` (regular, prefill or decode) to the running deployment,
-    /// on free GPUs, with the settings of its running servers of that role. Each is routed only
-    /// once it holds the fleet's weights (caught up through the weight sync's kept update, or
-    /// by the next update: then it is returned `held`), and the next weight update rebuilds the
-    /// group with it. Their rows of the instance table; `serving_events()` says `Added`, then
-    /// `Held` and `CaughtUp` after a weight update, then `Readmitted` once routed.
-    pub async fn add_servers(
+impl Elastic for Scaler {
+    fn add(
         &self,
         role: WorkerType,
         count: usize,
-    ) -> Result<Vec<InstanceView>, ScaleError> {
-        if count == 0 || count > troupe_serving::scale::MAX_ADD {
-            return Err(ScaleError::BadRequest(format!(
-                "count: {count} is not between 1 and {}",
-                troupe_serving::scale::MAX_ADD
-            )));
-        }
-        self.scaler()?.add(role, count).await
+    ) -> futures::future::BoxFuture<'_, Result<Vec<InstanceView>, ScaleError>> {
+        Box::pin(Scaler::add(self, role, count))
     }
 
-    /// Removes the server at `url` (its server URL, or its worker URL as the router lists it):
-    /// out of the router at once, its in-flight requests finish (for at most `drain`; past it
-    /// they are cut and the `Retired` event counts them), then it stops and its GPUs are free.
-    /// The last routed server of a role is refused. Its row (`removed`).
-    pub async fn remove_server(
-        &self,
-        url: &str,
+    fn remove<'a>(
+        &'a self,
+        url: &'a str,
         drain: Duration,
-    ) -> Result<InstanceView, ScaleError> {
-        self.scaler()?.remove(url, drain).await
+    ) -> futures::future::BoxFuture<'a, Result<InstanceView, ScaleError>> {
+        Box::pin(Scaler::remove(self, url, drain))
+    }
+
+    /// `task` is the autoscaler now (one already running is stopped).
+    fn set_autoscaler(&self, task: tokio::task::JoinHandle<()>) {
+        let mut a = self.autoscaler.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = a.replace(task) {
+            old.abort();
+        }
+    }
+
+    /// Stops the autoscaler, if one runs (teardown).
+    fn stop_autoscaler(&self) {
+        let mut a = self.autoscaler.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = a.take() {
+            t.abort();
+        }
     }
 }

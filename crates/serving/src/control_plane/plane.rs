@@ -102,6 +102,16 @@ impl ControlPlane {
         }
     }
 
+    /// Registers who grows and shrinks this fleet (replaces any earlier one).
+    pub fn set_scaler(&self, s: Arc<dyn crate::scale::Scale>) {
+        *self.scaler.lock() = Some(s);
+    }
+
+    /// Who grows and shrinks this fleet, if anyone (a deployment; not a standalone gateway).
+    pub fn scaler(&self) -> Option<Arc<dyn crate::scale::Scale>> {
+        self.scaler.lock().clone()
+    }
+
     /// Waits for the fleet operation in progress, if any, and holds off the next one until the
     /// returned guard is dropped (keep it short: every operation waits on it).
     pub async fn quiet(&self) -> Quiet<'_> {
