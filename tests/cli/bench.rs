@@ -176,7 +176,7 @@ fn troupe_within(args: &[&str], secs: u64) -> (bool, String, String) {
     (status.success(), out.join().unwrap(), err.join().unwrap())
 }
 
-const SCALE_FIGURES: [&str; 21] = [
+const SCALE_FIGURES: [&str; 23] = [
     "scale.hosts",
     "scale.servers",
     "scale.bringup_s",
