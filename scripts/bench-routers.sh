@@ -209,6 +209,8 @@ done
 # (SGLang's router's over Troupe's gateway), of those medians, and each round's. When a router
 # serves nearly what the load generator sends the backends directly (`…direct.rps`), the load
 # generator, not the router, bounds its requests/s; the CPU ratio measures the routers either way.
+# Last, one line per router with its requests/s beside its CPU per request, and
+# `<router>.gateway.load_generator_at_ceiling` (1: within 90% of the direct rate).
 printf '%s' "$ALL" | awk -v rounds="$ROUNDS" -v peer="$PEER" '
   function median(k,   n, i, j, t, a) {
     n = 0
@@ -223,6 +225,19 @@ printf '%s' "$ALL" | awk -v rounds="$ROUNDS" -v peer="$PEER" '
     tc = median("troupe.gateway.target.cpu_us_per_req"); sc = median(peer ".gateway.target.cpu_us_per_req")
     if (s > 0) printf "troupe_vs_%s.gateway.rps_ratio %.3f\n", peer, t / s
     if (tc > 0) printf "troupe_vs_%s.gateway.cpu_per_req_ratio %.3f\n", peer, sc / tc
+    # Each router: requests/s beside its CPU per request, and whether the load generator was
+    # at its ceiling (the router served at least 90% of what the generator gets from the
+    # backends directly): then requests/s hides a gap between routers, and CPU per request
+    # is the figure to compare.
+    n = split("troupe " peer, who, " ")
+    for (i = 1; i <= n; i++) {
+      r = median(who[i] ".gateway.target.rps"); c = median(who[i] ".gateway.target.cpu_us_per_req")
+      d = median(who[i] ".gateway.direct.rps")
+      ceil = (d > 0 && r >= 0.9 * d) ? 1 : 0
+      printf "%s.gateway.load_generator_at_ceiling %d\n", who[i], ceil
+      printf "# %s: %.0f requests/s at %.1f us of its CPU per request%s\n", who[i], r, c, \
+        ceil ? sprintf(" (the load generator'"'"'s ceiling: %.0f requests/s direct; requests/s says nothing of the router)", d) : ""
+    }
     if (rounds > 1) for (r = 1; r <= rounds; r++) {
       t = v["troupe.gateway.target.rps", r]; s = v[peer ".gateway.target.rps", r]
       if (s > 0) printf "round%d.troupe_vs_%s.gateway.rps_ratio %.3f\n", r, peer, t / s
