@@ -210,8 +210,10 @@ done
 # serves nearly what the load generator sends the backends directly (`…direct.rps`), the load
 # generator, not the router, bounds its requests/s; the CPU ratio measures the routers either way.
 # Last, one line per router with its requests/s beside its CPU per request, and
-# `<router>.gateway.load_generator_at_ceiling` (1: within 90% of the direct rate).
-printf '%s' "$ALL" | awk -v rounds="$ROUNDS" -v peer="$PEER" '
+# `<router>.gateway.load_generator_at_ceiling`: 1 when the router served within 90% of the direct
+# rate, or, under QUOTA, used less than 90% of its quota (`<router>.gateway.quota_used`: requests/s
+# times CPU per request over the quota), so something besides its CPU bounded it.
+printf '%s' "$ALL" | awk -v rounds="$ROUNDS" -v peer="$PEER" -v quota="${QUOTA:-0}" '
   function median(k,   n, i, j, t, a) {
     n = 0
     for (i = 1; i <= rounds; i++) if ((k, i) in v) a[++n] = v[k, i]
@@ -233,10 +235,14 @@ printf '%s' "$ALL" | awk -v rounds="$ROUNDS" -v peer="$PEER" '
     for (i = 1; i <= n; i++) {
       r = median(who[i] ".gateway.target.rps"); c = median(who[i] ".gateway.target.cpu_us_per_req")
       d = median(who[i] ".gateway.direct.rps")
-      ceil = (d > 0 && r >= 0.9 * d) ? 1 : 0
+      # Under a quota, a router that used under 90% of it was waiting on the load side too.
+      used = (quota > 0 && c > 0) ? r * c / 1e6 / quota : 0
+      ceil = ((d > 0 && r >= 0.9 * d) || (quota > 0 && c > 0 && used < 0.9)) ? 1 : 0
       printf "%s.gateway.load_generator_at_ceiling %d\n", who[i], ceil
+      if (quota > 0 && c > 0) printf "%s.gateway.quota_used %.3f\n", who[i], used
       printf "# %s: %.0f requests/s at %.1f us of its CPU per request%s\n", who[i], r, c, \
-        ceil ? sprintf(" (the load generator'"'"'s ceiling: %.0f requests/s direct; requests/s says nothing of the router)", d) : ""
+        ceil ? sprintf(" (bounded by the load side: %.0f requests/s direct%s; compare CPU per request)", d, \
+          quota > 0 ? sprintf(", %.0f%% of its quota used", 100 * used) : "") : ""
     }
     if (rounds > 1) for (r = 1; r <= rounds; r++) {
       t = v["troupe.gateway.target.rps", r]; s = v[peer ".gateway.target.rps", r]
