@@ -93,6 +93,15 @@ pub struct GatewayBenchArgs {
     /// reference tokenizer) against plain `/generate`.
     #[arg(long)]
     pub chat: bool,
+    /// With --chat: also run one recorded session of this many turns (at least 64) and report
+    /// the gateway's CPU per turn over its first and last 32 turns, and a recorded turn's CPU
+    /// over an unrecorded chat turn's (`gateway.session.*`).
+    #[arg(long, default_value_t = 0)]
+    pub session_turns: u64,
+    /// With --session-turns: keep the session on disk here (`--session-dir` of `troupe
+    /// gateway`), and report the bytes written per turn.
+    #[arg(long)]
+    pub session_dir: Option<std::path::PathBuf>,
     /// Serving threads of the in-process gateway (default: one per core, as `troupe gateway`).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub io_threads: Option<u64>,
@@ -336,6 +345,11 @@ async fn measure(
                 out.push((format!("{prefix}.chat_vs_generate.cpu_ratio"), us / plain));
             }
         }
+        if args.session_turns > 0 {
+            let cpu = || router_cpu(args);
+            super::gateway_session::measure(c, &target[0], args, prefix, chat_cpu, cpu, out)
+                .await?;
+        }
     }
     Ok(())
 }
@@ -344,6 +358,9 @@ async fn measure(
 pub async fn run(args: &GatewayBenchArgs) -> Result<Vec<(String, f64)>, String> {
     if !(args.backend_latency_ms.is_finite() && args.backend_latency_ms >= 0.0) {
         return Err("--backend-latency-ms must be a non-negative number".into());
+    }
+    if args.session_turns > 0 && !args.chat {
+        return Err("--session-turns measures recorded chat turns: add --chat".into());
     }
     if args.chat && (args.target.is_some() || args.stream) {
         return Err(
@@ -382,6 +399,7 @@ pub async fn run(args: &GatewayBenchArgs) -> Result<Vec<(String, f64)>, String> 
                 agent: if args.chat {
                     let o = troupe_controller::serve::agent_spec::AgentOptions {
                         tokenizer: Some("reference".into()),
+                        session_dir: args.session_dir.clone(),
                         ..Default::default()
                     };
                     troupe_controller::serve::agent_spec::agent_spec(&o, |k| format!("--{k}"))?
@@ -438,6 +456,8 @@ mod tests {
             target_pid: None,
             io_threads: Some(2),
             chat: false,
+            session_turns: 0,
+            session_dir: None,
         }
     }
 
@@ -463,6 +483,33 @@ mod tests {
         );
         let bad = GatewayBenchArgs { stream: true, ..a };
         assert!(run(&bad).await.unwrap_err().contains("--chat"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_recorded_session_is_measured_turn_by_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = GatewayBenchArgs {
+            chat: true,
+            session_turns: 64,
+            session_dir: Some(dir.path().to_path_buf()),
+            ..small(vec![1], 10)
+        };
+        let figs = tokio::time::timeout(Duration::from_secs(120), run(&a))
+            .await
+            .expect("in time")
+            .expect("runs");
+        let get = |n: &str| figs.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+        for name in [
+            "gateway.session.first32.cpu_us_per_turn",
+            "gateway.session.last32.cpu_us_per_turn",
+            "gateway.session.last_vs_first.cpu_ratio",
+            "gateway.session.recorded_vs_chat.cpu_ratio",
+            "gateway.session.bytes_per_turn",
+        ] {
+            assert!(get(name).is_some_and(|v| v > 0.0), "{name}: {figs:?}");
+        }
+        let no_chat = GatewayBenchArgs { chat: false, ..a };
+        assert!(run(&no_chat).await.unwrap_err().contains("--chat"));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

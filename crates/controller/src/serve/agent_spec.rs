@@ -59,14 +59,16 @@ pub fn agent_spec(
     } else {
         (TokenizerSource::Dir(t.into()), t.clone(), "hermes")
     };
+    let model = o.served_model_name.clone().unwrap_or(model);
     // `tiny` was the reference tokenizer's name before it took the engine's listed one.
-    let aliases = match (t.as_str(), &o.served_model_name) {
-        ("reference", None) => vec!["tiny".to_string()],
-        _ => Vec::new(),
+    let aliases = if t == "reference" && model == REFERENCE_MODEL {
+        vec!["tiny".to_string()]
+    } else {
+        Vec::new()
     };
     let l = SessionLimits::default();
     let spec = AgentSpec {
-        model: o.served_model_name.clone().unwrap_or(model),
+        model,
         aliases,
         tokenizer: source,
         tool_call_parser: o.tool_call_parser.clone().unwrap_or_else(|| parser.into()),
