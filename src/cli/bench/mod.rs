@@ -10,9 +10,12 @@ mod gateway_backends;
 mod gateway_session;
 pub mod proc_cpu;
 pub mod rollout;
+pub mod rollout_update;
 pub mod rpc;
 mod rpc_floor;
 pub mod scale;
+mod scale_checks;
+pub mod stub_engine;
 
 /// Prints figures as `name value` lines, or as one JSON object.
 pub fn print_figures(figures: &[(String, f64)], json: bool) {
