@@ -5,6 +5,7 @@
 mod common;
 
 mod external_trainer;
+mod rolling;
 mod rollout;
 mod staleness;
 mod sync;

@@ -19,7 +19,7 @@ use troupe_actors::actor::{Actor, ActorContext, Handler, Message, Methods};
 mod drain;
 mod versions;
 pub use drain::DrainWorker;
-pub use versions::SetWorkerVersions;
+pub use versions::{HoldWorkers, SetWorkerVersions};
 
 /// Asks a gateway or proxy actor for its `http://host:port`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -123,7 +123,8 @@ impl Actor for GatewayActor {
             .add::<MarkUnhealthy>()
             .add::<SetControlUpstream>()
             .add::<DrainWorker>()
-            .add::<SetWorkerVersions>();
+            .add::<SetWorkerVersions>()
+            .add::<HoldWorkers>();
     }
 
     async fn stopping(&mut self, _ctx: &ActorContext) {

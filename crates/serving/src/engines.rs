@@ -20,6 +20,10 @@ pub struct Engine {
     /// engine does; SGLang and vLLM ignore the header): the fleet's version check and its
     /// resume are then one call to each engine instead of two.
     pub resume_if_match: bool,
+    /// Its role (regular, prefill, decode) where the caller knows it (a deployment does): a
+    /// rolling update takes part of each role at a time, so prefill and decode pairs stay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<troupe_wire::WorkerType>,
 }
 
 impl Engine {
@@ -30,6 +34,7 @@ impl Engine {
             gpus,
             dialect: EngineDialect::Sglang,
             resume_if_match: false,
+            role: None,
         }
     }
 
@@ -40,6 +45,7 @@ impl Engine {
             gpus,
             dialect,
             resume_if_match: false,
+            role: None,
         }
     }
 
@@ -50,6 +56,12 @@ impl Engine {
             resume_if_match: backend == Backend::Troupe,
             ..Engine::new(url, gpus, EngineDialect::from(backend))
         }
+    }
+
+    /// The same engine, with its role known.
+    pub fn with_role(mut self, role: troupe_wire::WorkerType) -> Self {
+        self.role = Some(role);
+        self
     }
 
     /// The same engine, marked as resuming conditionally (or not).
@@ -71,6 +83,8 @@ enum EngineRepr {
         dialect: EngineDialect,
         #[serde(default)]
         resume_if_match: bool,
+        #[serde(default)]
+        role: Option<troupe_wire::WorkerType>,
     },
 }
 
@@ -83,11 +97,13 @@ impl<'de> Deserialize<'de> for Engine {
                 gpus,
                 dialect,
                 resume_if_match,
+                role,
             } => Engine {
                 url,
                 gpus,
                 dialect,
                 resume_if_match,
+                role,
             },
         })
     }

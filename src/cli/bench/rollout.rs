@@ -60,6 +60,14 @@ pub struct RolloutArgs {
     /// Latency model: extra decode step cost per running request, ms.
     #[arg(long, default_value_t = 0.05)]
     pub sim_decode_per_seq_ms: f64,
+    /// Instead of the routing configurations: push new weights every `--update-every-s`
+    /// while the rollouts run, stop-the-world (`all`) and/or `rolling`, comma-separated
+    /// (`rollout.update_<mode>.tokens_per_s`, `.max_stall_ms`; see `rollout_update.rs`).
+    #[arg(long, value_delimiter = ',')]
+    pub update: Vec<String>,
+    /// Seconds between weight pushes with `--update`.
+    #[arg(long, default_value_t = 2.0)]
+    pub update_every_s: f64,
     /// Print one JSON object instead of one line per figure.
     #[arg(long)]
     pub json: bool,
@@ -244,6 +252,16 @@ pub async fn run(a: &RolloutArgs) -> Result<Vec<(String, f64)>, String> {
     }
     for l in &a.layout {
         plan_for(l)?;
+    }
+    if !a.update.is_empty() {
+        if !(a.update_every_s.is_finite() && a.update_every_s > 0.0 && a.update_every_s <= 3600.0) {
+            return Err(format!(
+                "--update-every-s must be a number of seconds in (0, 3600], got {}",
+                a.update_every_s
+            ));
+        }
+        let every = Duration::from_secs_f64(a.update_every_s);
+        return super::rollout_update::run(a, &a.update, every).await;
     }
     let mut configs = Vec::new();
     if !a.no_baseline {

@@ -120,6 +120,33 @@ fn enum_like_values_are_checked_at_load_naming_the_key() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("staging"), "{e}");
+    // weights.rollout: all by default; rolling by a share or a count; bad parts named.
+    use troupe_serving::control_plane::{PartSize, Rollout};
+    assert_eq!(c.weights.rollout(), Rollout::All);
+    let r = |y: &str| {
+        ServeConfig::from_yaml(
+            &format!("allocation_mode: x\nweights: {y}\n"),
+            "t.yaml",
+            &[],
+        )
+    };
+    assert_eq!(
+        r("{rollout: rolling}").unwrap().weights.rollout(),
+        Rollout::Rolling(PartSize::Fraction(0.25))
+    );
+    assert_eq!(
+        r("{rollout: rolling, rolling_part: 2}")
+            .unwrap()
+            .weights
+            .rollout(),
+        Rollout::Rolling(PartSize::Count(2))
+    );
+    for bad in ["0", "1.5", "-1", "x"] {
+        let e = r(&format!("{{rollout: rolling, rolling_part: {bad}}}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rolling_part"), "{bad}: {e}");
+    }
     let d = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[]).unwrap();
     assert_eq!(
         d.weights.bucket_bytes(),

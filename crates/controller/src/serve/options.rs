@@ -87,6 +87,8 @@ pub struct ForkOptions {
     pub weights_bucket_bytes: u64,
     /// Whether engines that can stage weight updates do (`weights.staging`).
     pub weights_staging: troupe_serving::control_plane::Staging,
+    /// All servers at once, or a part at a time (`weights.rollout`, `weights.rolling_part`).
+    pub weights_rollout: troupe_serving::control_plane::Rollout,
     /// PD transfer backend.
     pub transfer_backend: Option<String>,
     /// Extra server flags, verbatim, for every server.
@@ -127,6 +129,7 @@ impl Default for ForkOptions {
             weights_delta: troupe_weights::delta::DeltaMode::Auto,
             weights_bucket_bytes: troupe_weights::bucket::DEFAULT_BUCKET_BYTES,
             weights_staging: Default::default(),
+            weights_rollout: Default::default(),
             transfer_backend: None,
             extra_args: Vec::new(),
             sglang_args: Vec::new(),

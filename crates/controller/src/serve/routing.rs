@@ -173,6 +173,7 @@ pub(crate) async fn open_control(
         delta: opts.weights_delta,
         bucket_bytes: opts.weights_bucket_bytes,
         staging: opts.weights_staging,
+        rollout: opts.weights_rollout,
         master_host: ip.clone(),
         ..WeightSyncOptions::default()
     });

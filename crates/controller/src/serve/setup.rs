@@ -23,6 +23,7 @@ pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: Progress) ->
         weights_delta: cfg.weights.delta,
         weights_bucket_bytes: cfg.weights.bucket_bytes(),
         weights_staging: cfg.weights.staging,
+        weights_rollout: cfg.weights.rollout(),
         transfer_backend: cfg.sglang.disaggregation_transfer_backend.clone(),
         extra_args: cfg.sglang.extra_args.clone(),
         // Checked when the config loaded; an error here cannot happen for a loaded config.

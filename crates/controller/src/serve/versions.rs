@@ -3,7 +3,7 @@
 //! data proxy), so requests that ask for a version (`troupe_wire::want`) are routed by it.
 
 use futures::future::BoxFuture;
-use troupe_serving::actors::{GatewayActor, SetWorkerVersions};
+use troupe_serving::actors::{GatewayActor, HoldWorkers, SetWorkerVersions};
 use troupe_serving::control_plane::VersionSink;
 
 use super::instances::Instances;
@@ -15,14 +15,33 @@ pub(crate) struct GatewayVersions {
     pub(crate) gateway: ActorHandle<GatewayActor>,
 }
 
+impl GatewayVersions {
+    /// The gateway's worker URLs (data proxies) of the servers at `urls`.
+    fn workers(&self, urls: &[String]) -> Vec<String> {
+        urls.iter()
+            .filter_map(|u| self.instances.by_url(u).and_then(|i| i.worker))
+            .map(|w| w.url)
+            .collect()
+    }
+}
+
 impl VersionSink for GatewayVersions {
+    fn routable<'a>(&'a self, urls: &'a [String], on: bool) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let workers = self.workers(urls);
+            if workers.is_empty() {
+                return;
+            }
+            let msg = HoldWorkers { workers, held: !on };
+            if let Err(e) = self.gateway.call(msg).await {
+                tracing::warn!("cannot hold servers out of the gateway's routing: {e}");
+            }
+        })
+    }
+
     fn serving<'a>(&'a self, urls: &'a [String], version: Option<&'a str>) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let workers: Vec<String> = urls
-                .iter()
-                .filter_map(|u| self.instances.by_url(u).and_then(|i| i.worker))
-                .map(|w| w.url)
-                .collect();
+            let workers = self.workers(urls);
             if workers.is_empty() {
                 return;
             }

@@ -28,6 +28,27 @@ pub struct WeightsSection {
     /// update reaches it (what SGLang and vLLM engines always get).
     #[serde(default)]
     pub staging: troupe_serving::control_plane::Staging,
+    /// `all` (default): an update pauses every server, and they resume together on the new
+    /// version. `rolling`: a part of each role at a time (`rolling_part`) is taken out of
+    /// routing, updated and routed again while the rest serves, so clients see no fleet-wide
+    /// stall; prefill/decode pairs stay on one version.
+    #[serde(default)]
+    pub rollout: RolloutMode,
+    /// With `rollout: rolling`, how much of each role one step takes: a share in (0, 1)
+    /// (default 0.25, rounded up) or a whole count of servers (1, 2, ...).
+    #[serde(default = "default_rolling_part", deserialize_with = "rolling_part")]
+    pub rolling_part: f64,
+}
+
+/// `weights.rollout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RolloutMode {
+    /// Every server at once.
+    #[default]
+    All,
+    /// A part at a time.
+    Rolling,
 }
 
 impl Default for WeightsSection {
@@ -36,11 +57,25 @@ impl Default for WeightsSection {
             delta: DeltaMode::default(),
             bucket_mib: default_bucket_mib(),
             staging: Default::default(),
+            rollout: RolloutMode::All,
+            rolling_part: default_rolling_part(),
         }
     }
 }
 
 impl WeightsSection {
+    /// The weight sync's rollout: all at once, or rolling by `rolling_part`.
+    pub fn rollout(&self) -> troupe_serving::control_plane::Rollout {
+        use troupe_serving::control_plane::{PartSize, Rollout};
+        match self.rollout {
+            RolloutMode::All => Rollout::All,
+            RolloutMode::Rolling if self.rolling_part < 1.0 => {
+                Rollout::Rolling(PartSize::Fraction(self.rolling_part))
+            }
+            RolloutMode::Rolling => Rollout::Rolling(PartSize::Count(self.rolling_part as usize)),
+        }
+    }
+
     /// `bucket_mib` in bytes.
     pub fn bucket_bytes(&self) -> u64 {
         self.bucket_mib << 20
@@ -62,4 +97,19 @@ fn bucket_mib<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         )));
     }
     Ok(n)
+}
+
+fn default_rolling_part() -> f64 {
+    0.25
+}
+
+fn rolling_part<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let x = f64::deserialize(d)?;
+    let ok = x.is_finite() && x > 0.0 && (x < 1.0 || (x.fract() == 0.0 && x <= 65_536.0));
+    if !ok {
+        return Err(serde::de::Error::custom(format!(
+            "weights.rolling_part must be a share in (0, 1) or a whole number of servers, got {x}"
+        )));
+    }
+    Ok(x)
 }

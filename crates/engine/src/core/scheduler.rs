@@ -131,7 +131,17 @@ pub(super) struct Scheduler {
     /// Set once the loop has ended: nothing is applied inline after that.
     pub(super) stopped: bool,
     /// A weight update received but not committed (see `super::staging`).
-    pub(super) staged: Option<super::staging::Staged>,
+    pub(super) staged: Option<Staged>,
+}
+
+/// Tensors received for a staged weight update not yet committed (`super::staging`).
+#[derive(Debug, Default)]
+pub(super) struct Staged {
+    /// The version the buckets were sent as (SGLang's per-bucket `weight_version`); a bucket
+    /// of another version starts a new staging, dropping leftovers of an abandoned one.
+    pub(super) version: Option<String>,
+    /// By name, in the engine's f32.
+    pub(super) tensors: std::collections::HashMap<String, Vec<f32>>,
 }
 
 impl Scheduler {

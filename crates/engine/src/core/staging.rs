@@ -9,16 +9,7 @@
 
 use std::collections::HashMap;
 
-use super::scheduler::Scheduler;
-
-/// Tensors received for an update not yet committed.
-#[derive(Debug, Default)]
-pub(super) struct Staged {
-    /// The version the buckets were sent as (SGLang's per-bucket `weight_version`); a bucket
-    /// of another version starts a new staging, dropping leftovers of an abandoned one.
-    version: Option<String>,
-    tensors: HashMap<String, Vec<f32>>,
-}
+use super::scheduler::{Scheduler, Staged};
 
 impl Scheduler {
     /// Checks `tensors` against the model and keeps them for [`Scheduler::commit_staged`];

@@ -1,7 +1,8 @@
 //! Telling a running gateway which weight version its workers serve
 //! ([`SetWorkerVersions`]): what a deployment's controller sends from the fleet's version hook
 //! (`crate::control_plane::VersionSink`), before the engines resume after an update, so
-//! requests that ask for a version are routed by it (`crate::pinned`).
+//! requests that ask for a version are routed by it (`crate::pinned`); and holding some out of
+//! routing while a rolling update updates them ([`HoldWorkers`]).
 
 use serde::{Deserialize, Serialize};
 use troupe_actors::ActorError;
@@ -22,6 +23,35 @@ pub struct SetWorkerVersions {
 impl Message for SetWorkerVersions {
     type Reply = usize;
     const METHOD: &'static str = "set_worker_versions";
+}
+
+/// Holds the workers at `workers` (ids or URLs) out of routing (`held`), or routes them again:
+/// a rolling update's part while it updates. Answers how many were registered.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HoldWorkers {
+    /// Worker ids or URLs.
+    pub workers: Vec<String>,
+    /// Out of routing (`true`) or routed again.
+    pub held: bool,
+}
+
+impl Message for HoldWorkers {
+    type Reply = usize;
+    const METHOD: &'static str = "hold_workers";
+}
+
+impl Handler<HoldWorkers> for GatewayActor {
+    async fn handle(&mut self, m: HoldWorkers, _ctx: &ActorContext) -> Result<usize, ActorError> {
+        let router = self.running()?.router();
+        let mut n = 0;
+        for u in &m.workers {
+            if let Some(w) = router.get(u) {
+                w.set_held(m.held);
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
 }
 
 impl Handler<SetWorkerVersions> for GatewayActor {

@@ -44,6 +44,8 @@ struct Inner {
     tainted: BTreeSet<String>,
     /// Heads held out since the last [`Fleet::take_held_out`]: to take out of the router.
     held_out: Vec<String>,
+    /// Heads out of routing while a rolling update updates them ([`Fleet::tell_routable`]).
+    updating: BTreeSet<String>,
     /// Heads with control calls still open past the control timeout, and how many (see
     /// `super::reconcile`): their paused state is not known until those calls end.
     doubts: BTreeMap<String, usize>,
@@ -289,6 +291,35 @@ impl Fleet {
         {
             s.serving(urls, version).await;
         }
+    }
+
+    /// Takes `urls` out of routing while a rolling update updates them (`on == false`), or
+    /// routes them again, through the registered [`VersionSink`].
+    pub async fn tell_routable(&self, urls: &[String], on: bool) {
+        self.with(|i| {
+            for u in urls {
+                if on {
+                    i.updating.remove(u);
+                } else {
+                    i.updating.insert(u.clone());
+                }
+            }
+        });
+        let sink = self
+            .versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(s) = sink
+            && !urls.is_empty()
+        {
+            s.routable(urls, on).await;
+        }
+    }
+
+    /// Whether a rolling update holds `url` out of routing now.
+    pub fn is_updating(&self, url: &str) -> bool {
+        self.with(|i| i.updating.contains(url))
     }
 
     /// Resolves after the next [`Fleet::updated`].

@@ -101,7 +101,7 @@ impl ControlPlane {
                 }
                 (true, HeadState::Held) => self.bring_in(&url, w),
                 (true, HeadState::Serving) => {
-                    if w.is_held() {
+                    if w.is_held() && !fleet.is_updating(&url) {
                         w.set_held(false);
                     }
                 }

@@ -52,4 +52,4 @@ pub use resume::{Mixed, Resumed};
 pub use sync_error::WeightSyncError;
 pub use tensors::{HostData, HostTensor, SharedValues};
 pub use version_sink::{RouterVersions, VersionSink};
-pub use weight_sync::{UpdateReport, WeightSync, WeightSyncOptions};
+pub use weight_sync::{PartSize, Rollout, UpdateReport, WeightSync, WeightSyncOptions, parts};

@@ -17,6 +17,10 @@ pub trait VersionSink: Send + Sync {
     /// The engines at `urls` (the URLs the control plane talks to) serve `version` from now
     /// on; `None`: unknown, as while an update runs.
     fn serving<'a>(&'a self, urls: &'a [String], version: Option<&'a str>) -> BoxFuture<'a, ()>;
+
+    /// Takes the engines at `urls` out of routing (`false`: a rolling update's part while it
+    /// updates) or routes them again (`true`).
+    fn routable<'a>(&'a self, urls: &'a [String], on: bool) -> BoxFuture<'a, ()>;
 }
 
 /// A standalone gateway's router, whose workers are the engines themselves.
@@ -25,6 +29,15 @@ pub struct RouterVersions(pub Arc<Router>);
 impl VersionSink for RouterVersions {
     fn serving<'a>(&'a self, urls: &'a [String], version: Option<&'a str>) -> BoxFuture<'a, ()> {
         self.0.set_weight_versions(urls, version);
+        Box::pin(async {})
+    }
+
+    fn routable<'a>(&'a self, urls: &'a [String], on: bool) -> BoxFuture<'a, ()> {
+        for u in urls {
+            if let Some(w) = self.0.get(u) {
+                w.set_held(!on);
+            }
+        }
         Box::pin(async {})
     }
 }

@@ -27,7 +27,10 @@ use super::tensors::{HostTensor, encode};
 use super::weight_group::{BucketSend, Group, Phase, leave, phase, send_bucket};
 use crate::engines::Engine;
 
+mod rolling;
 mod txn;
+
+pub use rolling::{PartSize, Rollout, parts};
 
 pub use super::sync_error::WeightSyncError;
 
@@ -60,6 +63,8 @@ pub struct WeightSyncOptions {
     /// Stage updates on engines that can, so a failed update is dropped whole
     /// (`weights.staging`; see [`Staging`]).
     pub staging: Staging,
+    /// All engines at once, or a part at a time while the rest serves (`weights.rollout`).
+    pub rollout: Rollout,
 }
 
 impl Default for WeightSyncOptions {
@@ -75,6 +80,7 @@ impl Default for WeightSyncOptions {
             keep_for_catch_up: true,
             delta: DeltaMode::Auto,
             staging: Staging::Auto,
+            rollout: Rollout::All,
         }
     }
 }
@@ -178,8 +184,17 @@ impl WeightSync {
         keep_paused: bool,
     ) -> Result<UpdateReport, WeightSyncError> {
         let mut core = self.core.lock().await;
-        core.update_weights(control, engines, version, tensors, keep_paused)
-            .await
+        match core.opts.rollout {
+            // A caller that paused the fleet itself wants it updated as it stands.
+            Rollout::Rolling(size) if !keep_paused => {
+                core.update_rolling(control, engines, version, tensors, size)
+                    .await
+            }
+            _ => {
+                core.update_weights(control, engines, version, tensors, keep_paused)
+                    .await
+            }
+        }
     }
 
     /// Brings one server that came back after the last update onto that update's weights,

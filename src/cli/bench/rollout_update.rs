@@ -1,0 +1,214 @@
+//! `troupe bench rollout --update all,rolling`: GRPO-shaped rollouts while the trainer pushes
+//! new weights every few seconds, once with stop-the-world updates (`all`: every server pauses)
+//! and once with rolling updates (`rolling`: a part of each role at a time, the rest serving),
+//! each on a fresh PD deployment. Figures, per mode `M`:
+//! - `rollout.update_M.tokens_per_s`: prompt plus completion tokens of finished samples per
+//!   second over the whole run;
+//! - `rollout.update_M.max_stall_ms`: the most extra time one sample took over the run's
+//!   median sample (what a client sees of an update's pause: its request held or aborted and
+//!   resubmitted);
+//! - `rollout.update_M.updates`, `rollout.update_M.update_s`: updates done, and their mean
+//!   wall time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use troupe_engine::model::{ModelConfig, Weights};
+use troupe_serving::control_plane::{HostTensor, PartSize, Rollout, WeightSync, WeightSyncOptions};
+use troupe_serving::policy::PolicyKind;
+
+use super::rollout::RolloutArgs;
+
+/// The tiny model's weights from `seed`, as the trainer holds them.
+fn tensors(seed: u64) -> Vec<HostTensor> {
+    let w = Weights::init(&ModelConfig::tiny(), seed);
+    w.names()
+        .into_iter()
+        .filter_map(|n| {
+            let t = w.get(&n)?;
+            Some(HostTensor {
+                name: n.clone(),
+                shape: t.shape.clone(),
+                data: t.data.clone().into(),
+            })
+        })
+        .collect()
+}
+
+/// Runs the load, recording how long each sample took; tokens and latencies.
+async fn load(a: &RolloutArgs, url: &str) -> Result<(u64, Vec<Duration>), String> {
+    let client = troupe_serving::client::build().map_err(|e| e.to_string())?;
+    let results: Vec<Result<Vec<(u64, Duration)>, String>> = futures::stream::iter(0..a.groups)
+        .map(|g| {
+            let client = client.clone();
+            let text =
+                super::fixture::letters(g.wrapping_mul(0x9E37_79B9_7F4A_7C15), a.prompt_tokens);
+            async move {
+                let samples = (0..a.group).map(|i| {
+                    let body = json!({
+                        "text": text,
+                        "sampling_params": {"max_new_tokens": a.max_new_tokens,
+                                            "temperature": 1.0, "ignore_eos": true,
+                                            "sampling_seed": g * 1000 + i},
+                    });
+                    let client = client.clone();
+                    async move {
+                        let t0 = Instant::now();
+                        let r = client
+                            .post(format!("{url}/generate"))
+                            .json(&body)
+                            .timeout(Duration::from_secs(300))
+                            .send()
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        let status = r.status();
+                        let v: Value = r.json().await.map_err(|e| e.to_string())?;
+                        if !status.is_success() {
+                            return Err(format!("{status}: {v}"));
+                        }
+                        let (p, c, _) = super::fixture::token_counts(&v);
+                        Ok((p + c, t0.elapsed()))
+                    }
+                });
+                futures::future::join_all(samples)
+                    .await
+                    .into_iter()
+                    .collect()
+            }
+        })
+        .buffer_unordered(a.concurrency as usize)
+        .collect()
+        .await;
+    let mut tokens = 0;
+    let mut done = Vec::new();
+    for r in results {
+        for (t, at) in r? {
+            tokens += t;
+            done.push(at);
+        }
+    }
+    Ok((tokens, done))
+}
+
+/// The most one latency exceeds the median one.
+fn max_stall(mut lat: Vec<Duration>) -> Duration {
+    lat.sort();
+    let (Some(median), Some(max)) = (lat.get(lat.len() / 2), lat.last()) else {
+        return Duration::ZERO;
+    };
+    max.saturating_sub(*median)
+}
+
+async fn run_mode(
+    a: &RolloutArgs,
+    mode: &str,
+    every: Duration,
+) -> Result<Vec<(String, f64)>, String> {
+    let rollout = match mode {
+        "all" => Rollout::All,
+        "rolling" => Rollout::Rolling(PartSize::Fraction(0.5)),
+        other => return Err(format!("--update {other:?}: use all and/or rolling")),
+    };
+    let plan = troupe_scheduler::AllocationPlan::parse("troupe:(prefill:d2t1|decode:d2t1)")
+        .map_err(|e| e.to_string())?;
+    let extra = vec![
+        "--sim-prefill-tokens-per-s".to_string(),
+        a.sim_prefill_tokens_per_s.to_string(),
+        "--sim-decode-step-ms".into(),
+        a.sim_decode_step_ms.to_string(),
+        "--sim-decode-per-seq-ms".into(),
+        a.sim_decode_per_seq_ms.to_string(),
+        "--max-running-requests".into(),
+        "256".into(),
+    ];
+    let (cluster, svc) = super::fixture::deployment(&plan, extra, PolicyKind::CacheAware).await?;
+    let sync = WeightSync::new(WeightSyncOptions {
+        rollout,
+        ..WeightSyncOptions::default()
+    });
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let updater = {
+        let (control, finished) = (svc.control.clone(), finished.clone());
+        async move {
+            let mut times = Vec::new();
+            let mut k = 0u64;
+            loop {
+                tokio::time::sleep(every).await;
+                if finished.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Ok::<_, String>(times);
+                }
+                k += 1;
+                let t0 = Instant::now();
+                sync.update_weights(&control, &control.engines(), &format!("v{k}"), &tensors(k))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                times.push(t0.elapsed());
+            }
+        }
+    };
+    let started = Instant::now();
+    let work = async {
+        let r = load(a, &svc.gateway_url).await;
+        finished.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    };
+    let (loaded, updates) = tokio::join!(work, updater);
+    let wall = started.elapsed();
+    svc.teardown().await;
+    cluster.shutdown().await;
+    let (tokens, done) = loaded?;
+    let updates = updates?;
+    let n = updates.len();
+    let mean = updates.iter().map(Duration::as_secs_f64).sum::<f64>() / n.max(1) as f64;
+    let p = format!("rollout.update_{mode}");
+    Ok(vec![
+        (
+            format!("{p}.tokens_per_s"),
+            tokens as f64 / wall.as_secs_f64().max(1e-9),
+        ),
+        (
+            format!("{p}.max_stall_ms"),
+            max_stall(done).as_secs_f64() * 1e3,
+        ),
+        (format!("{p}.updates"), n as f64),
+        (format!("{p}.update_s"), mean),
+    ])
+}
+
+/// Runs every mode of `--update` in turn.
+pub async fn run(
+    a: &RolloutArgs,
+    modes: &[String],
+    every: Duration,
+) -> Result<Vec<(String, f64)>, String> {
+    if let Some(m) = modes
+        .iter()
+        .find(|m| !["all", "rolling"].contains(&m.as_str()))
+    {
+        return Err(format!("--update {m:?}: use all and/or rolling"));
+    }
+    let mut out = Vec::new();
+    for m in modes {
+        eprintln!("rollout: updates {m}");
+        out.extend(run_mode(a, m, every).await?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_gap_is_between_neighbours_in_time() {
+        let at = vec![
+            t + Duration::from_millis(30),
+            t,
+            t + Duration::from_millis(10),
+        ];
+        assert_eq!(max_gap(at), Duration::from_millis(20));
+        assert_eq!(max_gap(Vec::new()), Duration::ZERO);
+    }
+}
