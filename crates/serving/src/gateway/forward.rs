@@ -223,11 +223,34 @@ pub(super) async fn handle_native(
     raw: Bytes,
     native: Option<Bytes>,
 ) -> Response {
-    let started = Instant::now();
-    state.metrics.request(ep);
     let needs_text = state.router.needs_text();
     let parsed = InferReq::parse(ep, &headers, raw, state.cfg.pd, needs_text);
-    let resp = match parsed.map(|r| InferReq { native, ..r }) {
+    serve_parsed(state, ep, headers, parsed.map(|r| InferReq { native, ..r })).await
+}
+
+/// [`handle`] of a `/generate` body the caller built as an object (the agent layer's, whose
+/// prompt is thousands of token ids): not parsed back from its JSON, `raw`.
+pub(super) async fn handle_object(
+    state: Arc<GatewayState>,
+    headers: HeaderMap,
+    obj: serde_json::Map<String, serde_json::Value>,
+    raw: Bytes,
+) -> Response {
+    let needs_text = state.router.needs_text();
+    let ep = Endpoint::Generate;
+    let parsed = InferReq::from_object(ep, &headers, obj, raw, state.cfg.pd, needs_text);
+    serve_parsed(state, ep, headers, parsed).await
+}
+
+async fn serve_parsed(
+    state: Arc<GatewayState>,
+    ep: Endpoint,
+    headers: HeaderMap,
+    parsed: Result<InferReq, ApiError>,
+) -> Response {
+    let started = Instant::now();
+    state.metrics.request(ep);
+    let resp = match parsed {
         Ok(mut req) => {
             // The fourth session dialect: a per-session bearer key (AReaL's), once the agent
             // layer has issued it.

@@ -55,7 +55,20 @@ impl InferReq {
         pd_mode: bool,
         needs_text: bool,
     ) -> Result<Self, ApiError> {
-        let mut obj = pd::parse_object(&raw)?;
+        let obj = pd::parse_object(&raw)?;
+        Self::from_object(ep, headers, obj, raw, pd_mode, needs_text)
+    }
+
+    /// [`InferReq::parse`] of a body the caller has as an object already (`raw` is its JSON):
+    /// the agent layer's `/generate`, whose token ids are not parsed back.
+    pub(super) fn from_object(
+        ep: Endpoint,
+        headers: &HeaderMap,
+        mut obj: Map<String, Value>,
+        raw: Bytes,
+        pd_mode: bool,
+        needs_text: bool,
+    ) -> Result<Self, ApiError> {
         let (want, raw) = super::version_pin::take(headers, &mut obj, raw)?;
         let stream = match obj.get("stream") {
             None | Some(Value::Null) => false,

@@ -43,15 +43,16 @@ pub(super) fn ids(v: &Value) -> Vec<u32> {
 async fn once(
     state: &Arc<GatewayState>,
     headers: HeaderMap,
-    body: &Value,
+    body: Value,
 ) -> Result<(StatusCode, Value, Bytes), TurnError> {
-    let resp = super::super::forward::handle(
-        state.clone(),
-        Endpoint::Generate,
-        headers,
-        Bytes::from(body.to_string()),
-    )
-    .await;
+    let raw = Bytes::from(body.to_string());
+    let resp = match body {
+        // Handed over as the object it is: its token ids are not parsed back from `raw`.
+        Value::Object(obj) => {
+            super::super::forward::handle_object(state.clone(), headers, obj, raw).await
+        }
+        _ => super::super::forward::handle(state.clone(), Endpoint::Generate, headers, raw).await,
+    };
     let status = resp.status();
     let bytes = axum::body::to_bytes(resp.into_body(), MAX_ANSWER_BYTES)
         .await
@@ -94,7 +95,7 @@ pub(super) async fn generate(
             );
         }
         let body = json!({"input_ids": input, "sampling_params": sp, "return_logprob": true});
-        let (status, v, bytes) = once(state, headers.clone(), &body).await?;
+        let (status, v, bytes) = once(state, headers.clone(), body).await?;
         if !status.is_success() {
             let message = v["message"].as_str().map_or_else(
                 || String::from_utf8_lossy(&bytes).into_owned(),
