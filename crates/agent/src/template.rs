@@ -218,6 +218,26 @@ fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value,
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))
 }
 
+/// [`ChatTemplate::local`] read from the source: none of the constructs through which a
+/// message's text can depend on the others.
+fn is_local(source: &str) -> bool {
+    const HISTORY: &[&str] = &[
+        "loop.",
+        "messages[",
+        "messages|",
+        "messages |",
+        "namespace",
+        "ns.",
+        "last_query",
+        "reasoning_content",
+        "previtem",
+        "nextitem",
+        "{% set",
+        "{%- set",
+    ];
+    !HISTORY.iter().any(|h| source.contains(h))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,24 +275,4 @@ mod tests {
         ));
         assert_eq!(t.render(context! { messages => msgs }).unwrap(), "HI");
     }
-}
-
-/// [`ChatTemplate::local`] read from the source: none of the constructs through which a
-/// message's text can depend on the others.
-fn is_local(source: &str) -> bool {
-    const HISTORY: &[&str] = &[
-        "loop.",
-        "messages[",
-        "messages|",
-        "messages |",
-        "namespace",
-        "ns.",
-        "last_query",
-        "reasoning_content",
-        "previtem",
-        "nextitem",
-        "{% set",
-        "{%- set",
-    ];
-    !HISTORY.iter().any(|h| source.contains(h))
 }
