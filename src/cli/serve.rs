@@ -302,7 +302,6 @@ pub async fn run(a: &ServeArgs) -> Result<(), String> {
     // Hosts the local scheduler starts listen on this machine, where any user could reach
     // them: each run gets a fresh control-plane token unless one is configured (it is kept in
     // the 0600 state file for --recover). In-process hosts need none; Slurm makes its own.
-    let mut cfg = cfg;
     if cfg.scheduler.kind == SchedulerType::Local && cfg.token.is_none() && token.is_none() {
         cfg.token = Some(uuid::Uuid::new_v4().simple().to_string());
     }
