@@ -17,8 +17,8 @@ fmt() {
 }
 
 clippy() {
-  cargo clippy --workspace --all-targets --quiet -- -D warnings
-  cargo clippy --manifest-path python/Cargo.toml --all-targets --quiet -- -D warnings
+  cargo clippy --workspace --all-targets --quiet -- -D warnings &&
+    cargo clippy --manifest-path python/Cargo.toml --all-targets --quiet -- -D warnings
 }
 
 sizes() {

@@ -258,7 +258,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig, mut stop: Shutdown) -> Result
         cfg.token().or(st.token.clone()),
         cfg,
     )?;
-    start_autoscaler(&svc, &cfg);
+    start_autoscaler(&svc, cfg);
     println!("gateway: {}", svc.gateway_url);
     eprintln!("{}", cfg.gateway.agent_line());
     let _announce = AbortOnDrop(announce(&svc));

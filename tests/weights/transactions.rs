@@ -230,7 +230,7 @@ async fn a_staged_update_is_committed_and_aborted_through_the_engines_routes() {
         )
         .await;
         assert_eq!(s, 400, "{v}");
-        e.shutdown().await;
+        e.shutdown().await.unwrap();
     })
     .await
 }

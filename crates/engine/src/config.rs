@@ -102,6 +102,11 @@ pub struct EngineArgs {
     /// loading weights), so bring-up benchmarks of many servers mean something.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0))]
     pub sim_startup_delay_s: f64,
+    /// Simulated weight-load time: committing a staged weight update (or loading weights from
+    /// disk) takes this many more seconds, while the engine is paused for it, as loading new
+    /// weights into a GPU server does; for benchmarks of weight updates under load.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0))]
+    pub sim_weight_load_s: f64,
     /// Name reported by `/v1/models` (defaults to `troupe-<model>`).
     #[cfg_attr(feature = "cli", arg(long))]
     pub served_model_name: Option<String>,
@@ -185,6 +190,7 @@ impl Default for EngineArgs {
             sim_decode_step_ms: None,
             sim_decode_per_seq_ms: 0.0,
             sim_startup_delay_s: 0.0,
+            sim_weight_load_s: 0.0,
             served_model_name: None,
             weight_version: "default".into(),
             weights_update_timeout_s: 120.0,
@@ -382,6 +388,13 @@ impl EngineArgs {
                 )));
             }
         }
+        if !(self.sim_weight_load_s.is_finite() && (0.0..=3600.0).contains(&self.sim_weight_load_s))
+        {
+            return Err(EngineError::Config(format!(
+                "--sim-weight-load-s must be between 0 and 3600 seconds, got {}",
+                self.sim_weight_load_s
+            )));
+        }
         if !(self.sim_startup_delay_s.is_finite()
             && (0.0..=3600.0).contains(&self.sim_startup_delay_s))
         {
@@ -405,6 +418,7 @@ impl EngineArgs {
                 prefill_tokens_per_s: self.sim_prefill_tokens_per_s.filter(|v| *v > 0.0),
                 decode_step_ms: self.sim_decode_step_ms,
                 decode_per_seq_ms: self.sim_decode_per_seq_ms,
+                weight_load_s: self.sim_weight_load_s,
             },
             kv_timeout: secs(
                 self.disaggregation_kv_timeout_s,

@@ -68,6 +68,11 @@ pub struct RolloutArgs {
     /// Seconds between weight pushes with `--update`.
     #[arg(long, default_value_t = 2.0)]
     pub update_every_s: f64,
+    /// Latency model with `--update`: seconds each engine takes to load an update's weights
+    /// (`troupe engine --sim-weight-load-s`), as a GPU server loading a large model does; the
+    /// tiny model's own load takes milliseconds.
+    #[arg(long, default_value_t = 1.0)]
+    pub sim_weight_load_s: f64,
     /// Print one JSON object instead of one line per figure.
     #[arg(long)]
     pub json: bool,

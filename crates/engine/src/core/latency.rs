@@ -14,9 +14,17 @@ pub struct LatencyModel {
     pub decode_step_ms: Option<f64>,
     /// Simulated extra cost per sequence in a decode step, milliseconds.
     pub decode_per_seq_ms: f64,
+    /// Simulated time to load new weights into the model, seconds: what a committed staged
+    /// update or a disk load costs on top of the copy (a GPU server loading gigabytes).
+    pub weight_load_s: f64,
 }
 
 impl LatencyModel {
+    /// Wall time a weight load takes (see [`LatencyModel::weight_load_s`]).
+    pub fn weight_load_time(&self) -> Duration {
+        Duration::try_from_secs_f64(self.weight_load_s).unwrap_or(Duration::ZERO)
+    }
+
     /// Minimum wall time for a prefill batch of `tokens` tokens.
     pub fn prefill_time(&self, tokens: usize) -> Duration {
         match self.prefill_tokens_per_s {
@@ -61,6 +69,7 @@ mod tests {
             prefill_tokens_per_s: Some(1000.0),
             decode_step_ms: Some(10.0),
             decode_per_seq_ms: 1.0,
+            weight_load_s: 0.0,
         };
         assert_eq!(on.prefill_time(500), Duration::from_millis(500));
         assert_eq!(on.decode_time(4), Duration::from_millis(14));

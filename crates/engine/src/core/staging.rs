@@ -67,6 +67,8 @@ impl Scheduler {
         };
         let version = version.or(s.version);
         let n = s.tensors.len();
+        // The latency model's load time (0 unless set): the engine is paused for the update.
+        std::thread::sleep(self.cfg.latency.weight_load_time());
         let r = self.update_tensors(s.tensors.into_iter().collect(), version);
         r.map(|_| {
             format!(
