@@ -6,9 +6,9 @@
 //! file records and teardown empties.
 
 mod addr;
+pub mod agent_spec;
 pub mod autoscale;
 pub mod autoscale_section;
-pub mod agent_spec;
 pub mod config;
 mod deployment;
 mod elastic;
