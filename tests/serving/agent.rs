@@ -347,3 +347,60 @@ async fn a_sessions_bearer_key_is_its_routing_key_on_every_data_route() {
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unrecorded_chats_session_header_routes_its_turns_through_the_agent_layer() {
+    within(60, async {
+        let (a, b) = (engine(engine_args()).await, engine(engine_args()).await);
+        let g = gateway::start(GatewayConfig {
+            listen: "127.0.0.1:0".into(),
+            workers: vec![WorkerSpec::regular(a.url()), WorkerSpec::regular(b.url())],
+            router: troupe_serving::RouterConfig {
+                policy: troupe_serving::policy::PolicyKind::StickyLeastLoaded,
+                ..Default::default()
+            },
+            agent: Some(spec()),
+            ..Default::default()
+        })
+        .await
+        .expect("gateway");
+        let base = g.url();
+        let mut homes = Vec::new();
+        for session in ["s-one", "s-two"] {
+            let mut home = None;
+            for turn in 0..3 {
+                let before = [
+                    common::generated_tokens(&a.url()).await,
+                    common::generated_tokens(&b.url()).await,
+                ];
+                // An OpenAI chat the agent layer renders, not a recorded session: the
+                // client's X-Session-ID still routes it, as it does without the layer.
+                let r = client()
+                    .post(format!("{base}/v1/chat/completions"))
+                    .header("X-Session-ID", session)
+                    .json(&json!({"model": "tiny", "max_tokens": 2,
+                        "messages": [{"role": "user", "content": format!("turn {turn}")}]}))
+                    .send()
+                    .await
+                    .expect("sent");
+                assert_eq!(r.status().as_u16(), 200);
+                let after = [
+                    common::generated_tokens(&a.url()).await,
+                    common::generated_tokens(&b.url()).await,
+                ];
+                let on = (0..2).find(|i| after[*i] > before[*i]);
+                assert!(home.is_none() || home == on, "{session} turn {turn} moved");
+                home = on;
+            }
+            homes.push(home);
+        }
+        assert_ne!(
+            homes[0], homes[1],
+            "a new session goes to the engine with none"
+        );
+        g.shutdown().await.expect("gateway stops");
+        a.shutdown().await.expect("engine stops");
+        b.shutdown().await.expect("engine stops");
+    })
+    .await
+}

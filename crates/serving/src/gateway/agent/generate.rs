@@ -64,8 +64,10 @@ async fn once(
     Ok((status, v, bytes))
 }
 
-/// Generates from `prompt` with SGLang `sampling` parameters; `session` routes it to the
-/// session's engine, `client` lends its `X-Request-Id`.
+/// Generates from `prompt` with SGLang `sampling` parameters; `session` (a recorded session)
+/// routes it to the session's engine, else the client's own session key (`X-Session-ID` and
+/// the other dialects' headers) does, as it would without the agent layer; `client` lends its
+/// `X-Request-Id`.
 pub(super) async fn generate(
     state: &Arc<GatewayState>,
     session: Option<&str>,
@@ -74,7 +76,14 @@ pub(super) async fn generate(
     sampling: &Map<String, Value>,
 ) -> Result<Generated, TurnError> {
     let mut headers = HeaderMap::new();
-    if let Some(s) = session.and_then(|s| HeaderValue::from_str(s).ok()) {
+    let key = match session {
+        Some(s) => Some(s.to_string()),
+        // A key that is not text or too long routes nothing: the turn goes by load.
+        None => super::super::session_key::session_key(client, &Map::new())
+            .ok()
+            .flatten(),
+    };
+    if let Some(s) = key.and_then(|s| HeaderValue::from_str(&s).ok()) {
         headers.insert("x-session-id", s);
     }
     if let Some(r) = client.get("x-request-id") {
