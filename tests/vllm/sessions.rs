@@ -35,7 +35,16 @@ async fn sessions_aborts_by_id_and_engine_fields_through_the_gateway_to_real_vll
         a.ready().await;
         b.ready().await;
         let workers = format!("{},{}", a.url, b.url);
-        let sticky = ["--policy", "sticky_least_loaded", "--worker-urls", &workers];
+        // The plain routing path: without the agent layer (the agent path has its own gateway
+        // below; this one would otherwise render chats itself, since the model's files are here).
+        let sticky = [
+            "--policy",
+            "sticky_least_loaded",
+            "--tokenizer",
+            "none",
+            "--worker-urls",
+            &workers,
+        ];
         let (gw, base) = server::gateway(&sticky.map(OsStr::new)).await;
         let model = m.display().to_string();
         let http = client();
