@@ -44,6 +44,25 @@ pub(crate) async fn setup(spec: AgentSpec, admin: Option<&str>) -> (EngineHandle
     (e, g)
 }
 
+/// Two reference engines behind a `sticky_least_loaded` gateway with the agent layer: where
+/// each session's turns land shows in the engines' token counts.
+async fn two_engines_sticky() -> (EngineHandle, EngineHandle, GatewayHandle) {
+    let (a, b) = (engine(engine_args()).await, engine(engine_args()).await);
+    let g = gateway::start(GatewayConfig {
+        listen: "127.0.0.1:0".into(),
+        workers: vec![WorkerSpec::regular(a.url()), WorkerSpec::regular(b.url())],
+        router: troupe_serving::RouterConfig {
+            policy: troupe_serving::policy::PolicyKind::StickyLeastLoaded,
+            ..Default::default()
+        },
+        agent: Some(spec()),
+        ..Default::default()
+    })
+    .await
+    .expect("gateway");
+    (a, b, g)
+}
+
 /// POSTs `body` with bearer `key`: (status, JSON body or null).
 pub(crate) async fn call(url: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
     let mut r = client().post(url).json(body);
@@ -291,19 +310,7 @@ async fn bad_agent_requests_get_their_apis_error_shape_and_change_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sessions_bearer_key_is_its_routing_key_on_every_data_route() {
     within(60, async {
-        let (a, b) = (engine(engine_args()).await, engine(engine_args()).await);
-        let g = gateway::start(GatewayConfig {
-            listen: "127.0.0.1:0".into(),
-            workers: vec![WorkerSpec::regular(a.url()), WorkerSpec::regular(b.url())],
-            router: troupe_serving::RouterConfig {
-                policy: troupe_serving::policy::PolicyKind::StickyLeastLoaded,
-                ..Default::default()
-            },
-            agent: Some(spec()),
-            ..Default::default()
-        })
-        .await
-        .expect("gateway");
+        let (a, b, g) = two_engines_sticky().await;
         let base = g.url();
         let mut homes = Vec::new();
         for _ in 0..2 {
@@ -351,19 +358,7 @@ async fn a_sessions_bearer_key_is_its_routing_key_on_every_data_route() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unrecorded_chats_session_header_routes_its_turns_through_the_agent_layer() {
     within(60, async {
-        let (a, b) = (engine(engine_args()).await, engine(engine_args()).await);
-        let g = gateway::start(GatewayConfig {
-            listen: "127.0.0.1:0".into(),
-            workers: vec![WorkerSpec::regular(a.url()), WorkerSpec::regular(b.url())],
-            router: troupe_serving::RouterConfig {
-                policy: troupe_serving::policy::PolicyKind::StickyLeastLoaded,
-                ..Default::default()
-            },
-            agent: Some(spec()),
-            ..Default::default()
-        })
-        .await
-        .expect("gateway");
+        let (a, b, g) = two_engines_sticky().await;
         let base = g.url();
         let mut homes = Vec::new();
         for session in ["s-one", "s-two"] {

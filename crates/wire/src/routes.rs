@@ -112,8 +112,8 @@ pub const ROUTES: &[Route] = &[
     route("/collective_rpc", POST, Some(Vllm), true, Admin, Side::Both),
     route("/abort_requests", POST, Some(Vllm), true, Normal, Side::Both),
     // Troupe: staged weight updates, both dialects (`crate::staging`).
-    route("/commit_weight_update", POST, None, true, Admin, Side::Engine),
-    route("/abort_weight_update", POST, None, true, Admin, Side::Engine),
+    route(crate::staging::COMMIT_PATH, POST, None, true, Admin, Side::Engine),
+    route(crate::staging::ABORT_PATH, POST, None, true, Admin, Side::Engine),
     // vLLM: reads.
     route("/is_paused", GET, Some(Vllm), false, Normal, Side::Both),
     route("/is_sleeping", GET, Some(Vllm), false, Normal, Side::Both),

@@ -8,6 +8,11 @@
 
 use serde::{Deserialize, Serialize};
 
+/// `POST`: swap every staged bucket in at once.
+pub const COMMIT_PATH: &str = "/commit_weight_update";
+/// `POST`: drop what is staged.
+pub const ABORT_PATH: &str = "/abort_weight_update";
+
 /// The capability key in `/server_info`.
 pub const CAPABILITY: &str = "weight_staging";
 

@@ -85,7 +85,7 @@ struct Config {
     cache: bool,
 }
 
-fn plan_for(layout: &str) -> Result<AllocationPlan, String> {
+pub(super) fn plan_for(layout: &str) -> Result<AllocationPlan, String> {
     let spec = match layout {
         "pd" => "troupe:(prefill:d2t1|decode:d2t1)",
         "regular" => "troupe:d4t1",
@@ -101,13 +101,16 @@ fn prompt(group: u64, n: u64) -> String {
 
 /// Totals over the answers of one run.
 #[derive(Default)]
-struct Answers {
-    prompt: u64,
-    completion: u64,
+pub(super) struct Answers {
+    pub(super) prompt: u64,
+    pub(super) completion: u64,
     cached: u64,
+    /// How long each sample took, send to answer.
+    pub(super) latencies: Vec<Duration>,
 }
 
-async fn load(a: &RolloutArgs, url: &str) -> Result<(Answers, Duration), String> {
+/// Runs the GRPO-shaped load through `url`: the answers' totals and the wall time.
+pub(super) async fn load(a: &RolloutArgs, url: &str) -> Result<(Answers, Duration), String> {
     let client = troupe_serving::client::build().map_err(|e| e.to_string())?;
     let started = Instant::now();
     let results: Vec<Result<Answers, String>> = futures::stream::iter(0..a.groups)
@@ -123,6 +126,7 @@ async fn load(a: &RolloutArgs, url: &str) -> Result<(Answers, Duration), String>
                     });
                     let client = client.clone();
                     async move {
+                        let t0 = Instant::now();
                         let r = client
                             .post(format!("{url}/generate"))
                             .json(&body)
@@ -140,6 +144,7 @@ async fn load(a: &RolloutArgs, url: &str) -> Result<(Answers, Duration), String>
                             prompt,
                             completion,
                             cached,
+                            latencies: vec![t0.elapsed()],
                         })
                     }
                 });
@@ -149,6 +154,7 @@ async fn load(a: &RolloutArgs, url: &str) -> Result<(Answers, Duration), String>
                     sum.prompt += r.prompt;
                     sum.completion += r.completion;
                     sum.cached += r.cached;
+                    sum.latencies.extend(r.latencies);
                 }
                 Ok(sum)
             }
@@ -163,8 +169,23 @@ async fn load(a: &RolloutArgs, url: &str) -> Result<(Answers, Duration), String>
         total.prompt += r.prompt;
         total.completion += r.completion;
         total.cached += r.cached;
+        total.latencies.extend(r.latencies);
     }
     Ok((total, wall))
+}
+
+/// The engines' flags: the latency model's pacing and room for a whole GRPO wave.
+pub(super) fn engine_args(a: &RolloutArgs) -> Vec<String> {
+    vec![
+        "--sim-prefill-tokens-per-s".to_string(),
+        a.sim_prefill_tokens_per_s.to_string(),
+        "--sim-decode-step-ms".into(),
+        a.sim_decode_step_ms.to_string(),
+        "--sim-decode-per-seq-ms".into(),
+        a.sim_decode_per_seq_ms.to_string(),
+        "--max-running-requests".into(),
+        "256".into(),
+    ]
 }
 
 /// Sums an `internal_states` counter over the servers of one kind.
@@ -194,16 +215,7 @@ async fn run_one(
     c: &Config,
 ) -> Result<Vec<(&'static str, f64)>, String> {
     let plan = plan_for(layout)?;
-    let mut extra = vec![
-        "--sim-prefill-tokens-per-s".to_string(),
-        a.sim_prefill_tokens_per_s.to_string(),
-        "--sim-decode-step-ms".into(),
-        a.sim_decode_step_ms.to_string(),
-        "--sim-decode-per-seq-ms".into(),
-        a.sim_decode_per_seq_ms.to_string(),
-        "--max-running-requests".into(),
-        "256".into(),
-    ];
+    let mut extra = engine_args(a);
     if !c.cache {
         extra.push("--disable-radix-cache".into());
     }

@@ -17,8 +17,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use serde_json::{Value, json};
 use troupe_engine::model::{ModelConfig, Weights};
 use troupe_serving::control_plane::{HostTensor, PartSize, Rollout, WeightSync, WeightSyncOptions};
 use troupe_serving::policy::PolicyKind;
@@ -41,61 +39,6 @@ fn tensors(seed: u64) -> Vec<HostTensor> {
         .collect()
 }
 
-/// Runs the load, recording how long each sample took; tokens and latencies.
-async fn load(a: &RolloutArgs, url: &str) -> Result<(u64, Vec<Duration>), String> {
-    let client = troupe_serving::client::build().map_err(|e| e.to_string())?;
-    let results: Vec<Result<Vec<(u64, Duration)>, String>> = futures::stream::iter(0..a.groups)
-        .map(|g| {
-            let client = client.clone();
-            let text =
-                super::fixture::letters(g.wrapping_mul(0x9E37_79B9_7F4A_7C15), a.prompt_tokens);
-            async move {
-                let samples = (0..a.group).map(|i| {
-                    let body = json!({
-                        "text": text,
-                        "sampling_params": {"max_new_tokens": a.max_new_tokens,
-                                            "temperature": 1.0, "ignore_eos": true,
-                                            "sampling_seed": g * 1000 + i},
-                    });
-                    let client = client.clone();
-                    async move {
-                        let t0 = Instant::now();
-                        let r = client
-                            .post(format!("{url}/generate"))
-                            .json(&body)
-                            .timeout(Duration::from_secs(300))
-                            .send()
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        let status = r.status();
-                        let v: Value = r.json().await.map_err(|e| e.to_string())?;
-                        if !status.is_success() {
-                            return Err(format!("{status}: {v}"));
-                        }
-                        let (p, c, _) = super::fixture::token_counts(&v);
-                        Ok((p + c, t0.elapsed()))
-                    }
-                });
-                futures::future::join_all(samples)
-                    .await
-                    .into_iter()
-                    .collect()
-            }
-        })
-        .buffer_unordered(a.concurrency as usize)
-        .collect()
-        .await;
-    let mut tokens = 0;
-    let mut done = Vec::new();
-    for r in results {
-        for (t, at) in r? {
-            tokens += t;
-            done.push(at);
-        }
-    }
-    Ok((tokens, done))
-}
-
 /// The most one latency exceeds the median one.
 fn max_stall(mut lat: Vec<Duration>) -> Duration {
     lat.sort();
@@ -115,20 +58,12 @@ async fn run_mode(
         "rolling" => Rollout::Rolling(PartSize::Fraction(0.5)),
         other => return Err(format!("--update {other:?}: use all and/or rolling")),
     };
-    let plan = troupe_scheduler::AllocationPlan::parse("troupe:(prefill:d2t1|decode:d2t1)")
-        .map_err(|e| e.to_string())?;
-    let extra = vec![
-        "--sim-prefill-tokens-per-s".to_string(),
-        a.sim_prefill_tokens_per_s.to_string(),
-        "--sim-decode-step-ms".into(),
-        a.sim_decode_step_ms.to_string(),
-        "--sim-decode-per-seq-ms".into(),
-        a.sim_decode_per_seq_ms.to_string(),
-        "--max-running-requests".into(),
-        "256".into(),
+    let plan = super::rollout::plan_for("pd")?;
+    let mut extra = super::rollout::engine_args(a);
+    extra.extend([
         "--sim-weight-load-s".into(),
         a.sim_weight_load_s.to_string(),
-    ];
+    ]);
     let (cluster, svc) = super::fixture::deployment(&plan, extra, PolicyKind::CacheAware).await?;
     let sync = WeightSync::new(WeightSyncOptions {
         rollout,
@@ -156,7 +91,7 @@ async fn run_mode(
     };
     let started = Instant::now();
     let work = async {
-        let r = load(a, &svc.gateway_url).await;
+        let r = super::rollout::load(a, &svc.gateway_url).await;
         finished.store(true, std::sync::atomic::Ordering::Relaxed);
         r
     };
@@ -164,10 +99,16 @@ async fn run_mode(
     let wall = started.elapsed();
     svc.teardown().await;
     cluster.shutdown().await;
-    let (tokens, done) = loaded?;
+    let (answers, _) = loaded?;
+    let tokens = answers.prompt + answers.completion;
+    let done = answers.latencies;
     let updates = updates?;
     let n = updates.len();
-    let mean = updates.iter().map(Duration::as_secs_f64).sum::<f64>() / n.max(1) as f64;
+    let mean = updates
+        .iter()
+        .map(Duration::as_secs_f64)
+        .fold(0.0, |s, x| s + x)
+        / n.max(1) as f64;
     let p = format!("rollout.update_{mode}");
     Ok(vec![
         (

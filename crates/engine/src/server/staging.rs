@@ -11,7 +11,9 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::json;
-use troupe_wire::staging::{AbortWeightUpdate, CommitWeightUpdate, Discarded};
+use troupe_wire::staging::{
+    ABORT_PATH, AbortWeightUpdate, COMMIT_PATH, CommitWeightUpdate, Discarded,
+};
 
 use super::AppState;
 use super::error::{ApiError, bad};
@@ -20,8 +22,8 @@ use crate::core::Command;
 /// The routes.
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
-        .route("/commit_weight_update", post(commit))
-        .route("/abort_weight_update", post(abort))
+        .route(COMMIT_PATH, post(commit))
+        .route(ABORT_PATH, post(abort))
 }
 
 /// An optional JSON body (empty means every field absent), checked against `T`.

@@ -2,7 +2,9 @@
 //! engine can stage, and the commit and the abort of a staged update.
 
 use serde_json::Value;
-use troupe_wire::staging::{AbortWeightUpdate, CAPABILITY, CommitWeightUpdate};
+use troupe_wire::staging::{
+    ABORT_PATH, AbortWeightUpdate, CAPABILITY, COMMIT_PATH, CommitWeightUpdate,
+};
 
 use super::{EngineCallError, EngineClient};
 use crate::engines::Engine;
@@ -24,12 +26,11 @@ impl EngineClient {
         let body = CommitWeightUpdate {
             weight_version: Some(version.to_string()),
         };
-        self.post(&e.url, "/commit_weight_update", &body).await
+        self.post(&e.url, COMMIT_PATH, &body).await
     }
 
     /// `POST /abort_weight_update`: drops a staged update (nothing staged is not an error).
     pub async fn abort_weight_update(&self, e: &Engine) -> Result<Value, EngineCallError> {
-        self.post(&e.url, "/abort_weight_update", &AbortWeightUpdate {})
-            .await
+        self.post(&e.url, ABORT_PATH, &AbortWeightUpdate {}).await
     }
 }
