@@ -46,13 +46,32 @@ impl Router {
     }
 
     /// [`Router::route_pd`] among the workers that serve `want`: the prefill among those with a
-    /// decode on their version, then a decode on the prefill's version.
+    /// decode on their version, then a decode on the prefill's version. The search over
+    /// versions runs only when the policy's first prefill has no decode on its version.
     pub fn route_pd_for(
         &self,
         ctx: &RouteContext<'_>,
         avoid: &[String],
         want: Option<&VersionWant>,
     ) -> Result<PdPair, ServingError> {
+        // The common case, one check per decode: the policy's prefill has a decode on its
+        // version (every worker on one version, or versions unknown).
+        let first = self.route_for(WorkerType::Prefill, ctx, avoid, want)?;
+        let fv = first.weight_version();
+        match self.pick(WorkerType::Decode, ctx, avoid, |d| {
+            serves(d, want) && same_version(fv.as_deref(), d.weight_version().as_deref())
+        }) {
+            Ok(decode) => {
+                return Ok(PdPair {
+                    prefill: first,
+                    decode,
+                    room: fresh_room(),
+                });
+            }
+            Err(ServingError::NoWorker(_)) => {}
+            Err(e) => return Err(e),
+        }
+        // Versions differ (a rolling update's step): a prefill that has a decode on its own.
         let decodes: Vec<Option<Arc<str>>> = self
             .of_type(WorkerType::Decode)
             .iter()
