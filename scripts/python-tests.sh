@@ -6,7 +6,8 @@
 #   bash scripts/python-tests.sh --install-only     # just the venv (.ci/run does it early)
 #
 # Three timed phases (scripts/phase.sh): python.install (the venv and its packages),
-# python.build (the `troupe` binary and the extension), python.test (mypy --strict, pytest).
+# python.build (the `troupe` binary and the extension), python.test (mypy --strict, pytest; the
+# suite's test_stubs.py runs mypy's stubtest on the extension just built against its stub).
 # Needs python3 with venv (Debian: python3-venv). The venv lives in target/py-venv; the
 # extension builds into the workspace's target directory, sharing its compiled crates.
 set -euo pipefail

@@ -1,10 +1,52 @@
 """Type stubs of Troupe's Python bindings."""
 
 import os
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, Sequence, final
+
+from typing_extensions import Self
 
 import numpy as np
 import numpy.typing as npt
+
+# What `from troupe._troupe import *` gives, as the extension sets it.
+__all__ = [
+    "Config",
+    "load_config",
+    "Cluster",
+    "Service",
+    "TroupeError",
+    "ConfigError",
+    "AllocationError",
+    "ClusterError",
+    "ServingError",
+    "WeightSyncError",
+    "ControlError",
+    "RolloutError",
+    "ActorError",
+    "HostLostError",
+    "RemoteError",
+    "ActorDiedError",
+    "Events",
+    "Trainer",
+    "InferenceClient",
+    "Control",
+    "Trajectory",
+    "pad_batch",
+    "Host",
+    "ActorRef",
+    "Group",
+    "RolloutController",
+    "ControllerClient",
+    "TcpWeightSender",
+    "SenderBases",
+    "ReceiverBases",
+    "TcpWeightReceiver",
+    "LetterTask",
+    "Prompts",
+    "grpo_advantages",
+    "cli_main",
+    "set_binary",
+]
 
 class TroupeError(Exception):
     """Every Troupe error."""
@@ -48,6 +90,7 @@ class ActorDiedError(ActorError):
 class RolloutError(TroupeError):
     """Rollouts cannot deliver: nothing left running could complete the batch."""
 
+@final
 class Config:
     """A loaded, checked config (`troupe serve`'s YAML)."""
     @property
@@ -74,14 +117,16 @@ class Config:
 def load_config(path: str, overrides: Sequence[str] = ...) -> Config:
     """Loads a YAML config with `dotted.key=value` overrides; ConfigError names a bad key."""
 
+@final
 class InferenceClient:
     """Generation through a gateway; aborted requests are resubmitted with their tokens so far."""
-    def __init__(self, url: str) -> None: ...
+    def __new__(cls, url: str) -> Self: ...
     @property
     def url(self) -> str: ...
     def generate(
         self,
         input_ids: Sequence[int],
+        *,
         max_new_tokens: int = 16,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -94,6 +139,7 @@ class InferenceClient:
     def agenerate(
         self,
         input_ids: Sequence[int],
+        *,
         max_new_tokens: int = 16,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -108,6 +154,7 @@ WeightArray = Any
 """numpy float32 / float64 / float16 / bfloat16 (ml_dtypes) / uint16 (bf16 bits), or anything
 with `__dlpack__` on the CPU (torch tensors, bf16 included)."""
 
+@final
 class Control:
     """A deployment's fleet control plane: one answer for every engine."""
     def pause(self, mode: str = "abort", clear_cache: bool = False) -> dict[str, Any]:
@@ -122,6 +169,7 @@ class Control:
     def load_weights(self, path: str | os.PathLike[str], version: str | int) -> dict[str, Any]:
         """Every engine loads the checkpoint at `path` (SGLang: /update_weights_from_disk; vLLM: reload_weights) as `version`."""
 
+@final
 class Service:
     """A running inference deployment (servers, proxies, gateway, fleet control plane)."""
     @property
@@ -160,6 +208,7 @@ class Service:
     def __enter__(self) -> "Service": ...
     def __exit__(self, *args: object) -> bool: ...
 
+@final
 class Events:
     """A cluster's lifecycle events: dicts with `kind` (host_lost, actor_started, ...)."""
     def __iter__(self) -> "Events": ...
@@ -167,6 +216,7 @@ class Events:
     def poll(self, timeout: float) -> dict[str, Any] | None:
         """The next event within `timeout` seconds, or None."""
 
+@final
 class Trainer:
     """The built-in reference trainer, a remote actor (AReaL-lite's TrainController shape)."""
     def train_batch(
@@ -176,6 +226,7 @@ class Trainer:
     def get_weights(self) -> dict[str, npt.NDArray[np.float32]]:
         """The current weights by Hugging Face name."""
 
+@final
 class ActorRef:
     """One Python actor: an object in a worker process on a host, owned by a `troupe.python` actor."""
     @property
@@ -189,6 +240,7 @@ class ActorRef:
     def stop(self, grace: float = 5.0) -> None:
         """Stops the actor and kills its worker's process group; a no-op when already gone."""
 
+@final
 class Group:
     """The ranks of an SPMD group."""
     def call(self, method: str, *args: Any, **kwargs: Any) -> Awaitable[list[Any]]:
@@ -197,9 +249,10 @@ class Group:
     @property
     def ranks(self) -> list[ActorRef]: ...
     def __len__(self) -> int: ...
-    def __getitem__(self, rank: int) -> ActorRef: ...
+    def __getitem__(self, rank: int, /) -> ActorRef: ...
     def stop(self, grace: float = 5.0) -> None: ...
 
+@final
 class Host:
     """One host of a cluster."""
     @property
@@ -224,6 +277,7 @@ class Host:
     ) -> ActorRef:
         """`cls(*args, **kwargs)` in a worker process on this host; import and constructor errors fail the spawn."""
 
+@final
 class Cluster:
     """The actor hosts one controller drives."""
     @staticmethod
@@ -268,16 +322,17 @@ class Cluster:
     def __enter__(self) -> "Cluster": ...
     def __exit__(self, *args: object) -> bool: ...
 
+@final
 class Trajectory:
     """One sampled sequence; `group` is its episode's index in a batch (one GRPO group)."""
-    def __init__(
-        self,
+    def __new__(
+        cls,
         prompt_ids: Sequence[int],
         output_ids: Sequence[int],
         logprobs: Sequence[float],
         reward: float = 0.0,
         versions: Sequence[int] | Sequence[str] | None = None,
-    ) -> None: ...
+    ) -> Self: ...
     @property
     def prompt_ids(self) -> npt.NDArray[np.int64]: ...
     @property
@@ -299,16 +354,17 @@ class RolloutWorkflow(Protocol):
     """AReaL-lite's workflow: one data item to a list of trajectories (None drops it)."""
     async def arun_episode(self, client: InferenceClient, data: Any) -> list[Trajectory] | None: ...
 
+@final
 class RolloutController:
     """Asynchronous rollouts with bounded staleness (AReaL-lite's API), workflows in Python."""
-    def __init__(
-        self,
+    def __new__(
+        cls,
         service: Service | InferenceClient | str,
         batch_size: int,
         max_concurrent: int = 128,
         max_staleness: int = 1,
         stale_policy: str = "regenerate",
-    ) -> None: ...
+    ) -> Self: ...
     def submit(self, data: Any, workflow: RolloutWorkflow, should_accept: Callable[[Any], bool] | None = None) -> None: ...
     def wait(self, count: int, timeout: float | None = None) -> list[Trajectory]:
         """Raises TimeoutError, or RolloutError when the batch can no longer be completed."""
@@ -327,6 +383,7 @@ class RolloutController:
     def __enter__(self) -> "RolloutController": ...
     def __exit__(self, *args: object) -> bool: ...
 
+@final
 class ControllerClient:
     """A client of the controller's gRPC API: what rank 0 of an external trainer calls while it broadcasts.
 
@@ -335,7 +392,7 @@ class ControllerClient:
     False when some engine failed (the plane has undone what it undoes: no engine stays paused by
     a failed begin, no engine stays in a group some failed to join), `skipped` the engines the
     fleet marks down. Bad arguments and mixed weight versions at the end raise ControlError."""
-    def __init__(self, addr: str, token: str | None = None, timeout: float = 10.0) -> None: ...
+    def __new__(cls, addr: str, token: str | None = None, timeout: float = 10.0) -> Self: ...
     def get_weight_plan(self) -> dict[str, Any]:
         """{world_size, engines: [{url, rank_offset, gpus}]}; the trainer is rank 0."""
     def init_weight_group(self, master_address: str, master_port: int, group_name: str, backend: str = "nccl", group_secret: str | None = None) -> dict[str, Any]:
@@ -353,22 +410,25 @@ class ControllerClient:
         """Engines receive one bucket; run it on a thread while rank 0 broadcasts it."""
     def end_weight_update(self) -> dict[str, Any]: ...
 
+@final
 class SenderBases:
     """What a delta broadcast's sender last sent (one bf16 copy), kept across groups."""
-    def __init__(self) -> None: ...
+    def __new__(cls) -> Self: ...
     @property
     def bytes(self) -> int: ...
 
+@final
 class ReceiverBases:
     """What an engine received, kept as the bases of the next deltas across groups."""
-    def __init__(self) -> None: ...
+    def __new__(cls) -> Self: ...
     def __len__(self) -> int: ...
     @property
     def bytes(self) -> int: ...
 
+@final
 class TcpWeightSender:
     """Rank 0 of Troupe's TCP weight broadcast (the reference engines' transport)."""
-    def __init__(self, world_size: int, group_name: str, host: str = "0.0.0.0", delta: bool = True, bases: SenderBases | None = None) -> None: ...
+    def __new__(cls, world_size: int, group_name: str, host: str = "0.0.0.0", delta: bool = True, bases: SenderBases | None = None) -> Self: ...
     @property
     def port(self) -> int: ...
     @property
@@ -381,23 +441,26 @@ class TcpWeightSender:
         """What the buckets since the last call sent: full_bytes, sent_bytes, delta_tensors, whole_tensors, repaired_tensors, changed_fraction."""
     def close(self) -> None: ...
 
+@final
 class TcpWeightReceiver:
     """An engine's end of Troupe's TCP weight broadcast (what `troupe.vllm_transfer` runs in vLLM)."""
-    def __init__(self, master_address: str, master_port: int, rank: int, n_ranks: int = 1, group_name: str = "", timeout: float = 300.0, bases: ReceiverBases | None = None, *, secret: str | None = None) -> None:
-        """Joins rank 0's group; `secret` (required) is rank 0's TcpWeightSender.secret."""
+    def __new__(cls, master_address: str, master_port: int, rank: int, n_ranks: int = 1, group_name: str = ..., timeout: float = 300.0, bases: ReceiverBases | None = None, *, secret: str | None = None) -> Self:
+        """Joins rank 0's group (`group_name` empty by default: whichever group rank 0 runs); `secret` (required) is rank 0's TcpWeightSender.secret."""
     @property
     def rank(self) -> int: ...
     def recv_bucket(self, names: Sequence[str], dtype_names: Sequence[str], shapes: Sequence[Sequence[int]], timeout: float = 300.0) -> list[tuple[str, str, list[int], npt.NDArray[np.uint8]]]:
         """One bucket, once every engine holds it: (name, dtype name, shape, raw little-endian bytes) per tensor."""
     def close(self) -> None: ...
 
+@final
 class LetterTask:
     """`troupe run`'s task: prompts asking for `target`; reward = fraction of the generated bytes equal to it."""
-    def __init__(self, target: str = "a", seed: int = 0, max_new_tokens: int = 16) -> None: ...
+    def __new__(cls, target: str = "a", seed: int = 0, max_new_tokens: int = 16) -> Self: ...
     def prompts(self) -> Prompts:
         """The prompts, endlessly: {input_ids, seed} (RLVRWorkflow data items)."""
     def __call__(self, prompt: Any, completion: Any, prompt_ids: Any, completion_ids: Sequence[int], **data: Any) -> float: ...
 
+@final
 class Prompts:
     """An endless iterator of a task's prompts (`LetterTask.prompts()`)."""
     def __iter__(self) -> Prompts: ...
