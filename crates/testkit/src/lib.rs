@@ -2,8 +2,8 @@
 //! polling for the event that shows work happened instead of sleeping for it ([`until`],
 //! [`until_some`], [`Poll`]), small HTTP/JSON helpers that answer `(status, body)`
 //! ([`client`], [`send`], [`post`], [`get`] and their variants), reading an SSE body
-//! ([`sse_data`], [`sse_json`]), the error envelope's checks ([`assert_envelope`],
-//! [`assert_bad_request`]), [`f32_bytes`] and [`free_port`].
+//! ([`sse_data`], [`sse_json`], [`sse_events`]), the error envelope's checks
+//! ([`assert_envelope`], [`assert_bad_request`]), [`f32_bytes`] and [`free_port`].
 //!
 //! It depends on no Troupe crate, so the engine's and serving's own tests can take it as a
 //! dev-dependency without a cycle; Troupe-specific helpers (starting a reference engine, a PD
@@ -12,7 +12,7 @@
 mod sse;
 mod wire;
 
-pub use sse::{sse_data, sse_json};
+pub use sse::{sse_data, sse_events, sse_json};
 pub use wire::{assert_bad_request, assert_envelope, f32_bytes, free_port};
 
 use std::future::Future;

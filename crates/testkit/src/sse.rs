@@ -1,7 +1,8 @@
 //! Reading a server-sent-event body the way a client does, once for every test binary: the
 //! engine's, the gateway's and the root package's streaming tests all take a stream's events
 //! apart, and three hand-rolled parsers disagreed on what they accepted (a keep-alive comment,
-//! `data:` without a space, an event cut off mid-read).
+//! `data:` without a space, an event cut off mid-read), and a fourth read the Responses stream's
+//! named events.
 
 use serde_json::Value;
 
@@ -9,10 +10,23 @@ use serde_json::Value;
 /// `data:` lines joined by `\n` (one leading space after the colon dropped, as the SSE spec
 /// says). Comments (`: keep-alive`) and events without data are skipped; an event not yet
 /// ended by a blank line (a body read so far, mid-event) is not returned. Any field other than
-/// `data` panics naming the line: Troupe's streams send only data, so another field is a bug
-/// the test should see.
+/// `data` panics naming the line: SGLang's and OpenAI's chat streams send only data, so another
+/// field there is a bug the test should see (streams with named events: [`sse_events`]).
 pub fn sse_data(text: &str) -> Vec<String> {
+    parse(text, false).into_iter().map(|(_, d)| d).collect()
+}
+
+/// Each complete event of an SSE body whose events are named (OpenAI's Responses stream,
+/// Anthropic's messages stream): `(event, data)`, the name empty when the event has no `event:`
+/// line. Read as [`sse_data`] reads, but `event:` lines are allowed; any other field panics.
+pub fn sse_events(text: &str) -> Vec<(String, String)> {
+    parse(text, true)
+}
+
+/// The one reader behind [`sse_data`] and [`sse_events`].
+fn parse(text: &str, named: bool) -> Vec<(String, String)> {
     let mut events = Vec::new();
+    let mut event = String::new();
     let mut data: Option<String> = None;
     for line in text.split_inclusive('\n') {
         let Some(line) = line.strip_suffix('\n') else {
@@ -20,7 +34,10 @@ pub fn sse_data(text: &str) -> Vec<String> {
         };
         let line = line.strip_suffix('\r').unwrap_or(line);
         if line.is_empty() {
-            events.extend(data.take());
+            let name = std::mem::take(&mut event);
+            if let Some(d) = data.take() {
+                events.push((name, d));
+            }
         } else if line.starts_with(':') {
             continue;
         } else if let Some(d) = line.strip_prefix("data:") {
@@ -32,6 +49,8 @@ pub fn sse_data(text: &str) -> Vec<String> {
                 }
                 None => data = Some(d.to_string()),
             }
+        } else if let Some(e) = line.strip_prefix("event:").filter(|_| named) {
+            event = e.strip_prefix(' ').unwrap_or(e).to_string();
         } else {
             panic!("not an SSE data line: {line:?} in {text:?}");
         }
@@ -86,5 +105,23 @@ mod tests {
     #[should_panic(expected = "not an SSE data line")]
     fn another_field_fails_by_name() {
         sse_data("event: error\ndata: {}\n\n");
+    }
+
+    #[test]
+    fn named_events_keep_their_names() {
+        let body = "event: response.created\ndata: {\"a\":1}\n\n: ping\n\ndata: plain\n\nevent: cut\ndata: x";
+        assert_eq!(
+            sse_events(body),
+            [
+                ("response.created".to_string(), "{\"a\":1}".to_string()),
+                (String::new(), "plain".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "not an SSE data line")]
+    fn named_events_still_refuse_other_fields() {
+        sse_events("id: 3\ndata: {}\n\n");
     }
 }
