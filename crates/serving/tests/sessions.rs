@@ -87,36 +87,47 @@ mod policy {
         );
     }
 
-    #[test]
-    fn finished_idle_and_orphaned_bindings_are_dropped() {
-        let ws = workers(2);
-        let p = StickyLeastLoaded::new(StickyConfig::default());
-        p.pick(&ws, &ctx("a"));
-        assert!(p.finish_session("a"));
-        assert!(!p.finish_session("a"), "finishing again changes nothing");
-        assert!(!p.finish_session("never-seen"));
-        assert_eq!(p.sessions(), 0);
+    #[tokio::test(start_paused = true)]
+    async fn finished_idle_and_orphaned_bindings_are_dropped() {
+        // The clock is tokio's, paused: it moves only by `advance`, so the idle time below is
+        // exact (no sleep, no margin), and `within` counts that time, not the wall's.
+        within(600, async {
+            let ws = workers(2);
+            let p = StickyLeastLoaded::new(StickyConfig::default());
+            p.pick(&ws, &ctx("a"));
+            assert!(p.finish_session("a"));
+            assert!(!p.finish_session("a"), "finishing again changes nothing");
+            assert!(!p.finish_session("never-seen"));
+            assert_eq!(p.sessions(), 0);
 
-        let b = p.pick(&ws, &ctx("b"));
-        p.forget(ws[b].id());
-        assert_eq!(p.sessions(), 0, "an engine that leaves drops its bindings");
-        p.pick(&ws, &ctx("c"));
-        assert_eq!(p.clear_sessions(), 1);
+            let b = p.pick(&ws, &ctx("b"));
+            p.forget(ws[b].id());
+            assert_eq!(p.sessions(), 0, "an engine that leaves drops its bindings");
+            p.pick(&ws, &ctx("c"));
+            assert_eq!(p.clear_sessions(), 1);
 
-        // Idle past the TTL: the binding no longer holds, so the session binds anew to the
-        // engine with fewer sessions.
-        let p = StickyLeastLoaded::with_ttl(StickyConfig::default(), Duration::from_millis(30));
-        let x = p.pick(&ws, &ctx("x"));
-        let y = p.pick(&ws, &ctx("y"));
-        assert_ne!(x, y);
-        p.finish_session("y");
-        // The idle time is the behaviour. Real time: the policy's TTL reads
-        // `std::time::Instant`, which tokio's paused clock does not move.
-        std::thread::sleep(Duration::from_millis(60));
-        // `x` expired: both engines hold no live session, so `z` and `x` spread again.
-        let z = p.pick(&ws, &ctx("z"));
-        let x2 = p.pick(&ws, &ctx("x"));
-        assert_ne!(z, x2);
+            // Idle past the TTL: the binding no longer holds, so the session binds anew to the
+            // engine with fewer sessions.
+            let ttl = Duration::from_secs(60);
+            let p = StickyLeastLoaded::with_ttl(StickyConfig::default(), ttl);
+            let x = p.pick(&ws, &ctx("x"));
+            let y = p.pick(&ws, &ctx("y"));
+            assert_ne!(x, y);
+            p.finish_session("y");
+            // Just short of the TTL the binding holds (and this turn uses it again).
+            tokio::time::advance(ttl - Duration::from_millis(1)).await;
+            assert_eq!(p.pick(&ws, &ctx("x")), x, "bound until the TTL");
+            // A whole TTL idle (longer than the policy's sweep interval too): `x` expired, so
+            // no engine holds a live session; `z` takes the first engine, `x`'s, and `x` binds
+            // anew to the other one.
+            tokio::time::advance(ttl).await;
+            let z = p.pick(&ws, &ctx("z"));
+            assert_eq!(z, x, "x's engine no longer counts its expired session");
+            let x2 = p.pick(&ws, &ctx("x"));
+            assert_ne!(z, x2);
+            assert_ne!(x2, x, "x bound anew");
+        })
+        .await
     }
 
     #[test]

@@ -15,10 +15,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+// Tokio's clock (the same as std's outside a runtime, and in one unless paused): tests of the
+// TTL move a paused clock instead of sleeping through it (`crates/serving/tests/sessions.rs`).
+use tokio::time::Instant;
 
 use super::{Policy, RouteContext, least_loaded};
 use crate::worker::Worker;
