@@ -166,11 +166,19 @@ impl ControllerClient {
         ack(py, a.into_inner())
     }
 
-    /// Resumes every engine (refused while engines disagree on the weight version).
-    fn end_weight_update<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    /// Commits the update on every engine at once and resumes them (refused for an update a
+    /// failed bucket abandoned, or while engines disagree on the weight version). With
+    /// `buckets`, the update is committed only if every engine took that many.
+    #[pyo3(signature = (buckets = None))]
+    fn end_weight_update<'py>(
+        &self,
+        py: Python<'py>,
+        buckets: Option<u64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let mut c = self.inner.clone();
         let a = wait(py, async move {
-            c.end_weight_update(EndWeightUpdateRequest {}).await
+            c.end_weight_update(EndWeightUpdateRequest { buckets })
+                .await
         })?
         .map_err(status)?;
         ack(py, a.into_inner())

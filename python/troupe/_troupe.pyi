@@ -408,7 +408,7 @@ class ControllerClient:
         flush_cache: bool = False,
     ) -> dict[str, Any]:
         """Engines receive one bucket; run it on a thread while rank 0 broadcasts it."""
-    def end_weight_update(self) -> dict[str, Any]: ...
+    def end_weight_update(self, buckets: int | None = None) -> dict[str, Any]: ...
 
 @final
 class SenderBases:

@@ -135,7 +135,7 @@ async fn the_controller_api_refuses_calls_without_the_token_and_they_change_noth
                 .await,
             )
             .await;
-            is_unauthenticated(c.end_weight_update(EndWeightUpdateRequest {}).await).await;
+            is_unauthenticated(c.end_weight_update(EndWeightUpdateRequest::default()).await).await;
         }
         // Nothing changed: no engine joined the master, none is paused, no group exists.
         assert!(

@@ -153,7 +153,7 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
         let acked = acked.unwrap().into_inner();
         assert!(acked.ok, "{:?}", acked.servers);
         assert!(
-            api.end_weight_update(EndWeightUpdateRequest {})
+            api.end_weight_update(EndWeightUpdateRequest::default())
                 .await
                 .unwrap()
                 .into_inner()
@@ -201,7 +201,7 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
         );
         set(engines[0].clone(), "ext-2").await;
         let refused = api
-            .end_weight_update(EndWeightUpdateRequest {})
+            .end_weight_update(EndWeightUpdateRequest::default())
             .await
             .unwrap_err();
         assert_eq!(
@@ -220,7 +220,7 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
             set(u.clone(), "ext-2").await;
         }
         assert!(
-            api.end_weight_update(EndWeightUpdateRequest {})
+            api.end_weight_update(EndWeightUpdateRequest::default())
                 .await
                 .unwrap()
                 .into_inner()
@@ -267,7 +267,7 @@ async fn grpc_calls_are_operations_of_the_gateways_control_plane() {
         let (s, v) = gateway_post(&svc, "/pause_generation", serde_json::json!({"mode": "abort"})).await;
         assert_eq!(s, 200, "{v}");
         assert!(svc.plane.is_paused());
-        let e = api.end_weight_update(EndWeightUpdateRequest {}).await.unwrap().into_inner();
+        let e = api.end_weight_update(EndWeightUpdateRequest::default()).await.unwrap().into_inner();
         assert!(e.ok && e.message.contains("resume on 2 engines"), "{e:?}");
         assert!(!svc.plane.is_paused());
 
@@ -323,13 +323,182 @@ async fn grpc_calls_are_operations_of_the_gateways_control_plane() {
         let (acked, sent) = tokio::join!(bucket, sender.send_bucket(&refs));
         sent.unwrap();
         assert!(acked.unwrap().into_inner().ok);
-        assert!(api.end_weight_update(EndWeightUpdateRequest {}).await.unwrap().into_inner().ok);
+        assert!(api.end_weight_update(EndWeightUpdateRequest::default()).await.unwrap().into_inner().ok);
         assert_eq!(svc.plane.fleet().version().as_deref(), Some("g-1"));
         let engine = svc.control.engines()[0].clone();
         let catcher = svc.plane.fleet().catcher().expect("the plane catches servers up");
         let why = catcher.catch_up(&svc.control, &engine).await.unwrap_err();
         assert!(why.contains("cannot be replayed"), "{why}");
 
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}
+
+/// The tiny model's weights from `seed` as the trainer sends them: names, shapes, BF16 bytes.
+fn bf16_weights(seed: u64) -> (Vec<String>, Vec<Vec<usize>>, Vec<Vec<u8>>) {
+    let w = Weights::init(&ModelConfig::tiny(), seed);
+    let names = w.names();
+    let shapes = names
+        .iter()
+        .map(|n| w.get(n).unwrap().shape.clone())
+        .collect();
+    let bytes = names
+        .iter()
+        .map(|n| {
+            w.get(n)
+                .unwrap()
+                .data
+                .iter()
+                .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                .collect()
+        })
+        .collect();
+    (names, shapes, bytes)
+}
+
+/// Bucket `range` of those weights, as the trainer announces it and as it sends it.
+fn bucket<'a>(
+    w: &'a (Vec<String>, Vec<Vec<usize>>, Vec<Vec<u8>>),
+    range: std::ops::Range<usize>,
+    group: &str,
+    version: &str,
+) -> (WeightBucketRequest, Vec<TensorRef<'a>>) {
+    let (names, shapes, bytes) = w;
+    let req = WeightBucketRequest {
+        group_name: group.into(),
+        names: names[range.clone()].to_vec(),
+        dtypes: vec!["bfloat16".into(); range.len()],
+        shapes: shapes[range.clone()]
+            .iter()
+            .map(|s| Shape {
+                dims: s.iter().map(|d| *d as u64).collect(),
+            })
+            .collect(),
+        weight_version: version.into(),
+        flush_cache: true,
+    };
+    let refs = range
+        .map(|i| TensorRef {
+            name: &names[i],
+            dtype: WireDtype::Bf16,
+            shape: &shapes[i],
+            bytes: &bytes[i],
+        })
+        .collect();
+    (req, refs)
+}
+
+/// The gateway's greedy answer to a fixed prompt, and the version that made it.
+async fn greedy(svc: &Deployment) -> (serde_json::Value, String) {
+    let body = serde_json::json!({"text": "killed: ", "sampling_params": {"max_new_tokens": 12, "temperature": 0.0}});
+    let v = common::generate(&client(), &svc.gateway_url, &body).await;
+    let version = v["meta_info"]["weight_version"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    (v["output_ids"].clone(), version)
+}
+
+#[tokio::test]
+async fn a_trainer_killed_mid_update_leaves_no_engine_serving_part_of_it() {
+    within(180, async {
+        let (cluster, svc, _server, mut api) = served(2, "troupe:(prefill:d1t1|decode:d1t1)").await;
+        let world = api
+            .get_weight_plan(GetWeightPlanRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .world_size;
+        let before = greedy(&svc).await;
+        let begin = || BeginWeightUpdateRequest {
+            pause_mode: "abort".into(),
+        };
+        let w = bf16_weights(4343);
+        let half = w.0.len() / 2;
+        let all = w.0.len();
+
+        // The first bucket reaches both engines; the trainer dies as it starts the second.
+        let (mut sender, joined) = open_group(&mut api, world, "doomed").await;
+        assert!(joined.ok, "{joined:?}");
+        assert!(
+            api.begin_weight_update(begin())
+                .await
+                .unwrap()
+                .into_inner()
+                .ok
+        );
+        let (req, refs) = bucket(&w, 0..half, "doomed", "k1");
+        let (acked, sent) = tokio::join!(api.weight_bucket(req), sender.send_bucket(&refs));
+        sent.unwrap();
+        assert!(acked.unwrap().into_inner().ok);
+        let (req, _) = bucket(&w, half..all, "doomed", "k1");
+        let second = {
+            let mut api = api.clone();
+            tokio::spawn(async move { api.weight_bucket(req).await })
+        };
+        drop(sender);
+        let failed = match second.await.unwrap() {
+            Ok(a) => a.into_inner().message,
+            Err(s) => s.message().to_string(),
+        };
+        assert!(failed.contains("abandoned"), "{failed}");
+        // Nothing of k1 is served: both engines resumed on what they had, under its label.
+        assert_eq!(greedy(&svc).await, before);
+        // Whoever ends it later (the trainer restarted, an operator) serves nothing of it.
+        let end = api
+            .end_weight_update(EndWeightUpdateRequest::default())
+            .await
+            .unwrap_err();
+        assert_eq!(end.code(), tonic::Code::FailedPrecondition, "{end:?}");
+        assert!(end.message().contains("abandoned"), "{end:?}");
+        assert_eq!(greedy(&svc).await, before);
+
+        // The restarted trainer's complete update reaches both engines at once.
+        let (mut sender, _) = open_group(&mut api, world, "again").await;
+        assert!(
+            api.begin_weight_update(begin())
+                .await
+                .unwrap()
+                .into_inner()
+                .ok
+        );
+        for r in [0..half, half..all] {
+            let (req, refs) = bucket(&w, r, "again", "k2");
+            let (acked, sent) = tokio::join!(api.weight_bucket(req), sender.send_bucket(&refs));
+            sent.unwrap();
+            assert!(acked.unwrap().into_inner().ok);
+        }
+        let done = api
+            .end_weight_update(EndWeightUpdateRequest { buckets: Some(2) })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(done.ok, "{done:?}");
+        let after = greedy(&svc).await;
+        assert_eq!(after.1, "k2");
+        assert_ne!(after.0, before.0);
+
+        // A trainer whose count the engines did not see: abandoned, k2 still served.
+        let w3 = bf16_weights(4444);
+        assert!(
+            api.begin_weight_update(begin())
+                .await
+                .unwrap()
+                .into_inner()
+                .ok
+        );
+        let (req, refs) = bucket(&w3, 0..half, "again", "k3");
+        let (acked, sent) = tokio::join!(api.weight_bucket(req), sender.send_bucket(&refs));
+        sent.unwrap();
+        assert!(acked.unwrap().into_inner().ok);
+        let short = api
+            .end_weight_update(EndWeightUpdateRequest { buckets: Some(2) })
+            .await
+            .unwrap_err();
+        assert_eq!(short.code(), tonic::Code::FailedPrecondition, "{short:?}");
+        assert_eq!(greedy(&svc).await, after);
         svc.teardown().await;
         cluster.shutdown().await;
     })

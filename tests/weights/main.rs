@@ -5,6 +5,7 @@
 mod common;
 
 mod external_trainer;
+mod frozen;
 mod rolling;
 mod rollout;
 mod staleness;

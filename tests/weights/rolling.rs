@@ -115,3 +115,99 @@ async fn a_rolling_update_keeps_every_request_whole_and_ends_on_the_new_version(
     })
     .await
 }
+
+/// Starts one long `/generate` through `gw` and returns once an engine is running it: the task
+/// answers its status and body.
+async fn long_request(
+    svc: &troupe_controller::serve::Deployment,
+) -> tokio::task::JoinHandle<(u16, Value)> {
+    let gw = svc.gateway_url.clone();
+    let task = tokio::spawn(async move {
+        let body = json!({"text": "a long one: ", "sampling_params": {"max_new_tokens": 120, "temperature": 0.0, "ignore_eos": true}});
+        let r = client()
+            .post(format!("{gw}/generate"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let s = r.status().as_u16();
+        (s, r.json::<Value>().await.unwrap_or(Value::Null))
+    });
+    let urls = svc.control.urls();
+    common::until("the long request runs on an engine", || {
+        let urls = urls.clone();
+        async move {
+            for u in &urls {
+                let (_, loads) = get(&format!("{u}/v1/loads")).await;
+                if loads["loads"][0]["num_total_reqs"].as_u64() == Some(1) {
+                    return true;
+                }
+            }
+            false
+        }
+    })
+    .await;
+    task
+}
+
+#[tokio::test]
+async fn a_rolling_update_lets_requests_on_a_part_finish_before_it_pauses_the_part() {
+    within(180, async {
+        // Two regular engines decoding 20 ms a step: the long request takes about 2.4 s, the
+        // tiny model's update milliseconds.
+        let opts = ForkOptions {
+            extra_args: vec!["--sim-decode-step-ms".into(), "20".into()],
+            ..ForkOptions::default()
+        };
+        let (cluster, svc) = pd_deployment(1, 2, "troupe:d2t1", &opts).await;
+        let engines = svc.control.engines();
+        assert_eq!(engines.len(), 2);
+        let initial = {
+            let (_, v) = get(&format!("{}/get_weight_version", svc.control.urls()[0])).await;
+            v["weight_version"].as_str().unwrap_or_default().to_string()
+        };
+        let rolling = |drain: u64| {
+            WeightSync::new(WeightSyncOptions {
+                rollout: Rollout::Rolling(PartSize::Count(1)),
+                rolling_drain: std::time::Duration::from_secs(drain),
+                ..Default::default()
+            })
+        };
+
+        // Drained: the request finishes whole on the weights it started on, then its engine
+        // updates.
+        let task = long_request(&svc).await;
+        let (_, w1) = trainer_weights(31);
+        let r = rolling(60)
+            .update_weights(&svc.control, &engines, "v1", &w1)
+            .await
+            .unwrap();
+        assert!(
+            r.engines.iter().all(|o| o.outcome == Outcome::Committed),
+            "{r:?}"
+        );
+        let (s, v) = task.await.unwrap();
+        assert_eq!(s, 200, "{v}");
+        let meta = &v["meta_info"];
+        assert_eq!(meta["finish_reason"]["type"], "length", "{v}");
+        assert_eq!(meta["completion_tokens"], 120, "{v}");
+        let seen: std::collections::BTreeSet<String> = versions_of(&v).into_iter().collect();
+        assert_eq!(seen, [initial].into(), "{v}");
+        assert_eq!(meta["proxy_resubmits"].as_u64().unwrap_or(0), 0, "{v}");
+
+        // With no drain the pause catches it (pause mode abort), as every update did before: its
+        // data proxy resubmits what it had, and the rest is made by the new weights.
+        let task = long_request(&svc).await;
+        let (_, w2) = trainer_weights(32);
+        rolling(0)
+            .update_weights(&svc.control, &engines, "v2", &w2)
+            .await
+            .unwrap();
+        let (_, v) = task.await.unwrap();
+        assert!(v["meta_info"]["proxy_resubmits"].as_u64() >= Some(1), "{v}");
+        assert!(versions_of(&v).contains(&"v2".to_string()), "{v}");
+        svc.teardown().await;
+        cluster.shutdown().await;
+    })
+    .await
+}

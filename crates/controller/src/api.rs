@@ -297,7 +297,7 @@ impl Controller for ControllerApi {
                 ))
             })?,
         };
-        ack(self.plane.pause(mode, false).await)
+        ack(self.plane.begin_update(mode).await)
     }
 
     async fn weight_bucket(
@@ -331,9 +331,10 @@ impl Controller for ControllerApi {
 
     async fn end_weight_update(
         &self,
-        _r: Request<EndWeightUpdateRequest>,
+        r: Request<EndWeightUpdateRequest>,
     ) -> Result<Response<WeightAck>, Status> {
-        ack(self.plane.resume().await)
+        let buckets = r.into_inner().buckets;
+        ack(self.plane.end_update(buckets).await)
     }
 }
 

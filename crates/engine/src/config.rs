@@ -107,6 +107,11 @@ pub struct EngineArgs {
     /// weights into a GPU server does; for benchmarks of weight updates under load.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0))]
     pub sim_weight_load_s: f64,
+    /// Simulated per-bucket load time: every bucket of a weight update (staged or applied)
+    /// takes this many more milliseconds, as copying a large bucket into a GPU does; lets
+    /// tests and benchmarks catch an update between buckets.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.0))]
+    pub sim_bucket_load_ms: f64,
     /// Name reported by `/v1/models` (defaults to `troupe-<model>`).
     #[cfg_attr(feature = "cli", arg(long))]
     pub served_model_name: Option<String>,
@@ -191,6 +196,7 @@ impl Default for EngineArgs {
             sim_decode_per_seq_ms: 0.0,
             sim_startup_delay_s: 0.0,
             sim_weight_load_s: 0.0,
+            sim_bucket_load_ms: 0.0,
             served_model_name: None,
             weight_version: "default".into(),
             weights_update_timeout_s: 120.0,
@@ -379,6 +385,7 @@ impl EngineArgs {
         for (v, flag) in [
             (self.sim_decode_step_ms, "--sim-decode-step-ms"),
             (Some(self.sim_decode_per_seq_ms), "--sim-decode-per-seq-ms"),
+            (Some(self.sim_bucket_load_ms), "--sim-bucket-load-ms"),
         ] {
             if let Some(v) = v
                 && !(v.is_finite() && (0.0..=MAX_SIM_MS).contains(&v))
@@ -419,6 +426,7 @@ impl EngineArgs {
                 decode_step_ms: self.sim_decode_step_ms,
                 decode_per_seq_ms: self.sim_decode_per_seq_ms,
                 weight_load_s: self.sim_weight_load_s,
+                bucket_load_ms: self.sim_bucket_load_ms,
             },
             kv_timeout: secs(
                 self.disaggregation_kv_timeout_s,

@@ -19,7 +19,7 @@ use troupe_actors::actor::{Actor, ActorContext, Handler, Message, Methods};
 mod drain;
 mod versions;
 pub use drain::DrainWorker;
-pub use versions::{HoldWorkers, SetWorkerVersions};
+pub use versions::{HoldWorkers, SetWorkerVersions, WorkersInFlight};
 
 /// Asks a gateway or proxy actor for its `http://host:port`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -124,7 +124,8 @@ impl Actor for GatewayActor {
             .add::<SetControlUpstream>()
             .add::<DrainWorker>()
             .add::<SetWorkerVersions>()
-            .add::<HoldWorkers>();
+            .add::<HoldWorkers>()
+            .add::<WorkersInFlight>();
     }
 
     async fn stopping(&mut self, _ctx: &ActorContext) {

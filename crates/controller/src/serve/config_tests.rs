@@ -147,6 +147,17 @@ fn enum_like_values_are_checked_at_load_naming_the_key() {
             .to_string();
         assert!(e.contains("rolling_part"), "{bad}: {e}");
     }
+    assert_eq!(c.weights.rolling_drain_s, 60.0);
+    assert_eq!(
+        r("{rolling_drain_s: 2.5}").unwrap().weights.rolling_drain_s,
+        2.5
+    );
+    for bad in ["-1", "1e9", ".nan", "x"] {
+        let e = r(&format!("{{rolling_drain_s: {bad}}}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rolling_drain_s"), "{bad}: {e}");
+    }
     let d = ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &[]).unwrap();
     assert_eq!(
         d.weights.bucket_bytes(),

@@ -89,6 +89,9 @@ pub struct ForkOptions {
     pub weights_staging: troupe_serving::control_plane::Staging,
     /// All servers at once, or a part at a time (`weights.rollout`, `weights.rolling_part`).
     pub weights_rollout: troupe_serving::control_plane::Rollout,
+    /// How long a rolling update lets a part's requests finish before pausing it
+    /// (`weights.rolling_drain_s`).
+    pub weights_rolling_drain: Duration,
     /// PD transfer backend.
     pub transfer_backend: Option<String>,
     /// Extra server flags, verbatim, for every server.
@@ -130,6 +133,7 @@ impl Default for ForkOptions {
             weights_bucket_bytes: troupe_weights::bucket::DEFAULT_BUCKET_BYTES,
             weights_staging: Default::default(),
             weights_rollout: Default::default(),
+            weights_rolling_drain: Duration::from_secs(60),
             transfer_backend: None,
             extra_args: Vec::new(),
             sglang_args: Vec::new(),

@@ -174,6 +174,7 @@ pub(crate) async fn open_control(
         bucket_bytes: opts.weights_bucket_bytes,
         staging: opts.weights_staging,
         rollout: opts.weights_rollout,
+        rolling_drain: opts.weights_rolling_drain,
         master_host: ip.clone(),
         ..WeightSyncOptions::default()
     });

@@ -24,6 +24,7 @@ pub fn fork_options(cfg: &ServeConfig, admin_key: String, progress: Progress) ->
         weights_bucket_bytes: cfg.weights.bucket_bytes(),
         weights_staging: cfg.weights.staging,
         weights_rollout: cfg.weights.rollout(),
+        weights_rolling_drain: Duration::from_secs_f64(cfg.weights.rolling_drain_s),
         transfer_backend: cfg.sglang.disaggregation_transfer_backend.clone(),
         extra_args: cfg.sglang.extra_args.clone(),
         // Checked when the config loaded; an error here cannot happen for a loaded config.

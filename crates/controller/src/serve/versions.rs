@@ -3,7 +3,7 @@
 //! data proxy), so requests that ask for a version (`troupe_wire::want`) are routed by it.
 
 use futures::future::BoxFuture;
-use troupe_serving::actors::{GatewayActor, HoldWorkers, SetWorkerVersions};
+use troupe_serving::actors::{GatewayActor, HoldWorkers, SetWorkerVersions, WorkersInFlight};
 use troupe_serving::control_plane::VersionSink;
 
 use super::instances::Instances;
@@ -35,6 +35,24 @@ impl VersionSink for GatewayVersions {
             let msg = HoldWorkers { workers, held: !on };
             if let Err(e) = self.gateway.call(msg).await {
                 tracing::warn!("cannot hold servers out of the gateway's routing: {e}");
+            }
+        })
+    }
+
+    fn in_flight<'a>(&'a self, urls: &'a [String]) -> BoxFuture<'a, Option<u64>> {
+        Box::pin(async move {
+            let workers = self.workers(urls);
+            if workers.is_empty() {
+                return Some(0);
+            }
+            match self.gateway.call(WorkersInFlight { workers }).await {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot read the servers' requests in flight from the gateway: {e}"
+                    );
+                    None
+                }
             }
         })
     }

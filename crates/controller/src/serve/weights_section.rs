@@ -38,6 +38,13 @@ pub struct WeightsSection {
     /// (default 0.25, rounded up) or a whole count of servers (1, 2, ...).
     #[serde(default = "default_rolling_part", deserialize_with = "rolling_part")]
     pub rolling_part: f64,
+    /// With `rollout: rolling`, how long (seconds) a part taken out of routing may take to
+    /// finish the requests already on it before it is paused all the same (default 60).
+    #[serde(
+        default = "default_rolling_drain_s",
+        deserialize_with = "rolling_drain_s"
+    )]
+    pub rolling_drain_s: f64,
 }
 
 /// `weights.rollout`.
@@ -59,6 +66,7 @@ impl Default for WeightsSection {
             staging: Default::default(),
             rollout: RolloutMode::All,
             rolling_part: default_rolling_part(),
+            rolling_drain_s: default_rolling_drain_s(),
         }
     }
 }
@@ -101,6 +109,23 @@ fn bucket_mib<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
 
 fn default_rolling_part() -> f64 {
     0.25
+}
+
+fn default_rolling_drain_s() -> f64 {
+    60.0
+}
+
+/// The longest drain accepted: a day.
+const MAX_DRAIN_S: f64 = 86_400.0;
+
+fn rolling_drain_s<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let x = f64::deserialize(d)?;
+    if !(x.is_finite() && (0.0..=MAX_DRAIN_S).contains(&x)) {
+        return Err(serde::de::Error::custom(format!(
+            "weights.rolling_drain_s must be from 0 to {MAX_DRAIN_S} seconds, got {x}"
+        )));
+    }
+    Ok(x)
 }
 
 fn rolling_part<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {

@@ -84,6 +84,7 @@ impl Scheduler {
                 version,
                 reply,
             } => {
+                std::thread::sleep(self.cfg.latency.bucket_load_time());
                 let r = self.update_tensors(tensors, version);
                 // Published before the answer: a `/get_weight_version` right after it must
                 // see the new version (the control plane's resume checks exactly that).
@@ -95,6 +96,7 @@ impl Scheduler {
                 version,
                 reply,
             } => {
+                std::thread::sleep(self.cfg.latency.bucket_load_time());
                 let r = self.stage_tensors(tensors, version);
                 self.publish();
                 let _ = reply.send(r);

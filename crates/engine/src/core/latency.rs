@@ -17,12 +17,19 @@ pub struct LatencyModel {
     /// Simulated time to load new weights into the model, seconds: what a committed staged
     /// update or a disk load costs on top of the copy (a GPU server loading gigabytes).
     pub weight_load_s: f64,
+    /// Simulated time one bucket of a weight update takes to load, milliseconds.
+    pub bucket_load_ms: f64,
 }
 
 impl LatencyModel {
     /// Wall time a weight load takes (see [`LatencyModel::weight_load_s`]).
     pub fn weight_load_time(&self) -> Duration {
         Duration::try_from_secs_f64(self.weight_load_s).unwrap_or(Duration::ZERO)
+    }
+
+    /// Wall time one bucket of a weight update takes (see [`LatencyModel::bucket_load_ms`]).
+    pub fn bucket_load_time(&self) -> Duration {
+        Duration::try_from_secs_f64(self.bucket_load_ms / 1e3).unwrap_or(Duration::ZERO)
     }
 
     /// Minimum wall time for a prefill batch of `tokens` tokens.
@@ -70,6 +77,7 @@ mod tests {
             decode_step_ms: Some(10.0),
             decode_per_seq_ms: 1.0,
             weight_load_s: 0.0,
+            bucket_load_ms: 0.0,
         };
         assert_eq!(on.prefill_time(500), Duration::from_millis(500));
         assert_eq!(on.decode_time(4), Duration::from_millis(14));

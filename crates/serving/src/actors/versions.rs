@@ -40,6 +40,30 @@ impl Message for HoldWorkers {
     const METHOD: &'static str = "hold_workers";
 }
 
+/// Requests still in flight on the workers at `workers` (ids or URLs; unknown ones count 0):
+/// what a rolling update waits to reach 0 on a part it took out of routing before it pauses it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkersInFlight {
+    /// Worker ids or URLs.
+    pub workers: Vec<String>,
+}
+
+impl Message for WorkersInFlight {
+    type Reply = u64;
+    const METHOD: &'static str = "workers_in_flight";
+}
+
+impl Handler<WorkersInFlight> for GatewayActor {
+    async fn handle(&mut self, m: WorkersInFlight, _ctx: &ActorContext) -> Result<u64, ActorError> {
+        let router = self.running()?.router();
+        Ok(m.workers
+            .iter()
+            .filter_map(|u| router.get(u))
+            .map(|w| w.load() as u64)
+            .sum())
+    }
+}
+
 impl Handler<HoldWorkers> for GatewayActor {
     async fn handle(&mut self, m: HoldWorkers, _ctx: &ActorContext) -> Result<usize, ActorError> {
         let router = self.running()?.router();

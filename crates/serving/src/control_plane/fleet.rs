@@ -281,12 +281,7 @@ impl Fleet {
     /// Tells the router (through the registered [`VersionSink`], if any) that `urls` serve
     /// `version` from now on (`None`: unknown).
     pub async fn tell_versions(&self, urls: &[String], version: Option<&str>) {
-        let sink = self
-            .versions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if let Some(s) = sink
+        if let Some(s) = self.sink()
             && !urls.is_empty()
         {
             s.serving(urls, version).await;
@@ -305,16 +300,27 @@ impl Fleet {
                 }
             }
         });
-        let sink = self
-            .versions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if let Some(s) = sink
+        if let Some(s) = self.sink()
             && !urls.is_empty()
         {
             s.routable(urls, on).await;
         }
+    }
+
+    /// Requests still in flight on `urls`, as the registered [`VersionSink`] counts them
+    /// (`None`: no sink, or one that cannot tell).
+    pub async fn in_flight(&self, urls: &[String]) -> Option<u64> {
+        match self.sink() {
+            Some(s) if !urls.is_empty() => s.in_flight(urls).await,
+            _ => None,
+        }
+    }
+
+    fn sink(&self) -> Option<Arc<dyn VersionSink>> {
+        self.versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Whether a rolling update holds `url` out of routing now.

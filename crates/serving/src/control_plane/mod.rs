@@ -25,6 +25,7 @@
 mod answer;
 mod assemble;
 mod catch_up;
+mod client_txn;
 pub mod control;
 pub use crate::engines;
 pub mod fleet;

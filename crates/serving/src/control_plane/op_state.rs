@@ -16,6 +16,9 @@ pub(crate) struct OpState {
     pub(crate) groups: HashMap<String, ClientGroup>,
     /// The last weight update that came through the plane (catch-up replays it).
     pub(crate) last: Option<LastUpdate>,
+    /// A client's update between `BeginWeightUpdate` and `EndWeightUpdate`
+    /// (`super::client_txn`).
+    pub(crate) txn: Option<super::client_txn::ClientTxn>,
 }
 
 /// A weight group a client opened through the plane.

@@ -310,6 +310,8 @@ impl ControlPlane {
 
     /// One bucket of a client's broadcast: every member of `req.group_name` is told the names,
     /// dtypes and shapes. With `weight_version`, the fleet records it once every member took it.
+    /// Inside a transaction (`super::client_txn`) the bucket is staged on the engines that
+    /// stage, labelled only at the end, and a failure ends the transaction.
     pub async fn update_distributed(
         &self,
         req: UpdateWeightsFromDistributed,
@@ -333,8 +335,26 @@ impl ControlPlane {
                 e.url
             )));
         }
+        if let Some(refused) = Self::txn_refusal(&st) {
+            return Err(refused);
+        }
+        let in_txn = st.txn.is_some();
+        // In a transaction an engine is labelled once, at its end: staged buckets carry the
+        // version as their staging key, buckets applied as they come carry none.
+        let staged = UpdateWeightsFromDistributed {
+            stage: true,
+            ..req.clone()
+        };
+        let plain = UpdateWeightsFromDistributed {
+            weight_version: None,
+            ..req.clone()
+        };
         let calls = group.members.iter().map(|(e, _)| {
-            let req = &req;
+            let req = match &st.txn {
+                Some(t) if t.stages(&e.url) => &staged,
+                Some(_) => &plain,
+                None => &req,
+            };
             async move {
                 ServerResult {
                     url: e.url.clone(),
@@ -348,7 +368,18 @@ impl ControlPlane {
             }
         });
         let results = futures::future::join_all(calls).await;
-        let r = settle("update_weights_from_distributed", &results, &[], Map::new())?;
+        let members: Vec<Engine> = group.members.iter().map(|(e, _)| e.clone()).collect();
+        let settled = settle("update_weights_from_distributed", &results, &[], Map::new());
+        if in_txn {
+            return match settled {
+                Ok(r) => {
+                    Self::txn_took(&mut st, &members, req.weight_version.as_deref());
+                    Ok(r)
+                }
+                Err(e) => Err(self.txn_failed(&mut st, &members, e).await),
+            };
+        }
+        let r = settled?;
         if let Some(v) = &req.weight_version {
             let reached: Vec<String> = group.members.iter().map(|(e, _)| e.url.clone()).collect();
             self.fleet().updated(v, &reached);

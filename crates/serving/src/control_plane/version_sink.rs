@@ -21,6 +21,11 @@ pub trait VersionSink: Send + Sync {
     /// Takes the engines at `urls` out of routing (`false`: a rolling update's part while it
     /// updates) or routes them again (`true`).
     fn routable<'a>(&'a self, urls: &'a [String], on: bool) -> BoxFuture<'a, ()>;
+
+    /// How many requests are still in flight on the engines at `urls` (`None`: this sink cannot
+    /// tell). A rolling update waits for a part held out of routing to reach 0 before it pauses
+    /// it, so no client's request is caught by the pause.
+    fn in_flight<'a>(&'a self, urls: &'a [String]) -> BoxFuture<'a, Option<u64>>;
 }
 
 /// A standalone gateway's router, whose workers are the engines themselves.
@@ -39,5 +44,14 @@ impl VersionSink for RouterVersions {
             }
         }
         Box::pin(async {})
+    }
+
+    fn in_flight<'a>(&'a self, urls: &'a [String]) -> BoxFuture<'a, Option<u64>> {
+        let n = urls
+            .iter()
+            .filter_map(|u| self.0.get(u))
+            .map(|w| w.load() as u64)
+            .sum();
+        Box::pin(async move { Some(n) })
     }
 }

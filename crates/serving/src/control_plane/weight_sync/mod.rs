@@ -65,6 +65,9 @@ pub struct WeightSyncOptions {
     pub staging: Staging,
     /// All engines at once, or a part at a time while the rest serves (`weights.rollout`).
     pub rollout: Rollout,
+    /// With a rolling update, how long a part taken out of routing may take to finish the
+    /// requests already on it before it is paused all the same (`weights.rolling_drain_s`).
+    pub rolling_drain: Duration,
 }
 
 impl Default for WeightSyncOptions {
@@ -81,6 +84,7 @@ impl Default for WeightSyncOptions {
             delta: DeltaMode::Auto,
             staging: Staging::Auto,
             rollout: Rollout::All,
+            rolling_drain: Duration::from_secs(60),
         }
     }
 }
@@ -358,6 +362,7 @@ impl Core {
         // the update from then on.
         let mut began = false;
         let sent = async {
+            self.clear_staged(control, engines, &staged).await?;
             self.ensure_group(control, engines, generation).await?;
             phase(control, engines, Phase::Start).await?;
             let n = buckets.len();

@@ -1,8 +1,9 @@
 //! Rolling updates (`weights.rollout: rolling`): instead of pausing the whole fleet, an update
 //! goes to a part of it at a time while the rest serves. Each part is taken out of routing
-//! (the fleet's version hook), updated as a whole fleet would be (paused, sent, committed,
-//! resumed: all or nothing within the part), told its new version and routed again; then the
-//! next part. Parts hold the same share of every role, so prefill and decode pairs on one
+//! (the fleet's version hook), drained (the requests already on it finish, for at most
+//! `rolling_drain`, so the pause catches none of them and no client waits for the load), updated
+//! as a whole fleet would be (paused, sent, committed, resumed: all or nothing within the
+//! part), told its new version and routed again; then the next part. Parts hold the same share of every role, so prefill and decode pairs on one
 //! version exist throughout (the router pairs by version, `crate::pinned`). A request is
 //! served by one engine at a time, so the staleness bound holds per request as it does for a
 //! stop-the-world update; requests that ask for a version are routed by it.
@@ -11,6 +12,7 @@
 //! old one (both whole versions), and the report says which engine holds what.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use super::super::control::InferenceControl;
 use super::super::outcome::{EngineOutcome, Outcome};
@@ -68,6 +70,28 @@ pub fn parts(engines: &[Engine], size: PartSize) -> Vec<Vec<Engine>> {
     out
 }
 
+/// How often a draining part's requests in flight are counted.
+const DRAIN_POLL: Duration = Duration::from_millis(10);
+
+/// Waits until no request is in flight on `urls` (held out of routing just before), or `most`
+/// passed, or the fleet's router cannot count them.
+async fn drain(fleet: &super::super::fleet::Fleet, urls: &[String], most: Duration) {
+    let deadline = Instant::now() + most;
+    loop {
+        match fleet.in_flight(urls).await {
+            None | Some(0) => return,
+            Some(n) if Instant::now() >= deadline => {
+                tracing::warn!(
+                    servers = ?urls,
+                    "{n} requests still in flight after draining for {most:?}; pausing the part all the same"
+                );
+                return;
+            }
+            Some(_) => tokio::time::sleep(DRAIN_POLL).await,
+        }
+    }
+}
+
 impl Core {
     /// [`Core::update_weights`] one part at a time (module docs).
     pub(super) async fn update_rolling(
@@ -85,6 +109,7 @@ impl Core {
         for (k, part) in all_parts.iter().enumerate() {
             let urls: Vec<String> = part.iter().map(|e| e.url.clone()).collect();
             fleet.tell_routable(&urls, false).await;
+            drain(&fleet, &urls, self.opts.rolling_drain).await;
             let r = self
                 .update_weights(control, part, version, tensors, false)
                 .await;

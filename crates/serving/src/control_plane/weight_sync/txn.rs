@@ -59,6 +59,36 @@ impl Core {
             .collect()
     }
 
+    /// Before the first bucket: every staging engine drops whatever an earlier update left
+    /// staged on it (an abort that never reached a frozen or partitioned engine), so this
+    /// update's commit swaps in this update's buckets and nothing else.
+    pub(super) async fn clear_staged(
+        &self,
+        control: &InferenceControl,
+        engines: &[Engine],
+        staged: &HashSet<String>,
+    ) -> Result<(), String> {
+        let answers =
+            futures::future::join_all(engines.iter().filter(|e| staged.contains(&e.url)).map(
+                |e| async move {
+                    control
+                        .client()
+                        .abort_weight_update(e)
+                        .await
+                        .map_err(|err| {
+                            format!("{}: clearing what an earlier update staged: {err}", e.url)
+                        })
+                },
+            ))
+            .await;
+        let errs: Vec<String> = answers.into_iter().filter_map(Result::err).collect();
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(errs.join("; "))
+        }
+    }
+
     /// Every bucket reached every engine: the staging ones swap the update in, all at once.
     /// One whose commit goes unanswered may or may not have: it is held out.
     pub(super) async fn commit(
