@@ -201,21 +201,15 @@ async fn a_function_call_round_trip_is_recorded_token_in_token_out() {
     .await
 }
 
-/// The SSE frames of a stream: (event line, data).
+/// The SSE frames of a stream: (event name, data as JSON); every frame is named, as the
+/// Responses stream names each of its events.
 fn frames(text: &str) -> Vec<(String, Value)> {
-    text.split("\n\n")
-        .filter(|f| !f.trim().is_empty())
-        .map(|f| {
-            let mut lines = f.lines();
-            let event = lines
-                .next()
-                .and_then(|l| l.strip_prefix("event: "))
-                .expect("event line");
-            let data = lines
-                .next()
-                .and_then(|l| l.strip_prefix("data: "))
-                .expect("data line");
-            (event.to_string(), serde_json::from_str(data).expect("json"))
+    common::sse_events(text)
+        .into_iter()
+        .map(|(event, data)| {
+            assert!(!event.is_empty(), "an event line before {data}");
+            let v = serde_json::from_str(&data).unwrap_or_else(|e| panic!("json ({e}): {data}"));
+            (event, v)
         })
         .collect()
 }

@@ -9,8 +9,6 @@
 
 use crate::common;
 
-use std::time::Duration;
-
 use common::{client, engine, engine_args, generated_tokens, until, within};
 use serde_json::json;
 use troupe_engine::EngineArgs;
@@ -33,6 +31,10 @@ async fn running(engine: &str) -> Option<u64> {
         .and_then(|v| v.parse::<f64>().ok())
         .map(|v| v as u64)
 }
+
+/// The decode steps the probe after an abort runs (60 steps of 5 ms, the 300 ms the check
+/// once slept).
+const PROBE: u64 = 60;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_leaves_has_its_request_aborted_on_the_engine() {
@@ -69,14 +71,35 @@ async fn a_client_that_leaves_has_its_request_aborted_on_the_engine() {
             })
             .await;
             let stopped = generated_tokens(&e).await;
-            // Decoding time it would use. Real time, not tokio's paused clock: the engine paces
-            // its decode steps with `std::thread::sleep` on its own threads, so a paused clock
-            // would skip this wait without the engine decoding at all, and the check below
-            // could no longer fail.
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            // Nothing decodes for it afterwards, measured in the engine's own decode steps, not
+            // in time: a probe of `PROBE` tokens decodes `PROBE` steps on the engine, and a
+            // request still running would decode beside it in every one of those steps. Not
+            // tokio's paused clock: the engine paces its steps with `std::thread::sleep` on its
+            // own threads, which a paused clock neither moves nor waits for (it would jump
+            // ahead while the test waits on the engine's socket), so no wait in time could
+            // stand for those steps.
+            let (st, probe) = common::post(
+                &format!("{e}/generate"),
+                &json!({"text": "probe",
+                "sampling_params": {"max_new_tokens": PROBE, "ignore_eos": true}}),
+            )
+            .await;
+            assert_eq!(st, 200, "{probe}");
             assert_eq!(
-                generated_tokens(&e).await,
-                stopped,
+                probe["meta_info"]["completion_tokens"],
+                json!(PROBE),
+                "{probe}"
+            );
+            // The engine publishes its counters once per scheduler step, so the answer may
+            // arrive a step before the count that includes its last token.
+            let after = common::until_some("the engine counts the probe's tokens", || async {
+                let n = generated_tokens(&e).await;
+                (n >= stopped + PROBE).then_some(n)
+            })
+            .await;
+            assert_eq!(
+                after,
+                stopped + PROBE,
                 "stream {stream}: nothing decodes for a client that left"
             );
             assert!(
