@@ -2,6 +2,8 @@
 //! the prober (`crate::health`) reads it; here so the router does not depend on the prober.
 
 use std::time::Duration;
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use serde::{Deserialize, Serialize};
 
@@ -32,7 +34,7 @@ impl Default for HealthConfig {
             timeout: Duration::from_secs(5),
             failure_threshold: 3,
             success_threshold: 2,
-            endpoint: "/health".into(),
+            endpoint: ep::Health::PATH.into(),
         }
     }
 }

@@ -22,7 +22,8 @@ pub struct ServeLimits {
 }
 
 /// The path whose body is a model's weights (see [`ServeLimits::max_weights_bytes`]).
-pub const WEIGHTS_PATH: &str = "/update_weights_from_tensor";
+pub const WEIGHTS_PATH: &str =
+    <troupe_wire::endpoints::UpdateWeightsFromTensor as troupe_wire::Endpoint>::PATH;
 
 /// Default [`ServeLimits::max_weights_bytes`]: 4 GiB, a 2B-parameter model in BF16.
 pub const DEFAULT_MAX_WEIGHTS_BYTES: usize = 4 << 30;

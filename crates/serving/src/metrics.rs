@@ -6,6 +6,8 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use super::router::Router;
 
@@ -30,9 +32,9 @@ impl Endpoint {
     /// The upstream path.
     pub fn path(self) -> &'static str {
         match self {
-            Endpoint::Generate => "/generate",
-            Endpoint::Completions => "/v1/completions",
-            Endpoint::ChatCompletions => "/v1/chat/completions",
+            Endpoint::Generate => ep::Generate::PATH,
+            Endpoint::Completions => ep::Completions::PATH,
+            Endpoint::ChatCompletions => ep::ChatCompletions::PATH,
         }
     }
 

@@ -8,7 +8,8 @@
 //! - [`pause`]: [`PauseMode`] (engine, controller, gRPC API);
 //! - [`sglang`]: the typed bodies of SGLang's control and weight-update endpoints, and the
 //!   `meta_info` fields Troupe reads;
-//! - [`routes`]: the engine protocol's control routes, once (path, dialect, auth, side);
+//! - [`routes`]: the engine protocol's routes, one [`Endpoint`] type each ([`endpoints`]), and
+//!   the table built from them (path, methods, dialect, auth, side, request and answer types);
 //! - [`envelope`]: the one JSON error envelope every Troupe HTTP server answers with;
 //! - [`auth`]: reading and comparing bearer keys;
 //! - [`version`]: [`WeightVersion`], one rule for a version's step and the next version;
@@ -44,5 +45,6 @@ pub use codec::{CodecError, decode, encode};
 pub use envelope::ApiError;
 pub use error_chain::{clip, error_chain};
 pub use pause::PauseMode;
+pub use routes::{Endpoint, endpoints};
 pub use version::WeightVersion;
 pub use vocab::{Backend, EngineDialect, Role, WorkerType};

@@ -101,6 +101,23 @@ pub struct AbortRequest {
     pub rest: serde_json::Map<String, serde_json::Value>,
 }
 
+/// `POST /update_weights_from_disk`: load a checkpoint every engine can read. Fields SGLang
+/// adds (`load_format`, ...) pass through unchanged (`rest`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpdateWeightsFromDisk {
+    /// The checkpoint (a safetensors file or directory).
+    pub model_path: String,
+    /// The version the engine reports once loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_version: Option<String>,
+    /// Abort requests in flight first (absent when false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub abort_all_requests: bool,
+    /// Any other field, passed on as given.
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, serde_json::Value>,
+}
+
 /// The answer of `GET /get_weight_version`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GetWeightVersion {

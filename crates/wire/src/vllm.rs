@@ -132,4 +132,94 @@ impl CollectiveRpc {
 pub struct UpdateWeightVersion {
     /// The new version label.
     pub new_version: String,
+    /// Abort requests in flight first (SGLang's field; absent when false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub abort_all_requests: bool,
+}
+
+/// vLLM's pause modes (`POST /pause?mode=`), spelled once for the engine, the gateway and the
+/// client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseMode {
+    /// Requests in flight end now (finish reason `abort`).
+    #[default]
+    Abort,
+    /// Running requests finish first; queued ones stay queued.
+    Wait,
+    /// Requests stay where they are and continue after `/resume`.
+    Keep,
+}
+
+impl PauseMode {
+    /// Every mode, in the order help texts list them.
+    pub const ALL: [PauseMode; 3] = [PauseMode::Abort, PauseMode::Wait, PauseMode::Keep];
+
+    /// vLLM's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Abort => "abort",
+            Self::Wait => "wait",
+            Self::Keep => "keep",
+        }
+    }
+
+    /// Parses vLLM's spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.as_str() == s)
+    }
+}
+
+/// `POST /pause?mode=` (a query, not a body).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Pause {
+    /// What happens to requests in flight (vLLM's default: `abort`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<PauseMode>,
+}
+
+/// `POST /sleep?level=&tags=` (a query, not a body).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Sleep {
+    /// vLLM's sleep level (1: offload the weights, drop the KV cache).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<u32>,
+    /// What to release (the reference engine reads them; vLLM 0.32 does not).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+}
+
+/// `POST /wake_up?tags=` (a query, not a body; no tags: everything).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct WakeUp {
+    /// What to take back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routes::query_string;
+
+    #[test]
+    fn queries_are_vllms() {
+        assert_eq!(query_string(&Pause::default()).unwrap(), "");
+        let keep = Pause {
+            mode: Some(PauseMode::Keep),
+        };
+        assert_eq!(query_string(&keep).unwrap(), "?mode=keep");
+        let s = Sleep {
+            level: Some(1),
+            tags: vec!["weights".into(), "kv_cache".into()],
+        };
+        assert_eq!(
+            query_string(&s).unwrap(),
+            "?level=1&tags=weights&tags=kv_cache"
+        );
+        assert_eq!(query_string(&WakeUp::default()).unwrap(), "");
+        for m in PauseMode::ALL {
+            assert_eq!(PauseMode::parse(m.as_str()), Some(m));
+        }
+    }
 }

@@ -37,8 +37,10 @@ use axum::Router;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use troupe_weights::tcp::WeightReceiver;
+use troupe_wire::Endpoint;
+use troupe_wire::endpoints as ep;
+use troupe_wire::routes::serve::ServeEndpoint;
 
 use crate::config::{DisaggMode, EngineArgs};
 use crate::core::EngineCore;
@@ -104,7 +106,8 @@ async fn admit(State(state): State<Arc<AppState>>, req: Request, next: Next) -> 
 /// and metrics none.
 fn denied(state: &AppState, req: &Request) -> Option<Response> {
     let path = req.uri().path();
-    let open = path.starts_with("/health") || path == "/metrics" || path == "/ready";
+    let open =
+        path.starts_with(ep::Health::PATH) || path == ep::Metrics::PATH || path == ep::Ready::PATH;
     let given = troupe_wire::auth::bearer(req.headers());
     if troupe_wire::routes::engine_admin(path) {
         let want = state
@@ -153,53 +156,38 @@ pub const MAX_BODY_BYTES: usize = 33 << 20;
 /// Builds the router with every endpoint.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/health", get(info::health))
-        .route("/health_generate", get(info::health_generate))
-        .route("/ready", get(info::ready))
-        .route("/server_info", get(info::server_info))
-        .route("/get_server_info", get(info::server_info))
-        .route("/model_info", get(info::model_info))
-        .route("/get_model_info", get(info::model_info))
-        .route("/v1/models", get(info::models))
-        .route("/get_load", get(info::get_load))
-        .route("/v1/loads", get(info::loads))
-        .route("/metrics", get(info::metrics))
-        .route("/get_weight_version", get(info::weight_version))
-        .route(
-            "/generate",
-            post(generate::generate).put(generate::generate),
+        .engine_endpoint(ep::Health, info::health)
+        .engine_endpoint(ep::HealthGenerate, info::health_generate)
+        .engine_endpoint(ep::Ready, info::ready)
+        .engine_endpoint(ep::ServerInfo, info::server_info)
+        .engine_endpoint(ep::GetServerInfo, info::server_info)
+        .engine_endpoint(ep::ModelInfo, info::model_info)
+        .engine_endpoint(ep::GetModelInfo, info::model_info)
+        .engine_endpoint(ep::Models, info::models)
+        .engine_endpoint(ep::GetLoad, info::get_load)
+        .engine_endpoint(ep::Loads, info::loads)
+        .engine_endpoint(ep::Metrics, info::metrics)
+        .engine_endpoint(ep::GetWeightVersion, info::weight_version)
+        .engine_endpoint(ep::Generate, generate::generate)
+        .engine_endpoint(ep::Completions, openai::completions)
+        .engine_endpoint(ep::ChatCompletions, openai::chat_completions)
+        .engine_endpoint(ep::AbortRequest, control::abort_request)
+        .engine_endpoint(ep::FlushCache, control::flush_cache)
+        .engine_endpoint(ep::PauseGeneration, control::pause_generation)
+        .engine_endpoint(ep::ContinueGeneration, control::continue_generation)
+        .engine_endpoint(ep::ReleaseMemoryOccupation, control::release_memory)
+        .engine_endpoint(ep::ResumeMemoryOccupation, control::resume_memory)
+        .engine_endpoint(ep::UpdateWeightVersion, control::update_weight_version)
+        .engine_endpoint(ep::InitWeightsUpdateGroup, weights_api::init_group)
+        .engine_endpoint(
+            ep::UpdateWeightsFromDistributed,
+            weights_api::update_from_distributed,
         )
-        .route("/v1/completions", post(openai::completions))
-        .route("/v1/chat/completions", post(openai::chat_completions))
-        .route("/abort_request", post(control::abort_request))
-        .route(
-            "/flush_cache",
-            post(control::flush_cache).get(control::flush_cache),
-        )
-        .route("/pause_generation", post(control::pause_generation))
-        .route("/continue_generation", post(control::continue_generation))
-        .route("/release_memory_occupation", post(control::release_memory))
-        .route("/resume_memory_occupation", post(control::resume_memory))
-        .route(
-            "/update_weight_version",
-            post(control::update_weight_version),
-        )
-        .route("/init_weights_update_group", post(weights_api::init_group))
-        .route(
-            "/update_weights_from_distributed",
-            post(weights_api::update_from_distributed),
-        )
-        .route(
-            "/destroy_weights_update_group",
-            post(weights_api::destroy_group),
-        )
-        .route(
-            "/update_weights_from_disk",
-            post(weights_api::update_from_disk),
-        )
-        .route("/tokenize", post(tokens::tokenize))
-        .route("/detokenize", post(tokens::detokenize))
-        .route("/inference/v1/generate", post(inference::generate))
+        .engine_endpoint(ep::DestroyWeightsUpdateGroup, weights_api::destroy_group)
+        .engine_endpoint(ep::UpdateWeightsFromDisk, weights_api::update_from_disk)
+        .engine_endpoint(ep::Tokenize, tokens::tokenize)
+        .engine_endpoint(ep::Detokenize, tokens::detokenize)
+        .engine_endpoint(ep::InferenceGenerate, inference::generate)
         .merge(vllm::routes())
         .merge(staging::routes())
         .fallback(not_found)

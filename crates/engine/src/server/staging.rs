@@ -9,11 +9,10 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use serde_json::json;
-use troupe_wire::staging::{
-    ABORT_PATH, AbortWeightUpdate, COMMIT_PATH, CommitWeightUpdate, Discarded,
-};
+use troupe_wire::endpoints as ep;
+use troupe_wire::routes::serve::ServeEndpoint;
+use troupe_wire::staging::{AbortWeightUpdate, CommitWeightUpdate, Discarded};
 
 use super::AppState;
 use super::error::{ApiError, bad};
@@ -22,8 +21,8 @@ use crate::core::Command;
 /// The routes.
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
-        .route(COMMIT_PATH, post(commit))
-        .route(ABORT_PATH, post(abort))
+        .engine_endpoint(ep::CommitWeightUpdate, commit)
+        .engine_endpoint(ep::AbortWeightUpdate, abort)
 }
 
 /// An optional JSON body (empty means every field absent), checked against `T`.

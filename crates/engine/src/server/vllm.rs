@@ -24,8 +24,9 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde_json::{Map, Value, json};
+use troupe_wire::endpoints as ep;
+use troupe_wire::routes::serve::ServeEndpoint;
 
 use super::AppState;
 use super::error::{ApiError, bad, object, parse_object};
@@ -58,16 +59,16 @@ impl VllmState {
 /// The routes (control, and vLLM's read-only status routes).
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
-        .route("/pause", post(pause))
-        .route("/resume", post(resume))
-        .route("/is_paused", get(is_paused))
-        .route("/sleep", post(sleep))
-        .route("/wake_up", post(wake_up))
-        .route("/is_sleeping", get(is_sleeping))
-        .route("/reset_prefix_cache", post(reset_prefix_cache))
-        .route("/get_world_size", get(world_size))
-        .route("/weight_info", get(weight_info))
-        .route("/abort_requests", post(abort_requests))
+        .engine_endpoint(ep::Pause, pause)
+        .engine_endpoint(ep::Resume, resume)
+        .engine_endpoint(ep::IsPaused, is_paused)
+        .engine_endpoint(ep::Sleep, sleep)
+        .engine_endpoint(ep::WakeUp, wake_up)
+        .engine_endpoint(ep::IsSleeping, is_sleeping)
+        .engine_endpoint(ep::ResetPrefixCache, reset_prefix_cache)
+        .engine_endpoint(ep::GetWorldSize, world_size)
+        .engine_endpoint(ep::WeightInfo, weight_info)
+        .engine_endpoint(ep::AbortRequests, abort_requests)
         .merge(vllm_transfer::routes())
 }
 

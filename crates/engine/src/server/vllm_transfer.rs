@@ -25,8 +25,9 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use serde_json::{Map, Value, json};
+use troupe_wire::endpoints as ep;
+use troupe_wire::routes::serve::ServeEndpoint;
 
 use super::AppState;
 use super::error::{ApiError, bad, object, type_name};
@@ -80,12 +81,12 @@ pub async fn close(state: &AppState) {
 /// The routes.
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
-        .route("/init_weight_transfer_engine", post(init_route))
-        .route("/shutdown_weight_transfer_engine", post(shutdown_route))
-        .route("/start_weight_update", post(start_route))
-        .route("/update_weights", post(update_route))
-        .route("/finish_weight_update", post(finish_route))
-        .route("/collective_rpc", post(collective_rpc))
+        .engine_endpoint(ep::InitWeightTransferEngine, init_route)
+        .engine_endpoint(ep::ShutdownWeightTransferEngine, shutdown_route)
+        .engine_endpoint(ep::StartWeightUpdate, start_route)
+        .engine_endpoint(ep::UpdateWeights, update_route)
+        .engine_endpoint(ep::FinishWeightUpdate, finish_route)
+        .engine_endpoint(ep::CollectiveRpc, collective_rpc)
 }
 
 fn message(m: &str) -> Response {

@@ -8,7 +8,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::routing::post;
+use troupe_wire::endpoints as ep;
+use troupe_wire::routes::serve::ServeEndpoint;
 
 use super::{body, json};
 use crate::control_plane::ControlPlane;
@@ -17,7 +18,7 @@ use crate::scale::{ScaleError, ScaleOp};
 
 /// The route.
 pub(super) fn routes() -> axum::Router<Arc<ControlPlane>> {
-    axum::Router::new().route("/scale", post(scale))
+    axum::Router::new().endpoint(ep::Scale, scale)
 }
 
 async fn scale(State(plane): State<Arc<ControlPlane>>, bytes: Bytes) -> Result<Response, ApiError> {

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
-use axum::routing::{get, post};
 use serde_json::{Value, json};
 use troupe_wire::PauseMode;
+use troupe_wire::endpoints as ep;
+use troupe_wire::routes::serve::ServeEndpoint;
 use troupe_wire::sglang::{DestroyWeightsUpdateGroup, MemoryTags, UpdateWeightsFromDistributed};
 
 use super::{body, json};
@@ -22,26 +23,23 @@ type Answer = Result<Response, ApiError>;
 /// The SGLang-named routes.
 pub(super) fn routes() -> axum::Router<Arc<ControlPlane>> {
     axum::Router::new()
-        .route("/pause_generation", post(pause))
-        .route("/continue_generation", post(resume))
-        .route("/flush_cache", post(flush).get(flush))
-        .route("/release_memory_occupation", post(release).get(release))
-        .route(
-            "/resume_memory_occupation",
-            post(resume_memory).get(resume_memory),
-        )
-        .route("/model_info", get(model_info))
-        .route("/get_model_info", get(model_info))
-        .route("/abort_request", post(abort))
-        .route("/init_weights_update_group", post(init_group))
-        .route("/update_weights_from_distributed", post(update_distributed))
-        .route("/destroy_weights_update_group", post(destroy_group))
-        .route("/update_weights_from_disk", post(from_disk))
-        .route("/update_weight_version", post(set_version))
-        .route("/get_weight_version", get(weight_version))
-        .route("/server_info", get(server_info))
-        .route("/get_server_info", get(server_info))
-        .route("/health_generate", get(health_generate))
+        .endpoint(ep::PauseGeneration, pause)
+        .endpoint(ep::ContinueGeneration, resume)
+        .endpoint(ep::FlushCache, flush)
+        .endpoint(ep::ReleaseMemoryOccupation, release)
+        .endpoint(ep::ResumeMemoryOccupation, resume_memory)
+        .endpoint(ep::ModelInfo, model_info)
+        .endpoint(ep::GetModelInfo, model_info)
+        .endpoint(ep::AbortRequest, abort)
+        .endpoint(ep::InitWeightsUpdateGroup, init_group)
+        .endpoint(ep::UpdateWeightsFromDistributed, update_distributed)
+        .endpoint(ep::DestroyWeightsUpdateGroup, destroy_group)
+        .endpoint(ep::UpdateWeightsFromDisk, from_disk)
+        .endpoint(ep::UpdateWeightVersion, set_version)
+        .endpoint(ep::GetWeightVersion, weight_version)
+        .endpoint(ep::ServerInfo, server_info)
+        .endpoint(ep::GetServerInfo, server_info)
+        .endpoint(ep::HealthGenerate, health_generate)
 }
 
 #[derive(serde::Deserialize)]

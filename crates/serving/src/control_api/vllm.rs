@@ -8,9 +8,10 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
-use axum::routing::{get, post};
 use serde_json::{Map, Value, json};
 use troupe_wire::PauseMode;
+use troupe_wire::endpoints as ep;
+use troupe_wire::routes::serve::ServeEndpoint;
 use troupe_wire::sglang::UpdateWeightsFromDistributed;
 use troupe_wire::vllm::{FinishWeightUpdate, UpdateInfo};
 
@@ -36,23 +37,23 @@ pub const RPC_METHODS: &[&str] = &[
 /// The vLLM- and SkyRL-named routes.
 pub(super) fn routes() -> axum::Router<Arc<ControlPlane>> {
     axum::Router::new()
-        .route("/pause", post(pause))
-        .route("/resume", post(resume))
-        .route("/is_paused", get(is_paused))
-        .route("/is_sleeping", get(is_sleeping))
-        .route("/sleep", post(sleep))
-        .route("/wake_up", post(wake_up))
-        .route("/wakeup", post(wake_up))
-        .route("/reset_prefix_cache", post(reset_prefix_cache))
-        .route("/get_world_size", get(world_size))
-        .route("/init_weight_transfer_engine", post(init_transfer))
-        .route("/init_weight_update_communicator", post(init_transfer))
-        .route("/start_weight_update", post(start))
-        .route("/update_weights", post(update))
-        .route("/weight_info", get(weight_info))
-        .route("/abort_requests", post(abort_requests))
-        .route("/finish_weight_update", post(finish))
-        .route("/collective_rpc", post(collective_rpc))
+        .endpoint(ep::Pause, pause)
+        .endpoint(ep::Resume, resume)
+        .endpoint(ep::IsPaused, is_paused)
+        .endpoint(ep::IsSleeping, is_sleeping)
+        .endpoint(ep::Sleep, sleep)
+        .endpoint(ep::WakeUp, wake_up)
+        .endpoint(ep::Wakeup, wake_up)
+        .endpoint(ep::ResetPrefixCache, reset_prefix_cache)
+        .endpoint(ep::GetWorldSize, world_size)
+        .endpoint(ep::InitWeightTransferEngine, init_transfer)
+        .endpoint(ep::InitWeightUpdateCommunicator, init_transfer)
+        .endpoint(ep::StartWeightUpdate, start)
+        .endpoint(ep::UpdateWeights, update)
+        .endpoint(ep::WeightInfo, weight_info)
+        .endpoint(ep::AbortRequests, abort_requests)
+        .endpoint(ep::FinishWeightUpdate, finish)
+        .endpoint(ep::CollectiveRpc, collective_rpc)
 }
 
 fn bad(m: impl Into<String>) -> ApiError {

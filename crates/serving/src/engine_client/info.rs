@@ -3,6 +3,8 @@
 //! from the operations (`mod.rs`), which change an engine.
 
 use serde_json::Value;
+use troupe_wire::Endpoint;
+use troupe_wire::endpoints as ep;
 use troupe_wire::sglang::GetWeightVersion;
 use troupe_wire::vllm::WorldSize;
 
@@ -26,12 +28,12 @@ impl EngineClient {
                 .unwrap_or(1)
                 .max(1);
             let gpus = tp.max(1).saturating_mul(pp);
-            let gpus = believable_gpus(url, "/server_info", gpus)?;
+            let gpus = believable_gpus(url, ep::ServerInfo::PATH, gpus)?;
             let if_match = info.get("resume_if_match").and_then(Value::as_bool) == Some(true);
             return Ok(Engine::new(url, gpus, EngineDialect::Sglang).with_resume_if_match(if_match));
         }
-        const PATH: &str = "/get_world_size";
-        match self.call(url, PATH, PATH, None::<&()>).await {
+        const PATH: &str = ep::GetWorldSize::PATH;
+        match self.send::<ep::GetWorldSize>(url, &()).await {
             Ok(v) => {
                 if let Ok(w) = typed::<WorldSize>(PATH, v) {
                     let gpus = believable_gpus(url, PATH, u64::from(w.world_size.max(1)))?;
@@ -46,21 +48,22 @@ impl EngineClient {
 
     /// The version of the weights the engine serves.
     pub async fn weight_version(&self, e: &Engine) -> Result<String, EngineCallError> {
-        const PATH: &str = "/get_weight_version";
         // vLLM: `GET /weight_info`; SGLang 0.5.23 has no /get_weight_version (the reference
         // engine and slime's SGLang do) and reports the version in `GET /model_info`.
-        let path = match e.dialect {
-            EngineDialect::Sglang => PATH,
-            EngineDialect::Vllm => "/weight_info",
-        };
-        let v = match self.call(&e.url, path, path, None::<&()>).await {
-            Err(EngineCallError::Status { status: 404, .. })
-                if e.dialect == EngineDialect::Sglang =>
-            {
-                self.call(&e.url, "/model_info", "/model_info", None::<&()>)
-                    .await?
+        let (path, v) = match e.dialect {
+            EngineDialect::Sglang => {
+                let v = match self.send::<ep::GetWeightVersion>(&e.url, &()).await {
+                    Err(EngineCallError::Status { status: 404, .. }) => {
+                        self.send::<ep::ModelInfo>(&e.url, &()).await?
+                    }
+                    r => r?,
+                };
+                (ep::GetWeightVersion::PATH, v)
             }
-            r => r?,
+            EngineDialect::Vllm => (
+                ep::WeightInfo::PATH,
+                self.send::<ep::WeightInfo>(&e.url, &()).await?,
+            ),
         };
         typed::<GetWeightVersion>(path, v).map(|w| w.weight_version)
     }
@@ -72,8 +75,7 @@ impl EngineClient {
     pub async fn is_paused(&self, e: &Engine) -> Result<Option<bool>, EngineCallError> {
         match e.dialect {
             EngineDialect::Vllm => {
-                const PATH: &str = "/is_paused";
-                let v = self.call(&e.url, PATH, PATH, None::<&()>).await?;
+                let v = self.send::<ep::IsPaused>(&e.url, &()).await?;
                 Ok(v.get("is_paused").and_then(Value::as_bool))
             }
             EngineDialect::Sglang => {
@@ -88,8 +90,7 @@ impl EngineClient {
 
     /// `GET /server_info`.
     pub async fn server_info(&self, url: &str) -> Result<Value, EngineCallError> {
-        self.call(url, "/server_info", "/server_info", None::<&()>)
-            .await
+        self.call::<ep::ServerInfo>(url, &()).await
     }
 
     /// What an engine says it is, for the fleet's `/server_info`: its `GET /server_info`, where
@@ -113,8 +114,7 @@ impl EngineClient {
     /// server's info does not come in time: vLLM's `/server_info` took 3.6 s on a loaded
     /// 2-core machine, past registration's probe timeout.
     pub async fn vllm_version(&self, url: &str) -> Option<String> {
-        const PATH: &str = "/version";
-        let v = self.call(url, PATH, PATH, None::<&()>).await.ok()?;
+        let v = self.call::<ep::Version>(url, &()).await.ok()?;
         v.get("version").and_then(Value::as_str).map(str::to_string)
     }
 
@@ -125,10 +125,7 @@ impl EngineClient {
         let info = match self.server_info(url).await {
             Err(EngineCallError::Status {
                 status: 404 | 405, ..
-            }) => {
-                self.call(url, "/get_server_info", "/get_server_info", None::<&()>)
-                    .await?
-            }
+            }) => self.call::<ep::GetServerInfo>(url, &()).await?,
             r => r?,
         };
         Ok(info)

@@ -12,15 +12,17 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use troupe_wire::PauseMode;
+use troupe_wire::endpoints::{self as ep, Empty};
+use troupe_wire::routes::Carrier;
 use troupe_wire::sglang::{
     AbortRequest, DestroyWeightsUpdateGroup, GetWeightVersion, InitWeightsUpdateGroup, MemoryTags,
     PauseGeneration, UpdateWeightsFromDistributed,
 };
 use troupe_wire::vllm::{
-    AbortRequests, CollectiveRpc, FinishWeightUpdate, InitWeightTransferEngine, UpdateInfo,
+    self, AbortRequests, CollectiveRpc, FinishWeightUpdate, InitWeightTransferEngine, UpdateInfo,
     UpdateWeightVersion, UpdateWeights, WeightTransferInit,
 };
+use troupe_wire::{Endpoint, PauseMode};
 
 use crate::engines::{Engine, EngineDialect};
 use crate::upstream::{UpstreamClient, bearer, read_body};
@@ -86,26 +88,26 @@ impl EngineClient {
     pub async fn pause(&self, e: &Engine, mode: PauseMode) -> Result<Value, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => {
-                self.post(&e.url, "/pause_generation", &PauseGeneration { mode })
+                self.call::<ep::PauseGeneration>(&e.url, &PauseGeneration { mode })
                     .await
             }
             EngineDialect::Vllm => {
-                let q = match mode {
-                    PauseMode::Abort => "/pause?mode=abort",
-                    PauseMode::InPlace | PauseMode::Retract => "/pause?mode=keep",
+                let mode = match mode {
+                    PauseMode::Abort => vllm::PauseMode::Abort,
+                    PauseMode::InPlace | PauseMode::Retract => vllm::PauseMode::Keep,
                 };
-                self.post(&e.url, q, &json!({})).await
+                let req = vllm::Pause { mode: Some(mode) };
+                self.call::<ep::Pause>(&e.url, &req).await
             }
         }
     }
 
     /// Resumes generation: SGLang `POST /continue_generation`, vLLM `POST /resume`.
     pub async fn resume(&self, e: &Engine) -> Result<Value, EngineCallError> {
-        let path = match e.dialect {
-            EngineDialect::Sglang => "/continue_generation",
-            EngineDialect::Vllm => "/resume",
-        };
-        self.post(&e.url, path, &json!({})).await
+        match e.dialect {
+            EngineDialect::Sglang => self.call::<ep::ContinueGeneration>(&e.url, &Empty {}).await,
+            EngineDialect::Vllm => self.call::<ep::Resume>(&e.url, &Empty {}).await,
+        }
     }
 
     /// Resumes generation only if the engine holds the weight version `tag` names
@@ -113,9 +115,9 @@ impl EngineClient {
     /// that honour it: [`Engine::resume_if_match`]). [`Refusal::Version`] names the version the
     /// engine holds instead; it stays paused.
     pub async fn resume_if(&self, e: &Engine, tag: &HeaderValue) -> Result<Value, Refusal> {
-        const PATH: &str = "/continue_generation";
+        const PATH: &str = ep::ContinueGeneration::PATH;
         let r = self
-            .exchange(&e.url, PATH, PATH, Some(&json!({})), Some(tag))
+            .exchange(&e.url, PATH, PATH, Some(&Empty {}), Some(tag))
             .await;
         r.map_err(|err| match &err {
             EngineCallError::Status {
@@ -129,11 +131,10 @@ impl EngineClient {
 
     /// Drops the prefix cache: SGLang `POST /flush_cache`, vLLM `POST /reset_prefix_cache`.
     pub async fn flush_cache(&self, e: &Engine) -> Result<Value, EngineCallError> {
-        let path = match e.dialect {
-            EngineDialect::Sglang => "/flush_cache",
-            EngineDialect::Vllm => "/reset_prefix_cache",
-        };
-        self.post(&e.url, path, &json!({})).await
+        match e.dialect {
+            EngineDialect::Sglang => self.call::<ep::FlushCache>(&e.url, &Empty {}).await,
+            EngineDialect::Vllm => self.call::<ep::ResetPrefixCache>(&e.url, &Empty {}).await,
+        }
     }
 
     /// Frees memory: SGLang `POST /release_memory_occupation {tags}`, vLLM
@@ -147,12 +148,15 @@ impl EngineClient {
     ) -> Result<Value, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => {
-                self.post(&e.url, "/release_memory_occupation", &tags_body(tags))
+                self.call::<ep::ReleaseMemoryOccupation>(&e.url, &tags_body(tags))
                     .await
             }
             EngineDialect::Vllm => {
-                let path = format!("/sleep?level=1{}", tags_query(tags));
-                self.post_dyn(&e.url, "/sleep", &path, &json!({})).await
+                let req = vllm::Sleep {
+                    level: Some(1),
+                    tags: owned(tags),
+                };
+                self.call::<ep::Sleep>(&e.url, &req).await
             }
         }
     }
@@ -164,14 +168,15 @@ impl EngineClient {
     pub async fn resume_memory(&self, e: &Engine, tags: &[&str]) -> Result<Value, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => {
-                self.post(&e.url, "/resume_memory_occupation", &tags_body(tags))
+                self.call::<ep::ResumeMemoryOccupation>(&e.url, &tags_body(tags))
                     .await
             }
             EngineDialect::Vllm => {
                 let all = ["weights", "kv_cache"].iter().all(|t| tags.contains(t));
-                let q = if all { String::new() } else { tags_query(tags) };
-                let path = format!("/wake_up{}", q.replacen('&', "?", 1));
-                self.post_dyn(&e.url, "/wake_up", &path, &json!({})).await
+                let req = vllm::WakeUp {
+                    tags: if all { Vec::new() } else { owned(tags) },
+                };
+                self.call::<ep::WakeUp>(&e.url, &req).await
             }
         }
     }
@@ -185,7 +190,7 @@ impl EngineClient {
         req: &InitWeightsUpdateGroup,
     ) -> Result<Value, EngineCallError> {
         match e.dialect {
-            EngineDialect::Sglang => self.post(&e.url, "/init_weights_update_group", req).await,
+            EngineDialect::Sglang => self.call::<ep::InitWeightsUpdateGroup>(&e.url, req).await,
             EngineDialect::Vllm => {
                 let body = InitWeightTransferEngine {
                     init_info: WeightTransferInit {
@@ -196,7 +201,7 @@ impl EngineClient {
                         group_secret: req.group_secret.clone(),
                     },
                 };
-                self.post(&e.url, "/init_weight_transfer_engine", &body)
+                self.call::<ep::InitWeightTransferEngine>(&e.url, &body)
                     .await
             }
         }
@@ -214,7 +219,7 @@ impl EngineClient {
                 let req = DestroyWeightsUpdateGroup {
                     group_name: group_name.to_string(),
                 };
-                self.post(&e.url, "/destroy_weights_update_group", &req)
+                self.call::<ep::DestroyWeightsUpdateGroup>(&e.url, &req)
                     .await
             }
             EngineDialect::Vllm => Ok(json!({"success": true})),
@@ -225,7 +230,7 @@ impl EngineClient {
     pub async fn start_weight_update(&self, e: &Engine) -> Result<Value, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => Ok(json!({"success": true})),
-            EngineDialect::Vllm => self.post(&e.url, "/start_weight_update", &json!({})).await,
+            EngineDialect::Vllm => self.call::<ep::StartWeightUpdate>(&e.url, &Empty {}).await,
         }
     }
 
@@ -238,7 +243,7 @@ impl EngineClient {
     ) -> Result<Value, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => {
-                self.post(&e.url, "/update_weights_from_distributed", req)
+                self.call::<ep::UpdateWeightsFromDistributed>(&e.url, req)
                     .await
             }
             EngineDialect::Vllm => {
@@ -251,7 +256,7 @@ impl EngineClient {
                         stage: req.stage,
                     },
                 };
-                self.post(&e.url, "/update_weights", &body).await
+                self.call::<ep::UpdateWeights>(&e.url, &body).await
             }
         }
     }
@@ -270,7 +275,7 @@ impl EngineClient {
                 let body = FinishWeightUpdate {
                     weight_version: v.map(str::to_string),
                 };
-                self.post(&e.url, "/finish_weight_update", &body).await
+                self.call::<ep::FinishWeightUpdate>(&e.url, &body).await
             }
         }
     }
@@ -303,7 +308,7 @@ impl EngineClient {
                 };
                 let mut last = Value::Null;
                 for b in &bodies {
-                    last = self.post(&e.url, "/abort_request", b).await?;
+                    last = self.call::<ep::AbortRequest>(&e.url, b).await?;
                 }
                 Ok(last)
             }
@@ -311,7 +316,7 @@ impl EngineClient {
                 let body = AbortRequests {
                     request_ids: ids.map(<[String]>::to_vec).unwrap_or_default(),
                 };
-                self.post(&e.url, "/abort_requests", &body).await
+                self.call::<ep::AbortRequests>(&e.url, &body).await
             }
         }
     }
@@ -319,20 +324,18 @@ impl EngineClient {
     /// Generates one token to prove the engine serves: `GET /health_generate` (SGLang; the
     /// reference engine in either dialect), `GET /health` for vLLM, which has no such route.
     pub async fn health_generate(&self, e: &Engine) -> Result<Value, EngineCallError> {
-        let path = match e.dialect {
-            EngineDialect::Sglang => "/health_generate",
-            EngineDialect::Vllm => "/health",
-        };
-        self.call(&e.url, path, path, None::<&()>).await
+        match e.dialect {
+            EngineDialect::Sglang => self.call::<ep::HealthGenerate>(&e.url, &()).await,
+            EngineDialect::Vllm => self.call::<ep::Health>(&e.url, &()).await,
+        }
     }
 
     /// What model the engine serves: SGLang `GET /model_info`, vLLM `GET /v1/models`.
     pub async fn model_info(&self, e: &Engine) -> Result<Value, EngineCallError> {
-        let path = match e.dialect {
-            EngineDialect::Sglang => "/model_info",
-            EngineDialect::Vllm => "/v1/models",
-        };
-        self.call(&e.url, path, path, None::<&()>).await
+        match e.dialect {
+            EngineDialect::Sglang => self.call::<ep::ModelInfo>(&e.url, &()).await,
+            EngineDialect::Vllm => self.call::<ep::Models>(&e.url, &()).await,
+        }
     }
 
     /// Loads weights from a checkpoint every engine can read, given SGLang's body of
@@ -342,9 +345,10 @@ impl EngineClient {
     /// through `POST /update_weight_version` (vLLM has no disk-load route; its reload keeps the
     /// version it had). The reference engine answers both dialects the same way.
     pub async fn load_from_disk(&self, e: &Engine, body: &Value) -> Result<Value, EngineCallError> {
-        const PATH: &str = "/update_weights_from_disk";
+        const PATH: &str = ep::UpdateWeightsFromDisk::PATH;
         match e.dialect {
-            EngineDialect::Sglang => self.post(&e.url, PATH, body).await,
+            // As given: the engine names what is wrong with it.
+            EngineDialect::Sglang => self.send::<ep::UpdateWeightsFromDisk>(&e.url, body).await,
             EngineDialect::Vllm => {
                 let path = body.get("model_path").and_then(Value::as_str).ok_or(
                     EngineCallError::Transport {
@@ -353,11 +357,7 @@ impl EngineClient {
                     },
                 )?;
                 let r = self
-                    .post(
-                        &e.url,
-                        "/collective_rpc",
-                        &CollectiveRpc::reload_weights(path),
-                    )
+                    .call::<ep::CollectiveRpc>(&e.url, &CollectiveRpc::reload_weights(path))
                     .await?;
                 if let Some(v) = body.get("weight_version").and_then(Value::as_str) {
                     self.set_version(e, v).await?;
@@ -371,39 +371,57 @@ impl EngineClient {
     pub async fn set_version(&self, e: &Engine, version: &str) -> Result<Value, EngineCallError> {
         let body = UpdateWeightVersion {
             new_version: version.to_string(),
+            abort_all_requests: false,
         };
-        self.post(&e.url, "/update_weight_version", &body).await
+        self.call::<ep::UpdateWeightVersion>(&e.url, &body).await
     }
 
-    async fn post<B: Serialize + ?Sized>(
+    /// One call of endpoint `E` on the engine at `url`: `req` goes where `E` carries it (a JSON
+    /// body, or the query string of a `POST {}`; nothing for a GET) and the answer is read as
+    /// `E::Response`. Errors name `E`'s path.
+    pub async fn call<E: Endpoint>(
         &self,
         url: &str,
-        path: &'static str,
-        body: &B,
-    ) -> Result<Value, EngineCallError> {
-        self.call(url, path, path, Some(body)).await
+        req: &E::Request,
+    ) -> Result<E::Response, EngineCallError>
+    where
+        E::Request: Serialize,
+        E::Response: DeserializeOwned,
+    {
+        let v = self.send::<E>(url, req).await?;
+        typed::<E::Response>(E::PATH, v)
     }
 
-    async fn post_dyn<B: Serialize + ?Sized>(
+    /// [`EngineClient::call`] with any body at `E`'s route, and the answer as JSON: for a body
+    /// passed on as a client gave it.
+    async fn send<E: Endpoint>(
         &self,
         url: &str,
-        name: &'static str,
-        path_and_query: &str,
-        body: &B,
+        req: &(impl Serialize + ?Sized),
     ) -> Result<Value, EngineCallError> {
-        self.call(url, name, path_and_query, Some(body)).await
-    }
-
-    /// One call to `path_and_query` (errors name it `path`): POST with a JSON body, or GET
-    /// without; the JSON answer (a string when the answer is not JSON).
-    async fn call<B: Serialize + ?Sized>(
-        &self,
-        url: &str,
-        path: &'static str,
-        path_and_query: &str,
-        body: Option<&B>,
-    ) -> Result<Value, EngineCallError> {
-        self.exchange(url, path, path_and_query, body, None).await
+        let get = !E::ROUTE.takes("POST");
+        match E::CARRIER {
+            Carrier::Json if !get => self.exchange(url, E::PATH, E::PATH, Some(req), None).await,
+            Carrier::Query => {
+                let q = troupe_wire::routes::query_string(req).map_err(|reason| {
+                    EngineCallError::Transport {
+                        path: E::PATH,
+                        reason,
+                    }
+                })?;
+                let pq = format!("{}{q}", E::PATH);
+                self.exchange(url, E::PATH, &pq, Some(&Empty {}), None)
+                    .await
+            }
+            _ if get => {
+                self.exchange(url, E::PATH, E::PATH, None::<&()>, None)
+                    .await
+            }
+            _ => {
+                self.exchange(url, E::PATH, E::PATH, Some(&Empty {}), None)
+                    .await
+            }
+        }
     }
 
     /// [`EngineClient::call`], with an `If-Match` header when given.
@@ -475,9 +493,8 @@ fn tags_body(tags: &[&str]) -> MemoryTags {
     }
 }
 
-/// `&tags=a&tags=b` (vLLM repeats the query key per tag).
-fn tags_query(tags: &[&str]) -> String {
-    tags.iter().map(|t| format!("&tags={t}")).collect()
+fn owned(tags: &[&str]) -> Vec<String> {
+    tags.iter().map(|t| t.to_string()).collect()
 }
 
 fn typed<T: DeserializeOwned>(path: &'static str, v: Value) -> Result<T, EngineCallError> {

@@ -2,9 +2,8 @@
 //! engine can stage, and the commit and the abort of a staged update.
 
 use serde_json::Value;
-use troupe_wire::staging::{
-    ABORT_PATH, AbortWeightUpdate, CAPABILITY, COMMIT_PATH, CommitWeightUpdate,
-};
+use troupe_wire::endpoints as ep;
+use troupe_wire::staging::{AbortWeightUpdate, CAPABILITY, CommitWeightUpdate};
 
 use super::{EngineCallError, EngineClient};
 use crate::engines::Engine;
@@ -26,11 +25,12 @@ impl EngineClient {
         let body = CommitWeightUpdate {
             weight_version: Some(version.to_string()),
         };
-        self.post(&e.url, COMMIT_PATH, &body).await
+        self.call::<ep::CommitWeightUpdate>(&e.url, &body).await
     }
 
     /// `POST /abort_weight_update`: drops a staged update (nothing staged is not an error).
     pub async fn abort_weight_update(&self, e: &Engine) -> Result<Value, EngineCallError> {
-        self.post(&e.url, ABORT_PATH, &AbortWeightUpdate {}).await
+        self.send::<ep::AbortWeightUpdate>(&e.url, &AbortWeightUpdate {})
+            .await
     }
 }

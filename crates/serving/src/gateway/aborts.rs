@@ -11,6 +11,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -35,7 +37,7 @@ fn named(path: &str, body: &[u8]) -> Option<(Vec<String>, Map<String, Value>)> {
         return None;
     };
     match path {
-        "/abort_request" => {
+        ep::AbortRequest::PATH => {
             if obj.get("abort_all").and_then(Value::as_bool) == Some(true) {
                 return None;
             }
@@ -45,7 +47,7 @@ fn named(path: &str, body: &[u8]) -> Option<(Vec<String>, Map<String, Value>)> {
             obj.remove("abort_all");
             (!rid.is_empty()).then(|| (vec![rid], obj))
         }
-        "/abort_requests" => {
+        ep::AbortRequests::PATH => {
             let ids: Vec<String> = match obj.get("request_ids")? {
                 Value::Array(a) => a
                     .iter()
@@ -67,7 +69,10 @@ pub(super) async fn targeted(
 ) -> Response {
     let path = req.uri().path().to_string();
     if req.method() != Method::POST
-        || !matches!(path.as_str(), "/abort_request" | "/abort_requests")
+        || !matches!(
+            path.as_str(),
+            ep::AbortRequest::PATH | ep::AbortRequests::PATH
+        )
     {
         return next.run(req).await;
     }

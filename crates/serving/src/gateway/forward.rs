@@ -10,6 +10,8 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -338,7 +340,7 @@ pub(super) async fn completions(
 
 /// `GET /v1/models`: answered by any available worker that generates (decode or regular).
 pub(super) async fn models(State(state): State<Arc<GatewayState>>) -> Response {
-    any_worker(&state, "/v1/models", None).await
+    any_worker(&state, ep::Models::PATH, None).await
 }
 
 /// Sends one request to any available generating worker (decode in PD mode, else regular) and

@@ -41,6 +41,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use troupe_wire::endpoints as ep;
+use troupe_wire::routes::serve::ServeEndpoint;
 
 use super::client;
 use super::control_api::{self, ControlAuth, Upstream};
@@ -528,18 +530,18 @@ fn control_auth(cfg: &GatewayConfig, addr: SocketAddr) -> Result<ControlAuth, Se
 
 fn app(state: Arc<GatewayState>) -> axum::Router {
     axum::Router::new()
-        .route("/generate", post(forward::generate))
-        .route("/v1/completions", post(forward::completions))
-        .route("/v1/models", get(forward::models))
-        .route("/inference/v1/generate", post(tokens::generate))
-        .route("/finish_session", post(sessions::finish))
-        .route("/clear_sessions", post(sessions::clear))
-        .route("/tokenize", post(tokens::tokenize))
-        .route("/detokenize", post(tokens::detokenize))
-        .route("/health", get(health))
-        .route("/liveness", get(health))
-        .route("/readiness", get(readiness))
-        .route("/metrics", get(metrics))
+        .endpoint(ep::Generate, forward::generate)
+        .endpoint(ep::Completions, forward::completions)
+        .endpoint(ep::Models, forward::models)
+        .endpoint(ep::InferenceGenerate, tokens::generate)
+        .endpoint(ep::FinishSession, sessions::finish)
+        .endpoint(ep::ClearSessions, sessions::clear)
+        .endpoint(ep::Tokenize, tokens::tokenize)
+        .endpoint(ep::Detokenize, tokens::detokenize)
+        .endpoint(ep::Health, health)
+        .endpoint(ep::Liveness, health)
+        .endpoint(ep::Readiness, readiness)
+        .endpoint(ep::Metrics, metrics)
         .route("/workers", post(admin::add).get(admin::list))
         .route("/workers/{id}", get(admin::get_one).delete(admin::remove))
         .merge(agent::routes())

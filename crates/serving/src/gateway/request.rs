@@ -6,6 +6,8 @@
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use super::route_text::RouteText;
 use crate::error::ApiError;
@@ -43,7 +45,7 @@ fn too_long(what: &str, len: usize) -> ApiError {
 }
 
 /// vLLM's token-in/token-out route (served with `--enable-scale-out`).
-pub(crate) const VLLM_GENERATE: &str = "/inference/v1/generate";
+pub(crate) const VLLM_GENERATE: &str = ep::InferenceGenerate::PATH;
 
 impl InferReq {
     /// Parses `raw` as a request to `ep`: the fields the gateway acts on, checked (a bad

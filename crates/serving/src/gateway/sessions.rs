@@ -9,6 +9,8 @@
 //! operation.
 
 use std::sync::Arc;
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
@@ -23,7 +25,7 @@ use crate::keys::{KeyedRoutes, Paths};
 /// The admin route's key rule (see `admin::keyed`).
 pub(super) fn keyed(admin_key: Option<&str>, routes: KeyedRoutes) -> KeyedRoutes {
     routes.with(
-        Paths::Exact(&["/clear_sessions"]),
+        Paths::Exact(&[ep::ClearSessions::PATH]),
         admin_key,
         "clearing every session binding, an admin endpoint",
     )

@@ -8,6 +8,8 @@
 //! {"content": [{"logprob"}]} | null}]}`.
 
 use std::sync::Arc;
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -186,12 +188,12 @@ pub(super) async fn generate(
 
 /// `POST /tokenize`.
 pub(super) async fn tokenize(State(s): State<Arc<GatewayState>>, raw: Bytes) -> Response {
-    forward::any_worker(&s, "/tokenize", Some(raw)).await
+    forward::any_worker(&s, ep::Tokenize::PATH, Some(raw)).await
 }
 
 /// `POST /detokenize`.
 pub(super) async fn detokenize(State(s): State<Arc<GatewayState>>, raw: Bytes) -> Response {
-    forward::any_worker(&s, "/detokenize", Some(raw)).await
+    forward::any_worker(&s, ep::Detokenize::PATH, Some(raw)).await
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use std::sync::Arc;
 
@@ -176,7 +178,7 @@ fn troupe_bin(spec: &LaunchSpec) -> Result<String, ActorError> {
 }
 
 async fn healthy(client: &reqwest::Client, url: &str) -> bool {
-    for path in ["/health", "/ready"] {
+    for path in [ep::Health::PATH, ep::Ready::PATH] {
         match client
             .get(format!("{url}{path}"))
             .timeout(Duration::from_secs(5))

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -49,7 +51,16 @@ pub(super) async fn generate(
         {
             resubmit_loop(&state, &headers, obj, raw, p).await
         }
-        _ => pass(&state, axum::http::Method::POST, "/generate", &headers, raw).await,
+        _ => {
+            pass(
+                &state,
+                axum::http::Method::POST,
+                ep::Generate::PATH,
+                &headers,
+                raw,
+            )
+            .await
+        }
     }
 }
 
@@ -63,7 +74,7 @@ pub(super) async fn wait_until_serving(
     let deadline = tokio::time::Instant::now() + state.cfg.pause_wait;
     while tokio::time::Instant::now() < deadline {
         let info = async {
-            let uri = ProxyState::uri(backend, "/server_info")?;
+            let uri = ProxyState::uri(backend, ep::ServerInfo::PATH)?;
             let r = state.client.get(uri, state.auth(headers)).await?;
             if !r.status().is_success() {
                 return Err(format!("/server_info answered {}", r.status()));
@@ -138,7 +149,7 @@ async fn resubmit_loop(
     let mut resubmits = 0u32;
     let mut body = raw;
     let mut last = loop {
-        let v = match piece(state, &backend, "/generate", body.clone(), headers).await {
+        let v = match piece(state, &backend, ep::Generate::PATH, body.clone(), headers).await {
             Ok(v) => v,
             Err(r) => return r,
         };

@@ -28,6 +28,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -218,9 +220,9 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle, ServingError> {
     let listener = client::bind(&state.cfg.listen).await?;
     let addr = listener.local_addr()?;
     let app = axum::Router::new()
-        .route("/generate", post(generate::generate))
-        .route("/v1/completions", post(openai::completions))
-        .route("/v1/chat/completions", post(openai::chat))
+        .route(ep::Generate::PATH, post(generate::generate))
+        .route(ep::Completions::PATH, post(openai::completions))
+        .route(ep::ChatCompletions::PATH, post(openai::chat))
         .fallback(forward)
         .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
         .with_state(state.clone());
@@ -301,7 +303,7 @@ async fn pass(
 /// SGLang's server-info routes (they echo the server's arguments, keys included).
 fn is_server_info(path: &str) -> bool {
     let p = path.split('?').next().unwrap_or(path);
-    matches!(p, "/server_info" | "/get_server_info")
+    matches!(p, ep::ServerInfo::PATH | ep::GetServerInfo::PATH)
 }
 
 /// Whether a field carries a secret (`api_key`, `admin_api_key`, …).

@@ -28,6 +28,8 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -55,7 +57,7 @@ pub(super) async fn completions(
     headers: HeaderMap,
     raw: Bytes,
 ) -> Response {
-    let path = "/v1/completions";
+    let path = ep::Completions::PATH;
     let obj = match pd::parse_object(&raw) {
         Ok(o) => o,
         Err(e) => return e.into_response(),
@@ -94,7 +96,7 @@ pub(super) async fn chat(
     headers: HeaderMap,
     raw: Bytes,
 ) -> Response {
-    let path = "/v1/chat/completions";
+    let path = ep::ChatCompletions::PATH;
     let obj = match pd::parse_object(&raw) {
         Ok(o) => o,
         Err(e) => return e.into_response(),
