@@ -14,13 +14,13 @@ use std::time::Duration;
 use common::{client, pd_deployment, until, within};
 use tokio::sync::watch;
 use troupe_controller::Cluster;
-use troupe_controller::rollout::workflow::version_number;
 use troupe_controller::rollout::{
     Generation, InferenceClient, RolloutController, RolloutError, RolloutOptions, RolloutWorkflow,
     Sample, SamplingSettings, StalePolicy, Trajectory, WaitError, staleness_of,
 };
 use troupe_controller::serve::{Deployment, ForkOptions};
 use troupe_serving::inference::WorkerType;
+use troupe_wire::WeightVersion;
 
 /// A PD deployment (1 prefill, 2 decode; 4 ms decode steps).
 struct Pd {
@@ -133,7 +133,11 @@ impl Logged {
     }
 
     fn sample(&self, id: u64, prompt: Vec<u32>, g: Generation) -> Sample {
-        let versions: Vec<u64> = g.versions.iter().map(|v| version_number(v)).collect();
+        let versions: Vec<u64> = g
+            .versions
+            .iter()
+            .map(|v| v.as_ref().map_or(0, WeightVersion::step))
+            .collect();
         self.log.lock().unwrap().push(Attempt {
             id,
             versions: versions.clone(),

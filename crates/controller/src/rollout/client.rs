@@ -6,6 +6,7 @@
 //! answer whose tokens carry the weight version that produced each of them.
 
 use std::time::Duration;
+use troupe_wire::WeightVersion;
 use troupe_wire::sglang::meta;
 
 use serde_json::{Value, json};
@@ -47,8 +48,10 @@ pub struct Generation {
     pub output_ids: Vec<u32>,
     /// Log-probability of each generated token under the weights that generated it.
     pub logprobs: Vec<f32>,
-    /// Weight version that generated each token.
-    pub versions: Vec<String>,
+    /// Weight version that generated each token; `None` where the answer named none (or
+    /// named one that is not a version: empty, control characters, too long), which the
+    /// staleness bound counts as step 0, the initial weights.
+    pub versions: Vec<Option<WeightVersion>>,
     /// How it ended: `length`, `stop`, or `abort` (if resubmission gave up).
     pub finish_reason: String,
     /// How many times it was resubmitted after an abort.
@@ -69,7 +72,7 @@ pub struct InferenceClient {
 }
 
 /// One answer piece: token ids, their logprobs, their weight versions, and the finish reason.
-type Piece = (Vec<u32>, Vec<f32>, Vec<String>, String);
+type Piece = (Vec<u32>, Vec<f32>, Vec<Option<WeightVersion>>, String);
 
 fn parse_piece(v: &Value) -> Result<Piece, GenerateError> {
     let bad = |what: &str| GenerateError(format!("malformed /generate answer ({what}): {v}"));
@@ -92,20 +95,9 @@ fn parse_piece(v: &Value) -> Result<Piece, GenerateError> {
     if lps.len() != ids.len() {
         return Err(bad("output_token_logprobs length"));
     }
-    let version = match at(meta::WEIGHT_VERSION) {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
-    };
-    let versions: Vec<String> = match at(meta::OUTPUT_TOKEN_WEIGHT_VERSIONS).as_array() {
-        Some(a) if a.len() == ids.len() => a
-            .iter()
-            .map(|x| {
-                x.as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| x.to_string())
-            })
-            .collect(),
+    let version = version_of(at(meta::WEIGHT_VERSION));
+    let versions = match at(meta::OUTPUT_TOKEN_WEIGHT_VERSIONS).as_array() {
+        Some(a) if a.len() == ids.len() => a.iter().map(version_of).collect(),
         _ => vec![version; ids.len()],
     };
     let finish = at(meta::FINISH_TYPE)
@@ -113,6 +105,16 @@ fn parse_piece(v: &Value) -> Result<Piece, GenerateError> {
         .unwrap_or("unknown")
         .to_string();
     Ok((ids, lps, versions, finish))
+}
+
+/// A version as an answer gives it: a string, or another JSON value written out (a number, as
+/// some engines count versions); `None` when it is absent or not a version.
+fn version_of(v: &Value) -> Option<WeightVersion> {
+    match v {
+        Value::Null => None,
+        Value::String(s) => WeightVersion::new(s.as_str()).ok(),
+        other => WeightVersion::new(other.to_string()).ok(),
+    }
 }
 
 impl InferenceClient {
@@ -180,17 +182,47 @@ impl InferenceClient {
             g.output_ids.extend(ids);
             g.logprobs.extend(lps);
             g.versions.extend(vers);
-            if finish != "abort" {
+            if finish != meta::ABORT {
                 g.finish_reason = finish;
                 return Ok(g);
             }
             if g.resubmits >= self.max_resubmits {
-                g.finish_reason = "abort".into();
+                g.finish_reason = meta::ABORT.into();
                 return Ok(g);
             }
             g.resubmits += 1;
             // Generation is paused for a weight update; give it a moment before resubmitting.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn versions(v: Value) -> Vec<Option<String>> {
+        let (_, _, vs, _) = parse_piece(&v).expect("a piece");
+        vs.iter()
+            .map(|v| v.as_ref().map(ToString::to_string))
+            .collect()
+    }
+
+    #[test]
+    fn each_tokens_version_is_read_as_a_version() {
+        let lp = json!([[-0.1, 1, ""], [-0.2, 2, ""]]);
+        let piece = |meta: Value| json!({"output_ids": [1, 2], "meta_info": meta});
+        // Per token, as the data proxy stamps them; a number is written out.
+        let v = piece(json!({"output_token_logprobs": lp, "weight_version": "v10",
+                             "output_token_weight_versions": ["v9", 10]}));
+        assert_eq!(versions(v), [Some("v9".into()), Some("10".into())]);
+        // Without per-token versions, every token has the answer's.
+        let v = piece(json!({"output_token_logprobs": lp, "weight_version": "v10"}));
+        assert_eq!(versions(v), [Some("v10".into()), Some("v10".into())]);
+        // None named, or not a version: unknown (step 0 for the staleness bound).
+        let v = piece(json!({"output_token_logprobs": lp}));
+        assert_eq!(versions(v), [None, None]);
+        let v = piece(json!({"output_token_logprobs": lp, "weight_version": ""}));
+        assert_eq!(versions(v), [None, None]);
     }
 }

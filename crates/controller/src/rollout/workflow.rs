@@ -7,6 +7,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use troupe_wire::WeightVersion;
+
 use super::client::{GenerateError, InferenceClient, SamplingSettings};
 
 /// One sampled answer with everything training needs.
@@ -114,7 +116,11 @@ impl RolloutWorkflow for RlvrWorkflow {
             .map(|g| Sample {
                 reward: (self.reward)(&item.prompt_ids, &g.output_ids),
                 prompt_ids: item.prompt_ids.clone(),
-                versions: g.versions.iter().map(|v| version_number(v)).collect(),
+                versions: g
+                    .versions
+                    .iter()
+                    .map(|v| v.as_ref().map_or(0, WeightVersion::step))
+                    .collect(),
                 output_ids: g.output_ids,
                 logprobs: g.logprobs,
             })
