@@ -115,6 +115,17 @@ pub struct UpdateReport {
     pub engines: Vec<EngineOutcome>,
 }
 
+/// One update's tensors encoded for the wire and packed in buckets: made once per update, so a
+/// rolling update sends the same bytes to every part (cheap to clone: the bytes are shared).
+#[derive(Clone)]
+struct Prepared {
+    buckets: Vec<Bucket>,
+    bytes: HashMap<String, Bytes>,
+    /// Bytes of the encoded weights.
+    total: u64,
+    fp8_tensors: usize,
+}
+
 /// The last update, encoded, for servers that come back after it.
 struct Cached {
     version: String,
@@ -195,7 +206,8 @@ impl WeightSync {
                     .await
             }
             _ => {
-                core.update_weights(control, engines, version, tensors, keep_paused)
+                let prepared = core.prepare(tensors)?;
+                core.update_weights(control, engines, version, prepared, keep_paused)
                     .await
             }
         }
@@ -299,19 +311,35 @@ impl Core {
         }
     }
 
+    /// Encodes `tensors` (BF16, or FP8 blocks when configured) and packs them in buckets.
+    fn prepare(&self, tensors: &[HostTensor]) -> Result<Prepared, WeightSyncError> {
+        let (metas, bytes, fp8_tensors) = encode(tensors, self.opts.fp8)?;
+        let total: u64 = metas.iter().map(|m| m.bytes).sum();
+        let buckets = pack_buckets(metas, self.opts.bucket_bytes)
+            .map_err(|e| WeightSyncError::Encode(e.to_string()))?;
+        Ok(Prepared {
+            buckets,
+            bytes,
+            total,
+            fp8_tensors,
+        })
+    }
+
     async fn update_weights(
         &mut self,
         control: &InferenceControl,
         engines: &[Engine],
         version: &str,
-        tensors: &[HostTensor],
+        prepared: Prepared,
         keep_paused: bool,
     ) -> Result<UpdateReport, WeightSyncError> {
         let t0 = Instant::now();
-        let (metas, bytes, fp8_tensors) = encode(tensors, self.opts.fp8)?;
-        let total: u64 = metas.iter().map(|m| m.bytes).sum();
-        let buckets = pack_buckets(metas, self.opts.bucket_bytes)
-            .map_err(|e| WeightSyncError::Encode(e.to_string()))?;
+        let Prepared {
+            buckets,
+            bytes,
+            total,
+            fp8_tensors,
+        } = prepared;
         let fleet = control.fleet().clone();
         let generation = fleet.generation();
         let (live, skipped) = super::fleet::reachable(&fleet, engines);

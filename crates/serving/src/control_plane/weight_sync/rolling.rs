@@ -106,12 +106,14 @@ impl Core {
         let (live, skipped) = super::super::fleet::reachable(&fleet, engines);
         let mut report: Option<UpdateReport> = None;
         let all_parts = parts(&live, size);
+        // Encoded once: every part is sent the same bytes.
+        let prepared = self.prepare(tensors)?;
         for (k, part) in all_parts.iter().enumerate() {
             let urls: Vec<String> = part.iter().map(|e| e.url.clone()).collect();
             fleet.tell_routable(&urls, false).await;
             drain(&fleet, &urls, self.opts.rolling_drain).await;
             let r = self
-                .update_weights(control, part, version, tensors, false)
+                .update_weights(control, part, version, prepared.clone(), false)
                 .await;
             // The part's group is left by the part itself: the next part (another member set)
             // builds its own, and an engine must not still be joined when its part comes round
