@@ -539,12 +539,12 @@ impl ServeConfig {
     }
 
     /// A `gateway.listen` with a fixed port on this machine must be free before anything
-    /// launches (with Slurm the gateway runs on a node, so it is not probed here).
+    /// launches (with Slurm or Ray the gateway may run on another node, so it is not probed here).
     fn check_gateway_port(&self) -> Result<(), String> {
         let Ok(addr) = self.gateway.listen.parse::<std::net::SocketAddr>() else {
             return Ok(());
         };
-        if addr.port() == 0 || self.scheduler.kind == SchedulerType::Slurm {
+        if addr.port() == 0 || self.scheduler.kind.remote_hosts() {
             return Ok(());
         }
         match std::net::TcpListener::bind(addr) {
@@ -557,11 +557,11 @@ impl ServeConfig {
 
     /// A model path that names a file or directory on this machine must exist before any
     /// server launches. Built-in sizes (`tiny`, `small`) and hub ids (`org/name`) are not paths;
-    /// with Slurm the path is read on the nodes, so it is not checked here.
+    /// with Slurm or Ray the path is read on the nodes, so it is not checked here.
     fn check_model_path(&self) -> Result<(), String> {
         let p = self.sglang.model_path.as_str();
         let local = p.starts_with('/') || p.starts_with("./") || p.starts_with("../");
-        if local && self.scheduler.kind != SchedulerType::Slurm && !Path::new(p).exists() {
+        if local && !self.scheduler.kind.remote_hosts() && !Path::new(p).exists() {
             return Err(format!(
                 "sglang.model_path {p:?} does not exist on this machine; give an existing checkpoint path (or `tiny` for the reference engine's built-in model)"
             ));

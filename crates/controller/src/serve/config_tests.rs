@@ -207,6 +207,16 @@ fn enum_like_values_are_checked_at_load_naming_the_key() {
             .to_string();
         assert!(e.contains(needle), "{o}: {e}");
     }
+    // On Slurm's or a Ray cluster's nodes this machine's files and ports say nothing.
+    for kind in ["slurm", "ray"] {
+        let o = [
+            format!("scheduler.type={kind}"),
+            "sglang.model_path=/nonexistent/model".to_string(),
+            busy.clone(),
+        ];
+        ServeConfig::from_yaml("allocation_mode: x\n", "t.yaml", &o)
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+    }
 }
 
 #[test]

@@ -33,6 +33,12 @@ impl SchedulerType {
             SchedulerType::Ray => "ray",
         }
     }
+
+    /// Whether hosts (and the gateway) may run on other machines, where this machine's files
+    /// and ports say nothing: Slurm's nodes, a Ray cluster's.
+    pub fn remote_hosts(self) -> bool {
+        matches!(self, SchedulerType::Slurm | SchedulerType::Ray)
+    }
 }
 
 /// A list of words given either as a YAML list or as one whitespace-separated string
