@@ -159,7 +159,13 @@ fn to_dict(py: Python<'_>, g: Generation) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("output_ids", g.output_ids.into_pyarray(py))?;
     d.set_item("logprobs", g.logprobs.into_pyarray(py))?;
-    d.set_item("versions", g.versions)?;
+    // As strings (empty where the answer named none), as engines report them.
+    let versions: Vec<String> = g
+        .versions
+        .iter()
+        .map(|v| v.as_ref().map_or_else(String::new, ToString::to_string))
+        .collect();
+    d.set_item("versions", versions)?;
     d.set_item("finish_reason", g.finish_reason)?;
     d.set_item("resubmits", g.resubmits)?;
     Ok(d)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use troupe_serving::control_plane::ControlPlane;
-use troupe_wire::PauseMode;
+use troupe_wire::{PauseMode, WeightVersion};
 
 use crate::errors::ControlError;
 use crate::runtime::wait;
@@ -23,17 +23,22 @@ pub fn to_py(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
     Ok(json.call_method1("loads", (v.to_string(),))?.unbind())
 }
 
-/// A version as engines name it: a string, or an int (AReaL counts versions) written out.
-pub(crate) fn version_string(v: &Bound<'_, PyAny>) -> PyResult<String> {
-    if let Ok(s) = v.extract::<String>() {
-        return Ok(s);
-    }
-    if let Ok(n) = v.extract::<u64>() {
-        return Ok(n.to_string());
-    }
-    Err(pyo3::exceptions::PyTypeError::new_err(format!(
-        "version must be a string or a non-negative int, got {v:?}"
-    )))
+/// A version argument as the type every layer below takes: a string, or an int (AReaL counts
+/// versions) written out; checked here as every version is (`WeightVersion::new`: non-empty,
+/// bounded, no control characters), so a bad one is refused naming the argument before any
+/// engine is called.
+pub(crate) fn version_arg(v: &Bound<'_, PyAny>) -> PyResult<WeightVersion> {
+    let s = if let Ok(s) = v.extract::<String>() {
+        s
+    } else if let Ok(n) = v.extract::<u64>() {
+        n.to_string()
+    } else {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "version must be a string or a non-negative int, got {v:?}"
+        )));
+    };
+    WeightVersion::new(s)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("version: {e}")))
 }
 
 fn control_err(e: troupe_wire::ApiError) -> PyErr {
@@ -104,10 +109,10 @@ impl Control {
         path: std::path::PathBuf,
         version: &Bound<'_, PyAny>,
     ) -> PyResult<Py<PyAny>> {
-        let version = version_string(version)?;
+        let version = version_arg(version)?;
         let body = serde_json::json!({
             "model_path": path.display().to_string(),
-            "weight_version": version,
+            "weight_version": version.as_str(),
         });
         let plane = self.plane.clone();
         let v =

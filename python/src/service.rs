@@ -10,6 +10,7 @@ use pyo3::types::{PyAny, PyDict};
 use tokio::sync::Mutex;
 use troupe_controller::serve::Deployment;
 use troupe_serving::control_plane::{ControlPlane, HostTensor};
+use troupe_wire::WeightVersion;
 
 use crate::control::Control;
 use crate::errors::WeightSyncError;
@@ -82,10 +83,15 @@ impl Service {
     }
 
     /// One weight update through the plane; its report as a dict.
-    fn push(&self, py: Python<'_>, host: Vec<HostTensor>, version: String) -> PyResult<Py<PyAny>> {
+    fn push(
+        &self,
+        py: Python<'_>,
+        host: Vec<HostTensor>,
+        version: WeightVersion,
+    ) -> PyResult<Py<PyAny>> {
         let plane = self.plane.clone();
         let rep = wait(py, async move {
-            plane.update_from_tensors(&version, &host).await
+            plane.update_from_tensors(version.as_str(), &host).await
         })?
         .map_err(|e| WeightSyncError::new_err(e.message))?;
         let d = PyDict::new(py);
@@ -177,7 +183,7 @@ impl Service {
             })?;
             host.push(crate::arrays::host_tensor(&name, &v)?);
         }
-        self.push(py, host, crate::control::version_string(version)?)
+        self.push(py, host, crate::control::version_arg(version)?)
     }
 
     /// `control.load_weights(path, version)`: every engine loads a checkpoint from disk
@@ -200,7 +206,7 @@ impl Service {
         version: &Bound<'_, PyAny>,
     ) -> PyResult<Py<PyAny>> {
         let host = trainer.host_tensors(py)?;
-        self.push(py, host, crate::control::version_string(version)?)
+        self.push(py, host, crate::control::version_arg(version)?)
     }
 
     /// Adds `count` servers of `role` (`"regular"`, `"prefill"` or `"decode"`) to the running

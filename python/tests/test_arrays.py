@@ -201,6 +201,10 @@ def test_bad_tensors_raise_and_change_nothing(env):
             svc.update_weights(tensors, version="bad")
     with pytest.raises(TypeError, match="version"):
         svc.update_weights({NORM: np.ones(64, np.float32)}, version=-1)
+    # A version is checked where it is given, as every version is: naming the argument.
+    for bad in ["", "a\nb", "v" * 300]:
+        with pytest.raises(ValueError, match="^version: "):
+            svc.update_weights({NORM: np.ones(64, np.float32)}, version=bad)
     assert svc.weight_version() == "good" and greedy(svc) == before
 
 
