@@ -97,6 +97,20 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
             .await
             .unwrap_err();
         assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+        // So is a bucket whose version is not one (checked as every version is), by name.
+        let bad = api
+            .weight_bucket(WeightBucketRequest {
+                group_name: "ext".into(),
+                names: vec!["model.norm.weight".into()],
+                dtypes: vec!["bfloat16".into()],
+                shapes: vec![Shape { dims: vec![4] }],
+                weight_version: "v1\nv2".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+        assert!(bad.message().starts_with("weight_version: "), "{bad:?}");
 
         let w = Weights::init(&ModelConfig::tiny(), 4242);
         let names = w.names();

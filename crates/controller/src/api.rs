@@ -31,7 +31,7 @@ use troupe_wire::v1::{
     BeginWeightUpdateRequest, EndWeightUpdateRequest, EngineRank, GetWeightPlanRequest,
     InitWeightGroupRequest, ServerStatus, WeightAck, WeightBucketRequest, WeightPlan,
 };
-use troupe_wire::{ApiError, PauseMode};
+use troupe_wire::{ApiError, PauseMode, WeightVersion};
 
 /// The trainer is rank 0; the fleet's ranks start here.
 const FIRST_ENGINE_RANK: u32 = 1;
@@ -305,6 +305,15 @@ impl Controller for ControllerApi {
         r: Request<WeightBucketRequest>,
     ) -> Result<Response<WeightAck>, Status> {
         let r = r.into_inner();
+        // Empty: no version (the fleet's stays). Otherwise checked here as every version is, so
+        // a bad one is refused by name before any engine is called.
+        let weight_version = match r.weight_version.as_str() {
+            "" => None,
+            v => Some(
+                WeightVersion::new(v)
+                    .map_err(|e| Status::invalid_argument(format!("weight_version: {e}")))?,
+            ),
+        };
         let req = UpdateWeightsFromDistributed {
             names: r.names,
             dtypes: r.dtypes,
@@ -320,7 +329,7 @@ impl Controller for ControllerApi {
                 .collect(),
             group_name: r.group_name,
             flush_cache: r.flush_cache,
-            weight_version: Some(r.weight_version).filter(|v| !v.is_empty()),
+            weight_version: weight_version.map(|v| v.as_str().to_string()),
             packed: false,
             stage: false,
         };
