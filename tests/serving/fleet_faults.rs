@@ -174,10 +174,7 @@ async fn unhealthy_workers_are_skipped_and_new_or_returning_ones_wait_for_the_fl
 
         // A weight group whose rendezvous nobody listens on is refused in seconds, and the
         // fleet's other operations are not held up by it.
-        let dead = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        let dead = common::free_port();
         let (s, v) = f
             .post(
                 "/init_weights_update_group",

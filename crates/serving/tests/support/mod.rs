@@ -229,8 +229,7 @@ pub async fn gw_with(mut cfg: GatewayConfig) -> GatewayHandle {
 /// `http://127.0.0.1:PORT` where nothing listens: a port the OS just handed out and took back,
 /// so a test never reaches another deployment's server on a fixed port.
 pub fn dead_url() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    format!("http://{}", l.local_addr().expect("addr"))
+    format!("http://127.0.0.1:{}", free_port())
 }
 
 /// A backend that answers `/generate` with [`answer`]`(n)` and every other path with a
