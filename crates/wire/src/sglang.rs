@@ -13,8 +13,8 @@ use crate::PauseMode;
 /// `POST /pause_generation`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PauseGeneration {
-    /// What happens to requests in flight.
-    #[serde(default)]
+    /// What happens to requests in flight (absent or null: `abort`).
+    #[serde(default, deserialize_with = "null_as_default")]
     pub mode: PauseMode,
 }
 
@@ -93,8 +93,12 @@ pub struct AbortRequest {
     /// The request to abort.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rid: Option<String>,
-    /// Abort every request instead.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// Abort every request instead (absent or null: false).
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
     pub abort_all: bool,
     /// Any other field, passed on as given.
     #[serde(flatten)]
@@ -123,6 +127,15 @@ pub struct UpdateWeightsFromDisk {
 pub struct GetWeightVersion {
     /// The version of the weights the engine serves.
     pub weight_version: String,
+}
+
+/// A field whose `null` means its default, as SGLang's Python reads `None`.
+pub(crate) fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// JSON pointers of the `meta_info` fields Troupe reads from `/generate` answers.

@@ -132,8 +132,12 @@ impl CollectiveRpc {
 pub struct UpdateWeightVersion {
     /// The new version label.
     pub new_version: String,
-    /// Abort requests in flight first (SGLang's field; absent when false).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// Abort requests in flight first (SGLang's field; absent when false; null: false).
+    #[serde(
+        default,
+        deserialize_with = "crate::sglang::null_as_default",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
     pub abort_all_requests: bool,
 }
 

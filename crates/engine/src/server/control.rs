@@ -3,16 +3,18 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::AppState;
-use super::error::{ApiError, parse_object};
+use super::error::ApiError;
+use crate::core::Command;
 use crate::core::request::Reply;
-use crate::core::{Command, PauseMode};
+use troupe_wire::endpoints as ep;
+use troupe_wire::routes::serve::Req;
+use troupe_wire::sglang::MemoryTags;
 
 fn ok(message: impl Into<String>) -> Response {
     axum::Json(json!({"success": true, "message": message.into()})).into_response()
@@ -21,27 +23,9 @@ fn ok(message: impl Into<String>) -> Response {
 /// `POST /abort_request {rid, abort_all}`.
 pub async fn abort_request(
     State(state): State<Arc<AppState>>,
-    body: Bytes,
+    Req(req): Req<ep::AbortRequest>,
 ) -> Result<Response, ApiError> {
-    let obj = parse_object(&body)?;
-    let abort_all = match obj.get("abort_all") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(v) => {
-            return Err(ApiError::bad_request(format!(
-                "abort_all must be true or false, got {v}"
-            )));
-        }
-    };
-    let rid = match obj.get("rid") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(v) => {
-            return Err(ApiError::bad_request(format!(
-                "rid must be a string, got {v}"
-            )));
-        }
-    };
+    let (rid, abort_all) = (req.rid, req.abort_all);
     if rid.is_none() && !abort_all {
         return Err(ApiError::bad_request(
             "give rid (a request id) or abort_all: true",
@@ -63,21 +47,9 @@ pub async fn flush_cache(State(state): State<Arc<AppState>>) -> Result<Response,
 /// `POST /pause_generation {mode: "abort" | "retract" | "in_place"}` (default `abort`).
 pub async fn pause_generation(
     State(state): State<Arc<AppState>>,
-    body: Bytes,
+    Req(req): Req<ep::PauseGeneration>,
 ) -> Result<Response, ApiError> {
-    let obj = parse_object(&body).map_err(ApiError::control)?;
-    let mode = match obj.get("mode") {
-        None | Some(Value::Null) => PauseMode::Abort,
-        Some(Value::String(s)) => PauseMode::parse(s).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "unknown pause mode {s:?}; use \"abort\", \"retract\" or \"in_place\""
-            ))
-            .control()
-        })?,
-        Some(v) => {
-            return Err(ApiError::bad_request(format!("mode must be a string, got {v}")).control());
-        }
-    };
+    let mode = req.mode;
     let n = state.core.call(|tx| Command::Pause(mode, tx)).await?;
     Ok(axum::Json(json!({
         "success": true, "status": "ok",
@@ -196,30 +168,25 @@ fn precondition_failed(held: &str, headers: &HeaderMap) -> Response {
     r
 }
 
-fn tags(obj: &serde_json::Map<String, Value>) -> Result<(bool, bool), ApiError> {
-    match obj.get("tags") {
-        None | Some(Value::Null) => Ok((true, true)),
-        Some(Value::Array(a)) => {
-            let (mut w, mut kv) = (false, false);
-            for t in a {
-                match t.as_str() {
-                    Some("weights") => w = true,
-                    Some("kv_cache") => kv = true,
-                    _ => {
-                        return Err(ApiError::bad_request(format!(
-                            "unknown memory tag {t}; use \"weights\" and/or \"kv_cache\""
-                        ))
-                        .control());
-                    }
-                }
+/// Which memory the tags name (absent or null: both).
+fn tags(m: MemoryTags) -> Result<(bool, bool), ApiError> {
+    let Some(tags) = m.tags else {
+        return Ok((true, true));
+    };
+    let (mut w, mut kv) = (false, false);
+    for t in tags {
+        match t.as_str() {
+            "weights" => w = true,
+            "kv_cache" => kv = true,
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown memory tag {t:?}; use \"weights\" and/or \"kv_cache\""
+                ))
+                .control());
             }
-            Ok((w, kv))
         }
-        Some(v) => Err(ApiError::bad_request(format!(
-            "tags must be a list like [\"weights\", \"kv_cache\"], got {v}"
-        ))
-        .control()),
     }
+    Ok((w, kv))
 }
 
 /// Memory release needs `--enable-memory-saver` (vLLM's `enable_sleep_mode`).
@@ -237,7 +204,7 @@ pub(super) fn require_saver(state: &AppState) -> Result<(), ApiError> {
 /// `POST /release_memory_occupation {tags}`.
 pub async fn release_memory(
     state: State<Arc<AppState>>,
-    body: Bytes,
+    Req(body): Req<ep::ReleaseMemoryOccupation>,
 ) -> Result<Response, ApiError> {
     memory(state, body, |weights, kv_cache, reply| Command::Release {
         weights,
@@ -248,7 +215,10 @@ pub async fn release_memory(
 }
 
 /// `POST /resume_memory_occupation {tags}`.
-pub async fn resume_memory(state: State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn resume_memory(
+    state: State<Arc<AppState>>,
+    Req(body): Req<ep::ResumeMemoryOccupation>,
+) -> Result<Response, ApiError> {
     memory(state, body, |weights, kv_cache, reply| Command::Resume {
         weights,
         kv_cache,
@@ -260,11 +230,10 @@ pub async fn resume_memory(state: State<Arc<AppState>>, body: Bytes) -> Result<R
 /// Release and resume differ only in the command they send the scheduler.
 async fn memory(
     State(state): State<Arc<AppState>>,
-    body: Bytes,
+    body: MemoryTags,
     command: impl FnOnce(bool, bool, Reply) -> Command,
 ) -> Result<Response, ApiError> {
-    let obj = parse_object(&body).map_err(ApiError::control)?;
-    let (weights, kv_cache) = tags(&obj)?;
+    let (weights, kv_cache) = tags(body)?;
     require_saver(&state)?;
     match state
         .core
@@ -279,21 +248,14 @@ async fn memory(
 /// `POST /update_weight_version {new_version, abort_all_requests}`.
 pub async fn update_weight_version(
     State(state): State<Arc<AppState>>,
-    body: Bytes,
+    Req(req): Req<ep::UpdateWeightVersion>,
 ) -> Result<Response, ApiError> {
-    let obj = parse_object(&body).map_err(ApiError::control)?;
-    let version = obj
-        .get("new_version")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| {
-            ApiError::bad_request("new_version (a non-empty string) is required").control()
-        })?
-        .to_string();
-    let abort_all = obj
-        .get("abort_all_requests")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    if req.new_version.is_empty() {
+        return Err(
+            ApiError::bad_request("new_version (a non-empty string) is required").control(),
+        );
+    }
+    let (version, abort_all) = (req.new_version, req.abort_all_requests);
     match state
         .core
         .call(|reply| Command::SetVersion {

@@ -7,6 +7,8 @@ mod convert;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use troupe_wire::endpoints as ep;
+use troupe_wire::routes::serve::Req;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -184,10 +186,9 @@ pub async fn connect(
 /// `POST /destroy_weights_update_group {group_name}`.
 pub async fn destroy_group(
     State(state): State<Arc<AppState>>,
-    body: Bytes,
+    Req(req): Req<ep::DestroyWeightsUpdateGroup>,
 ) -> Result<Response, ApiError> {
-    let obj = parse_object(&body).map_err(ApiError::control)?;
-    let group = str_field(&obj, "group_name", "weight_sync")?;
+    let group = req.group_name.as_str();
     match state.groups.lock().await.remove(group) {
         Some(_) => Ok(ok(format!(
             "Succeeded to destroy custom process group {group:?}."

@@ -169,24 +169,10 @@ async fn forward(State(f): State<Arc<Forward>>, req: Request) -> Response {
     }
 }
 
-/// Parses a JSON body into `T`, naming the field that is wrong; an empty body is `{}`.
+/// Parses a JSON body into `T`, naming the field that is wrong; an empty body is `{}` (the
+/// engine protocol's one parser, `troupe_wire::routes::body`).
 pub(crate) fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
-    let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-        b"{}"
-    } else {
-        bytes
-    };
-    let de = &mut serde_json::Deserializer::from_slice(text);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let at = if path == "." {
-            String::new()
-        } else {
-            format!("{path}: ")
-        };
-        ApiError::bad_request(format!("invalid body: {at}{inner}")).control()
-    })
+    troupe_wire::routes::body::parse(bytes)
 }
 
 /// A JSON answer (200).

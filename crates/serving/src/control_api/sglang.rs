@@ -9,8 +9,8 @@ use axum::response::Response;
 use serde_json::{Value, json};
 use troupe_wire::PauseMode;
 use troupe_wire::endpoints as ep;
-use troupe_wire::routes::serve::ServeEndpoint;
-use troupe_wire::sglang::{DestroyWeightsUpdateGroup, MemoryTags, UpdateWeightsFromDistributed};
+use troupe_wire::routes::serve::{Req, ServeEndpoint};
+use troupe_wire::sglang::MemoryTags;
 
 use super::{body, json};
 use crate::control_plane::ControlPlane;
@@ -124,27 +124,16 @@ pub(super) async fn memory(p: &ControlPlane, release: bool, tags: Vec<String>) -
     Ok(json(v))
 }
 
-async fn release(State(p): Plane, b: Bytes) -> Answer {
-    memory(&p, true, tags_of(body(&b)?)?).await
+async fn release(State(p): Plane, Req(tags): Req<ep::ReleaseMemoryOccupation>) -> Answer {
+    memory(&p, true, tags_of(tags)?).await
 }
 
-async fn resume_memory(State(p): Plane, b: Bytes) -> Answer {
-    memory(&p, false, tags_of(body(&b)?)?).await
+async fn resume_memory(State(p): Plane, Req(tags): Req<ep::ResumeMemoryOccupation>) -> Answer {
+    memory(&p, false, tags_of(tags)?).await
 }
 
 /// SGLang's `AbortReq` (its extra fields pass through to the engines).
-#[derive(serde::Deserialize, serde::Serialize)]
-struct AbortBody {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    rid: Option<String>,
-    #[serde(default)]
-    abort_all: bool,
-    #[serde(flatten)]
-    rest: serde_json::Map<String, Value>,
-}
-
-async fn abort(State(p): Plane, b: Bytes) -> Answer {
-    let mut req: AbortBody = body(&b)?;
+async fn abort(State(p): Plane, Req(mut req): Req<ep::AbortRequest>) -> Answer {
     req.rid = req.rid.filter(|r| !r.is_empty());
     if req.rid.is_none() && !req.abort_all {
         return Err(ApiError::bad_request("give rid (a request id) or abort_all: true").control());
@@ -167,13 +156,14 @@ async fn init_group(State(p): Plane, b: Bytes) -> Answer {
     Ok(json(p.init_group(body::<FleetGroupRequest>(&b)?).await?))
 }
 
-async fn update_distributed(State(p): Plane, b: Bytes) -> Answer {
-    let req: UpdateWeightsFromDistributed = body(&b)?;
+async fn update_distributed(
+    State(p): Plane,
+    Req(req): Req<ep::UpdateWeightsFromDistributed>,
+) -> Answer {
     Ok(json(p.update_distributed(req).await?))
 }
 
-async fn destroy_group(State(p): Plane, b: Bytes) -> Answer {
-    let req: DestroyWeightsUpdateGroup = body(&b)?;
+async fn destroy_group(State(p): Plane, Req(req): Req<ep::DestroyWeightsUpdateGroup>) -> Answer {
     Ok(json(p.destroy_group(&req.group_name).await?))
 }
 
@@ -188,13 +178,7 @@ async fn from_disk(State(p): Plane, b: Bytes) -> Answer {
     Ok(json(p.update_from_disk(v).await?))
 }
 
-#[derive(serde::Deserialize)]
-struct NewVersion {
-    new_version: String,
-}
-
-async fn set_version(State(p): Plane, b: Bytes) -> Answer {
-    let req: NewVersion = body(&b)?;
+async fn set_version(State(p): Plane, Req(req): Req<ep::UpdateWeightVersion>) -> Answer {
     Ok(json(p.set_version(&req.new_version).await?))
 }
 
