@@ -216,7 +216,7 @@ async fn a_refused_weight_push_fails_fast_and_the_next_one_works() {
         let g = gateway::start(config(&[a.url(), b.url()])).await.unwrap();
         let f = Fleet::new(&g.url(), None);
         let v0 = f.version().await;
-        let values: Vec<u8> = [0.5f32; 4].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let values = common::f32_bytes(&[0.5; 4]);
         let bad = safetensors::serialize(
             [(
                 "model.no_such.weight",
