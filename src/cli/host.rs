@@ -55,6 +55,11 @@ pub struct HostArgs {
     /// Position of this host among those launched together (under Slurm: `SLURM_PROCID`).
     #[arg(long, env = "SLURM_PROCID", default_value_t = 0)]
     pub host_index: usize,
+    /// Added to --host-index (in the report and the default host id): a job added to a running
+    /// cluster numbers its hosts after those already there, though its `SLURM_PROCID`s start
+    /// at 0 again.
+    #[arg(long, default_value_t = 0)]
+    pub index_base: usize,
     /// Stop (with every actor and its processes) when no controller has watched this host for
     /// this many seconds: a host whose controller died never lingers. Off by default for hosts
     /// started by hand; the local launcher sets it (600 s, or `$TROUPE_HOST_ORPHAN_GRACE_S`),
@@ -105,6 +110,11 @@ fn seconds(name: &str, v: f64, min: f64) -> Result<Duration, HostCmdError> {
 }
 
 impl HostArgs {
+    /// This host's position in the cluster: --host-index plus --index-base.
+    pub fn index(&self) -> usize {
+        self.host_index.saturating_add(self.index_base)
+    }
+
     /// The host configuration these flags describe.
     pub fn config(&self) -> Result<HostConfig, HostCmdError> {
         let max_mb = positive("max-message-mb", self.max_message_mb)?;
@@ -200,7 +210,7 @@ pub async fn run_with(mut args: HostArgs, registry: Registry) -> Result<(), Host
     if let Some(l) = link.as_mut() {
         let report = HostReport {
             token: args.token.clone().filter(|t| !t.is_empty()),
-            index: args.host_index,
+            index: args.index(),
             host_id: core.host_id().to_string(),
             addr: addr.to_string(),
             node: node_name(),
@@ -253,7 +263,7 @@ async fn prepare_report(args: &mut HostArgs, to: &str) -> Result<ReportLink, Hos
         args.gpus = parse_visible_devices(&v).map_err(HostCmdError::Flag)?;
     }
     if args.host_id.is_none() {
-        args.host_id = Some(format!("host-{}", args.host_index));
+        args.host_id = Some(format!("host-{}", args.index()));
     }
     Ok(link)
 }

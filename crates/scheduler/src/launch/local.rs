@@ -182,6 +182,19 @@ impl HostLauncher for LocalLauncher {
         })
     }
 
+    /// Refused: local hosts stand for the nodes of `cluster.n_nodes`, all on this machine.
+    fn grow<'a>(
+        &'a self,
+        _req: &'a LaunchRequest,
+        _first_index: usize,
+    ) -> BoxFuture<'a, Result<super::Grown, LaunchError>> {
+        Box::pin(async {
+            Err(LaunchError::CannotGrow(
+                "the local launcher does not add hosts to a running cluster (its hosts stand for cluster.n_nodes nodes, all on this machine): a new server must fit on the free GPUs of those hosts; start with more nodes or GPUs (cluster.n_nodes, cluster.n_gpus_per_node), or remove a server first".into(),
+            ))
+        })
+    }
+
     fn teardown(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.stop())
     }

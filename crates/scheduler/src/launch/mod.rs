@@ -141,6 +141,20 @@ pub enum LaunchError {
     /// The rendezvous listener failed.
     #[error("host rendezvous: {0}")]
     Rendezvous(String),
+    /// This launcher cannot add hosts to (or give hosts back from) a running cluster; the
+    /// message says why and what to do instead.
+    #[error("{0}")]
+    CannotGrow(String),
+}
+
+/// Hosts a launcher added to a running cluster ([`HostLauncher::grow`]): one unit it gives
+/// back whole ([`HostLauncher::release`]), e.g. one more Slurm job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grown {
+    /// What to name in [`HostLauncher::release`] (Slurm: the job id).
+    pub id: String,
+    /// The new hosts, numbered from the `first_index` asked for.
+    pub hosts: Vec<LaunchedHost>,
 }
 
 /// Starts actor hosts and stops them again.
@@ -166,7 +180,38 @@ pub trait HostLauncher: Send + Sync {
         req: &'a LaunchRequest,
     ) -> BoxFuture<'a, Result<Vec<LaunchedHost>, LaunchError>>;
 
-    /// Stops every host this launcher started; idempotent.
+    /// Adds `req.n_hosts` hosts to a running cluster, numbered (index and id) from
+    /// `first_index` so they never clash with the hosts already there, and returns them once
+    /// each reported (or fails, having stopped what it started). What the elastic fleet calls
+    /// when a new server finds no free GPUs. [`HostLauncher::teardown`] stops them too.
+    /// Launchers whose cluster has a fixed size refuse, saying so.
+    fn grow<'a>(
+        &'a self,
+        req: &'a LaunchRequest,
+        first_index: usize,
+    ) -> BoxFuture<'a, Result<Grown, LaunchError>> {
+        let _ = (req, first_index);
+        let name = self.name();
+        Box::pin(async move {
+            Err(LaunchError::CannotGrow(format!(
+                "the {name} launcher cannot add hosts to a running cluster: a new server must fit on the free GPUs of the hosts it has"
+            )))
+        })
+    }
+
+    /// Stops the hosts of one [`HostLauncher::grow`] (`id` is [`Grown::id`]) and gives their
+    /// resources back (Slurm: `scancel` of that job); the other hosts keep running.
+    fn release<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), LaunchError>> {
+        let name = self.name();
+        Box::pin(async move {
+            Err(LaunchError::CannotGrow(format!(
+                "the {name} launcher added no hosts, so it has nothing ({id}) to give back"
+            )))
+        })
+    }
+
+    /// Stops every host this launcher started (those of [`HostLauncher::grow`] too);
+    /// idempotent.
     fn teardown(&self) -> BoxFuture<'_, ()>;
 
     /// One line about what was launched (e.g. the Slurm job id and its log), if any.

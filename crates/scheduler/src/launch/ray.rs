@@ -396,6 +396,20 @@ impl HostLauncher for RayLauncher {
         })
     }
 
+    /// Refused: the hosts are the bundles of one placement group, whose size Ray fixes when it
+    /// is created.
+    fn grow<'a>(
+        &'a self,
+        _req: &'a LaunchRequest,
+        _first_index: usize,
+    ) -> BoxFuture<'a, Result<super::Grown, LaunchError>> {
+        Box::pin(async {
+            Err(LaunchError::CannotGrow(
+                "the Ray launcher does not add hosts to a running cluster (its hosts are the bundles of one placement group, whose size Ray fixes at creation): a new server must fit on the free GPUs of those hosts; start with more (cluster.n_nodes, cluster.n_gpus_per_node), or remove a server first".into(),
+            ))
+        })
+    }
+
     fn teardown(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.stop())
     }

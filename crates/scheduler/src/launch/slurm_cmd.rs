@@ -42,11 +42,26 @@ pub fn shell_quote(w: &str) -> String {
 
 /// The command each task runs: `[prefix] troupe host --report-to ADDR ...`.
 pub fn host_command(o: &SlurmOptions, req: &LaunchRequest, report_to: &str) -> Vec<String> {
+    host_command_at(o, req, report_to, 0)
+}
+
+/// [`host_command`] for hosts numbered from `index_base` (a job added to a running cluster:
+/// its tasks' `SLURM_PROCID`s start at 0 again, so each host adds the base to its index and
+/// its id, `host-<index>`, stays unique in the cluster).
+fn host_command_at(
+    o: &SlurmOptions,
+    req: &LaunchRequest,
+    report_to: &str,
+    index_base: usize,
+) -> Vec<String> {
     let mut c = o.container_prefix.clone();
     c.push(req.binary.display().to_string());
     c.extend(["host".into(), "--report-to".into(), report_to.to_string()]);
     // Bind on the interface that reaches the controller (the host picks it from the report link).
     c.extend(["--listen".into(), "0.0.0.0:0".into()]);
+    if index_base > 0 {
+        c.extend(["--index-base".into(), index_base.to_string()]);
+    }
     c.extend(req.host_flags());
     c
 }
@@ -94,7 +109,17 @@ pub fn sbatch_args(o: &SlurmOptions, req: &LaunchRequest, script: &Path) -> Vec<
 
 /// The batch script: one `srun` step, one task per node, every task a host.
 pub fn batch_script(o: &SlurmOptions, req: &LaunchRequest, report_to: &str) -> String {
-    let cmd: Vec<String> = host_command(o, req, report_to)
+    batch_script_at(o, req, report_to, 0)
+}
+
+/// [`batch_script`] for hosts numbered from `index_base` (see [`host_command_at`]).
+pub(crate) fn batch_script_at(
+    o: &SlurmOptions,
+    req: &LaunchRequest,
+    report_to: &str,
+    index_base: usize,
+) -> String {
+    let cmd: Vec<String> = host_command_at(o, req, report_to, index_base)
         .iter()
         .map(|w| shell_quote(w))
         .collect();
@@ -263,6 +288,17 @@ mod tests {
         assert!(a.contains(&"--nodes=3".to_string()));
         assert!(!a.iter().any(|s| s.starts_with("--partition")), "{a:?}");
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
+
+    #[test]
+    fn a_job_added_to_a_running_cluster_numbers_its_hosts_after_the_others() {
+        let s = batch_script_at(&opts(), &req(), "10.0.0.1:4000", 3);
+        let last = s.lines().last().unwrap();
+        assert!(
+            last.contains("--listen 0.0.0.0:0 --index-base 3 --heartbeat-ms"),
+            "{last}"
+        );
+        assert!(!batch_script(&opts(), &req(), "a:1").contains("--index-base"));
     }
 
     #[test]

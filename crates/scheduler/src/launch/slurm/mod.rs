@@ -7,6 +7,11 @@
 //! soon as the job has ended, with Slurm's own state and reason and the tail of the job's
 //! output. Teardown is `scancel`; dropping the launcher without teardown still cancels
 //! (synchronously), so a controller that errors out does not leave the job running.
+//!
+//! A running cluster grows by one more job ([`HostLauncher::grow`]: always `sbatch`, with the
+//! same options, its hosts numbered after the others and reporting to a rendezvous of their
+//! own) and gives such a job back whole ([`HostLauncher::release`]: its links closed, then
+//! `scancel`); teardown and drop cancel the added jobs too.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,11 +23,15 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
+mod grow;
+
+use grow::{Added, release_added};
+
 use super::report::{Arrival, Rendezvous, routable_ip};
 use super::slurm_cmd::{
-    JobInfo, SlurmOptions, batch_script, parse_job_info, sbatch_args, srun_args,
+    JobInfo, SlurmOptions, batch_script_at, parse_job_info, sbatch_args, srun_args,
 };
-use super::{BoxFuture, HostLauncher, LaunchError, LaunchRequest, LaunchedHost, tail};
+use super::{BoxFuture, Grown, HostLauncher, LaunchError, LaunchRequest, LaunchedHost, tail};
 
 /// How often the job's state is polled while hosts come up.
 const POLL: Duration = Duration::from_millis(500);
@@ -42,6 +51,25 @@ struct Started {
     output: Option<PathBuf>,
     links: Vec<TcpStream>,
     watcher: Option<tokio::task::JoinHandle<()>>,
+    /// Jobs added to the running cluster ([`HostLauncher::grow`]), by job id.
+    added: BTreeMap<String, Added>,
+}
+
+/// What one wait for host reports watches: a submitted job (`job`), or the launcher's own
+/// `srun` step (`job` is `None`); hosts numbered from `base`.
+struct Target {
+    job: Option<String>,
+    output: Option<PathBuf>,
+    base: usize,
+}
+
+impl Target {
+    fn what(&self) -> String {
+        match &self.job {
+            Some(j) => format!("slurm job {j}"),
+            None => "srun".into(),
+        }
+    }
 }
 
 /// Launches hosts as a Slurm job (see the module docs).
@@ -122,16 +150,42 @@ impl SlurmLauncher {
             });
             return Ok(());
         }
+        let (job, output) = self.sbatch(req, report_to, 0).await?;
+        self.set(|s| {
+            s.job = Some(job);
+            s.output = Some(output);
+        });
+        Ok(())
+    }
+
+    /// Submits one job of `req.n_hosts` hosts numbered from `base`: its id and output file.
+    async fn sbatch(
+        &self,
+        req: &LaunchRequest,
+        report_to: &str,
+        base: usize,
+    ) -> Result<(String, PathBuf), LaunchError> {
+        let dir = &self.opts.log_dir;
+        std::fs::create_dir_all(dir).map_err(|e| {
+            LaunchError::Config(format!(
+                "scheduler.log_dir {}: cannot create it: {e}",
+                dir.display()
+            ))
+        })?;
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
         let script = dir.join(format!(
-            "troupe-hosts-{stamp}-{}.sbatch",
+            "troupe-hosts-{stamp}-{}-{base}.sbatch",
             std::process::id()
         ));
-        std::fs::write(&script, batch_script(&self.opts, req, report_to))
+        std::fs::write(&script, batch_script_at(&self.opts, req, report_to, base))
             .map_err(|e| LaunchError::Config(format!("cannot write {}: {e}", script.display())))?;
         let args = sbatch_args(&self.opts, req, &script);
         let mut cmd = Command::new("sbatch");
         cmd.args(&args).stdin(Stdio::null());
-        token_env(&mut cmd);
+        req.apply_env(&mut cmd);
         let out = cmd.output().await.map_err(|source| LaunchError::Spawn {
             command: "sbatch".into(),
             source,
@@ -147,20 +201,28 @@ impl SlurmLauncher {
             });
         }
         let output = dir.join(format!("troupe-hosts-{job}.out"));
-        self.set(|s| {
-            s.job = Some(job);
-            s.output = Some(output);
-        });
-        Ok(())
+        Ok((job, output))
+    }
+
+    /// Where the first job's (or step's) hosts are awaited.
+    fn first_target(&self) -> Target {
+        let (job, output) = self
+            .set(|s| (s.job.clone(), s.output.clone()))
+            .unwrap_or_default();
+        Target {
+            job,
+            output,
+            base: 0,
+        }
     }
 
     /// `None` while the job can still bring hosts up; else why it cannot.
-    async fn ended(&self) -> Option<String> {
-        if let Some(job) = self.job_id() {
-            return match job_info(&job).await {
-                Some(j) if j.is_finished() => Some(settled(&job, j).await.summary()),
+    async fn ended(&self, t: &Target) -> Option<String> {
+        if let Some(job) = &t.job {
+            return match job_info(job).await {
+                Some(j) if j.is_finished() => Some(settled(job, j).await.summary()),
                 Some(j) if j.is_hopeless() => {
-                    let _ = Command::new("scancel").arg(&job).output().await;
+                    let _ = Command::new("scancel").arg(job).output().await;
                     Some(format!(
                         "{} (Slurm will not start it; cancelled)",
                         j.summary()
@@ -178,41 +240,38 @@ impl SlurmLauncher {
     }
 
     /// State and output tail, for error messages.
-    async fn detail(&self, head: String) -> String {
-        let output = self.set(|s| s.output.clone()).flatten();
+    async fn detail(&self, t: &Target, head: String) -> String {
         let mut d = head;
-        if let Some(p) = output {
-            let t = tail(&p, TAIL_LINES);
-            d.push_str(&format!("\n--- {} (last lines) ---\n{t}", p.display()));
+        if let Some(p) = &t.output {
+            let tl = tail(p, TAIL_LINES);
+            d.push_str(&format!("\n--- {} (last lines) ---\n{tl}", p.display()));
         }
         d
     }
 
-    fn what(&self) -> String {
-        match self.job_id() {
-            Some(j) => format!("slurm job {j}"),
-            None => "srun".into(),
-        }
-    }
-
+    /// Waits until every host of `t` reported: the hosts, and their liveness links (closing
+    /// one tells its host to stop).
     async fn wait_reports(
         &self,
         req: &LaunchRequest,
         mut rx: mpsc::Receiver<Result<Arrival, LaunchError>>,
-    ) -> Result<Vec<LaunchedHost>, LaunchError> {
+        t: &Target,
+    ) -> Result<(Vec<LaunchedHost>, Vec<TcpStream>), LaunchError> {
         let deadline = tokio::time::Instant::now() + req.startup_timeout;
         let mut hosts: BTreeMap<usize, LaunchedHost> = BTreeMap::new();
+        let mut links = Vec::new();
         let mut refused: Vec<String> = Vec::new();
         let mut tick = tokio::time::interval(POLL);
+        let ours = t.base..t.base + req.n_hosts;
         while hosts.len() < req.n_hosts {
             tokio::select! {
                 a = rx.recv() => match a {
                     Some(Ok(Arrival::Report(r, link))) => {
-                        if r.index >= req.n_hosts || hosts.contains_key(&r.index) {
+                        if !ours.contains(&r.index) || hosts.contains_key(&r.index) {
                             refused.push(format!("unexpected report {r:?}"));
                             continue;
                         }
-                        self.set(|s| s.links.push(link));
+                        links.push(link);
                         hosts.insert(r.index, LaunchedHost {
                             index: r.index, host_id: r.host_id, addr: r.addr, node: r.node, gpus: r.gpus,
                         });
@@ -222,31 +281,31 @@ impl SlurmLauncher {
                     None => return Err(LaunchError::Rendezvous("listener stopped".into())),
                 },
                 _ = tick.tick() => {
-                    if let Some(why) = self.ended().await {
+                    if let Some(why) = self.ended(t).await {
                         let mut head = why;
                         if !refused.is_empty() {
                             head.push_str(&format!("; refused reports: {}", refused.join("; ")));
                         }
-                        return Err(LaunchError::Ended { what: self.what(), detail: self.detail(head).await });
+                        return Err(LaunchError::Ended { what: t.what(), detail: self.detail(t, head).await });
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => {
-                    let state = match self.job_id() {
-                        Some(j) => job_info(&j).await.map(|i| i.summary()).unwrap_or_else(|| "job unknown to scontrol".into()),
+                    let state = match &t.job {
+                        Some(j) => job_info(j).await.map(|i| i.summary()).unwrap_or_else(|| "job unknown to scontrol".into()),
                         None => "srun still running".into(),
                     };
-                    let mut head = format!("{}: {state}", self.what());
+                    let mut head = format!("{}: {state}", t.what());
                     if !refused.is_empty() {
                         head.push_str(&format!("; refused reports: {}", refused.join("; ")));
                     }
                     return Err(LaunchError::Timeout {
                         got: hosts.len(), want: req.n_hosts, waited: req.startup_timeout,
-                        detail: self.detail(head).await,
+                        detail: self.detail(t, head).await,
                     });
                 }
             }
         }
-        Ok(hosts.into_values().collect())
+        Ok((hosts.into_values().collect(), links))
     }
 
     /// After start-up, reports (once) when Slurm ends the job under the hosts — a lost node
@@ -256,36 +315,19 @@ impl SlurmLauncher {
         let Some((Some(job), output)) = self.set(|s| (s.job.clone(), s.output.clone())) else {
             return;
         };
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(WATCH).await;
-                if let Some(j) = job_info(&job).await
-                    && j.state != "RUNNING"
-                {
-                    let j = settled(&job, j).await;
-                    let out = output
-                        .as_deref()
-                        .map(|p| tail(p, TAIL_LINES))
-                        .unwrap_or_default();
-                    tracing::error!(
-                        "slurm job {job} ended under its hosts: {}\n{out}",
-                        j.summary()
-                    );
-                    return;
-                }
-            }
-        });
+        let task = watch_job(job, output);
         self.set(|s| s.watcher = Some(task));
     }
 
     async fn stop(&self) {
-        let (job, srun, links, watcher) = self
+        let (job, srun, links, watcher, added) = self
             .set(|s| {
                 (
                     s.job.take(),
                     s.srun.take(),
                     std::mem::take(&mut s.links),
                     s.watcher.take(),
+                    std::mem::take(&mut s.added),
                 )
             })
             .unwrap_or_default();
@@ -293,18 +335,13 @@ impl SlurmLauncher {
             w.abort();
         }
         drop(links); // hosts see the controller go and start stopping their actors
-        if let Some(job) = job {
-            let _ = Command::new("scancel").arg(&job).output().await;
-            // Wait (bounded) until Slurm has taken the job down, so "stopped" means stopped.
-            let until = tokio::time::Instant::now() + Duration::from_secs(30);
-            while tokio::time::Instant::now() < until {
-                match job_info(&job).await {
-                    Some(j) if !j.is_finished() || j.state == "COMPLETING" => {}
-                    _ => break,
-                }
-                tokio::time::sleep(POLL).await;
+        let added = added.into_iter().map(|(job, a)| release_added(job, a));
+        let first = async {
+            if let Some(job) = job {
+                cancel(&job).await;
             }
-        }
+        };
+        futures::future::join(first, futures::future::join_all(added)).await;
         if let Some(mut child) = srun {
             // srun forwards SIGTERM to every task of the step; SIGKILL only if it hangs.
             if let Some(pid) = child.id() {
@@ -321,6 +358,43 @@ impl SlurmLauncher {
             }
         }
     }
+}
+
+/// `scancel job`, then waits (bounded) until Slurm has taken it down, so "stopped" means
+/// stopped.
+async fn cancel(job: &str) {
+    let _ = Command::new("scancel").arg(job).output().await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::time::Instant::now() < until {
+        match job_info(job).await {
+            Some(j) if !j.is_finished() || j.state == "COMPLETING" => {}
+            _ => break,
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Reports (once) when Slurm ends `job` under its hosts (see `SlurmLauncher::watch`).
+fn watch_job(job: String, output: Option<PathBuf>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(WATCH).await;
+            if let Some(j) = job_info(&job).await
+                && j.state != "RUNNING"
+            {
+                let j = settled(&job, j).await;
+                let out = output
+                    .as_deref()
+                    .map(|p| tail(p, TAIL_LINES))
+                    .unwrap_or_default();
+                tracing::error!(
+                    "slurm job {job} ended under its hosts: {}\n{out}",
+                    j.summary()
+                );
+                return;
+            }
+        }
+    })
 }
 
 /// `j` once it has left COMPLETING (within [`SETTLE`]): an error then says how the job ended
@@ -378,7 +452,16 @@ impl HostLauncher for SlurmLauncher {
                 }
             });
             let result = match self.submit(req, &report_to).await {
-                Ok(()) => self.wait_reports(req, rx).await,
+                Ok(()) => {
+                    let t = self.first_target();
+                    match self.wait_reports(req, rx, &t).await {
+                        Ok((hosts, links)) => {
+                            self.set(|s| s.links.extend(links));
+                            Ok(hosts)
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
                 Err(e) => Err(e),
             };
             accept.abort();
@@ -390,28 +473,64 @@ impl HostLauncher for SlurmLauncher {
         })
     }
 
+    /// One more job (always `sbatch`, also inside an allocation: a step cannot outgrow it).
+    fn grow<'a>(
+        &'a self,
+        req: &'a LaunchRequest,
+        first_index: usize,
+    ) -> BoxFuture<'a, Result<Grown, LaunchError>> {
+        Box::pin(self.grow_job(req, first_index))
+    }
+
+    fn release<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), LaunchError>> {
+        Box::pin(async move {
+            let Some(a) = self.set(|s| s.added.remove(id)).flatten() else {
+                return Err(LaunchError::Config(format!(
+                    "slurm job {id} is not one this launcher added to the cluster"
+                )));
+            };
+            release_added(id.to_string(), a).await;
+            Ok(())
+        })
+    }
+
     fn teardown(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.stop())
     }
 
     fn describe(&self) -> Option<String> {
-        let (job, output) = self.set(|s| (s.job.clone(), s.output.clone()))?;
+        let (job, output, added) = self.set(|s| {
+            let added: Vec<String> = s
+                .added
+                .iter()
+                .map(|(j, a)| format!("{j} (output {})", a.output.display()))
+                .collect();
+            (s.job.clone(), s.output.clone(), added)
+        })?;
         let out = output.map(|p| p.display().to_string()).unwrap_or_default();
-        Some(match job {
+        let mut d = match job {
             Some(j) => format!("slurm job {j} (output {out})"),
             None => format!(
                 "srun in allocation {} (output {out})",
                 self.in_allocation().unwrap_or_default()
             ),
-        })
+        };
+        if !added.is_empty() {
+            d.push_str(&format!("; added jobs: {}", added.join(", ")));
+        }
+        Some(d)
     }
 }
 
 impl Drop for SlurmLauncher {
     fn drop(&mut self) {
         // Best effort and synchronous: there may be no runtime left to await anything.
-        let job = self.started.get_mut().ok().and_then(|s| s.job.take());
-        if let Some(job) = job {
+        let mut jobs: Vec<String> = Vec::new();
+        if let Ok(s) = self.started.get_mut() {
+            jobs.extend(s.job.take());
+            jobs.extend(std::mem::take(&mut s.added).into_keys());
+        }
+        for job in jobs {
             let _ = std::process::Command::new("scancel")
                 .arg(&job)
                 .stdin(Stdio::null())
