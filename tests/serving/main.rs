@@ -4,6 +4,8 @@
 mod common;
 
 mod agent;
+mod agent_abort;
+mod agent_recover;
 mod agent_responses;
 mod disconnect;
 mod fleet_control;

@@ -31,14 +31,15 @@ impl Agent {
         let render = |m: &[Value], g: bool| self.tokenizer.render(m, tools, g, kwargs);
         // What the template writes around the messages (a tools header, say), and the
         // generation prompt it ends with.
-        let (empty, asked) = (render(&[], false)?, render(&[], true)?);
-        let Some(generation) = asked.strip_prefix(&empty) else {
+        let (empty, asked) = self.tokenizer.frame(tools, kwargs)?;
+        let (empty, asked) = (empty.as_ref(), asked.as_ref());
+        let Some(generation) = asked.strip_prefix(empty) else {
             return Ok(None);
         };
         let window = &messages[b.covered - 1..];
         let reply = render(&window[..1], false)?;
         let all = render(window, true)?;
-        let (Some(reply), Some(added)) = (reply.strip_prefix(&empty), all.strip_prefix(&reply))
+        let (Some(reply), Some(added)) = (reply.strip_prefix(empty), all.strip_prefix(&reply))
         else {
             return Ok(None);
         };
@@ -145,7 +146,7 @@ mod tests {
                 );
                 let l = fast
                     .sessions
-                    .latest(&a, &messages)
+                    .latest(&a, &messages, None)
                     .expect("the latest turn, found");
                 let d = fast.window_delta(&l, &messages, None, &Map::new()).unwrap();
                 assert!(d.is_some(), "round {round} renders only its new messages");

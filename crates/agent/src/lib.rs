@@ -167,10 +167,24 @@ impl Agent {
         kwargs: &Map<String, Value>,
         forced: Option<&str>,
     ) -> Result<Prompt, AgentError> {
+        self.prompt_known(session, messages, tools, kwargs, forced, None)
+    }
+
+    /// [`Agent::prompt`], with `known`: the session's turn whose messages `messages` are known
+    /// to begin with ([`SessionStore::known`]), so they are not compared again.
+    pub fn prompt_known(
+        &self,
+        session: Option<&str>,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+        kwargs: &Map<String, Value>,
+        forced: Option<&str>,
+        known: Option<usize>,
+    ) -> Result<Prompt, AgentError> {
         // The common case first: the session's latest turn, continued, renders only what is
         // new.
         if let Some(s) = session
-            && let Some(b) = self.sessions.latest(s, messages)
+            && let Some(b) = self.sessions.latest(s, messages, known)
             && let Some(d) = self.window_delta(&b, messages, tools, kwargs)?
         {
             let mut ids = b.ids;

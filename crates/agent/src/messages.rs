@@ -110,40 +110,45 @@ pub fn for_template(messages: &Value) -> Result<Vec<Value>, AgentError> {
     }
     list.iter()
         .enumerate()
-        .map(|(i, m)| {
-            let m = m.as_object().ok_or_else(|| {
-                AgentError::BadRequest(format!("messages[{i}] must be an object"))
-            })?;
-            let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
-                AgentError::BadRequest(format!("messages[{i}].role must be a string"))
-            })?;
-            check_role(i, role)?;
-            let mut out = Map::new();
-            out.insert("role".into(), json!(role));
-            out.insert(
-                "content".into(),
-                json!(text_of(i, m.get("content").unwrap_or(&Value::Null))?),
-            );
-            let calls = tool_calls(i, m)?;
-            if !calls.is_empty() {
-                out.insert("tool_calls".into(), Value::Array(calls));
-            }
-            for k in ["tool_call_id", "name"] {
-                if let Some(v) = m.get(k).filter(|v| v.is_string()) {
-                    out.insert(k.into(), v.clone());
-                }
-            }
-            let reasoning = m
-                .get("reasoning")
-                .or_else(|| m.get("reasoning_content"))
-                .filter(|v| v.is_string());
-            if let Some(r) = reasoning {
-                out.insert("reasoning".into(), r.clone());
-                out.insert("reasoning_content".into(), r.clone());
-            }
-            Ok(Value::Object(out))
-        })
+        .map(|(i, m)| message_for_template(i, m))
         .collect()
+}
+
+/// Message `i` of a request as the chat template reads it (see [`for_template`]): what a
+/// request whose first messages are known already reads for each of the rest.
+pub fn message_for_template(i: usize, m: &Value) -> Result<Value, AgentError> {
+    let m = m
+        .as_object()
+        .ok_or_else(|| AgentError::BadRequest(format!("messages[{i}] must be an object")))?;
+    let role = m
+        .get("role")
+        .and_then(Value::as_str)
+        .ok_or_else(|| AgentError::BadRequest(format!("messages[{i}].role must be a string")))?;
+    check_role(i, role)?;
+    let mut out = Map::new();
+    out.insert("role".into(), json!(role));
+    out.insert(
+        "content".into(),
+        json!(text_of(i, m.get("content").unwrap_or(&Value::Null))?),
+    );
+    let calls = tool_calls(i, m)?;
+    if !calls.is_empty() {
+        out.insert("tool_calls".into(), Value::Array(calls));
+    }
+    for k in ["tool_call_id", "name"] {
+        if let Some(v) = m.get(k).filter(|v| v.is_string()) {
+            out.insert(k.into(), v.clone());
+        }
+    }
+    let reasoning = m
+        .get("reasoning")
+        .or_else(|| m.get("reasoning_content"))
+        .filter(|v| v.is_string());
+    if let Some(r) = reasoning {
+        out.insert("reasoning".into(), r.clone());
+        out.insert("reasoning_content".into(), r.clone());
+    }
+    Ok(Value::Object(out))
 }
 
 /// What a message is compared by when a session's new request is matched to an earlier turn:

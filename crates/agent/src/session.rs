@@ -26,7 +26,7 @@ mod latest;
 mod log;
 
 pub use durable::Restored;
-pub use latest::Latest;
+pub use latest::{Known, Latest};
 pub use log::SessionLog;
 
 /// The bounds on what sessions hold.
@@ -168,6 +168,8 @@ pub struct Session {
     /// so concurrent turns are counted together before any of them generates.
     reserved: usize,
     last: Instant,
+    /// The bytes its latest turn's messages were sent as ([`SessionStore::keep_sent`]).
+    sent: Option<latest::Sent>,
 }
 
 /// Every open session.
@@ -309,6 +311,7 @@ impl SessionStore {
                 tokens: 0,
                 reserved: 0,
                 last: Instant::now(),
+                sent: None,
             },
         );
         Ok((id, key))

@@ -25,6 +25,10 @@ pub struct ChatTokenizer {
     eos_id: Option<u32>,
     /// The most bytes of text one token can stand for (see [`ChatTokenizer::max_token_bytes`]).
     max_token_bytes: usize,
+    /// What the template writes around no messages, without and with the generation prompt,
+    /// for a request with no tools and no template variables (made once: every incremental
+    /// turn needs it).
+    frame: std::sync::OnceLock<(String, String)>,
 }
 
 impl std::fmt::Debug for ChatTokenizer {
@@ -156,6 +160,7 @@ impl ChatTokenizer {
             tool_template: tool_use.map(|t| ChatTemplate::new(&t)).transpose()?,
             special,
             eos_id,
+            frame: std::sync::OnceLock::new(),
         })
     }
 
@@ -238,6 +243,27 @@ impl ChatTokenizer {
         );
         self.template_for(tools)
             .render(JValue::from(minijinja::value::Serde(Value::Object(ctx))))
+    }
+
+    /// What the template writes for no messages, without and with the generation prompt (a
+    /// tools header, say, and the generation prompt after it); kept for requests with no tools
+    /// and no `kwargs`, which most turns are.
+    pub fn frame(
+        &self,
+        tools: Option<&[Value]>,
+        kwargs: &Map<String, Value>,
+    ) -> Result<(std::borrow::Cow<'_, str>, std::borrow::Cow<'_, str>), AgentError> {
+        use std::borrow::Cow;
+        let plain = tools.is_none() && kwargs.is_empty();
+        if plain && let Some((a, b)) = self.frame.get() {
+            return Ok((Cow::Borrowed(a), Cow::Borrowed(b)));
+        }
+        let a = self.render(&[], tools, false, kwargs)?;
+        let b = self.render(&[], tools, true, kwargs)?;
+        if plain {
+            let _ = self.frame.set((a.clone(), b.clone()));
+        }
+        Ok((Cow::Owned(a), Cow::Owned(b)))
     }
 
     /// Whether the template a request with `tools` renders with writes each message from that

@@ -81,6 +81,7 @@ impl SessionStore {
                 tokens,
                 reserved: 0,
                 last: Instant::now(),
+                sent: None,
             };
             for (i, reward) in &r.rewards {
                 s.apply_reward(i.as_deref(), *reward);

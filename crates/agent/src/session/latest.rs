@@ -23,13 +23,65 @@ pub struct Latest {
     pub output_text: String,
 }
 
+/// The bytes a client sent a session's latest turn's messages as, so the next request's copy of
+/// them is recognized by comparing bytes, not read again message by message.
+#[derive(Debug)]
+pub(crate) struct Sent {
+    /// The turn's index.
+    turn: usize,
+    /// The messages' JSON, from the first one's `{` to the last one's `}`, as sent.
+    raw: Vec<u8>,
+}
+
+/// A request's first messages, found to be byte for byte those its session's latest turn was
+/// sent with ([`SessionStore::known`]).
+#[derive(Debug)]
+pub struct Known {
+    /// The turn's index.
+    pub turn: usize,
+    /// Its messages as the template read them (so the request's copy need not be read).
+    pub messages: Vec<Value>,
+}
+
 impl SessionStore {
+    /// Keeps `raw`, the bytes the client sent turn `turn_id`'s messages as, when that turn is
+    /// session `id`'s latest ([`SessionStore::known`] compares the next request with them).
+    pub fn keep_sent(&self, id: &str, turn_id: &str, raw: Vec<u8>) {
+        let mut g = self.inner.lock();
+        if let Some(s) = g.sessions.get_mut(id)
+            && let Some(i) = s.turns.len().checked_sub(1)
+            && s.turns[i].id == turn_id
+        {
+            s.sent = Some(Sent { turn: i, raw });
+        }
+    }
+
+    /// Session `id`'s latest turn's messages when a request's first ones are byte for byte
+    /// what the client sent that turn's messages as: `span(m)` is the bytes of the request's
+    /// first `m` messages, as [`SessionStore::keep_sent`] was given them (`None` when the
+    /// request has too few). The caller then reads only the messages after them.
+    pub fn known<'a>(
+        &self,
+        id: &str,
+        span: impl FnOnce(usize) -> Option<&'a [u8]>,
+    ) -> Option<Known> {
+        let g = self.inner.lock();
+        let s = g.sessions.get(id)?;
+        let sent = s.sent.as_ref()?;
+        let t = s.turns.last().filter(|_| sent.turn + 1 == s.turns.len())?;
+        (span(t.messages.len())? == sent.raw.as_slice()).then(|| Known {
+            turn: sent.turn,
+            messages: t.messages.clone(),
+        })
+    }
+
     /// Session `id`'s latest turn when `messages` continue it: they begin with exactly its
     /// messages, then its reply (compared as [`crate::messages::comparable`] compares, since a
     /// client writes a reply back its own way), then at least one more; and no earlier turn
     /// covers more of them (what [`SessionStore::base`] would pick instead). `None`: use
-    /// [`SessionStore::base`].
-    pub fn latest(&self, id: &str, messages: &[Value]) -> Option<Latest> {
+    /// [`SessionStore::base`]. `known`: the turn whose messages the request's first ones are
+    /// already known to be ([`SessionStore::known`]), which are then not compared again.
+    pub fn latest(&self, id: &str, messages: &[Value], known: Option<usize>) -> Option<Latest> {
         let g = self.inner.lock();
         let s = g.sessions.get(id)?;
         let index = s.turns.len().checked_sub(1)?;
@@ -37,7 +89,7 @@ impl SessionStore {
         let m = t.messages.len();
         if messages.len() <= m + 1
             || s.turns.iter().any(|o| o.messages.len() > m)
-            || messages[..m] != t.messages[..]
+            || (known != Some(index) && messages[..m] != t.messages[..])
             || comparable(&messages[m]) != comparable(&t.reply)
         {
             return None;

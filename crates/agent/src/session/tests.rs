@@ -92,3 +92,32 @@ fn limits_hold() {
         Err(AgentError::Conflict(_) | AgentError::Full(_))
     ));
 }
+
+#[test]
+fn a_history_sent_again_byte_for_byte_is_known_without_reading_it() {
+    let store = SessionStore::new(SessionLimits::default());
+    let (id, _) = store.open(None, None).unwrap();
+    let u1 = json!({"role": "user", "content": "hi"});
+    store
+        .record(&id, turn(std::slice::from_ref(&u1), "yo", &[1, 2]))
+        .unwrap();
+    let sent = br#"{"role":"user","content":"hi"}"#;
+    // Kept only for the session's latest turn, by its id.
+    store.keep_sent(&id, "not-it", sent.to_vec());
+    assert!(store.known(&id, |_| Some(&sent[..])).is_none());
+    store.keep_sent(&id, "t", sent.to_vec());
+    let k = store
+        .known(&id, |m| (m == 1).then_some(&sent[..]))
+        .expect("the same bytes");
+    assert_eq!((k.turn, k.messages), (0, vec![u1.clone()]));
+    assert!(
+        store
+            .known(&id, |_| Some(&br#"{"role": "user", "content": "hi"}"#[..]))
+            .is_none(),
+        "written differently: read message by message"
+    );
+    assert!(store.known(&id, |_| None).is_none(), "too few messages");
+    // A newer turn makes the kept bytes stale.
+    store.record(&id, turn(&[u1], "again", &[3])).unwrap();
+    assert!(store.known(&id, |_| Some(&sent[..])).is_none());
+}

@@ -90,6 +90,9 @@ pub(super) async fn targeted(
             .run(Request::from_parts(parts, Body::from(bytes)))
             .await;
     };
+    // An agent turn under one of these ids ends aborted rather than resubmitting the piece
+    // its engine aborts (or, between pieces, before sending the next).
+    state.agent_cancels.abort(&ids);
     // Every id must be held here; the workers of each, by URL.
     let mut by_worker: BTreeMap<String, (Arc<dyn Worker>, Vec<String>)> = BTreeMap::new();
     for id in &ids {

@@ -215,6 +215,10 @@ pub(crate) struct GatewayState {
     pub(crate) agent: Option<Arc<troupe_agent::Agent>>,
     /// What bounds its work: the workers' context, and its CPU work off the async workers.
     pub(crate) agent_work: agent::Work,
+    /// The agent turns running now by request id, and which a client aborted.
+    pub(crate) agent_cancels: Arc<agent::Cancels>,
+    /// Each recorded session's token ids as the JSON text its next turn's `/generate` reuses.
+    pub(crate) agent_ids: agent::IdsText,
 }
 
 impl GatewayConfig {
@@ -395,6 +399,8 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         inflight: Arc::default(),
         agent,
         agent_work: agent::Work::default(),
+        agent_cancels: Arc::default(),
+        agent_ids: agent::IdsText::new(cfg.agent.as_ref().map_or(1, |a| a.max_sessions)),
         cfg,
     });
     if state.cfg.admin_key.is_none() && !addr.ip().is_loopback() {

@@ -215,6 +215,9 @@ fn spec(
         } else {
             super::session_of(agent, admin_key, headers, obj)
         },
+        rid: super::request_id(headers, obj)?,
+        known: None,
+        started: None,
     })
 }
 
@@ -243,15 +246,17 @@ pub(super) async fn messages(
         Ok(p) => p,
         Err(e) => return error(e.status, &e.message),
     };
-    let id = spec.id.clone();
+    let (id, rid) = (spec.id.clone(), spec.rid.clone());
     match turn::run(&state, &agent, &headers, spec).await {
         Ok(out) => {
             let msg = answer(&agent.model, &id, &out);
-            if stream {
+            let mut r = if stream {
                 events(&msg)
             } else {
                 (StatusCode::OK, axum::Json(msg)).into_response()
-            }
+            };
+            super::early::with_id(&mut r, &rid);
+            r
         }
         Err(e) => error(e.status, &e.message),
     }

@@ -13,7 +13,6 @@ use serde_json::{Map, Value, json};
 
 use super::super::GatewayState;
 use super::turn::TurnError;
-use crate::metrics::Endpoint;
 
 /// Largest engine answer read (ids, logprobs and versions of a long output).
 const MAX_ANSWER_BYTES: usize = 256 << 20;
@@ -39,20 +38,16 @@ pub(super) fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-/// One `/generate` through the gateway: (status, answer).
+/// One `/generate` through the gateway: (status, answer). `obj` is the body, handed to the
+/// router as the object it is (its token ids are not parsed back), `raw` its text.
 async fn once(
     state: &Arc<GatewayState>,
     headers: HeaderMap,
-    body: Value,
+    obj: Map<String, Value>,
+    raw: String,
 ) -> Result<(StatusCode, Value, Bytes), TurnError> {
-    let raw = Bytes::from(body.to_string());
-    let resp = match body {
-        // Handed over as the object it is: its token ids are not parsed back from `raw`.
-        Value::Object(obj) => {
-            super::super::forward::handle_object(state.clone(), headers, obj, raw).await
-        }
-        _ => super::super::forward::handle(state.clone(), Endpoint::Generate, headers, raw).await,
-    };
+    let resp =
+        super::super::forward::handle_object(state.clone(), headers, obj, Bytes::from(raw)).await;
     let status = resp.status();
     let bytes = axum::body::to_bytes(resp.into_body(), MAX_ANSWER_BYTES)
         .await
@@ -66,12 +61,15 @@ async fn once(
 
 /// Generates from `prompt` with SGLang `sampling` parameters; `session` (a recorded session)
 /// routes it to the session's engine, else the client's own session key (`X-Session-ID` and
-/// the other dialects' headers) does, as it would without the agent layer; `client` lends its
-/// `X-Request-Id`.
+/// the other dialects' headers) does, as it would without the agent layer. Every piece goes out
+/// under `rid` (the client's `X-Request-Id`, or one the gateway made), so an abort by that id
+/// reaches the engine holding it; a piece aborted that way ends the turn (`finish_reason`
+/// abort) instead of being resubmitted as a pause's abort is.
 pub(super) async fn generate(
     state: &Arc<GatewayState>,
     session: Option<&str>,
     client: &HeaderMap,
+    rid: &str,
     prompt: &[u32],
     sampling: &Map<String, Value>,
 ) -> Result<Generated, TurnError> {
@@ -86,16 +84,32 @@ pub(super) async fn generate(
     if let Some(s) = key.and_then(|s| HeaderValue::from_str(&s).ok()) {
         headers.insert("x-session-id", s);
     }
-    if let Some(r) = client.get("x-request-id") {
-        headers.insert("x-request-id", r.clone());
-    }
+    let id = HeaderValue::from_str(rid).map_err(|_| {
+        TurnError::bad("the request id must be visible ASCII (X-Request-Id, request_id)")
+    })?;
+    headers.insert("x-request-id", id);
+    let running = state.agent_cancels.begin(rid);
     let budget = sampling.get("max_new_tokens").and_then(Value::as_u64);
     let deadline = Instant::now() + state.cfg.request_timeout;
     let mut g = Generated::default();
     let mut resubmits = 0u32;
+    let mut kept = state.agent_ids.take(session, prompt);
+    // The router reads the ids from the body's object only to route by prompt (a text-aware
+    // policy), for PD, or to write a vLLM worker's token route; otherwise it forwards the text,
+    // and a list of thousands of JSON numbers is not built for nothing each turn.
+    let ids_read = state.router.needs_text()
+        || state.cfg.pd
+        || state
+            .router
+            .workers()
+            .iter()
+            .any(|w| w.dialect() == troupe_wire::EngineDialect::Vllm);
     loop {
-        let mut input = prompt.to_vec();
-        input.extend(&g.output_ids);
+        if running.aborted() {
+            // Aborted between pieces (or before the first): nothing more is sent.
+            g.meta["finish_reason"] = json!({"type": "abort", "message": "aborted by the client"});
+            break;
+        }
         let mut sp = sampling.clone();
         if let Some(b) = budget {
             sp.insert(
@@ -103,8 +117,24 @@ pub(super) async fn generate(
                 json!(b.saturating_sub(g.output_ids.len() as u64)),
             );
         }
-        let body = json!({"input_ids": input, "sampling_params": sp, "return_logprob": true});
-        let (status, v, bytes) = once(state, headers.clone(), body).await?;
+        // The body's text from the kept text of the ids (prompt and output so far).
+        let sp_text = serde_json::to_string(&sp).map_err(|e| TurnError::bad(e.to_string()))?;
+        let mut raw = String::with_capacity(kept.text.len() + sp_text.len() + 64);
+        raw.push_str("{\"input_ids\":[");
+        raw.push_str(&kept.text);
+        raw.push_str("],\"sampling_params\":");
+        raw.push_str(&sp_text);
+        raw.push_str(",\"return_logprob\":true}");
+        let mut obj = Map::new();
+        if ids_read {
+            obj.insert(
+                "input_ids".into(),
+                Value::Array(kept.ids.iter().map(|&i| Value::from(i)).collect()),
+            );
+        }
+        obj.insert("sampling_params".into(), Value::Object(sp));
+        obj.insert("return_logprob".into(), Value::Bool(true));
+        let (status, v, bytes) = once(state, headers.clone(), obj, raw).await?;
         if !status.is_success() {
             let message = v["message"].as_str().map_or_else(
                 || String::from_utf8_lossy(&bytes).into_owned(),
@@ -131,18 +161,22 @@ pub(super) async fn generate(
                 piece.len(),
             )),
         }
+        kept.extend(&piece);
         g.output_ids.extend(piece);
         g.meta = meta;
         let aborted = g.meta["finish_reason"]["type"] == "abort";
         let spent = budget.is_some_and(|b| g.output_ids.len() as u64 >= b);
-        if !aborted || spent || Instant::now() >= deadline {
-            if aborted && spent {
+        if !aborted || spent || running.aborted() || Instant::now() >= deadline {
+            if aborted && spent && !running.aborted() {
                 g.meta["finish_reason"] = json!({"type": "length", "length": g.output_ids.len()});
             }
             break;
         }
         resubmits += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if let Some(s) = session {
+        state.agent_ids.keep(s, kept);
     }
     g.logprobs.resize(g.output_ids.len(), 0.0);
     if let Some(m) = g.meta.as_object_mut() {

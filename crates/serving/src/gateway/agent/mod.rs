@@ -12,7 +12,11 @@
 //! - [`sessions`]: opening, rewarding, finishing and exporting sessions.
 
 mod anthropic;
+mod cancel;
+mod chat_body;
+mod early;
 mod generate;
+mod ids_text;
 pub(crate) mod journal;
 mod openai;
 mod responses;
@@ -20,6 +24,8 @@ mod sessions;
 mod turn;
 mod work;
 
+pub(crate) use cancel::Cancels;
+pub(crate) use ids_text::IdsText;
 pub(crate) use work::Work;
 
 use std::sync::Arc;
@@ -31,6 +37,7 @@ use serde_json::{Map, Value};
 use troupe_agent::Agent;
 
 use super::GatewayState;
+use super::request::MAX_ID_BYTES;
 
 /// The agent routes (merged into the gateway's app when it has a tokenizer).
 pub(super) fn routes() -> Router<Arc<GatewayState>> {
@@ -85,6 +92,43 @@ pub(super) fn session_of(
         .ok()
         .flatten()
         .filter(|id| agent.sessions.contains(id))
+}
+
+/// The id a turn's generation runs under, so a client can abort it by id as it aborts a plain
+/// `/generate`: the `X-Request-Id` header (vLLM's servers read it), else the body's
+/// `request_id` (vLLM's chat field), else one the gateway makes (`troupe-…`); the answer says
+/// it in `X-Request-Id`. An id over [`MAX_ID_BYTES`] bytes is refused, not echoed.
+pub(super) fn request_id(
+    headers: &HeaderMap,
+    body: &Map<String, Value>,
+) -> Result<String, turn::TurnError> {
+    let given =
+        match headers.get("x-request-id") {
+            Some(h) => Some(h.to_str().map_err(|_| {
+                turn::TurnError::bad("the X-Request-Id header must be visible ASCII")
+            })?),
+            None => match body.get("request_id") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(s.as_str()),
+                Some(v) => {
+                    return Err(turn::TurnError::bad(format!(
+                        "request_id must be a string, got {}",
+                        troupe_wire::error_chain::clip(&v.to_string())
+                    )));
+                }
+            },
+        };
+    match given.filter(|g| !g.is_empty()) {
+        Some(g) if g.len() > MAX_ID_BYTES => Err(turn::TurnError::bad(format!(
+            "the request id is {} bytes, over the {MAX_ID_BYTES} a request id may have; use a shorter id",
+            g.len()
+        ))),
+        Some(g) if !g.bytes().all(|b| b.is_ascii_graphic() || b == b' ') => Err(
+            turn::TurnError::bad("the request id (X-Request-Id, request_id) must be visible ASCII"),
+        ),
+        Some(g) => Ok(g.to_string()),
+        None => Ok(format!("troupe-{}", uuid::Uuid::new_v4().simple())),
+    }
 }
 
 /// Seconds since the epoch, for `created`.

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
-use troupe_agent::{Agent, messages};
+use troupe_agent::Agent;
 
 use super::super::GatewayState;
 use super::turn::{self, Stop, TurnError, TurnOut, TurnSpec};
@@ -21,14 +21,19 @@ use crate::metrics::Endpoint;
 /// An error in OpenAI's shape.
 pub(super) fn error(status: u16, message: &str) -> Response {
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let kind = match status {
+    let body =
+        json!({"error": {"message": message, "type": kind(status), "param": null, "code": status}});
+    (code, axum::Json(body)).into_response()
+}
+
+/// OpenAI's error `type` for an HTTP status.
+fn kind(status: u16) -> &'static str {
+    match status {
         404 => "not_found_error",
         429 => "rate_limit_error",
         400..=499 => "invalid_request_error",
         _ => "server_error",
-    };
-    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": status}});
-    (code, axum::Json(body)).into_response()
+    }
 }
 
 /// The request's tools, checked: `[{"type": "function", "function": {"name": ...}}]`.
@@ -123,15 +128,17 @@ pub(super) async fn chat(
     let Some(agent) = state.agent.clone() else {
         return super::super::forward::handle(state, Endpoint::ChatCompletions, headers, raw).await;
     };
-    let obj: Map<String, Value> = match serde_json::from_slice(&raw) {
-        Ok(o) => o,
+    let body = match super::chat_body::ChatBody::read(&raw) {
+        Ok(b) => b,
         Err(e) => return error(400, &format!("the body must be a JSON object: {e}")),
     };
+    let obj = &body.obj;
     let prepared = (|| -> Result<(TurnSpec, bool, bool, bool), TurnError> {
-        check_model(&obj, &agent)?;
-        let msgs = messages::for_template(obj.get("messages").unwrap_or(&Value::Null))?;
-        let tools = tools(&obj)?;
-        let (parse_tools, forced) = tool_choice(&obj, &tools)?;
+        check_model(obj, &agent)?;
+        let session = super::session_of(&agent, state.cfg.admin_key.as_deref(), &headers, obj);
+        let (msgs, known) = body.messages(&agent, session.as_deref())?;
+        let tools = tools(obj)?;
+        let (parse_tools, forced) = tool_choice(obj, &tools)?;
         let kwargs = match obj.get("chat_template_kwargs") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(k)) => k.clone(),
@@ -153,24 +160,54 @@ pub(super) async fn chat(
             parse_tools,
             forced,
             kwargs,
-            sampling: turn::sampling(&obj)?,
-            session: super::session_of(&agent, state.cfg.admin_key.as_deref(), &headers, &obj),
+            sampling: turn::sampling(obj)?,
+            session,
+            rid: super::request_id(&headers, obj)?,
+            known,
+            started: None,
         };
-        Ok((spec, flag(&obj, "logprobs")?, flag(&obj, "stream")?, usage))
+        Ok((spec, flag(obj, "logprobs")?, flag(obj, "stream")?, usage))
     })();
     let (spec, logprobs, stream, usage) = match prepared {
         Ok(p) => p,
         Err(e) => return error(e.status, &e.message),
     };
-    let id = spec.id.clone();
+    let (id, rid) = (spec.id.clone(), spec.rid.clone());
+    // The bytes of this request's messages, kept with its turn once recorded: the next turn
+    // sends them again and is matched by them (`chat_body`).
+    let sent = spec.session.clone().zip(body.sent());
+    let keep = {
+        let (a, id) = (agent.clone(), id.clone());
+        move || {
+            if let Some((s, raw)) = sent {
+                a.sessions.keep_sent(&s, &id, raw);
+            }
+        }
+    };
+    drop(body);
+    if stream {
+        let a = agent.clone();
+        let text = move |out: TurnOut| {
+            keep();
+            chunks(&answer(&a, &id, &out, logprobs), usage)
+        };
+        let failed = |e: TurnError| {
+            let body = json!({"error": {"message": e.message, "type": kind(e.status),
+                                        "param": null, "code": e.status}});
+            format!("data: {body}\n\ndata: [DONE]\n\n")
+        };
+        return match super::early::streamed(&state, &agent, headers, spec, text, failed).await {
+            Ok(r) => r,
+            Err(e) => error(e.status, &e.message),
+        };
+    }
     match turn::run(&state, &agent, &headers, spec).await {
         Ok(out) => {
+            keep();
             let body = answer(&agent, &id, &out, logprobs);
-            if stream {
-                chunks(&body, usage)
-            } else {
-                (StatusCode::OK, axum::Json(body)).into_response()
-            }
+            let mut r = (StatusCode::OK, axum::Json(body)).into_response();
+            super::early::with_id(&mut r, &rid);
+            r
         }
         Err(e) => error(e.status, &e.message),
     }
@@ -224,8 +261,8 @@ fn answer(agent: &troupe_agent::Agent, id: &str, out: &TurnOut, logprobs: bool) 
     })
 }
 
-/// The answer as a chat completion stream (sent whole once the turn is done).
-fn chunks(body: &Value, usage: bool) -> Response {
+/// The answer as a chat completion stream's text (sent whole once the turn is done).
+fn chunks(body: &Value, usage: bool) -> String {
     let base = |delta: Value, finish: Value| {
         json!({"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
                "model": body["model"], "choices": [{"index": 0, "delta": delta, "logprobs": null,
@@ -265,5 +302,5 @@ fn chunks(body: &Value, usage: bool) -> Response {
         text.push_str(&format!("data: {e}\n\n"));
     }
     text.push_str("data: [DONE]\n\n");
-    ([(header::CONTENT_TYPE, "text/event-stream")], text).into_response()
+    text
 }

@@ -323,6 +323,9 @@ fn prepare(
         kwargs: Map::new(),
         sampling,
         session,
+        rid: super::request_id(headers, obj)?,
+        known: None,
+        started: None,
     };
     Ok(Prepared { spec, stream, echo })
 }
@@ -347,15 +350,17 @@ pub(super) async fn create(
         Ok(p) => p,
         Err(e) => return error(e.status, &e.message),
     };
-    let id = p.spec.id.clone();
+    let (id, rid) = (p.spec.id.clone(), p.spec.rid.clone());
     match turn::run(&state, &agent, &headers, p.spec).await {
         Ok(out) => {
             let body = answer(&agent.model, &id, &out, p.echo);
-            if p.stream {
+            let mut r = if p.stream {
                 events::stream(&body)
             } else {
                 (StatusCode::OK, axum::Json(body)).into_response()
-            }
+            };
+            super::early::with_id(&mut r, &rid);
+            r
         }
         Err(e) => error(e.status, &e.message),
     }

@@ -155,6 +155,7 @@ pub(super) async fn finish(
             .sessions
             .take(&id)
             .ok_or_else(|| detail(404, &format!("session {id} is not open")))?;
+        state.agent_ids.forget(&id);
         Ok(axum::Json(export::trajectory(&s)).into_response())
     };
     answer(run())
@@ -282,6 +283,7 @@ async fn exported(state: &GatewayState, raw: &[u8]) -> Result<Response, Detail> 
         .sessions
         .take(&id)
         .ok_or_else(|| detail(404, &format!("Session {id} not found")))?;
+    state.agent_ids.forget(&id);
     let json = export::areal(&s, gamma, concat);
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/json")],

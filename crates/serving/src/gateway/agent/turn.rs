@@ -30,6 +30,15 @@ pub(super) struct TurnSpec {
     pub sampling: Map<String, Value>,
     /// The recorded session, if any.
     pub session: Option<String>,
+    /// The id its generation runs under, which an abort by id names ([`super::request_id`]).
+    pub rid: String,
+    /// (turn, count): the request's first `count` messages are known to be the session's
+    /// turn `turn`'s messages, as sent (`SessionStore::known`): neither compared nor bounded
+    /// again (that turn's prompt fit).
+    pub known: Option<(usize, usize)>,
+    /// Told when the turn starts generating (its prompt made and its room held): a stream's
+    /// head, with the id to abort by, goes out then.
+    pub started: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// Why a finished output stopped.
@@ -82,10 +91,15 @@ impl TurnError {
     }
 }
 
+/// Below this many bytes of new text a turn's prompt is made on the task that serves it: the
+/// hand-off to a blocking thread costs more than rendering and tokenizing a few messages.
+const INLINE_BYTES: usize = 4096;
+
 /// A turn's prompt tokens: refused from the text's length when it cannot fit the model's
-/// context (before any rendering), rendered and tokenized on a blocking thread under the
-/// gateway's CPU bound, then checked in tokens against the context with room for `max_new`.
-/// The spec travels to that thread and back whole, so no message is copied for it.
+/// context (before any rendering), rendered and tokenized (on a blocking thread under the
+/// gateway's CPU bound, unless the new text is small), then checked in tokens against the
+/// context with room for `max_new`. The spec travels to that thread and back whole, so no
+/// message is copied for it.
 pub(super) async fn prompt(
     state: &Arc<GatewayState>,
     agent: &Arc<Agent>,
@@ -94,29 +108,39 @@ pub(super) async fn prompt(
     max_new: usize,
 ) -> Result<(Prompt, TurnSpec), TurnError> {
     let context = state.agent_work.context();
+    let (known, from) = spec.known.map_or((None, 0), |(t, n)| (Some(t), n));
     let bytes = spec
         .messages
+        .get(from..)
+        .unwrap_or_default()
         .iter()
         .chain(&spec.tools)
         .map(bound::text_bytes)
         .fold(0, usize::saturating_add)
         .saturating_add(forced.as_ref().map_or(0, String::len));
     bound::check_text(bytes, context, agent.tokenizer.max_token_bytes())?;
-    let a = agent.clone();
-    let (prompt, spec) = state
-        .agent_work
-        .cpu(move || {
-            let tools = (!spec.tools.is_empty()).then_some(spec.tools.as_slice());
-            let p = a.prompt(
-                spec.session.as_deref(),
-                &spec.messages,
-                tools,
-                &spec.kwargs,
-                forced.as_deref(),
-            );
-            (p, spec)
-        })
-        .await?;
+    let make = move |a: &Agent, spec: TurnSpec| {
+        let tools = (!spec.tools.is_empty()).then_some(spec.tools.as_slice());
+        let p = a.prompt_known(
+            spec.session.as_deref(),
+            &spec.messages,
+            tools,
+            &spec.kwargs,
+            forced.as_deref(),
+            known,
+        );
+        (p, spec)
+    };
+    // A known history is not rendered again with a local template (only the new messages
+    // are); any other template renders it whole, off the async workers.
+    let tools = (!spec.tools.is_empty()).then_some(spec.tools.as_slice());
+    let small = bytes < INLINE_BYTES && (known.is_none() || agent.tokenizer.local(tools));
+    let (prompt, spec) = if small {
+        make(agent, spec)
+    } else {
+        let a = agent.clone();
+        state.agent_work.cpu(move || make(&a, spec)).await?
+    };
     let prompt = prompt?;
     bound::check_tokens(prompt.ids.len(), max_new, context)?;
     Ok((prompt, spec))
@@ -185,7 +209,7 @@ pub(super) async fn run(
         .map_or(DEFAULT_MAX_NEW_TOKENS, |n| {
             usize::try_from(n).unwrap_or(usize::MAX)
         });
-    let (prompt, spec) = prompt(state, agent, spec, forced.clone(), max_new).await?;
+    let (prompt, mut spec) = prompt(state, agent, spec, forced.clone(), max_new).await?;
     // The room this turn may record is held before it generates: a turn that could not be
     // recorded costs no engine work, and concurrent turns of one session count together.
     let _held = match &spec.session {
@@ -196,10 +220,17 @@ pub(super) async fn run(
         ),
         None => None,
     };
+    if spec.rid.is_empty() {
+        spec.rid = format!("troupe-{}", uuid::Uuid::new_v4().simple());
+    }
+    if let Some(tx) = spec.started.take() {
+        let _ = tx.send(());
+    }
     let generated = super::generate::generate(
         state,
         spec.session.as_deref(),
         client,
+        &spec.rid,
         &prompt.ids,
         &sampling,
     )
