@@ -31,6 +31,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use axum::body::Bytes;
 use futures::StreamExt;
@@ -214,8 +216,8 @@ async fn closed_loop(
 ) -> Result<Run, String> {
     let next = Arc::new(AtomicUsize::new(0));
     let path = match route {
-        Route::Generate => "/generate",
-        Route::Chat => "/v1/chat/completions",
+        Route::Generate => ep::Generate::PATH,
+        Route::Chat => ep::ChatCompletions::PATH,
     };
     let urls: Arc<Vec<String>> = Arc::new(urls.iter().map(|u| format!("{u}{path}")).collect());
     let b = match route {

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -64,15 +66,15 @@ async fn info() -> Response {
 
 fn backend_app(b: Arc<Backend>) -> axum::Router {
     axum::Router::new()
-        .route("/generate", post(generate))
-        .route("/v1/completions", post(generate))
-        .route("/health", get(|| async { "ok" }))
-        .route("/health_generate", get(|| async { "ok" }))
-        .route("/get_server_info", get(info))
-        .route("/server_info", get(info))
-        .route("/get_model_info", get(info))
-        .route("/model_info", get(info))
-        .route("/v1/models", get(info))
+        .route(ep::Generate::PATH, post(generate))
+        .route(ep::Completions::PATH, post(generate))
+        .route(ep::Health::PATH, get(|| async { "ok" }))
+        .route(ep::HealthGenerate::PATH, get(|| async { "ok" }))
+        .route(ep::GetServerInfo::PATH, get(info))
+        .route(ep::ServerInfo::PATH, get(info))
+        .route(ep::GetModelInfo::PATH, get(info))
+        .route(ep::ModelInfo::PATH, get(info))
+        .route(ep::Models::PATH, get(info))
         .with_state(b)
 }
 

@@ -19,6 +19,8 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -256,27 +258,27 @@ async fn generate(State(s): St, body: axum::body::Bytes) -> Response {
 
 fn router(s: Arc<Stand>) -> Router {
     Router::new()
-        .route("/health", get(|| async { StatusCode::OK }))
-        .route("/ready", get(|| async { StatusCode::OK }))
-        .route("/health_generate", get(|| async { StatusCode::OK }))
-        .route("/server_info", get(server_info))
-        .route("/get_server_info", get(server_info))
-        .route("/model_info", get(model_info))
-        .route("/get_model_info", get(model_info))
-        .route("/get_weight_version", get(weight_version))
-        .route("/get_load", get(get_load))
-        .route("/generate", post(generate))
-        .route("/pause_generation", post(pause))
-        .route("/continue_generation", post(resume))
-        .route("/update_weight_version", post(set_version))
-        .route("/flush_cache", post(admin_ok).get(admin_ok))
-        .route("/release_memory_occupation", post(admin_ok))
-        .route("/resume_memory_occupation", post(admin_ok))
-        .route("/abort_request", post(|| async { ok() }))
-        .route("/init_weights_update_group", post(no_weights))
-        .route("/update_weights_from_distributed", post(no_weights))
-        .route("/destroy_weights_update_group", post(no_weights))
-        .route("/update_weights_from_disk", post(no_weights))
+        .route(ep::Health::PATH, get(|| async { StatusCode::OK }))
+        .route(ep::Ready::PATH, get(|| async { StatusCode::OK }))
+        .route(ep::HealthGenerate::PATH, get(|| async { StatusCode::OK }))
+        .route(ep::ServerInfo::PATH, get(server_info))
+        .route(ep::GetServerInfo::PATH, get(server_info))
+        .route(ep::ModelInfo::PATH, get(model_info))
+        .route(ep::GetModelInfo::PATH, get(model_info))
+        .route(ep::GetWeightVersion::PATH, get(weight_version))
+        .route(ep::GetLoad::PATH, get(get_load))
+        .route(ep::Generate::PATH, post(generate))
+        .route(ep::PauseGeneration::PATH, post(pause))
+        .route(ep::ContinueGeneration::PATH, post(resume))
+        .route(ep::UpdateWeightVersion::PATH, post(set_version))
+        .route(ep::FlushCache::PATH, post(admin_ok).get(admin_ok))
+        .route(ep::ReleaseMemoryOccupation::PATH, post(admin_ok))
+        .route(ep::ResumeMemoryOccupation::PATH, post(admin_ok))
+        .route(ep::AbortRequest::PATH, post(|| async { ok() }))
+        .route(ep::InitWeightsUpdateGroup::PATH, post(no_weights))
+        .route(ep::UpdateWeightsFromDistributed::PATH, post(no_weights))
+        .route(ep::DestroyWeightsUpdateGroup::PATH, post(no_weights))
+        .route(ep::UpdateWeightsFromDisk::PATH, post(no_weights))
         .with_state(s)
 }
 

@@ -27,6 +27,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use troupe_wire::endpoints as ep;
 use troupe_wire::routes::serve::ServeEndpoint;
+use troupe_wire::vllm::PauseMode as Mode;
 
 use super::AppState;
 use super::error::{ApiError, bad, object, parse_object};
@@ -107,22 +108,15 @@ fn status(state: &AppState) -> crate::core::scheduler::EngineStatus {
     state.core.status()
 }
 
-/// vLLM's pause modes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Abort,
-    Wait,
-    Keep,
-}
-
+/// vLLM's pause mode of a query (absent: `abort`), spelled as `troupe_wire::vllm` spells it.
 fn mode(q: &[(String, String)]) -> Result<Mode, ApiError> {
     match one(q, "mode") {
-        None | Some("abort") => Ok(Mode::Abort),
-        Some("wait") => Ok(Mode::Wait),
-        Some("keep") => Ok(Mode::Keep),
-        Some(m) => Err(bad(format!(
-            "unknown pause mode {m:?}; use mode=abort, mode=wait or mode=keep"
-        ))),
+        None => Ok(Mode::Abort),
+        Some(m) => Mode::parse(m).ok_or_else(|| {
+            bad(format!(
+                "unknown pause mode {m:?}; use mode=abort, mode=wait or mode=keep"
+            ))
+        }),
     }
 }
 

@@ -100,10 +100,11 @@ fn known(q: &[(String, String)], keys: &[&str]) -> Result<(), ApiError> {
 /// after resume), `wait` (they finish first, then the pause takes effect: Troupe keeps them in
 /// place and lets them finish after resume, the closest the engines offer).
 fn vllm_mode(m: Option<&str>) -> Result<PauseMode, ApiError> {
-    match m {
-        None | Some("abort") => Ok(PauseMode::Abort),
-        Some("keep" | "wait") => Ok(PauseMode::InPlace),
-        Some(o) => Err(bad(format!(
+    use troupe_wire::vllm::PauseMode as Vllm;
+    match m.map(|o| Vllm::parse(o).ok_or(o)) {
+        None | Some(Ok(Vllm::Abort)) => Ok(PauseMode::Abort),
+        Some(Ok(Vllm::Keep | Vllm::Wait)) => Ok(PauseMode::InPlace),
+        Some(Err(o)) => Err(bad(format!(
             "unknown pause mode {o:?}; use \"abort\", \"wait\" or \"keep\""
         ))),
     }
