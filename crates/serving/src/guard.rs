@@ -22,6 +22,8 @@ pub struct LoadGuard {
     worker: Arc<dyn Worker>,
     /// The request's entry in the gateway's in-flight registry, when it has an id.
     _holding: Option<super::inflight::Holding>,
+    /// Its claim on the worker's KV share, when its policy admits by KV pressure.
+    _admitted: Option<super::policy::KvPermit>,
 }
 
 impl LoadGuard {
@@ -31,7 +33,17 @@ impl LoadGuard {
         Self {
             worker,
             _holding: None,
+            _admitted: None,
         }
+    }
+
+    /// Waits for `admission` (the policy's gate on this worker, when it has one) and keeps the
+    /// claim until the guard drops.
+    pub async fn admitted(mut self, admission: Option<super::policy::Admission>) -> Self {
+        if let Some(a) = admission {
+            self._admitted = Some(a.wait().await);
+        }
+        self
     }
 
     /// Also records, for as long as the guard lives, that its worker holds request `rid`,

@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 use super::breaker::BreakerConfig;
 use super::error::ServingError;
 use super::health_config::HealthConfig;
-use super::policy::{CacheAwareConfig, Policy, PolicyKind, RouteContext, StickyConfig};
+use super::policy::{
+    Admission, CacheAwareConfig, KvAdmitConfig, Policy, PolicyKind, RouteContext, StickyConfig,
+};
 use super::worker::{HttpWorker, Worker, WorkerInfo, WorkerSpec, WorkerType, parse_url};
 
 /// Router settings. Defaults: each field's own (`PolicyKind::default()` for every policy).
@@ -35,8 +37,10 @@ pub struct RouterConfig {
     /// Settings of every `cache_aware` policy among the three (SGLang's router also has one set
     /// for prefill and decode).
     pub cache_aware: CacheAwareConfig,
-    /// Settings of every `sticky_least_loaded` policy among the three.
+    /// Settings of every session policy (`sticky_least_loaded`, `kv_sticky`) among the three.
     pub sessions: StickyConfig,
+    /// Settings of every `kv_sticky` policy's admission by KV pressure.
+    pub kv_admission: KvAdmitConfig,
 }
 
 impl RouterConfig {
@@ -49,6 +53,9 @@ impl RouterConfig {
             .map_err(ServingError::Config)?;
         self.sessions
             .check(|k| format!("router.sessions.{k}"))
+            .map_err(ServingError::Config)?;
+        self.kv_admission
+            .check(|k| format!("router.kv_admission.{k}"))
             .map_err(ServingError::Config)
     }
 }
@@ -97,13 +104,11 @@ pub struct Router {
 impl Router {
     /// An empty router.
     pub fn new(cfg: RouterConfig) -> Arc<Self> {
-        let regular = cfg.policy.build_with(&cfg.cache_aware, &cfg.sessions);
-        let prefill = cfg
-            .prefill_policy
-            .build_with(&cfg.cache_aware, &cfg.sessions);
-        let decode = cfg
-            .decode_policy
-            .build_with(&cfg.cache_aware, &cfg.sessions);
+        let build =
+            |k: PolicyKind| k.build_with(&cfg.cache_aware, &cfg.sessions, &cfg.kv_admission);
+        let regular = build(cfg.policy);
+        let prefill = build(cfg.prefill_policy);
+        let decode = build(cfg.decode_policy);
         let needs_text = regular.needs_text() || prefill.needs_text() || decode.needs_text();
         Arc::new(Self {
             regular,
@@ -140,6 +145,21 @@ impl Router {
     /// Drops every session binding; how many there were.
     pub fn clear_sessions(&self) -> usize {
         self.policies().iter().map(|p| p.clear_sessions()).sum()
+    }
+
+    /// Tells every policy that the worker `worker_id`'s KV pool holds `tokens` tokens and its
+    /// context `context` (read from its `/server_info` at registration), for admission by KV
+    /// pressure.
+    pub fn learn_kv_pool(&self, worker_id: &str, tokens: u64, context: u64) {
+        for p in self.policies() {
+            p.learn_kv_pool(worker_id, tokens, context);
+        }
+    }
+
+    /// What a request routed to `w` must wait for before it is sent, by `w`'s type's policy
+    /// (`None`: nothing; only `kv_sticky` gates).
+    pub fn admission(&self, w: &Arc<dyn Worker>, ctx: &RouteContext<'_>) -> Option<Admission> {
+        self.policy(w.worker_type()).admission(w.as_ref(), ctx)
     }
 
     /// The three policies, each once even when one instance serves several types.

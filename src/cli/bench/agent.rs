@@ -10,7 +10,11 @@
 //! - `agent.P.tokens_per_s`: prompt plus completion tokens of every turn per second;
 //! - `agent.P.cache_hit_rate`: prompt tokens served from a prefix cache / all prompt tokens;
 //! - `agent.P.turn_p50_ms`, `agent.P.turn_p99_ms`: a turn's latency;
-//! - `agent.<last>_vs_<first>.tokens_per_s_ratio`: the last policy's throughput over the first's;
+//! - `agent.<last>_vs_<P>.tokens_per_s_ratio` for every other policy `P` (and `vllm_router`):
+//!   the last policy's throughput over theirs;
+//! - with `--repeat N`, every figure is the median of N rounds (each round runs every policy
+//!   and vllm-router once, in turn, so a slow spell of a shared machine hits all alike) and each
+//!   ratio the median of the rounds' ratios;
 //! - `agent.aborts_sent`, `agent.aborts_targeted`, `agent.aborts_reached`: after the last
 //!   policy's sessions, `--aborts` long streamed requests (no id from the client: the gateway
 //!   names each in `X-Request-Id`) are aborted by that id through the gateway, alternately in
@@ -51,9 +55,16 @@ pub struct AgentArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "round_robin,cache_aware,sticky_least_loaded"
+        default_value = "cache_aware,sticky_least_loaded,kv_sticky"
     )]
     pub policy: Vec<String>,
+    /// `kv_sticky`'s share: percent of each engine's KV pool its admitted sessions may fill
+    /// at full context length (`router.kv_admission.pool_percent`).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub kv_pool_percent: u32,
+    /// Rounds; figures are medians over them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=9))]
+    pub repeat: u64,
     /// Latency model: prefill throughput per server, tokens/s.
     #[arg(long, default_value_t = 20_000.0)]
     pub sim_prefill_tokens_per_s: f64,
@@ -260,7 +271,17 @@ async fn run_one(
         Via::Gateway(p) => *p,
         Via::VllmRouter(_) => PolicyKind::default(),
     };
-    let (cluster, svc) = super::fixture::deployment(&plan, extra, policy).await?;
+    let router = troupe_serving::RouterConfig {
+        policy,
+        prefill_policy: policy,
+        decode_policy: policy,
+        kv_admission: troupe_serving::policy::KvAdmitConfig {
+            pool_percent: a.kv_pool_percent,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (cluster, svc) = super::fixture::deployment_with(&plan, extra, router).await?;
     let peer = match via {
         Via::Gateway(_) => Ok(None),
         Via::VllmRouter(bin) => {
@@ -338,6 +359,11 @@ async fn run_one(
     Ok(figures)
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    quantile(&v, 0.5)
+}
+
 /// Runs `troupe bench agent`.
 pub async fn run(a: &AgentArgs) -> Result<Vec<(String, f64)>, String> {
     for (v, flag) in [
@@ -354,60 +380,65 @@ pub async fn run(a: &AgentArgs) -> Result<Vec<(String, f64)>, String> {
             "a session's last prompt would hold {longest} tokens, past the reference model's 4096-token context; lower --turns, --tool-tokens or --max-new-tokens"
         ));
     }
-    let policies: Vec<(String, PolicyKind)> = a
+    let mut runs: Vec<(String, Via)> = a
         .policy
         .iter()
-        .map(|p| PolicyKind::parse(p).map(|k| (p.clone(), k)))
+        .map(|p| PolicyKind::parse(p).map(|k| (p.clone(), Via::Gateway(k))))
         .collect::<Result<_, _>>()
         .map_err(|e| format!("--policy: {e}"))?;
-    if policies.is_empty() {
+    if runs.is_empty() {
         return Err("--policy names no policy".into());
     }
+    let last = runs.len() - 1;
+    if let Some(bin) = &a.vllm_router {
+        runs.push(("vllm_router".into(), Via::VllmRouter(bin.clone())));
+    }
+    // Per run, per figure: its value in each round (in the order the first round gave them).
+    let mut seen: Vec<Vec<(&'static str, Vec<f64>)>> = vec![Vec::new(); runs.len()];
+    for round in 0..a.repeat {
+        for (i, (name, via)) in runs.iter().enumerate() {
+            eprintln!("agent: {name} (round {} of {})", round + 1, a.repeat);
+            let aborts = if i == last && round + 1 == a.repeat {
+                a.aborts
+            } else {
+                0
+            };
+            for (k, v) in run_one(a, via, aborts).await? {
+                match seen[i].iter_mut().find(|(n, _)| *n == k) {
+                    Some((_, vs)) => vs.push(v),
+                    None => seen[i].push((k, vec![v])),
+                }
+            }
+        }
+    }
+    let tps = |i: usize| -> Vec<f64> {
+        seen[i]
+            .iter()
+            .find(|(k, _)| *k == "tokens_per_s")
+            .map_or_else(Vec::new, |(_, v)| v.clone())
+    };
     let mut figures = Vec::new();
-    let mut tps = Vec::new();
-    for (i, (name, kind)) in policies.iter().enumerate() {
-        eprintln!("agent: {name}");
-        let aborts = if i + 1 == policies.len() { a.aborts } else { 0 };
-        let figs = run_one(a, &Via::Gateway(*kind), aborts).await?;
-        for (k, v) in &figs {
+    for (i, (name, _)) in runs.iter().enumerate() {
+        for (k, vs) in &seen[i] {
             let fig = if k.starts_with("aborts_") {
                 format!("agent.{k}")
             } else {
                 format!("agent.{name}.{k}")
             };
-            figures.push((fig, *v));
+            figures.push((fig, median(vs.clone())));
         }
-        tps.push(
-            figs.iter()
-                .find(|(k, _)| *k == "tokens_per_s")
-                .map_or(0.0, |(_, v)| *v),
-        );
     }
-    if let (Some((first, _)), Some((last, _)), Some(f), Some(l)) =
-        (policies.first(), policies.last(), tps.first(), tps.last())
-        && policies.len() > 1
-        && *f > 0.0
-    {
-        figures.push((format!("agent.{last}_vs_{first}.tokens_per_s_ratio"), l / f));
-    }
-    if let Some(bin) = &a.vllm_router {
-        eprintln!("agent: vllm_router ({bin})");
-        let figs = run_one(a, &Via::VllmRouter(bin.clone()), 0).await?;
-        let peer = figs
-            .iter()
-            .find(|(k, _)| *k == "tokens_per_s")
-            .map_or(0.0, |(_, v)| *v);
-        for (k, v) in &figs {
-            figures.push((format!("agent.vllm_router.{k}"), *v));
+    let ours = tps(last);
+    for (i, (name, _)) in runs.iter().enumerate() {
+        let theirs = tps(i);
+        if i == last || theirs.len() != ours.len() || theirs.iter().any(|t| *t <= 0.0) {
+            continue;
         }
-        if let (Some((last, _)), Some(l)) = (policies.last(), tps.last())
-            && peer > 0.0
-        {
-            figures.push((
-                format!("agent.{last}_vs_vllm_router.tokens_per_s_ratio"),
-                l / peer,
-            ));
-        }
+        let ratios: Vec<f64> = ours.iter().zip(&theirs).map(|(o, t)| o / t).collect();
+        figures.push((
+            format!("agent.{}_vs_{name}.tokens_per_s_ratio", runs[last].0),
+            median(ratios),
+        ));
     }
     Ok(figures)
 }
@@ -433,11 +464,13 @@ mod tests {
             tool_tokens: 8,
             max_new_tokens: 4,
             kv_tokens: 8192,
-            policy: vec!["round_robin".into(), "sticky_least_loaded".into()],
+            policy: vec!["round_robin".into(), "kv_sticky".into()],
             sim_prefill_tokens_per_s: 0.0,
             sim_decode_step_ms: 1.0,
             vllm_router: None,
             aborts: 4,
+            kv_pool_percent: 100,
+            repeat: 1,
             json: false,
         };
         let figs = tokio::time::timeout(Duration::from_secs(120), run(&a))
@@ -445,7 +478,7 @@ mod tests {
             .expect("in time")
             .expect("runs");
         let names: Vec<&str> = figs.iter().map(|(n, _)| n.as_str()).collect();
-        for p in ["round_robin", "sticky_least_loaded"] {
+        for p in ["round_robin", "kv_sticky"] {
             for f in [
                 "tokens_per_s",
                 "cache_hit_rate",
@@ -458,7 +491,7 @@ mod tests {
         }
         let hit = figs
             .iter()
-            .find(|(n, _)| n == "agent.sticky_least_loaded.cache_hit_rate")
+            .find(|(n, _)| n == "agent.kv_sticky.cache_hit_rate")
             .map(|(_, v)| *v)
             .unwrap_or(0.0);
         assert!(

@@ -28,6 +28,21 @@ pub async fn deployment(
     extra_args: Vec<String>,
     policy: PolicyKind,
 ) -> Result<(Cluster, Deployment), String> {
+    let router = troupe_serving::RouterConfig {
+        policy,
+        prefill_policy: policy,
+        decode_policy: policy,
+        ..Default::default()
+    };
+    deployment_with(plan, extra_args, router).await
+}
+
+/// [`deployment`] with the gateway's whole router configuration (its policies' settings too).
+pub async fn deployment_with(
+    plan: &AllocationPlan,
+    extra_args: Vec<String>,
+    router: troupe_serving::RouterConfig,
+) -> Result<(Cluster, Deployment), String> {
     let cluster = Cluster::in_process(1, 4)
         .await
         .map_err(|e| format!("cannot start the cluster: {e}"))?;
@@ -35,9 +50,7 @@ pub async fn deployment(
         extra_args,
         ..ForkOptions::default()
     };
-    opts.gateway.router.policy = policy;
-    opts.gateway.router.prefill_policy = policy;
-    opts.gateway.router.decode_policy = policy;
+    opts.gateway.router = router;
     match Deployment::fork(&cluster, plan, &opts).await {
         Ok(svc) => Ok((cluster, svc)),
         Err(e) => {

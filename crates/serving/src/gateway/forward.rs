@@ -63,7 +63,10 @@ async fn regular_once(
         .router
         .route_for(WorkerType::Regular, &req.ctx(), avoid, req.want.as_ref())
         .map_err(ApiError::from)?;
-    let guard = LoadGuard::new(w.clone()).holding(&state.inflight, req.rid(), req.ep);
+    let guard = LoadGuard::new(w.clone())
+        .holding(&state.inflight, req.rid(), req.ep)
+        .admitted(state.router.admission(&w, &req.ctx()))
+        .await;
     // A vLLM worker gets vLLM's token route: the client's own vLLM body, or SGLang's
     // `/generate` translated (and its answer translated back).
     let vllm = w.dialect() == EngineDialect::Vllm;

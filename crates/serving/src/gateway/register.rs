@@ -84,6 +84,14 @@ impl GatewayState {
             if let Some(v) = i.get("weight_version").and_then(serde_json::Value::as_str) {
                 worker.set_weight_version(Some(v));
             }
+            // Its KV pool and context, for policies that admit sessions by KV pressure
+            // (`kv_sticky`).
+            let num = |k: &str| i.get(k).and_then(serde_json::Value::as_u64);
+            if let (Some(pool), Some(context)) =
+                (num("max_total_num_tokens"), num("context_length"))
+            {
+                self.router.learn_kv_pool(worker.id(), pool, context);
+            }
         }
         let mode = info.map(|i| i.get("disaggregation_mode").cloned());
         let unchecked = match mode {

@@ -152,7 +152,10 @@ pub(super) async fn regular(
         .router
         .route_for(WorkerType::Regular, &req.ctx(), avoid, req.want.as_ref())
         .map_err(ApiError::from)?;
-    let guard = LoadGuard::new(w.clone()).holding(&state.inflight, req.rid(), req.ep);
+    let guard = LoadGuard::new(w.clone())
+        .holding(&state.inflight, req.rid(), req.ep)
+        .admitted(state.router.admission(&w, &req.ctx()))
+        .await;
     let (first, up) = open(state, &w, req, req.raw.clone(), last).await?;
     Ok(relay(first, up, None, vec![guard]))
 }

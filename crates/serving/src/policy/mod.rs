@@ -5,13 +5,19 @@
 //! instance, so e.g. prefill can balance by load while decode pins sessions.
 //!
 //! This module holds the trait and the stateless or nearly stateless policies; `cache_aware`
-//! (SGLang's cache-aware policy over an approximate radix tree, `tree`) has its own files.
+//! (SGLang's cache-aware policy over an approximate radix tree, `tree`) has its own files, as
+//! have the session policies (`sticky_least_loaded`, and `kv_sticky` with its KV-pressure
+//! admission gate, `kv_gate`).
 
 mod cache_aware;
+mod kv_gate;
+mod kv_sticky;
 mod sticky_least_loaded;
 mod tree;
 
 pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use kv_gate::{Admission, KvAdmitConfig, KvGates, KvPermit};
+pub use kv_sticky::KvSticky;
 pub use sticky_least_loaded::{StickyConfig, StickyLeastLoaded};
 
 use std::collections::HashMap;
@@ -61,6 +67,14 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn clear_sessions(&self) -> usize {
         0
     }
+    /// Learns that `worker_id`'s KV pool holds `tokens` tokens and its context `context`
+    /// (its `/server_info` at registration), for policies that admit sessions by KV pressure.
+    fn learn_kv_pool(&self, _worker_id: &str, _tokens: u64, _context: u64) {}
+    /// What a request routed to `worker` must wait for before it is sent (`None`: nothing).
+    /// The gateway holds the [`KvPermit`] it yields for as long as the request is in flight.
+    fn admission(&self, _worker: &dyn Worker, _ctx: &RouteContext<'_>) -> Option<Admission> {
+        None
+    }
 }
 
 /// The configurable policies.
@@ -85,6 +99,10 @@ pub enum PolicyKind {
     /// sessions, later turns stick, with an admission cap, idle expiry and `/finish_session`
     /// ([`StickyLeastLoaded`], settings [`StickyConfig`]).
     StickyLeastLoaded,
+    /// Troupe's multi-turn policy: `sticky_least_loaded`'s placement, and an engine runs only
+    /// as many sessions at once as its KV pool holds at full length, the others waiting at the
+    /// gateway ([`KvSticky`], settings [`StickyConfig`] and [`KvAdmitConfig`]).
+    KvSticky,
 }
 
 impl PolicyKind {
@@ -97,24 +115,30 @@ impl PolicyKind {
             "sticky" => Ok(PolicyKind::Sticky),
             "cache_aware" => Ok(PolicyKind::CacheAware),
             "sticky_least_loaded" => Ok(PolicyKind::StickyLeastLoaded),
+            "kv_sticky" => Ok(PolicyKind::KvSticky),
             other => Err(ServingError::Config(format!(
-                "unknown policy {other:?}; use round_robin, random, power_of_two, sticky, sticky_least_loaded or cache_aware"
+                "unknown policy {other:?}; use round_robin, random, power_of_two, sticky, sticky_least_loaded, kv_sticky or cache_aware"
             ))),
         }
     }
 
     /// Builds a fresh policy of this kind (a cache-aware or session one with default settings).
     pub fn build(self) -> Arc<dyn Policy> {
-        self.build_with(&CacheAwareConfig::default(), &StickyConfig::default())
+        self.build_with(
+            &CacheAwareConfig::default(),
+            &StickyConfig::default(),
+            &KvAdmitConfig::default(),
+        )
     }
 
     /// Builds a fresh policy of this kind; `cache_aware` is used by a cache-aware policy only,
-    /// `sessions` by `sticky_least_loaded` only (the router passes its own, so prefill and
-    /// decode share one set of settings, as in SGLang's router).
+    /// `sessions` by the session policies only, `kv` by `kv_sticky` only (the router passes its
+    /// own, so prefill and decode share one set of settings, as in SGLang's router).
     pub fn build_with(
         self,
         cache_aware: &CacheAwareConfig,
         sessions: &StickyConfig,
+        kv: &KvAdmitConfig,
     ) -> Arc<dyn Policy> {
         match self {
             PolicyKind::RoundRobin => Arc::new(RoundRobin::default()),
@@ -123,6 +147,7 @@ impl PolicyKind {
             PolicyKind::Sticky => Arc::new(Sticky::default()),
             PolicyKind::CacheAware => Arc::new(CacheAware::new(*cache_aware)),
             PolicyKind::StickyLeastLoaded => Arc::new(StickyLeastLoaded::new(*sessions)),
+            PolicyKind::KvSticky => Arc::new(KvSticky::new(*sessions, *kv)),
         }
     }
 }
