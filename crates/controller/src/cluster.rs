@@ -17,7 +17,7 @@ use crate::conn::{CallTransport, HostConn};
 use crate::handle::HostHandle;
 use troupe_scheduler::{HostLauncher, LaunchRequest, LaunchedHost, LocalLauncher};
 
-use crate::membership::{ClusterEvent, watch_host};
+use crate::membership::{ClusterEvent, EventSinks, MembershipEvents, watch_host};
 
 /// How in-process hosts are reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -398,7 +398,7 @@ async fn terminate_pid(pid: u32, grace: Duration) {
 pub struct Cluster {
     hosts: Vec<HostHandle>,
     ports: Arc<crate::ports::PortLedger>,
-    events: broadcast::Sender<ClusterEvent>,
+    events: EventSinks,
     owned: Vec<Owned>,
     closing: Arc<AtomicBool>,
     launched: Vec<LaunchedHost>,
@@ -431,7 +431,7 @@ impl Cluster {
         lost_after: Duration,
         same_process: bool,
     ) -> Cluster {
-        let (events, _) = broadcast::channel(4096);
+        let events = EventSinks::new(4096);
         let closing = Arc::new(AtomicBool::new(false));
         let streams = futures::future::join_all(
             conns
@@ -528,9 +528,18 @@ impl Cluster {
             .unwrap_or(loopback)
     }
 
-    /// Subscribes to cluster events (host lost, actor lifecycle).
+    /// Subscribes to cluster events (host lost, actor lifecycle). A receiver that reads too
+    /// slowly lags past 4,096 events and loses the oldest; [`Cluster::membership_events`] loses
+    /// none.
     pub fn events(&self) -> broadcast::Receiver<ClusterEvent> {
         self.events.subscribe()
+    }
+
+    /// Subscribes to every cluster event from now on, none lost however late they are read
+    /// (an unbounded queue): for what must react to every host or actor lost, like the
+    /// serving watcher, which reads only after a bring-up that reports an event per actor.
+    pub fn membership_events(&self) -> MembershipEvents {
+        self.events.subscribe_lossless()
     }
 
     /// Takes over host processes on this machine that an earlier controller started (found

@@ -30,7 +30,7 @@ pub mod serve;
 pub use cluster::{Cluster, ClusterBuilder, ClusterError, InProcessTransport};
 pub use conn::CallTransport;
 pub use handle::{ActorHandle, HostHandle, SpawnOptions};
-pub use membership::ClusterEvent;
+pub use membership::{ClusterEvent, MembershipEvents};
 pub use troupe_actors::{
     Actor, ActorContext, ActorError, CallError, Handler, Message, Methods, Registry, RestartPolicy,
 };

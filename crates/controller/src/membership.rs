@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::broadcast;
+use parking_lot::Mutex;
+use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 use troupe_wire::v1::host_event::Event;
 
@@ -86,13 +87,64 @@ pub enum ClusterEvent {
     },
 }
 
+/// Where the hosts' watchers send cluster events: one broadcast channel for every subscriber
+/// that may miss some (a receiver that lags past its capacity loses the oldest), and one
+/// unbounded queue per [`MembershipEvents`] subscriber, which loses none. Bring-up alone
+/// reports an event per actor started, so with thousands of servers a receiver that reads only
+/// after bring-up, as the serving watcher does, would lag past any fixed capacity.
+#[derive(Debug, Clone)]
+pub(crate) struct EventSinks {
+    all: broadcast::Sender<ClusterEvent>,
+    lossless: Arc<Mutex<Vec<mpsc::UnboundedSender<ClusterEvent>>>>,
+}
+
+impl EventSinks {
+    /// Sinks whose broadcast channel holds `capacity` events per lagging receiver.
+    pub(crate) fn new(capacity: usize) -> Self {
+        EventSinks {
+            all: broadcast::channel(capacity).0,
+            lossless: Arc::default(),
+        }
+    }
+
+    /// Sends `e` to every subscriber (lossless ones whose receiver is gone are dropped).
+    pub(crate) fn send(&self, e: ClusterEvent) {
+        self.lossless.lock().retain(|s| s.send(e.clone()).is_ok());
+        let _ = self.all.send(e);
+    }
+
+    /// A broadcast receiver: it may lag (`RecvError::Lagged`) if it reads too slowly.
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<ClusterEvent> {
+        self.all.subscribe()
+    }
+
+    /// A receiver that gets every event sent from now on, however late it reads.
+    pub(crate) fn subscribe_lossless(&self) -> MembershipEvents {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.lossless.lock().push(tx);
+        MembershipEvents(rx)
+    }
+}
+
+/// Every cluster event from the subscription on, none lost however late they are read
+/// (`Cluster::membership_events`): what reacts to hosts and actors lost must see each one.
+#[derive(Debug)]
+pub struct MembershipEvents(mpsc::UnboundedReceiver<ClusterEvent>);
+
+impl MembershipEvents {
+    /// The next event; `None` once the cluster is gone.
+    pub async fn recv(&mut self) -> Option<ClusterEvent> {
+        self.0.recv().await
+    }
+}
+
 /// Watches one host until it is lost or the cluster closes. `same_process`: the host runs in
 /// this process (an in-process launcher's, over gRPC), so silence does not make it lost.
 pub(crate) async fn watch_host(
     index: usize,
     conn: Arc<HostConn>,
     opened: Result<EventStream, String>,
-    events: broadcast::Sender<ClusterEvent>,
+    events: EventSinks,
     (lost_after, same_process): (Duration, bool),
     closing: Arc<AtomicBool>,
 ) {
@@ -107,7 +159,7 @@ pub(crate) async fn watch_host(
                         Some(Ok(e)) => {
                             deadline = Instant::now() + lost_after;
                             if let Some(ce) = to_cluster_event(&e.host_id, e.event) {
-                                let _ = events.send(ce);
+                                events.send(ce);
                             }
                         }
                         Some(Err(s)) => break format!("event stream failed: {s}"),
@@ -130,7 +182,7 @@ pub(crate) async fn watch_host(
     }
     if conn.mark_lost(&reason) {
         tracing::warn!(host = %conn.host_id, %reason, "host lost");
-        let _ = events.send(ClusterEvent::HostLost {
+        events.send(ClusterEvent::HostLost {
             host: index,
             host_id: conn.host_id.clone(),
             reason,
@@ -175,4 +227,52 @@ fn to_cluster_event(host_id: &str, e: Option<Event>) -> Option<ClusterEvent> {
         },
         Event::Heartbeat(_) => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn started(i: usize) -> ClusterEvent {
+        ClusterEvent::ActorStarted {
+            host_id: "h".into(),
+            actor_id: format!("a{i}"),
+            kind: "k".into(),
+            name: format!("n{i}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_late_reader_of_membership_events_loses_none_where_a_broadcast_one_lags() {
+        tokio::time::timeout(Duration::from_secs(30), late_reader())
+            .await
+            .expect("in time");
+    }
+
+    async fn late_reader() {
+        let sinks = EventSinks::new(4096);
+        let mut lagging = sinks.subscribe();
+        let mut late = sinks.subscribe_lossless();
+        // A bring-up of 4,096 servers reports more actors started than the broadcast holds,
+        // before the serving watcher reads its first event; then a host is lost.
+        for i in 0..5000 {
+            sinks.send(started(i));
+        }
+        let lost = ClusterEvent::HostLost {
+            host: 3,
+            host_id: "h3".into(),
+            reason: "gone".into(),
+        };
+        sinks.send(lost.clone());
+        assert!(matches!(
+            lagging.recv().await,
+            Err(broadcast::error::RecvError::Lagged(_))
+        ));
+        for i in 0..5000 {
+            assert_eq!(late.recv().await, Some(started(i)));
+        }
+        assert_eq!(late.recv().await, Some(lost));
+        drop(sinks);
+        assert_eq!(late.recv().await, None, "the cluster gone ends the stream");
+    }
 }

@@ -245,7 +245,7 @@ impl Deployment {
     ) -> Result<Deployment, ForkError> {
         let started = Instant::now();
         // Subscribed before any server starts, so the serving watcher misses nothing.
-        let events = cluster.events();
+        let events = cluster.membership_events();
         let first = prepared.launches(plan, opts);
         let Prepared {
             hosts,

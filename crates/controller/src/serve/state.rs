@@ -489,7 +489,7 @@ impl Deployment {
             svc.instances.clone(),
             svc.gateway.clone(),
             svc.control.clone(),
-            cluster.events(),
+            cluster.membership_events(),
             svc.serving_events.clone(),
             Some(replacer),
         ));

@@ -20,7 +20,7 @@ pub use super::events::ServingEvent;
 use super::instances::{Instance, Instances};
 use super::replace::Replacer;
 use crate::handle::ActorHandle;
-use crate::membership::ClusterEvent;
+use crate::membership::{ClusterEvent, MembershipEvents};
 use troupe_serving::control_plane::InferenceControl;
 use troupe_serving::control_plane::{Engine, Fleet, HeadState};
 
@@ -38,7 +38,7 @@ pub(crate) fn spawn(
     instances: Instances,
     gateway: ActorHandle<GatewayActor>,
     control: InferenceControl,
-    events: broadcast::Receiver<ClusterEvent>,
+    events: MembershipEvents,
     out: broadcast::Sender<ServingEvent>,
     replacer: Option<Arc<Replacer>>,
 ) -> JoinHandle<()> {
@@ -99,16 +99,13 @@ impl Watcher {
         let _ = self.out.send(e);
     }
 
-    async fn run(self: Arc<Self>, mut events: broadcast::Receiver<ClusterEvent>) {
+    async fn run(self: Arc<Self>, mut events: MembershipEvents) {
         loop {
             let fleet = self.fleet().clone();
             tokio::select! {
                 ev = events.recv() => match ev {
-                    Ok(ev) => self.clone().on_event(ev).await,
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::warn!("serving watcher missed {n} cluster events");
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
+                    Some(ev) => self.clone().on_event(ev).await,
+                    None => return,
                 },
                 _ = fleet.wait_updated() => {
                     let out = fleet.take_held_out();
