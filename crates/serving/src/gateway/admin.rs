@@ -5,6 +5,8 @@
 //! `Authorization: Bearer <admin key>` when the gateway has one.
 
 use std::sync::Arc;
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -22,7 +24,7 @@ use crate::worker::{WorkerSpec, WorkerType};
 /// read.
 pub(super) fn keyed(admin_key: Option<&str>, routes: KeyedRoutes) -> KeyedRoutes {
     routes.with(
-        Paths::Tree("/workers"),
+        Paths::Tree(ep::Workers::PATH),
         admin_key,
         "worker management, a control-plane endpoint",
     )
@@ -101,7 +103,7 @@ pub(super) async fn add(
             "status": "accepted",
             "worker_id": info.id,
             "url": info.url,
-            "location": format!("/workers/{}", info.id),
+            "location": format!("{}/{}", ep::Workers::PATH, info.id),
             "message": format!("worker {} added as {}", info.url, info.worker_type),
             "worker": info,
         })),

@@ -41,6 +41,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use troupe_wire::Endpoint as _;
 use troupe_wire::endpoints as ep;
 use troupe_wire::routes::serve::ServeEndpoint;
 
@@ -548,8 +549,8 @@ fn app(state: Arc<GatewayState>) -> axum::Router {
         .endpoint(ep::Liveness, health)
         .endpoint(ep::Readiness, readiness)
         .endpoint(ep::Metrics, metrics)
-        .route("/workers", post(admin::add).get(admin::list))
-        .route("/workers/{id}", get(admin::get_one).delete(admin::remove))
+        .route(ep::Workers::PATH, post(admin::add).get(admin::list))
+        .route(ep::Worker::PATH, get(admin::get_one).delete(admin::remove))
         .merge(agent::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))

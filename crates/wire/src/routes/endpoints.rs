@@ -18,6 +18,8 @@ pub const POST: &[&str] = &["POST"];
 pub const GET: &[&str] = &["GET"];
 /// `GET` and `POST` (SGLang's `/flush_cache`).
 pub const GET_POST: &[&str] = &["GET", "POST"];
+/// `GET` and `DELETE` (one of the gateway's workers).
+pub const GET_DELETE: &[&str] = &["GET", "DELETE"];
 /// `PUT` (what SGLang's engine takes on `/generate` besides `POST`).
 pub const PUT: &[&str] = &["PUT"];
 
@@ -180,6 +182,11 @@ endpoints! {
     FinishSession = "/finish_session", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
     /// Troupe's gateway: forget every sticky session (admin-keyed by the gateway).
     ClearSessions = "/clear_sessions", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
+    // The gateway's management.
+    /// The gateway's workers: `GET` lists them, `POST` adds one.
+    Workers = "/workers", GET_POST, None, true, Admin, Gateway, Admin, Json: Value => Value;
+    /// One of the gateway's workers: `GET` describes it, `DELETE` removes it.
+    Worker = "/workers/{id}", GET_DELETE, None, true, Admin, Gateway, Admin, None: () => Value;
     // Probes.
     /// `GET /health`: 200 while the server lives.
     Health = "/health", GET, None, false, Normal, Both, Probe, None: () => Value;

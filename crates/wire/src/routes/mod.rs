@@ -50,6 +50,8 @@ pub enum Kind {
     Inference,
     /// Liveness, readiness, load and metrics: open on the engine.
     Probe,
+    /// The gateway's own management (`/workers`), keyed by its admin key.
+    Admin,
 }
 
 /// One route of the engine protocol.
