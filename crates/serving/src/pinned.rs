@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use troupe_wire::WeightVersion;
 use troupe_wire::want::VersionWant;
 
 use crate::error::ServingError;
@@ -18,12 +19,12 @@ use crate::worker::{Worker, WorkerType};
 fn serves(w: &dyn Worker, want: Option<&VersionWant>) -> bool {
     match want {
         None => true,
-        Some(want) => w.weight_version().is_some_and(|v| want.accepts(&v)),
+        Some(want) => w.weight_version().is_some_and(|v| want.accepts(v.as_str())),
     }
 }
 
 /// Whether two workers' known versions allow them to serve one request together.
-fn same_version(a: Option<&str>, b: Option<&str>) -> bool {
+fn same_version(a: Option<&WeightVersion>, b: Option<&WeightVersion>) -> bool {
     match (a, b) {
         (Some(a), Some(b)) => a == b,
         _ => true,
@@ -72,7 +73,7 @@ impl Router {
             Err(e) => return Err(e),
         }
         // Versions differ (a rolling update's step): a prefill that has a decode on its own.
-        let decodes: Vec<Option<Arc<str>>> = self
+        let decodes: Vec<Option<Arc<WeightVersion>>> = self
             .of_type(WorkerType::Decode)
             .iter()
             .filter(|d| d.is_available() && serves(d.as_ref(), want))

@@ -17,7 +17,7 @@ use super::error::ServingError;
 /// The role a server plays: SGLang's `worker_type` of `POST /workers` (defined in `troupe-wire`).
 pub use troupe_wire::WorkerType;
 
-use troupe_wire::EngineDialect;
+use troupe_wire::{EngineDialect, WeightVersion};
 
 /// What registering a worker takes: the body of SGLang's `POST /workers`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -265,7 +265,7 @@ pub struct WorkerInfo {
     /// The weight version it serves as far as the gateway knows (its registration, then the
     /// fleet at every update); absent while unknown, as during an update.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub weight_version: Option<String>,
+    pub weight_version: Option<WeightVersion>,
     /// Always `http`.
     pub connection_mode: String,
 }
@@ -305,10 +305,12 @@ pub trait Worker: Send + Sync + fmt::Debug {
     /// The weight version it serves, as far as the gateway knows (registration, and the
     /// fleet at every update); `None` while unknown, as during an update. Requests that ask for
     /// a version (`troupe_wire::want`) go only to workers known to serve a matching one.
-    fn weight_version(&self) -> Option<Arc<str>> {
+    fn weight_version(&self) -> Option<Arc<WeightVersion>> {
         None
     }
-    /// Records the version it serves (`None`: unknown from now on).
+    /// Records the version it serves (`None`: unknown from now on), as an engine or the fleet
+    /// spells it: read here as a [`WeightVersion`]; one that is not a version (empty, control
+    /// characters, too long) counts as unknown, as engines and the fleet never send one.
     fn set_weight_version(&self, _version: Option<&str>) {}
     /// Reports the outcome of one request (feeds the circuit breaker).
     fn record_outcome(&self, success: bool);
@@ -340,7 +342,7 @@ pub struct HttpWorker {
     healthy: AtomicBool,
     held: AtomicBool,
     /// The version it serves, as far as the gateway knows ([`Worker::weight_version`]).
-    version: parking_lot::Mutex<Option<Arc<str>>>,
+    version: parking_lot::Mutex<Option<Arc<WeightVersion>>>,
     /// Speaks vLLM's dialect (set once, at registration, from what the server answers).
     vllm: AtomicBool,
     breaker: CircuitBreaker,
@@ -446,11 +448,14 @@ impl Worker for HttpWorker {
     fn record_outcome(&self, success: bool) {
         self.breaker.record(success);
     }
-    fn weight_version(&self) -> Option<Arc<str>> {
+    fn weight_version(&self) -> Option<Arc<WeightVersion>> {
         self.version.lock().clone()
     }
     fn set_weight_version(&self, version: Option<&str>) {
-        *self.version.lock() = version.map(Arc::from);
+        let version = version
+            .and_then(|v| WeightVersion::new(v).ok())
+            .map(Arc::new);
+        *self.version.lock() = version;
     }
     fn info(&self) -> WorkerInfo {
         WorkerInfo {
@@ -469,7 +474,7 @@ impl Worker for HttpWorker {
             load: self.load(),
             total_requests: self.total.load(Ordering::Relaxed),
             held: self.is_held(),
-            weight_version: self.weight_version().map(|v| v.to_string()),
+            weight_version: self.weight_version().map(|v| WeightVersion::clone(&v)),
             connection_mode: "http".into(),
         }
     }
