@@ -181,8 +181,9 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Says on stderr what an operator must act on (the watcher only traces it): the gateway's
-/// host lost. Runs until the deployment's events end.
+/// Says on stderr what an operator must act on or will see elsewhere (the watcher only
+/// traces it): the gateway's host lost, hosts (a Slurm job) added or given back. Runs until
+/// the deployment's events end.
 fn announce(svc: &Deployment) -> tokio::task::JoinHandle<()> {
     let mut events = svc.serving_events();
     tokio::spawn(async move {
@@ -191,6 +192,15 @@ fn announce(svc: &Deployment) -> tokio::task::JoinHandle<()> {
                 Ok(ServingEvent::GatewayLost { host, reason }) => eprintln!(
                     "error: host {host}, which ran the gateway, is lost ({reason}): the gateway no longer answers and is not re-placed; restart the deployment"
                 ),
+                // The allocation grew or shrank: what an operator sees in squeue.
+                Ok(ServingEvent::HostsAdded { unit, hosts }) => {
+                    eprintln!("hosts {hosts:?} added for a new server: job {unit}")
+                }
+                Ok(ServingEvent::HostsReleased { unit, hosts }) => {
+                    eprintln!(
+                        "hosts {hosts:?} given back (no server left on them): job {unit} cancelled"
+                    )
+                }
                 Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                 Err(_) => return,
             }

@@ -5,3 +5,4 @@ mod common;
 
 mod netns;
 mod slurm;
+mod slurm_grow;

@@ -17,14 +17,14 @@ use common::{Poll, client, within};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-const BIN: &str = env!("CARGO_BIN_EXE_troupe");
-const CONFIG: &str = concat!(
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_troupe");
+pub(crate) const CONFIG: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/examples/configs/pd-slurm.yaml"
 );
 
 /// Tests that run jobs take this: one of them takes a node down, which must not hit the others.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Why Slurm cannot be used here, or `None` when a cluster with three usable nodes answers.
 /// Computed once per test binary; `sinfo` gets 15 s (without a slurm.conf it retries for 60).
@@ -78,7 +78,7 @@ fn slurm_problem() -> Option<String> {
 }
 
 /// True when Slurm is usable; otherwise skips (prints why) or, with TROUPE_REQUIRE_SLURM=1, fails.
-fn slurm_ready(test: &str) -> bool {
+pub(crate) fn slurm_ready(test: &str) -> bool {
     let Some(why) = slurm_problem() else {
         return true;
     };
@@ -90,7 +90,7 @@ fn slurm_ready(test: &str) -> bool {
 }
 
 /// Pids of processes whose environment says they belong to Slurm job `job`.
-fn job_processes(job: &str) -> Vec<u32> {
+pub(crate) fn job_processes(job: &str) -> Vec<u32> {
     let needle = format!("SLURM_JOB_ID={job}\0");
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -116,7 +116,7 @@ fn job_processes(job: &str) -> Vec<u32> {
         .collect()
 }
 
-fn scontrol_job(job: &str) -> String {
+pub(crate) fn scontrol_job(job: &str) -> String {
     std::process::Command::new("scontrol")
         .args(["show", "job", "-o", job])
         .output()
@@ -124,13 +124,13 @@ fn scontrol_job(job: &str) -> String {
         .unwrap_or_default()
 }
 
-fn field(text: &str, key: &str) -> Option<String> {
+pub(crate) fn field(text: &str, key: &str) -> Option<String> {
     text.split_whitespace()
         .find_map(|w| w.strip_prefix(&format!("{key}=")).map(str::to_string))
 }
 
 /// Collects a child's stderr lines (and echoes them, for failing runs).
-fn collect(stderr: tokio::process::ChildStderr) -> Arc<Mutex<Vec<String>>> {
+pub(crate) fn collect(stderr: tokio::process::ChildStderr) -> Arc<Mutex<Vec<String>>> {
     let lines = Arc::new(Mutex::new(Vec::new()));
     let sink = lines.clone();
     tokio::spawn(async move {
@@ -145,7 +145,10 @@ fn collect(stderr: tokio::process::ChildStderr) -> Arc<Mutex<Vec<String>>> {
 
 /// The first line `pred` accepts, once `troupe serve` printed it (Slurm may take minutes to
 /// run a job: the test's own deadline bounds the wait).
-async fn wait_for_line(lines: &Arc<Mutex<Vec<String>>>, pred: impl Fn(&str) -> bool) -> String {
+pub(crate) async fn wait_for_line(
+    lines: &Arc<Mutex<Vec<String>>>,
+    pred: impl Fn(&str) -> bool,
+) -> String {
     Poll::every(Duration::from_millis(50))
         .secs(300)
         .until_some("a line from troupe serve", || async {

@@ -14,6 +14,7 @@ use troupe_actors::tls::{ClientTls, ServerTls, TlsFiles};
 use troupe_actors::{CallError, HostConfig, HostCore, Registry};
 
 use crate::conn::{CallTransport, HostConn};
+use crate::grow::{Growth, Reach};
 use crate::handle::HostHandle;
 use troupe_scheduler::{HostLauncher, LaunchRequest, LaunchedHost, LocalLauncher};
 
@@ -337,11 +338,13 @@ impl ClusterBuilder {
         let same_process = launcher.in_this_process();
         let mut cluster = Cluster::assemble(
             conns,
-            vec![Owned::Launcher(launcher)],
+            vec![Owned::Launcher(launcher.clone())],
             self.lost_after,
             same_process,
         )
         .await;
+        let reach = Reach::new(req, client_tls, self.calls, (self.lost_after, same_process));
+        cluster.growth = Growth::launched(launcher, reach, &cluster.events, launched.len());
         cluster.launched = launched;
         Ok(cluster)
     }
@@ -402,6 +405,7 @@ pub struct Cluster {
     owned: Vec<Owned>,
     closing: Arc<AtomicBool>,
     launched: Vec<LaunchedHost>,
+    growth: Arc<Growth>, // hosts added while it runs (`crate::grow`)
 }
 
 impl Cluster {
@@ -454,8 +458,9 @@ impl Cluster {
                 ));
                 HostHandle { index, conn, desc }
             })
-            .collect();
+            .collect::<Vec<_>>();
         Cluster {
+            growth: Growth::fixed(&events, hosts.len()),
             hosts,
             ports: Arc::default(),
             events,
@@ -471,6 +476,11 @@ impl Cluster {
     /// [`Cluster::shutdown`] releases whatever is left.
     pub fn ports(&self) -> &Arc<crate::ports::PortLedger> {
         &self.ports
+    }
+
+    /// Hosts added to the running cluster and given back (`crate::grow`): not in `hosts()`.
+    pub(crate) fn growth(&self) -> &Arc<Growth> {
+        &self.growth
     }
 
     /// All hosts, in order.
@@ -575,6 +585,7 @@ impl Cluster {
     /// is cancelled), adopted host processes get SIGTERM. Connected hosts are left running.
     pub async fn shutdown(self) {
         self.closing.store(true, Ordering::Release);
+        self.growth.close();
         // Nothing of this cluster keeps a port once its hosts are stopped.
         self.ports.release_all();
         let stops = self.owned.into_iter().map(|o| async move {

@@ -17,6 +17,7 @@ pub mod cluster;
 mod conn;
 mod conn_framed;
 mod event_stream;
+mod grow;
 mod grpc_status;
 pub mod handle;
 pub mod inproc;

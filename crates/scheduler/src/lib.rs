@@ -46,8 +46,8 @@ pub use config::{AllocationConfig, ComponentConfig, GroupConfig};
 pub use error::SchedulerError;
 pub use hosts::HostResources;
 pub use launch::{
-    Grown, HostLauncher, LaunchError, LaunchRequest, LaunchedHost, LocalLauncher,
-    SlurmLauncher, SlurmOptions,
+    Grown, HostLauncher, LaunchError, LaunchRequest, LaunchedHost, LocalLauncher, SlurmLauncher,
+    SlurmOptions,
 };
 pub use parallel::Parallel;
 pub use placement::{Occupancy, PlacedInstance, Placement, PlacementOptions, place};

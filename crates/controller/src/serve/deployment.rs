@@ -128,6 +128,9 @@ impl Deployment {
             c.shutdown().await;
         }
         self.instances.stop().await;
+        if let Some(s) = &self.scaler {
+            s.release_hosts().await;
+        }
         self.claims.release();
     }
 }

@@ -32,4 +32,7 @@ pub(crate) trait Elastic: Send + Sync {
 
     /// Stops the autoscaler, if one runs.
     fn stop_autoscaler(&self);
+
+    /// Gives back every host added for this deployment (teardown, once its servers stopped).
+    fn release_hosts(&self) -> BoxFuture<'_, ()>;
 }

@@ -83,4 +83,20 @@ pub enum ServingEvent {
         /// Requests still in flight when it was stopped: 0 unless the drain timed out.
         cut: usize,
     },
+    /// No host had room for an added server, so the cluster grew (on Slurm: one more job);
+    /// the server goes there.
+    HostsAdded {
+        /// The unit the hosts came from (a Slurm job id).
+        unit: String,
+        /// Their indices in the cluster.
+        hosts: Vec<usize>,
+    },
+    /// Hosts added for the fleet ran no server any more and were given back (on Slurm: the
+    /// job was cancelled); their end is no host lost.
+    HostsReleased {
+        /// The unit given back (a Slurm job id).
+        unit: String,
+        /// Its hosts' indices.
+        hosts: Vec<usize>,
+    },
 }

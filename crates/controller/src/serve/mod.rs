@@ -18,6 +18,7 @@ pub mod gateway_section;
 pub mod installed_args;
 pub mod instances;
 mod options;
+mod outgrow;
 pub mod plan;
 pub mod recover;
 mod replace;

@@ -24,15 +24,22 @@ use crate::handle::{HostHandle, SpawnOptions};
 /// Everything a re-placement needs: the hosts, the launch placement (each slot's shape and
 /// the training ranks' GPUs), the deployment's table, and the deployment's port cursor.
 pub(crate) struct Replacer {
-    hosts: Vec<HostHandle>,
-    resources: Vec<HostResources>,
+    /// The hosts servers may go to: the cluster's, then those added for this deployment
+    /// (`super::outgrow`), until given back.
+    pub(super) hosts: Mutex<Vec<HostHandle>>,
+    /// `hosts` as placement sees them, in the same order.
+    pub(super) resources: Mutex<Vec<HostResources>>,
     placement: Placement,
-    instances: Instances,
+    pub(super) instances: Instances,
+    /// Where more hosts come from when no host has room (`super::outgrow`).
+    pub(super) growth: std::sync::Arc<crate::grow::Growth>,
+    /// Units of hosts added for this deployment (a Slurm job id each), with their hosts.
+    pub(super) grown: Mutex<BTreeMap<String, Vec<usize>>>,
     /// Hosts reported lost (a host handle also knows; this catches the event first).
     lost: Mutex<BTreeSet<usize>>,
     /// GPUs picked for re-placements still launching, per host: not in the table yet, but
     /// not free either.
-    launching: Mutex<BTreeMap<usize, BTreeSet<u32>>>,
+    pub(super) launching: Mutex<BTreeMap<usize, BTreeSet<u32>>>,
     ports: Mutex<PortAllocator>,
     restarts: u32,
 }
@@ -89,7 +96,7 @@ impl ReplaceError {
 /// How many times a re-placement that hit EADDRINUSE is launched again on fresh ports.
 const PORT_RETRIES: usize = 2;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -124,15 +131,25 @@ impl Replacer {
         restarts: u32,
     ) -> Self {
         Replacer {
-            hosts: cluster.hosts().to_vec(),
-            resources,
+            hosts: Mutex::new(cluster.hosts().to_vec()),
+            resources: Mutex::new(resources),
             placement,
             instances,
+            growth: cluster.growth().clone(),
+            grown: Mutex::default(),
             lost: Mutex::default(),
             launching: Mutex::default(),
             ports: Mutex::new(ports),
             restarts,
         }
+    }
+
+    /// Host `index`, while servers may go there.
+    fn host(&self, index: usize) -> Option<HostHandle> {
+        lock(&self.hosts)
+            .iter()
+            .find(|h| h.index() == index)
+            .cloned()
     }
 
     /// `host` is gone: nothing more is placed on it.
@@ -145,7 +162,7 @@ impl Replacer {
     fn occupancy(&self, launching: &BTreeMap<usize, BTreeSet<u32>>) -> Occupancy {
         let mut lost = lock(&self.lost).clone();
         lost.extend(
-            self.hosts
+            lock(&self.hosts)
                 .iter()
                 .filter(|h| h.lost().is_some())
                 .map(HostHandle::index),
@@ -180,11 +197,10 @@ impl Replacer {
         }
         let me = std::process::id();
         for h in old.hosts() {
-            let pid = self.hosts.get(h).map_or(0, |h| h.pid());
-            let local = self
-                .resources
-                .get(h)
-                .is_some_and(|r| r.address == "127.0.0.1");
+            let pid = self.host(h).map_or(0, |h| h.pid());
+            let local = lock(&self.resources)
+                .iter()
+                .any(|r| r.index == h && r.address == "127.0.0.1");
             if pid != 0 && pid != me && local {
                 tracing::warn!(server = %url, pid, "fencing: killing the lost host's process");
                 let _ = nix::sys::signal::kill(
@@ -260,13 +276,14 @@ impl Replacer {
             let (placed, _reserved) = {
                 let mut launching = lock(&self.launching);
                 let occupied = self.occupancy(&launching);
+                let resources = lock(&self.resources).clone();
                 let placed = self
                     .placement
                     .replace(
                         h.component,
                         h.group,
                         planned,
-                        &self.resources,
+                        &resources,
                         &occupied,
                         &mut lock(&self.ports),
                     )
@@ -330,7 +347,7 @@ impl Replacer {
             host,
             reason,
         };
-        let Some(h) = self.hosts.get(host) else {
+        let Some(h) = self.host(host) else {
             return Err(failed(name, "the host is not in the cluster".into()));
         };
         let server = h

@@ -20,9 +20,15 @@
 //! for the next server. Its ports stay claimed until teardown (the ledger's cursor never goes
 //! back). The last routed server of a role is never removed: add another first.
 //!
+//! **Outgrowing the allocation** (`super::outgrow`): when no host has free GPUs for a new
+//! server, the cluster grows through its launcher (on Slurm: one more job, the nodes the
+//! server needs, the first job's options; its hosts join as the first ones did) and the server
+//! goes there (`HostsAdded`). A removal that leaves no server on such added hosts gives them
+//! back (on Slurm: `scancel`; `HostsReleased`, and no "host lost"); teardown gives back the
+//! rest. Launchers of a fixed size (local processes, Ray) refuse, and the answer says so.
+//!
 //! Both are also `POST /scale` on the gateway ([`troupe_serving::scale`]) and the Python
-//! `Service`. Multi-node instances are neither added nor removed here. On Slurm a new server
-//! must fit in the current allocation (no job is grown or given back).
+//! `Service`. Multi-node instances are neither added nor removed here.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,11 +43,15 @@ use troupe_serving::scale::{Scale, ScaleError, ScaleOp};
 use super::elastic::Elastic;
 use super::events::ServingEvent;
 use super::instances::{Instance, InstanceView, Instances, Lifecycle};
-use super::replace::Replacer;
+use super::replace::{ReplaceError, Replacer};
 use crate::handle::ActorHandle;
 
 /// How often a drain polls the gateway for what is still in flight.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
+
+/// How many times one added server grows the cluster before it gives up (another server
+/// added at once may take the room a growth made).
+const MAX_GROWTHS: usize = 2;
 
 /// What grows and shrinks one deployment (see the module docs); the plane's `/scale` calls it.
 pub(crate) struct Scaler {
@@ -57,6 +67,12 @@ pub(crate) struct Scaler {
     next_instance: AtomicUsize,
     /// Removals one at a time: "the last routed server of its role" is decided under it.
     removing: tokio::sync::Mutex<()>,
+    /// Growths of the cluster one at a time (`super::outgrow`).
+    growing: tokio::sync::Mutex<()>,
+    /// Held (shared) by an add from placement until its server is in the table, and
+    /// (exclusive) by a release of added hosts: hosts a server was just placed on are never
+    /// given back.
+    placing: tokio::sync::RwLock<()>,
     /// The autoscaler's task, when one runs (`super::autoscale`); aborted at teardown.
     autoscaler: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -86,6 +102,8 @@ impl Scaler {
             out,
             next_instance: AtomicUsize::new(next),
             removing: tokio::sync::Mutex::new(()),
+            growing: tokio::sync::Mutex::new(()),
+            placing: tokio::sync::RwLock::new(()),
             autoscaler: std::sync::Mutex::new(None),
         }
     }
@@ -180,16 +198,23 @@ impl Scaler {
             h.component,
             h.group
         );
-        let new = self
-            .replacer
-            .place_like(template, idx, |attempt| match attempt {
-                0 => base.clone(),
-                n => format!("{base}-r{n}"),
-            })
-            .await
-            .map_err(|e| ScaleError::Failed(e.to_string()))?;
+        let placed = {
+            let _placing = self.placing.read().await;
+            let r = self.place(template, idx, &base).await;
+            if let Ok(new) = &r {
+                self.instances.add(new.clone());
+            }
+            r
+        };
+        let new = match placed {
+            Ok(new) => new,
+            Err(e) => {
+                // Hosts grown for it and left empty go back.
+                self.release_idle().await;
+                return Err(e);
+            }
+        };
         let url = new.server_url().to_string();
-        self.instances.add(new.clone());
         // A fresh member: the fleet's generation moves, so the next update rebuilds its group.
         let current = self
             .between_operations(|| {
@@ -229,6 +254,63 @@ impl Scaler {
             ),
         }
         Ok(url)
+    }
+
+    /// Launches a server like `template` as instance `idx` on free GPUs; when no host has
+    /// room, on hosts the cluster grows by (see the module docs).
+    async fn place(
+        &self,
+        template: &Instance,
+        idx: usize,
+        base: &str,
+    ) -> Result<Instance, ScaleError> {
+        let name = |attempt: usize| match attempt {
+            0 => base.to_string(),
+            n => format!("{base}-r{n}"),
+        };
+        let failed = |e: ReplaceError| ScaleError::Failed(e.to_string());
+        let mut grown = 0;
+        loop {
+            match self.replacer.place_like(template, idx, name).await {
+                Ok(i) => return Ok(i),
+                Err(e) if e.no_room() && grown < MAX_GROWTHS => {}
+                Err(e) => return Err(failed(e)),
+            }
+            let _one = self.growing.lock().await;
+            // A growth that finished while this one waited may have made room.
+            let no_room = match self.replacer.place_like(template, idx, name).await {
+                Ok(i) => return Ok(i),
+                Err(e) if e.no_room() => e,
+                Err(e) => return Err(failed(e)),
+            };
+            let role = template.head.info.worker_type;
+            let added = self.replacer.outgrow(template).await.map_err(|why| {
+                ScaleError::Failed(format!(
+                    "no host has free GPUs for another {role} server ({no_room}), and the cluster cannot grow: {why}"
+                ))
+            })?;
+            grown += 1;
+            self.emit(ServingEvent::HostsAdded {
+                unit: added.unit.clone(),
+                hosts: added.hosts.clone(),
+            });
+            match self.replacer.place_like(template, idx, name).await {
+                Ok(i) => return Ok(i),
+                Err(e) if e.no_room() => continue,
+                Err(e) => return Err(failed(e)),
+            }
+        }
+    }
+
+    /// Gives back the added hosts no server runs on any more.
+    async fn release_idle(&self) {
+        let _placing = self.placing.write().await;
+        for o in self.replacer.release_idle().await {
+            self.emit(ServingEvent::HostsReleased {
+                unit: o.unit,
+                hosts: o.hosts,
+            });
+        }
     }
 
     /// Puts `url` in the router (unless it died or started leaving meanwhile).
@@ -333,6 +415,7 @@ impl Scaler {
             url: server.clone(),
             cut: left,
         });
+        self.release_idle().await;
         self.view(&server)
             .ok_or_else(|| ScaleError::Failed(format!("{server} left the table")))
     }
@@ -410,5 +493,9 @@ impl Elastic for Scaler {
         if let Some(t) = a.take() {
             t.abort();
         }
+    }
+
+    fn release_hosts(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(self.replacer.release_all())
     }
 }

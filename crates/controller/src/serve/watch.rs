@@ -90,7 +90,9 @@ impl Watcher {
             // Scaling's own events: `super::scale` logs them where it sends them.
             ServingEvent::Added { .. }
             | ServingEvent::Draining { .. }
-            | ServingEvent::Retired { .. } => {}
+            | ServingEvent::Retired { .. }
+            | ServingEvent::HostsAdded { .. }
+            | ServingEvent::HostsReleased { .. } => {}
             ServingEvent::GatewayLost { host, reason } => {
                 // `troupe serve` also says so on stderr (it watches these events).
                 tracing::error!(host, %reason, "the gateway's host is lost: the gateway is gone");
