@@ -23,6 +23,8 @@
 //!   stream ended with the engine's `abort` finish before its token budget.
 
 use std::time::{Duration, Instant};
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -222,9 +224,9 @@ async fn abort_one(client: &reqwest::Client, url: &str, i: u64) -> Result<(bool,
         .map(str::to_string)
         .ok_or("the gateway named no request in X-Request-Id")?;
     let (path, abort) = if i.is_multiple_of(2) {
-        ("/abort_request", json!({"rid": id}))
+        (ep::AbortRequest::PATH, json!({"rid": id}))
     } else {
-        ("/abort_requests", json!({"request_ids": [id]}))
+        (ep::AbortRequests::PATH, json!({"request_ids": [id]}))
     };
     let answer: Value = client
         .post(format!("{url}{path}"))

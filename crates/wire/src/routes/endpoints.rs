@@ -182,6 +182,31 @@ endpoints! {
     FinishSession = "/finish_session", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
     /// Troupe's gateway: forget every sticky session (admin-keyed by the gateway).
     ClearSessions = "/clear_sessions", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
+    // The gateway's agent layer (`troupe_serving::gateway::agent`).
+    /// AReaL's agents' chat: OpenAI's route without `/v1` (their `base_url` is the gateway).
+    BareChatCompletions = "/chat/completions", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
+    /// OpenAI `POST /v1/responses`.
+    Responses = "/v1/responses", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
+    /// Anthropic `POST /v1/messages`.
+    Messages = "/v1/messages", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
+    /// Anthropic `POST /v1/messages/count_tokens`.
+    CountTokens = "/v1/messages/count_tokens", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
+    /// Open a recorded session (admin-keyed by the gateway).
+    OpenSession = "/sessions", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
+    /// A recorded session's reward.
+    SessionReward = "/sessions/{id}/reward", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
+    /// Finish a recorded session.
+    SessionFinish = "/sessions/{id}/finish", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
+    /// Grant a session more room (admin-keyed by the gateway).
+    GrantCapacity = "/grant_capacity", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
+    /// AReaL's `POST /rl/start_session` (admin-keyed by the gateway).
+    RlStartSession = "/rl/start_session", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
+    /// AReaL's `POST /rl/end_session`.
+    RlEndSession = "/rl/end_session", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
+    /// AReaL's `POST /rl/set_reward`.
+    RlSetReward = "/rl/set_reward", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
+    /// Export recorded trajectories (admin-keyed by the gateway).
+    ExportTrajectories = "/export_trajectories", POST, None, false, Normal, Gateway, Inference, Json: Value => Value;
     // The gateway's management.
     /// The gateway's workers: `GET` lists them, `POST` adds one.
     Workers = "/workers", GET_POST, None, true, Admin, Gateway, Admin, Json: Value => Value;

@@ -32,9 +32,11 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::http::HeaderMap;
-use axum::routing::post;
 use serde_json::{Map, Value};
 use troupe_agent::Agent;
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
+use troupe_wire::routes::serve::ServeEndpoint;
 
 use super::GatewayState;
 use super::request::MAX_ID_BYTES;
@@ -42,28 +44,28 @@ use super::request::MAX_ID_BYTES;
 /// The agent routes (merged into the gateway's app when it has a tokenizer).
 pub(super) fn routes() -> Router<Arc<GatewayState>> {
     Router::new()
-        .route("/v1/chat/completions", post(openai::chat))
+        .endpoint(ep::ChatCompletions, openai::chat)
         // AReaL's agents reach the gateway with `base_url` = its address, no `/v1`.
-        .route("/chat/completions", post(openai::chat))
-        .route("/v1/responses", post(responses::create))
-        .route("/v1/messages", post(anthropic::messages))
-        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
-        .route("/sessions", post(sessions::open))
-        .route("/sessions/{id}/reward", post(sessions::reward))
-        .route("/sessions/{id}/finish", post(sessions::finish))
-        .route("/grant_capacity", post(sessions::grant_capacity))
-        .route("/rl/start_session", post(sessions::start_session))
-        .route("/rl/end_session", post(sessions::end_session))
-        .route("/rl/set_reward", post(sessions::set_reward))
-        .route("/export_trajectories", post(sessions::export))
+        .endpoint(ep::BareChatCompletions, openai::chat)
+        .endpoint(ep::Responses, responses::create)
+        .endpoint(ep::Messages, anthropic::messages)
+        .endpoint(ep::CountTokens, anthropic::count_tokens)
+        .endpoint(ep::OpenSession, sessions::open)
+        .endpoint(ep::SessionReward, sessions::reward)
+        .endpoint(ep::SessionFinish, sessions::finish)
+        .endpoint(ep::GrantCapacity, sessions::grant_capacity)
+        .endpoint(ep::RlStartSession, sessions::start_session)
+        .endpoint(ep::RlEndSession, sessions::end_session)
+        .endpoint(ep::RlSetReward, sessions::set_reward)
+        .endpoint(ep::ExportTrajectories, sessions::export)
 }
 
 /// The routes only the admin key opens (when the gateway has one).
 pub(super) const ADMIN_PATHS: &[&str] = &[
-    "/sessions",
-    "/grant_capacity",
-    "/rl/start_session",
-    "/export_trajectories",
+    ep::OpenSession::PATH,
+    ep::GrantCapacity::PATH,
+    ep::RlStartSession::PATH,
+    ep::ExportTrajectories::PATH,
 ];
 
 /// The recorded session a data request records into: the one its bearer key (`Authorization`
