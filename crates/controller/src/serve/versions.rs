@@ -5,6 +5,7 @@
 use futures::future::BoxFuture;
 use troupe_serving::actors::{GatewayActor, HoldWorkers, SetWorkerVersions, WorkersInFlight};
 use troupe_serving::control_plane::VersionSink;
+use troupe_wire::WeightVersion;
 
 use super::instances::Instances;
 use crate::handle::ActorHandle;
@@ -65,7 +66,8 @@ impl VersionSink for GatewayVersions {
             }
             let msg = SetWorkerVersions {
                 workers,
-                version: version.map(str::to_string),
+                // One that is not a version is unknown, as the worker would read it.
+                version: version.and_then(|v| WeightVersion::new(v).ok()),
             };
             if let Err(e) = self.gateway.call(msg).await {
                 tracing::warn!("cannot tell the gateway the servers' weight version: {e}");

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 use troupe_actors::ActorError;
 use troupe_actors::actor::{ActorContext, Handler, Message};
+use troupe_wire::WeightVersion;
 
 use super::GatewayActor;
 
@@ -16,8 +17,8 @@ use super::GatewayActor;
 pub struct SetWorkerVersions {
     /// Worker ids or URLs.
     pub workers: Vec<String>,
-    /// The version they serve.
-    pub version: Option<String>,
+    /// The version they serve (checked when the gateway reads the message).
+    pub version: Option<WeightVersion>,
 }
 
 impl Message for SetWorkerVersions {
@@ -87,6 +88,6 @@ impl Handler<SetWorkerVersions> for GatewayActor {
         Ok(self
             .running()?
             .router()
-            .set_weight_versions(&m.workers, m.version.as_deref()))
+            .set_weight_versions(&m.workers, m.version.as_ref().map(WeightVersion::as_str)))
     }
 }
