@@ -15,37 +15,15 @@
 //! is refused and serves nothing of it. A `BeginWeightUpdate` while one is open (the trainer
 //! restarted) drops the open one the same way first.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet};
 
 use serde_json::Value;
 use troupe_wire::{ApiError, PauseMode};
 
 use super::control::ServerResult;
-use super::op_state::{LastUpdate, OpState};
+use super::op_state::{ClientTxn, LastUpdate, OpState};
 use super::plane::ControlPlane;
 use crate::engines::Engine;
-
-/// An open client update, between `begin_update` and `end_update`.
-#[derive(Debug, Default)]
-pub(crate) struct ClientTxn {
-    /// Engines (by URL) that stage its buckets.
-    pub(crate) staged: HashSet<String>,
-    /// Every engine a bucket reached, by URL.
-    pub(crate) reached: BTreeMap<String, Engine>,
-    /// Buckets every member took.
-    pub(crate) buckets: u64,
-    /// The version its buckets named (the last one that named one).
-    pub(crate) version: Option<String>,
-    /// Why it ended early, once a bucket failed: nothing of it is served.
-    pub(crate) failed: Option<String>,
-}
-
-impl ClientTxn {
-    /// Whether the bucket for `url` is staged.
-    pub(crate) fn stages(&self, url: &str) -> bool {
-        self.staged.contains(url)
-    }
-}
 
 fn conflict(msg: String) -> ApiError {
     ApiError::conflict(msg).control()

@@ -3,7 +3,7 @@
 //! updates (`super::updates`) write it and the catch-up replays from it, so it lives below
 //! them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::Value;
 
@@ -18,7 +18,7 @@ pub(crate) struct OpState {
     pub(crate) last: Option<LastUpdate>,
     /// A client's update between `BeginWeightUpdate` and `EndWeightUpdate`
     /// (`super::client_txn`).
-    pub(crate) txn: Option<super::client_txn::ClientTxn>,
+    pub(crate) txn: Option<ClientTxn>,
 }
 
 /// A weight group a client opened through the plane.
@@ -37,4 +37,26 @@ pub(crate) enum LastUpdate {
     Disk(Value),
     /// A client's own broadcast: not replayable.
     Broadcast,
+}
+
+/// An open client update, between `begin_update` and `end_update` (`super::client_txn`).
+#[derive(Debug, Default)]
+pub(crate) struct ClientTxn {
+    /// Engines (by URL) that stage its buckets.
+    pub(crate) staged: HashSet<String>,
+    /// Every engine a bucket reached, by URL.
+    pub(crate) reached: BTreeMap<String, Engine>,
+    /// Buckets every member took.
+    pub(crate) buckets: u64,
+    /// The version its buckets named (the last one that named one).
+    pub(crate) version: Option<String>,
+    /// Why it ended early, once a bucket failed: nothing of it is served.
+    pub(crate) failed: Option<String>,
+}
+
+impl ClientTxn {
+    /// Whether the bucket for `url` is staged.
+    pub(crate) fn stages(&self, url: &str) -> bool {
+        self.staged.contains(url)
+    }
 }
