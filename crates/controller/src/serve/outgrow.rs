@@ -50,6 +50,7 @@ impl Replacer {
     /// Gives back every added unit none of whose hosts runs (or is launching) a live server
     /// of this deployment: taken out of placement first, then released. What was given back.
     pub(crate) async fn release_idle(&self) -> Vec<Outgrown> {
+        let _placing = self.placing.write().await;
         let idle: Vec<Outgrown> = {
             // Under the lock placement picks GPUs under: no launch picks these hosts now.
             let launching = lock(&self.launching);

@@ -35,6 +35,10 @@ pub(crate) struct Replacer {
     pub(super) growth: std::sync::Arc<crate::grow::Growth>,
     /// Units of hosts added for this deployment (a Slurm job id each), with their hosts.
     pub(super) grown: Mutex<BTreeMap<String, Vec<usize>>>,
+    /// Held (shared) from placing a server until it is in the table, and (exclusive) by a
+    /// release of added hosts (`super::outgrow`): hosts a server was just placed on are never
+    /// given back.
+    pub(super) placing: tokio::sync::RwLock<()>,
     /// Hosts reported lost (a host handle also knows; this catches the event first).
     lost: Mutex<BTreeSet<usize>>,
     /// GPUs picked for re-placements still launching, per host: not in the table yet, but
@@ -137,6 +141,7 @@ impl Replacer {
             instances,
             growth: cluster.growth().clone(),
             grown: Mutex::default(),
+            placing: tokio::sync::RwLock::new(()),
             lost: Mutex::default(),
             launching: Mutex::default(),
             ports: Mutex::new(ports),
@@ -227,6 +232,7 @@ impl Replacer {
         }
         self.fence(old).await?;
         let base = old.head.name.clone();
+        let _placing = self.placing.read().await;
         let new = self
             .place_like(old, old.head.instance, |attempt| {
                 format!("{base}-replaced{attempt}")

@@ -69,10 +69,6 @@ pub(crate) struct Scaler {
     removing: tokio::sync::Mutex<()>,
     /// Growths of the cluster one at a time (`super::outgrow`).
     growing: tokio::sync::Mutex<()>,
-    /// Held (shared) by an add from placement until its server is in the table, and
-    /// (exclusive) by a release of added hosts: hosts a server was just placed on are never
-    /// given back.
-    placing: tokio::sync::RwLock<()>,
     /// The autoscaler's task, when one runs (`super::autoscale`); aborted at teardown.
     autoscaler: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -103,7 +99,6 @@ impl Scaler {
             next_instance: AtomicUsize::new(next),
             removing: tokio::sync::Mutex::new(()),
             growing: tokio::sync::Mutex::new(()),
-            placing: tokio::sync::RwLock::new(()),
             autoscaler: std::sync::Mutex::new(None),
         }
     }
@@ -199,7 +194,7 @@ impl Scaler {
             h.group
         );
         let placed = {
-            let _placing = self.placing.read().await;
+            let _placing = self.replacer.placing.read().await;
             let r = self.place(template, idx, &base).await;
             if let Ok(new) = &r {
                 self.instances.add(new.clone());
@@ -304,7 +299,6 @@ impl Scaler {
 
     /// Gives back the added hosts no server runs on any more.
     async fn release_idle(&self) {
-        let _placing = self.placing.write().await;
         for o in self.replacer.release_idle().await {
             self.emit(ServingEvent::HostsReleased {
                 unit: o.unit,
