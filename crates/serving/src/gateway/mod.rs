@@ -18,6 +18,7 @@ mod admin;
 mod agent;
 mod attempt;
 mod forward;
+mod probes;
 mod register;
 mod relay;
 mod request;
@@ -36,8 +37,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -49,7 +48,7 @@ use super::client;
 use super::control_api::{self, ControlAuth, Upstream};
 use super::control_plane::{ControlPlane, WeightSyncOptions};
 use super::engine_client::EngineClient;
-use super::error::{ApiError, ServingError};
+use super::error::ServingError;
 use super::listen::{self, ServeLimits};
 use super::metrics::Metrics;
 use super::router::{Router, RouterConfig};
@@ -545,58 +544,14 @@ fn app(state: Arc<GatewayState>) -> axum::Router {
         .endpoint(ep::ClearSessions, sessions::clear)
         .endpoint(ep::Tokenize, tokens::tokenize)
         .endpoint(ep::Detokenize, tokens::detokenize)
-        .endpoint(ep::Health, health)
-        .endpoint(ep::Liveness, health)
-        .endpoint(ep::Readiness, readiness)
-        .endpoint(ep::Metrics, metrics)
+        .endpoint(ep::Health, probes::health)
+        .endpoint(ep::Liveness, probes::health)
+        .endpoint(ep::Readiness, probes::readiness)
+        .endpoint(ep::Metrics, probes::metrics)
         .route(ep::Workers::PATH, post(admin::add).get(admin::list))
         .route(ep::Worker::PATH, get(admin::get_one).delete(admin::remove))
         .merge(agent::routes())
-        .fallback(not_found)
+        .fallback(probes::not_found)
         .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
         .with_state(state)
-}
-
-async fn health(axum::extract::State(state): axum::extract::State<Arc<GatewayState>>) -> Response {
-    let ws = state.router.list();
-    let healthy = ws.iter().filter(|w| w.is_healthy).count();
-    axum::Json(serde_json::json!({"status": "ok", "workers": ws.len(), "healthy_workers": healthy}))
-        .into_response()
-}
-
-async fn readiness(
-    axum::extract::State(state): axum::extract::State<Arc<GatewayState>>,
-) -> Response {
-    let ctx = super::policy::RouteContext::default();
-    let ready = if state.cfg.pd {
-        state.router.route_pd(&ctx, &[]).map(|_| ())
-    } else {
-        state
-            .router
-            .route(WorkerType::Regular, &ctx, &[])
-            .map(|_| ())
-    };
-    match ready {
-        Ok(()) => axum::Json(serde_json::json!({"status": "ready"})).into_response(),
-        Err(e) => ApiError::unavailable(format!("not ready: {e}")).into_response(),
-    }
-}
-
-async fn metrics(axum::extract::State(state): axum::extract::State<Arc<GatewayState>>) -> Response {
-    (
-        StatusCode::OK,
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
-        )],
-        state.metrics.render(&state.router),
-    )
-        .into_response()
-}
-
-async fn not_found(req: axum::extract::Request) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("no endpoint {} {}", req.method(), req.uri().path()),
-    )
 }
