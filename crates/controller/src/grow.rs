@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use troupe_actors::tls::ClientTls;
-use troupe_scheduler::{HostLauncher, LaunchRequest};
+use troupe_scheduler::{HostLauncher, LaunchError, LaunchRequest};
 
 use troupe_actors::CallError;
 
@@ -151,10 +151,11 @@ impl Growth {
             n_hosts: n,
             ..reach.req.clone()
         };
-        let grown = launcher
-            .grow(&req, base)
-            .await
-            .map_err(|e| GrowError::Launch(format!("{} launcher: {e}", launcher.name())))?;
+        let grown = launcher.grow(&req, base).await.map_err(|e| match e {
+            // Already says which launcher and why.
+            LaunchError::CannotGrow(why) => GrowError::Launch(why),
+            e => GrowError::Launch(format!("{} launcher: {e}", launcher.name())),
+        })?;
         let tries = grown.hosts.iter().map(|h| {
             HostConn::grpc(
                 &h.addr,
