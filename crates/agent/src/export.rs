@@ -80,11 +80,11 @@ fn row(turns: &[Turn], i: usize, concat: bool) -> (Vec<u32>, Vec<i64>, Vec<f32>,
     };
     // The prompt's own tokens past what the parent row covers.
     let start = ids.len().min(t.prompt_ids.len());
-    if ids.len() > t.prompt_ids.len() || t.prompt_ids[..start] != ids[..] {
+    if ids.len() > t.prompt_ids.len() || !t.prompt_ids.has_at(0, &ids[..start]) {
         (ids, mask, lps, vers) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     }
     let from = ids.len();
-    ids.extend_from_slice(&t.prompt_ids[from..]);
+    ids.extend(t.prompt_ids.tail(from));
     mask.resize(ids.len(), 0);
     lps.resize(ids.len(), 0.0);
     vers.resize(ids.len(), -1);

@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 use crate::Agent;
 use crate::error::AgentError;
 use crate::session::Latest;
+use crate::shared::Shared;
 
 impl Agent {
     /// The text `messages[b.covered..]` add after turn `b`, from a render of the reply and the
@@ -21,7 +22,7 @@ impl Agent {
     pub(crate) fn window_delta(
         &self,
         b: &Latest,
-        messages: &[Value],
+        messages: &Shared<Value>,
         tools: Option<&[Value]>,
         kwargs: &Map<String, Value>,
     ) -> Result<Option<String>, AgentError> {
@@ -36,7 +37,14 @@ impl Agent {
         let Some(generation) = asked.strip_prefix(empty) else {
             return Ok(None);
         };
-        let window = &messages[b.covered - 1..];
+        let tail;
+        let window = match messages.tail_slice(b.covered - 1) {
+            Some(w) => w,
+            None => {
+                tail = messages.tail(b.covered - 1);
+                &tail[..]
+            }
+        };
         let reply = render(&window[..1], false)?;
         let all = render(window, true)?;
         let (Some(reply), Some(added)) = (reply.strip_prefix(empty), all.strip_prefix(&reply))
@@ -144,11 +152,12 @@ mod tests {
                     Some(round - 1),
                     "round {round} continues the latest turn"
                 );
+                let shared = Shared::from(messages.clone());
                 let l = fast
                     .sessions
-                    .latest(&a, &messages, None)
+                    .latest(&a, &shared, None)
                     .expect("the latest turn, found");
-                let d = fast.window_delta(&l, &messages, None, &Map::new()).unwrap();
+                let d = fast.window_delta(&l, &shared, None, &Map::new()).unwrap();
                 assert!(d.is_some(), "round {round} renders only its new messages");
             }
             let (text, reply, ids) = &outputs[round % 3];

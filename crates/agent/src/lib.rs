@@ -18,6 +18,7 @@ mod incremental;
 pub mod messages;
 pub mod parse;
 pub mod session;
+pub mod shared;
 pub mod template;
 pub mod tokenizer;
 
@@ -26,6 +27,7 @@ use serde_json::{Map, Value};
 pub use error::AgentError;
 pub use parse::{OutputParser, Parsed, ToolCall};
 pub use session::{Reservation, Restored, SessionLimits, SessionLog, SessionStore, Turn};
+pub use shared::{Shared, SharedText};
 pub use tokenizer::ChatTokenizer;
 
 /// One served model's agent layer.
@@ -167,15 +169,17 @@ impl Agent {
         kwargs: &Map<String, Value>,
         forced: Option<&str>,
     ) -> Result<Prompt, AgentError> {
-        self.prompt_known(session, messages, tools, kwargs, forced, None)
+        let messages = Shared::from(messages.to_vec());
+        self.prompt_known(session, &messages, tools, kwargs, forced, None)
     }
 
     /// [`Agent::prompt`], with `known`: the session's turn whose messages `messages` are known
-    /// to begin with ([`SessionStore::known`]), so they are not compared again.
+    /// to begin with ([`SessionStore::known`]), so they are not compared again; the messages
+    /// as a [`Shared`] list (a known history is the turn's own, not a copy).
     pub fn prompt_known(
         &self,
         session: Option<&str>,
-        messages: &[Value],
+        messages: &Shared<Value>,
         tools: Option<&[Value]>,
         kwargs: &Map<String, Value>,
         forced: Option<&str>,
@@ -203,7 +207,9 @@ impl Agent {
             }
             return Ok(p);
         }
-        let full = self.tokenizer.render(messages, tools, true, kwargs)?;
+        let full = self
+            .tokenizer
+            .render(&messages.as_cow(), tools, true, kwargs)?;
         let base = session.and_then(|s| self.sessions.base(s, messages));
         let mut prompt = None;
         if let Some(b) = base {

@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use crate::error::AgentError;
 use crate::messages::comparable;
+use crate::shared::{Shared, SharedText};
 
 mod chain;
 mod durable;
@@ -56,16 +57,17 @@ impl Default for SessionLimits {
 pub struct Turn {
     /// The answer's id (`chatcmpl-…`, `msg_…`): AReaL's interaction id.
     pub id: String,
-    /// The request's messages, as the template read them.
-    pub messages: Vec<Value>,
+    /// The request's messages, as the template read them (shared with the turn it continues).
+    pub messages: Shared<Value>,
     /// The reply, as a message the client would send back.
     pub reply: Value,
-    /// The prompt's text (what `prompt_ids` stand for) and the output's, special tokens kept.
-    pub prompt_text: String,
-    /// See `prompt_text`.
+    /// The prompt's text (what `prompt_ids` stand for), special tokens kept; shared with the
+    /// turn it continues.
+    pub prompt_text: SharedText,
+    /// The output's text, special tokens kept.
     pub output_text: String,
-    /// The token ids the engine was given.
-    pub prompt_ids: Vec<u32>,
+    /// The token ids the engine was given (shared with the turn it continues).
+    pub prompt_ids: Shared<u32>,
     /// The token ids it made.
     pub output_ids: Vec<u32>,
     /// Their logprobs (a non-finite one is written as JSON `null` and read back as -inf).
@@ -93,7 +95,7 @@ impl Turn {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: String,
-        messages: Vec<Value>,
+        messages: impl Into<Shared<Value>>,
         reply: Value,
         prompt: (String, Vec<u32>),
         output: (String, Vec<u32>, Vec<f64>, Vec<Value>),
@@ -103,10 +105,10 @@ impl Turn {
     ) -> Self {
         Self {
             id,
-            messages,
+            messages: messages.into(),
             reply,
-            prompt_text: prompt.0,
-            prompt_ids: prompt.1,
+            prompt_text: prompt.0.into(),
+            prompt_ids: prompt.1.into(),
             output_text: output.0,
             output_ids: output.1,
             output_logprobs: output.2,
@@ -128,6 +130,36 @@ impl Turn {
                 .map(comparable)
                 .collect()
         })
+    }
+
+    /// Shares this turn's messages, prompt ids and prompt text with `parent`'s, the turn it
+    /// continues, where they begin with that turn's (its messages and reply; its prompt and
+    /// output): the turn then keeps only what is new. Recording a turn does this; a turn read
+    /// back from disk does it with the parent read before it.
+    pub fn share_with(&mut self, parent: &Turn) {
+        let (a, b) = (parent.prompt_ids.len(), parent.output_ids.len());
+        if self.prompt_ids.len() >= a + b
+            && !self.prompt_ids.starts_with_shared(&parent.prompt_ids)
+            && self.prompt_ids.starts_with(&parent.prompt_ids)
+            && self.prompt_ids.has_at(a, &parent.output_ids)
+        {
+            self.prompt_ids = parent.prompt_ids.with(self.prompt_ids.tail(a));
+        }
+        let a = parent.prompt_text.len();
+        if self.prompt_text.len() >= a + parent.output_text.len()
+            && !self.prompt_text.starts_with_shared(&parent.prompt_text)
+            && self.prompt_text.starts_with(&parent.prompt_text)
+            && self.prompt_text.has_at(a, &parent.output_text)
+        {
+            self.prompt_text = parent.prompt_text.with(self.prompt_text.tail(a));
+        }
+        let m = parent.messages.len();
+        if self.messages.len() > m
+            && !self.messages.starts_with_shared(&parent.messages)
+            && self.messages.starts_with(&parent.messages)
+        {
+            self.messages = parent.messages.with(self.messages.tail(m));
+        }
     }
 
     fn tokens(&self) -> usize {
@@ -338,7 +370,7 @@ impl SessionStore {
 
     /// The turn of session `id` that a request with `messages` continues, if any: the one
     /// covering the most of them.
-    pub fn base(&self, id: &str, messages: &[Value]) -> Option<Base> {
+    pub fn base(&self, id: &str, messages: &Shared<Value>) -> Option<Base> {
         let keys: Vec<Value> = messages.iter().map(comparable).collect();
         let g = self.inner.lock();
         let s = g.sessions.get(id)?;
@@ -402,7 +434,7 @@ impl SessionStore {
     }
 
     /// Records `turn` in session `id`.
-    pub fn record(&self, id: &str, turn: Turn) -> Result<(), AgentError> {
+    pub fn record(&self, id: &str, mut turn: Turn) -> Result<(), AgentError> {
         {
             let mut g = self.inner.lock();
             let s = g
@@ -412,6 +444,9 @@ impl SessionStore {
             // A reserved turn's tokens are in `reserved` already (its guard still lives): only
             // what is recorded counts here, and the reservation kept the room for it.
             self.fits(s, 0, turn.tokens())?;
+            if let Some(p) = turn.parent.and_then(|p| s.turns.get(p)) {
+                turn.share_with(p);
+            }
             if let Some(l) = self.log.get() {
                 l.recorded(id, &turn, turn.parent.and_then(|p| s.turns.get(p)))?;
             }

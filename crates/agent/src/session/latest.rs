@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::SessionStore;
 use crate::messages::comparable;
+use crate::shared::Shared;
 
 /// The latest turn of a session, as a request that continues it extends it.
 #[derive(Debug, Clone)]
@@ -39,8 +40,9 @@ pub(crate) struct Sent {
 pub struct Known {
     /// The turn's index.
     pub turn: usize,
-    /// Its messages as the template read them (so the request's copy need not be read).
-    pub messages: Vec<Value>,
+    /// Its messages as the template read them (so the request's copy need not be read),
+    /// shared with the turn.
+    pub messages: Shared<Value>,
 }
 
 impl SessionStore {
@@ -81,7 +83,12 @@ impl SessionStore {
     /// covers more of them (what [`SessionStore::base`] would pick instead). `None`: use
     /// [`SessionStore::base`]. `known`: the turn whose messages the request's first ones are
     /// already known to be ([`SessionStore::known`]), which are then not compared again.
-    pub fn latest(&self, id: &str, messages: &[Value], known: Option<usize>) -> Option<Latest> {
+    pub fn latest(
+        &self,
+        id: &str,
+        messages: &Shared<Value>,
+        known: Option<usize>,
+    ) -> Option<Latest> {
         let g = self.inner.lock();
         let s = g.sessions.get(id)?;
         let index = s.turns.len().checked_sub(1)?;
@@ -89,19 +96,19 @@ impl SessionStore {
         let m = t.messages.len();
         if messages.len() <= m + 1
             || s.turns.iter().any(|o| o.messages.len() > m)
-            || (known != Some(index) && messages[..m] != t.messages[..])
-            || comparable(&messages[m]) != comparable(&t.reply)
+            || (known != Some(index) && !messages.starts_with(&t.messages))
+            || comparable(messages.get(m)?) != comparable(&t.reply)
         {
             return None;
         }
         let mut ids = Vec::with_capacity(t.prompt_ids.len() + t.output_ids.len());
-        ids.extend_from_slice(&t.prompt_ids);
+        t.prompt_ids.copy_into(&mut ids);
         ids.extend_from_slice(&t.output_ids);
         Some(Latest {
             index,
             covered: m + 1,
             ids,
-            prompt_text: t.prompt_text.clone(),
+            prompt_text: t.prompt_text.to_string(),
             output_text: t.output_text.clone(),
         })
     }

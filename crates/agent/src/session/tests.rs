@@ -29,7 +29,7 @@ fn a_turn_continues_the_turn_whose_messages_and_reply_it_starts_with() {
     let a1 = json!({"role": "assistant", "content": "yo", "refusal": null});
     let u2 = json!({"role": "user", "content": "more"});
     let b = store
-        .base(&id, &[u1.clone(), a1.clone(), u2.clone()])
+        .base(&id, &vec![u1.clone(), a1.clone(), u2.clone()].into())
         .expect("continues");
     assert_eq!(
         (b.index, b.covered, b.ids.clone(), b.text.as_str()),
@@ -37,10 +37,12 @@ fn a_turn_continues_the_turn_whose_messages_and_reply_it_starts_with() {
     );
     let edited = json!({"role": "assistant", "content": "yo!"});
     assert!(
-        store.base(&id, &[u1.clone(), edited, u2]).is_none(),
+        store
+            .base(&id, &vec![u1.clone(), edited, u2].into())
+            .is_none(),
         "an edited history branches"
     );
-    assert!(store.base(&id, &[u1]).is_none());
+    assert!(store.base(&id, &vec![u1].into()).is_none());
 }
 
 #[test]
@@ -109,7 +111,7 @@ fn a_history_sent_again_byte_for_byte_is_known_without_reading_it() {
     let k = store
         .known(&id, |m| (m == 1).then_some(&sent[..]))
         .expect("the same bytes");
-    assert_eq!((k.turn, k.messages), (0, vec![u1.clone()]));
+    assert_eq!((k.turn, k.messages.to_vec()), (0, vec![u1.clone()]));
     assert!(
         store
             .known(&id, |_| Some(&br#"{"role": "user", "content": "hi"}"#[..]))
@@ -120,4 +122,34 @@ fn a_history_sent_again_byte_for_byte_is_known_without_reading_it() {
     // A newer turn makes the kept bytes stale.
     store.record(&id, turn(&[u1], "again", &[3])).unwrap();
     assert!(store.known(&id, |_| Some(&sent[..])).is_none());
+}
+
+#[test]
+fn a_continued_turn_shares_its_history_with_the_turn_it_continues() {
+    let store = SessionStore::new(SessionLimits::default());
+    let (id, _) = store.open(None, None).unwrap();
+    let u1 = json!({"role": "user", "content": "hi"});
+    store
+        .record(&id, turn(std::slice::from_ref(&u1), "yo", &[1, 2]))
+        .unwrap();
+    let msgs = vec![
+        u1,
+        json!({"role": "assistant", "content": "yo"}),
+        json!("more"),
+    ];
+    let mut t = turn(&msgs, "ok", &[1, 2, 9, 4]);
+    t.prompt_text = "POnew".to_string().into();
+    t.parent = Some(0);
+    store.record(&id, t).unwrap();
+    let g = store.inner.lock();
+    let [a, b] = &g.sessions[&id].turns[..] else {
+        panic!("two turns")
+    };
+    assert!(b.prompt_ids.starts_with_shared(&a.prompt_ids));
+    assert!(b.prompt_text.starts_with_shared(&a.prompt_text));
+    assert!(b.messages.starts_with_shared(&a.messages));
+    // What they read as and write out is unchanged.
+    assert_eq!(b.prompt_ids.to_vec(), vec![1, 2, 9, 4]);
+    assert_eq!(serde_json::to_string(&b.prompt_text).unwrap(), "\"POnew\"");
+    assert_eq!(b.messages.to_vec(), msgs);
 }

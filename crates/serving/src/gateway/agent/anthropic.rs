@@ -204,7 +204,7 @@ fn spec(
     }
     Ok(TurnSpec {
         id: format!("msg_{}", uuid::Uuid::new_v4().simple()),
-        messages,
+        messages: messages.into(),
         tools,
         parse_tools,
         forced,

@@ -10,13 +10,13 @@ use std::collections::HashMap;
 
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
-use troupe_agent::{Agent, messages};
+use troupe_agent::{Agent, Shared, messages};
 
 use super::turn::TurnError;
 
 /// The messages as the template reads them, and, when the first ones are known, (the session
 /// turn they are, how many).
-pub(super) type Messages = (Vec<Value>, Option<(usize, usize)>);
+pub(super) type Messages = (Shared<Value>, Option<(usize, usize)>);
 
 /// A chat body: its fields but `messages`, and the messages' bytes.
 pub(super) struct ChatBody<'a> {
@@ -88,20 +88,20 @@ impl<'a> ChatBody<'a> {
             && let Some(k) = agent.sessions.known(s, |m| self.span(m))
         {
             let (turn, m) = (k.turn, k.messages.len());
-            let mut out = k.messages;
-            out.reserve(each.len() - m);
+            let mut out = Vec::with_capacity(each.len() - m);
             for (j, raw) in each[m..].iter().enumerate() {
                 let v: Value = serde_json::from_str(raw.get())
                     .map_err(|e| TurnError::bad(format!("messages[{}]: {e}", m + j)))?;
                 out.push(messages::message_for_template(m + j, &v)?);
             }
-            return Ok((out, Some((turn, m))));
+            // The known history is the turn's own list, shared; only the new ones are added.
+            return Ok((k.messages.with(out), Some((turn, m))));
         }
         let all = match self.messages {
             Some(m) => serde_json::from_str(m).map_err(|e| TurnError::bad(e.to_string()))?,
             None => Value::Null,
         };
-        Ok((messages::for_template(&all)?, None))
+        Ok((messages::for_template(&all)?.into(), None))
     }
 }
 

@@ -316,7 +316,7 @@ fn prepare(
     });
     let spec = TurnSpec {
         id: new_id("resp"),
-        messages: messages::for_template(&Value::Array(chat))?,
+        messages: messages::for_template(&Value::Array(chat))?.into(),
         tools,
         parse_tools,
         forced,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::http::HeaderMap;
 use serde_json::{Map, Value, json};
-use troupe_agent::{Agent, AgentError, Parsed, Prompt, Turn, bound};
+use troupe_agent::{Agent, AgentError, Parsed, Prompt, Shared, Turn, bound};
 
 use super::super::GatewayState;
 
@@ -16,8 +16,8 @@ use super::super::GatewayState;
 pub(super) struct TurnSpec {
     /// The answer's id (`chatcmpl-…`, `msg_…`), the turn's id in the session.
     pub id: String,
-    /// Messages, as the template reads them.
-    pub messages: Vec<Value>,
+    /// Messages, as the template reads them (a known history shared with its turn).
+    pub messages: Shared<Value>,
     /// Tools, in OpenAI's form (`[{type: function, function: {name, parameters}}]`).
     pub tools: Vec<Value>,
     /// Whether tool calls are looked for (`tool_choice` is not `none`).
@@ -109,10 +109,15 @@ pub(super) async fn prompt(
 ) -> Result<(Prompt, TurnSpec), TurnError> {
     let context = state.agent_work.context();
     let (known, from) = spec.known.map_or((None, 0), |(t, n)| (Some(t), n));
-    let bytes = spec
-        .messages
-        .get(from..)
-        .unwrap_or_default()
+    let rest;
+    let new = match spec.messages.tail_slice(from) {
+        Some(s) => s,
+        None => {
+            rest = spec.messages.tail(from);
+            &rest[..]
+        }
+    };
+    let bytes = new
         .iter()
         .chain(&spec.tools)
         .map(bound::text_bytes)
@@ -266,6 +271,7 @@ pub(super) async fn run(
     let to_parse = format!("{}{text}", forced.as_deref().unwrap_or(""));
     let parse_with: &[Value] = if spec.parse_tools { &spec.tools } else { &[] };
     let parsed = agent.parser.parse(&to_parse, parse_with, thinking);
+    let prompt_tokens = prompt.ids.len();
     if let Some(s) = &spec.session {
         let calls: Vec<Value> = parsed
             .tool_calls
@@ -284,7 +290,7 @@ pub(super) async fn run(
             spec.id.clone(),
             spec.messages,
             reply,
-            (prompt.text, prompt.ids.clone()),
+            (prompt.text, prompt.ids),
             (raw, output_ids.clone(), logprobs.clone(), versions),
             finish,
             meta,
@@ -293,7 +299,7 @@ pub(super) async fn run(
         agent.sessions.record(s, turn)?;
     }
     Ok(TurnOut {
-        prompt_tokens: prompt.ids.len(),
+        prompt_tokens,
         output_ids,
         logprobs,
         parsed,

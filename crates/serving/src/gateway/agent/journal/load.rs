@@ -248,7 +248,7 @@ mod tests {
                 ..
             } => {
                 assert_eq!(
-                    (turn.prompt_ids.clone(), prompt_from, messages_from),
+                    (turn.prompt_ids.to_vec(), prompt_from, messages_from),
                     (vec![9], 5, 2)
                 );
             }

@@ -53,30 +53,30 @@ pub(super) fn turn(turn: &Turn, parent: Option<&Turn>) -> Record {
     if let Some(p) = parent {
         let (a, b) = (p.prompt_ids.len(), p.output_ids.len());
         if turn.prompt_ids.len() >= a + b
-            && turn.prompt_ids[..a] == p.prompt_ids[..]
-            && turn.prompt_ids[a..a + b] == p.output_ids[..]
+            && turn.prompt_ids.starts_with(&p.prompt_ids)
+            && turn.prompt_ids.has_at(a, &p.output_ids)
         {
             prompt_from = a + b;
         }
         let t = &turn.prompt_text;
-        if t.starts_with(&p.prompt_text) && t[p.prompt_text.len()..].starts_with(&p.output_text) {
+        if t.starts_with(&p.prompt_text) && t.has_at(p.prompt_text.len(), &p.output_text) {
             text_from = p.prompt_text.len() + p.output_text.len();
         }
         let m = p.messages.len();
         if turn.messages.len() > m
-            && turn.messages[..m] == p.messages[..]
-            && turn.messages[m] == p.reply
+            && turn.messages.starts_with(&p.messages)
+            && turn.messages.get(m) == Some(&p.reply)
         {
             messages_from = m + 1;
         }
     }
     let mut t = Turn::new(
         turn.id.clone(),
-        turn.messages[messages_from..].to_vec(),
+        turn.messages.tail(messages_from),
         turn.reply.clone(),
         (
-            turn.prompt_text[text_from..].to_string(),
-            turn.prompt_ids[prompt_from..].to_vec(),
+            turn.prompt_text.tail(text_from),
+            turn.prompt_ids.tail(prompt_from),
         ),
         (
             turn.output_text.clone(),
@@ -127,12 +127,14 @@ pub(super) fn apply(s: &mut Restored, r: Record) -> Result<(), String> {
                     ));
                 }
                 let mut prompt = ids[..prompt_from].to_vec();
-                prompt.append(&mut t.prompt_ids);
-                t.prompt_ids = prompt;
-                t.prompt_text = format!("{}{}", &text[..text_from], t.prompt_text);
+                t.prompt_ids.copy_into(&mut prompt);
+                t.prompt_ids = prompt.into();
+                t.prompt_text = format!("{}{}", &text[..text_from], t.prompt_text).into();
                 let mut m = msgs[..messages_from].to_vec();
-                m.append(&mut t.messages);
-                t.messages = m;
+                t.messages.copy_into(&mut m);
+                t.messages = m.into();
+                // Held as the live turn was: what it shares with its parent, shared.
+                t.share_with(p);
             }
             if t.output_logprobs.len() != t.output_ids.len() {
                 return Err(format!(
