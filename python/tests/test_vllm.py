@@ -1,11 +1,14 @@
 """Real vLLM behind Troupe, weights over Troupe's own transport: the `troupe` weight-transfer
 engine (troupe/vllm_transfer.py, a vLLM plugin of this package) against vLLM's own disk reload,
 and SkyRL's and slime's calls (examples/python/{skyrl,slime}_style.py, unchanged) against a
-gateway in front of real vLLM servers. Needs the vLLM venv (`vllm_py`); at most two servers
+gateway in front of real vLLM servers, then the elastic fleet on them (a server removed, one
+added caught up through the transport). Needs the vLLM venv (`vllm_py`); at most two servers
 at a time."""
 
 import json
+import pathlib
 import subprocess
+import urllib.request
 
 from conftest import ROOT
 
@@ -33,6 +36,27 @@ def test_tensor_updates_match_disk_loads_on_real_vllm(vllm_py):
     assert lines["vllm_weights.tiny.tokens_match"] == "1", p.stdout
     assert lines["vllm_weights.tiny.weight_sets_differ"] == "1", p.stdout
     assert float(lines["vllm_weights.tiny.tensor.seconds"]) > 0, p.stdout
+
+
+def push(gateway, safetensors, version):
+    """`POST /update_weights_from_tensor` of a safetensors file through the gateway."""
+    req = urllib.request.Request(
+        f"{gateway}/update_weights_from_tensor?weight_version={version}",
+        data=pathlib.Path(safetensors).read_bytes(),
+        headers={"Content-Type": "application/octet-stream", "Authorization": "Bearer k"},
+    )
+    with urllib.request.urlopen(req, timeout=600) as r:
+        assert r.status == 200
+
+
+def completion(url, model):
+    """The greedy token ids `url` answers a fixed prompt with."""
+    body = {"model": str(model), "prompt": "Say a:", "max_tokens": 6, "temperature": 0, "return_token_ids": True}
+    req = urllib.request.Request(
+        f"{url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())["choices"][0]["token_ids"]
 
 
 def config(py, model):
@@ -88,3 +112,16 @@ def test_skyrl_and_slime_calls_reach_real_vllm(vllm_py, tmp_path):
             )
             assert p.returncode == 0, f"{script}:\n{p.stdout}{p.stderr}"
             assert "ok: generation changed" in p.stdout, p.stdout
+
+        # The elastic fleet on real vLLM: weights pushed through Troupe's transport, then one
+        # server removed and one added in its slot; the new one is caught up through the
+        # transport (the controller keeps the last push) before it is routed, so it answers with
+        # the pushed weights, not the ones its model path holds.
+        push(svc.gateway_url, weights[0], "k3")
+        want = completion(svc.gateway_url, model)
+        old = [r for r in svc.instances() if r["state"] == "routed"][0]["server_url"]
+        assert svc.remove_server(old, drain_timeout_s=60)["state"] == "removed"
+        added = svc.add_servers("regular")
+        assert [r["state"] for r in added] == ["routed"], added
+        assert completion(added[0].get("worker_url") or added[0]["server_url"], model) == want
+        assert len([r for r in svc.instances() if r["state"] == "routed"]) == 2
