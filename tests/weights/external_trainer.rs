@@ -112,59 +112,9 @@ async fn an_external_trainer_updates_prefill_and_decode_through_the_grpc_api() {
         assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
         assert!(bad.message().starts_with("weight_version: "), "{bad:?}");
 
-        let w = Weights::init(&ModelConfig::tiny(), 4242);
-        let names = w.names();
-        let bytes: Vec<Vec<u8>> = names
-            .iter()
-            .map(|n| {
-                w.get(n)
-                    .unwrap()
-                    .data
-                    .iter()
-                    .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
-                    .collect()
-            })
-            .collect();
-        let shapes: Vec<Vec<usize>> = names
-            .iter()
-            .map(|n| w.get(n).unwrap().shape.clone())
-            .collect();
-        assert!(
-            api.begin_weight_update(BeginWeightUpdateRequest {
-                pause_mode: "abort".into()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .ok
-        );
-        let bucket = api.weight_bucket(WeightBucketRequest {
-            group_name: "ext".into(),
-            names: names.clone(),
-            dtypes: vec!["bfloat16".into(); names.len()],
-            shapes: shapes
-                .iter()
-                .map(|s| Shape {
-                    dims: s.iter().map(|d| *d as u64).collect(),
-                })
-                .collect(),
-            weight_version: "ext-1".into(),
-            flush_cache: true,
-        });
-        let refs: Vec<TensorRef> = names
-            .iter()
-            .zip(&shapes)
-            .zip(&bytes)
-            .map(|((n, s), b)| TensorRef {
-                name: n,
-                dtype: WireDtype::Bf16,
-                shape: s,
-                bytes: b,
-            })
-            .collect();
-        let (acked, sent) = tokio::join!(bucket, sender.send_bucket(&refs));
-        sent.unwrap();
-        let acked = acked.unwrap().into_inner();
+        let w = bf16_weights(4242);
+        assert!(begin(&mut api).await.ok);
+        let acked = sent_bucket(&mut api, &mut sender, &w, 0..w.0.len(), "ext", "ext-1").await;
         assert!(acked.ok, "{:?}", acked.servers);
         assert!(
             api.end_weight_update(EndWeightUpdateRequest::default())
@@ -404,6 +354,29 @@ fn bucket<'a>(
     (req, refs)
 }
 
+/// `BeginWeightUpdate` in abort mode: the answer.
+async fn begin(api: &mut ControllerClient<tonic::transport::Channel>) -> WeightAck {
+    let req = BeginWeightUpdateRequest {
+        pause_mode: "abort".into(),
+    };
+    api.begin_weight_update(req).await.unwrap().into_inner()
+}
+
+/// Announces bucket `range` of `w` and broadcasts it at once, as a trainer does: the answer.
+async fn sent_bucket(
+    api: &mut ControllerClient<tonic::transport::Channel>,
+    sender: &mut WeightSender,
+    w: &(Vec<String>, Vec<Vec<usize>>, Vec<Vec<u8>>),
+    range: std::ops::Range<usize>,
+    group: &str,
+    version: &str,
+) -> WeightAck {
+    let (req, refs) = bucket(w, range, group, version);
+    let (acked, sent) = tokio::join!(api.weight_bucket(req), sender.send_bucket(&refs));
+    sent.unwrap();
+    acked.unwrap().into_inner()
+}
+
 /// The gateway's greedy answer to a fixed prompt, and the version that made it.
 async fn greedy(svc: &Deployment) -> (serde_json::Value, String) {
     let body = serde_json::json!({"text": "killed: ", "sampling_params": {"max_new_tokens": 12, "temperature": 0.0}});
@@ -426,9 +399,6 @@ async fn a_trainer_killed_mid_update_leaves_no_engine_serving_part_of_it() {
             .into_inner()
             .world_size;
         let before = greedy(&svc).await;
-        let begin = || BeginWeightUpdateRequest {
-            pause_mode: "abort".into(),
-        };
         let w = bf16_weights(4343);
         let half = w.0.len() / 2;
         let all = w.0.len();
@@ -436,17 +406,12 @@ async fn a_trainer_killed_mid_update_leaves_no_engine_serving_part_of_it() {
         // The first bucket reaches both engines; the trainer dies as it starts the second.
         let (mut sender, joined) = open_group(&mut api, world, "doomed").await;
         assert!(joined.ok, "{joined:?}");
+        assert!(begin(&mut api).await.ok);
         assert!(
-            api.begin_weight_update(begin())
+            sent_bucket(&mut api, &mut sender, &w, 0..half, "doomed", "k1")
                 .await
-                .unwrap()
-                .into_inner()
                 .ok
         );
-        let (req, refs) = bucket(&w, 0..half, "doomed", "k1");
-        let (acked, sent) = tokio::join!(api.weight_bucket(req), sender.send_bucket(&refs));
-        sent.unwrap();
-        assert!(acked.unwrap().into_inner().ok);
         let (req, _) = bucket(&w, half..all, "doomed", "k1");
         let second = {
             let mut api = api.clone();
@@ -471,18 +436,13 @@ async fn a_trainer_killed_mid_update_leaves_no_engine_serving_part_of_it() {
 
         // The restarted trainer's complete update reaches both engines at once.
         let (mut sender, _) = open_group(&mut api, world, "again").await;
-        assert!(
-            api.begin_weight_update(begin())
-                .await
-                .unwrap()
-                .into_inner()
-                .ok
-        );
+        assert!(begin(&mut api).await.ok);
         for r in [0..half, half..all] {
-            let (req, refs) = bucket(&w, r, "again", "k2");
-            let (acked, sent) = tokio::join!(api.weight_bucket(req), sender.send_bucket(&refs));
-            sent.unwrap();
-            assert!(acked.unwrap().into_inner().ok);
+            assert!(
+                sent_bucket(&mut api, &mut sender, &w, r, "again", "k2")
+                    .await
+                    .ok
+            );
         }
         let done = api
             .end_weight_update(EndWeightUpdateRequest { buckets: Some(2) })
@@ -496,17 +456,12 @@ async fn a_trainer_killed_mid_update_leaves_no_engine_serving_part_of_it() {
 
         // A trainer whose count the engines did not see: abandoned, k2 still served.
         let w3 = bf16_weights(4444);
+        assert!(begin(&mut api).await.ok);
         assert!(
-            api.begin_weight_update(begin())
+            sent_bucket(&mut api, &mut sender, &w3, 0..half, "again", "k3")
                 .await
-                .unwrap()
-                .into_inner()
                 .ok
         );
-        let (req, refs) = bucket(&w3, 0..half, "again", "k3");
-        let (acked, sent) = tokio::join!(api.weight_bucket(req), sender.send_bucket(&refs));
-        sent.unwrap();
-        assert!(acked.unwrap().into_inner().ok);
         let short = api
             .end_weight_update(EndWeightUpdateRequest { buckets: Some(2) })
             .await

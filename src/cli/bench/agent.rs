@@ -172,7 +172,7 @@ async fn session(
         });
         let started = Instant::now();
         let r = client
-            .post(format!("{url}/generate"))
+            .post(format!("{url}{}", ep::Generate::PATH))
             .header("X-Session-ID", format!("agent-{s}"))
             .json(&body)
             .timeout(Duration::from_secs(600))
@@ -211,7 +211,7 @@ async fn abort_one(client: &reqwest::Client, url: &str, i: u64) -> Result<(bool,
     let body = json!({"text": format!("abort {i}"), "stream": true,
                       "sampling_params": {"max_new_tokens": ABORT_BUDGET, "ignore_eos": true}});
     let r = client
-        .post(format!("{url}/generate"))
+        .post(format!("{url}{}", ep::Generate::PATH))
         .json(&body)
         .timeout(Duration::from_secs(600))
         .send()

@@ -260,7 +260,14 @@ async fn closed_loop(
 async fn wait_for(c: &reqwest::Client, url: &str, stream: bool, secs: u64) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
-        match one(c, &format!("{url}/generate"), body(stream), stream).await {
+        match one(
+            c,
+            &format!("{url}{}", ep::Generate::PATH),
+            body(stream),
+            stream,
+        )
+        .await
+        {
             Ok(_) => return Ok(()),
             Err(e) if Instant::now() >= deadline => {
                 return Err(format!("target never answered: {e}"));
@@ -273,7 +280,7 @@ async fn wait_for(c: &reqwest::Client, url: &str, stream: bool, secs: u64) -> Re
 async fn register(c: &reqwest::Client, target: &str, backends: &[String]) -> Result<(), String> {
     for b in backends {
         let r = c
-            .post(format!("{target}/workers"))
+            .post(format!("{target}{}", ep::Workers::PATH))
             .json(&json!({"url": b, "worker_type": "regular"}))
             .send()
             .await

@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use troupe_controller::serve::Deployment;
 use troupe_scheduler::AllocationPlan;
 use troupe_serving::policy::PolicyKind;
+use troupe_wire::Endpoint as _;
 
 /// Settings of the rollout benchmark.
 #[derive(Debug, Clone, clap::Args)]
@@ -128,7 +129,7 @@ pub(super) async fn load(a: &RolloutArgs, url: &str) -> Result<(Answers, Duratio
                     async move {
                         let t0 = Instant::now();
                         let r = client
-                            .post(format!("{url}/generate"))
+                            .post(format!("{url}{}", troupe_wire::endpoints::Generate::PATH))
                             .json(&body)
                             .timeout(Duration::from_secs(300))
                             .send()

@@ -6,6 +6,7 @@
 //! answer whose tokens carry the weight version that produced each of them.
 
 use std::time::Duration;
+use troupe_wire::Endpoint as _;
 use troupe_wire::WeightVersion;
 use troupe_wire::sglang::meta;
 
@@ -164,7 +165,11 @@ impl InferenceClient {
                 json!({"input_ids": input, "sampling_params": params, "return_logprob": true});
             let resp = self
                 .http
-                .post(format!("{}/generate", self.url))
+                .post(format!(
+                    "{}{}",
+                    self.url,
+                    troupe_wire::endpoints::Generate::PATH
+                ))
                 .json(&body)
                 .timeout(Duration::from_secs(600))
                 .send()

@@ -27,7 +27,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 
 use super::ray_spec::{LAUNCHER_PY, RayEvent, RayOptions, parse_event, short_node, spec, work_dir};
-use super::report::{Arrival, Rendezvous, routable_ip};
+use super::report::{Arrival, open_reports, routable_ip};
 use super::{BoxFuture, HostLauncher, LaunchError, LaunchRequest, LaunchedHost, tail};
 
 /// Lines of the launcher's log quoted in errors.
@@ -357,27 +357,8 @@ impl HostLauncher for RayLauncher {
         req: &'a LaunchRequest,
     ) -> BoxFuture<'a, Result<Vec<LaunchedHost>, LaunchError>> {
         Box::pin(async move {
-            if req.n_hosts == 0 {
-                return Err(LaunchError::Config("at least one host is needed".into()));
-            }
-            if req.token.is_none() {
-                return Err(LaunchError::Config(
-                    "Ray hosts listen on routable addresses and need a control-plane token (set TROUPE_TOKEN)".into(),
-                ));
-            }
             let ip = self.opts.report_ip.unwrap_or_else(routable_ip);
-            let rv = Rendezvous::bind(ip, req.token.clone()).await?;
-            let report_to = rv.address().to_string();
-            let (tx, rx) = mpsc::channel(64);
-            let accept = tokio::spawn(async move {
-                loop {
-                    let a = rv.next().await;
-                    let stop = a.is_err();
-                    if tx.send(a).await.is_err() || stop {
-                        break;
-                    }
-                }
-            });
+            let (report_to, rx, accept) = open_reports(ip, req, "Ray").await?;
             let result = match self.spawn(req, &report_to).await {
                 Ok(mut events) => match self.wait_reports(req, rx, &mut events).await {
                     Ok(hosts) => {

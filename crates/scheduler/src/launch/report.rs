@@ -17,7 +17,9 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::LaunchError;
+use tokio::sync::mpsc;
+
+use super::{LaunchError, LaunchRequest};
 
 /// Longest report line accepted (a report is a few hundred bytes).
 const MAX_LINE: u64 = 64 * 1024;
@@ -145,6 +147,58 @@ impl Rendezvous {
             }
         }
     }
+}
+
+/// The task reading a rendezvous' arrivals ([`open_reports`]); stopped by [`Accepting::abort`]
+/// or when dropped, so no error path leaves it listening.
+pub struct Accepting(tokio::task::JoinHandle<()>);
+
+impl Accepting {
+    /// Stops reading arrivals (the rendezvous closes).
+    pub fn abort(&self) {
+        self.0.abort();
+    }
+}
+
+impl Drop for Accepting {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What a launcher waits on: each arrival, or the error that ended the rendezvous (the last).
+pub type Arrivals = mpsc::Receiver<Result<Arrival, LaunchError>>;
+
+/// Opens a rendezvous on `ip` for `req`'s hosts, which run on other machines (`who`: the
+/// launcher, named in the refusal), so they must be at least one and carry a token; its
+/// arrivals are read on a task of their own, so a launcher can wait on them beside its job's
+/// state. The address hosts dial (`--report-to`), the arrivals, and the task.
+pub async fn open_reports(
+    ip: IpAddr,
+    req: &LaunchRequest,
+    who: &str,
+) -> Result<(String, Arrivals, Accepting), LaunchError> {
+    if req.n_hosts == 0 {
+        return Err(LaunchError::Config("at least one host is needed".into()));
+    }
+    if req.token.is_none() {
+        return Err(LaunchError::Config(format!(
+            "{who} hosts listen on routable addresses and need a control-plane token (set TROUPE_TOKEN)"
+        )));
+    }
+    let rv = Rendezvous::bind(ip, req.token.clone()).await?;
+    let address = rv.address().to_string();
+    let (tx, arrivals) = mpsc::channel(64);
+    let task = tokio::spawn(async move {
+        loop {
+            let a = rv.next().await;
+            let stop = a.is_err();
+            if tx.send(a).await.is_err() || stop {
+                break;
+            }
+        }
+    });
+    Ok((address, arrivals, Accepting(task)))
 }
 
 /// The host's side: a connection to the controller's rendezvous.

@@ -4,9 +4,8 @@
 use std::path::PathBuf;
 
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 
-use super::super::report::{Rendezvous, routable_ip};
+use super::super::report::{open_reports, routable_ip};
 use super::super::{Grown, LaunchError, LaunchRequest};
 use super::{SlurmLauncher, Target, cancel, watch_job};
 
@@ -26,27 +25,8 @@ impl SlurmLauncher {
         req: &LaunchRequest,
         base: usize,
     ) -> Result<Grown, LaunchError> {
-        if req.n_hosts == 0 {
-            return Err(LaunchError::Config("at least one host is needed".into()));
-        }
-        if req.token.is_none() {
-            return Err(LaunchError::Config(
-                "Slurm hosts listen on routable addresses and need a control-plane token (set TROUPE_TOKEN)".into(),
-            ));
-        }
         let ip = self.opts.report_ip.unwrap_or_else(routable_ip);
-        let rv = Rendezvous::bind(ip, req.token.clone()).await?;
-        let report_to = rv.address().to_string();
-        let (tx, rx) = mpsc::channel(64);
-        let accept = tokio::spawn(async move {
-            loop {
-                let a = rv.next().await;
-                let stop = a.is_err();
-                if tx.send(a).await.is_err() || stop {
-                    break;
-                }
-            }
-        });
+        let (report_to, rx, accept) = open_reports(ip, req, "Slurm").await?;
         let submitted = self.sbatch(req, &report_to, base).await;
         let (job, output) = match submitted {
             Ok(x) => x,

@@ -27,7 +27,7 @@ mod grow;
 
 use grow::{Added, release_added};
 
-use super::report::{Arrival, Rendezvous, routable_ip};
+use super::report::{Arrival, open_reports, routable_ip};
 use super::slurm_cmd::{
     JobInfo, SlurmOptions, batch_script_at, parse_job_info, sbatch_args, srun_args,
 };
@@ -430,27 +430,8 @@ impl HostLauncher for SlurmLauncher {
         req: &'a LaunchRequest,
     ) -> BoxFuture<'a, Result<Vec<LaunchedHost>, LaunchError>> {
         Box::pin(async move {
-            if req.n_hosts == 0 {
-                return Err(LaunchError::Config("at least one host is needed".into()));
-            }
-            if req.token.is_none() {
-                return Err(LaunchError::Config(
-                    "Slurm hosts listen on routable addresses and need a control-plane token (set TROUPE_TOKEN)".into(),
-                ));
-            }
             let ip = self.opts.report_ip.unwrap_or_else(routable_ip);
-            let rv = Rendezvous::bind(ip, req.token.clone()).await?;
-            let report_to = rv.address().to_string();
-            let (tx, rx) = mpsc::channel(64);
-            let accept = tokio::spawn(async move {
-                loop {
-                    let a = rv.next().await;
-                    let stop = a.is_err();
-                    if tx.send(a).await.is_err() || stop {
-                        break;
-                    }
-                }
-            });
+            let (report_to, rx, accept) = open_reports(ip, req, "Slurm").await?;
             let result = match self.submit(req, &report_to).await {
                 Ok(()) => {
                     let t = self.first_target();
