@@ -138,7 +138,7 @@ async fn main() -> anyhow::Result<()> {
             .map(HostTensor::from)
             .collect();
         let report = sync
-            .update_weights(&svc.control, &engines, &(version + 1).to_string(), &weights)
+            .update_weights(&svc.control, &engines, &(version + 1).into(), &weights)
             .await?;
         rollout.set_version(version + 1);
         let mean = rewards.iter().sum::<f32>() / rewards.len().max(1) as f32;

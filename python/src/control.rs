@@ -120,9 +120,10 @@ impl Control {
         to_py(py, &v)
     }
 
-    /// The one weight version every serving engine reports.
+    /// The one weight version every serving engine reports (a `str` to Python).
     pub(crate) fn weight_version(&self, py: Python<'_>) -> PyResult<String> {
         let plane = self.plane.clone();
-        wait(py, async move { plane.weight_version().await })?.map_err(control_err)
+        let v = wait(py, async move { plane.weight_version().await })?.map_err(control_err)?;
+        Ok(v.to_string())
     }
 }

@@ -153,6 +153,13 @@ impl ControllerClient {
         weight_version: String,
         flush_cache: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
+        // Checked here as every version is (empty: the bucket names none), so a bad one is
+        // refused naming the argument before anything is sent.
+        if !weight_version.is_empty() {
+            troupe_wire::WeightVersion::new(weight_version.as_str()).map_err(|e| {
+                pyo3::exceptions::PyValueError::new_err(format!("weight_version: {e}"))
+            })?;
+        }
         let mut c = self.inner.clone();
         let req = WeightBucketRequest {
             group_name,

@@ -90,12 +90,13 @@ impl Service {
         version: WeightVersion,
     ) -> PyResult<Py<PyAny>> {
         let plane = self.plane.clone();
-        let rep = wait(py, async move {
-            plane.update_from_tensors(version.as_str(), &host).await
-        })?
+        let rep = wait(
+            py,
+            async move { plane.update_tensors(&version, &host).await },
+        )?
         .map_err(|e| WeightSyncError::new_err(e.message))?;
         let d = PyDict::new(py);
-        d.set_item("version", rep.version)?;
+        d.set_item("version", rep.version.as_str())?;
         d.set_item("seconds", rep.seconds)?;
         d.set_item("buckets", rep.buckets)?;
         d.set_item("bytes", rep.bytes)?;

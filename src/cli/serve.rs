@@ -154,7 +154,8 @@ fn keep_state(
                         ServingEvent::Replaced { .. }
                         | ServingEvent::Added { .. }
                         | ServingEvent::Draining { .. }
-                        | ServingEvent::Retired { .. },
+                        | ServingEvent::Retired { .. }
+                        | ServingEvent::GatewayReplaced { .. },
                     ) => true,
 
                     Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => false,
@@ -190,7 +191,10 @@ fn announce(svc: &Deployment) -> tokio::task::JoinHandle<()> {
         loop {
             match events.recv().await {
                 Ok(ServingEvent::GatewayLost { host, reason }) => eprintln!(
-                    "error: host {host}, which ran the gateway, is lost ({reason}): the gateway no longer answers and is not re-placed; restart the deployment"
+                    "error: host {host}, which ran the gateway, is lost ({reason}): the gateway no longer answers; restart the deployment"
+                ),
+                Ok(ServingEvent::GatewayReplaced { lost, host, url }) => eprintln!(
+                    "host {lost}, which ran the gateway, is lost: a new gateway serves on host {host}\ngateway: {url}"
                 ),
                 // The allocation grew or shrank: what an operator sees in squeue.
                 Ok(ServingEvent::HostsAdded { unit, hosts }) => {
@@ -206,6 +210,44 @@ fn announce(svc: &Deployment) -> tokio::task::JoinHandle<()> {
             }
         }
     })
+}
+
+/// Refuses `--recover` at once when a host the state file names is gone (a local host whose
+/// process no longer runs): nothing could be reattached there, and connecting would only wait
+/// for it. Says how to start again, and that recorded agent sessions come back.
+fn refuse_lost_hosts(
+    st: &ServeState,
+    path: &std::path::Path,
+    cfg: &ServeConfig,
+) -> Result<(), String> {
+    let gone: Vec<usize> = (st.hosts.iter().enumerate())
+        .filter(|(_, h)| h.pid != 0 && !host_alive(h.pid))
+        .map(|(i, _)| i)
+        .collect();
+    let Some(first) = gone.first() else {
+        return Ok(());
+    };
+    let gateway = if gone.contains(&st.gateway_host()) {
+        format!(", host {} with the gateway", st.gateway_host())
+    } else {
+        String::new()
+    };
+    let sessions = cfg
+        .gateway
+        .session_dir
+        .as_ref()
+        .map(|d| {
+            format!(
+                "; recorded agent sessions are read back from {}",
+                d.display()
+            )
+        })
+        .unwrap_or_default();
+    Err(format!(
+        "hosts {gone:?} named in {} no longer run (host {first}'s pid was {}{gateway}): --recover reattaches only to a deployment whose hosts all run. `troupe serve CONFIG --discard-state` stops the rest and starts it again{sessions}",
+        path.display(),
+        st.hosts[*first].pid,
+    ))
 }
 
 /// `troupe serve --recover`: reattach to what the state file names.
@@ -238,6 +280,7 @@ async fn recover(a: &ServeArgs, cfg: &ServeConfig, mut stop: Shutdown) -> Result
     let st = ServeState::load(&path).map_err(|e| e.to_string())?;
     st.check_writer_gone()?;
     recover::check_same_config(&st.config, &cfg.source)?;
+    refuse_lost_hosts(&st, &path, cfg)?;
     let mut cluster = cluster_builder(cfg)
         .token(cfg.token().or_else(|| st.token.clone()))
         .connect(&st.host_addresses())

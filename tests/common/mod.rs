@@ -23,6 +23,11 @@ use troupe_engine::EngineArgs;
 use troupe_scheduler::AllocationPlan;
 pub use troupe_testkit::*;
 
+/// `s` as a weight version, for the versions tests name (`"v1"`); panics on one that is not.
+pub fn version(s: &str) -> troupe_wire::WeightVersion {
+    troupe_wire::WeightVersion::new(s).expect("a test's weight version")
+}
+
 /// A reference engine's arguments: defaults, on a port of the kernel's choosing (so tests
 /// running at once never collide). Change fields with `EngineArgs { .., ..engine_args() }`.
 pub fn engine_args() -> EngineArgs {

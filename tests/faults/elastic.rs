@@ -114,7 +114,7 @@ async fn a_decode_added_under_load_serves_only_once_caught_up_and_a_removed_one_
         let sync = WeightSync::new(WeightSyncOptions::default());
         sync.attach(&svc.control);
         let (_, t1) = trainer_weights(4321);
-        sync.update_weights(&svc.control, &svc.control.engines(), "v1", &t1)
+        sync.update_weights(&svc.control, &svc.control.engines(), &common::version("v1"), &t1)
             .await
             .unwrap();
         let mut expected = Vec::new();
@@ -237,7 +237,7 @@ async fn a_decode_added_under_load_serves_only_once_caught_up_and_a_removed_one_
         // The next update reaches the new member set (its group rebuilt without the old decode).
         let (_, t2) = trainer_weights(77);
         let rep = sync
-            .update_weights(&svc.control, &svc.control.engines(), "v2", &t2)
+            .update_weights(&svc.control, &svc.control.engines(), &common::version("v2"), &t2)
             .await
             .unwrap();
         assert!(rep.skipped.is_empty());

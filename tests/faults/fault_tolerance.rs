@@ -46,9 +46,14 @@ async fn a_killed_server_leaves_the_router_and_returns_on_the_current_weights() 
         let sync = WeightSync::new(WeightSyncOptions::default());
         sync.attach(&svc.control);
         let (w, tensors) = trainer_weights(4321);
-        sync.update_weights(&svc.control, &svc.control.engines(), "v1", &tensors)
-            .await
-            .unwrap();
+        sync.update_weights(
+            &svc.control,
+            &svc.control.engines(),
+            &common::version("v1"),
+            &tensors,
+        )
+        .await
+        .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let reference = reference_engine(w, dir.path()).await;
 
@@ -76,7 +81,7 @@ async fn a_killed_server_leaves_the_router_and_returns_on_the_current_weights() 
             e,
             ServingEvent::CaughtUp {
                 url: victim.info.url.clone(),
-                version: "v1".into()
+                version: common::version("v1")
             }
         );
         wait_serving(
@@ -103,7 +108,12 @@ async fn a_killed_server_leaves_the_router_and_returns_on_the_current_weights() 
         // The next update rebuilds the group with the new process in it.
         let (_, t2) = trainer_weights(77);
         let rep = sync
-            .update_weights(&svc.control, &svc.control.engines(), "v2", &t2)
+            .update_weights(
+                &svc.control,
+                &svc.control.engines(),
+                &common::version("v2"),
+                &t2,
+            )
             .await
             .unwrap();
         assert!(rep.skipped.is_empty());
@@ -133,9 +143,14 @@ async fn without_a_kept_update_a_restarted_server_waits_unrouted_for_the_next_on
         });
         sync.attach(&svc.control);
         let (_, t1) = trainer_weights(1);
-        sync.update_weights(&svc.control, &svc.control.engines(), "v1", &t1)
-            .await
-            .unwrap();
+        sync.update_weights(
+            &svc.control,
+            &svc.control.engines(),
+            &common::version("v1"),
+            &t1,
+        )
+        .await
+        .unwrap();
 
         let victim = svc.servers()[2].clone();
         kill9(victim.info.pid);
@@ -159,9 +174,14 @@ async fn without_a_kept_update_a_restarted_server_waits_unrouted_for_the_next_on
             assert_eq!(v["meta_info"]["weight_version"], "v1");
         }
         let (_, t2) = trainer_weights(2);
-        sync.update_weights(&svc.control, &svc.control.engines(), "v2", &t2)
-            .await
-            .unwrap();
+        sync.update_weights(
+            &svc.control,
+            &svc.control.engines(),
+            &common::version("v2"),
+            &t2,
+        )
+        .await
+        .unwrap();
         wait_serving(
             &mut serving,
             30,
@@ -201,7 +221,12 @@ async fn an_update_while_a_server_is_down_skips_it_and_serving_goes_on() {
         .await;
         let (_, t1) = trainer_weights(5);
         let rep = sync
-            .update_weights(&svc.control, &svc.control.engines(), "v1", &t1)
+            .update_weights(
+                &svc.control,
+                &svc.control.engines(),
+                &common::version("v1"),
+                &t1,
+            )
             .await
             .unwrap();
         assert_eq!(rep.skipped, vec![victim.info.url.clone()]);
@@ -248,9 +273,14 @@ async fn a_lost_hosts_server_is_re_placed_on_a_free_host_with_the_current_weight
         let sync = WeightSync::new(WeightSyncOptions::default());
         sync.attach(&svc.control);
         let (_, t1) = trainer_weights(9);
-        sync.update_weights(&svc.control, &svc.control.engines(), "v1", &t1)
-            .await
-            .unwrap();
+        sync.update_weights(
+            &svc.control,
+            &svc.control.engines(),
+            &common::version("v1"),
+            &t1,
+        )
+        .await
+        .unwrap();
         let decode = svc.servers()[1].clone();
         assert_eq!(
             decode.host, 1,
@@ -300,9 +330,14 @@ async fn a_lost_hosts_server_is_re_placed_on_a_free_host_with_the_current_weight
         }
         // The next update reaches the new server through a rebuilt group.
         let (_, t2) = trainer_weights(10);
-        sync.update_weights(&svc.control, &svc.control.engines(), "v2", &t2)
-            .await
-            .unwrap();
+        sync.update_weights(
+            &svc.control,
+            &svc.control.engines(),
+            &common::version("v2"),
+            &t2,
+        )
+        .await
+        .unwrap();
         for r in svc.control.weight_versions().await.versions {
             assert_eq!(r.result.unwrap(), "v2", "{}", r.url);
         }
@@ -370,16 +405,25 @@ async fn a_frozen_hosts_server_is_fenced_before_it_is_re_placed() {
 }
 
 #[tokio::test]
-async fn losing_the_gateways_host_is_reported_as_the_gateway_lost() {
+async fn losing_the_gateways_host_starts_a_new_gateway_on_a_surviving_host() {
     within(120, async {
         let (cluster, svc) = on_host_processes(2, "troupe:(prefill:d1t1|decode:d1t1)").await;
         let mut serving = svc.serving_events();
-        // The gateway runs on host 0.
+        let old = svc.gateway_url.clone();
+        // The gateway runs on host 0; host 1 survives and runs its successor.
         kill_node(cluster.host(0).pid());
-        wait_serving(&mut serving, 30, |e| {
-            matches!(e, ServingEvent::GatewayLost { host: 0, .. })
+        let e = wait_serving(&mut serving, 30, |e| {
+            matches!(e, ServingEvent::GatewayReplaced { lost: 0, .. })
         })
         .await;
+        let ServingEvent::GatewayReplaced { host, url, .. } = e else {
+            unreachable!()
+        };
+        assert_eq!(host, 1);
+        // Both hosts are on this machine, so the new gateway takes the old address.
+        assert_eq!(url, old);
+        let health = reqwest::get(format!("{url}/liveness")).await.unwrap();
+        assert!(health.status().is_success(), "{}", health.status());
         svc.teardown().await;
         cluster.shutdown().await;
     })

@@ -368,7 +368,7 @@ async fn pd_groups_forked_across_three_network_namespaces_serve_through_the_gate
             join_timeout: Duration::from_secs(20),
             ..WeightSyncOptions::default()
         });
-        sync.update_weights(&svc.control, &engines, "ns-v1", &tensors)
+        sync.update_weights(&svc.control, &engines, &common::version("ns-v1"), &tensors)
             .await
             .unwrap_or_else(|e| panic!("weight sync across namespaces: {e}"));
         let v = generate(&client, &svc.gateway_url, &request(0)).await;

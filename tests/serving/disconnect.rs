@@ -266,9 +266,14 @@ async fn a_sessions_turns_land_on_its_engine_again_after_a_weight_update() {
         assert_ne!(a, b, "two sessions on two engines");
         let (_, weights) = common::model::trainer_weights(9);
         let sync = troupe_serving::control_plane::WeightSync::new(Default::default());
-        sync.update_weights(&svc.control, &svc.control.engines(), "v-after", &weights)
-            .await
-            .expect("the update lands");
+        sync.update_weights(
+            &svc.control,
+            &svc.control.engines(),
+            &common::version("v-after"),
+            &weights,
+        )
+        .await
+        .expect("the update lands");
         // `b` first: were the bindings lost, `b` would bind anew to the first engine with the
         // fewest sessions, which is `a`'s.
         for _ in 0..3 {

@@ -137,7 +137,7 @@ async fn sglang_names_reach_every_engine_of_a_pd_fleet_once() {
         // Bring-up read every engine's version: the first resume already expects it (one
         // call per reference engine).
         assert_eq!(
-            svc.plane.fleet().expected_version().as_deref(),
+            svc.plane.fleet().expected_version().as_ref().map(|v| v.as_str()),
             Some(f.version().await.as_str())
         );
 
@@ -269,7 +269,7 @@ async fn concurrent_control_calls_run_one_at_a_time_and_leave_one_version() {
         let v = f.version().await;
         assert!(v == "c1" || v == "c2", "{v}");
         for r in svc.control.weight_versions().await.versions {
-            assert_eq!(r.result.unwrap(), v, "{}", r.url);
+            assert_eq!(r.result.unwrap(), v.as_str(), "{}", r.url);
         }
         svc.teardown().await;
         cluster.shutdown().await;

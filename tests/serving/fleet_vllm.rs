@@ -173,13 +173,13 @@ async fn the_vllm_dialect_keeps_vllm_engines_in_sync() {
 
         let (_, tensors) = common::model::trainer_weights(31);
         let rep = WeightSync::new(WeightSyncOptions::default())
-            .update_weights(&control, &engines, "v-vllm", &tensors)
+            .update_weights(&control, &engines, &common::version("v-vllm"), &tensors)
             .await
             .unwrap();
         assert!(rep.buckets >= 1);
         let check = control.weight_versions().await;
         assert_eq!(
-            check.agreed().as_deref(),
+            check.agreed().as_ref().map(|v| v.as_str()),
             Some("v-vllm"),
             "{:?}",
             check.versions

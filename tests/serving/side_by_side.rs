@@ -33,9 +33,13 @@ async fn two_deployments_side_by_side_each_keep_their_own_weights() {
             WeightSync::new(WeightSyncOptions::default()),
         );
         let (ea, eb) = (a.control.engines(), b.control.engines());
+        let (va, vb) = (
+            common::version("deployment-a"),
+            common::version("deployment-b"),
+        );
         let (ra, rb) = tokio::join!(
-            sa.update_weights(&a.control, &ea, "deployment-a", &wa),
-            sb.update_weights(&b.control, &eb, "deployment-b", &wb)
+            sa.update_weights(&a.control, &ea, &va, &wa),
+            sb.update_weights(&b.control, &eb, &vb, &wb)
         );
         ra.unwrap();
         rb.unwrap();

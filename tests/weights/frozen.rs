@@ -67,7 +67,7 @@ async fn an_engine_frozen_mid_update_never_serves_part_of_it() {
             let (sync, plane, engines, w1) =
                 (sync.clone(), plane.clone(), engines.clone(), w1.clone());
             tokio::spawn(async move {
-                sync.update_weights(plane.control(), &engines, "v1", &w1)
+                sync.update_weights(plane.control(), &engines, &common::version("v1"), &w1)
                     .await
             })
         };
@@ -101,7 +101,7 @@ async fn an_engine_frozen_mid_update_never_serves_part_of_it() {
 
         // The next complete update reaches both whole.
         let r = sync
-            .update_weights(plane.control(), &engines, "v1", &w1)
+            .update_weights(plane.control(), &engines, &common::version("v1"), &w1)
             .await
             .unwrap();
         assert!(

@@ -77,7 +77,7 @@ async fn a_rolling_update_keeps_every_request_whole_and_ends_on_the_new_version(
             ..Default::default()
         });
         let r = sync
-            .update_weights(&svc.control, &engines, "v1", &w1)
+            .update_weights(&svc.control, &engines, &common::version("v1"), &w1)
             .await
             .unwrap();
         stop.store(true, Ordering::Relaxed);
@@ -91,7 +91,7 @@ async fn a_rolling_update_keeps_every_request_whole_and_ends_on_the_new_version(
         // The next rolling update finds every part able to join its group again.
         let (_, w2) = trainer_weights(22);
         let r2 = sync
-            .update_weights(&svc.control, &engines, "v2", &w2)
+            .update_weights(&svc.control, &engines, &common::version("v2"), &w2)
             .await
             .unwrap();
         assert!(r2.engines.iter().all(|o| o.outcome == Outcome::Committed), "{r2:?}");
@@ -179,7 +179,7 @@ async fn a_rolling_update_lets_requests_on_a_part_finish_before_it_pauses_the_pa
         let task = long_request(&svc).await;
         let (_, w1) = trainer_weights(31);
         let r = rolling(60)
-            .update_weights(&svc.control, &engines, "v1", &w1)
+            .update_weights(&svc.control, &engines, &common::version("v1"), &w1)
             .await
             .unwrap();
         assert!(
@@ -200,7 +200,7 @@ async fn a_rolling_update_lets_requests_on_a_part_finish_before_it_pauses_the_pa
         let task = long_request(&svc).await;
         let (_, w2) = trainer_weights(32);
         rolling(0)
-            .update_weights(&svc.control, &engines, "v2", &w2)
+            .update_weights(&svc.control, &engines, &common::version("v2"), &w2)
             .await
             .unwrap();
         let (_, v) = task.await.unwrap();

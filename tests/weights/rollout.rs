@@ -398,7 +398,7 @@ async fn a_weight_update_during_rollouts_yields_mixed_versions_and_no_failures()
             .map(|s| Engine::sglang(s.info.url.clone(), s.info.gpu_count))
             .collect();
         WeightSync::new(WeightSyncOptions::default())
-            .update_weights(&svc.control, &engines, "1", &tensors)
+            .update_weights(&svc.control, &engines, &common::version("1"), &tensors)
             .await
             .unwrap();
         rc.set_version(1);

@@ -47,7 +47,12 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
         let (w, tensors) = trainer_weights(1234);
         let sync = WeightSync::new(WeightSyncOptions::default());
         let report = sync
-            .update_weights(&svc.control, &svc.control.engines(), "v1", &tensors)
+            .update_weights(
+                &svc.control,
+                &svc.control.engines(),
+                &common::version("v1"),
+                &tensors,
+            )
             .await
             .unwrap();
         assert_eq!(report.fp8_tensors, 0);
@@ -73,9 +78,14 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
         }
         // A second update reuses the group (same server set).
         let (_, tensors2) = trainer_weights(99);
-        sync.update_weights(&svc.control, &svc.control.engines(), "v2", &tensors2)
-            .await
-            .unwrap();
+        sync.update_weights(
+            &svc.control,
+            &svc.control.engines(),
+            &common::version("v2"),
+            &tensors2,
+        )
+        .await
+        .unwrap();
         assert_eq!(
             generate(&client, &svc.gateway_url, 3).await["meta_info"]["weight_version"],
             "v2"
@@ -96,9 +106,14 @@ async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused(
             join_timeout: Duration::from_secs(5),
             ..Default::default()
         });
-        sync.update_weights(&svc.control, &svc.control.engines(), "v1", &tensors)
-            .await
-            .unwrap();
+        sync.update_weights(
+            &svc.control,
+            &svc.control.engines(),
+            &common::version("v1"),
+            &tensors,
+        )
+        .await
+        .unwrap();
 
         let victim = &svc.servers()[3].info;
         nix::sys::signal::kill(
@@ -107,7 +122,12 @@ async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused(
         )
         .unwrap();
         let e = sync
-            .update_weights(&svc.control, &svc.control.engines(), "v2", &tensors)
+            .update_weights(
+                &svc.control,
+                &svc.control.engines(),
+                &common::version("v2"),
+                &tensors,
+            )
             .await
             .unwrap_err();
         let msg = e.to_string();
@@ -140,7 +160,12 @@ async fn fp8_update_matches_a_regular_engine_holding_the_dequantized_weights() {
             ..Default::default()
         });
         let report = sync
-            .update_weights(&svc.control, &svc.control.engines(), "fp8-1", &tensors)
+            .update_weights(
+                &svc.control,
+                &svc.control.engines(),
+                &common::version("fp8-1"),
+                &tensors,
+            )
             .await
             .unwrap();
         assert!(report.fp8_tensors > 0, "projections travel as FP8");
@@ -233,7 +258,7 @@ async fn delta_updates_through_the_plane_send_a_fraction_and_serve_the_same_toke
         });
         let engines = svc.control.engines();
         let first = sync
-            .update_weights(&svc.control, &engines, "v1", &tensors)
+            .update_weights(&svc.control, &engines, &common::version("v1"), &tensors)
             .await
             .unwrap();
         assert_eq!(
@@ -248,7 +273,7 @@ async fn delta_updates_through_the_plane_send_a_fraction_and_serve_the_same_toke
             .map(|(t, (_, v))| HostTensor::f32(t.name.clone(), t.shape.clone(), v.clone()))
             .collect();
         let second = sync
-            .update_weights(&svc.control, &engines, "v2", &tensors2)
+            .update_weights(&svc.control, &engines, &common::version("v2"), &tensors2)
             .await
             .unwrap();
         assert!(second.delta.delta_tensors > 0, "{second:?}");

@@ -84,7 +84,7 @@ async fn a_bucket_refused_after_others_leaves_every_engine_on_the_weights_it_had
         });
         let engines = svc.control.engines();
         let e = sync
-            .update_weights(&svc.control, &engines, "v1", &refused_at_the_end(&good))
+            .update_weights(&svc.control, &engines, &common::version("v1"), &refused_at_the_end(&good))
             .await
             .unwrap_err();
         // Both engines staged the buckets before the refusal and dropped them.
@@ -122,7 +122,7 @@ async fn a_bucket_refused_after_others_leaves_every_engine_on_the_weights_it_had
         });
         // The complete update is committed on both, and every answer is its own.
         let r = sync
-            .update_weights(&svc.control, &engines, "v1", &good)
+            .update_weights(&svc.control, &engines, &common::version("v1"), &good)
             .await
             .unwrap();
         assert!(r.buckets > 2, "{r:?}");
@@ -160,7 +160,7 @@ async fn engines_that_apply_as_they_receive_are_held_out_until_a_complete_update
         let engines = svc.control.engines();
         let (_, w1) = trainer_weights(11);
         let r = sync
-            .update_weights(&svc.control, &engines, "v1", &w1)
+            .update_weights(&svc.control, &engines, &common::version("v1"), &w1)
             .await
             .unwrap();
         assert!(
@@ -174,7 +174,12 @@ async fn engines_that_apply_as_they_receive_are_held_out_until_a_complete_update
 
         let (_, w2) = trainer_weights(12);
         let e = sync
-            .update_weights(&svc.control, &engines, "v2", &refused_at_the_end(&w2))
+            .update_weights(
+                &svc.control,
+                &engines,
+                &common::version("v2"),
+                &refused_at_the_end(&w2),
+            )
             .await
             .unwrap_err();
         assert_eq!(outcomes(&e), [Outcome::HeldOut, Outcome::HeldOut], "{e}");

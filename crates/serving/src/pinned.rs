@@ -129,17 +129,22 @@ impl Router {
 
     /// The refusal naming what was asked and what the available workers of type `ty` serve.
     fn no_version(&self, ty: &'static str, want: Option<&VersionWant>) -> ServingError {
-        let mut seen: Vec<String> = self
+        // By step (`v9` before `v10`), unknown first.
+        let mut known: Vec<Option<Arc<WeightVersion>>> = self
             .workers()
             .iter()
             .filter(|w| w.worker_type().as_str() == ty && w.is_available())
-            .map(|w| {
-                w.weight_version()
-                    .map_or_else(|| "unknown".to_string(), |v| v.to_string())
+            .map(|w| w.weight_version())
+            .collect();
+        known.sort();
+        known.dedup();
+        let seen: Vec<String> = known
+            .iter()
+            .map(|v| {
+                v.as_ref()
+                    .map_or_else(|| "unknown".into(), |v| v.to_string())
             })
             .collect();
-        seen.sort();
-        seen.dedup();
         match want {
             Some(want) => ServingError::NoVersion(format!(
                 "no available {ty} worker serves weight version {} (they serve {seen:?})",

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
+use troupe_wire::WeightVersion;
 
 use super::breaker::BreakerConfig;
 use super::error::ServingError;
@@ -312,11 +313,11 @@ impl Router {
 
     /// Records the weight version the workers at `urls` serve (`None`: unknown from now on, as
     /// during an update) and wakes requests waiting for a version; how many were found.
-    pub fn set_weight_versions(&self, urls: &[String], version: Option<&str>) -> usize {
+    pub fn set_weight_versions(&self, urls: &[String], version: Option<&WeightVersion>) -> usize {
         let mut n = 0;
         for u in urls {
             if let Some(w) = self.get(u) {
-                w.set_weight_version(version);
+                w.set_weight_version(version.cloned());
                 n += 1;
             }
         }

@@ -308,10 +308,9 @@ pub trait Worker: Send + Sync + fmt::Debug {
     fn weight_version(&self) -> Option<Arc<WeightVersion>> {
         None
     }
-    /// Records the version it serves (`None`: unknown from now on), as an engine or the fleet
-    /// spells it: read here as a [`WeightVersion`]; one that is not a version (empty, control
-    /// characters, too long) counts as unknown, as engines and the fleet never send one.
-    fn set_weight_version(&self, _version: Option<&str>) {}
+    /// Records the version it serves (`None`: unknown from now on). Typed, so a string from an
+    /// engine's answer or a header is checked where it is read, not here.
+    fn set_weight_version(&self, _version: Option<WeightVersion>) {}
     /// Reports the outcome of one request (feeds the circuit breaker).
     fn record_outcome(&self, success: bool);
     /// The admin API's view.
@@ -451,11 +450,8 @@ impl Worker for HttpWorker {
     fn weight_version(&self) -> Option<Arc<WeightVersion>> {
         self.version.lock().clone()
     }
-    fn set_weight_version(&self, version: Option<&str>) {
-        let version = version
-            .and_then(|v| WeightVersion::new(v).ok())
-            .map(Arc::new);
-        *self.version.lock() = version;
+    fn set_weight_version(&self, version: Option<WeightVersion>) {
+        *self.version.lock() = version.map(Arc::new);
     }
     fn info(&self) -> WorkerInfo {
         WorkerInfo {

@@ -10,6 +10,8 @@
 //!   `meta_info` fields Troupe reads;
 //! - [`routes`]: the engine protocol's routes, one [`Endpoint`] type each ([`endpoints`]), and
 //!   the table built from them (path, methods, dialect, auth, side, request and answer types);
+//! - [`answers`]: what engines answer on their control and info routes ([`answers::Ack`],
+//!   [`answers::ServerInfo`]), every field they send kept;
 //! - [`envelope`]: the one JSON error envelope every Troupe HTTP server answers with;
 //! - [`auth`]: reading and comparing bearer keys;
 //! - [`version`]: [`WeightVersion`], one rule for a version's step and the next version;
@@ -20,6 +22,7 @@
 
 #![warn(missing_docs)]
 
+pub mod answers;
 pub mod auth;
 pub mod codec;
 pub mod engine_args;

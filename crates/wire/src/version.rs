@@ -88,6 +88,29 @@ impl WeightVersion {
     }
 }
 
+/// A version is its text: `v == "v3"` compares exactly (`"v3"` is not `"3"`), as engines'
+/// answers and tests spell versions.
+impl PartialEq<str> for WeightVersion {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+/// See `PartialEq<str>`.
+impl PartialEq<&str> for WeightVersion {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+/// A step number as a version (`3` → `"3"`): what trainers that count steps name their
+/// versions, and always valid.
+impl From<u64> for WeightVersion {
+    fn from(step: u64) -> Self {
+        WeightVersion(step.to_string())
+    }
+}
+
 impl std::fmt::Display for WeightVersion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)

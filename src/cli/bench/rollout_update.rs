@@ -82,7 +82,8 @@ async fn run_mode(
                 }
                 k += 1;
                 let t0 = Instant::now();
-                sync.update_weights(&control, &control.engines(), &format!("v{k}"), &tensors(k))
+                let v = troupe_wire::WeightVersion::new(format!("v{k}"))?;
+                sync.update_weights(&control, &control.engines(), &v, &tensors(k))
                     .await
                     .map_err(|e| e.to_string())?;
                 times.push(t0.elapsed());

@@ -251,9 +251,12 @@ async fn train(
             .into_iter()
             .map(HostTensor::from)
             .collect();
+        // The trainer's step numbers are the versions ("1", "2", ...): always valid.
+        let next = troupe_wire::WeightVersion::new((version + 1).to_string())
+            .map_err(|e| format!("step {step}: version: {e}"))?;
         let rep = svc
             .plane
-            .update_from_tensors(&(version + 1).to_string(), &weights)
+            .update_tensors(&next, &weights)
             .await
             .map_err(|e| format!("step {step}: weight sync: {}", e.message))?;
         rc.set_version(version + 1);

@@ -163,7 +163,7 @@ async fn run(d: Arc<AutoscaleTarget>, o: AutoscaleOptions) {
 /// What the autoscaler reads and changes.
 struct AutoscaleTarget {
     scaler: Arc<dyn Elastic>,
-    gateway: crate::handle::ActorHandle<troupe_serving::actors::GatewayActor>,
+    gateway: super::gateway_slot::GatewaySlot,
     instances: super::instances::Instances,
     control: troupe_serving::control_plane::InferenceControl,
 }

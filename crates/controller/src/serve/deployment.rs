@@ -41,7 +41,7 @@ pub struct Deployment {
     /// Where the plan put every server and training rank at launch (a re-placed server's new
     /// place is in the table).
     pub placement: troupe_scheduler::Placement,
-    pub(crate) gateway: ActorHandle<GatewayActor>,
+    pub(crate) gateway: super::gateway_slot::GatewaySlot,
     /// The one table of what runs.
     pub(crate) instances: Instances,
     pub(crate) watcher: Option<tokio::task::JoinHandle<()>>,
@@ -74,9 +74,16 @@ impl Deployment {
         self.instances.view(self.control.fleet())
     }
 
-    /// The gateway actor (add, remove and list workers).
-    pub fn gateway_handle(&self) -> &ActorHandle<GatewayActor> {
-        &self.gateway
+    /// The gateway actor serving now (add, remove and list workers): a lost gateway host's
+    /// re-placement swaps it.
+    pub fn gateway_handle(&self) -> ActorHandle<GatewayActor> {
+        self.gateway.handle()
+    }
+
+    /// The URL clients use now: [`Deployment::gateway_url`] unless the gateway's host was lost
+    /// and its successor could not bind the old address.
+    pub fn gateway_url_now(&self) -> String {
+        self.gateway.url()
     }
 
     /// What the serving watcher does as servers die, come back and catch up (see
@@ -265,7 +272,12 @@ pub(crate) mod tests {
             placement: Placement {
                 instances: Vec::new(),
             },
-            gateway,
+            gateway: crate::serve::GatewaySlot::new(
+                gateway,
+                0,
+                String::new(),
+                GatewayConfig::default(),
+            ),
             instances: Instances::new(vec![instance]),
             watcher: None,
             serving_events: tokio::sync::broadcast::channel(16).0,

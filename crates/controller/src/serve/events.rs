@@ -1,5 +1,5 @@
 //! What the serving watcher reports (`ServingEvent`): a server removed, held, caught up,
-//! readmitted, replaced or lost, and a lost gateway; and what scaling the fleet does (`scale.rs`:
+//! readmitted, replaced or lost, and a lost (or re-placed) gateway; and what scaling the fleet does (`scale.rs`:
 //! a server added, draining, retired). The watcher (`watch.rs`) sends them and the
 //! deployment (`deployment.rs`) hands out their channel; they live here, below both, so that
 //! the deployment does not depend on the watcher (deployment → watch → replace → routing →
@@ -25,7 +25,7 @@ pub enum ServingEvent {
         /// Its URL.
         url: String,
         /// The version it now holds.
-        version: String,
+        version: troupe_wire::WeightVersion,
     },
     /// A server is routed again (or, for an added one, for the first time).
     Readmitted {
@@ -41,13 +41,25 @@ pub enum ServingEvent {
         /// The host it now runs on.
         host: usize,
     },
-    /// The gateway's host is lost, and the gateway with it: it is not re-placed (its URL
-    /// would change under every client), so the deployment must be restarted; said loudly.
+    /// The gateway's host is lost, and the gateway with it, and no new gateway could be
+    /// started (no host survives, or none would start it): the deployment must be restarted;
+    /// said loudly.
     GatewayLost {
         /// The host it ran on.
         host: usize,
         /// Why the host is lost.
         reason: String,
+    },
+    /// The gateway's host was lost and a new gateway serves on another host
+    /// (`gateway_replace.rs`): at the old URL when it could bind it, with the recorded agent
+    /// sessions read back from its session directory and every serving server registered.
+    GatewayReplaced {
+        /// The host that was lost.
+        lost: usize,
+        /// The host the new gateway runs on.
+        host: usize,
+        /// The URL clients use now.
+        url: String,
     },
     /// A server is gone for good (restart budget spent, or its host is lost): serving goes on
     /// with less capacity.

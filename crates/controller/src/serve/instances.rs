@@ -496,7 +496,7 @@ pub(crate) mod tests {
         );
         table.set_running(&a);
         table.set_running(&b);
-        fleet.updated("v1", &[]);
+        fleet.updated(&troupe_wire::WeightVersion::new("v1").unwrap(), &[]);
         fleet.mark_down(&b);
         assert_eq!(
             states(&table),

@@ -162,6 +162,17 @@ impl Replacer {
         lock(&self.lost).insert(host);
     }
 
+    /// The hosts that are not lost, in cluster order: where a lost gateway may go
+    /// (`super::gateway_replace`).
+    pub(super) fn live_hosts(&self) -> Vec<HostHandle> {
+        let lost = lock(&self.lost).clone();
+        lock(&self.hosts)
+            .iter()
+            .filter(|h| h.lost().is_none() && !lost.contains(&h.index()))
+            .cloned()
+            .collect()
+    }
+
     /// What is taken now: lost hosts, and the GPUs of the live instances of the table, of the
     /// training ranks and of re-placements still launching.
     fn occupancy(&self, launching: &BTreeMap<usize, BTreeSet<u32>>) -> Occupancy {

@@ -121,6 +121,7 @@ impl Deployment {
                 return Err(serving(&e));
             }
         };
+        let gateway = super::gateway_slot::GatewaySlot::new(gateway, 0, gateway_url.clone(), args);
         // Every instance is in the router now.
         instances.edit(|all| {
             for i in all.iter_mut() {

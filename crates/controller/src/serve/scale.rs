@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast;
-use troupe_serving::actors::{AddWorker, DrainWorker, GatewayActor};
+use troupe_serving::actors::{AddWorker, DrainWorker};
 use troupe_serving::control_plane::{ControlPlane, Fleet, HeadState, InferenceControl};
 use troupe_serving::inference::WorkerType;
 use troupe_serving::scale::{Scale, ScaleError, ScaleOp};
@@ -44,7 +44,6 @@ use super::elastic::Elastic;
 use super::events::ServingEvent;
 use super::instances::{Instance, InstanceView, Instances, Lifecycle};
 use super::replace::{ReplaceError, Replacer};
-use crate::handle::ActorHandle;
 
 /// How often a drain polls the gateway for what is still in flight.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
@@ -57,7 +56,7 @@ const MAX_GROWTHS: usize = 2;
 pub(crate) struct Scaler {
     replacer: Arc<Replacer>,
     instances: Instances,
-    gateway: ActorHandle<GatewayActor>,
+    gateway: super::gateway_slot::GatewaySlot,
     control: InferenceControl,
     /// The deployment's plane: the engine list changes while no fleet operation runs
     /// (`ControlPlane::quiet`). Weak: the plane holds this scaler.
@@ -78,7 +77,7 @@ impl Scaler {
     pub fn new(
         replacer: Arc<Replacer>,
         instances: Instances,
-        gateway: ActorHandle<GatewayActor>,
+        gateway: super::gateway_slot::GatewaySlot,
         plane: &Arc<ControlPlane>,
         out: broadcast::Sender<ServingEvent>,
     ) -> Self {

@@ -403,6 +403,8 @@ mod tests {
         assert!(e.contains("type: slurm"), "{e}");
     }
 
+    // The config names no model, so it needs the built-in reference engine.
+    #[cfg(feature = "reference")]
     #[test]
     fn overrides_set_nested_keys_with_typed_values() {
         let c = ServeConfig::from_yaml(

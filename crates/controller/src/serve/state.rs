@@ -141,6 +141,12 @@ fn record(host: usize, id: &str) -> ActorRecord {
 }
 
 impl ServeState {
+    /// The cluster index of the host the gateway runs on (as last written: a re-placed
+    /// gateway's new host).
+    pub fn gateway_host(&self) -> usize {
+        self.gateway.host
+    }
+
     /// Writes the file atomically (temp file + rename), readable by the owner only.
     pub fn save(&self, path: &Path) -> Result<(), StateError> {
         let io = |source| StateError::Io {
@@ -313,7 +319,7 @@ impl Deployment {
                 })
                 .collect(),
             gateway_url: self.gateway_url.clone(),
-            gateway: record(host_of(self.gateway.host_id()), self.gateway.id()),
+            gateway: record(host_of(&self.gateway.host_id()), &self.gateway.id()),
             instances: Vec::new(),
             engines: Vec::new(),
             placement: self.placement.clone(),
@@ -324,13 +330,17 @@ impl Deployment {
             fleet: Status::default(),
             config: serde_json::Value::Null,
         };
-        let (instances, control, plane) = (
+        let (instances, control, plane, gateway) = (
             self.instances.clone(),
             self.control.clone(),
             self.plane.clone(),
+            self.gateway.clone(),
         );
         move || {
             let mut st = base.clone();
+            // The gateway serving now (a lost host's gateway is re-placed).
+            st.gateway = record(host_of(&gateway.host_id()), &gateway.id());
+            st.gateway_url = gateway.url();
             st.instances = instances
                 .all()
                 .iter()
@@ -445,6 +455,19 @@ impl Deployment {
                     "the gateway does not take the new control plane: {e}"
                 ))
             })?;
+        // What a successor would be started with, should its host be lost: the config's
+        // gateway settings (the same as at launch: `recover::check_same_config`), forwarding
+        // to this controller.
+        let gateway = super::gateway_slot::GatewaySlot::new(
+            gateway,
+            st.gateway.host,
+            st.gateway_url.clone(),
+            troupe_serving::gateway::GatewayConfig {
+                admin_key: st.admin_key.clone(),
+                control_upstream: Some(control_server.url()),
+                ..opts.gateway.clone()
+            },
+        );
         let (serving_events, _) = tokio::sync::broadcast::channel(1024);
         let mut svc = Deployment {
             inf_addrs: heads.iter().map(|h| h.info.addr.clone()).collect(),
@@ -498,102 +521,5 @@ impl Deployment {
 }
 
 #[cfg(test)]
-mod tests {
-    use troupe_serving::actors::{ProxyActor, ProxyArgs};
-
-    use super::*;
-    use crate::serve::deployment::tests::deployment;
-    use crate::serve::instances::tests::entry;
-    use crate::serve::instances::{InstanceState, InstanceView};
-
-    #[tokio::test]
-    async fn the_state_file_is_the_table_and_reattach_rebuilds_it() {
-        let cluster = Cluster::in_process(1, 2).await.unwrap();
-        let host = cluster.host(0);
-        let d = deployment(&cluster).await;
-        let old_url = d.instances.all()[0].server_url().to_string();
-        let st = d.state(&cluster);
-        let json = serde_json::to_value(&st).unwrap();
-        assert_eq!(json["format"], 3);
-        assert!(json.get("servers").is_none(), "no record beside the table");
-        assert_eq!(json["instances"][0]["life"], "starting");
-        assert_eq!(json["instances"][0]["nodes"][0]["name"], "regular-c0g0i0n0");
-        // Its server actor is not running: reattach says which.
-        let Err(e) = Deployment::reattach(
-            &cluster,
-            &st,
-            &ForkOptions {
-                server_restarts: 0,
-                ..ForkOptions::default()
-            },
-        )
-        .await
-        else {
-            panic!("reattached to a server that is not running");
-        };
-        let e = e.to_string();
-        assert!(
-            e.contains("server regular-c0g0i0n0") && e.contains("no longer running"),
-            "{e}"
-        );
-
-        // Re-placed by a successor whose actors run (a proxy stands in for its server).
-        let stand_in = host
-            .spawn::<ProxyActor>(
-                "proxy",
-                &ProxyArgs {
-                    listen: "127.0.0.1:0".into(),
-                    backends: vec!["http://127.0.0.1:1".into()],
-                    ..ProxyArgs::default()
-                },
-            )
-            .await
-            .unwrap();
-        let mut successor = entry(host, (0, 0, 0, 0), 1);
-        successor.info.url = "http://127.0.0.1:29999".into();
-        successor.actor = host.attach(stand_in.id().to_string());
-        let mut successor = Instance::starting(successor, Vec::new());
-        let worker = super::super::routing::worker_spec(&successor.head.info, "http://p2".into());
-        successor.routed_through(stand_in, worker);
-        d.instances.replace(&old_url, successor);
-
-        let path = std::env::temp_dir().join(format!("troupe-state-{}.json", std::process::id()));
-        d.state(&cluster).save(&path).unwrap();
-        let st = ServeState::load(&path).unwrap();
-        let _ = std::fs::remove_file(&path);
-        let r = Deployment::reattach(
-            &cluster,
-            &st,
-            &ForkOptions {
-                server_restarts: 0,
-                ..ForkOptions::default()
-            },
-        )
-        .await
-        .unwrap();
-        let rows: Vec<(String, InstanceState, Option<String>)> = r
-            .instances()
-            .into_iter()
-            .map(|v: InstanceView| (v.server_url, v.state, v.replaced_by))
-            .collect();
-        let new_url = "http://127.0.0.1:29999".to_string();
-        assert_eq!(
-            rows,
-            vec![
-                (old_url, InstanceState::Replaced, Some(new_url.clone())),
-                (new_url.clone(), InstanceState::Routed, None),
-            ]
-        );
-        let servers = r.servers();
-        assert_eq!(servers.len(), 1);
-        assert_eq!(
-            (servers[0].info.url.as_str(), servers[0].spec.gpus.clone()),
-            (new_url.as_str(), vec![1])
-        );
-        assert_eq!(r.inf_addrs, vec![servers[0].info.addr.clone()]);
-        assert_eq!(r.claims.len(), 1, "the live server's port is claimed again");
-        r.teardown().await;
-        drop(d);
-        cluster.shutdown().await;
-    }
-}
+#[path = "state_tests.rs"]
+mod tests;

@@ -3,17 +3,16 @@
 //! data proxy), so requests that ask for a version (`troupe_wire::want`) are routed by it.
 
 use futures::future::BoxFuture;
-use troupe_serving::actors::{GatewayActor, HoldWorkers, SetWorkerVersions, WorkersInFlight};
+use troupe_serving::actors::{HoldWorkers, SetWorkerVersions, WorkersInFlight};
 use troupe_serving::control_plane::VersionSink;
 use troupe_wire::WeightVersion;
 
 use super::instances::Instances;
-use crate::handle::ActorHandle;
 
 /// Sends the fleet's version changes to the deployment's gateway.
 pub(crate) struct GatewayVersions {
     pub(crate) instances: Instances,
-    pub(crate) gateway: ActorHandle<GatewayActor>,
+    pub(crate) gateway: super::gateway_slot::GatewaySlot,
 }
 
 impl GatewayVersions {
@@ -58,7 +57,11 @@ impl VersionSink for GatewayVersions {
         })
     }
 
-    fn serving<'a>(&'a self, urls: &'a [String], version: Option<&'a str>) -> BoxFuture<'a, ()> {
+    fn serving<'a>(
+        &'a self,
+        urls: &'a [String],
+        version: Option<&'a WeightVersion>,
+    ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let workers = self.workers(urls);
             if workers.is_empty() {
@@ -66,8 +69,7 @@ impl VersionSink for GatewayVersions {
             }
             let msg = SetWorkerVersions {
                 workers,
-                // One that is not a version is unknown, as the worker would read it.
-                version: version.and_then(|v| WeightVersion::new(v).ok()),
+                version: version.cloned(),
             };
             if let Err(e) = self.gateway.call(msg).await {
                 tracing::warn!("cannot tell the gateway the servers' weight version: {e}");

@@ -12,21 +12,20 @@ use std::sync::Arc;
 
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
-use troupe_serving::actors::{AddWorker, GatewayActor, RemoveWorker};
+use troupe_serving::actors::{AddWorker, RemoveWorker};
 
 // The watcher's events live in `events.rs` (the deployment hands them out without the
 // watcher); re-exported so `serve::watch::ServingEvent` keeps working.
 pub use super::events::ServingEvent;
 use super::instances::{Instance, Instances};
 use super::replace::Replacer;
-use crate::handle::ActorHandle;
 use crate::membership::{ClusterEvent, MembershipEvents};
 use troupe_serving::control_plane::InferenceControl;
 use troupe_serving::control_plane::{Engine, Fleet, HeadState};
 
 struct Watcher {
     instances: Instances,
-    gateway: ActorHandle<GatewayActor>,
+    gateway: super::gateway_slot::GatewaySlot,
     control: InferenceControl,
     out: broadcast::Sender<ServingEvent>,
     replacer: Option<Arc<Replacer>>,
@@ -36,7 +35,7 @@ struct Watcher {
 /// aborted.
 pub(crate) fn spawn(
     instances: Instances,
-    gateway: ActorHandle<GatewayActor>,
+    gateway: super::gateway_slot::GatewaySlot,
     control: InferenceControl,
     events: MembershipEvents,
     out: broadcast::Sender<ServingEvent>,
@@ -93,6 +92,9 @@ impl Watcher {
             | ServingEvent::Retired { .. }
             | ServingEvent::HostsAdded { .. }
             | ServingEvent::HostsReleased { .. } => {}
+            ServingEvent::GatewayReplaced { lost, host, url } => {
+                tracing::warn!(lost, host, %url, "the gateway's host is lost: a new gateway serves");
+            }
             ServingEvent::GatewayLost { host, reason } => {
                 // `troupe serve` also says so on stderr (it watches these events).
                 tracing::error!(host, %reason, "the gateway's host is lost: the gateway is gone");
@@ -144,12 +146,7 @@ impl Watcher {
                 host_id,
                 reason,
             } => {
-                if self.gateway.host_id() == host_id {
-                    self.emit(ServingEvent::GatewayLost {
-                        host,
-                        reason: reason.clone(),
-                    });
-                }
+                let gateway_lost = self.gateway.host_id() == host_id;
                 if let Some(r) = &self.replacer {
                     r.host_lost(host);
                 }
@@ -160,18 +157,23 @@ impl Watcher {
                     .filter(|i| i.hosts().contains(&host))
                     .collect();
                 // Every server of the host leaves the router at once, not one after another.
-                let reason = format!("host {host} lost: {reason}");
-                futures::future::join_all(lost.iter().map(|i| self.take_down(i, reason.clone())))
+                let why = format!("host {host} lost: {reason}");
+                futures::future::join_all(lost.iter().map(|i| self.take_down(i, why.clone())))
                     .await;
+                // The gateway next, before anything is routed again: what is readmitted from
+                // now on reaches the new one.
+                if gateway_lost {
+                    self.gateway_lost(host, &reason).await;
+                }
                 for i in lost {
                     match &self.replacer {
                         Some(r) => {
-                            let (me, r, reason) = (self.clone(), r.clone(), reason.clone());
-                            tokio::spawn(async move { me.replace(&r, i, reason).await });
+                            let (me, r, why) = (self.clone(), r.clone(), why.clone());
+                            tokio::spawn(async move { me.replace(&r, i, why).await });
                         }
                         None => self.emit(ServingEvent::Lost {
                             url: i.server_url().to_string(),
-                            reason: reason.clone(),
+                            reason: why.clone(),
                         }),
                     }
                 }
@@ -210,6 +212,35 @@ impl Watcher {
             }
             Err(e) => self.emit(ServingEvent::Lost {
                 url: old_url,
+                reason: format!("{reason}; not re-placed: {e}"),
+            }),
+        }
+    }
+
+    /// The gateway's host is lost: a new gateway on a surviving host (`super::gateway_replace`),
+    /// or, when none starts, the loss said loudly.
+    async fn gateway_lost(&self, host: usize, reason: &str) {
+        let replaced = match &self.replacer {
+            Some(r) => {
+                super::gateway_replace::replace_gateway(
+                    &self.gateway,
+                    r,
+                    &self.instances,
+                    self.fleet(),
+                    host,
+                )
+                .await
+            }
+            None => Err("this deployment does not re-place".into()),
+        };
+        match replaced {
+            Ok(new) => self.emit(ServingEvent::GatewayReplaced {
+                lost: host,
+                host: new.host,
+                url: new.url,
+            }),
+            Err(e) => self.emit(ServingEvent::GatewayLost {
+                host,
                 reason: format!("{reason}; not re-placed: {e}"),
             }),
         }

@@ -88,6 +88,6 @@ impl Handler<SetWorkerVersions> for GatewayActor {
         Ok(self
             .running()?
             .router()
-            .set_weight_versions(&m.workers, m.version.as_ref().map(WeightVersion::as_str)))
+            .set_weight_versions(&m.workers, m.version.as_ref()))
     }
 }

@@ -76,7 +76,7 @@ async fn resume(State(p): Plane) -> Answer {
 async fn flush(State(p): Plane) -> Answer {
     Ok(json(
         p.each("flush_cache", |c, e| {
-            Box::pin(async move { c.flush_cache(&e).await })
+            Box::pin(async move { c.flush_cache(&e).await.map(Value::from) })
         })
         .await?,
     ))
@@ -112,11 +112,12 @@ pub(super) async fn memory(p: &ControlPlane, release: bool, tags: Vec<String>) -
             let tags = tags.clone();
             Box::pin(async move {
                 let t: Vec<&str> = tags.iter().map(String::as_str).collect();
-                if release {
+                let r = if release {
                     c.release_memory(&e, &t).await
                 } else {
                     c.resume_memory(&e, &t).await
-                }
+                };
+                r.map(Value::from)
             })
         })
         .await?;
@@ -146,7 +147,11 @@ async fn abort(State(p): Plane, Req(mut req): Req<ep::AbortRequest>) -> Answer {
     Ok(json(
         p.each("abort_request", move |c, e| {
             let (ids, rest) = (ids.clone(), rest.clone());
-            Box::pin(async move { c.abort(&e, ids.as_deref().map(|v| &v[..]), &rest).await })
+            Box::pin(async move {
+                c.abort(&e, ids.as_deref().map(|v| &v[..]), &rest)
+                    .await
+                    .map(Value::from)
+            })
         })
         .await?,
     ))
@@ -202,7 +207,7 @@ async fn server_info(State(p): Plane) -> Answer {
 async fn health_generate(State(p): Plane) -> Answer {
     Ok(json(
         p.each("health_generate", |c, e| {
-            Box::pin(async move { c.health_generate(&e).await })
+            Box::pin(async move { c.health_generate(&e).await.map(Value::from) })
         })
         .await?,
     ))

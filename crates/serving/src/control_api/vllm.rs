@@ -193,7 +193,7 @@ async fn reset_prefix_cache(State(p): Plane, uri: axum::http::Uri, b: Bytes) -> 
     let _: Body = body(&b)?;
     Ok(json(
         p.each("reset_prefix_cache", |c, e| {
-            Box::pin(async move { c.flush_cache(&e).await })
+            Box::pin(async move { c.flush_cache(&e).await.map(Value::from) })
         })
         .await?,
     ))
@@ -308,6 +308,7 @@ async fn abort_requests(State(p): Plane, b: Bytes) -> Answer {
             Box::pin(async move {
                 c.abort(&e, ids.as_deref().map(|v| &v[..]), &Map::new())
                     .await
+                    .map(Value::from)
             })
         })
         .await?,

@@ -3,13 +3,15 @@
 //! breakdown ([`failure`]). Every operation answers through these (`super::plane`,
 //! `super::updates`, `super::resume`), so they live below all of them.
 
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 use troupe_wire::ApiError;
 
 use super::control::ServerResult;
 
-/// `[{url, success, answer | error}]` for a fan-out's results.
-pub(crate) fn breakdown(results: &[ServerResult<Value>]) -> Value {
+/// `[{url, success, answer | error}]` for a fan-out's results (each engine's answer as it
+/// sent it: the typed answers keep every field).
+pub(crate) fn breakdown<T: Serialize>(results: &[ServerResult<T>]) -> Value {
     Value::Array(
         results
             .iter()
@@ -22,9 +24,9 @@ pub(crate) fn breakdown(results: &[ServerResult<Value>]) -> Value {
 }
 
 /// The success answer: `{success, message, engines, skipped?, ...extra}`.
-pub(crate) fn answer(
+pub(crate) fn answer<T: Serialize>(
     op: &str,
-    results: &[ServerResult<Value>],
+    results: &[ServerResult<T>],
     skipped: &[String],
     extra: Map<String, Value>,
 ) -> Value {
@@ -43,9 +45,9 @@ pub(crate) fn answer(
 }
 
 /// 502 naming the engines that failed, with the whole breakdown.
-pub(crate) fn failure(
+pub(crate) fn failure<T: Serialize>(
     op: &str,
-    results: &[ServerResult<Value>],
+    results: &[ServerResult<T>],
     skipped: &[String],
     after: &str,
 ) -> ApiError {
@@ -70,9 +72,9 @@ pub(crate) fn failure(
 }
 
 /// [`answer`] if every engine succeeded, else [`failure`].
-pub(crate) fn settle(
+pub(crate) fn settle<T: Serialize>(
     op: &str,
-    results: &[ServerResult<Value>],
+    results: &[ServerResult<T>],
     skipped: &[String],
     extra: Map<String, Value>,
 ) -> Result<Value, ApiError> {

@@ -7,6 +7,7 @@
 //! plane's replay of the last update) all build on this module instead of on each other.
 
 use futures::future::BoxFuture;
+use troupe_wire::WeightVersion;
 
 use crate::EngineClient;
 use crate::engines::Engine;
@@ -34,5 +35,5 @@ pub trait CatchUp: Send + Sync {
         &'a self,
         control: &'a dyn ControlHandle,
         engine: &'a Engine,
-    ) -> BoxFuture<'a, Result<String, String>>;
+    ) -> BoxFuture<'a, Result<WeightVersion, String>>;
 }

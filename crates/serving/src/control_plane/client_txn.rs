@@ -84,14 +84,18 @@ impl ControlPlane {
     }
 
     /// Records a bucket of the open transaction that every member took.
-    pub(crate) fn txn_took(st: &mut OpState, members: &[Engine], version: Option<&str>) {
+    pub(crate) fn txn_took(
+        st: &mut OpState,
+        members: &[Engine],
+        version: Option<&troupe_wire::WeightVersion>,
+    ) {
         if let Some(t) = st.txn.as_mut() {
             t.buckets += 1;
             for e in members {
                 t.reached.insert(e.url.clone(), e.clone());
             }
             if let Some(v) = version {
-                t.version = Some(v.to_string());
+                t.version = Some(v.clone());
             }
         }
     }
@@ -157,12 +161,14 @@ impl ControlPlane {
                 format!(
                     "{} servers resumed on their earlier weights ({})",
                     clean.len(),
-                    r.version.unwrap_or_default()
+                    r.version
+                        .as_ref()
+                        .map_or("", troupe_wire::WeightVersion::as_str)
                 )
             }
             Err(m) => format!(
                 "servers hold different versions {:?} and stay paused",
-                m.versions
+                super::control::shown(&m.versions)
             ),
         };
         if held.is_empty() {
@@ -229,14 +235,18 @@ impl ControlPlane {
         };
         let mut st = self.op.lock().await;
         let control = self.control();
-        let v = version.as_str();
+        let v = &version;
         let t = &t;
         let results: Vec<ServerResult<Value>> =
             futures::future::join_all(t.reached.values().map(|e| async move {
                 let r = if t.stages(&e.url) {
-                    control.client().commit_weight_update(e, v).await
+                    control
+                        .client()
+                        .commit_weight_update(e, v)
+                        .await
+                        .map(Value::from)
                 } else {
-                    control.client().set_version(e, v).await
+                    control.client().set_version(e, v).await.map(Value::from)
                 };
                 ServerResult {
                     url: e.url.clone(),

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use serde_json::Value;
-use troupe_wire::PauseMode;
+use troupe_wire::{PauseMode, WeightVersion};
 
 use super::catch_up::ControlHandle;
 use super::stale::{Reconcile, STALE_PATIENCE, Stale};
@@ -58,14 +58,30 @@ impl<T: Send + 'static> Drop for Open<T> {
 }
 
 /// Per-server results of calls that answer `Result<Value, EngineCallError>`, as one result each.
-fn flatten(results: Vec<ServerResult<Result<Value, EngineCallError>>>) -> Vec<ServerResult<Value>> {
+fn flatten<T: Into<Value>>(
+    results: Vec<ServerResult<Result<T, EngineCallError>>>,
+) -> Vec<ServerResult<Value>> {
     results
         .into_iter()
         .map(|r| ServerResult {
             url: r.url,
-            result: r.result.and_then(|a| a.map_err(|e| e.to_string())),
+            result: r
+                .result
+                .and_then(|a| a.map(Into::into).map_err(|e| e.to_string())),
         })
         .collect()
+}
+
+/// A version an engine reported (`/get_weight_version`, a refused `If-Match`), read as a
+/// [`WeightVersion`] where it comes in; one that is not a version is that engine's error.
+pub(crate) fn reported(s: String) -> Result<WeightVersion, String> {
+    WeightVersion::new(s.as_str()).map_err(|e| format!("reported weight version {s:?}: {e}"))
+}
+
+/// The versions of `vs` as their text, for messages (`["v1", "v2"]`, as a list of strings
+/// is shown).
+pub(crate) fn shown(vs: &[WeightVersion]) -> Vec<&str> {
+    vs.iter().map(WeightVersion::as_str).collect()
 }
 
 /// Turns per-server results into one error naming every server that failed, if any did.
@@ -86,13 +102,13 @@ pub fn all_ok<T>(results: &[ServerResult<T>]) -> Result<(), String> {
 #[derive(Debug, Clone)]
 pub struct VersionCheck {
     /// Each engine's answer.
-    pub versions: Vec<ServerResult<String>>,
+    pub versions: Vec<ServerResult<WeightVersion>>,
 }
 
 impl VersionCheck {
-    /// The distinct versions the reachable engines serve, sorted.
-    pub fn distinct(&self) -> Vec<String> {
-        let mut seen: Vec<String> = self
+    /// The distinct versions the reachable engines serve, sorted (by step, then text).
+    pub fn distinct(&self) -> Vec<WeightVersion> {
+        let mut seen: Vec<WeightVersion> = self
             .versions
             .iter()
             .filter_map(|r| r.result.as_ref().ok().cloned())
@@ -103,7 +119,7 @@ impl VersionCheck {
     }
 
     /// The one version every reachable engine serves, if they agree (and one answered).
-    pub fn agreed(&self) -> Option<String> {
+    pub fn agreed(&self) -> Option<WeightVersion> {
         match self.distinct().as_slice() {
             [one] => Some(one.clone()),
             _ => None,
@@ -122,7 +138,7 @@ impl VersionCheck {
             .iter()
             .map(|r| ServerResult {
                 url: r.url.clone(),
-                result: r.result.clone().map(Value::String),
+                result: r.result.clone().map(|v| Value::String(v.to_string())),
             })
             .collect()
     }
@@ -333,25 +349,25 @@ impl InferenceControl {
 
     /// `/flush_cache` on every server.
     pub async fn flush_cache(&self) -> Vec<ServerResult<Value>> {
-        self.fan_out(|c, e| async move { c.flush_cache(&e).await })
+        self.fan_out(|c, e| async move { c.flush_cache(&e).await.map(Value::from) })
             .await
     }
 
     /// `/release_memory_occupation` with `tags` (e.g. `weights`, `kv_cache`) on every server.
     pub async fn release_memory(&self, tags: &[&str]) -> Vec<ServerResult<Value>> {
-        self.fan_out(|c, e| async move { c.release_memory(&e, tags).await })
+        self.fan_out(|c, e| async move { c.release_memory(&e, tags).await.map(Value::from) })
             .await
     }
 
     /// `/resume_memory_occupation` with `tags` on every server.
     pub async fn resume_memory(&self, tags: &[&str]) -> Vec<ServerResult<Value>> {
-        self.fan_out(|c, e| async move { c.resume_memory(&e, tags).await })
+        self.fan_out(|c, e| async move { c.resume_memory(&e, tags).await.map(Value::from) })
             .await
     }
 
     /// `/server_info` of every server (with vLLM's weight version added: `engine_info`).
     pub async fn server_info(&self) -> Vec<ServerResult<Value>> {
-        self.fan_out(|c, e| async move { c.engine_info(&e).await })
+        self.fan_out(|c, e| async move { c.engine_info(&e).await.map(Value::from) })
             .await
     }
 
@@ -360,7 +376,13 @@ impl InferenceControl {
         VersionCheck {
             versions: self
                 .fan_out(|c, e| async move { c.weight_version(&e).await })
-                .await,
+                .await
+                .into_iter()
+                .map(|r| ServerResult {
+                    url: r.url,
+                    result: r.result.and_then(reported),
+                })
+                .collect(),
         }
     }
 }

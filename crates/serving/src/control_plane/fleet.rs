@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
+use troupe_wire::WeightVersion;
 
 use super::stale::Reconcile;
 use super::version_sink::VersionSink;
@@ -34,9 +35,9 @@ struct Inner {
     down: BTreeSet<String>,
     held: BTreeSet<String>,
     generation: u64,
-    version: Option<String>,
+    version: Option<WeightVersion>,
     /// The version the serving heads are thought to hold (see [`Fleet::expected_version`]).
-    expected: Option<String>,
+    expected: Option<WeightVersion>,
     /// Held heads that a finished update brought to the current version: to readmit.
     caught_up: Vec<String>,
     /// Live heads a failed update may have left with part of it (see [`Fleet::hold_out`]):
@@ -175,21 +176,27 @@ impl Fleet {
     }
 
     /// The version every routed server serves (`None` before the first update).
-    pub fn version(&self) -> Option<String> {
+    pub fn weight_version(&self) -> Option<WeightVersion> {
         self.with(|i| i.version.clone())
+    }
+
+    /// [`Fleet::weight_version`] as text: for the gateway's tensor route, which names the next
+    /// version from it, until it takes the type.
+    pub fn version(&self) -> Option<String> {
+        self.with(|i| i.version.as_ref().map(WeightVersion::to_string))
     }
 
     /// The version the serving heads are thought to hold: the last update's, or the last one
     /// they were all seen on ([`Fleet::expect_version`]). What a resume asks engines that honour
     /// `If-Match` to hold (`super::resume`); only a guess, each engine checks it.
-    pub fn expected_version(&self) -> Option<String> {
+    pub fn expected_version(&self) -> Option<WeightVersion> {
         self.with(|i| i.expected.clone())
     }
 
     /// Every serving head was seen on `version` (a read of all their versions that agreed, a
     /// resume on it), or an update to it is under way.
-    pub fn expect_version(&self, version: &str) {
-        self.with(|i| i.expected = Some(version.to_string()));
+    pub fn expect_version(&self, version: &WeightVersion) {
+        self.with(|i| i.expected = Some(version.clone()));
     }
 
     /// Heads whose process is dead.
@@ -199,10 +206,10 @@ impl Fleet {
 
     /// An update brought every server in `reached` to `version`; the held ones among them
     /// may now be routed (see [`Fleet::take_caught_up`]).
-    pub fn updated(&self, version: &str, reached: &[String]) {
+    pub fn updated(&self, version: &WeightVersion, reached: &[String]) {
         self.with(|i| {
-            i.version = Some(version.to_string());
-            i.expected = Some(version.to_string());
+            i.version = Some(version.clone());
+            i.expected = Some(version.clone());
             for u in reached {
                 if i.held.contains(u) && !i.caught_up.contains(u) {
                     i.caught_up.push(u.clone());
@@ -280,7 +287,7 @@ impl Fleet {
 
     /// Tells the router (through the registered [`VersionSink`], if any) that `urls` serve
     /// `version` from now on (`None`: unknown).
-    pub async fn tell_versions(&self, urls: &[String], version: Option<&str>) {
+    pub async fn tell_versions(&self, urls: &[String], version: Option<&WeightVersion>) {
         if let Some(s) = self.sink()
             && !urls.is_empty()
         {
@@ -354,6 +361,10 @@ pub fn reachable<'a>(fleet: &Fleet, engines: &'a [Engine]) -> (Vec<Engine>, Vec<
 mod tests {
     use super::*;
 
+    fn v(s: &str) -> WeightVersion {
+        WeightVersion::new(s).unwrap()
+    }
+
     #[test]
     fn a_restart_before_any_update_serves_at_once() {
         let f = Fleet::default();
@@ -368,20 +379,20 @@ mod tests {
     fn an_expected_version_is_only_a_guess_and_every_update_replaces_it() {
         let f = Fleet::default();
         assert_eq!(f.expected_version(), None);
-        f.expect_version("initial");
-        assert_eq!(f.expected_version().as_deref(), Some("initial"));
+        f.expect_version(&v("initial"));
+        assert_eq!(f.expected_version(), Some(v("initial")));
         // No update happened: a restarted server still serves at once.
         f.mark_down("a");
         assert!(f.mark_back("a"));
-        assert_eq!(f.version(), None);
-        f.updated("v1", &["a".into()]);
-        assert_eq!(f.expected_version().as_deref(), Some("v1"));
+        assert_eq!(f.weight_version(), None);
+        f.updated(&v("v1"), &["a".into()]);
+        assert_eq!(f.expected_version(), Some(v("v1")));
     }
 
     #[test]
     fn a_restart_after_an_update_is_held_until_an_update_reaches_it() {
         let f = Fleet::default();
-        f.updated("1", &["a".into(), "b".into()]);
+        f.updated(&v("1"), &["a".into(), "b".into()]);
         assert!(f.take_caught_up().is_empty(), "nothing was held");
         f.mark_down("a");
         let engines = vec![Engine::sglang("a", 1), Engine::sglang("b", 2)];
@@ -390,9 +401,9 @@ mod tests {
         assert_eq!(skipped, vec!["a"]);
         assert!(!f.mark_back("a"));
         assert_eq!(f.state("a"), HeadState::Held);
-        f.updated("2", &["b".into()]);
+        f.updated(&v("2"), &["b".into()]);
         assert!(f.take_caught_up().is_empty(), "a was not reached");
-        f.updated("3", &["a".into(), "b".into()]);
+        f.updated(&v("3"), &["a".into(), "b".into()]);
         assert_eq!(f.take_caught_up(), vec!["a".to_string()]);
         assert!(f.take_caught_up().is_empty(), "returned once");
     }

@@ -25,9 +25,9 @@ use crate::worker::Worker;
 impl ControlPlane {
     /// The version a worker joining now must hold: the last update's, or the one the serving
     /// engines were last seen on. `None` before anything is known (then workers join as they are).
-    pub(crate) fn fleet_version(&self) -> Option<String> {
+    pub(crate) fn fleet_version(&self) -> Option<troupe_wire::WeightVersion> {
         self.fleet()
-            .version()
+            .weight_version()
             .or_else(|| self.fleet().expected_version())
     }
 
@@ -123,7 +123,7 @@ impl ControlPlane {
                 me.fleet().mark_serving(&url);
                 let v = me.fleet_version();
                 me.fleet()
-                    .tell_versions(std::slice::from_ref(&url), v.as_deref())
+                    .tell_versions(std::slice::from_ref(&url), v.as_ref())
                     .await;
                 w.set_held(false);
             }
@@ -147,7 +147,7 @@ impl ControlPlane {
         // of another: only a catch-up (or the next update) brings it in.
         if !self.fleet().is_tainted(url)
             && let Ok(v) = reads.weight_version(&engine).await
-            && v == want
+            && v == want.as_str()
         {
             tracing::info!(worker = url, version = %v, "worker holds the fleet's weight version: routed");
             return true;

@@ -49,7 +49,7 @@ pub(crate) struct ClientTxn {
     /// Buckets every member took.
     pub(crate) buckets: u64,
     /// The version its buckets named (the last one that named one).
-    pub(crate) version: Option<String>,
+    pub(crate) version: Option<troupe_wire::WeightVersion>,
     /// Why it ended early, once a bucket failed: nothing of it is served.
     pub(crate) failed: Option<String>,
 }

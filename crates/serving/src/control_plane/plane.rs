@@ -290,7 +290,7 @@ impl ControlPlane {
     }
 
     /// The fleet's one weight version, or 409 naming the engines that disagree.
-    pub async fn weight_version(&self) -> Result<String, ApiError> {
+    pub async fn weight_version(&self) -> Result<troupe_wire::WeightVersion, ApiError> {
         self.refresh().await;
         let check = self
             .serving()
@@ -308,7 +308,10 @@ impl ControlPlane {
                 check
                     .versions
                     .iter()
-                    .map(|r| format!("{}={}", r.url, r.result.clone().unwrap_or_else(|e| e)))
+                    .map(|r| match &r.result {
+                        Ok(v) => format!("{}={v}", r.url),
+                        Err(e) => format!("{}={e}", r.url),
+                    })
                     .collect::<Vec<_>>()
             ))
             .with_engines(breakdown(&check.answers()))),
@@ -351,7 +354,7 @@ impl ControlPlane {
             "fleet": {
                 "engines": engines.len(),
                 "world_size": engines.iter().map(|e| u64::from(e.gpus)).sum::<u64>(),
-                "weight_version": fleet.version(),
+                "weight_version": fleet.weight_version(),
                 "down": fleet.down(),
                 "in_doubt": doubt,
                 "paused": self.status().paused.map(|m| m.as_str()),
@@ -375,10 +378,8 @@ impl ControlPlane {
     pub async fn first_model_info(&self) -> Option<Value> {
         self.refresh().await;
         for e in self.control.engines() {
-            if let Ok(v) = self.control.client().model_info(&e).await
-                && v.is_object()
-            {
-                return Some(v);
+            if let Ok(m) = self.control.client().model_info(&e).await {
+                return Some(Value::from(m));
             }
         }
         None

@@ -24,10 +24,10 @@
 use std::collections::HashSet;
 
 use serde_json::{Map, Value};
-use troupe_wire::{ApiError, PauseMode};
+use troupe_wire::{ApiError, PauseMode, WeightVersion};
 
 use super::answer::{breakdown, settle};
-use super::control::{InferenceControl, ServerResult};
+use super::control::{InferenceControl, ServerResult, reported, shown};
 use super::plane::ControlPlane;
 use crate::Refusal;
 use crate::engine_client::version_tag;
@@ -37,7 +37,7 @@ use crate::engines::EngineDialect;
 #[derive(Debug, Clone)]
 pub struct Resumed {
     /// The version the serving engines hold (`None`: none of them answered).
-    pub version: Option<String>,
+    pub version: Option<WeightVersion>,
     /// The serving engines known to hold it.
     pub reached: Vec<String>,
     /// Every engine's answer to the resume (the serving ones, then the rest).
@@ -48,8 +48,8 @@ pub struct Resumed {
 /// it (unless the pause that undoes an engine's resume failed: `undone` says so).
 #[derive(Debug, Clone)]
 pub struct Mixed {
-    /// The versions found, sorted.
-    pub versions: Vec<String>,
+    /// The versions found, sorted (by step, then text).
+    pub versions: Vec<WeightVersion>,
     /// Each serving engine's version, or its refusal or error.
     pub results: Vec<ServerResult<Value>>,
     /// What was undone (engines that had resumed and were paused again), if anything.
@@ -61,7 +61,8 @@ impl Mixed {
     pub fn message(&self) -> String {
         format!(
             "engines hold different weight versions {:?}; refusing to resume serving on mixed weights: finish the weight update so every engine has one version, then resume{}",
-            self.versions, self.undone
+            shown(&self.versions),
+            self.undone
         )
     }
 }
@@ -87,7 +88,7 @@ impl InferenceControl {
     pub async fn resume_on_one_version(
         &self,
         rest: Option<&InferenceControl>,
-        expected: Option<&str>,
+        expected: Option<&WeightVersion>,
     ) -> Result<Resumed, Mixed> {
         let engines = self.engines();
         // `If-Match` is honoured on SGLang's route (`/continue_generation`) only.
@@ -130,31 +131,38 @@ impl InferenceControl {
 
     /// The one-call resume, starting from `version`; `None` when a version cannot be sent as
     /// an entity tag (nothing was sent: check first).
-    async fn resume_if(&self, version: &str) -> Option<Result<Resumed, Mixed>> {
-        let mut version = version.to_string();
+    async fn resume_if(&self, version: &WeightVersion) -> Option<Result<Resumed, Mixed>> {
+        let mut version = version.clone();
         let mut asked = 0;
         loop {
             asked += 1;
-            let tag = version_tag(&version)?;
+            let tag = version_tag(version.as_str())?;
             let outs = self
                 .fan_out_patient("resume", move |c, e| {
                     let tag = tag.clone();
                     async move { c.resume_if(&e, &tag).await }
                 })
                 .await;
-            let mut held = Vec::new();
+            let mut held: Vec<WeightVersion> = Vec::new();
             let mut resumed = Vec::new();
             let results: Vec<ServerResult<Value>> = outs
                 .into_iter()
                 .map(|r| {
                     match &r.result {
                         Ok(Ok(_)) => resumed.push(r.url.clone()),
-                        Ok(Err(Refusal::Version(v))) => held.push(v.clone()),
+                        // A refusal naming no version (empty, control characters) is that
+                        // engine's failure: it stays paused, and its answer says why.
+                        Ok(Err(Refusal::Version(v))) => match reported(v.clone()) {
+                            Ok(v) => held.push(v),
+                            Err(e) => tracing::warn!(engine = %r.url, "resume refused: {e}"),
+                        },
                         Ok(Err(Refusal::Failed(_))) | Err(_) => {}
                     }
                     ServerResult {
                         url: r.url,
-                        result: r.result.and_then(|a| a.map_err(|e| e.to_string())),
+                        result: r
+                            .result
+                            .and_then(|a| a.map(Value::from).map_err(|e| e.to_string())),
                     }
                 })
                 .collect();
@@ -190,7 +198,8 @@ impl InferenceControl {
                     format!("the {n} engines")
                 };
                 undone = format!(
-                    "; {who} on {version:?} that had resumed {} paused again in place{}",
+                    "; {who} on {:?} that had resumed {} paused again in place{}",
+                    version.as_str(),
                     if n == 1 { "was" } else { "were" },
                     if missed > 0 {
                         format!(" ({missed} of them did not answer the pause)")
@@ -226,7 +235,7 @@ impl ControlPlane {
         );
         let expected = self.fleet().expected_version();
         let r = serving
-            .resume_on_one_version(Some(&rest), expected.as_deref())
+            .resume_on_one_version(Some(&rest), expected.as_ref())
             .await?;
         if r.results.iter().all(|r| r.result.is_ok()) {
             self.set_status(&st, |s| s.paused = None);

@@ -19,7 +19,7 @@ pub enum WeightSyncError {
     #[error("weight update to version {version} failed: {reason}; {after}")]
     Update {
         /// Target version.
-        version: String,
+        version: troupe_wire::WeightVersion,
         /// Which engine failed and why.
         reason: String,
         /// What state serving was left in.

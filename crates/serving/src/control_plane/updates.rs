@@ -16,8 +16,8 @@ use std::sync::{Arc, Weak};
 
 use serde_json::{Map, Value, json};
 use troupe_weights::tcp::WireDtype;
-use troupe_wire::ApiError;
 use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
+use troupe_wire::{ApiError, WeightVersion};
 
 use super::answer::{answer, failure, settle};
 use super::catch_up::{CatchUp, ControlHandle};
@@ -84,7 +84,7 @@ impl CatchUp for PlaneCatchUp {
         &'a self,
         control: &'a dyn ControlHandle,
         engine: &'a Engine,
-    ) -> futures::future::BoxFuture<'a, Result<String, String>> {
+    ) -> futures::future::BoxFuture<'a, Result<WeightVersion, String>> {
         Box::pin(async move {
             let plane = self.0.upgrade().ok_or("the control plane is gone")?;
             let st = plane.op.lock().await;
@@ -106,6 +106,7 @@ impl CatchUp for PlaneCatchUp {
                         .weight_version(engine)
                         .await
                         .map_err(|e| e.to_string())
+                        .and_then(super::control::reported)
                 }
                 Some(LastUpdate::Broadcast) => Err(
                     "the last update was a client's own broadcast, which cannot be replayed; the server stays held until the next update reaches it".into(),
@@ -141,6 +142,12 @@ async fn rendezvous_listens(host: &str, port: u16) -> Result<(), ApiError> {
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// A version a request names (`field`), read once as a [`WeightVersion`]: 400 naming the field
+/// when it is not one (empty, control characters, too long).
+fn parse_version(v: &str, field: &str) -> Result<WeightVersion, ApiError> {
+    WeightVersion::new(v).map_err(|e| bad(format!("{field}: {e}")))
 }
 
 fn bad(msg: impl Into<String>) -> ApiError {
@@ -317,6 +324,11 @@ impl ControlPlane {
         req: UpdateWeightsFromDistributed,
     ) -> Result<Value, ApiError> {
         check_bucket(&req.names, &req.dtypes, &req.shapes)?;
+        let version = req
+            .weight_version
+            .as_deref()
+            .map(|v| parse_version(v, "weight_version"))
+            .transpose()?;
         let mut st = self.op.lock().await;
         let group = st.groups.get(&req.group_name).cloned().ok_or_else(|| {
             bad(format!(
@@ -373,14 +385,14 @@ impl ControlPlane {
         if in_txn {
             return match settled {
                 Ok(r) => {
-                    Self::txn_took(&mut st, &members, req.weight_version.as_deref());
+                    Self::txn_took(&mut st, &members, version.as_ref());
                     Ok(r)
                 }
                 Err(e) => Err(self.txn_failed(&mut st, &members, e).await),
             };
         }
         let r = settled?;
-        if let Some(v) = &req.weight_version {
+        if let Some(v) = &version {
             let reached: Vec<String> = group.members.iter().map(|(e, _)| e.url.clone()).collect();
             self.fleet().updated(v, &reached);
             self.fleet().tell_versions(&reached, Some(v)).await;
@@ -413,6 +425,14 @@ impl ControlPlane {
 
     /// vLLM's start/finish phases over the transfer group's members.
     pub async fn transfer_phase(&self, finish: Option<Option<String>>) -> Result<Value, ApiError> {
+        let finish = match finish {
+            None => None,
+            Some(v) => Some(
+                v.as_deref()
+                    .map(|v| parse_version(v, "weight_version"))
+                    .transpose()?,
+            ),
+        };
         let mut st = self.op.lock().await;
         let group = st.groups.get(VLLM_TRANSFER_GROUP).cloned().ok_or_else(|| {
             bad("no weight transfer engine; call /init_weight_transfer_engine first")
@@ -428,7 +448,7 @@ impl ControlPlane {
                 let c = self.control.client();
                 let r = match &finish {
                     None => c.start_weight_update(e).await,
-                    Some(v) => c.finish_weight_update(e, v.as_deref()).await,
+                    Some(v) => c.finish_weight_update(e, v.as_ref()).await,
                 };
                 ServerResult {
                     url: e.url.clone(),
@@ -459,7 +479,7 @@ impl ControlPlane {
         }
         let version = match body.get("weight_version") {
             None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::String(s)) => Some(parse_version(s, "weight_version")?),
             Some(v) => return Err(bad(format!("weight_version must be a string, got {v}"))),
         };
         self.refresh().await;
@@ -480,11 +500,15 @@ impl ControlPlane {
         Ok(r)
     }
 
-    /// Every engine reports `version` from now on; the fleet records it.
+    /// [`ControlPlane::set_weight_version`] for a version as a request body spells it
+    /// (`new_version`): read as a [`WeightVersion`] here, or 400 naming the field.
     pub async fn set_version(&self, version: &str) -> Result<Value, ApiError> {
-        if version.is_empty() {
-            return Err(bad("new_version must be a non-empty string"));
-        }
+        let version = parse_version(version, "new_version")?;
+        self.set_weight_version(&version).await
+    }
+
+    /// Every engine reports `version` from now on; the fleet records it.
+    pub async fn set_weight_version(&self, version: &WeightVersion) -> Result<Value, ApiError> {
         self.refresh().await;
         let _st = self.op.lock().await;
         let (control, skipped) = self.targets();
@@ -508,9 +532,17 @@ impl ControlPlane {
         version: &str,
         tensors: &[HostTensor],
     ) -> Result<UpdateReport, ApiError> {
-        if version.is_empty() {
-            return Err(bad("weight_version must be a non-empty string"));
-        }
+        let version = parse_version(version, "weight_version")?;
+        self.update_tensors(&version, tensors).await
+    }
+
+    /// The typed form of [`ControlPlane::update_from_tensors`], for a version already read
+    /// (the Python service, the controller's training loop).
+    pub async fn update_tensors(
+        &self,
+        version: &WeightVersion,
+        tensors: &[HostTensor],
+    ) -> Result<UpdateReport, ApiError> {
         self.refresh().await;
         let mut st = self.op.lock().await;
         let keep_paused = self.status().paused.is_some();

@@ -10,13 +10,19 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
+use troupe_wire::WeightVersion;
+
 use crate::router::Router;
 
 /// Something that routes by the engines' versions.
 pub trait VersionSink: Send + Sync {
     /// The engines at `urls` (the URLs the control plane talks to) serve `version` from now
     /// on; `None`: unknown, as while an update runs.
-    fn serving<'a>(&'a self, urls: &'a [String], version: Option<&'a str>) -> BoxFuture<'a, ()>;
+    fn serving<'a>(
+        &'a self,
+        urls: &'a [String],
+        version: Option<&'a WeightVersion>,
+    ) -> BoxFuture<'a, ()>;
 
     /// Takes the engines at `urls` out of routing (`false`: a rolling update's part while it
     /// updates) or routes them again (`true`).
@@ -32,7 +38,11 @@ pub trait VersionSink: Send + Sync {
 pub struct RouterVersions(pub Arc<Router>);
 
 impl VersionSink for RouterVersions {
-    fn serving<'a>(&'a self, urls: &'a [String], version: Option<&'a str>) -> BoxFuture<'a, ()> {
+    fn serving<'a>(
+        &'a self,
+        urls: &'a [String],
+        version: Option<&'a WeightVersion>,
+    ) -> BoxFuture<'a, ()> {
         self.0.set_weight_versions(urls, version);
         Box::pin(async {})
     }

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use troupe_weights::bucket::Bucket;
 use troupe_weights::plan::{EngineGpus, WeightSyncPlan};
 use troupe_weights::tcp::{SharedTensorRef, WeightSender};
+use troupe_wire::WeightVersion;
 use troupe_wire::sglang::{InitWeightsUpdateGroup, UpdateWeightsFromDistributed};
 
 use super::catch_up::ControlHandle;
@@ -27,7 +28,7 @@ pub(super) struct BucketSend<'a> {
     /// The group's name on every engine.
     pub(super) group_name: &'a str,
     /// The version being sent (the staging key on engines that stage).
-    pub(super) version: &'a str,
+    pub(super) version: &'a WeightVersion,
     /// Flush engines' prefix caches with it.
     pub(super) flush: bool,
     /// Engines (by URL) that stage it.
@@ -60,7 +61,7 @@ pub(super) async fn send_bucket(
         stage: false,
     };
     let staged = UpdateWeightsFromDistributed {
-        weight_version: Some(how.version.to_string()),
+        weight_version: Some(how.version.as_str().to_string()),
         stage: true,
         ..plain.clone()
     };
@@ -205,7 +206,7 @@ pub(super) enum Phase<'a> {
     Start,
     /// Closes the transfer at this version; engines in the set staged theirs, so they are
     /// only closed (their commit names the version) and SGLang ones among them are not called.
-    Finish(&'a str, &'a HashSet<String>),
+    Finish(&'a WeightVersion, &'a HashSet<String>),
 }
 
 /// Runs `p` on every engine at once; every failure named.

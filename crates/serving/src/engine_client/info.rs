@@ -4,6 +4,7 @@
 
 use serde_json::Value;
 use troupe_wire::Endpoint;
+use troupe_wire::answers::ServerInfo;
 use troupe_wire::endpoints as ep;
 use troupe_wire::sglang::GetWeightVersion;
 use troupe_wire::vllm::WorldSize;
@@ -20,16 +21,12 @@ impl EngineClient {
     pub async fn describe(&self, url: &str) -> Result<Engine, EngineCallError> {
         let info = self.server_info(url).await;
         if let Ok(info) = &info
-            && let Some(tp) = info.get("tp_size").and_then(Value::as_u64)
+            && let Some(tp) = info.tp_size
         {
-            let pp = info
-                .get("pp_size")
-                .and_then(Value::as_u64)
-                .unwrap_or(1)
-                .max(1);
+            let pp = info.pp_size.unwrap_or(1).max(1);
             let gpus = tp.max(1).saturating_mul(pp);
             let gpus = believable_gpus(url, ep::ServerInfo::PATH, gpus)?;
-            let if_match = info.get("resume_if_match").and_then(Value::as_bool) == Some(true);
+            let if_match = info.resume_if_match == Some(true);
             return Ok(Engine::new(url, gpus, EngineDialect::Sglang).with_resume_if_match(if_match));
         }
         const PATH: &str = ep::GetWorldSize::PATH;
@@ -78,18 +75,12 @@ impl EngineClient {
                 let v = self.send::<ep::IsPaused>(&e.url, &()).await?;
                 Ok(v.get("is_paused").and_then(Value::as_bool))
             }
-            EngineDialect::Sglang => {
-                let info = self.server_info(&e.url).await?;
-                Ok(info
-                    .pointer("/internal_states/0")
-                    .and_then(|s| s.get("paused"))
-                    .map(|p| !p.is_null()))
-            }
+            EngineDialect::Sglang => Ok(self.server_info(&e.url).await?.paused()),
         }
     }
 
     /// `GET /server_info`.
-    pub async fn server_info(&self, url: &str) -> Result<Value, EngineCallError> {
+    pub async fn server_info(&self, url: &str) -> Result<ServerInfo, EngineCallError> {
         self.call::<ep::ServerInfo>(url, &()).await
     }
 
@@ -97,14 +88,10 @@ impl EngineClient {
     /// SGLang and the reference engine report `weight_version`. vLLM's has no such field (its
     /// version is `GET /weight_info`'s), so for a vLLM engine it is added from there, and a
     /// client reading each engine's version the SGLang way (slime) sees vLLM's too.
-    pub async fn engine_info(&self, e: &Engine) -> Result<Value, EngineCallError> {
+    pub async fn engine_info(&self, e: &Engine) -> Result<ServerInfo, EngineCallError> {
         let mut info = self.server_info(&e.url).await?;
-        if e.dialect == EngineDialect::Vllm
-            && let Some(obj) = info.as_object_mut()
-            && !obj.contains_key("weight_version")
-        {
-            let v = self.weight_version(e).await?;
-            obj.insert("weight_version".into(), Value::String(v));
+        if e.dialect == EngineDialect::Vllm && info.weight_version.is_none() {
+            info.weight_version = Some(self.weight_version(e).await?);
         }
         Ok(info)
     }
@@ -114,14 +101,16 @@ impl EngineClient {
     /// server's info does not come in time: vLLM's `/server_info` took 3.6 s on a loaded
     /// 2-core machine, past registration's probe timeout.
     pub async fn vllm_version(&self, url: &str) -> Option<String> {
-        let v = self.call::<ep::Version>(url, &()).await.ok()?;
-        v.get("version").and_then(Value::as_str).map(str::to_string)
+        self.call::<ep::Version>(url, &())
+            .await
+            .ok()
+            .map(|v| v.version)
     }
 
     /// `GET /server_info`, or the older `/get_server_info` when it is missing: what a server
     /// says it is (SGLang's and the reference engine's fields, or vLLM's `vllm_config` in its
     /// development mode).
-    pub async fn any_server_info(&self, url: &str) -> Result<Value, EngineCallError> {
+    pub async fn any_server_info(&self, url: &str) -> Result<ServerInfo, EngineCallError> {
         let info = match self.server_info(url).await {
             Err(EngineCallError::Status {
                 status: 404 | 405, ..

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
+use troupe_wire::answers::{Ack, EngineModel};
 use troupe_wire::endpoints::{self as ep, Empty};
 use troupe_wire::routes::Carrier;
 use troupe_wire::sglang::{
@@ -22,7 +23,7 @@ use troupe_wire::vllm::{
     self, AbortRequests, CollectiveRpc, FinishWeightUpdate, InitWeightTransferEngine, UpdateInfo,
     UpdateWeightVersion, UpdateWeights, WeightTransferInit,
 };
-use troupe_wire::{Endpoint, PauseMode};
+use troupe_wire::{Endpoint, PauseMode, WeightVersion};
 
 use crate::engines::{Engine, EngineDialect};
 use crate::upstream::{UpstreamClient, bearer, read_body};
@@ -85,7 +86,7 @@ impl EngineClient {
     /// Pauses generation: SGLang `POST /pause_generation {mode}`, vLLM `POST /pause?mode=`
     /// (`abort` → `abort`; `in_place` and `retract` → `keep`: requests stay and continue
     /// after resume).
-    pub async fn pause(&self, e: &Engine, mode: PauseMode) -> Result<Value, EngineCallError> {
+    pub async fn pause(&self, e: &Engine, mode: PauseMode) -> Result<Ack, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => {
                 self.call::<ep::PauseGeneration>(&e.url, &PauseGeneration { mode })
@@ -103,7 +104,7 @@ impl EngineClient {
     }
 
     /// Resumes generation: SGLang `POST /continue_generation`, vLLM `POST /resume`.
-    pub async fn resume(&self, e: &Engine) -> Result<Value, EngineCallError> {
+    pub async fn resume(&self, e: &Engine) -> Result<Ack, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => self.call::<ep::ContinueGeneration>(&e.url, &Empty {}).await,
             EngineDialect::Vllm => self.call::<ep::Resume>(&e.url, &Empty {}).await,
@@ -114,11 +115,12 @@ impl EngineClient {
     /// (`POST /continue_generation` with `If-Match: tag`, made by [`version_tag`]; for engines
     /// that honour it: [`Engine::resume_if_match`]). [`Refusal::Version`] names the version the
     /// engine holds instead; it stays paused.
-    pub async fn resume_if(&self, e: &Engine, tag: &HeaderValue) -> Result<Value, Refusal> {
+    pub async fn resume_if(&self, e: &Engine, tag: &HeaderValue) -> Result<Ack, Refusal> {
         const PATH: &str = ep::ContinueGeneration::PATH;
         let r = self
             .exchange(&e.url, PATH, PATH, Some(&Empty {}), Some(tag))
-            .await;
+            .await
+            .and_then(|v| typed::<Ack>(PATH, v));
         r.map_err(|err| match &err {
             EngineCallError::Status {
                 status: 412, body, ..
@@ -130,7 +132,7 @@ impl EngineClient {
     }
 
     /// Drops the prefix cache: SGLang `POST /flush_cache`, vLLM `POST /reset_prefix_cache`.
-    pub async fn flush_cache(&self, e: &Engine) -> Result<Value, EngineCallError> {
+    pub async fn flush_cache(&self, e: &Engine) -> Result<Ack, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => self.call::<ep::FlushCache>(&e.url, &Empty {}).await,
             EngineDialect::Vllm => self.call::<ep::ResetPrefixCache>(&e.url, &Empty {}).await,
@@ -141,11 +143,7 @@ impl EngineClient {
     /// `POST /sleep?level=1&tags=…` (vLLM 0.32's `/sleep` reads only `level` and `mode`: level 1
     /// offloads the weights and drops the KV cache whatever the tags say; the reference engine
     /// reads the tags too).
-    pub async fn release_memory(
-        &self,
-        e: &Engine,
-        tags: &[&str],
-    ) -> Result<Value, EngineCallError> {
+    pub async fn release_memory(&self, e: &Engine, tags: &[&str]) -> Result<Ack, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => {
                 self.call::<ep::ReleaseMemoryOccupation>(&e.url, &tags_body(tags))
@@ -165,7 +163,7 @@ impl EngineClient {
     /// `POST /wake_up?tags=…`, or `POST /wake_up` with no tags when every tag is asked for
     /// (vLLM refuses a tag that is not asleep, so after `?tags=kv_cache` an explicit
     /// `tags=weights&tags=kv_cache` would fail and leave the server asleep).
-    pub async fn resume_memory(&self, e: &Engine, tags: &[&str]) -> Result<Value, EngineCallError> {
+    pub async fn resume_memory(&self, e: &Engine, tags: &[&str]) -> Result<Ack, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => {
                 self.call::<ep::ResumeMemoryOccupation>(&e.url, &tags_body(tags))
@@ -188,7 +186,7 @@ impl EngineClient {
         &self,
         e: &Engine,
         req: &InitWeightsUpdateGroup,
-    ) -> Result<Value, EngineCallError> {
+    ) -> Result<Ack, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => self.call::<ep::InitWeightsUpdateGroup>(&e.url, req).await,
             EngineDialect::Vllm => {
@@ -213,7 +211,7 @@ impl EngineClient {
         &self,
         e: &Engine,
         group_name: &str,
-    ) -> Result<Value, EngineCallError> {
+    ) -> Result<Ack, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => {
                 let req = DestroyWeightsUpdateGroup {
@@ -222,14 +220,14 @@ impl EngineClient {
                 self.call::<ep::DestroyWeightsUpdateGroup>(&e.url, &req)
                     .await
             }
-            EngineDialect::Vllm => Ok(json!({"success": true})),
+            EngineDialect::Vllm => Ok(Ack::done()),
         }
     }
 
     /// Opens a weight update: vLLM `POST /start_weight_update`; SGLang has no such phase.
-    pub async fn start_weight_update(&self, e: &Engine) -> Result<Value, EngineCallError> {
+    pub async fn start_weight_update(&self, e: &Engine) -> Result<Ack, EngineCallError> {
         match e.dialect {
-            EngineDialect::Sglang => Ok(json!({"success": true})),
+            EngineDialect::Sglang => Ok(Ack::done()),
             EngineDialect::Vllm => self.call::<ep::StartWeightUpdate>(&e.url, &Empty {}).await,
         }
     }
@@ -240,7 +238,7 @@ impl EngineClient {
         &self,
         e: &Engine,
         req: &UpdateWeightsFromDistributed,
-    ) -> Result<Value, EngineCallError> {
+    ) -> Result<Ack, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => {
                 self.call::<ep::UpdateWeightsFromDistributed>(&e.url, req)
@@ -266,14 +264,14 @@ impl EngineClient {
     pub async fn finish_weight_update(
         &self,
         e: &Engine,
-        version: Option<&str>,
-    ) -> Result<Value, EngineCallError> {
+        version: Option<&WeightVersion>,
+    ) -> Result<Ack, EngineCallError> {
         match (e.dialect, version) {
-            (EngineDialect::Sglang, None) => Ok(json!({"success": true})),
+            (EngineDialect::Sglang, None) => Ok(Ack::done()),
             (EngineDialect::Sglang, Some(v)) => self.set_version(e, v).await,
             (EngineDialect::Vllm, v) => {
                 let body = FinishWeightUpdate {
-                    weight_version: v.map(str::to_string),
+                    weight_version: v.map(WeightVersion::to_string),
                 };
                 self.call::<ep::FinishWeightUpdate>(&e.url, &body).await
             }
@@ -288,7 +286,7 @@ impl EngineClient {
         e: &Engine,
         ids: Option<&[String]>,
         extra: &serde_json::Map<String, Value>,
-    ) -> Result<Value, EngineCallError> {
+    ) -> Result<Ack, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => {
                 let bodies: Vec<AbortRequest> = match ids {
@@ -306,7 +304,7 @@ impl EngineClient {
                         })
                         .collect(),
                 };
-                let mut last = Value::Null;
+                let mut last = Ack::default();
                 for b in &bodies {
                     last = self.call::<ep::AbortRequest>(&e.url, b).await?;
                 }
@@ -323,7 +321,7 @@ impl EngineClient {
 
     /// Generates one token to prove the engine serves: `GET /health_generate` (SGLang; the
     /// reference engine in either dialect), `GET /health` for vLLM, which has no such route.
-    pub async fn health_generate(&self, e: &Engine) -> Result<Value, EngineCallError> {
+    pub async fn health_generate(&self, e: &Engine) -> Result<Ack, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => self.call::<ep::HealthGenerate>(&e.url, &()).await,
             EngineDialect::Vllm => self.call::<ep::Health>(&e.url, &()).await,
@@ -331,11 +329,13 @@ impl EngineClient {
     }
 
     /// What model the engine serves: SGLang `GET /model_info`, vLLM `GET /v1/models`.
-    pub async fn model_info(&self, e: &Engine) -> Result<Value, EngineCallError> {
-        match e.dialect {
-            EngineDialect::Sglang => self.call::<ep::ModelInfo>(&e.url, &()).await,
-            EngineDialect::Vllm => self.call::<ep::Models>(&e.url, &()).await,
-        }
+    pub async fn model_info(&self, e: &Engine) -> Result<EngineModel, EngineCallError> {
+        Ok(match e.dialect {
+            EngineDialect::Sglang => {
+                EngineModel::Sglang(self.call::<ep::ModelInfo>(&e.url, &()).await?)
+            }
+            EngineDialect::Vllm => EngineModel::Vllm(self.call::<ep::Models>(&e.url, &()).await?),
+        })
     }
 
     /// Loads weights from a checkpoint every engine can read, given SGLang's body of
@@ -344,11 +344,14 @@ impl EngineClient {
     /// "kwargs": {"weights_path": model_path}}` and then, with a `weight_version`, takes it
     /// through `POST /update_weight_version` (vLLM has no disk-load route; its reload keeps the
     /// version it had). The reference engine answers both dialects the same way.
-    pub async fn load_from_disk(&self, e: &Engine, body: &Value) -> Result<Value, EngineCallError> {
+    pub async fn load_from_disk(&self, e: &Engine, body: &Value) -> Result<Ack, EngineCallError> {
         const PATH: &str = ep::UpdateWeightsFromDisk::PATH;
         match e.dialect {
             // As given: the engine names what is wrong with it.
-            EngineDialect::Sglang => self.send::<ep::UpdateWeightsFromDisk>(&e.url, body).await,
+            EngineDialect::Sglang => {
+                let v = self.send::<ep::UpdateWeightsFromDisk>(&e.url, body).await?;
+                typed(PATH, v)
+            }
             EngineDialect::Vllm => {
                 let path = body.get("model_path").and_then(Value::as_str).ok_or(
                     EngineCallError::Transport {
@@ -360,7 +363,11 @@ impl EngineClient {
                     .call::<ep::CollectiveRpc>(&e.url, &CollectiveRpc::reload_weights(path))
                     .await?;
                 if let Some(v) = body.get("weight_version").and_then(Value::as_str) {
-                    self.set_version(e, v).await?;
+                    let v = WeightVersion::new(v).map_err(|reason| EngineCallError::Transport {
+                        path: PATH,
+                        reason: format!("weight_version: {reason}"),
+                    })?;
+                    self.set_version(e, &v).await?;
                 }
                 Ok(r)
             }
@@ -368,7 +375,11 @@ impl EngineClient {
     }
 
     /// Sets the version the engine reports: SGLang `POST /update_weight_version {new_version}`.
-    pub async fn set_version(&self, e: &Engine, version: &str) -> Result<Value, EngineCallError> {
+    pub async fn set_version(
+        &self,
+        e: &Engine,
+        version: &WeightVersion,
+    ) -> Result<Ack, EngineCallError> {
         let body = UpdateWeightVersion {
             new_version: version.to_string(),
             abort_all_requests: false,

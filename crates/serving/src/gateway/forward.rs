@@ -118,7 +118,8 @@ fn pinned_answer(req: &InferReq, body: &[u8], w: &Arc<dyn Worker>) -> Result<(),
     };
     let v = parse_value(body, w)?;
     if let Some(got) = super::version_pin::mismatch(want, &v) {
-        w.set_weight_version(Some(got));
+        // One that is not a version (empty, control characters) leaves it unknown.
+        w.set_weight_version(troupe_wire::WeightVersion::new(got).ok());
         return Err(Fail::retry(
             format!(
                 "{} {} answered with weight version {got}, not {}",

@@ -66,7 +66,7 @@ impl GatewayState {
         // config: the one sign, among the answers registration reads anyway, that the worker
         // speaks vLLM's dialect on the routes the two spell differently.
         let vllm = match &info {
-            Ok(i) => i.get("vllm_config").is_some(),
+            Ok(i) => i.vllm_config.is_some(),
             // No info in time (vLLM's is slow to come): its `/version` says.
             Err(EngineCallError::Transport { .. }) => {
                 engine.vllm_version(worker.url()).await.is_some()
@@ -81,19 +81,20 @@ impl GatewayState {
             self.agent_work.learn(i);
             // What it serves, for requests that ask for a version (`crate::pinned`); a vLLM
             // worker's info has none, so it stays unknown until the fleet says.
-            if let Some(v) = i.get("weight_version").and_then(serde_json::Value::as_str) {
-                worker.set_weight_version(Some(v));
+            // One that is not a version (empty, control characters) leaves it unknown.
+            if let Some(v) = i.weight_version.as_deref() {
+                worker.set_weight_version(troupe_wire::WeightVersion::new(v).ok());
             }
             // Its KV pool and context, for policies that admit sessions by KV pressure
             // (`kv_sticky`).
-            let num = |k: &str| i.get(k).and_then(serde_json::Value::as_u64);
+            let num = |k: &str| i.extra.get(k).and_then(serde_json::Value::as_u64);
             if let (Some(pool), Some(context)) =
                 (num("max_total_num_tokens"), num("context_length"))
             {
                 self.router.learn_kv_pool(worker.id(), pool, context);
             }
         }
-        let mode = info.map(|i| i.get("disaggregation_mode").cloned());
+        let mode = info.map(|i| i.extra.get("disaggregation_mode").cloned());
         let unchecked = match mode {
             Ok(Some(mode)) => match type_of_mode(&mode) {
                 Some(t) if t == spec.worker_type => None,

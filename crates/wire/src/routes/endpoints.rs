@@ -8,6 +8,7 @@
 
 use super::{Carrier, Endpoint, EngineAuth, Kind, Route, Side};
 use crate::EngineDialect::{self, Sglang, Vllm};
+use crate::answers::{self, Ack, ModelList};
 use crate::{sglang, staging, vllm};
 use EngineAuth::{Admin, Normal};
 use serde_json::Value;
@@ -79,68 +80,68 @@ macro_rules! endpoints {
 endpoints! {
     // SGLang: control.
     /// SGLang `POST /pause_generation {mode}`.
-    PauseGeneration = "/pause_generation", POST, Some(Sglang), true, Admin, Both, Control, Json: sglang::PauseGeneration => Value;
+    PauseGeneration = "/pause_generation", POST, Some(Sglang), true, Admin, Both, Control, Json: sglang::PauseGeneration => Ack;
     /// SGLang `POST /continue_generation` (the reference engine honours `If-Match: <version>`).
-    ContinueGeneration = "/continue_generation", POST, Some(Sglang), true, Admin, Both, Control, Json: Empty => Value;
+    ContinueGeneration = "/continue_generation", POST, Some(Sglang), true, Admin, Both, Control, Json: Empty => Ack;
     /// SGLang `/flush_cache`: drop the prefix cache (only when idle).
-    FlushCache = "/flush_cache", GET_POST, Some(Sglang), true, Admin, Both, Control, Json: Empty => Value;
+    FlushCache = "/flush_cache", GET_POST, Some(Sglang), true, Admin, Both, Control, Json: Empty => Ack;
     /// SGLang `POST /release_memory_occupation {tags}`.
-    ReleaseMemoryOccupation = "/release_memory_occupation", POST, Some(Sglang), true, Admin, Both, Control, Json: sglang::MemoryTags => Value;
+    ReleaseMemoryOccupation = "/release_memory_occupation", POST, Some(Sglang), true, Admin, Both, Control, Json: sglang::MemoryTags => Ack;
     /// SGLang `POST /resume_memory_occupation {tags}`.
-    ResumeMemoryOccupation = "/resume_memory_occupation", POST, Some(Sglang), true, Admin, Both, Control, Json: sglang::MemoryTags => Value;
+    ResumeMemoryOccupation = "/resume_memory_occupation", POST, Some(Sglang), true, Admin, Both, Control, Json: sglang::MemoryTags => Ack;
     /// SGLang `POST /abort_request {rid | abort_all}`.
-    AbortRequest = "/abort_request", POST, Some(Sglang), true, Normal, Both, Control, Json: sglang::AbortRequest => Value;
+    AbortRequest = "/abort_request", POST, Some(Sglang), true, Normal, Both, Control, Json: sglang::AbortRequest => Ack;
     /// SGLang `POST /init_weights_update_group`: join a trainer's broadcast group.
-    InitWeightsUpdateGroup = "/init_weights_update_group", POST, Some(Sglang), true, Admin, Both, Control, Json: sglang::InitWeightsUpdateGroup => Value;
+    InitWeightsUpdateGroup = "/init_weights_update_group", POST, Some(Sglang), true, Admin, Both, Control, Json: sglang::InitWeightsUpdateGroup => Ack;
     /// SGLang `POST /update_weights_from_distributed`: one bucket from the group's broadcast.
-    UpdateWeightsFromDistributed = "/update_weights_from_distributed", POST, Some(Sglang), true, Admin, Both, Control, Json: sglang::UpdateWeightsFromDistributed => Value;
+    UpdateWeightsFromDistributed = "/update_weights_from_distributed", POST, Some(Sglang), true, Admin, Both, Control, Json: sglang::UpdateWeightsFromDistributed => Ack;
     /// SGLang `POST /destroy_weights_update_group`.
-    DestroyWeightsUpdateGroup = "/destroy_weights_update_group", POST, Some(Sglang), true, Admin, Both, Control, Json: sglang::DestroyWeightsUpdateGroup => Value;
+    DestroyWeightsUpdateGroup = "/destroy_weights_update_group", POST, Some(Sglang), true, Admin, Both, Control, Json: sglang::DestroyWeightsUpdateGroup => Ack;
     /// SGLang `POST /update_weights_from_disk {model_path, ...}`.
-    UpdateWeightsFromDisk = "/update_weights_from_disk", POST, Some(Sglang), true, Admin, Both, Control, Json: sglang::UpdateWeightsFromDisk => Value;
+    UpdateWeightsFromDisk = "/update_weights_from_disk", POST, Some(Sglang), true, Admin, Both, Control, Json: sglang::UpdateWeightsFromDisk => Ack;
     /// `POST /update_weight_version {new_version, abort_all_requests}` (SGLang's and vLLM's).
-    UpdateWeightVersion = "/update_weight_version", POST, Some(Sglang), true, Admin, Both, Control, Json: vllm::UpdateWeightVersion => Value;
+    UpdateWeightVersion = "/update_weight_version", POST, Some(Sglang), true, Admin, Both, Control, Json: vllm::UpdateWeightVersion => Ack;
     // SGLang: reads.
     /// SGLang `GET /get_weight_version`.
     GetWeightVersion = "/get_weight_version", GET, Some(Sglang), false, Normal, Both, Control, None: () => sglang::GetWeightVersion;
     /// SGLang `GET /server_info`.
-    ServerInfo = "/server_info", GET, Some(Sglang), false, Normal, Both, Control, None: () => Value;
+    ServerInfo = "/server_info", GET, Some(Sglang), false, Normal, Both, Control, None: () => answers::ServerInfo;
     /// SGLang's older name of `/server_info`.
-    GetServerInfo = "/get_server_info", GET, Some(Sglang), false, Normal, Both, Control, None: () => Value;
+    GetServerInfo = "/get_server_info", GET, Some(Sglang), false, Normal, Both, Control, None: () => answers::ServerInfo;
     /// SGLang `GET /model_info`.
-    ModelInfo = "/model_info", GET, Some(Sglang), false, Normal, Both, Control, None: () => Value;
+    ModelInfo = "/model_info", GET, Some(Sglang), false, Normal, Both, Control, None: () => answers::ModelInfo;
     /// SGLang's older name of `/model_info`.
-    GetModelInfo = "/get_model_info", GET, Some(Sglang), false, Normal, Both, Control, None: () => Value;
+    GetModelInfo = "/get_model_info", GET, Some(Sglang), false, Normal, Both, Control, None: () => answers::ModelInfo;
     /// SGLang `GET /health_generate`: one generated token proves the engine serves.
-    HealthGenerate = "/health_generate", GET, Some(Sglang), false, Normal, Both, Control, None: () => Value;
+    HealthGenerate = "/health_generate", GET, Some(Sglang), false, Normal, Both, Control, None: () => Ack;
     // vLLM (SkyRL's RemoteInferenceClient): control.
     /// vLLM `POST /pause?mode=`.
-    Pause = "/pause", POST, Some(Vllm), true, Admin, Both, Control, Query: vllm::Pause => Value;
+    Pause = "/pause", POST, Some(Vllm), true, Admin, Both, Control, Query: vllm::Pause => Ack;
     /// vLLM `POST /resume`.
-    Resume = "/resume", POST, Some(Vllm), true, Admin, Both, Control, Json: Empty => Value;
+    Resume = "/resume", POST, Some(Vllm), true, Admin, Both, Control, Json: Empty => Ack;
     /// vLLM `POST /sleep?level=&mode=&tags=`.
-    Sleep = "/sleep", POST, Some(Vllm), true, Admin, Both, Control, Query: vllm::Sleep => Value;
+    Sleep = "/sleep", POST, Some(Vllm), true, Admin, Both, Control, Query: vllm::Sleep => Ack;
     /// vLLM `POST /wake_up?tags=`.
-    WakeUp = "/wake_up", POST, Some(Vllm), true, Admin, Both, Control, Query: vllm::WakeUp => Value;
+    WakeUp = "/wake_up", POST, Some(Vllm), true, Admin, Both, Control, Query: vllm::WakeUp => Ack;
     /// vLLM `POST /reset_prefix_cache`.
-    ResetPrefixCache = "/reset_prefix_cache", POST, Some(Vllm), true, Admin, Both, Control, Json: Empty => Value;
+    ResetPrefixCache = "/reset_prefix_cache", POST, Some(Vllm), true, Admin, Both, Control, Json: Empty => Ack;
     /// vLLM `POST /init_weight_transfer_engine {init_info}`.
-    InitWeightTransferEngine = "/init_weight_transfer_engine", POST, Some(Vllm), true, Admin, Both, Control, Json: vllm::InitWeightTransferEngine => Value;
+    InitWeightTransferEngine = "/init_weight_transfer_engine", POST, Some(Vllm), true, Admin, Both, Control, Json: vllm::InitWeightTransferEngine => Ack;
     /// vLLM `POST /shutdown_weight_transfer_engine` (one server's; the fleet has none).
-    ShutdownWeightTransferEngine = "/shutdown_weight_transfer_engine", POST, Some(Vllm), true, Admin, Engine, Control, Json: Empty => Value;
+    ShutdownWeightTransferEngine = "/shutdown_weight_transfer_engine", POST, Some(Vllm), true, Admin, Engine, Control, Json: Empty => Ack;
     /// vLLM `POST /start_weight_update`.
-    StartWeightUpdate = "/start_weight_update", POST, Some(Vllm), true, Admin, Both, Control, Json: Empty => Value;
+    StartWeightUpdate = "/start_weight_update", POST, Some(Vllm), true, Admin, Both, Control, Json: Empty => Ack;
     /// vLLM `POST /update_weights {update_info}`.
-    UpdateWeights = "/update_weights", POST, Some(Vllm), true, Admin, Both, Control, Json: vllm::UpdateWeights => Value;
+    UpdateWeights = "/update_weights", POST, Some(Vllm), true, Admin, Both, Control, Json: vllm::UpdateWeights => Ack;
     /// vLLM `POST /finish_weight_update`.
-    FinishWeightUpdate = "/finish_weight_update", POST, Some(Vllm), true, Admin, Both, Control, Json: vllm::FinishWeightUpdate => Value;
+    FinishWeightUpdate = "/finish_weight_update", POST, Some(Vllm), true, Admin, Both, Control, Json: vllm::FinishWeightUpdate => Ack;
     /// vLLM `POST /collective_rpc {method, args, kwargs}`.
-    CollectiveRpc = "/collective_rpc", POST, Some(Vllm), true, Admin, Both, Control, Json: vllm::CollectiveRpc => Value;
+    CollectiveRpc = "/collective_rpc", POST, Some(Vllm), true, Admin, Both, Control, Json: vllm::CollectiveRpc => Ack;
     /// vLLM `POST /abort_requests {request_ids}`.
-    AbortRequests = "/abort_requests", POST, Some(Vllm), true, Normal, Both, Control, Json: vllm::AbortRequests => Value;
+    AbortRequests = "/abort_requests", POST, Some(Vllm), true, Normal, Both, Control, Json: vllm::AbortRequests => Ack;
     // Troupe: staged weight updates, both dialects (`crate::staging`).
     /// `POST /commit_weight_update`: swap every staged bucket in.
-    CommitWeightUpdate = staging::COMMIT_PATH, POST, None, true, Admin, Engine, Control, Json: staging::CommitWeightUpdate => Value;
+    CommitWeightUpdate = staging::COMMIT_PATH, POST, None, true, Admin, Engine, Control, Json: staging::CommitWeightUpdate => Ack;
     /// `POST /abort_weight_update`: drop what is staged.
     AbortWeightUpdate = staging::ABORT_PATH, POST, None, true, Admin, Engine, Control, Json: staging::AbortWeightUpdate => staging::Discarded;
     // vLLM: reads.
@@ -151,12 +152,12 @@ endpoints! {
     /// vLLM `GET /get_world_size`.
     GetWorldSize = "/get_world_size", GET, Some(Vllm), false, Normal, Both, Control, None: () => vllm::WorldSize;
     /// vLLM `GET /weight_info`.
-    WeightInfo = "/weight_info", GET, Some(Vllm), false, Normal, Both, Control, None: () => Value;
+    WeightInfo = "/weight_info", GET, Some(Vllm), false, Normal, Both, Control, None: () => sglang::GetWeightVersion;
     // The SkyRL RFC's names for vLLM's routes: the fleet's aliases.
     /// The SkyRL RFC's `/wakeup` (vLLM's `/wake_up`).
-    Wakeup = "/wakeup", POST, Some(Vllm), true, Admin, Gateway, Control, Query: vllm::WakeUp => Value;
+    Wakeup = "/wakeup", POST, Some(Vllm), true, Admin, Gateway, Control, Query: vllm::WakeUp => Ack;
     /// The SkyRL RFC's `/init_weight_update_communicator` (vLLM's `/init_weight_transfer_engine`).
-    InitWeightUpdateCommunicator = "/init_weight_update_communicator", POST, Some(Vllm), true, Admin, Gateway, Control, Json: vllm::InitWeightTransferEngine => Value;
+    InitWeightUpdateCommunicator = "/init_weight_update_communicator", POST, Some(Vllm), true, Admin, Gateway, Control, Json: vllm::InitWeightTransferEngine => Ack;
     // Troupe: fleet-only control.
     /// A whole model pushed as a safetensors body (the plane is rank 0).
     UpdateWeightsFromTensor = "/update_weights_from_tensor", POST, None, true, Admin, Gateway, Control, None: () => Value;
@@ -173,7 +174,7 @@ endpoints! {
     /// OpenAI `POST /v1/chat/completions`.
     ChatCompletions = "/v1/chat/completions", POST, None, false, Normal, Both, Inference, Json: Value => Value;
     /// OpenAI `GET /v1/models`.
-    Models = "/v1/models", GET, None, false, Normal, Both, Inference, None: () => Value;
+    Models = "/v1/models", GET, None, false, Normal, Both, Inference, None: () => ModelList;
     /// vLLM `POST /tokenize`.
     Tokenize = "/tokenize", POST, Some(Vllm), false, Normal, Both, Inference, Json: Value => Value;
     /// vLLM `POST /detokenize`.
@@ -214,7 +215,7 @@ endpoints! {
     Worker = "/workers/{id}", GET_DELETE, None, true, Admin, Gateway, Admin, None: () => Value;
     // Probes.
     /// `GET /health`: 200 while the server lives.
-    Health = "/health", GET, None, false, Normal, Both, Probe, None: () => Value;
+    Health = "/health", GET, None, false, Normal, Both, Probe, None: () => Ack;
     /// `GET /metrics`: Prometheus text.
     Metrics = "/metrics", GET, None, false, Normal, Both, Probe, None: () => Value;
     /// The gateway's `GET /liveness` (its `/health`).
@@ -228,5 +229,5 @@ endpoints! {
     /// SGLang `GET /v1/loads`.
     Loads = "/v1/loads", GET, Some(Sglang), false, Normal, Engine, Probe, None: () => Value;
     /// vLLM `GET /version` (what registration falls back to when `/server_info` is slow).
-    Version = "/version", GET, Some(Vllm), false, Normal, Foreign, Probe, None: () => Value;
+    Version = "/version", GET, Some(Vllm), false, Normal, Foreign, Probe, None: () => answers::VllmVersion;
 }

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use troupe_weights::bucket::{Bucket, pack_buckets};
 use troupe_weights::delta::{DeltaMode, DeltaStats, SenderBases};
 
-use troupe_wire::PauseMode;
+use troupe_wire::{PauseMode, WeightVersion};
 
 use super::catch_up::{CatchUp, ControlHandle};
 use super::control::InferenceControl;
@@ -93,7 +93,7 @@ impl Default for WeightSyncOptions {
 #[derive(Debug, Clone)]
 pub struct UpdateReport {
     /// The version every engine now serves.
-    pub version: String,
+    pub version: WeightVersion,
     /// Wall time from pause to resume.
     pub seconds: f64,
     /// Buckets sent.
@@ -128,7 +128,7 @@ struct Prepared {
 
 /// The last update, encoded, for servers that come back after it.
 struct Cached {
-    version: String,
+    version: WeightVersion,
     buckets: Vec<Bucket>,
     bytes: HashMap<String, Bytes>,
 }
@@ -181,7 +181,7 @@ impl WeightSync {
         &self,
         control: &InferenceControl,
         engines: &[Engine],
-        version: &str,
+        version: &WeightVersion,
         tensors: &[HostTensor],
     ) -> Result<UpdateReport, WeightSyncError> {
         self.update_weights_with(control, engines, version, tensors, false)
@@ -194,7 +194,7 @@ impl WeightSync {
         &self,
         control: &InferenceControl,
         engines: &[Engine],
-        version: &str,
+        version: &WeightVersion,
         tensors: &[HostTensor],
         keep_paused: bool,
     ) -> Result<UpdateReport, WeightSyncError> {
@@ -220,7 +220,7 @@ impl WeightSync {
         &self,
         control: &dyn ControlHandle,
         engine: &Engine,
-    ) -> Result<String, WeightSyncError> {
+    ) -> Result<WeightVersion, WeightSyncError> {
         let mut core = self.core.lock().await;
         core.catch_up(control, engine).await
     }
@@ -238,7 +238,7 @@ impl CatchUp for WeightSync {
         &'a self,
         control: &'a dyn ControlHandle,
         engine: &'a Engine,
-    ) -> futures::future::BoxFuture<'a, Result<String, String>> {
+    ) -> futures::future::BoxFuture<'a, Result<WeightVersion, String>> {
         Box::pin(async move {
             WeightSync::catch_up(self, control, engine)
                 .await
@@ -252,7 +252,7 @@ impl Core {
         &mut self,
         control: &dyn ControlHandle,
         engine: &Engine,
-    ) -> Result<String, WeightSyncError> {
+    ) -> Result<WeightVersion, WeightSyncError> {
         let url = &engine.url;
         let Some(last) = self.last.take() else {
             return Err(WeightSyncError::Group(
@@ -329,7 +329,7 @@ impl Core {
         &mut self,
         control: &InferenceControl,
         engines: &[Engine],
-        version: &str,
+        version: &WeightVersion,
         prepared: Prepared,
         keep_paused: bool,
     ) -> Result<UpdateReport, WeightSyncError> {
@@ -355,7 +355,7 @@ impl Core {
             .collect();
         if live.is_empty() {
             return Err(WeightSyncError::Update {
-                version: version.to_string(),
+                version: version.clone(),
                 reason: format!("every server is down: {skipped:?}"),
                 after: "nothing changed".into(),
                 engines: skipped_outcomes,
@@ -370,14 +370,14 @@ impl Core {
         if let Err(e) = super::control::all_ok(&control.pause(self.opts.pause_mode).await) {
             // Nothing was sent: the servers that did pause all still hold one version.
             let (after, on) = self.recover(control, keep_paused).await;
-            fleet.tell_versions(&live_urls, on.as_deref()).await;
+            fleet.tell_versions(&live_urls, on.as_ref()).await;
             let mut all: Vec<EngineOutcome> = engines
                 .iter()
                 .map(|e| outcome(&e.url, false, Outcome::Unchanged))
                 .collect();
             all.extend(skipped_outcomes);
             return Err(WeightSyncError::Update {
-                version: version.to_string(),
+                version: version.clone(),
                 reason: format!("pause failed on {e}"),
                 after,
                 engines: all,
@@ -427,7 +427,7 @@ impl Core {
             let (mut after, on) = self
                 .recover(&control.subset(clean.clone()), keep_paused)
                 .await;
-            fleet.tell_versions(&clean, on.as_deref()).await;
+            fleet.tell_versions(&clean, on.as_ref()).await;
             let held: Vec<&str> = outcomes
                 .iter()
                 .filter(|o| o.outcome == Outcome::HeldOut)
@@ -441,7 +441,7 @@ impl Core {
             let mut all = outcomes;
             all.extend(skipped_outcomes);
             return Err(WeightSyncError::Update {
-                version: version.to_string(),
+                version: version.clone(),
                 reason,
                 after,
                 engines: all,
@@ -456,7 +456,7 @@ impl Core {
             .map(|o| o.url.clone())
             .collect();
         self.last = self.opts.keep_for_catch_up.then(|| Cached {
-            version: version.to_string(),
+            version: version.clone(),
             buckets,
             bytes,
         });
@@ -474,7 +474,7 @@ impl Core {
         let mut all = outcomes;
         all.extend(skipped_outcomes);
         Ok(UpdateReport {
-            version: version.to_string(),
+            version: version.clone(),
             seconds: t0.elapsed().as_secs_f64(),
             buckets: n,
             bytes: total,

@@ -98,7 +98,7 @@ impl Core {
         &mut self,
         control: &InferenceControl,
         engines: &[Engine],
-        version: &str,
+        version: &troupe_wire::WeightVersion,
         tensors: &[HostTensor],
         size: PartSize,
     ) -> Result<UpdateReport, WeightSyncError> {
@@ -179,7 +179,7 @@ impl Core {
             }
         }
         let mut rep = report.ok_or_else(|| WeightSyncError::Update {
-            version: version.to_string(),
+            version: version.clone(),
             reason: format!("every server is down: {skipped:?}"),
             after: "nothing changed".into(),
             engines: Vec::new(),

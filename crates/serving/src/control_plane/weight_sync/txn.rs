@@ -96,7 +96,7 @@ impl Core {
         control: &InferenceControl,
         engines: &[Engine],
         staged: &HashSet<String>,
-        version: &str,
+        version: &troupe_wire::WeightVersion,
         fleet: &Fleet,
     ) -> Vec<EngineOutcome> {
         let commits = futures::future::join_all(engines.iter().map(|e| async move {
@@ -179,11 +179,11 @@ impl Core {
         &self,
         control: &InferenceControl,
         keep_paused: bool,
-    ) -> (String, Option<String>) {
+    ) -> (String, Option<troupe_wire::WeightVersion>) {
         if keep_paused {
             let msg = format!(
                 "servers stay paused as the caller left them; versions now {:?}",
-                control.weight_versions().await.distinct()
+                super::super::control::shown(&control.weight_versions().await.distinct())
             );
             return (msg, None);
         }
@@ -199,14 +199,16 @@ impl Core {
                     .collect();
                 let msg = format!(
                     "{ok} reachable servers resumed on one weight version {}; unreachable: {unreachable:?}",
-                    r.version.clone().unwrap_or_default(),
+                    r.version
+                        .as_ref()
+                        .map_or("", troupe_wire::WeightVersion::as_str),
                 );
                 (msg, r.version)
             }
             Err(m) => (
                 format!(
                     "servers hold different weight versions {:?}, so they stay paused; call update_weights again to bring every server to one version and resume",
-                    m.versions
+                    super::super::control::shown(&m.versions)
                 ),
                 None,
             ),

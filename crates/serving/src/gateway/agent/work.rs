@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
 use tokio::sync::Semaphore;
+use troupe_wire::answers::ServerInfo;
 
 use super::turn::TurnError;
 
@@ -39,7 +40,7 @@ impl Work {
     /// Records a worker's context from its `/server_info` (SGLang's and the reference engine's
     /// `context_length`, `max_model_len`, or vLLM's `vllm_config` text); a fleet's prompts must
     /// fit its smallest worker.
-    pub(crate) fn learn(&self, info: &Value) {
+    pub(crate) fn learn(&self, info: &ServerInfo) {
         let Some(n) = context_of(info).filter(|&n| n > 0) else {
             return;
         };
@@ -68,14 +69,14 @@ impl Work {
 }
 
 /// A worker's context length from its `/server_info`.
-fn context_of(info: &Value) -> Option<usize> {
+fn context_of(info: &ServerInfo) -> Option<usize> {
     for k in ["context_length", "max_model_len", "max_context_length"] {
-        if let Some(n) = info.get(k).and_then(Value::as_u64) {
+        if let Some(n) = info.extra.get(k).and_then(Value::as_u64) {
             return usize::try_from(n).ok();
         }
     }
     // vLLM's development `/server_info`: `{"vllm_config": "model='…', …, max_seq_len=1024, …"}`.
-    let text = info.get("vllm_config")?.as_str()?;
+    let text = info.vllm_config.as_ref()?.as_str()?;
     ["max_model_len=", "max_seq_len="].iter().find_map(|k| {
         let rest = &text[text.find(k)? + k.len()..];
         let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
@@ -92,9 +93,12 @@ mod tests {
     fn the_context_is_the_smallest_any_worker_reports() {
         let w = Work::default();
         assert_eq!(w.context(), 0);
-        w.learn(&json!({"context_length": 4096}));
-        w.learn(&json!({"vllm_config": "model='m', max_seq_len=1024, seed=0"}));
-        w.learn(&json!({"other": 1}));
+        let info = |v| serde_json::from_value::<ServerInfo>(v).unwrap();
+        w.learn(&info(json!({"context_length": 4096})));
+        w.learn(&info(
+            json!({"vllm_config": "model='m', max_seq_len=1024, seed=0"}),
+        ));
+        w.learn(&info(json!({"other": 1})));
         assert_eq!(w.context(), 1024);
     }
 }
