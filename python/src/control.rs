@@ -1,5 +1,5 @@
 //! `Service.control`: the fleet control plane from Python — the same calls the gateway's
-//! control endpoints make (`crates/serving/src/control_plane`), one answer for every engine.
+//! control endpoints make (`crates/fleet/src/control_plane`), one answer for every engine.
 //! `Service.pause` / `resume` / `server_info` / `weight_version` are shorthands for these.
 
 use std::sync::Arc;

@@ -12,9 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use super::gateway::{self, GatewayConfig, GatewayHandle};
 use super::proxy::{self, ProxyConfig, ProxyHandle};
-use super::worker::{WorkerInfo, WorkerSpec};
 use troupe_actors::ActorError;
 use troupe_actors::actor::{Actor, ActorContext, Handler, Message, Methods};
+use troupe_router::worker::{WorkerInfo, WorkerSpec};
 
 mod drain;
 mod versions;

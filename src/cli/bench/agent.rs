@@ -123,10 +123,13 @@ async fn start_vllm_router(bin: &str, workers: &[String]) -> Result<(Peer, Strin
         .map_err(|e| format!("cannot start {bin}: {e}; give the vllm-router executable"))?;
     let peer = Peer(child);
     let url = format!("http://127.0.0.1:{port}");
-    let client = troupe_serving::client::build().map_err(|e| e.to_string())?;
+    let client = troupe_controller::rollout::http_client();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        if let Ok(r) = client.get(format!("{url}/health")).send().await
+        if let Ok(r) = client
+            .get(format!("{url}{}", ep::Health::PATH))
+            .send()
+            .await
             && r.status().is_success()
         {
             return Ok((peer, url));
@@ -306,7 +309,7 @@ async fn run_one(
             return Err(e);
         }
     };
-    let client = troupe_serving::client::build().map_err(|e| e.to_string());
+    let client = Ok::<_, String>(troupe_controller::rollout::http_client());
     let started = Instant::now();
     let results: Vec<Result<Totals, String>> = match &client {
         Ok(c) => {

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use troupe_scheduler::AllocationPlan;
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use troupe_controller::Cluster;
 use troupe_controller::serve::{Deployment, ForkOptions};
@@ -145,7 +147,7 @@ pub async fn run_chaos_scaled(
     max_new_tokens: u64,
     seed: u64,
 ) -> ChaosReport {
-    let client = troupe_serving::client::build().unwrap_or_default();
+    let client = troupe_controller::rollout::http_client();
     let sent = Arc::new(AtomicU64::new(0));
     let answered = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
@@ -164,7 +166,7 @@ pub async fn run_chaos_scaled(
                     "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0},
                 });
                 let r = client
-                    .post(format!("{url}/generate"))
+                    .post(format!("{url}{}", ep::Generate::PATH))
                     .json(&body)
                     .timeout(Duration::from_secs(60))
                     .send()

@@ -112,7 +112,7 @@ pub(super) struct Answers {
 
 /// Runs the GRPO-shaped load through `url`: the answers' totals and the wall time.
 pub(super) async fn load(a: &RolloutArgs, url: &str) -> Result<(Answers, Duration), String> {
-    let client = troupe_serving::client::build().map_err(|e| e.to_string())?;
+    let client = troupe_controller::rollout::http_client();
     let started = Instant::now();
     let results: Vec<Result<Answers, String>> = futures::stream::iter(0..a.groups)
         .map(|g| {
@@ -191,7 +191,7 @@ pub(super) fn engine_args(a: &RolloutArgs) -> Vec<String> {
 
 /// Sums an `internal_states` counter over the servers of one kind.
 async fn server_counter(svc: &Deployment, kinds: &[&str], key: &str) -> u64 {
-    let client = troupe_serving::client::build().unwrap_or_default();
+    let client = troupe_controller::rollout::http_client();
     let mut sum = 0;
     for s in svc.servers() {
         if !kinds.contains(&s.info.worker_type.as_str()) {

@@ -118,10 +118,28 @@ fn version_of(v: &Value) -> Option<WeightVersion> {
     }
 }
 
+/// The pooled HTTP client a program that calls a gateway uses (the rollout client, the
+/// benchmarks' load generators): connections reused, TCP_NODELAY (small JSON bodies must not
+/// wait for Nagle), environment proxies ignored (a stray `http_proxy` must never reroute
+/// cluster-internal traffic), redirects not followed. The serving crates themselves reach
+/// workers and engines over `troupe_http::upstream::UpstreamClient`, not this.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .no_proxy()
+        .pool_max_idle_per_host(1024)
+        .pool_idle_timeout(std::time::Duration::from_secs(90))
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        // Only a TLS back end that cannot start fails here; the default client then.
+        .unwrap_or_default()
+}
+
 impl InferenceClient {
     /// A client of the gateway at `url` (`http://host:port`).
     pub fn new(url: impl Into<String>) -> Self {
-        let http = troupe_serving::client::build().unwrap_or_default();
+        let http = http_client();
         InferenceClient {
             url: url.into(),
             http,

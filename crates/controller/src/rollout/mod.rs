@@ -7,7 +7,7 @@ pub mod controller;
 pub mod staleness;
 pub mod workflow;
 
-pub use client::{GenerateError, Generation, InferenceClient, SamplingSettings};
+pub use client::{GenerateError, Generation, InferenceClient, SamplingSettings, http_client};
 pub use controller::{AcceptFn, RolloutController, RolloutOptions, RolloutStats, WaitError};
 pub use staleness::{StalePolicy, capacity, staleness, staleness_of};
 pub use workflow::{

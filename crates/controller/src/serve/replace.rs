@@ -16,6 +16,10 @@ use troupe_scheduler::{HostResources, Occupancy, Placement, PortAllocator};
 use troupe_serving::actors::{GetUrl, ProxyActor, ProxyArgs};
 use troupe_serving::inference::server::GetInfo;
 use troupe_serving::inference::{InferenceServer, LaunchSpec, WorkerType};
+use troupe_serving::probe::probe;
+use troupe_serving::upstream::UpstreamClient;
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use super::instances::{Instance, Instances, ServerEntry};
 use crate::cluster::Cluster;
@@ -52,13 +56,14 @@ pub(crate) struct Replacer {
 const FENCE_WAIT: Duration = Duration::from_secs(10);
 
 /// Whether anything answers HTTP at `url` (any status: a live process holds the port).
-async fn answers(client: &reqwest::Client, url: &str) -> bool {
-    client
-        .get(format!("{url}/health"))
-        .timeout(Duration::from_secs(1))
-        .send()
-        .await
-        .is_ok()
+async fn answers(client: &UpstreamClient, url: &str) -> bool {
+    probe(
+        client,
+        &format!("{url}{}", ep::Health::PATH),
+        Duration::from_secs(1),
+    )
+    .await
+    .is_ok()
 }
 
 /// Why a lost instance was not re-placed (the watcher reports it with the capacity lost).
@@ -207,7 +212,7 @@ impl Replacer {
     /// die with it); if it still answers after that, the server is not re-placed.
     async fn fence(&self, old: &Instance) -> Result<(), ReplaceError> {
         let url = old.server_url();
-        let client = troupe_serving::client::build().unwrap_or_default();
+        let client = UpstreamClient::new();
         if !answers(&client, url).await {
             return Ok(());
         }

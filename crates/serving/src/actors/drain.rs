@@ -14,7 +14,7 @@ use troupe_actors::ActorError;
 use troupe_actors::actor::{ActorContext, Handler, Message};
 
 use super::GatewayActor;
-use crate::worker::{Worker, WorkerInfo};
+use troupe_router::worker::{Worker, WorkerInfo};
 
 /// Takes a worker (by id or URL) out of routing and reports what is still in flight on it;
 /// call again until [`WorkerInfo::load`] is 0.

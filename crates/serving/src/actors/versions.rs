@@ -1,7 +1,7 @@
 //! Telling a running gateway which weight version its workers serve
 //! ([`SetWorkerVersions`]): what a deployment's controller sends from the fleet's version hook
-//! (`crate::control_plane::VersionSink`), before the engines resume after an update, so
-//! requests that ask for a version are routed by it (`crate::pinned`); and holding some out of
+//! (`troupe_fleet::control_plane::VersionSink`), before the engines resume after an update, so
+//! requests that ask for a version are routed by it (`troupe_router::pinned`); and holding some out of
 //! routing while a rolling update updates them ([`HoldWorkers`]).
 
 use serde::{Deserialize, Serialize};

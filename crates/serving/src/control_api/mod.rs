@@ -20,16 +20,17 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::header;
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::control_plane::ControlPlane;
-use crate::error::{ApiError, ServingError};
-use crate::keys::{KeyedRoutes, Paths};
-use crate::listen::ServeLimits;
+use troupe_fleet::control_plane::ControlPlane;
+use troupe_http::error::{ApiError, ServingError};
+use troupe_http::keys::{KeyedRoutes, Paths};
+use troupe_http::listen::ServeLimits;
+use troupe_http::upstream::{UpstreamClient, bearer, read_body};
 
 /// Whether `path` is a gateway control route that changes something (keyed).
 fn mutating(path: &str) -> bool {
@@ -73,7 +74,7 @@ impl ControlAuth {
 /// The control endpoints served from `plane`. Weight pushes (`/update_weights_from_tensor`)
 /// may be up to `max_tensor_bytes`; every other body is bounded by the server's own limit. Who
 /// may call them is the server's [`KeyedRoutes`] ([`ControlAuth::keyed`]), which
-/// `crate::listen::serve` checks before any handler: serve these routes only through it.
+/// `troupe_http::listen::serve` checks before any handler: serve these routes only through it.
 pub(crate) fn router(plane: Arc<ControlPlane>, max_tensor_bytes: usize) -> axum::Router {
     sglang::routes()
         .merge(vllm::routes())
@@ -87,10 +88,11 @@ pub(crate) fn router(plane: Arc<ControlPlane>, max_tensor_bytes: usize) -> axum:
 /// Keys are checked as for [`router`].
 pub(crate) fn forwarder(
     upstream: Upstream,
-    client: reqwest::Client,
+    client: UpstreamClient,
     key: Option<String>,
     max_tensor_bytes: usize,
-) -> axum::Router {
+) -> Result<axum::Router, ServingError> {
+    let key = bearer(key.as_deref(), "admin_key").map_err(ServingError::Config)?;
     let fwd = Arc::new(Forward {
         upstream,
         client,
@@ -100,8 +102,8 @@ pub(crate) fn forwarder(
     for p in troupe_wire::routes::gateway_paths() {
         r = r.route(p, axum::routing::any(forward));
     }
-    r.with_state(fwd)
-        .layer(axum::extract::DefaultBodyLimit::max(max_tensor_bytes))
+    Ok(r.with_state(fwd)
+        .layer(axum::extract::DefaultBodyLimit::max(max_tensor_bytes)))
 }
 
 /// Where a forwarding gateway sends control requests; settable while it runs (a controller
@@ -110,8 +112,9 @@ pub type Upstream = Arc<parking_lot::RwLock<Option<String>>>;
 
 struct Forward {
     upstream: Upstream,
-    client: reqwest::Client,
-    key: Option<String>,
+    client: UpstreamClient,
+    /// `Bearer <admin key>`, if any.
+    key: Option<HeaderValue>,
 }
 
 async fn forward(State(f): State<Arc<Forward>>, req: Request) -> Response {
@@ -128,44 +131,53 @@ async fn forward(State(f): State<Arc<Forward>>, req: Request) -> Response {
         .path_and_query()
         .map_or(parts.uri.path(), |p| p.as_str());
     let url = format!("{}{pq}", base.trim_end_matches('/'));
+    let uri: axum::http::Uri = match url.parse() {
+        Ok(u) => u,
+        Err(e) => {
+            return ApiError::bad_gateway(format!("the control plane's address {url}: {e}"))
+                .control()
+                .into_response();
+        }
+    };
     let bytes = match axum::body::to_bytes(body, usize::MAX).await {
         Ok(b) => b,
         Err(e) => return ApiError::bad_request(format!("reading the body: {e}")).into_response(),
     };
-    let mut out = f
-        .client
-        .request(parts.method, url)
-        .timeout(crate::engine_client::CONTROL_TIMEOUT * 10)
-        .body(bytes);
-    if let Some(ct) = parts.headers.get(header::CONTENT_TYPE) {
-        out = out.header(header::CONTENT_TYPE, ct);
-    }
-    if let Some(k) = &f.key {
-        out = out.bearer_auth(k);
-    }
-    match out.send().await {
-        Ok(resp) => {
-            let status = resp.status();
-            let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
-            match resp.bytes().await {
-                Ok(b) => {
-                    let mut r = Response::new(Body::from(b));
-                    *r.status_mut() = status;
-                    if let Some(ct) = ct {
-                        r.headers_mut().insert(header::CONTENT_TYPE, ct);
-                    }
-                    r
-                }
-                Err(e) => {
-                    ApiError::bad_gateway(format!("the control plane's answer broke off: {e}"))
-                        .control()
-                        .into_response()
-                }
+    let sent = f.client.request(
+        parts.method,
+        uri,
+        bytes,
+        parts.headers.get(header::CONTENT_TYPE),
+        f.key.as_ref(),
+        None,
+    );
+    let answered = async {
+        let resp = sent
+            .await
+            .map_err(|e| format!("the fleet's control plane is unreachable: {e}"))?;
+        let status = resp.status();
+        let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
+        let b = read_body(resp)
+            .await
+            .map_err(|e| format!("the control plane's answer broke off: {e}"))?;
+        Ok::<_, String>((status, ct, b))
+    };
+    let limit = troupe_fleet::engine_client::CONTROL_TIMEOUT * 10;
+    match tokio::time::timeout(limit, answered).await {
+        Ok(Ok((status, ct, b))) => {
+            let mut r = Response::new(Body::from(b));
+            *r.status_mut() = status;
+            if let Some(ct) = ct {
+                r.headers_mut().insert(header::CONTENT_TYPE, ct);
             }
+            r
         }
-        Err(e) => ApiError::bad_gateway(format!("the fleet's control plane is unreachable: {e}"))
-            .control()
-            .into_response(),
+        Ok(Err(e)) => ApiError::bad_gateway(e).control().into_response(),
+        Err(_) => ApiError::bad_gateway(format!(
+            "the fleet's control plane did not answer in {limit:?}"
+        ))
+        .control()
+        .into_response(),
     }
 }
 
@@ -230,7 +242,7 @@ pub async fn serve(
     max_tensor_bytes: usize,
 ) -> Result<ControlServer, ServingError> {
     limits.check().map_err(ServingError::Config)?;
-    let listener = crate::client::bind(listen).await?;
+    let listener = troupe_http::client::bind(listen).await?;
     let addr = listener.local_addr()?;
     let auth = match admin_key {
         Some(k) => ControlAuth::Key(k),
@@ -244,9 +256,15 @@ pub async fn serve(
     let keys = auth.keyed(KeyedRoutes::open());
     let app = router(plane, max_tensor_bytes);
     let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(crate::listen::serve(listener, app, limits, keys, async {
-        let _ = rx.await;
-    }));
+    let task = tokio::spawn(troupe_http::listen::serve(
+        listener,
+        app,
+        limits,
+        keys,
+        async {
+            let _ = rx.await;
+        },
+    ));
     Ok(ControlServer {
         addr,
         stop: Some(tx),

@@ -1,4 +1,4 @@
-//! `POST /scale`: servers join and leave the running deployment (see `crate::scale` for the
+//! `POST /scale`: servers join and leave the running deployment (see `troupe_router::scale` for the
 //! body). Answered by the deployment's scaler; a plane without one (a standalone gateway,
 //! which launches nothing) answers 501 and points at `POST /workers`.
 
@@ -12,9 +12,9 @@ use troupe_wire::endpoints as ep;
 use troupe_wire::routes::serve::ServeEndpoint;
 
 use super::{body, json};
-use crate::control_plane::ControlPlane;
-use crate::error::ApiError;
-use crate::scale::{ScaleError, ScaleOp};
+use troupe_fleet::control_plane::ControlPlane;
+use troupe_http::error::ApiError;
+use troupe_router::scale::{ScaleError, ScaleOp};
 
 /// The route.
 pub(super) fn routes() -> axum::Router<Arc<ControlPlane>> {

@@ -13,9 +13,9 @@ use troupe_wire::routes::serve::{Req, ServeEndpoint};
 use troupe_wire::sglang::MemoryTags;
 
 use super::{body, json};
-use crate::control_plane::ControlPlane;
-use crate::control_plane::updates::FleetGroupRequest;
-use crate::error::ApiError;
+use troupe_fleet::control_plane::ControlPlane;
+use troupe_fleet::control_plane::updates::FleetGroupRequest;
+use troupe_http::error::ApiError;
 
 type Plane = State<Arc<ControlPlane>>;
 type Answer = Result<Response, ApiError>;

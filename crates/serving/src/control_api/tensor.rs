@@ -15,14 +15,14 @@ use axum::routing::post;
 use serde_json::json;
 
 use super::json;
-use crate::control_plane::{ControlPlane, HostTensor};
-use crate::error::ApiError;
+use troupe_fleet::control_plane::{ControlPlane, HostTensor};
+use troupe_http::error::ApiError;
 use troupe_wire::WeightVersion;
 
 /// The route, accepting bodies up to `max_bytes`.
 pub(super) fn routes(max_bytes: usize) -> axum::Router<Arc<ControlPlane>> {
     axum::Router::new().route(
-        crate::listen::WEIGHTS_PATH,
+        troupe_http::listen::WEIGHTS_PATH,
         post(update).layer(DefaultBodyLimit::max(max_bytes)),
     )
 }

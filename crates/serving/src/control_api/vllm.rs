@@ -16,9 +16,9 @@ use troupe_wire::sglang::UpdateWeightsFromDistributed;
 use troupe_wire::vllm::{FinishWeightUpdate, UpdateInfo};
 
 use super::{body, json};
-use crate::control_plane::ControlPlane;
-use crate::control_plane::updates::{FleetGroupRequest, VLLM_TRANSFER_GROUP};
-use crate::error::ApiError;
+use troupe_fleet::control_plane::ControlPlane;
+use troupe_fleet::control_plane::updates::{FleetGroupRequest, VLLM_TRANSFER_GROUP};
+use troupe_http::error::ApiError;
 
 type Plane = State<Arc<ControlPlane>>;
 type Answer = Result<Response, ApiError>;

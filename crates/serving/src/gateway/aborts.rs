@@ -2,9 +2,9 @@
 //!
 //! `POST /abort_request {"rid": ID}` (SGLang's) and `POST /abort_requests {"request_ids":
 //! [...]}` (vLLM's) name requests the gateway may be relaying right now; the in-flight registry
-//! (`crate::inflight`) says which workers hold each. When it knows every id named, the abort goes
+//! (`troupe_router::inflight`) says which workers hold each. When it knows every id named, the abort goes
 //! to those engines only, each in its own dialect and by the id that engine knows the request
-//! by (`crate::inflight::engine_id`), and the answer lists them (`"targeted":
+//! by (`troupe_router::inflight::engine_id`), and the answer lists them (`"targeted":
 //! true`). Otherwise (an id it does not know: finished, sent to an engine directly, or relayed by
 //! another gateway) the fleet control route runs as before and reaches every engine. An
 //! `abort_all` is never targeted.
@@ -22,10 +22,10 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use super::GatewayState;
-use crate::engine_client::EngineClient;
-use crate::engines::Engine;
-use crate::error::ApiError;
-use crate::worker::Worker;
+use troupe_fleet::engine_client::EngineClient;
+use troupe_fleet::engines::Engine;
+use troupe_http::error::ApiError;
+use troupe_router::worker::Worker;
 
 /// The most bytes an abort body may have (a list of ids).
 const MAX_ABORT_BYTES: usize = 1 << 20;

@@ -15,12 +15,12 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::GatewayState;
-use crate::error::ApiError;
-use crate::keys::{KeyedRoutes, Paths};
-use crate::worker::{WorkerSpec, WorkerType};
+use troupe_http::error::ApiError;
+use troupe_http::keys::{KeyedRoutes, Paths};
+use troupe_router::worker::{WorkerSpec, WorkerType};
 
 /// The admin routes' key rule, for the server's [`KeyedRoutes`]: checked by
-/// `crate::listen::serve` from the request head, before these handlers and before a body is
+/// `troupe_http::listen::serve` from the request head, before these handlers and before a body is
 /// read.
 pub(super) fn keyed(admin_key: Option<&str>, routes: KeyedRoutes) -> KeyedRoutes {
     routes.with(
@@ -32,7 +32,7 @@ pub(super) fn keyed(admin_key: Option<&str>, routes: KeyedRoutes) -> KeyedRoutes
 
 /// Parses `POST /workers` strictly enough to name what is wrong.
 fn parse_spec(body: &[u8]) -> Result<WorkerSpec, ApiError> {
-    let obj = crate::pd::parse_object(body)?;
+    let obj = troupe_router::pd::parse_object(body)?;
     let url = match obj.get("url") {
         Some(Value::String(s)) => s.clone(),
         Some(v) => {

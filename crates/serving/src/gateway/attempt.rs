@@ -14,11 +14,11 @@ use serde_json::Value;
 
 use super::GatewayState;
 use super::request::InferReq;
-use crate::error::ApiError;
-use crate::guard::LoadGuard;
-use crate::pd;
-use crate::upstream::read_body;
-use crate::worker::Worker;
+use troupe_http::error::ApiError;
+use troupe_http::upstream::read_body;
+use troupe_router::guard::LoadGuard;
+use troupe_router::pd;
+use troupe_router::worker::Worker;
 
 /// Why an attempt did not produce the client's response.
 pub(crate) enum Fail {
@@ -152,7 +152,7 @@ pub(super) fn pd_attempt(
     state: &GatewayState,
     req: &InferReq,
     avoid: &[String],
-) -> Result<(crate::router::PdPair, Vec<LoadGuard>, Bytes), Fail> {
+) -> Result<(troupe_router::router::PdPair, Vec<LoadGuard>, Bytes), Fail> {
     let pair = state
         .router
         .route_pd_for(&req.ctx(), avoid, req.want.as_ref())

@@ -24,13 +24,13 @@ use super::attempt::{Fail, endpoint, pd_attempt, send_full, upstream_error};
 use super::request::{InferReq, VLLM_GENERATE};
 use super::stream;
 use super::vllm_generate;
-use crate::error::ApiError;
-use crate::guard::{GuardedBody, LoadGuard};
-use crate::metrics::Endpoint;
-use crate::pd;
-use crate::policy::RouteContext;
-use crate::upstream::read_body;
-use crate::worker::{Worker, WorkerType};
+use troupe_http::error::ApiError;
+use troupe_http::upstream::read_body;
+use troupe_router::guard::{GuardedBody, LoadGuard};
+use troupe_router::metrics::Endpoint;
+use troupe_router::pd;
+use troupe_router::policy::RouteContext;
+use troupe_router::worker::{Worker, WorkerType};
 use troupe_wire::EngineDialect;
 
 pub(crate) fn json_response(body: Bytes, guards: Vec<LoadGuard>) -> Response {

@@ -44,16 +44,16 @@ use troupe_wire::Endpoint as _;
 use troupe_wire::endpoints as ep;
 use troupe_wire::routes::serve::ServeEndpoint;
 
-use super::client;
 use super::control_api::{self, ControlAuth, Upstream};
-use super::control_plane::{ControlPlane, WeightSyncOptions};
-use super::engine_client::EngineClient;
-use super::error::ServingError;
-use super::listen::{self, ServeLimits};
-use super::metrics::Metrics;
-use super::router::{Router, RouterConfig};
-use super::upstream::UpstreamClient;
-use super::worker::{WorkerSpec, WorkerType};
+use troupe_fleet::control_plane::{ControlPlane, WeightSyncOptions};
+use troupe_fleet::engine_client::EngineClient;
+use troupe_http::client;
+use troupe_http::error::ServingError;
+use troupe_http::listen::{self, ServeLimits};
+use troupe_http::upstream::UpstreamClient;
+use troupe_router::metrics::Metrics;
+use troupe_router::router::{Router, RouterConfig};
+use troupe_router::worker::{WorkerSpec, WorkerType};
 
 /// Everything the gateway is started from: the one gateway settings type, built from the YAML's
 /// `gateway.*`, from `troupe gateway`'s flags, and sent as the `troupe.gateway` actor's spawn
@@ -124,7 +124,7 @@ pub struct GatewayConfig {
     pub control_timeout: Duration,
     /// Threads of its own to serve on, each a single-threaded runtime accepting connections
     /// (`troupe gateway`: one per core); 0 serves on the runtime that started the gateway (a
-    /// gateway embedded in a controller). See [`crate::listen::serve_on_threads`].
+    /// gateway embedded in a controller). See [`troupe_http::listen::serve_on_threads`].
     pub io_threads: usize,
     /// The served model's agent layer (tokenizer, chat template, parsers, recorded sessions):
     /// with it, chat completions and Anthropic messages are served from token ids and sessions
@@ -179,14 +179,14 @@ impl Default for GatewayConfig {
             body_read_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(90),
             workers: Vec::new(),
-            max_weights_bytes: super::listen::DEFAULT_MAX_WEIGHTS_BYTES,
+            max_weights_bytes: troupe_http::listen::DEFAULT_MAX_WEIGHTS_BYTES,
             control_auth: ControlAuthMode::Key,
             key_reads: false,
             control_upstream: None,
             weights_fp8: false,
             weights_delta: troupe_weights::delta::DeltaMode::Auto,
             weights_master_host: None,
-            control_timeout: super::engine_client::CONTROL_TIMEOUT,
+            control_timeout: troupe_fleet::engine_client::CONTROL_TIMEOUT,
             io_threads: 0,
             agent: None,
         }
@@ -203,14 +203,14 @@ pub(crate) struct GatewayState {
     /// `Bearer <worker_api_key>`, sent with every forwarded request.
     pub(crate) worker_auth: Option<axum::http::HeaderValue>,
     pub(crate) metrics: Metrics,
-    /// This gateway's place in the via chain of what it forwards (`crate::hops`).
-    pub(crate) hop: Arc<crate::hops::Hop>,
+    /// This gateway's place in the via chain of what it forwards (`troupe_http::hops`).
+    pub(crate) hop: Arc<troupe_http::hops::Hop>,
     /// Where it listens: a worker at this address is the gateway itself.
     pub(crate) addr: SocketAddr,
     /// Its own control plane, when it is one (standalone): new workers may join held.
     pub(crate) plane: std::sync::OnceLock<Arc<ControlPlane>>,
     /// Which workers hold each in-flight request with an id (aborts by id go there).
-    pub(crate) inflight: Arc<crate::inflight::InFlight>,
+    pub(crate) inflight: Arc<troupe_router::inflight::InFlight>,
     /// The agent layer built from `cfg.agent` (its tokenizer loaded once, at start).
     pub(crate) agent: Option<Arc<troupe_agent::Agent>>,
     /// What bounds its work: the workers' context, and its CPU work off the async workers.
@@ -316,7 +316,10 @@ impl GatewayHandle {
     /// duplicates refused), type checked against the PD mode and against the server's own
     /// `/server_info` (a server whose info cannot be read or has no `disaggregation_mode` is
     /// registered unchecked).
-    pub async fn add_worker(&self, spec: &WorkerSpec) -> Result<super::WorkerInfo, ServingError> {
+    pub async fn add_worker(
+        &self,
+        spec: &WorkerSpec,
+    ) -> Result<troupe_router::WorkerInfo, ServingError> {
         self.state.admit(spec).await
     }
 
@@ -382,10 +385,12 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         None => None,
     };
     let router = Router::new(cfg.router.clone());
-    let client = client::build()?;
+    // Health probes and the control forwarder: the same client stack, pools of their own.
+    let client = UpstreamClient::new();
     let upstream = UpstreamClient::new();
-    let worker_auth = super::upstream::bearer(cfg.worker_api_key.as_deref(), "worker_api_key")
-        .map_err(ServingError::Config)?;
+    let worker_auth =
+        troupe_http::upstream::bearer(cfg.worker_api_key.as_deref(), "worker_api_key")
+            .map_err(ServingError::Config)?;
     let listener = client::bind(&cfg.listen).await?;
     let addr = listener.local_addr()?;
     let state = Arc::new(GatewayState {
@@ -393,7 +398,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         upstream: upstream.clone(),
         worker_auth,
         metrics: Metrics::default(),
-        hop: Arc::new(crate::hops::Hop::new()),
+        hop: Arc::new(troupe_http::hops::Hop::new()),
         addr,
         plane: std::sync::OnceLock::new(),
         inflight: Arc::default(),
@@ -408,7 +413,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
             "refusing to serve the gateway on {addr} without an admin key: anyone who reaches it could add or remove workers; set admin_key (config `admin_key`, TROUPE_ADMIN_KEY) or listen on 127.0.0.1"
         )));
     }
-    crate::hops::as_gateway(&state.hop, state.admit_all(&state.cfg.workers)).await?;
+    troupe_http::hops::as_gateway(&state.hop, state.admit_all(&state.cfg.workers)).await?;
     let auth = control_auth(&state.cfg, addr)?;
     let keys = auth.keyed(agent_keyed(
         state.cfg.admin_key.as_deref(),
@@ -416,7 +421,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
             state.cfg.admin_key.as_deref(),
             admin::keyed(
                 state.cfg.admin_key.as_deref(),
-                crate::keys::KeyedRoutes::open(),
+                troupe_http::keys::KeyedRoutes::open(),
             ),
         ),
     ));
@@ -459,7 +464,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
             client.clone(),
             state.cfg.admin_key.clone(),
             max_w,
-        ),
+        )?,
     };
     // Aborts by id go to the engines holding the request when this gateway relays it.
     let control_routes = control_routes.route_layer(axum::middleware::from_fn_with_state(
@@ -470,7 +475,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         .merge(control_routes)
         .layer(axum::middleware::from_fn_with_state(
             state.hop.clone(),
-            crate::hops::guard,
+            troupe_http::hops::guard,
         ));
     let (tx, rx) = oneshot::channel::<()>();
     let stopped = async {
@@ -480,7 +485,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         0 => tokio::spawn(listen::serve(listener, app, limits, keys, stopped)),
         n => listen::serve_on_threads(listener, app, limits, keys, n, stopped)?,
     };
-    let health = super::health::spawn(router, client);
+    let health = troupe_router::health::spawn(router, client);
     tracing::info!(%addr, pd = state.cfg.pd, "gateway started");
     Ok(GatewayHandle {
         addr,
@@ -511,10 +516,10 @@ async fn keep_members(plane: std::sync::Weak<ControlPlane>) {
 /// The agent routes only the admin key opens (opening sessions, exporting trajectories).
 fn agent_keyed(
     admin_key: Option<&str>,
-    routes: crate::keys::KeyedRoutes,
-) -> crate::keys::KeyedRoutes {
+    routes: troupe_http::keys::KeyedRoutes,
+) -> troupe_http::keys::KeyedRoutes {
     routes.with(
-        crate::keys::Paths::Exact(agent::ADMIN_PATHS),
+        troupe_http::keys::Paths::Exact(agent::ADMIN_PATHS),
         admin_key,
         "opening agent sessions and exporting their trajectories, an admin endpoint",
     )

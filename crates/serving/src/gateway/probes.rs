@@ -8,8 +8,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use super::GatewayState;
-use crate::error::ApiError;
-use crate::worker::WorkerType;
+use troupe_http::error::ApiError;
+use troupe_router::worker::WorkerType;
 
 pub(super) async fn health(
     axum::extract::State(state): axum::extract::State<Arc<GatewayState>>,
@@ -23,7 +23,7 @@ pub(super) async fn health(
 pub(super) async fn readiness(
     axum::extract::State(state): axum::extract::State<Arc<GatewayState>>,
 ) -> Response {
-    let ctx = crate::policy::RouteContext::default();
+    let ctx = troupe_router::policy::RouteContext::default();
     let ready = if state.cfg.pd {
         state.router.route_pd(&ctx, &[]).map(|_| ())
     } else {

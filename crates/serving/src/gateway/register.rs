@@ -1,7 +1,7 @@
 //! Admitting a worker: the one path `POST /workers`, the `troupe.gateway` actor's `AddWorker`,
 //! [`super::GatewayHandle::add_worker`] and the workers of the gateway's config take.
 //!
-//! In order: the spec is validated and its URL made canonical ([`crate::worker::parse_url`]:
+//! In order: the spec is validated and its URL made canonical ([`troupe_router::worker::parse_url`]:
 //! credentials refused, `localhost` / `127.0.0.1` / trailing slashes one URL); the type must fit
 //! the gateway's mode; the URL must not be registered yet, nor reach a registered worker's
 //! address (host names resolved, as the OS would connect) or this gateway's own listener; then
@@ -24,10 +24,10 @@ use std::time::Duration;
 use troupe_wire::EngineDialect;
 
 use super::GatewayState;
-use crate::engine_client::{EngineCallError, EngineClient};
-use crate::error::ServingError;
-use crate::router::duplicate;
-use crate::worker::{HttpWorker, Worker, WorkerInfo, WorkerSpec, type_of_mode};
+use troupe_fleet::engine_client::{EngineCallError, EngineClient};
+use troupe_http::error::ServingError;
+use troupe_router::router::duplicate;
+use troupe_router::worker::{HttpWorker, Worker, WorkerInfo, WorkerSpec, type_of_mode};
 
 /// Longest wait for a worker's `/server_info` during registration.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -79,7 +79,7 @@ impl GatewayState {
         if let Ok(i) = &info {
             // The context agent turns are bounded by before they are tokenized.
             self.agent_work.learn(i);
-            // What it serves, for requests that ask for a version (`crate::pinned`); a vLLM
+            // What it serves, for requests that ask for a version (`troupe_router::pinned`); a vLLM
             // worker's info has none, so it stays unknown until the fleet says.
             // One that is not a version (empty, control characters) leaves it unknown.
             if let Some(v) = i.weight_version.as_deref() {
@@ -124,7 +124,7 @@ impl GatewayState {
     }
 
     /// Removes `w` when it answered `status` 508 (Loop Detected) to a request this gateway
-    /// forwarded straight from a client ([`crate::hops::Hop::is_first`]): the loop lies behind
+    /// forwarded straight from a client ([`troupe_http::hops::Hop::is_first`]): the loop lies behind
     /// it, so every request routed there would come back again. A 508 to a request that came
     /// through other gateways is the chain's, not the worker's: the worker stays (otherwise a
     /// client could empty a gateway by sending a long via header). Whether it was removed.
@@ -212,10 +212,10 @@ fn is_local(ip: IpAddr) -> bool {
 }
 
 /// SGLang's `--disaggregation-mode` value for a worker type.
-fn mode_flag(t: crate::worker::WorkerType) -> &'static str {
+fn mode_flag(t: troupe_router::worker::WorkerType) -> &'static str {
     match t {
-        crate::worker::WorkerType::Prefill => "prefill",
-        crate::worker::WorkerType::Decode => "decode",
+        troupe_router::worker::WorkerType::Prefill => "prefill",
+        troupe_router::worker::WorkerType::Decode => "decode",
         _ => "null",
     }
 }

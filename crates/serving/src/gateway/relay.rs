@@ -1,7 +1,7 @@
 //! [`Relay`]: an upstream SSE stream relayed to the client whole event by whole event.
 //!
 //! Events are relayed whole and in order (every event already whole in what arrived goes out
-//! in one frame; [`crate::coalesce`] then gathers what arrives in a burst), rewritten one by one
+//! in one frame; [`troupe_http::coalesce`] then gathers what arrives in a burst), rewritten one by one
 //! where PD asks for it (prefill's logprobs merged into each decode event), and a failure after
 //! the first event ends the stream with one JSON error event and `data: [DONE]`.
 
@@ -15,11 +15,11 @@ use bytes::BytesMut;
 use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 
-use crate::coalesce::MAX_FRAME;
-use crate::error::ApiError;
-use crate::pd;
-use crate::sse::{self, EventSplitter};
-use crate::worker::Worker;
+use troupe_http::coalesce::MAX_FRAME;
+use troupe_http::error::ApiError;
+use troupe_http::sse::{self, EventSplitter};
+use troupe_router::pd;
+use troupe_router::worker::Worker;
 
 /// The error event sent when a stream fails after it started (only the relay sends one, so it
 /// lives here rather than in `stream.rs`, which uses the relay).

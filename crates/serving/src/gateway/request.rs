@@ -10,10 +10,10 @@ use troupe_wire::Endpoint as _;
 use troupe_wire::endpoints as ep;
 
 use super::route_text::RouteText;
-use crate::error::ApiError;
-use crate::metrics::Endpoint;
-use crate::pd;
-use crate::policy::RouteContext;
+use troupe_http::error::ApiError;
+use troupe_router::metrics::Endpoint;
+use troupe_router::pd;
+use troupe_router::policy::RouteContext;
 
 /// A parsed inference request.
 #[derive(Debug)]

@@ -10,7 +10,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::metrics::Endpoint;
+use troupe_router::metrics::Endpoint;
 
 /// Where a request's routing text is.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,7 +18,7 @@
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
-use crate::error::ApiError;
+use troupe_http::error::ApiError;
 
 /// The headers, in precedence order.
 pub const SESSION_HEADERS: [&str; 2] = ["x-session-id", "x-smg-routing-key"];

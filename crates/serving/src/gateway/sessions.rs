@@ -19,8 +19,8 @@ use serde_json::{Value, json};
 
 use super::GatewayState;
 use super::session_key::MAX_KEY_BYTES;
-use crate::error::ApiError;
-use crate::keys::{KeyedRoutes, Paths};
+use troupe_http::error::ApiError;
+use troupe_http::keys::{KeyedRoutes, Paths};
 
 /// The admin route's key rule (see `admin::keyed`).
 pub(super) fn keyed(admin_key: Option<&str>, routes: KeyedRoutes) -> KeyedRoutes {
@@ -47,7 +47,7 @@ fn session_id(query: Option<&str>, body: &[u8]) -> Result<String, ApiError> {
         None if body.iter().all(u8::is_ascii_whitespace) => {
             return Err(ApiError::bad_request(NEEDS_ID));
         }
-        None => match crate::pd::parse_object(body)?.get("session_id") {
+        None => match troupe_router::pd::parse_object(body)?.get("session_id") {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Number(n)) => n.to_string(),
             Some(v) => {

@@ -25,12 +25,12 @@ use super::GatewayState;
 use super::attempt::{Fail, pd_attempt, send, send_full};
 use super::relay::{Relay, Upstream};
 use super::request::InferReq;
-use crate::coalesce::Coalesced;
-use crate::error::ApiError;
-use crate::guard::{GuardedBody, LoadGuard};
-use crate::pd;
-use crate::sse::{self, EventSplitter};
-use crate::worker::{Worker, WorkerType};
+use troupe_http::coalesce::Coalesced;
+use troupe_http::error::ApiError;
+use troupe_http::sse::{self, EventSplitter};
+use troupe_router::guard::{GuardedBody, LoadGuard};
+use troupe_router::pd;
+use troupe_router::worker::{Worker, WorkerType};
 
 /// Opens a stream on `w` and waits for its first data event.
 async fn open(

@@ -19,8 +19,8 @@ use serde_json::{Map, Value, json};
 
 use super::GatewayState;
 use super::forward;
-use crate::error::ApiError;
-use crate::metrics::Endpoint;
+use troupe_http::error::ApiError;
+use troupe_router::metrics::Endpoint;
 
 /// The vLLM request body of `/inference/v1/generate`.
 #[derive(Debug, serde::Deserialize)]

@@ -2,7 +2,7 @@
 //! `X-Weight-Version` header or the body's `weight_version` / `min_weight_version` (stripped
 //! before an engine sees the body), waited for while no worker serves it (at most
 //! `GatewayConfig::version_wait`, then 503 naming what is served), routed only to workers that
-//! serve it (`crate::pinned`), and checked against the answer: an answer made by another
+//! serve it (`troupe_router::pinned`), and checked against the answer: an answer made by another
 //! version (a worker updated between the routing and the answer) is retried elsewhere, never
 //! returned.
 
@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use troupe_wire::want::{self, VersionWant};
 
 use super::GatewayState;
-use crate::error::ApiError;
+use troupe_http::error::ApiError;
 
 /// The request's want (header, else body) and its body without Troupe's version fields.
 /// A header and body that disagree, or a malformed value, are refused naming the field.
@@ -74,7 +74,7 @@ pub(super) async fn wait_for(state: &GatewayState, want: &VersionWant) -> Result
                 state
                     .router
                     .route_for(
-                        crate::worker::WorkerType::Regular,
+                        troupe_router::worker::WorkerType::Regular,
                         &Default::default(),
                         &[],
                         Some(want),

@@ -15,7 +15,7 @@
 use axum::body::Bytes;
 use serde_json::{Map, Value, json};
 
-use crate::error::ApiError;
+use troupe_http::error::ApiError;
 
 /// SGLang sampling names and the vLLM names they become (the same meaning on both sides).
 const SAMPLING: &[(&str, &str)] = &[

@@ -15,8 +15,8 @@ use serde_json::{Map, Value, json};
 use troupe_wire::sglang::meta;
 
 use super::{DEFAULT_MAX_NEW_TOKENS, ProxyState, pass, upstream_error};
-use crate::pd;
-use crate::upstream::read_body;
+use troupe_http::upstream::read_body;
+use troupe_router::pd;
 
 /// The prompt of a single request, as the resubmission needs it.
 enum Prompt {

@@ -21,8 +21,8 @@
 //! - `meta_info.proxy_resubmits`: how many times the request was resubmitted.
 //!
 //! Streams and batches are forwarded unchanged (no resubmit). The proxy serves with the same
-//! connection timeouts and body limit as the gateway ([`crate::listen`]), and its errors, and
-//! a backend's non-JSON error answers, are the JSON error envelope ([`crate::envelope`]).
+//! connection timeouts and body limit as the gateway ([`troupe_http::listen`]), and its errors, and
+//! a backend's non-JSON error answers, are the JSON error envelope ([`troupe_http::envelope`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,12 +44,13 @@ use tokio::task::JoinHandle;
 mod generate;
 mod openai;
 
-use super::client;
-use super::coalesce::Coalesced;
-use super::error::{ApiError, ServingError};
-use super::listen::{self, ServeLimits};
-use super::upstream::{UpstreamClient, bearer, read_body};
-use super::worker::parse_url;
+use troupe_http::client;
+use troupe_http::coalesce::Coalesced;
+use troupe_http::error::{ApiError, ServingError};
+use troupe_http::listen::{self, ServeLimits};
+use troupe_http::redact::redact;
+use troupe_http::upstream::{UpstreamClient, bearer, read_body};
+use troupe_router::worker::parse_url;
 
 /// SGLang's default `max_new_tokens` when a request gives none.
 const DEFAULT_MAX_NEW_TOKENS: u64 = 128;
@@ -228,7 +229,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle, ServingError> {
         .with_state(state.clone());
     let (tx, rx) = oneshot::channel::<()>();
     // Open: the backend checks its own keys, and no body here may pass max_body_bytes.
-    let keys = crate::keys::KeyedRoutes::open();
+    let keys = troupe_http::keys::KeyedRoutes::open();
     let server = tokio::spawn(listen::serve(listener, app, limits, keys, async {
         let _ = rx.await;
     }));
@@ -306,30 +307,6 @@ fn is_server_info(path: &str) -> bool {
     matches!(p, ep::ServerInfo::PATH | ep::GetServerInfo::PATH)
 }
 
-/// Whether a field carries a secret (`api_key`, `admin_api_key`, …).
-fn is_secret(key: &str) -> bool {
-    let k = key.to_ascii_lowercase();
-    k.ends_with("api_key") || k.ends_with("secret") || k == "token" || k.ends_with("_token")
-}
-
-/// Replaces every secret-named field of `v` (at any depth) with `"<redacted>"` (SGLang echoes
-/// its admin key in `/server_info`; the proxy and the fleet's `/server_info` never pass it on).
-pub(crate) fn redact(v: &mut Value) {
-    match v {
-        Value::Object(m) => {
-            for (k, x) in m.iter_mut() {
-                if is_secret(k) && !x.is_null() {
-                    *x = Value::String("<redacted>".into());
-                } else {
-                    redact(x);
-                }
-            }
-        }
-        Value::Array(a) => a.iter_mut().for_each(redact),
-        _ => {}
-    }
-}
-
 /// A server-info answer with its secrets redacted: SGLang returns its launch arguments there,
 /// the admin key among them, and the proxy must not hand them to whoever asks.
 async fn redacted(r: axum::http::Response<Incoming>) -> Result<Response, String> {
@@ -352,18 +329,9 @@ async fn redacted(r: axum::http::Response<Incoming>) -> Result<Response, String>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
-    fn server_info_secrets_are_redacted_and_nothing_else() {
-        let mut v = json!({"admin_api_key": "k", "api_key": null, "max_total_num_tokens": 4096,
-            "disaggregation_mode": "decode", "internal_states": [{"bootstrap_secret": "s"}]});
-        redact(&mut v);
-        assert_eq!(
-            v,
-            json!({"admin_api_key": "<redacted>", "api_key": null, "max_total_num_tokens": 4096,
-                "disaggregation_mode": "decode", "internal_states": [{"bootstrap_secret": "<redacted>"}]})
-        );
+    fn server_info_routes_are_known() {
         assert!(is_server_info("/get_server_info?x=1"));
         assert!(!is_server_info("/generate"));
     }

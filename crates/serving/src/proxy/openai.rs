@@ -39,7 +39,7 @@ use serde_json::{Map, Value, json};
 
 use super::generate::{piece, wait_until_serving};
 use super::{ProxyState, pass};
-use crate::pd;
+use troupe_router::pd;
 
 /// What a resubmission continues from.
 enum Start {

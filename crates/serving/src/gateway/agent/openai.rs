@@ -16,7 +16,7 @@ use troupe_agent::Agent;
 
 use super::super::GatewayState;
 use super::turn::{self, Stop, TurnError, TurnOut, TurnSpec};
-use crate::metrics::Endpoint;
+use troupe_router::metrics::Endpoint;
 
 /// An error in OpenAI's shape.
 pub(super) fn error(status: u16, message: &str) -> Response {
