@@ -28,6 +28,19 @@ pub fn version(s: &str) -> troupe_wire::WeightVersion {
     troupe_wire::WeightVersion::new(s).expect("a test's weight version")
 }
 
+/// `sync` pushes `tensors` as version `v` to every engine `control` drives; the update must
+/// land. The one spelling of the tests' most common update.
+pub async fn push_all(
+    sync: &troupe_serving::control_plane::WeightSync,
+    control: &troupe_serving::control_plane::InferenceControl,
+    v: &str,
+    tensors: &[troupe_serving::control_plane::HostTensor],
+) -> troupe_serving::control_plane::UpdateReport {
+    sync.update_weights(control, &control.engines(), &version(v), tensors)
+        .await
+        .expect("the update lands")
+}
+
 /// A reference engine's arguments: defaults, on a port of the kernel's choosing (so tests
 /// running at once never collide). Change fields with `EngineArgs { .., ..engine_args() }`.
 pub fn engine_args() -> EngineArgs {

@@ -114,9 +114,7 @@ async fn a_decode_added_under_load_serves_only_once_caught_up_and_a_removed_one_
         let sync = WeightSync::new(WeightSyncOptions::default());
         sync.attach(&svc.control);
         let (_, t1) = trainer_weights(4321);
-        sync.update_weights(&svc.control, &svc.control.engines(), &common::version("v1"), &t1)
-            .await
-            .unwrap();
+        common::push_all(&sync, &svc.control, "v1", &t1).await;
         let mut expected = Vec::new();
         for i in 0..PROMPTS {
             let v = common::generate(&http, &svc.gateway_url, &greedy(i)).await;
@@ -236,10 +234,7 @@ async fn a_decode_added_under_load_serves_only_once_caught_up_and_a_removed_one_
 
         // The next update reaches the new member set (its group rebuilt without the old decode).
         let (_, t2) = trainer_weights(77);
-        let rep = sync
-            .update_weights(&svc.control, &svc.control.engines(), &common::version("v2"), &t2)
-            .await
-            .unwrap();
+        let rep = common::push_all(&sync, &svc.control, "v2", &t2).await;
         assert!(rep.skipped.is_empty());
         let versions = svc.control.weight_versions().await.versions;
         assert_eq!(versions.len(), 2);

@@ -46,14 +46,7 @@ async fn a_killed_server_leaves_the_router_and_returns_on_the_current_weights() 
         let sync = WeightSync::new(WeightSyncOptions::default());
         sync.attach(&svc.control);
         let (w, tensors) = trainer_weights(4321);
-        sync.update_weights(
-            &svc.control,
-            &svc.control.engines(),
-            &common::version("v1"),
-            &tensors,
-        )
-        .await
-        .unwrap();
+        common::push_all(&sync, &svc.control, "v1", &tensors).await;
         let dir = tempfile::tempdir().unwrap();
         let reference = reference_engine(w, dir.path()).await;
 
@@ -107,15 +100,7 @@ async fn a_killed_server_leaves_the_router_and_returns_on_the_current_weights() 
         }
         // The next update rebuilds the group with the new process in it.
         let (_, t2) = trainer_weights(77);
-        let rep = sync
-            .update_weights(
-                &svc.control,
-                &svc.control.engines(),
-                &common::version("v2"),
-                &t2,
-            )
-            .await
-            .unwrap();
+        let rep = common::push_all(&sync, &svc.control, "v2", &t2).await;
         assert!(rep.skipped.is_empty());
         for r in svc.control.weight_versions().await.versions {
             assert_eq!(r.result.unwrap(), "v2", "{}", r.url);
@@ -143,14 +128,7 @@ async fn without_a_kept_update_a_restarted_server_waits_unrouted_for_the_next_on
         });
         sync.attach(&svc.control);
         let (_, t1) = trainer_weights(1);
-        sync.update_weights(
-            &svc.control,
-            &svc.control.engines(),
-            &common::version("v1"),
-            &t1,
-        )
-        .await
-        .unwrap();
+        common::push_all(&sync, &svc.control, "v1", &t1).await;
 
         let victim = svc.servers()[2].clone();
         kill9(victim.info.pid);
@@ -174,14 +152,7 @@ async fn without_a_kept_update_a_restarted_server_waits_unrouted_for_the_next_on
             assert_eq!(v["meta_info"]["weight_version"], "v1");
         }
         let (_, t2) = trainer_weights(2);
-        sync.update_weights(
-            &svc.control,
-            &svc.control.engines(),
-            &common::version("v2"),
-            &t2,
-        )
-        .await
-        .unwrap();
+        common::push_all(&sync, &svc.control, "v2", &t2).await;
         wait_serving(
             &mut serving,
             30,
@@ -220,15 +191,7 @@ async fn an_update_while_a_server_is_down_skips_it_and_serving_goes_on() {
         )
         .await;
         let (_, t1) = trainer_weights(5);
-        let rep = sync
-            .update_weights(
-                &svc.control,
-                &svc.control.engines(),
-                &common::version("v1"),
-                &t1,
-            )
-            .await
-            .unwrap();
+        let rep = common::push_all(&sync, &svc.control, "v1", &t1).await;
         assert_eq!(rep.skipped, vec![victim.info.url.clone()]);
         assert_eq!(svc.capacity().down, vec![victim.info.url.clone()]);
         let client = client();
@@ -273,14 +236,7 @@ async fn a_lost_hosts_server_is_re_placed_on_a_free_host_with_the_current_weight
         let sync = WeightSync::new(WeightSyncOptions::default());
         sync.attach(&svc.control);
         let (_, t1) = trainer_weights(9);
-        sync.update_weights(
-            &svc.control,
-            &svc.control.engines(),
-            &common::version("v1"),
-            &t1,
-        )
-        .await
-        .unwrap();
+        common::push_all(&sync, &svc.control, "v1", &t1).await;
         let decode = svc.servers()[1].clone();
         assert_eq!(
             decode.host, 1,
@@ -330,14 +286,7 @@ async fn a_lost_hosts_server_is_re_placed_on_a_free_host_with_the_current_weight
         }
         // The next update reaches the new server through a rebuilt group.
         let (_, t2) = trainer_weights(10);
-        sync.update_weights(
-            &svc.control,
-            &svc.control.engines(),
-            &common::version("v2"),
-            &t2,
-        )
-        .await
-        .unwrap();
+        common::push_all(&sync, &svc.control, "v2", &t2).await;
         for r in svc.control.weight_versions().await.versions {
             assert_eq!(r.result.unwrap(), "v2", "{}", r.url);
         }

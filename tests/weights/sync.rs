@@ -46,15 +46,7 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
 
         let (w, tensors) = trainer_weights(1234);
         let sync = WeightSync::new(WeightSyncOptions::default());
-        let report = sync
-            .update_weights(
-                &svc.control,
-                &svc.control.engines(),
-                &common::version("v1"),
-                &tensors,
-            )
-            .await
-            .unwrap();
+        let report = common::push_all(&sync, &svc.control, "v1", &tensors).await;
         assert_eq!(report.fp8_tensors, 0);
         // `weights.delta: auto` with every engine on this machine's ring: every byte goes, and
         // the report says so (frame headers included).
@@ -78,14 +70,7 @@ async fn bf16_update_reaches_prefill_and_decode_and_pd_matches_regular() {
         }
         // A second update reuses the group (same server set).
         let (_, tensors2) = trainer_weights(99);
-        sync.update_weights(
-            &svc.control,
-            &svc.control.engines(),
-            &common::version("v2"),
-            &tensors2,
-        )
-        .await
-        .unwrap();
+        common::push_all(&sync, &svc.control, "v2", &tensors2).await;
         assert_eq!(
             generate(&client, &svc.gateway_url, 3).await["meta_info"]["weight_version"],
             "v2"
@@ -106,14 +91,7 @@ async fn an_engine_killed_before_the_update_is_named_and_no_engine_stays_paused(
             join_timeout: Duration::from_secs(5),
             ..Default::default()
         });
-        sync.update_weights(
-            &svc.control,
-            &svc.control.engines(),
-            &common::version("v1"),
-            &tensors,
-        )
-        .await
-        .unwrap();
+        common::push_all(&sync, &svc.control, "v1", &tensors).await;
 
         let victim = &svc.servers()[3].info;
         nix::sys::signal::kill(
@@ -159,15 +137,7 @@ async fn fp8_update_matches_a_regular_engine_holding_the_dequantized_weights() {
             fp8: true,
             ..Default::default()
         });
-        let report = sync
-            .update_weights(
-                &svc.control,
-                &svc.control.engines(),
-                &common::version("fp8-1"),
-                &tensors,
-            )
-            .await
-            .unwrap();
+        let report = common::push_all(&sync, &svc.control, "fp8-1", &tensors).await;
         assert!(report.fp8_tensors > 0, "projections travel as FP8");
 
         // What the engines should now hold: dequant(quant(w)) for projections, bf16 for the rest.
