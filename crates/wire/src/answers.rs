@@ -99,8 +99,13 @@ pub struct ServerInfo {
     pub pp_size: Option<u64>,
     /// The version of the weights it serves (SGLang, the reference engine; vLLM reports it in
     /// `/weight_info` instead).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub weight_version: Option<String>,
+    /// One that is not a version (empty, control characters) reads as absent.
+    #[serde(
+        default,
+        deserialize_with = "crate::version::lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub weight_version: Option<crate::WeightVersion>,
     /// The reference engine honours `If-Match: <version>` on `/continue_generation`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_if_match: Option<bool>,
@@ -138,8 +143,13 @@ pub struct ModelInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_path: Option<String>,
     /// The version of its weights.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub weight_version: Option<String>,
+    /// One that is not a version (empty, control characters) reads as absent.
+    #[serde(
+        default,
+        deserialize_with = "crate::version::lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub weight_version: Option<crate::WeightVersion>,
     /// Every other field, as sent.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -244,6 +254,11 @@ mod tests {
         );
         assert_eq!(crate::staging::CAPABILITY, "weight_staging");
         assert_eq!(i.paused(), Some(true));
+        assert_eq!(i.weight_version.as_ref().map(|v| v.step()), Some(3));
+        // A version that is not one reads as absent; the rest of the answer still counts.
+        let odd: ServerInfo =
+            serde_json::from_value(json!({"weight_version": "", "tp_size": 1})).unwrap();
+        assert_eq!((odd.weight_version, odd.tp_size), (None, Some(1)));
         assert_eq!(i.extra["context_length"], json!(128));
         let v: ServerInfo = round_trip(json!({"vllm_config": "model='m'", "vllm_env": {}}));
         assert!(v.vllm_config.is_some() && v.paused().is_none());

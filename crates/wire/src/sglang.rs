@@ -10,8 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::PauseMode;
 
-/// `POST /pause_generation`.
+/// `POST /pause_generation`. Unknown fields are refused (a misspelt `mode` would otherwise
+/// pause with `abort`, the one mode that loses work).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PauseGeneration {
     /// What happens to requests in flight (absent or null: `abort`).
     #[serde(default, deserialize_with = "null_as_default")]
@@ -40,8 +42,10 @@ pub struct InitWeightsUpdateGroup {
     pub world_size: u32,
     /// The group's name (weight updates name it).
     pub group_name: String,
-    /// Collective backend: `nccl` for SGLang on GPUs, `tcp` for the reference engine.
-    pub backend: String,
+    /// Collective backend: `nccl` for SGLang on GPUs, `tcp` for the reference engine (absent:
+    /// the engine's own, as SGLang defaults to `nccl`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
     /// Troupe's field for the `tcp` backend: the group's secret (rank 0's
     /// `WeightSender::secret()`, 64 hex digits) that the engine's join must prove, so knowing
     /// the port and group name is not enough to take a rank. The route is admin-keyed, which
@@ -125,8 +129,8 @@ pub struct UpdateWeightsFromDisk {
 /// The answer of `GET /get_weight_version`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GetWeightVersion {
-    /// The version of the weights the engine serves.
-    pub weight_version: String,
+    /// The version of the weights the engine serves (checked as it is read).
+    pub weight_version: crate::WeightVersion,
 }
 
 /// A field whose `null` means its default, as SGLang's Python reads `None`.
@@ -184,5 +188,11 @@ mod tests {
         assert_eq!(p.mode, PauseMode::Abort);
         let p: PauseGeneration = serde_json::from_value(json!({"mode": "in_place"})).unwrap();
         assert_eq!(p.mode, PauseMode::InPlace);
+        // A misspelt field is refused, not read as the default mode.
+        assert!(serde_json::from_value::<PauseGeneration>(json!({"mood": "in_place"})).is_err());
+        // An engine's version is checked as it is read.
+        let v: GetWeightVersion = serde_json::from_value(json!({"weight_version": "v3"})).unwrap();
+        assert_eq!(v.weight_version.step(), 3);
+        assert!(serde_json::from_value::<GetWeightVersion>(json!({"weight_version": ""})).is_err());
     }
 }

@@ -29,6 +29,15 @@ fn checked<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
         .map_err(serde::de::Error::custom)
 }
 
+/// An optional version an engine reports beside other facts: one that is not a version (empty,
+/// control characters, not a string) reads as absent, so the rest of the answer still counts.
+pub(crate) fn lenient<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<WeightVersion>, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(v.as_str().and_then(|s| WeightVersion::new(s).ok()))
+}
+
 impl Ord for WeightVersion {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         self.step()

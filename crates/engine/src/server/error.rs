@@ -47,9 +47,3 @@ pub fn type_name(v: &serde_json::Value) -> &'static str {
 pub(super) fn bad(m: impl Into<String>) -> ApiError {
     ApiError::bad_request(m).control()
 }
-
-/// The body as a JSON object (an empty body is `{}`), refused in the control envelope; shared
-/// by `vllm.rs` and `vllm_transfer.rs` like [`bad`].
-pub(super) fn object(b: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
-    parse_object(b).map_err(ApiError::control)
-}

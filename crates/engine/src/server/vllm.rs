@@ -20,17 +20,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value, json};
+use serde_json::json;
 use troupe_wire::endpoints as ep;
-use troupe_wire::routes::serve::ServeEndpoint;
+use troupe_wire::routes::serve::{Req, ServeEndpoint};
 use troupe_wire::vllm::PauseMode as Mode;
 
 use super::AppState;
-use super::error::{ApiError, bad, object, parse_object};
+use super::error::{ApiError, bad};
 use super::{control, vllm_transfer};
 use crate::core::{Command, PauseMode};
 
@@ -290,36 +289,19 @@ async fn is_sleeping(State(state): State<Arc<AppState>>) -> Response {
     axum::Json(json!({ "is_sleeping": sleeping })).into_response()
 }
 
-fn body_flag(obj: &Map<String, Value>, k: &str) -> Result<bool, ApiError> {
-    match obj.get(k) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(v) => Err(bad(format!("{k} must be true or false, got {v}"))),
-    }
-}
-
 /// `POST /reset_prefix_cache?reset_running_requests=&reset_external=` (SkyRL sends the flags
 /// as a JSON body; both are read): `{"success": bool}`, false while requests still hold
 /// cache (this engine keeps no cache across requests, so there is nothing else to drop).
 async fn reset_prefix_cache(
     State(state): State<Arc<AppState>>,
     uri: Uri,
-    b: Bytes,
+    Req(_): Req<ep::ResetPrefixCache>,
 ) -> Result<Response, ApiError> {
     const KEYS: &[&str] = &["reset_running_requests", "reset_external"];
     let q = query(&uri);
     known(&q, KEYS)?;
     for k in KEYS {
         flag(&q, k, false)?;
-    }
-    let obj = object(&b)?;
-    if let Some(k) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
-        return Err(bad(format!(
-            "unknown field {k:?}; this route takes {KEYS:?}"
-        )));
-    }
-    for k in KEYS {
-        body_flag(&obj, k)?;
     }
     let ok = state.core.call(Command::Flush).await?.is_ok();
     Ok(axum::Json(json!({ "success": ok })).into_response())
@@ -344,22 +326,9 @@ async fn weight_info(State(state): State<Arc<AppState>>) -> Response {
 /// request when none are listed, without pausing. `aborted` counts the requests ended.
 async fn abort_requests(
     State(state): State<Arc<AppState>>,
-    b: Bytes,
+    Req(req): Req<ep::AbortRequests>,
 ) -> Result<Response, ApiError> {
-    let obj = parse_object(&b)?;
-    let ids: Vec<String> = match obj.get("request_ids") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|r| r.as_str().map(str::to_string))
-            .collect::<Option<_>>()
-            .ok_or_else(|| ApiError::bad_request("request_ids must be a list of strings"))?,
-        Some(v) => {
-            return Err(ApiError::bad_request(format!(
-                "request_ids must be a list of strings, got {v}"
-            )));
-        }
-    };
+    let ids = req.request_ids;
     let mut n = 0;
     if ids.is_empty() {
         n = state.core.call(|tx| Command::Abort(None, tx)).await?;

@@ -22,15 +22,19 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use troupe_wire::endpoints as ep;
-use troupe_wire::routes::serve::ServeEndpoint;
+use troupe_wire::routes::body::from_value;
+use troupe_wire::routes::serve::{Req, ServeEndpoint};
+use troupe_wire::sglang::{
+    InitWeightsUpdateGroup, UpdateWeightsFromDisk, UpdateWeightsFromDistributed,
+};
+use troupe_wire::vllm::{UpdateInfoArg, WeightTransferInit};
 
 use super::AppState;
-use super::error::{ApiError, bad, object, type_name};
+use super::error::{ApiError, bad};
 use super::weights_api;
 use crate::core::Command;
 
@@ -66,9 +70,9 @@ pub struct Transfer {
 /// One bucket's tensors in broadcast order, in the SGLang handler's field names.
 #[derive(Debug, Clone, PartialEq)]
 struct Bucket {
-    names: Vec<Value>,
-    dtypes: Vec<Value>,
-    shapes: Vec<Value>,
+    names: Vec<String>,
+    dtypes: Vec<String>,
+    shapes: Vec<Vec<usize>>,
 }
 
 /// Ends an open session without serving it (`/abort_weight_update`).
@@ -93,56 +97,23 @@ fn message(m: &str) -> Response {
     axum::Json(json!({ "message": m })).into_response()
 }
 
-fn uint(info: &Map<String, Value>, k: &str) -> Result<(), ApiError> {
-    match info.get(k) {
-        None | Some(Value::Null) => Ok(()),
-        Some(v) if v.as_u64().is_some() => Ok(()),
-        Some(v) => Err(bad(format!(
-            "init_info.{k} must be a non-negative integer, got {v}"
-        ))),
-    }
-}
-
-fn boolean(m: &Map<String, Value>, k: &str, what: &str) -> Result<(), ApiError> {
-    match m.get(k) {
-        None | Some(Value::Null | Value::Bool(_)) => Ok(()),
-        Some(v) => Err(bad(format!("{what}.{k} must be true or false, got {v}"))),
-    }
-}
-
 /// Checks `init_info` and joins the group (replacing an earlier transfer engine).
-async fn init(state: &Arc<AppState>, info: Option<&Value>) -> Result<(), ApiError> {
-    let Some(Value::Object(info)) = info else {
+async fn init(state: &Arc<AppState>, info: WeightTransferInit) -> Result<(), ApiError> {
+    let (Some(rank_offset), Some(world_size)) = (info.rank_offset, info.world_size) else {
         return Err(bad(
-            "init_info (an object {master_address, master_port, rank_offset, world_size, group_secret}) is required",
+            "init_info.rank_offset and init_info.world_size are required: the ranks this server takes in rank 0's group",
         ));
     };
-    if info.contains_key("nccl_unique_id_b64") {
-        return Err(bad(
-            "init_info.nccl_unique_id_b64 is not available: this engine joins rank 0 over tcp at master_address:master_port; send those instead",
-        ));
-    }
-    const KEYS: &[&str] = &[
-        "master_address",
-        "master_port",
-        "rank_offset",
-        "world_size",
-        "packed",
-        "packed_buffer_size_bytes",
-        "packed_num_buffers",
-        "backend",
-        "group_secret",
-    ];
-    if let Some(k) = info.keys().find(|k| !KEYS.contains(&k.as_str())) {
-        return Err(bad(format!(
-            "init_info.{k} is not supported; send master_address, master_port, rank_offset, world_size, group_secret (packed and its buffer sizes are accepted)"
-        )));
-    }
-    boolean(info, "packed", "init_info")?;
-    uint(info, "packed_buffer_size_bytes")?;
-    uint(info, "packed_num_buffers")?;
-    let mut req = info.clone();
-    req.insert("group_name".into(), json!(TRANSFER_GROUP));
+    // The packing settings are NCCL buffer geometry; over tcp every bucket is one stream.
+    let req = InitWeightsUpdateGroup {
+        master_address: info.master_address,
+        master_port: info.master_port,
+        rank_offset,
+        world_size,
+        group_name: TRANSFER_GROUP.into(),
+        backend: info.backend,
+        group_secret: info.group_secret,
+    };
     let plan = weights_api::plan(state, &req)?;
     let mut t = state.vllm.transfer.lock().await;
     // Checked: now the old transfer engine goes, as a new init replaces it in vLLM.
@@ -183,90 +154,17 @@ async fn start(state: &AppState) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn list(info: &Map<String, Value>, k: &str) -> Result<Vec<Value>, ApiError> {
-    match info.get(k) {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Array(a)) => Ok(a.clone()),
-        Some(v) => Err(bad(format!(
-            "update_info.{k} must be a list (one entry per tensor), got {}",
-            type_name(v)
-        ))),
-    }
-}
-
-/// Parses one `update_info` object (vLLM's `NCCLWeightTransferUpdateInfo`); `None` when its
-/// lists are empty (reuse the previous bucket's metadata).
-fn parse_info(v: &Value) -> Result<Option<Bucket>, ApiError> {
-    let Some(info) = v.as_object() else {
-        return Err(bad(format!(
-            "update_info must be an object {{names, dtype_names, shapes}}, got {}",
-            type_name(v)
-        )));
-    };
-    const KEYS: &[&str] = &[
-        "names",
-        "dtype_names",
-        "shapes",
-        "packed",
-        "is_checkpoint_format",
-        "stage",
-    ];
-    if let Some(k) = info.keys().find(|k| !KEYS.contains(&k.as_str())) {
-        return Err(bad(format!(
-            "update_info.{k} is not supported; send names, dtype_names, shapes (packed optional)"
-        )));
-    }
-    boolean(info, "packed", "update_info")?;
-    boolean(info, "is_checkpoint_format", "update_info")?;
-    boolean(info, "stage", "update_info")?;
-    let b = Bucket {
-        names: list(info, "names")?,
-        dtypes: list(info, "dtype_names")?,
-        shapes: list(info, "shapes")?,
-    };
-    for (k, n) in [("dtype_names", b.dtypes.len()), ("shapes", b.shapes.len())] {
-        if n != b.names.len() {
-            return Err(bad(format!(
-                "update_info.{k} must have one entry per name: got {n} for {} names",
-                b.names.len()
-            )));
-        }
-    }
-    Ok((!b.names.is_empty()).then_some(b))
-}
-
-/// `update_info` as vLLM takes it: one object, or a list indexed by worker rank.
-fn parse_payload(v: Option<&Value>, ranks: usize) -> Result<Option<Bucket>, ApiError> {
-    match v {
-        Some(Value::Array(a)) => {
-            if a.len() < ranks {
-                return Err(bad(format!(
-                    "update_info is a list with {} entries, but vLLM indexes it by worker rank and this engine has {ranks} ranks; send one object or one entry per rank",
-                    a.len()
-                )));
-            }
-            let first = parse_info(&a[0])?;
-            for (i, x) in a.iter().enumerate().take(ranks).skip(1) {
-                if parse_info(x)? != first {
-                    return Err(bad(format!(
-                        "update_info[{i}] differs from update_info[0]; this engine's ranks share one receiver, so their entries must be the same bucket"
-                    )));
-                }
-            }
-            Ok(first)
-        }
-        Some(v @ Value::Object(_)) => parse_info(v),
-        _ => Err(bad(
-            "update_info (an object {names, dtype_names, shapes}) is required",
-        )),
-    }
-}
-
 /// Receives one bucket into the open session. Checked input changes nothing; a failed
 /// transfer ends the session (and leaves the group), as in vLLM.
-async fn update(state: &Arc<AppState>, payload: Option<&Value>) -> Result<(), ApiError> {
-    let parsed = parse_payload(payload, state.args.tp_size as usize)?;
-    let stage = stage_of(payload);
+async fn update(state: &Arc<AppState>, arg: UpdateInfoArg) -> Result<(), ApiError> {
+    let info = arg.bucket(Some(state.args.tp_size as usize)).map_err(bad)?;
+    info.check().map_err(bad)?;
+    let stage = info.stage;
+    let parsed = (!info.names.is_empty()).then_some(Bucket {
+        names: info.names,
+        dtypes: info.dtype_names,
+        shapes: info.shapes,
+    });
     let mut t = state.vllm.transfer.lock().await;
     if !t.active {
         return Err(bad(
@@ -281,14 +179,17 @@ async fn update(state: &Arc<AppState>, payload: Option<&Value>) -> Result<(), Ap
             ));
         }
     };
-    let req = json!({
-        "names": bucket.names, "dtypes": bucket.dtypes, "shapes": bucket.shapes,
-        "group_name": TRANSFER_GROUP, "stage": stage,
-    });
-    let r =
-        weights_api::update_from_distributed(State(state.clone()), Bytes::from(req.to_string()))
-            .await;
-    match r {
+    let req = UpdateWeightsFromDistributed {
+        names: bucket.names.clone(),
+        dtypes: bucket.dtypes.clone(),
+        shapes: bucket.shapes.clone(),
+        group_name: TRANSFER_GROUP.into(),
+        flush_cache: false,
+        weight_version: None,
+        packed: false,
+        stage,
+    };
+    match weights_api::receive(state, req).await {
         Ok(_) => {
             t.last = Some(bucket);
             t.staged |= stage;
@@ -303,24 +204,12 @@ async fn update(state: &Arc<AppState>, payload: Option<&Value>) -> Result<(), Ap
     }
 }
 
-/// Whether a (checked) `update_info` asks for staging: its own field, or rank 0's entry's.
-fn stage_of(payload: Option<&Value>) -> bool {
-    let info = match payload {
-        Some(Value::Array(a)) => a.first(),
-        v => v,
-    };
-    info.and_then(|i| i.get("stage"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false)
-}
-
-fn version(v: Option<&Value>) -> Result<Option<String>, ApiError> {
+fn version(v: Option<String>) -> Result<Option<String>, ApiError> {
     match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
-        Some(v) => Err(bad(format!(
-            "weight_version must be a non-empty string (or absent), got {v}"
-        ))),
+        Some(s) if s.is_empty() => {
+            Err(bad("weight_version must be a non-empty string (or absent)"))
+        }
+        v => Ok(v),
     }
 }
 
@@ -351,8 +240,11 @@ async fn finish(state: &AppState, version: Option<String>) -> Result<(), ApiErro
     Ok(())
 }
 
-async fn init_route(State(state): State<Arc<AppState>>, b: Bytes) -> Result<Response, ApiError> {
-    init(&state, object(&b)?.get("init_info")).await?;
+async fn init_route(
+    State(state): State<Arc<AppState>>,
+    Req(req): Req<ep::InitWeightTransferEngine>,
+) -> Result<Response, ApiError> {
+    init(&state, req.init_info).await?;
     Ok(message("Weight transfer initialized"))
 }
 
@@ -366,13 +258,19 @@ async fn start_route(State(state): State<Arc<AppState>>) -> Result<Response, Api
     Ok(message("Weight update started"))
 }
 
-async fn update_route(State(state): State<Arc<AppState>>, b: Bytes) -> Result<Response, ApiError> {
-    update(&state, object(&b)?.get("update_info")).await?;
+async fn update_route(
+    State(state): State<Arc<AppState>>,
+    Req(req): Req<ep::UpdateWeights>,
+) -> Result<Response, ApiError> {
+    update(&state, req.update_info).await?;
     Ok(message("Weights updated"))
 }
 
-async fn finish_route(State(state): State<Arc<AppState>>, b: Bytes) -> Result<Response, ApiError> {
-    let v = version(object(&b)?.get("weight_version"))?;
+async fn finish_route(
+    State(state): State<Arc<AppState>>,
+    Req(req): Req<ep::FinishWeightUpdate>,
+) -> Result<Response, ApiError> {
+    let v = version(req.weight_version)?;
     finish(&state, v).await?;
     Ok(message("Weight update finished"))
 }
@@ -417,49 +315,15 @@ impl<'a> Args<'a> {
 /// methods (Troupe's addition).
 async fn collective_rpc(
     State(state): State<Arc<AppState>>,
-    b: Bytes,
+    Req(rpc): Req<ep::CollectiveRpc>,
 ) -> Result<Response, ApiError> {
-    let obj = object(&b)?;
     let supported = RPC_METHODS.join(", ");
-    let method = match obj.get("method") {
-        Some(Value::String(m)) => m.as_str(),
-        _ => {
-            return Err(bad(format!(
-                "method (a string) is required; supported: {supported}"
-            )));
-        }
-    };
-    if let Some(k) = obj
-        .keys()
-        .find(|k| !["method", "args", "kwargs", "timeout"].contains(&k.as_str()))
-    {
-        return Err(bad(format!(
-            "unknown field {k:?}; send method, args, kwargs, timeout"
-        )));
-    }
-    let empty = Map::new();
+    let method = rpc.method.as_str();
     let a = Args {
         method,
-        args: match obj.get("args") {
-            None | Some(Value::Null) => &[],
-            Some(Value::Array(a)) => a,
-            Some(v) => return Err(bad(format!("args must be a list, got {}", type_name(v)))),
-        },
-        kwargs: match obj.get("kwargs") {
-            None | Some(Value::Null) => &empty,
-            Some(Value::Object(m)) => m,
-            Some(v) => {
-                return Err(bad(format!(
-                    "kwargs must be an object, got {}",
-                    type_name(v)
-                )));
-            }
-        },
+        args: &rpc.args,
+        kwargs: &rpc.kwargs,
     };
-    match obj.get("timeout") {
-        None | Some(Value::Null) | Some(Value::Number(_)) => {}
-        Some(v) => return Err(bad(format!("timeout must be a number of seconds, got {v}"))),
-    }
     match method {
         "skyrl_start_weight_update" => {
             a.only(&["is_checkpoint_format"])?;
@@ -479,20 +343,28 @@ async fn collective_rpc(
         }
         "update_weights_nccl" | "update_weights" => {
             a.only(&["update_info"])?;
-            let info = a.get(0, "update_info");
-            if method == "update_weights_nccl" && info.is_some_and(Value::is_array) {
+            let info = a.get(0, "update_info").cloned().ok_or_else(|| {
+                bad("update_info (an object {names, dtype_names, shapes}) is required")
+            })?;
+            if method == "update_weights_nccl" && info.is_array() {
                 return Err(bad("update_weights_nccl takes one update_info object"));
             }
-            update(&state, info).await?;
+            update(&state, from_value(info, "update_info")?).await?;
         }
         "skyrl_finish_weight_update" | "finish_weight_update" => {
             a.only(&["weight_version"])?;
-            let v = version(a.get(0, "weight_version"))?;
+            let v = match a.get(0, "weight_version").cloned() {
+                None | Some(Value::Null) => None,
+                Some(v) => version(Some(from_value(v, "weight_version")?))?,
+            };
             finish(&state, v).await?;
         }
         "init_weight_transfer_engine" => {
             a.only(&["init_info"])?;
-            init(&state, a.get(0, "init_info")).await?;
+            let info = a.get(0, "init_info").cloned().ok_or_else(|| {
+                bad("init_info (an object {master_address, master_port, rank_offset, world_size, group_secret}) is required")
+            })?;
+            init(&state, from_value(info, "init_info")?).await?;
         }
         "shutdown_weight_transfer_engine" => {
             a.only(&[])?;
@@ -518,9 +390,13 @@ async fn collective_rpc(
                     ));
                 }
             };
-            let body = json!({ "model_path": path });
-            weights_api::update_from_disk(State(state.clone()), Bytes::from(body.to_string()))
-                .await?;
+            let req = UpdateWeightsFromDisk {
+                model_path: path,
+                weight_version: None,
+                abort_all_requests: false,
+                rest: Map::new(),
+            };
+            weights_api::load_from_disk(&state, req).await?;
         }
         "update_weights_ipc" => {
             return Err(bad(format!(

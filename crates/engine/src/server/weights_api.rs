@@ -10,14 +10,16 @@ use std::sync::Arc;
 use troupe_wire::endpoints as ep;
 use troupe_wire::routes::serve::Req;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value, json};
+use serde_json::json;
 use troupe_weights::tcp::{TensorSpec, WeightReceiver, WireDtype, check_secret};
+use troupe_wire::sglang::{
+    InitWeightsUpdateGroup, UpdateWeightsFromDisk, UpdateWeightsFromDistributed,
+};
 
 use super::AppState;
-use super::error::{ApiError, parse_object};
+use super::error::ApiError;
 use crate::core::Command;
 use crate::model::Weights;
 
@@ -29,36 +31,14 @@ fn ok(message: impl Into<String>) -> Response {
     axum::Json(json!({"success": true, "message": message.into()})).into_response()
 }
 
-fn str_field<'a>(
-    obj: &'a Map<String, Value>,
-    key: &str,
-    example: &str,
-) -> Result<&'a str, ApiError> {
-    obj.get(key)
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| {
-            bad(format!(
-                "{key} (a non-empty string, e.g. {example:?}) is required"
-            ))
-        })
-}
-
-fn uint_field(obj: &Map<String, Value>, key: &str) -> Result<u64, ApiError> {
-    obj.get(key)
-        .and_then(Value::as_u64)
-        .ok_or_else(|| bad(format!("{key} (a non-negative integer) is required")))
-}
-
 /// `POST /init_weights_update_group {master_address, master_port, rank_offset, world_size,
 /// group_name, backend, group_secret}`: connects to rank 0 covering ranks
 /// `rank_offset..rank_offset+tp_size`, proving the group's secret.
 pub async fn init_group(
     State(state): State<Arc<AppState>>,
-    body: Bytes,
+    Req(req): Req<ep::InitWeightsUpdateGroup>,
 ) -> Result<Response, ApiError> {
-    let obj = parse_object(&body).map_err(ApiError::control)?;
-    let p = plan(&state, &obj)?;
+    let p = plan(&state, &req)?;
     let wire = p.group.clone();
     connect(&state, p, &wire).await
 }
@@ -79,41 +59,36 @@ pub struct JoinPlan {
 /// `rank_offset`, `world_size`, `group_name`, `backend`, and Troupe's `group_secret`: rank 0's
 /// `WeightSender::secret()`, required, since the port and group name are not secret) against
 /// this engine; changes nothing.
-pub fn plan(state: &AppState, obj: &Map<String, Value>) -> Result<JoinPlan, ApiError> {
-    let addr = str_field(obj, "master_address", "127.0.0.1")?.to_string();
-    let port = u16::try_from(uint_field(obj, "master_port")?)
-        .map_err(|_| bad("master_port must be a port number (1-65535)"))?;
-    let rank_offset = uint_field(obj, "rank_offset")?;
-    let world_size = uint_field(obj, "world_size")?;
-    let group = str_field(obj, "group_name", "weight_sync")?.to_string();
-    let secret = match obj.get("group_secret") {
-        Some(Value::String(s)) if !s.is_empty() => {
+pub fn plan(state: &AppState, req: &InitWeightsUpdateGroup) -> Result<JoinPlan, ApiError> {
+    let addr = req.master_address.clone();
+    if addr.is_empty() {
+        return Err(bad(
+            "master_address (a non-empty string, e.g. \"127.0.0.1\") is required",
+        ));
+    }
+    let port = req.master_port;
+    let rank_offset = u64::from(req.rank_offset);
+    let world_size = u64::from(req.world_size);
+    let group = req.group_name.clone();
+    if group.is_empty() {
+        return Err(bad(
+            "group_name (a non-empty string, e.g. \"weight_sync\") is required",
+        ));
+    }
+    let secret = match &req.group_secret {
+        Some(s) => {
             check_secret(s).map_err(|e| bad(format!("group_secret: {e}")))?;
             s.clone()
         }
-        None | Some(Value::Null) => {
+        None => {
             return Err(bad(
                 "group_secret is required: the tcp group's secret from rank 0 \
                  (troupe_weights::tcp::WeightSender::secret(), troupe.TcpWeightSender.secret); \
                  rank 0 admits no engine without it",
             ));
         }
-        Some(v) => {
-            return Err(bad(format!(
-                "group_secret must be the group's secret as a non-empty string of 64 hex \
-                 digits, got {v}"
-            )));
-        }
     };
-    let backend = match obj.get("backend") {
-        None | Some(Value::Null) => "tcp",
-        Some(Value::String(b)) => b.as_str(),
-        Some(v) => {
-            return Err(bad(format!(
-                "backend must be a string such as \"tcp\", got {v}"
-            )));
-        }
-    };
+    let backend = req.backend.as_deref().unwrap_or("tcp");
     if backend != "tcp" {
         return Err(bad(format!(
             "backend {backend:?} is not available in the reference engine; use \"tcp\" (rank 0 is a troupe_weights::tcp::WeightSender)"
@@ -199,26 +174,17 @@ pub async fn destroy_group(
     }
 }
 
-fn list<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<&'a Vec<Value>, ApiError> {
-    obj.get(key)
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad(format!("{key} (a list, one entry per tensor) is required")))
-}
-
-/// Parses and checks `names`, `dtypes`, `shapes` against the model, pairing FP8 weights with
-/// their scales.
+/// Checks `names`, `dtypes`, `shapes` against the model, pairing FP8 weights with their
+/// scales.
 fn specs(
     state: &AppState,
-    obj: &Map<String, Value>,
+    names: &[String],
+    dtypes: &[String],
+    shapes: Vec<Vec<usize>>,
 ) -> Result<(Vec<TensorSpec>, convert::Fp8Pairs), ApiError> {
-    let (names, dtypes, shapes) = (
-        list(obj, "names")?,
-        list(obj, "dtypes")?,
-        list(obj, "shapes")?,
-    );
     if names.len() != dtypes.len() || names.len() != shapes.len() {
         return Err(bad(format!(
-            "names, dtypes and shapes must have the same length (got {}, {}, {})",
+            "names, dtypes and shapes must have the same length, one entry per tensor (got {}, {}, {})",
             names.len(),
             dtypes.len(),
             shapes.len()
@@ -230,31 +196,13 @@ fn specs(
     let known: std::collections::HashMap<String, Vec<usize>> =
         state.config.tensor_shapes().into_iter().collect();
     let mut out = Vec::with_capacity(names.len());
-    for ((n, d), s) in names.iter().zip(dtypes).zip(shapes) {
-        let name = n
-            .as_str()
-            .ok_or_else(|| bad(format!("names must be strings, found {n}")))?;
-        let dstr = d
-            .as_str()
-            .ok_or_else(|| bad(format!("dtypes must be strings, found {d}")))?;
+    for ((name, dstr), shape) in names.iter().zip(dtypes).zip(shapes) {
         let dtype = WireDtype::parse(dstr).ok_or_else(|| {
             bad(format!(
                 "dtype {dstr:?} of {name} is not supported; use bfloat16, float32 or float8_e4m3fn (with its scale)"
             ))
         })?;
-        let shape = s
-            .as_array()
-            .and_then(|a| {
-                a.iter()
-                    .map(|x| x.as_u64().map(|x| x as usize))
-                    .collect::<Option<Vec<_>>>()
-            })
-            .ok_or_else(|| {
-                bad(format!(
-                    "shape of {name} must be a list of integers, found {s}"
-                ))
-            })?;
-        match known.get(name) {
+        match known.get(name.as_str()) {
             // Scales are checked against their weight by `pair_fp8`.
             None if convert::is_scale_name(name) => {}
             None => {
@@ -283,14 +231,6 @@ fn specs(
     Ok((out, pairs))
 }
 
-fn version_of(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
-    match obj.get("weight_version") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(v) => Err(bad(format!("weight_version must be a string, got {v}"))),
-    }
-}
-
 /// `POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache,
 /// weight_version, stage?}`: reads exactly these tensors from rank 0 and swaps them in, all at
 /// once, once every engine of the group holds the bucket; with `stage` (Troupe's), keeps them
@@ -301,17 +241,26 @@ fn version_of(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
 /// weights unchanged and leaves the group (it must be re-joined).
 pub async fn update_from_distributed(
     State(state): State<Arc<AppState>>,
-    body: Bytes,
+    Req(req): Req<ep::UpdateWeightsFromDistributed>,
 ) -> Result<Response, ApiError> {
-    let obj = parse_object(&body).map_err(ApiError::control)?;
-    let group = str_field(&obj, "group_name", "weight_sync")?.to_string();
-    let version = version_of(&obj)?;
-    let stage = match obj.get("stage") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(v) => return Err(bad(format!("stage must be true or false, got {v}"))),
-    };
-    let (specs, pairs) = specs(&state, &obj)?;
+    receive(&state, req).await.map(ok)
+}
+
+/// Receives one bucket as [`update_from_distributed`] says, answering the engine's message.
+pub async fn receive(
+    state: &AppState,
+    req: UpdateWeightsFromDistributed,
+) -> Result<String, ApiError> {
+    let UpdateWeightsFromDistributed {
+        names,
+        dtypes,
+        shapes,
+        group_name: group,
+        weight_version: version,
+        stage,
+        ..
+    } = req;
+    let (specs, pairs) = specs(state, &names, &dtypes, shapes)?;
     // Take the receiver out while reading, so two updates on one group cannot interleave.
     let mut rx = state.groups.lock().await.remove(&group).ok_or_else(|| {
         bad(format!(
@@ -356,31 +305,42 @@ pub async fn update_from_distributed(
             })
             .await?
     };
-    match r {
-        Ok(m) => Ok(ok(m)),
-        Err(m) => Err(bad(m)),
-    }
+    r.map_err(bad)
 }
 
 /// `POST /update_weights_from_disk {model_path, weight_version, abort_all_requests}`: loads a
 /// safetensors file for this model and replaces all weights.
 pub async fn update_from_disk(
     State(state): State<Arc<AppState>>,
-    body: Bytes,
+    Req(req): Req<ep::UpdateWeightsFromDisk>,
 ) -> Result<Response, ApiError> {
-    let obj = parse_object(&body).map_err(ApiError::control)?;
-    let path = PathBuf::from(str_field(&obj, "model_path", "/path/to/model.safetensors")?);
-    let version = version_of(&obj)?;
-    let abort_all = obj
-        .get("abort_all_requests")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let m = load_from_disk(&state, req).await?;
+    Ok(
+        axum::Json(json!({"success": true, "message": m, "num_paused_requests": 0}))
+            .into_response(),
+    )
+}
+
+/// Loads and swaps in the checkpoint `req` names, answering the engine's message (also what
+/// vLLM's `reload_weights` runs).
+pub async fn load_from_disk(
+    state: &AppState,
+    req: UpdateWeightsFromDisk,
+) -> Result<String, ApiError> {
+    if req.model_path.is_empty() {
+        return Err(bad(
+            "model_path (a non-empty string, e.g. \"/path/to/model.safetensors\") is required",
+        ));
+    }
+    let path = PathBuf::from(&req.model_path);
+    let version = req.weight_version;
+    let abort_all = req.abort_all_requests;
     let config = state.config.clone();
     let loaded = tokio::task::spawn_blocking(move || Weights::load_safetensors(&config, &path))
         .await
         .map_err(|e| bad(format!("loader failed: {e}")))?
         .map_err(|e| bad(format!("{e}; weights unchanged")))?;
-    match state
+    state
         .core
         .call(|reply| Command::ReplaceWeights {
             weights: Box::new(loaded),
@@ -389,11 +349,5 @@ pub async fn update_from_disk(
             reply,
         })
         .await?
-    {
-        Ok(m) => Ok(
-            axum::Json(json!({"success": true, "message": m, "num_paused_requests": 0}))
-                .into_response(),
-        ),
-        Err(m) => Err(bad(m)),
-    }
+        .map_err(bad)
 }

@@ -72,12 +72,6 @@ fn flatten<T: Into<Value>>(
         .collect()
 }
 
-/// A version an engine reported (`/get_weight_version`, a refused `If-Match`), read as a
-/// [`WeightVersion`] where it comes in; one that is not a version is that engine's error.
-pub(crate) fn reported(s: String) -> Result<WeightVersion, String> {
-    WeightVersion::new(s.as_str()).map_err(|e| format!("reported weight version {s:?}: {e}"))
-}
-
 /// The versions of `vs` as their text, for messages (`["v1", "v2"]`, as a list of strings
 /// is shown).
 pub(crate) fn shown(vs: &[WeightVersion]) -> Vec<&str> {
@@ -380,7 +374,7 @@ impl InferenceControl {
                 .into_iter()
                 .map(|r| ServerResult {
                     url: r.url,
-                    result: r.result.and_then(reported),
+                    result: r.result,
                 })
                 .collect(),
         }

@@ -27,7 +27,7 @@ use serde_json::{Map, Value};
 use troupe_wire::{ApiError, PauseMode, WeightVersion};
 
 use super::answer::{breakdown, settle};
-use super::control::{InferenceControl, ServerResult, reported, shown};
+use super::control::{InferenceControl, ServerResult, shown};
 use super::plane::ControlPlane;
 use crate::Refusal;
 use crate::engine_client::version_tag;
@@ -150,12 +150,10 @@ impl InferenceControl {
                 .map(|r| {
                     match &r.result {
                         Ok(Ok(_)) => resumed.push(r.url.clone()),
-                        // A refusal naming no version (empty, control characters) is that
-                        // engine's failure: it stays paused, and its answer says why.
-                        Ok(Err(Refusal::Version(v))) => match reported(v.clone()) {
-                            Ok(v) => held.push(v),
-                            Err(e) => tracing::warn!(engine = %r.url, "resume refused: {e}"),
-                        },
+                        // A refusal naming no version (empty, control characters) does not
+                        // parse: it is that engine's failure (`Refusal::Failed`), and its
+                        // answer says why.
+                        Ok(Err(Refusal::Version(v))) => held.push(v.clone()),
                         Ok(Err(Refusal::Failed(_))) | Err(_) => {}
                     }
                     ServerResult {

@@ -106,7 +106,6 @@ impl CatchUp for PlaneCatchUp {
                         .weight_version(engine)
                         .await
                         .map_err(|e| e.to_string())
-                        .and_then(super::control::reported)
                 }
                 Some(LastUpdate::Broadcast) => Err(
                     "the last update was a client's own broadcast, which cannot be replayed; the server stays held until the next update reaches it".into(),
@@ -266,7 +265,7 @@ impl ControlPlane {
                 rank_offset: *off,
                 world_size: world,
                 group_name: req.group_name.clone(),
-                backend: req.backend.clone(),
+                backend: Some(req.backend.clone()),
                 group_secret: req.group_secret.clone(),
             };
             let control = &control;

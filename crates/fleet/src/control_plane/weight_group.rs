@@ -146,7 +146,7 @@ pub(super) async fn build(
             rank_offset: plan.rank_offset(i).unwrap_or(0),
             world_size: world,
             group_name: name.to_string(),
-            backend: "tcp".into(),
+            backend: Some("tcp".into()),
             group_secret: Some(secret.clone()),
         };
         async move {

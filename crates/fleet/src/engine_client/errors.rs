@@ -49,7 +49,7 @@ pub fn version_tag(version: &str) -> Option<HeaderValue> {
 pub enum Refusal {
     /// It holds this other weight version (412), and nothing changed.
     #[error("holds weight version {0:?}")]
-    Version(String),
+    Version(troupe_wire::WeightVersion),
     /// The call failed as any control call can.
     #[error(transparent)]
     Failed(EngineCallError),

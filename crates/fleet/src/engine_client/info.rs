@@ -3,11 +3,11 @@
 //! from the operations (`mod.rs`), which change an engine.
 
 use serde_json::Value;
-use troupe_wire::Endpoint;
 use troupe_wire::answers::ServerInfo;
 use troupe_wire::endpoints as ep;
 use troupe_wire::sglang::GetWeightVersion;
 use troupe_wire::vllm::WorldSize;
+use troupe_wire::{Endpoint, WeightVersion};
 
 use super::{EngineCallError, EngineClient, believable_gpus, typed};
 use crate::engines::{Engine, EngineDialect};
@@ -44,7 +44,7 @@ impl EngineClient {
     }
 
     /// The version of the weights the engine serves.
-    pub async fn weight_version(&self, e: &Engine) -> Result<String, EngineCallError> {
+    pub async fn weight_version(&self, e: &Engine) -> Result<WeightVersion, EngineCallError> {
         // vLLM: `GET /weight_info`; SGLang 0.5.23 has no /get_weight_version (the reference
         // engine and slime's SGLang do) and reports the version in `GET /model_info`.
         let (path, v) = match e.dialect {

@@ -21,7 +21,7 @@ use troupe_wire::sglang::{
 };
 use troupe_wire::vllm::{
     self, AbortRequests, CollectiveRpc, FinishWeightUpdate, InitWeightTransferEngine, UpdateInfo,
-    UpdateWeightVersion, UpdateWeights, WeightTransferInit,
+    UpdateInfoArg, UpdateWeightVersion, UpdateWeights, WeightTransferInit,
 };
 use troupe_wire::{Endpoint, PauseMode, WeightVersion};
 
@@ -93,11 +93,9 @@ impl EngineClient {
                     .await
             }
             EngineDialect::Vllm => {
-                let mode = match mode {
-                    PauseMode::Abort => vllm::PauseMode::Abort,
-                    PauseMode::InPlace | PauseMode::Retract => vllm::PauseMode::Keep,
+                let req = vllm::Pause {
+                    mode: Some(mode.into()),
                 };
-                let req = vllm::Pause { mode: Some(mode) };
                 self.call::<ep::Pause>(&e.url, &req).await
             }
         }
@@ -135,7 +133,10 @@ impl EngineClient {
     pub async fn flush_cache(&self, e: &Engine) -> Result<Ack, EngineCallError> {
         match e.dialect {
             EngineDialect::Sglang => self.call::<ep::FlushCache>(&e.url, &Empty {}).await,
-            EngineDialect::Vllm => self.call::<ep::ResetPrefixCache>(&e.url, &Empty {}).await,
+            EngineDialect::Vllm => {
+                self.call::<ep::ResetPrefixCache>(&e.url, &vllm::ResetPrefixCache::default())
+                    .await
+            }
         }
     }
 
@@ -192,11 +193,13 @@ impl EngineClient {
             EngineDialect::Vllm => {
                 let body = InitWeightTransferEngine {
                     init_info: WeightTransferInit {
-                        master_address: req.master_address.clone(),
-                        master_port: req.master_port,
-                        rank_offset: req.rank_offset,
-                        world_size: req.world_size,
                         group_secret: req.group_secret.clone(),
+                        ..WeightTransferInit::new(
+                            &req.master_address,
+                            req.master_port,
+                            req.rank_offset,
+                            req.world_size,
+                        )
                     },
                 };
                 self.call::<ep::InitWeightTransferEngine>(&e.url, &body)
@@ -246,13 +249,14 @@ impl EngineClient {
             }
             EngineDialect::Vllm => {
                 let body = UpdateWeights {
-                    update_info: UpdateInfo {
+                    update_info: UpdateInfoArg::One(UpdateInfo {
                         names: req.names.clone(),
                         dtype_names: req.dtypes.clone(),
                         shapes: req.shapes.clone(),
                         packed: req.packed,
+                        is_checkpoint_format: None,
                         stage: req.stage,
-                    },
+                    }),
                 };
                 self.call::<ep::UpdateWeights>(&e.url, &body).await
             }

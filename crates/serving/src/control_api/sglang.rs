@@ -7,7 +7,6 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
 use serde_json::{Value, json};
-use troupe_wire::PauseMode;
 use troupe_wire::endpoints as ep;
 use troupe_wire::routes::serve::{Req, ServeEndpoint};
 use troupe_wire::sglang::MemoryTags;
@@ -42,31 +41,8 @@ pub(super) fn routes() -> axum::Router<Arc<ControlPlane>> {
         .endpoint(ep::HealthGenerate, health_generate)
 }
 
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PauseBody {
-    #[serde(default)]
-    mode: Option<String>,
-}
-
-/// Parses a pause mode in SGLang's spelling.
-pub(super) fn sglang_mode(m: Option<&str>) -> Result<PauseMode, ApiError> {
-    match m {
-        None => Ok(PauseMode::Abort),
-        Some(s) => PauseMode::parse(s).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "unknown pause mode {s:?}; use one of {}",
-                PauseMode::names()
-            ))
-            .control()
-        }),
-    }
-}
-
-async fn pause(State(p): Plane, b: Bytes) -> Answer {
-    let req: PauseBody = body(&b)?;
-    let mode = sglang_mode(req.mode.as_deref())?;
-    Ok(json(p.pause(mode, false).await?))
+async fn pause(State(p): Plane, Req(req): Req<ep::PauseGeneration>) -> Answer {
+    Ok(json(p.pause(req.mode, false).await?))
 }
 
 async fn resume(State(p): Plane) -> Answer {

@@ -11,9 +11,10 @@ use axum::response::Response;
 use serde_json::{Map, Value, json};
 use troupe_wire::PauseMode;
 use troupe_wire::endpoints as ep;
-use troupe_wire::routes::serve::ServeEndpoint;
+use troupe_wire::routes::body::from_value;
+use troupe_wire::routes::serve::{Req, ServeEndpoint};
 use troupe_wire::sglang::UpdateWeightsFromDistributed;
-use troupe_wire::vllm::{FinishWeightUpdate, UpdateInfo};
+use troupe_wire::vllm::{UpdateInfo, WeightTransferInit};
 
 use super::{body, json};
 use troupe_fleet::control_plane::ControlPlane;
@@ -96,17 +97,18 @@ fn known(q: &[(String, String)], keys: &[&str]) -> Result<(), ApiError> {
     }
 }
 
-/// vLLM's pause modes: `abort` (requests in flight end now), `keep` (they stay and continue
-/// after resume), `wait` (they finish first, then the pause takes effect: Troupe keeps them in
-/// place and lets them finish after resume, the closest the engines offer).
+/// vLLM's pause mode (absent: `abort`), as the fleet carries it out (see wire's
+/// `From<vllm::PauseMode>`).
 fn vllm_mode(m: Option<&str>) -> Result<PauseMode, ApiError> {
     use troupe_wire::vllm::PauseMode as Vllm;
-    match m.map(|o| Vllm::parse(o).ok_or(o)) {
-        None | Some(Ok(Vllm::Abort)) => Ok(PauseMode::Abort),
-        Some(Ok(Vllm::Keep | Vllm::Wait)) => Ok(PauseMode::InPlace),
-        Some(Err(o)) => Err(bad(format!(
-            "unknown pause mode {o:?}; use \"abort\", \"wait\" or \"keep\""
-        ))),
+    match m {
+        None => Ok(PauseMode::Abort),
+        Some(o) => Vllm::parse(o).map(PauseMode::from).ok_or_else(|| {
+            bad(format!(
+                "unknown pause mode {o:?}; use one of {}",
+                Vllm::names()
+            ))
+        }),
     }
 }
 
@@ -176,21 +178,14 @@ async fn wake_up(State(p): Plane, uri: axum::http::Uri) -> Answer {
 
 /// `POST /reset_prefix_cache`: vLLM takes `reset_running_requests` as a query parameter,
 /// SkyRL's client sends it as a JSON body; both are accepted.
-async fn reset_prefix_cache(State(p): Plane, uri: axum::http::Uri, b: Bytes) -> Answer {
+async fn reset_prefix_cache(
+    State(p): Plane,
+    uri: axum::http::Uri,
+    Req(_): Req<ep::ResetPrefixCache>,
+) -> Answer {
     let q = query(&uri.query().map(str::to_string));
     known(&q, &["reset_running_requests", "reset_external"])?;
     flag(&q, "reset_running_requests")?;
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Body {
-        #[serde(default)]
-        #[allow(dead_code)]
-        reset_running_requests: bool,
-        #[serde(default)]
-        #[allow(dead_code)]
-        reset_external: bool,
-    }
-    let _: Body = body(&b)?;
     Ok(json(
         p.each("reset_prefix_cache", |c, e| {
             Box::pin(async move { c.flush_cache(&e).await.map(Value::from) })
@@ -206,36 +201,14 @@ async fn world_size(State(p): Plane, uri: axum::http::Uri) -> Answer {
     Ok(json(json!({"world_size": p.world_size().await})))
 }
 
-/// `init_info` as vLLM takes it, or the same fields flat (the SkyRL RFC's
-/// `/init_weight_update_communicator`); `backend` and `group_secret` (the `tcp` group's secret)
-/// are Troupe's additions (default `nccl`, none).
-/// vLLM's packing settings are accepted (packing is per bucket here).
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-struct InitInfo {
-    #[serde(default)]
-    packed: bool,
-    #[serde(default)]
-    packed_buffer_size_bytes: Option<u64>,
-    #[serde(default)]
-    packed_num_buffers: Option<u64>,
-    master_address: String,
-    master_port: u16,
-    #[serde(default)]
-    rank_offset: Option<u32>,
-    #[serde(default)]
-    world_size: Option<u32>,
-    #[serde(default)]
-    backend: Option<String>,
-    #[serde(default)]
-    group_secret: Option<String>,
-}
-
 async fn init_transfer(State(p): Plane, b: Bytes) -> Answer {
     let v: Value = body(&b)?;
-    let inner = v.get("init_info").cloned().unwrap_or(v);
-    let info: InitInfo = body(&Bytes::from(inner.to_string()))?;
+    let info: WeightTransferInit = match v {
+        Value::Object(mut m) if m.contains_key("init_info") => {
+            from_value(m.remove("init_info").unwrap_or_default(), "init_info")?
+        }
+        flat => from_value(flat, "body")?,
+    };
     // A new transfer engine replaces the old one, as in vLLM.
     if p.has_group(VLLM_TRANSFER_GROUP).await {
         p.destroy_group(VLLM_TRANSFER_GROUP).await?;
@@ -259,30 +232,8 @@ async fn start(State(p): Plane) -> Answer {
 /// `POST /update_weights {"update_info": {...} | [{...}, ...]}`: one bucket. A list is
 /// vLLM's per-rank form (one entry per inference rank); the fleet's engines take one bucket
 /// description, so every entry must say the same.
-async fn update(State(p): Plane, b: Bytes) -> Answer {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Body {
-        update_info: Value,
-    }
-    let req: Body = body(&b)?;
-    let info = match req.update_info {
-        Value::Array(list) => {
-            let first = list
-                .first()
-                .cloned()
-                .ok_or_else(|| bad("update_info is an empty list; send one bucket"))?;
-            if list.iter().any(|i| *i != first) {
-                return Err(bad(
-                    "update_info lists per-rank entries that differ; every rank of the fleet receives the same bucket, so send one {names, dtype_names, shapes}",
-                ));
-            }
-            first
-        }
-        one => one,
-    };
-    let info: UpdateInfo = body(&Bytes::from(info.to_string()))
-        .map_err(|e| bad(format!("update_info: {}", e.message)))?;
+async fn update(State(p): Plane, Req(req): Req<ep::UpdateWeights>) -> Answer {
+    let info = req.update_info.bucket(None).map_err(bad)?;
     bucket(&p, info).await
 }
 
@@ -292,14 +243,7 @@ async fn weight_info(State(p): Plane) -> Answer {
 }
 
 /// `POST /abort_requests {request_ids?}`: vLLM's abort (none listed: every request).
-async fn abort_requests(State(p): Plane, b: Bytes) -> Answer {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Body {
-        #[serde(default)]
-        request_ids: Vec<String>,
-    }
-    let req: Body = body(&b)?;
+async fn abort_requests(State(p): Plane, Req(req): Req<ep::AbortRequests>) -> Answer {
     let ids: Option<Arc<Vec<String>>> =
         (!req.request_ids.is_empty()).then(|| Arc::new(req.request_ids));
     Ok(json(
@@ -316,6 +260,12 @@ async fn abort_requests(State(p): Plane, b: Bytes) -> Answer {
 }
 
 async fn bucket(p: &ControlPlane, info: UpdateInfo) -> Answer {
+    info.check().map_err(bad)?;
+    if info.names.is_empty() {
+        return Err(bad(
+            "update_info.names is empty; send names, dtype_names and shapes (the fleet keeps no earlier bucket to reuse)",
+        ));
+    }
     let req = UpdateWeightsFromDistributed {
         names: info.names,
         dtypes: info.dtype_names,
@@ -329,27 +279,13 @@ async fn bucket(p: &ControlPlane, info: UpdateInfo) -> Answer {
     Ok(json(p.update_distributed(req).await?))
 }
 
-async fn finish(State(p): Plane, b: Bytes) -> Answer {
-    let req: FinishWeightUpdate = body(&b)?;
+async fn finish(State(p): Plane, Req(req): Req<ep::FinishWeightUpdate>) -> Answer {
     Ok(json(p.transfer_phase(Some(req.weight_version)).await?))
 }
 
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Rpc {
-    method: String,
-    #[serde(default)]
-    args: Vec<Value>,
-    #[serde(default)]
-    kwargs: Map<String, Value>,
-    /// vLLM's per-call timeout; the fleet's calls have their own.
-    #[serde(default, rename = "timeout")]
-    _timeout: Option<f64>,
-}
-
 /// `POST /collective_rpc {method, args, kwargs}` for the methods SkyRL sends through it.
-async fn collective_rpc(State(p): Plane, b: Bytes) -> Answer {
-    let rpc: Rpc = body(&b)?;
+/// vLLM's per-call `timeout` is accepted; the fleet's calls have their own.
+async fn collective_rpc(State(p): Plane, Req(rpc): Req<ep::CollectiveRpc>) -> Answer {
     match rpc.method.as_str() {
         // kwargs.is_checkpoint_format says how SkyRL's worker extension reloads layers; the
         // fleet's engines load named tensors either way.
@@ -363,7 +299,7 @@ async fn collective_rpc(State(p): Plane, b: Bytes) -> Answer {
                 .or_else(|| rpc.args.first())
                 .cloned()
                 .ok_or_else(|| bad("update_weights_nccl needs kwargs.update_info {names, dtype_names, shapes, packed?}"))?;
-            let info: UpdateInfo = body(&Bytes::from(info.to_string()))?;
+            let info: UpdateInfo = from_value(info, "update_info")?;
             bucket(&p, info).await
         }
         "skyrl_finish_weight_update" => {

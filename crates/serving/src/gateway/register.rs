@@ -82,8 +82,8 @@ impl GatewayState {
             // What it serves, for requests that ask for a version (`troupe_router::pinned`); a vLLM
             // worker's info has none, so it stays unknown until the fleet says.
             // One that is not a version (empty, control characters) leaves it unknown.
-            if let Some(v) = i.weight_version.as_deref() {
-                worker.set_weight_version(troupe_wire::WeightVersion::new(v).ok());
+            if i.weight_version.is_some() {
+                worker.set_weight_version(i.weight_version.clone());
             }
             // Its KV pool and context, for policies that admit sessions by KV pressure
             // (`kv_sticky`).

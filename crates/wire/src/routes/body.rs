@@ -26,6 +26,22 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     })
 }
 
+/// Reads a JSON value that arrived inside another body (an RPC's argument, a list's entry)
+/// as `T`, naming it (`what`) and the field that is wrong. The error is a control endpoint's
+/// 400.
+pub fn from_value<T: DeserializeOwned>(v: serde_json::Value, what: &str) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let at = if path == "." {
+            what.to_string()
+        } else {
+            format!("{what}.{path}")
+        };
+        ApiError::bad_request(format!("invalid {at}: {inner}")).control()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -124,7 +124,7 @@ endpoints! {
     /// vLLM `POST /wake_up?tags=`.
     WakeUp = "/wake_up", POST, Some(Vllm), true, Admin, Both, Control, Query: vllm::WakeUp => Ack;
     /// vLLM `POST /reset_prefix_cache`.
-    ResetPrefixCache = "/reset_prefix_cache", POST, Some(Vllm), true, Admin, Both, Control, Json: Empty => Ack;
+    ResetPrefixCache = "/reset_prefix_cache", POST, Some(Vllm), true, Admin, Both, Control, Json: vllm::ResetPrefixCache => Ack;
     /// vLLM `POST /init_weight_transfer_engine {init_info}`.
     InitWeightTransferEngine = "/init_weight_transfer_engine", POST, Some(Vllm), true, Admin, Both, Control, Json: vllm::InitWeightTransferEngine => Ack;
     /// vLLM `POST /shutdown_weight_transfer_engine` (one server's; the fleet has none).
