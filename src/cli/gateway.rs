@@ -176,7 +176,7 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
     sessions.check(|k| format!("--{}", k.replace('_', "-")))?;
     let d = GatewayConfig::default();
     let control_timeout = match a.control_timeout_s {
-        None => d.control_timeout,
+        None => d.fleet.control_timeout,
         Some(s) => {
             let most = gateway::MAX_CONTROL_TIMEOUT.as_secs_f64();
             if !(s.is_finite() && s > 0.0 && s <= most) {
@@ -209,10 +209,12 @@ pub fn config(a: &GatewayArgs) -> Result<GatewayConfig, String> {
         workers,
         control_auth: a.control_auth,
         key_reads: a.key_reads,
-        weights_fp8: a.weights_fp8,
-        weights_delta: a.weights_delta,
-        weights_master_host: a.weights_master_host.clone(),
-        control_timeout,
+        fleet: troupe_serving::FleetConfig {
+            control_timeout,
+            weights_fp8: a.weights_fp8,
+            weights_delta: a.weights_delta,
+            weights_master_host: a.weights_master_host.clone(),
+        },
         io_threads: a.io_threads.map_or_else(default_io_threads, |n| n as usize),
         // Without --tokenizer, `run` asks the workers for their model (`discover`).
         agent: match &a.agent.tokenizer {

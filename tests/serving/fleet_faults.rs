@@ -10,8 +10,8 @@ use common::procs::EngineProcess;
 use common::{client, engine, engine_args, engine_paused, get, until, within};
 use nix::sys::signal::Signal;
 use serde_json::json;
-use troupe_serving::WorkerSpec;
 use troupe_serving::gateway::{self, GatewayConfig};
+use troupe_serving::{FleetConfig, WorkerSpec};
 
 use super::fleet_control::Fleet;
 
@@ -23,7 +23,10 @@ async fn a_frozen_engine_that_missed_a_pause_serves_again_when_it_wakes() {
         let (au, bu) = (a.url(), b.url.clone());
         let g = gateway::start(GatewayConfig {
             workers: vec![WorkerSpec::regular(&au), WorkerSpec::regular(&bu)],
-            control_timeout: Duration::from_secs(15),
+            fleet: FleetConfig {
+                control_timeout: Duration::from_secs(15),
+                ..FleetConfig::default()
+            },
             ..GatewayConfig::default()
         })
         .await

@@ -11,8 +11,10 @@
 
 #![warn(missing_docs)]
 
+pub mod config;
 pub mod control_plane;
 pub mod engine_client;
 pub mod engines;
 
+pub use config::FleetConfig;
 pub use engine_client::{EngineCallError, EngineClient, Refusal};

@@ -33,3 +33,4 @@ pub mod sse;
 pub mod upstream;
 
 pub use error::{ApiError, ServingError};
+pub use limits::ServeLimits;

@@ -42,8 +42,8 @@ pub use troupe_router::{
     worker,
 };
 
-pub use troupe_fleet::{EngineCallError, EngineClient, Refusal};
-pub use troupe_http::{ApiError, ServingError};
+pub use troupe_fleet::{EngineCallError, EngineClient, FleetConfig, Refusal};
+pub use troupe_http::{ApiError, ServeLimits, ServingError};
 pub use troupe_router::{PdPair, Policy, PolicyKind, Router, RouterConfig};
 pub use troupe_router::{Worker, WorkerInfo, WorkerSpec, WorkerType};
 

@@ -14,9 +14,9 @@ use serde_json::{Value, json};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use troupe_serving::WorkerSpec;
 use troupe_serving::gateway::{self, GatewayConfig, GatewayHandle};
 use troupe_serving::proxy::{self, ProxyConfig};
+use troupe_serving::{ServeLimits, WorkerSpec};
 
 /// A gateway over `workers` with `tune` applied, probing off, no retries.
 async fn gw_with(workers: Vec<WorkerSpec>, tune: impl FnOnce(&mut GatewayConfig)) -> GatewayHandle {
@@ -79,7 +79,7 @@ mod timeouts {
     async fn a_held_partial_request_head_is_cut_after_the_header_read_timeout() {
         within(20, async {
             let g = gw_with(vec![], |c| {
-                c.header_read_timeout = Duration::from_millis(300);
+                c.limits.header_read_timeout = Duration::from_millis(300);
             })
             .await;
             for partial in [
@@ -105,7 +105,7 @@ mod timeouts {
         within(20, async {
             let b = fake(|_, _, _| Reply::Json(StatusCode::OK, answer(1))).await;
             let g = gw_with(vec![WorkerSpec::regular(&b.url)], |c| {
-                c.body_read_timeout = Duration::from_millis(300);
+                c.limits.body_read_timeout = Duration::from_millis(300);
             })
             .await;
             let mut s = connect(g.addr()).await;
@@ -130,7 +130,7 @@ mod timeouts {
         within(20, async {
             let slow = fake(|_, _, _| Reply::Hang).await;
             let g = gw_with(vec![WorkerSpec::regular(&slow.url)], |c| {
-                c.idle_timeout = Duration::from_millis(300);
+                c.limits.idle_timeout = Duration::from_millis(300);
                 c.request_timeout = Duration::from_millis(900);
             })
             .await;
@@ -160,8 +160,11 @@ mod timeouts {
             let b = fake(|_, _, _| Reply::Json(StatusCode::OK, answer(1))).await;
             let p = proxy::start(ProxyConfig {
                 backends: vec![b.url.clone()],
-                header_read_timeout: Duration::from_millis(300),
-                max_body_bytes: 1024,
+                limits: ServeLimits {
+                    header_read_timeout: Duration::from_millis(300),
+                    max_body_bytes: 1024,
+                    ..Default::default()
+                },
                 ..Default::default()
             })
             .await
@@ -191,8 +194,8 @@ mod envelope {
     async fn an_oversized_body_is_refused_at_the_gateway_in_the_envelope() {
         within(20, async {
             let b = fake(|_, _, _| Reply::Json(StatusCode::OK, answer(1))).await;
-            let g = gw_with(vec![WorkerSpec::regular(&b.url)], |c| c.max_body_bytes = 1024).await;
-            assert_eq!(GatewayConfig::default().max_body_bytes, 32 << 20);
+            let g = gw_with(vec![WorkerSpec::regular(&b.url)], |c| c.limits.max_body_bytes = 1024).await;
+            assert_eq!(GatewayConfig::default().limits.max_body_bytes, 32 << 20);
             let big = json!({"text": "x".repeat(4096)});
             let (st, v) = post(&format!("{}/generate", g.url()), &big).await;
             assert_eq!(st, 413, "{v}");
@@ -333,12 +336,12 @@ mod auth_before_body {
         within(20, async {
             let own = gw_with(vec![], |c| {
                 c.admin_key = Some("adm".into());
-                c.body_read_timeout = Duration::from_secs(600);
+                c.limits.body_read_timeout = Duration::from_secs(600);
             })
             .await;
             let fwd = gw_with(vec![], |c| {
                 c.admin_key = Some("adm".into());
-                c.body_read_timeout = Duration::from_secs(600);
+                c.limits.body_read_timeout = Duration::from_secs(600);
                 c.control_upstream = Some("http://127.0.0.1:9".into());
             })
             .await;

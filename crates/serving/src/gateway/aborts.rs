@@ -111,7 +111,7 @@ pub(super) async fn targeted(
         }
     }
     let client = EngineClient::over(state.upstream.clone(), state.cfg.worker_api_key.clone())
-        .with_timeout(state.cfg.control_timeout);
+        .with_timeout(state.cfg.fleet.control_timeout);
     let calls = by_worker.into_values().map(|(w, ids)| {
         let (client, rest) = (client.clone(), rest.clone());
         async move {

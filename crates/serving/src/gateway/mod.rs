@@ -45,6 +45,7 @@ use troupe_wire::endpoints as ep;
 use troupe_wire::routes::serve::ServeEndpoint;
 
 use super::control_api::{self, ControlAuth, Upstream};
+use troupe_fleet::FleetConfig;
 use troupe_fleet::control_plane::{ControlPlane, WeightSyncOptions};
 use troupe_fleet::engine_client::EngineClient;
 use troupe_http::client;
@@ -81,23 +82,18 @@ pub struct GatewayConfig {
     pub version_wait: Duration,
     /// Upper bound on one non-stream attempt (decode waits up to its KV timeout for a prefill).
     pub request_timeout: Duration,
-    /// Largest accepted request body, in bytes (default 32 MiB: a long prompt as JSON token ids
-    /// is a few MiB; a larger body is refused with 413 in the JSON envelope before it is read in
-    /// full, and never forwarded).
-    pub max_body_bytes: usize,
-    /// An HTTP/1 request head must arrive within this (default 30 s), counted from the accept
-    /// or the end of the previous response, so it also closes idle keep-alive connections.
-    pub header_read_timeout: Duration,
-    /// A request body must arrive in full within this (default 60 s), or the answer is 408.
-    pub body_read_timeout: Duration,
-    /// A connection with no request in flight for this long is closed (default 90 s; it is
-    /// what bounds idle HTTP/2 connections, which have no header timeout).
-    pub idle_timeout: Duration,
+    /// Connection bounds and request sizes ([`ServeLimits`]; its fields are `gateway.*` keys
+    /// of their own: `max_body_bytes` (default 32 MiB: a long prompt as JSON token ids is a few
+    /// MiB; a larger body is refused with 413 in the JSON envelope before it is read in full,
+    /// and never forwarded), `header_read_timeout` (30 s, counted from the accept or the end of
+    /// the previous response, so it also closes idle keep-alive connections),
+    /// `body_read_timeout` (60 s, then 408), `idle_timeout` (90 s; what bounds idle HTTP/2
+    /// connections) and `max_weights_bytes` (4 GiB, the largest weight push:
+    /// `/update_weights_from_tensor`, a safetensors body).
+    #[serde(flatten)]
+    pub limits: ServeLimits,
     /// Workers registered at start.
     pub workers: Vec<WorkerSpec>,
-    /// Largest weight push (`/update_weights_from_tensor`, a safetensors body), in bytes
-    /// (default 4 GiB).
-    pub max_weights_bytes: usize,
     /// Who may call the fleet control endpoints: `key` (the admin key, when there is one) or
     /// `none` (open; refused unless the gateway listens on a loopback address), for clients
     /// such as SkyRL's that send no key.
@@ -110,18 +106,11 @@ pub struct GatewayConfig {
     /// so updates through the gateway are the controller's own). `None`: this gateway is the
     /// control plane of the workers registered on it.
     pub control_upstream: Option<String>,
-    /// Weight pushes through this gateway's own plane go out FP8 block-quantized.
-    pub weights_fp8: bool,
-    /// Whether those pushes send only what changed (`--weights-delta`).
-    #[serde(default)]
-    pub weights_delta: troupe_weights::delta::DeltaMode,
-    /// The address engines dial for this gateway's weight broadcast (default: the listen
-    /// address's host, or 127.0.0.1 when it listens on every interface).
-    pub weights_master_host: Option<String>,
-    /// Longest a fleet control call to one engine is waited for (default 120 s, a weight
-    /// bucket's whole transfer). A pause or resume still unanswered then stays open and its
-    /// engine is brought to the fleet's state once it answers (`control_plane::reconcile`).
-    pub control_timeout: Duration,
+    /// How this gateway's own control plane drives the engines ([`FleetConfig`]; its fields
+    /// are `gateway.*` keys of their own: `control_timeout`, `weights_fp8`, `weights_delta`,
+    /// `weights_master_host`). Unused with `control_upstream`.
+    #[serde(flatten)]
+    pub fleet: FleetConfig,
     /// Threads of its own to serve on, each a single-threaded runtime accepting connections
     /// (`troupe gateway`: one per core); 0 serves on the runtime that started the gateway (a
     /// gateway embedded in a controller). See [`troupe_http::listen::serve_on_threads`].
@@ -132,8 +121,8 @@ pub struct GatewayConfig {
     pub agent: Option<troupe_agent::AgentSpec>,
 }
 
-/// Longest [`GatewayConfig::control_timeout`] accepted (an hour).
-pub const MAX_CONTROL_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Longest [`FleetConfig::control_timeout`] accepted (an hour).
+pub use troupe_fleet::config::MAX_CONTROL_TIMEOUT;
 
 /// Most [`GatewayConfig::io_threads`] accepted.
 pub const MAX_IO_THREADS: usize = 1024;
@@ -174,19 +163,12 @@ impl Default for GatewayConfig {
             retry_backoff: Duration::from_millis(5),
             version_wait: Duration::from_secs(30),
             request_timeout: Duration::from_secs(600),
-            max_body_bytes: client::DEFAULT_MAX_BODY_BYTES,
-            header_read_timeout: Duration::from_secs(30),
-            body_read_timeout: Duration::from_secs(60),
-            idle_timeout: Duration::from_secs(90),
+            limits: ServeLimits::default(),
             workers: Vec::new(),
-            max_weights_bytes: troupe_http::listen::DEFAULT_MAX_WEIGHTS_BYTES,
             control_auth: ControlAuthMode::Key,
             key_reads: false,
             control_upstream: None,
-            weights_fp8: false,
-            weights_delta: troupe_weights::delta::DeltaMode::Auto,
-            weights_master_host: None,
-            control_timeout: troupe_fleet::engine_client::CONTROL_TIMEOUT,
+            fleet: FleetConfig::default(),
             io_threads: 0,
             agent: None,
         }
@@ -224,13 +206,7 @@ pub(crate) struct GatewayState {
 impl GatewayConfig {
     /// The connection bounds and body limit the gateway serves with.
     pub fn limits(&self) -> ServeLimits {
-        ServeLimits {
-            header_read_timeout: self.header_read_timeout,
-            body_read_timeout: self.body_read_timeout,
-            idle_timeout: self.idle_timeout,
-            max_body_bytes: self.max_body_bytes,
-            max_weights_bytes: self.max_weights_bytes.max(self.max_body_bytes),
-        }
+        self.limits.effective()
     }
 }
 
@@ -372,12 +348,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         )));
     }
     cfg.router.check()?;
-    if cfg.control_timeout.is_zero() || cfg.control_timeout > MAX_CONTROL_TIMEOUT {
-        return Err(ServingError::Config(format!(
-            "control_timeout must be positive and at most {MAX_CONTROL_TIMEOUT:?}, got {:?}",
-            cfg.control_timeout
-        )));
-    }
+    cfg.fleet.check().map_err(ServingError::Config)?;
     let agent = match &cfg.agent {
         Some(spec) => Some(Arc::new(agent::journal::build(spec).map_err(|e| {
             ServingError::Config(format!("the gateway's agent layer: {e}"))
@@ -428,21 +399,26 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
     let control = match &state.cfg.control_upstream {
         Some(u) => Control::Upstream(Arc::new(parking_lot::RwLock::new(Some(u.clone())))),
         None => {
-            let master = state.cfg.weights_master_host.clone().unwrap_or_else(|| {
-                if addr.ip().is_unspecified() {
-                    "127.0.0.1".into()
-                } else {
-                    addr.ip().to_string()
-                }
-            });
+            let master = state
+                .cfg
+                .fleet
+                .weights_master_host
+                .clone()
+                .unwrap_or_else(|| {
+                    if addr.ip().is_unspecified() {
+                        "127.0.0.1".into()
+                    } else {
+                        addr.ip().to_string()
+                    }
+                });
             Control::Local(ControlPlane::over_router(
                 router.clone(),
                 EngineClient::over(upstream.clone(), state.cfg.worker_api_key.clone())
-                    .with_timeout(state.cfg.control_timeout),
+                    .with_timeout(state.cfg.fleet.control_timeout),
                 WeightSyncOptions {
                     group_name: "troupe-fleet".into(),
-                    fp8: state.cfg.weights_fp8,
-                    delta: state.cfg.weights_delta,
+                    fp8: state.cfg.fleet.weights_fp8,
+                    delta: state.cfg.fleet.weights_delta,
                     master_host: master,
                     ..WeightSyncOptions::default()
                 },
@@ -456,7 +432,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         }
         Control::Upstream(_) => None,
     };
-    let max_w = state.cfg.max_weights_bytes.max(state.cfg.max_body_bytes);
+    let max_w = state.cfg.limits().max_weights_bytes;
     let control_routes = match &control {
         Control::Local(p) => control_api::router(p.clone(), max_w),
         Control::Upstream(u) => control_api::forwarder(
@@ -557,6 +533,38 @@ fn app(state: Arc<GatewayState>) -> axum::Router {
         .route(ep::Worker::PATH, get(admin::get_one).delete(admin::remove))
         .merge(agent::routes())
         .fallback(probes::not_found)
-        .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
+        .layer(DefaultBodyLimit::max(state.cfg.limits.max_body_bytes))
         .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The settings travel as the gateway actor's spawn arguments: the limits and the fleet's
+    /// settings, kept in types of their own, keep their flat keys there.
+    #[test]
+    fn config_round_trips_as_spawn_arguments_with_flat_limit_keys() {
+        let mut c = GatewayConfig::default();
+        c.limits.max_body_bytes = 1024;
+        c.limits.idle_timeout = Duration::from_millis(1500);
+        c.fleet.weights_fp8 = true;
+        let back: GatewayConfig =
+            troupe_wire::codec::decode(&troupe_wire::codec::encode(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["max_body_bytes"], 1024, "{v}");
+        assert_eq!(v["weights_fp8"], true, "{v}");
+        let only: GatewayConfig =
+            serde_json::from_value(serde_json::json!({"max_body_bytes": 7})).unwrap();
+        assert_eq!(only.limits.max_body_bytes, 7);
+        assert_eq!(
+            only.limits.idle_timeout,
+            ServeLimits::default().idle_timeout
+        );
+        assert_eq!(
+            c.limits().max_weights_bytes,
+            listen::DEFAULT_MAX_WEIGHTS_BYTES
+        );
+    }
 }

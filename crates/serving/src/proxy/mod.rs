@@ -71,27 +71,19 @@ pub struct ProxyConfig {
     pub pause_wait: Duration,
     /// Bearer key sent to the backend when the client sent none.
     pub backend_api_key: Option<String>,
-    /// Largest accepted request body (default [`client::DEFAULT_MAX_BODY_BYTES`], as the
-    /// gateway's); larger ones are answered 413 in the JSON envelope, never forwarded.
-    pub max_body_bytes: usize,
-    /// An HTTP/1 request head must arrive within this (default 30 s; also closes idle
-    /// keep-alive connections).
-    pub header_read_timeout: Duration,
-    /// A request body must arrive in full within this (default 60 s), or the answer is 408.
-    pub body_read_timeout: Duration,
-    /// A connection with no request in flight for this long is closed (default 90 s).
-    pub idle_timeout: Duration,
+    /// Connection bounds and the body limit ([`ServeLimits`]; the gateway's defaults, with a
+    /// body limit of the gateway's plus 1 MiB, so a body the gateway took is never refused by
+    /// the hop behind it: the fields it adds, `rid` and PD's bootstrap fields, fit). Weight
+    /// pushes never pass through a proxy: their limit is the body limit.
+    pub limits: ServeLimits,
 }
 
 impl ProxyConfig {
     /// The connection bounds and body limit the proxy serves with.
     pub fn limits(&self) -> ServeLimits {
         ServeLimits {
-            header_read_timeout: self.header_read_timeout,
-            body_read_timeout: self.body_read_timeout,
-            idle_timeout: self.idle_timeout,
-            max_body_bytes: self.max_body_bytes,
-            max_weights_bytes: self.max_body_bytes,
+            max_weights_bytes: self.limits.max_body_bytes,
+            ..self.limits
         }
     }
 }
@@ -107,10 +99,10 @@ impl Default for ProxyConfig {
             backend_api_key: None,
             // The gateway's client-facing limit plus room for the fields it adds (`rid`, PD's
             // bootstrap fields): a body the gateway took is never refused by the hop behind it.
-            max_body_bytes: client::DEFAULT_MAX_BODY_BYTES + (1 << 20),
-            header_read_timeout: Duration::from_secs(30),
-            body_read_timeout: Duration::from_secs(60),
-            idle_timeout: Duration::from_secs(90),
+            limits: ServeLimits {
+                max_body_bytes: client::DEFAULT_MAX_BODY_BYTES + (1 << 20),
+                ..ServeLimits::default()
+            },
         }
     }
 }
@@ -225,7 +217,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle, ServingError> {
         .route(ep::Completions::PATH, post(openai::completions))
         .route(ep::ChatCompletions::PATH, post(openai::chat))
         .fallback(forward)
-        .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
+        .layer(DefaultBodyLimit::max(state.cfg.limits.max_body_bytes))
         .with_state(state.clone());
     let (tx, rx) = oneshot::channel::<()>();
     // Open: the backend checks its own keys, and no body here may pass max_body_bytes.
@@ -249,7 +241,7 @@ fn upstream_error(backend: &str, e: impl std::fmt::Display) -> Response {
 /// Any request other than a resubmittable `/generate`: forwarded as is, response streamed back.
 async fn forward(State(state): State<Arc<ProxyState>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
-    let body = match axum::body::to_bytes(body, state.cfg.max_body_bytes).await {
+    let body = match axum::body::to_bytes(body, state.cfg.limits.max_body_bytes).await {
         Ok(b) => b,
         Err(e) => {
             return ApiError::bad_request(format!("cannot read the request body: {e}"))
