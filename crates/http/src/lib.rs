@@ -23,6 +23,7 @@ pub mod client;
 pub mod coalesce;
 pub mod envelope;
 pub mod error;
+pub mod held;
 pub mod hops;
 pub mod keys;
 pub mod limits;

@@ -22,15 +22,11 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
-use bytes::Bytes;
-use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
@@ -39,6 +35,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::held::HeldBody;
 use crate::keys::KeyedRoutes;
 
 /// Most headers hyper itself parses. Above [`crate::envelope::MAX_HEADERS`] so that a request
@@ -102,32 +99,6 @@ impl Drop for Busy {
     fn drop(&mut self) {
         *self.0.idle_since.lock() = Instant::now();
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// A response body that keeps its request counted as in flight.
-struct BusyBody {
-    inner: Body,
-    _busy: Busy,
-}
-
-impl HttpBody for BusyBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -278,10 +249,8 @@ async fn connection(
                 Err(never) => match never {},
             };
             Ok::<_, Infallible>(resp.map(|b| {
-                Body::new(BusyBody {
-                    inner: b,
-                    _busy: busy,
-                })
+                // The request counts as in flight until its body is sent.
+                HeldBody::new(b, busy).into_body()
             }))
         }
     });

@@ -5,14 +5,11 @@
 //! increments on creation and decrements on drop; [`GuardedBody`] carries guards inside a
 //! response body so they drop exactly when the body is finished or the client goes away.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use axum::body::Body;
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::{Body as HttpBody, Frame, SizeHint};
 
 use super::worker::Worker;
 
@@ -71,45 +68,7 @@ impl Drop for LoadGuard {
 }
 
 /// A response body that holds load guards until it is fully sent or dropped.
-pub struct GuardedBody {
-    inner: Body,
-    _guards: Vec<LoadGuard>,
-}
-
-impl GuardedBody {
-    /// Wraps `inner`; `guards` drop with the body.
-    pub fn new(inner: Body, guards: Vec<LoadGuard>) -> Self {
-        Self {
-            inner,
-            _guards: guards,
-        }
-    }
-
-    /// As an axum body.
-    pub fn into_body(self) -> Body {
-        Body::new(self)
-    }
-}
-
-impl HttpBody for GuardedBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
+pub type GuardedBody = troupe_http::held::HeldBody<Vec<LoadGuard>>;
 
 /// Reads a whole body (test and tooling helper).
 pub async fn collect(body: Body) -> Result<Bytes, axum::Error> {
