@@ -182,7 +182,7 @@ async fn sglang_names_reach_every_engine_of_a_pd_fleet_once() {
         // The fleet's version: set through the gateway, the controller's fleet knows it.
         f.ok("/update_weight_version", json!({"new_version": "v7"})).await;
         assert_eq!(f.version().await, "v7");
-        assert_eq!(svc.plane.fleet().version().as_deref(), Some("v7"));
+        assert_eq!(svc.plane.fleet().weight_version().as_ref().map(|v| v.as_str()), Some("v7"));
         let (_, info) = f.get("/server_info").await;
         assert_eq!(info["fleet"]["engines"], 2, "{info}");
         assert_eq!(info["fleet"]["weight_version"], "v7", "{info}");
@@ -226,7 +226,7 @@ async fn sglang_names_reach_every_engine_of_a_pd_fleet_once() {
         sent.unwrap();
         assert_eq!(answer.0, 200, "{}", answer.1);
         assert_eq!(f.version().await, "d1");
-        assert_eq!(svc.plane.fleet().version().as_deref(), Some("d1"));
+        assert_eq!(svc.plane.fleet().weight_version().as_ref().map(|v| v.as_str()), Some("d1"));
         f.ok("/destroy_weights_update_group", json!({"group_name": "client"})).await;
         let (s, v) = f.post("/update_weights_from_distributed", json!({"names": ["model.norm.weight"], "dtypes": ["bfloat16"], "shapes": [shape], "group_name": "client"})).await;
         assert_eq!(s, 400, "no such group any more: {v}");

@@ -288,7 +288,7 @@ async fn grpc_calls_are_operations_of_the_gateways_control_plane() {
         sent.unwrap();
         assert!(acked.unwrap().into_inner().ok);
         assert!(api.end_weight_update(EndWeightUpdateRequest::default()).await.unwrap().into_inner().ok);
-        assert_eq!(svc.plane.fleet().version().as_deref(), Some("g-1"));
+        assert_eq!(svc.plane.fleet().weight_version().as_ref().map(|v| v.as_str()), Some("g-1"));
         let engine = svc.control.engines()[0].clone();
         let catcher = svc.plane.fleet().catcher().expect("the plane catches servers up");
         let why = catcher.catch_up(&svc.control, &engine).await.unwrap_err();

@@ -180,12 +180,6 @@ impl Fleet {
         self.with(|i| i.version.clone())
     }
 
-    /// [`Fleet::weight_version`] as text: for the gateway's tensor route, which names the next
-    /// version from it, until it takes the type.
-    pub fn version(&self) -> Option<String> {
-        self.with(|i| i.version.as_ref().map(WeightVersion::to_string))
-    }
-
     /// The version the serving heads are thought to hold: the last update's, or the last one
     /// they were all seen on ([`Fleet::expect_version`]). What a resume asks engines that honour
     /// `If-Match` to hold (`super::resume`); only a guess, each engine checks it.

@@ -30,8 +30,9 @@ pub(super) fn routes(max_bytes: usize) -> axum::Router<Arc<ControlPlane>> {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Params {
+    /// Checked as it is read ([`WeightVersion`]'s rules), naming the parameter.
     #[serde(default)]
-    weight_version: Option<String>,
+    weight_version: Option<WeightVersion>,
     /// Push tensors holding NaN or infinite values anyway (refused by default: an engine
     /// serving them answers every request with garbage, such as token 0 forever).
     #[serde(default)]
@@ -44,19 +45,16 @@ fn bad(m: impl Into<String>) -> ApiError {
 
 /// The version after `current` when the client names none, by the one rule of
 /// [`WeightVersion::next`]: its step counts up (`41` → `42`, `v3` → `v4`).
-fn next_version(current: Option<String>) -> Result<String, ApiError> {
+fn next_version(current: Option<WeightVersion>) -> Result<WeightVersion, ApiError> {
     let Some(v) = current else {
-        return Ok("1".into());
+        return Ok(WeightVersion::from(1));
     };
-    WeightVersion::new(v.clone())
-        .ok()
-        .and_then(|w| w.next())
-        .map(|w| w.to_string())
-        .ok_or_else(|| {
-            bad(format!(
-                "the fleet's weight version {v:?} has no next one: pass ?weight_version=<new version>"
-            ))
-        })
+    v.next().ok_or_else(|| {
+        bad(format!(
+            "the fleet's weight version {v:?} has no next one: pass ?weight_version=<new version>",
+            v = v.as_str()
+        ))
+    })
 }
 
 async fn update(
@@ -97,10 +95,10 @@ async fn update(
         })
         .collect();
     let version = match q.weight_version {
-        Some(v) => WeightVersion::new(v).map_err(bad)?.to_string(),
-        None => next_version(p.fleet().version())?,
+        Some(v) => v,
+        None => next_version(p.fleet().weight_version())?,
     };
-    let rep = p.update_from_tensors(&version, &tensors).await?;
+    let rep = p.update_tensors(&version, &tensors).await?;
     Ok(json(json!({
         "success": true,
         "message": format!("{} tensors to every engine as version {}", tensors.len(), rep.version),
@@ -122,9 +120,10 @@ mod tests {
 
     #[test]
     fn versions_count_up_from_numbers_only() {
+        let v = |s: &str| Some(WeightVersion::new(s).unwrap());
         assert_eq!(next_version(None).unwrap(), "1");
-        assert_eq!(next_version(Some("41".into())).unwrap(), "42");
-        assert_eq!(next_version(Some("v3".into())).unwrap(), "v4");
-        assert!(next_version(Some(u64::MAX.to_string())).is_err());
+        assert_eq!(next_version(v("41")).unwrap(), "42");
+        assert_eq!(next_version(v("v3")).unwrap(), "v4");
+        assert!(next_version(v(&u64::MAX.to_string())).is_err());
     }
 }
