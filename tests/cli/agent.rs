@@ -149,6 +149,15 @@ async fn troupe_serve_has_the_agent_layer_on_by_default_under_the_listed_model_n
 /// `troupe gateway` in front of `engine` with no `--tokenizer` (it asks the engine for its
 /// model), keeping sessions in `dir`; its URL and its stderr lines so far.
 async fn gateway(engine: &str, dir: &std::path::Path) -> (tokio::process::Child, String, String) {
+    gateway_over(&[engine], &[], dir).await
+}
+
+/// [`gateway`] over `engines` (registered in this order) with `extra` flags.
+async fn gateway_over(
+    engines: &[&str],
+    extra: &[&str],
+    dir: &std::path::Path,
+) -> (tokio::process::Child, String, String) {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_troupe"))
         .args([
             "gateway",
@@ -158,7 +167,8 @@ async fn gateway(engine: &str, dir: &std::path::Path) -> (tokio::process::Child,
             "1",
             "--worker-urls",
         ])
-        .arg(engine)
+        .arg(engines.join(","))
+        .args(extra)
         .arg("--session-dir")
         .arg(dir)
         .env("TROUPE_ADMIN_KEY", "admin-k")
@@ -168,7 +178,12 @@ async fn gateway(engine: &str, dir: &std::path::Path) -> (tokio::process::Child,
         .spawn()
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = out.next_line().await.unwrap().expect("a ready line");
+    let Some(line) = out.next_line().await.unwrap() else {
+        let mut err = String::new();
+        let mut e = child.stderr.take().unwrap();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut e, &mut err).await;
+        panic!("the gateway exited before its ready line:\n{err}");
+    };
     let url = line
         .strip_prefix("gateway listening on ")
         .expect(&line)
@@ -315,6 +330,71 @@ async fn a_recorded_session_survives_a_killed_gateway_token_exact() {
         stop(&g);
         let _ = g.wait().await;
         engine.shutdown().await.unwrap();
+    })
+    .await
+}
+
+/// An engine's prompt and prefix-cache hit counters (`/server_info`).
+async fn tokens_seen(engine: &str) -> (u64, u64) {
+    let v: Value = crate::common::client()
+        .get(format!("{engine}/server_info"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let s = &v["internal_states"][0];
+    (
+        s["prompt_tokens_total"].as_u64().unwrap(),
+        s["cached_tokens_total"].as_u64().unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn a_restarted_gateway_sends_a_recorded_session_back_to_its_engine() {
+    within(180, async {
+        let (a, b) = (
+            crate::common::engine(crate::common::engine_args()).await,
+            crate::common::engine(crate::common::engine_args()).await,
+        );
+        let (au, bu) = (a.url(), b.url());
+        let dir = tempfile::tempdir().unwrap();
+        let sticky = ["--policy", "sticky_least_loaded"];
+        // Two turns: the session binds to the first engine of a tie, `a`.
+        let (mut g, url, _) = gateway_over(&[&au, &bu], &sticky, dir.path()).await;
+        let (_, s) = post(&format!("{url}/sessions"), Some("admin-k"), &json!({})).await;
+        let key = s["api_key"].as_str().unwrap().to_string();
+        let mut h = Vec::new();
+        turn(&url, &key, &mut h, "hi").await;
+        turn(&url, &key, &mut h, "tell me more").await;
+        let (a0, b0) = (tokens_seen(&au).await, tokens_seen(&bu).await);
+        assert!(
+            a0.0 > 0 && b0.0 == 0,
+            "the session's turns went to a: {a0:?} {b0:?}"
+        );
+        g.start_kill().unwrap();
+        let _ = g.wait().await;
+        // Restarted with the engines the other way round, a new session would go to `b`;
+        // the recorded one goes back to `a`, where its prefix is cached.
+        let (mut g, url, _) = gateway_over(&[&bu, &au], &sticky, dir.path()).await;
+        turn(&url, &key, &mut h, "and then?").await;
+        let (a1, b1) = (tokens_seen(&au).await, tokens_seen(&bu).await);
+        assert_eq!(b1.0, 0, "nothing went to b: {b1:?}");
+        assert!(a1.0 > a0.0, "the turn went to a: {a0:?} -> {a1:?}");
+        assert!(
+            a1.1 > a0.1,
+            "and reused its cached prefix there: {a0:?} -> {a1:?}"
+        );
+        // A new session now goes by the policy's own rule (fewest sessions: b).
+        let (_, s2) = post(&format!("{url}/sessions"), Some("admin-k"), &json!({})).await;
+        let mut h2 = Vec::new();
+        turn(&url, s2["api_key"].as_str().unwrap(), &mut h2, "hello").await;
+        assert!(tokens_seen(&bu).await.0 > 0, "a new session goes to b");
+        stop(&g);
+        let _ = g.wait().await;
+        a.shutdown().await.unwrap();
+        b.shutdown().await.unwrap();
     })
     .await
 }

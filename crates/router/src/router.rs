@@ -93,6 +93,9 @@ pub fn fresh_room() -> u64 {
 pub struct Router {
     cfg: RouterConfig,
     workers: RwLock<Vec<Arc<dyn Worker>>>,
+    /// Session bindings read back for workers not registered yet, by worker URL: (session,
+    /// role) pairs, bound once a worker of that URL registers.
+    pending: parking_lot::Mutex<std::collections::HashMap<String, Vec<(String, String)>>>,
     regular: Arc<dyn Policy>,
     prefill: Arc<dyn Policy>,
     decode: Arc<dyn Policy>,
@@ -117,6 +120,7 @@ impl Router {
             decode,
             needs_text,
             workers: RwLock::new(Vec::new()),
+            pending: Default::default(),
             versions: tokio::sync::Notify::new(),
             cfg,
         })
@@ -146,6 +150,62 @@ impl Router {
     /// Drops every session binding; how many there were.
     pub fn clear_sessions(&self) -> usize {
         self.policies().iter().map(|p| p.clear_sessions()).sum()
+    }
+
+    /// The workers `session` is bound to, as (role, worker URL) pairs (`regular`, `prefill`,
+    /// `decode`), in the policies that bind sessions: what a recorded session keeps, so a
+    /// restarted gateway routes it back ([`Router::restore_session_bindings`]). URLs, not
+    /// ids: a worker gets a new id each time it registers.
+    pub fn session_bindings(&self, session: &str) -> Vec<(String, String)> {
+        let ws = self.workers.read();
+        self.by_role()
+            .filter_map(|(role, p)| {
+                let id = p.binding(session)?;
+                let w = ws.iter().find(|w| w.id() == id)?;
+                Some((role.to_string(), w.url().to_string()))
+            })
+            .collect()
+    }
+
+    /// Binds `session` again as [`Router::session_bindings`] gave: to the worker of each URL,
+    /// now if it is registered, else when it registers. Roles this router does not know are
+    /// ignored.
+    pub fn restore_session_bindings(&self, session: &str, bindings: &[(String, String)]) {
+        let ws = self.workers.read();
+        let mut pending = self.pending.lock();
+        for (role, p) in self.by_role() {
+            let Some((_, url)) = bindings.iter().find(|(r, _)| r == role) else {
+                continue;
+            };
+            match ws.iter().find(|w| w.url() == url) {
+                Some(w) => p.restore_binding(session, w.id()),
+                None => pending
+                    .entry(url.clone())
+                    .or_default()
+                    .push((session.to_string(), role.to_string())),
+            }
+        }
+    }
+
+    /// Binds the sessions read back for `worker`'s URL to it (on registration).
+    fn bind_pending(&self, worker: &dyn Worker) {
+        let Some(sessions) = self.pending.lock().remove(worker.url()) else {
+            return;
+        };
+        for (session, role) in sessions {
+            if let Some((_, p)) = self.by_role().find(|(r, _)| *r == role) {
+                p.restore_binding(&session, worker.id());
+            }
+        }
+    }
+
+    fn by_role(&self) -> impl Iterator<Item = (&'static str, &Arc<dyn Policy>)> {
+        [
+            ("regular", &self.regular),
+            ("prefill", &self.prefill),
+            ("decode", &self.decode),
+        ]
+        .into_iter()
     }
 
     /// Tells every policy that the worker `worker_id`'s KV pool holds `tokens` tokens and its
@@ -208,6 +268,7 @@ impl Router {
         }
         let info = worker.info();
         tracing::info!(id = %info.id, url = %info.url, worker_type = %info.worker_type, "worker added");
+        self.bind_pending(worker.as_ref());
         ws.push(worker);
         Ok(info)
     }
@@ -332,3 +393,7 @@ impl Router {
         self.versions.notified()
     }
 }
+
+#[cfg(test)]
+#[path = "router_tests.rs"]
+mod tests;

@@ -20,6 +20,8 @@ pub struct Restored {
     pub rewards: Vec<(Option<String>, f64)>,
     /// Whether it had ended.
     pub ended: bool,
+    /// The engines the router had kept it on, as (role, worker) pairs (the last written).
+    pub bindings: Vec<(String, String)>,
 }
 
 impl Turn {
@@ -82,6 +84,7 @@ impl SessionStore {
                 reserved: 0,
                 last: Instant::now(),
                 sent: None,
+                bindings: r.bindings,
             };
             for (i, reward) in &r.rewards {
                 s.apply_reward(i.as_deref(), *reward);
@@ -90,6 +93,39 @@ impl SessionStore {
             g.sessions.insert(r.id, s);
         }
         skipped
+    }
+
+    /// Records that the router keeps session `id` on `bindings` ((role, worker) pairs); a change
+    /// is written to the log first, so a restarted gateway routes the session's next turn
+    /// where its prefix is cached. Unchanged bindings, or an unknown session, cost a lookup.
+    pub fn note_bindings(
+        &self,
+        id: &str,
+        bindings: Vec<(String, String)>,
+    ) -> Result<(), AgentError> {
+        let mut g = self.inner.lock();
+        let Some(s) = g.sessions.get_mut(id) else {
+            return Ok(());
+        };
+        if s.bindings == bindings {
+            return Ok(());
+        }
+        if let Some(log) = self.log.get() {
+            log.bound(id, &bindings)?;
+        }
+        s.bindings = bindings;
+        Ok(())
+    }
+
+    /// Every open session's bindings that are known (read back from a log, or noted since).
+    pub fn bindings(&self) -> Vec<(String, Vec<(String, String)>)> {
+        self.inner
+            .lock()
+            .sessions
+            .values()
+            .filter(|s| !s.bindings.is_empty())
+            .map(|s| (s.id.clone(), s.bindings.clone()))
+            .collect()
     }
 
     /// The ids of the open sessions (for a report of what was read back).

@@ -16,6 +16,11 @@ pub trait SessionLog: Send + Sync + std::fmt::Debug {
     fn recorded(&self, id: &str, turn: &Turn, parent: Option<&Turn>) -> Result<(), AgentError>;
     /// Session `id` got a reward, on turn `interaction` or on the session.
     fn rewarded(&self, id: &str, interaction: Option<&str>, reward: f64) -> Result<(), AgentError>;
+    /// Session `id` is kept on these engines ((role, worker) pairs, the router's) from now on.
+    /// Logs that keep no routing ignore it.
+    fn bound(&self, _id: &str, _bindings: &[(String, String)]) -> Result<(), AgentError> {
+        Ok(())
+    }
     /// Session `id` ended (AReaL's `end_session`).
     fn ended(&self, id: &str) -> Result<(), AgentError>;
     /// Session `id` is gone (exported, finished or expired): its data may be dropped.

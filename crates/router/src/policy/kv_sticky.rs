@@ -57,6 +57,14 @@ impl Policy for KvSticky {
         self.place.clear_sessions()
     }
 
+    fn binding(&self, session: &str) -> Option<String> {
+        self.place.binding(session)
+    }
+
+    fn restore_binding(&self, session: &str, worker_id: &str) {
+        self.place.restore_binding(session, worker_id);
+    }
+
     fn learn_kv_pool(&self, worker_id: &str, tokens: u64, context: u64) {
         self.gates.learn(worker_id, tokens, context);
     }

@@ -67,6 +67,15 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn clear_sessions(&self) -> usize {
         0
     }
+    /// The worker `session` is bound to now, if the policy binds sessions (what a gateway
+    /// keeps with a recorded session, so a restarted one routes it back where its prefix is).
+    fn binding(&self, _session: &str) -> Option<String> {
+        None
+    }
+    /// Binds `session` to `worker_id` (a binding read back after a restart; the worker may
+    /// register later, and until it does the session's turns go where the policy sends new
+    /// sessions). Policies that bind no sessions ignore it.
+    fn restore_binding(&self, _session: &str, _worker_id: &str) {}
     /// Learns that `worker_id`'s KV pool holds `tokens` tokens and its context `context`
     /// (its `/server_info` at registration), for policies that admit sessions by KV pressure.
     fn learn_kv_pool(&self, _worker_id: &str, _tokens: u64, _context: u64) {}

@@ -289,4 +289,21 @@ impl Policy for StickyLeastLoaded {
         *t = Table::default();
         n
     }
+
+    fn binding(&self, session: &str) -> Option<String> {
+        self.table
+            .lock()
+            .bindings
+            .get(session)
+            .map(|b| b.worker.clone())
+    }
+
+    fn restore_binding(&self, session: &str, worker_id: &str) {
+        let now = Instant::now();
+        let mut t = self.table.lock();
+        if !t.bindings.contains_key(session) && t.bindings.len() >= self.cfg.max_sessions {
+            t.make_room(now, self.ttl(), self.cfg.max_sessions);
+        }
+        t.bind(session, worker_id, now);
+    }
 }

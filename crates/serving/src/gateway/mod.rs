@@ -356,6 +356,10 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         None => None,
     };
     let router = Router::new(cfg.router.clone());
+    // Recorded sessions read back go to the engines they were on (once those register).
+    for (id, b) in agent.iter().flat_map(|a| a.sessions.bindings()) {
+        router.restore_session_bindings(&id, &b);
+    }
     // Health probes and the control forwarder: the same client stack, pools of their own.
     let client = UpstreamClient::new();
     let upstream = UpstreamClient::new();

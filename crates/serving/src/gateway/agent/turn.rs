@@ -297,6 +297,15 @@ pub(super) async fn run(
             prompt.parent,
         );
         agent.sessions.record(s, turn)?;
+        // Where the router keeps the session, written when it changes: a restarted gateway
+        // sends the next turn back where its prefix is cached. The turn is recorded already,
+        // so a failed write costs only that.
+        if let Err(e) = agent
+            .sessions
+            .note_bindings(s, state.router.session_bindings(s))
+        {
+            tracing::warn!(session = s, "cannot keep the session's engine binding: {e}");
+        }
     }
     Ok(TurnOut {
         prompt_tokens,

@@ -102,7 +102,7 @@ fn file(
         };
         let Some(s) = session.as_mut() else {
             match rec {
-                Record::Open { v, id, key } if v == record::VERSION => {
+                Record::Open { v, id, key } if (1..=record::VERSION).contains(&v) => {
                     session = Some(Restored {
                         id,
                         key,
@@ -302,5 +302,57 @@ mod tests {
         assert!(load(dir.path(), &limits).unwrap().warnings.is_empty());
         j.removed("s1");
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn bindings_read_back_as_last_written_and_format_versions_are_respected() {
+        let dir =
+            Dir(std::env::temp_dir().join(format!("troupe-journal-{}", uuid::Uuid::new_v4())));
+        let j = Journal::start(dir.path(), HashMap::new()).unwrap();
+        j.opened("s1", "k1").unwrap();
+        let a = vec![("regular".to_string(), "http://a".to_string())];
+        let b = vec![("regular".to_string(), "http://b".to_string())];
+        j.bound("s1", &a).unwrap();
+        j.recorded(
+            "s1",
+            &turn(
+                "c1",
+                vec![json!({"role": "user", "content": "hi"})],
+                vec![1],
+                None,
+            ),
+            None,
+        )
+        .unwrap();
+        j.bound("s1", &b).unwrap();
+        // A file of format version 1 (no bindings) is read as it is; one of a later version
+        // is skipped whole and left on disk.
+        let open = |v: u32, id: &str| {
+            frame::frame(
+                &serde_json::to_vec(&json!({"op": "open", "v": v, "id": id, "key": id})).unwrap(),
+            )
+        };
+        std::fs::write(dir.path().join("old.log"), open(1, "s-old")).unwrap();
+        std::fs::write(
+            dir.path().join("new.log"),
+            open(record::VERSION + 1, "s-new"),
+        )
+        .unwrap();
+        let l = load(dir.path(), &SessionLimits::default()).unwrap();
+        let by_id = |id: &str| l.sessions.iter().find(|s| s.id == id);
+        assert_eq!(
+            by_id("s1").map(|s| (s.bindings.clone(), s.turns.len())),
+            Some((b, 1))
+        );
+        assert!(by_id("s-old").is_some_and(|s| s.bindings.is_empty()));
+        assert!(by_id("s-new").is_none());
+        assert!(
+            l.warnings
+                .iter()
+                .any(|w| w.contains("new.log") && w.contains("format version")),
+            "{:?}",
+            l.warnings
+        );
+        assert!(dir.path().join("new.log").exists());
     }
 }

@@ -161,6 +161,15 @@ impl SessionLog for Journal {
         )
     }
 
+    fn bound(&self, id: &str, bindings: &[(String, String)]) -> Result<(), AgentError> {
+        self.write(
+            id,
+            &record::Record::Bound {
+                bindings: bindings.to_vec(),
+            },
+        )
+    }
+
     fn ended(&self, id: &str) -> Result<(), AgentError> {
         self.write(id, &record::Record::End)
     }

@@ -7,8 +7,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use troupe_agent::{Restored, Turn};
 
-/// The format's version, in each file's first record.
-pub(super) const VERSION: u32 = 1;
+/// The format's version, in each file's first record. 2 added [`Record::Bound`]; a file of
+/// an earlier version is read as it is (it holds none), one of a later version is skipped
+/// whole with a warning and left on disk, never read in part.
+pub(super) const VERSION: u32 = 2;
 
 /// One change of a session.
 #[derive(Debug, Serialize, Deserialize)]
@@ -45,6 +47,13 @@ pub(super) enum Record {
     },
     /// The session ended.
     End,
+    /// The router keeps the session on these engines from now on ((role, worker) pairs),
+    /// written when they change: a restarted gateway sends its next turn where its prefix is
+    /// cached (format version 2).
+    Bound {
+        /// (role, worker id) pairs.
+        bindings: Vec<(String, String)>,
+    },
 }
 
 /// `turn`'s record, leaving out what `parent` holds.
@@ -159,6 +168,10 @@ pub(super) fn apply(s: &mut Restored, r: Record) -> Result<(), String> {
         }
         Record::End => {
             s.ended = true;
+            Ok(())
+        }
+        Record::Bound { bindings } => {
+            s.bindings = bindings;
             Ok(())
         }
     }
