@@ -152,3 +152,92 @@ async fn a_chat_turn_is_aborted_by_its_id_and_not_resubmitted() {
     })
     .await
 }
+
+/// Starts a streamed agent request at `path` and aborts it by the id its head carries, once
+/// it decodes; the stream's text.
+async fn aborted_stream(g: &str, engine: &str, admin: &str, path: &str, body: Value) -> String {
+    let before = generated_tokens(engine).await;
+    let r = client()
+        .post(format!("{g}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("the stream's head comes before the turn is done");
+    assert_eq!(r.status(), 200, "{path}");
+    let rid = r
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("an id in the stream's head")
+        .to_string();
+    until("the turn decodes on the engine", || async {
+        generated_tokens(engine).await >= before + 20
+    })
+    .await;
+    let (st, v) = call(
+        &format!("{g}/abort_request"),
+        Some(admin),
+        &json!({"rid": rid}),
+    )
+    .await;
+    assert_eq!((st, &v["targeted"]), (200, &json!(true)), "{v}");
+    let text = r.text().await.expect("the stream ends");
+    assert!(
+        generated_tokens(engine).await - before < 3000,
+        "{path}: aborted long before its budget"
+    );
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn streamed_responses_and_messages_are_aborted_by_the_id_in_their_head() {
+    within(120, async {
+        let e = engine(EngineArgs {
+            sim_decode_step_ms: Some(5.0),
+            ..engine_args()
+        })
+        .await;
+        let admin = "admin-key";
+        let g = gateway::start(GatewayConfig {
+            listen: "127.0.0.1:0".into(),
+            workers: vec![WorkerSpec::regular(e.url())],
+            admin_key: Some(admin.into()),
+            agent: Some(spec()),
+            ..Default::default()
+        })
+        .await
+        .expect("gateway");
+        let (gu, eu) = (g.url(), e.url());
+        // Greedy: the same tokens every run, long past the point of the abort.
+        let text = aborted_stream(
+            &gu,
+            &eu,
+            admin,
+            "/v1/responses",
+            json!({"model": "tiny", "input": "go on", "max_output_tokens": 3000,
+                   "temperature": 0, "stream": true}),
+        )
+        .await;
+        assert!(
+            text.starts_with("event: response.created")
+                && text.contains("event: response.incomplete"),
+            "the Responses stream ends incomplete: {text:.400}"
+        );
+        let text = aborted_stream(
+            &gu,
+            &eu,
+            admin,
+            "/v1/messages",
+            json!({"model": "tiny", "max_tokens": 3000, "temperature": 0, "stream": true,
+                   "messages": [{"role": "user", "content": "go on"}]}),
+        )
+        .await;
+        assert!(
+            text.starts_with("event: message_start")
+                && text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+            "the Anthropic stream ends whole: {text:.400}"
+        );
+        g.shutdown().await.expect("gateway stops");
+    })
+    .await
+}

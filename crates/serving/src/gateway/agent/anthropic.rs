@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use troupe_agent::{Agent, messages};
@@ -21,6 +21,12 @@ use super::turn::{self, Stop, TurnError, TurnOut, TurnSpec};
 /// An error in Anthropic's shape.
 fn error(status: u16, message: &str) -> Response {
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (code, axum::Json(error_body(status, message))).into_response()
+}
+
+/// Anthropic's error object for an HTTP status: `{"type": "error", "error": {type, message}}`
+/// (also the data of a stream's `error` event).
+fn error_body(status: u16, message: &str) -> Value {
     let kind = match status {
         400 | 409 | 410 => "invalid_request_error",
         401 => "authentication_error",
@@ -31,8 +37,7 @@ fn error(status: u16, message: &str) -> Response {
         529 => "overloaded_error",
         _ => "api_error",
     };
-    let body = json!({"type": "error", "error": {"type": kind, "message": message}});
-    (code, axum::Json(body)).into_response()
+    json!({"type": "error", "error": {"type": kind, "message": message}})
 }
 
 /// A block list's (or string's) text.
@@ -247,14 +252,25 @@ pub(super) async fn messages(
         Err(e) => return error(e.status, &e.message),
     };
     let (id, rid) = (spec.id.clone(), spec.rid.clone());
+    if stream {
+        // The head, with the id to abort by, goes out when the turn starts generating.
+        let model = agent.model.clone();
+        let text = move |out: TurnOut| events(&answer(&model, &id, &out));
+        let failed = |e: TurnError| {
+            format!(
+                "event: error\ndata: {}\n\n",
+                error_body(e.status, &e.message)
+            )
+        };
+        return match super::early::streamed(&state, &agent, headers, spec, text, failed).await {
+            Ok(r) => r,
+            Err(e) => error(e.status, &e.message),
+        };
+    }
     match turn::run(&state, &agent, &headers, spec).await {
         Ok(out) => {
             let msg = answer(&agent.model, &id, &out);
-            let mut r = if stream {
-                events(&msg)
-            } else {
-                (StatusCode::OK, axum::Json(msg)).into_response()
-            };
+            let mut r = (StatusCode::OK, axum::Json(msg)).into_response();
             super::early::with_id(&mut r, &rid);
             r
         }
@@ -311,7 +327,7 @@ fn answer(model: &str, id: &str, out: &TurnOut) -> Value {
 }
 
 /// The message as Anthropic's event stream, each frame with its `event:` line.
-fn events(msg: &Value) -> Response {
+fn events(msg: &Value) -> String {
     let mut out = String::new();
     let mut push =
         |kind: &str, data: Value| out.push_str(&format!("event: {kind}\ndata: {data}\n\n"));
@@ -359,5 +375,5 @@ fn events(msg: &Value) -> Response {
         "usage": {"output_tokens": msg["usage"]["output_tokens"]}}),
     );
     push("message_stop", json!({"type": "message_stop"}));
-    ([(header::CONTENT_TYPE, "text/event-stream")], out).into_response()
+    out
 }

@@ -351,14 +351,20 @@ pub(super) async fn create(
         Err(e) => return error(e.status, &e.message),
     };
     let (id, rid) = (p.spec.id.clone(), p.spec.rid.clone());
+    if p.stream {
+        // The head, with the id to abort by, goes out when the turn starts generating.
+        let (model, echo) = (agent.model.clone(), p.echo);
+        let text = move |out: TurnOut| events::text(&answer(&model, &id, &out, echo));
+        let failed = |e: TurnError| events::failed(e.status, &e.message);
+        return match super::early::streamed(&state, &agent, headers, p.spec, text, failed).await {
+            Ok(r) => r,
+            Err(e) => error(e.status, &e.message),
+        };
+    }
     match turn::run(&state, &agent, &headers, p.spec).await {
         Ok(out) => {
             let body = answer(&agent.model, &id, &out, p.echo);
-            let mut r = if p.stream {
-                events::stream(&body)
-            } else {
-                (StatusCode::OK, axum::Json(body)).into_response()
-            };
+            let mut r = (StatusCode::OK, axum::Json(body)).into_response();
             super::early::with_id(&mut r, &rid);
             r
         }

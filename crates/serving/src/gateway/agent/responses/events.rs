@@ -4,8 +4,6 @@
 //! `response.completed` (or `response.incomplete`). The turn is generated whole first, so each
 //! item's text comes in one delta.
 
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 /// The events' text, numbered in order.
@@ -109,7 +107,7 @@ fn item(ev: &mut Events, index: usize, item: &Value) {
 }
 
 /// The whole answer `body` as an event stream.
-pub(super) fn stream(body: &Value) -> Response {
+pub(super) fn text(body: &Value) -> String {
     let mut ev = Events {
         text: String::new(),
         n: 0,
@@ -130,5 +128,25 @@ pub(super) fn stream(body: &Value) -> Response {
         "response.completed"
     };
     ev.push(last, json!({"response": body}));
-    ([(header::CONTENT_TYPE, "text/event-stream")], ev.text).into_response()
+    ev.text
+}
+
+/// The stream's end when the turn fails after its head went out: the Responses API's `error`
+/// event (`ResponseErrorEvent`: `code`, `message`, `param`, `sequence_number`), numbered as
+/// the first event of a stream that carried none before.
+pub(super) fn failed(status: u16, message: &str) -> String {
+    let mut ev = Events {
+        text: String::new(),
+        n: 0,
+    };
+    let code = if status >= 500 {
+        "server_error"
+    } else {
+        "invalid_request"
+    };
+    ev.push(
+        "error",
+        json!({"code": code, "message": message, "param": null}),
+    );
+    ev.text
 }
