@@ -201,6 +201,9 @@ pub(crate) struct GatewayState {
     pub(crate) agent_cancels: Arc<agent::Cancels>,
     /// Each recorded session's token ids as the JSON text its next turn's `/generate` reuses.
     pub(crate) agent_ids: agent::IdsText,
+    /// Each worker URL's socket addresses, resolved once (when it registers), so a new
+    /// worker is checked against the registered ones without resolving each of them again.
+    pub(crate) resolved: register::Resolved,
 }
 
 impl GatewayConfig {
@@ -379,6 +382,7 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         inflight: Arc::default(),
         agent,
         agent_work: agent::Work::default(),
+        resolved: register::Resolved::default(),
         agent_cancels: Arc::default(),
         agent_ids: agent::IdsText::new(cfg.agent.as_ref().map_or(1, |a| a.max_sessions)),
         cfg,

@@ -48,8 +48,16 @@ impl GatewayState {
                 self.addr
             )));
         }
+        self.resolved.keep(worker.url(), &addrs);
         for other in self.router.workers() {
-            let theirs = resolve(other.url()).await;
+            let theirs = match self.resolved.of(other.url()) {
+                Some(t) => t,
+                None => {
+                    let t = resolve(other.url()).await;
+                    self.resolved.keep(other.url(), &t);
+                    t
+                }
+            };
             if addrs.iter().any(|a| theirs.contains(a)) {
                 return Err(ServingError::InvalidWorker(format!(
                     "{} reaches the same server as the registered worker {} ({}): one server is registered once",
@@ -183,6 +191,31 @@ impl GatewayState {
             self.router.add(worker as Arc<dyn Worker>)?;
         }
         Ok(())
+    }
+}
+
+/// Worker URLs' socket addresses as resolved when each registered: checking a new worker
+/// against N registered ones costs N lookups in memory, not N name resolutions (a fleet of
+/// thousands registered one by one would otherwise resolve N² names). A worker's own entry is
+/// made fresh each time it registers. Bounded: past [`Resolved::MOST`] URLs the memo starts
+/// over (and resolves again what it needs).
+#[derive(Debug, Default)]
+pub(crate) struct Resolved(parking_lot::Mutex<std::collections::HashMap<String, Vec<SocketAddr>>>);
+
+impl Resolved {
+    /// URLs kept at most (far past any fleet; each entry is a URL and an address or two).
+    const MOST: usize = 1 << 16;
+
+    fn of(&self, url: &str) -> Option<Vec<SocketAddr>> {
+        self.0.lock().get(url).cloned()
+    }
+
+    fn keep(&self, url: &str, addrs: &[SocketAddr]) {
+        let mut m = self.0.lock();
+        if m.len() >= Self::MOST && !m.contains_key(url) {
+            m.clear();
+        }
+        m.insert(url.to_string(), addrs.to_vec());
     }
 }
 
