@@ -21,24 +21,33 @@ fn long_chat(stream: bool) -> Value {
            "max_tokens": 3000, "ignore_eos": true, "stream": stream})
 }
 
+const ADMIN: &str = "admin-key";
+
+/// A reference engine that decodes slowly (5 ms a token), behind a gateway with the agent
+/// layer and the admin key [`ADMIN`].
+async fn slow_engine_behind_gateway() -> (troupe_engine::EngineHandle, gateway::GatewayHandle) {
+    let e = engine(EngineArgs {
+        sim_decode_step_ms: Some(5.0),
+        ..engine_args()
+    })
+    .await;
+    let g = gateway::start(GatewayConfig {
+        listen: "127.0.0.1:0".into(),
+        workers: vec![WorkerSpec::regular(e.url())],
+        admin_key: Some(ADMIN.into()),
+        agent: Some(spec()),
+        ..Default::default()
+    })
+    .await
+    .expect("gateway");
+    (e, g)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_chat_turn_is_aborted_by_its_id_and_not_resubmitted() {
     within(120, async {
-        let e = engine(EngineArgs {
-            sim_decode_step_ms: Some(5.0),
-            ..engine_args()
-        })
-        .await;
-        let admin = "admin-key";
-        let g = gateway::start(GatewayConfig {
-            listen: "127.0.0.1:0".into(),
-            workers: vec![WorkerSpec::regular(e.url())],
-            admin_key: Some(admin.into()),
-            agent: Some(spec()),
-            ..Default::default()
-        })
-        .await
-        .expect("gateway");
+        let (e, g) = slow_engine_behind_gateway().await;
+        let admin = ADMIN;
         let url = e.url();
 
         // A streamed chat: the head comes while the turn runs, with the id to abort by.
@@ -192,21 +201,8 @@ async fn aborted_stream(g: &str, engine: &str, admin: &str, path: &str, body: Va
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn streamed_responses_and_messages_are_aborted_by_the_id_in_their_head() {
     within(120, async {
-        let e = engine(EngineArgs {
-            sim_decode_step_ms: Some(5.0),
-            ..engine_args()
-        })
-        .await;
-        let admin = "admin-key";
-        let g = gateway::start(GatewayConfig {
-            listen: "127.0.0.1:0".into(),
-            workers: vec![WorkerSpec::regular(e.url())],
-            admin_key: Some(admin.into()),
-            agent: Some(spec()),
-            ..Default::default()
-        })
-        .await
-        .expect("gateway");
+        let (e, g) = slow_engine_behind_gateway().await;
+        let admin = ADMIN;
         let (gu, eu) = (g.url(), e.url());
         // Greedy: the same tokens every run, long past the point of the abort.
         let text = aborted_stream(

@@ -1,4 +1,5 @@
-//! Tests of `router.rs`: session bindings kept by URL across a restart.
+//! Tests of `router.rs`: session bindings kept by URL across a restart. The workers' URLs are
+//! TEST-NET addresses (RFC 5737) that nothing contacts: routing only picks among them.
 
 use super::*;
 
@@ -28,36 +29,36 @@ fn routed(r: &Router, session: &str) -> String {
 #[test]
 fn bindings_are_given_by_url_and_restored_when_the_worker_registers() {
     let r = sticky();
-    add(&r, "http://127.0.0.1:9001");
-    add(&r, "http://127.0.0.1:9002");
+    add(&r, "http://192.0.2.1:1");
+    add(&r, "http://192.0.2.2:1");
     assert_eq!(
         routed(&r, "s"),
-        "http://127.0.0.1:9001",
+        "http://192.0.2.1:1",
         "a tie goes to the first"
     );
     let kept = r.session_bindings("s");
     assert_eq!(
         kept,
-        vec![("regular".to_string(), "http://127.0.0.1:9001".to_string())]
+        vec![("regular".to_string(), "http://192.0.2.1:1".to_string())]
     );
     assert!(r.session_bindings("unknown").is_empty());
     // A new router (a restarted gateway), its workers registered the other way round, the
     // binding restored before they register.
     let r2 = sticky();
     r2.restore_session_bindings("s", &kept);
-    add(&r2, "http://127.0.0.1:9002");
-    add(&r2, "http://127.0.0.1:9001");
-    assert_eq!(routed(&r2, "s"), "http://127.0.0.1:9001");
-    assert_eq!(routed(&r2, "new"), "http://127.0.0.1:9002");
+    add(&r2, "http://192.0.2.2:1");
+    add(&r2, "http://192.0.2.1:1");
+    assert_eq!(routed(&r2, "s"), "http://192.0.2.1:1");
+    assert_eq!(routed(&r2, "new"), "http://192.0.2.2:1");
     // And restored after they register.
     let r3 = sticky();
-    add(&r3, "http://127.0.0.1:9002");
-    add(&r3, "http://127.0.0.1:9001");
+    add(&r3, "http://192.0.2.2:1");
+    add(&r3, "http://192.0.2.1:1");
     r3.restore_session_bindings("s", &kept);
-    assert_eq!(routed(&r3, "s"), "http://127.0.0.1:9001");
+    assert_eq!(routed(&r3, "s"), "http://192.0.2.1:1");
     // A policy that binds nothing keeps nothing.
     let p2c = Router::new(RouterConfig::default());
-    add(&p2c, "http://127.0.0.1:9001");
+    add(&p2c, "http://192.0.2.1:1");
     routed(&p2c, "s");
     assert!(p2c.session_bindings("s").is_empty());
 }
