@@ -223,3 +223,61 @@ async fn half_sent_hellos_and_prefaces_are_closed_and_capped_while_callers_are_s
     })
     .await
 }
+
+#[tokio::test]
+async fn sequential_calls_are_answered_whole_while_the_host_polls_for_the_next() {
+    within(90, async {
+        use std::process::Stdio;
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        // The widest window, so the host polls for every next call even in a debug build
+        // (the default, 50 µs, is shorter than a debug build's round trip).
+        let mut child = tokio::process::Command::new(BIN)
+            .args(["host", "--listen", "127.0.0.1:0"])
+            .env("TROUPE_TOKEN", TOKEN)
+            .env(troupe_actors::idle_poll::HOST_POLL_ENV, "10000")
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = lines.next_line().await.unwrap().unwrap();
+        let addr = line
+            .strip_prefix("host listening on ")
+            .expect("ready line")
+            .to_string();
+        let c = Cluster::builder()
+            .token(Some(TOKEN.into()))
+            .calls(CallTransport::Framed)
+            .connect(&[addr])
+            .await
+            .unwrap();
+        let a = c.host(0).spawn::<Diag>("a", &DiagArgs {}).await.unwrap();
+        // One call at a time, as a training loop makes them: small ones, and ones larger than
+        // a socket read (they arrive in pieces, the first of them read while polling).
+        for seq in 1..=600u64 {
+            let body = "z".repeat(if seq % 50 == 0 { 300_000 } else { 16 });
+            let r = a
+                .call(Echo {
+                    seq,
+                    body: body.clone(),
+                })
+                .await
+                .unwrap();
+            assert_eq!(
+                (r.prev_seq, r.body.len()),
+                (seq - 1, body.len()),
+                "call {seq}"
+            );
+        }
+        // A deadline still holds, and the connection goes on after it.
+        let e = a
+            .with_timeout(Duration::from_millis(100))
+            .call(Sleep { ms: 5_000 })
+            .await
+            .unwrap_err();
+        assert!(matches!(e, CallError::DeadlineExceeded(_)), "{e}");
+        assert_eq!(a.call(Info).await.unwrap().pid, child.id().unwrap());
+        c.shutdown().await;
+    })
+    .await
+}

@@ -34,6 +34,7 @@ use troupe_wire::v1::{self, call_reply};
 use crate::call_stream::{deadline, reply};
 use crate::error::CallError;
 use crate::host::HostCore;
+use crate::idle_poll::{IdleGaps, Polled, host_poll_for, read_for};
 
 /// The first bytes a framed-call client sends ("TROUPE", protocol version 1, "C").
 pub const MAGIC: &[u8; 8] = b"TROUPE\x01C";
@@ -231,7 +232,9 @@ async fn run<P>(
         .saturating_add(FRAME_OVERHEAD);
     let stop = core.stopped();
     let mut inbox = BytesMut::with_capacity(64 << 10);
-    let mut inflight: FuturesUnordered<BoxFuture<'static, v1::CallReply>> = FuturesUnordered::new();
+    let mut inflight: Inflight = FuturesUnordered::new();
+    let window = host_poll_for();
+    let mut gaps = IdleGaps::default();
     loop {
         tokio::select! {
             biased;
@@ -244,6 +247,27 @@ async fn run<P>(
                 }
                 wr.write_all(&out).await.map_err(|e| format!("writing replies: {e}"))?;
                 out.clear();
+                if !inflight.is_empty() {
+                    continue;
+                }
+                // Idle: a sequential caller's next call comes a few microseconds after it read
+                // this reply. Read for it a moment rather than park (see `idle_poll`).
+                gaps.idle();
+                if !gaps.worth_polling(window) {
+                    continue;
+                }
+                match read_for(rd.as_ref(), &mut inbox, window) {
+                    Polled::Nothing => continue,
+                    Polled::Closed => return Ok(()),
+                    Polled::Failed(e) => return Err(format!("reading calls: {e}")),
+                    Polled::Bytes => {}
+                }
+                gaps.busy();
+                take_calls(&core, &mut inbox, limit, &mut inflight, &mut out)?;
+                if !out.is_empty() {
+                    wr.write_all(&out).await.map_err(|e| format!("writing replies: {e}"))?;
+                    out.clear();
+                }
             }
             n = rd.read_buf(&mut inbox) => {
                 match n {
@@ -251,21 +275,8 @@ async fn run<P>(
                     Err(e) => return Err(format!("reading calls: {e}")),
                     Ok(_) => {}
                 }
-                while let Some(r) = take_frame::<v1::CallRequest>(&mut inbox, limit)
-                    .map_err(|e| e.to_string())?
-                {
-                    let id = r.call_id;
-                    match core.dispatch(&r.actor_id, r.method, r.payload) {
-                        Ok(rx) => {
-                            let core = core.clone();
-                            let d = deadline(r.deadline_ms);
-                            inflight.push(Box::pin(async move {
-                                reply(id, core.await_reply(rx, d).await)
-                            }));
-                        }
-                        Err(e) => encode_frame(&reply(id, Err(e)), &mut out),
-                    }
-                }
+                gaps.busy();
+                take_calls(&core, &mut inbox, limit, &mut inflight, &mut out)?;
                 if !out.is_empty() {
                     wr.write_all(&out).await.map_err(|e| format!("writing replies: {e}"))?;
                     out.clear();
@@ -273,6 +284,34 @@ async fn run<P>(
             }
         }
     }
+}
+
+/// Calls a connection has dispatched and not yet answered.
+type Inflight = FuturesUnordered<BoxFuture<'static, v1::CallReply>>;
+
+/// Dispatches every whole call in `inbox` to its actor (its reply joins `inflight`), or
+/// encodes the refusal into `out`. An oversized or malformed frame ends the connection.
+fn take_calls(
+    core: &HostCore,
+    inbox: &mut BytesMut,
+    limit: u64,
+    inflight: &mut Inflight,
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
+    while let Some(r) = take_frame::<v1::CallRequest>(inbox, limit).map_err(|e| e.to_string())? {
+        let id = r.call_id;
+        match core.dispatch(&r.actor_id, r.method, r.payload) {
+            Ok(rx) => {
+                let core = core.clone();
+                let d = deadline(r.deadline_ms);
+                inflight.push(Box::pin(
+                    async move { reply(id, core.await_reply(rx, d).await) },
+                ));
+            }
+            Err(e) => encode_frame(&reply(id, Err(e)), out),
+        }
+    }
+    Ok(())
 }
 
 /// A `CallReply`'s result as the caller sees it, whichever way it came (frame or `CallStream`).

@@ -29,6 +29,7 @@ pub mod framed;
 pub mod host;
 mod host_config;
 mod hosted;
+pub mod idle_poll;
 pub mod orphan;
 pub mod process;
 pub mod registry;

@@ -140,13 +140,15 @@ impl AgentSpec {
     }
 }
 
-/// A turn's prompt.
+/// A turn's prompt. A prompt that continues a session's latest turn is that turn's prompt,
+/// shared, followed by what is new (its output and the new messages' text), so making it,
+/// recording it and matching the next turn against it cost no more than what is new.
 #[derive(Debug, Clone)]
 pub struct Prompt {
     /// Its text (special tokens written out).
-    pub text: String,
+    pub text: SharedText,
     /// Its token ids.
-    pub ids: Vec<u32>,
+    pub ids: Shared<u32>,
     /// The session's turn it extends.
     pub parent: Option<usize>,
 }
@@ -191,21 +193,21 @@ impl Agent {
             && let Some(b) = self.sessions.latest(s, messages, known)
             && let Some(d) = self.window_delta(&b, messages, tools, kwargs)?
         {
-            let mut ids = b.ids;
+            // The latest turn's prompt is shared; its output and the new text are this
+            // prompt's own.
+            let mut ids = b.output_ids;
             ids.extend(self.tokenizer.encode(&d)?);
-            let mut text = b.prompt_text;
-            text.push_str(&b.output_text);
+            let mut text = b.output_text;
             text.push_str(&d);
-            let mut p = Prompt {
-                text,
-                ids,
-                parent: Some(b.index),
-            };
             if let Some(f) = forced {
-                p.ids.extend(self.tokenizer.encode(f)?);
-                p.text.push_str(f);
+                ids.extend(self.tokenizer.encode(f)?);
+                text.push_str(f);
             }
-            return Ok(p);
+            return Ok(Prompt {
+                text: b.prompt_text.with(text),
+                ids: b.prompt_ids.with(ids),
+                parent: Some(b.index),
+            });
         }
         let full = self
             .tokenizer
@@ -226,26 +228,25 @@ impl Agent {
             if let Some(d) = delta {
                 let mut ids = b.ids;
                 ids.extend(self.tokenizer.encode(&d)?);
-                prompt = Some(Prompt {
-                    text: format!("{}{d}", b.text),
-                    ids,
-                    parent: Some(b.index),
-                });
+                prompt = Some((format!("{}{d}", b.text), ids, Some(b.index)));
             }
         }
-        let mut p = match prompt {
+        let (mut text, mut ids, parent) = match prompt {
             Some(p) => p,
-            None => Prompt {
-                ids: self.tokenizer.encode(&full)?,
-                text: full,
-                parent: None,
-            },
+            None => {
+                let ids = self.tokenizer.encode(&full)?;
+                (full, ids, None)
+            }
         };
         if let Some(f) = forced {
-            p.ids.extend(self.tokenizer.encode(f)?);
-            p.text.push_str(f);
+            ids.extend(self.tokenizer.encode(f)?);
+            text.push_str(f);
         }
-        Ok(p)
+        Ok(Prompt {
+            text: text.into(),
+            ids: ids.into(),
+            parent,
+        })
     }
 }
 
@@ -284,7 +285,7 @@ mod tests {
                 None,
             )
             .unwrap();
-        assert_eq!(p1.text, "<|user|>\nhi\n<|assistant|>\n");
+        assert_eq!(p1.text.to_string(), "<|user|>\nhi\n<|assistant|>\n");
         assert_eq!(p1.parent, None);
         // The model made "yo" then EOS (257), and perhaps an odd byte the text hides.
         let out = vec![u32::from(b'y'), u32::from(b'o'), 257];
@@ -313,11 +314,12 @@ mod tests {
             .prompt(Some(&sid), &msgs, None, &Map::new(), None)
             .unwrap();
         assert_eq!(p2.parent, Some(0));
-        let mut want = p1.ids.clone();
+        let mut want = p1.ids.to_vec();
         want.extend(&out);
         want.extend(a.tokenizer.encode("<|user|>\nok\n<|assistant|>\n").unwrap());
         assert_eq!(
-            p2.ids, want,
+            p2.ids.to_vec(),
+            want,
             "the first turn's exact tokens, EOS included, then the new ones"
         );
         // Without the session, the history is rendered and tokenized afresh.
@@ -326,7 +328,7 @@ mod tests {
             .unwrap();
         assert_eq!(fresh.parent, None);
         assert_eq!(
-            fresh.ids.last(),
+            fresh.ids.to_vec().last(),
             Some(&259),
             "the forced prefix ends the prompt"
         );

@@ -11,7 +11,10 @@
 //! The directory is removed when its process ends cleanly ([`finish`], called by the `troupe`
 //! binary as every command returns) unless a server in it failed ([`keep`]: it died, exited
 //! during start-up, or never became ready) or the command itself failed: a failed run's logs
-//! are what an operator reads first, and then their place is printed.
+//! are what an operator reads first, and then their place is printed. A process that could not
+//! finish (killed, or a test binary, which never calls [`finish`]) leaves its directory
+//! behind; the next run directory made under the same parent removes those that are empty and
+//! whose process is gone ([`sweep`]), so they do not pile up, and never one that holds a log.
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -30,12 +33,53 @@ pub fn create(parent: &Path) -> std::io::Result<PathBuf> {
         let suffix = &uuid::Uuid::new_v4().simple().to_string()[..12];
         let dir = parent.join(format!("{PREFIX}{}-{suffix}", std::process::id()));
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => return Ok(dir),
+            Ok(()) => {
+                sweep(parent, &dir);
+                return Ok(dir);
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
             Err(e) => return Err(e),
         }
     }
     Err(last.unwrap_or_else(|| std::io::Error::other("no free run directory name")))
+}
+
+/// Most entries of the parent [`sweep`] looks at: a temp dir with a million files costs a
+/// bounded scan, not a stall.
+const SWEEP_MAX_ENTRIES: usize = 4096;
+
+/// Removes the run directories under `parent` left by processes that are gone, when they are
+/// empty and belong to the user who owns `ours` (the directory just made). `remove_dir`
+/// removes only an empty directory, so a failed run's kept logs are never touched, and a
+/// directory whose process is still alive (its pid in `/proc`) is not even tried.
+fn sweep(parent: &Path, ours: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(me) = std::fs::metadata(ours).map(|m| m.uid()) else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.take(SWEEP_MAX_ENTRIES).flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let path = e.path();
+        if path == ours
+            || Path::new(&format!("/proc/{pid}")).exists()
+            || !e.metadata().is_ok_and(|m| m.is_dir() && m.uid() == me)
+        {
+            continue;
+        }
+        // Fails (and is left) when it holds anything.
+        let _ = std::fs::remove_dir(&path);
+    }
 }
 
 /// This process's run directory, once created.
@@ -136,6 +180,34 @@ mod tests {
         assert_eq!(mode(&f), 0o600);
         assert_eq!(std::fs::read_to_string(&f).unwrap_or_default(), "k: v\n");
         assert!(write_private(&f, "again").is_err(), "never overwrites");
+        std::fs::remove_dir_all(&parent).expect("cleanup");
+    }
+
+    #[test]
+    fn empty_directories_of_gone_processes_are_swept_and_logs_kept() {
+        let parent = std::env::temp_dir().join(format!(
+            "troupe-rundir-test-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir(&parent).expect("parent");
+        // A pid no process has: above the kernel's pid_max (at most 2^22).
+        let gone = parent.join(format!("{PREFIX}{}-aaaaaaaaaaaa", 1u32 << 30));
+        let kept = parent.join(format!("{PREFIX}{}-bbbbbbbbbbbb", 1u32 << 30));
+        let alive = parent.join(format!("{PREFIX}{}-cccccccccccc", std::process::id()));
+        let other = parent.join("troupe-run-notapid");
+        for d in [&gone, &kept, &alive, &other] {
+            std::fs::create_dir(d).expect("dir");
+        }
+        std::fs::write(kept.join("engine.log"), "why it failed").expect("log");
+        let made = create(&parent).expect("create");
+        assert!(
+            !gone.exists(),
+            "an empty directory of a gone process is removed"
+        );
+        assert!(kept.join("engine.log").exists(), "a kept log stays");
+        assert!(alive.exists(), "a live process's directory stays");
+        assert!(other.exists(), "a name that is not a run directory's stays");
+        assert!(made.exists());
         std::fs::remove_dir_all(&parent).expect("cleanup");
     }
 

@@ -100,6 +100,10 @@ pub struct GatewayBenchArgs {
     /// over an unrecorded chat turn's (`gateway.session.*`).
     #[arg(long, default_value_t = 0)]
     pub session_turns: u64,
+    /// With --session-turns: run that many sessions, one after another, and take each turn's
+    /// median CPU over them (one session's figures swing with a shared machine's noise).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub session_repeat: u64,
     /// With --session-turns: keep the session on disk here (`--session-dir` of `troupe
     /// gateway`), and report the bytes written per turn.
     #[arg(long)]
@@ -466,6 +470,7 @@ mod tests {
             io_threads: Some(2),
             chat: false,
             session_turns: 0,
+            session_repeat: 1,
             session_dir: None,
         }
     }
@@ -500,6 +505,7 @@ mod tests {
         let a = GatewayBenchArgs {
             chat: true,
             session_turns: 64,
+            session_repeat: 2,
             session_dir: Some(dir.path().to_path_buf()),
             ..small(vec![1], 10)
         };

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::SessionStore;
 use crate::messages::comparable;
-use crate::shared::Shared;
+use crate::shared::{Shared, SharedText};
 
 /// The latest turn of a session, as a request that continues it extends it.
 #[derive(Debug, Clone)]
@@ -16,10 +16,12 @@ pub struct Latest {
     pub index: usize,
     /// How many of the request's messages it covers (its messages and its reply).
     pub covered: usize,
-    /// Its prompt ids followed by its output ids.
-    pub ids: Vec<u32>,
-    /// Its prompt's text.
-    pub prompt_text: String,
+    /// Its prompt ids (shared with it: a prompt that continues it begins with them).
+    pub prompt_ids: Shared<u32>,
+    /// Its output ids.
+    pub output_ids: Vec<u32>,
+    /// Its prompt's text (shared with it).
+    pub prompt_text: SharedText,
     /// Its output's text.
     pub output_text: String,
 }
@@ -30,8 +32,9 @@ pub struct Latest {
 pub(crate) struct Sent {
     /// The turn's index.
     turn: usize,
-    /// The messages' JSON, from the first one's `{` to the last one's `}`, as sent.
-    raw: Vec<u8>,
+    /// The messages' JSON, from the first one's `{` to the last one's `}`, as sent (a slice
+    /// of the request's body, not a copy).
+    raw: bytes::Bytes,
 }
 
 /// A request's first messages, found to be byte for byte those its session's latest turn was
@@ -48,7 +51,7 @@ pub struct Known {
 impl SessionStore {
     /// Keeps `raw`, the bytes the client sent turn `turn_id`'s messages as, when that turn is
     /// session `id`'s latest ([`SessionStore::known`] compares the next request with them).
-    pub fn keep_sent(&self, id: &str, turn_id: &str, raw: Vec<u8>) {
+    pub fn keep_sent(&self, id: &str, turn_id: &str, raw: bytes::Bytes) {
         let mut g = self.inner.lock();
         if let Some(s) = g.sessions.get_mut(id)
             && let Some(i) = s.turns.len().checked_sub(1)
@@ -71,7 +74,7 @@ impl SessionStore {
         let s = g.sessions.get(id)?;
         let sent = s.sent.as_ref()?;
         let t = s.turns.last().filter(|_| sent.turn + 1 == s.turns.len())?;
-        (span(t.messages.len())? == sent.raw.as_slice()).then(|| Known {
+        (span(t.messages.len())? == &sent.raw[..]).then(|| Known {
             turn: sent.turn,
             messages: t.messages.clone(),
         })
@@ -101,14 +104,12 @@ impl SessionStore {
         {
             return None;
         }
-        let mut ids = Vec::with_capacity(t.prompt_ids.len() + t.output_ids.len());
-        t.prompt_ids.copy_into(&mut ids);
-        ids.extend_from_slice(&t.output_ids);
         Some(Latest {
             index,
             covered: m + 1,
-            ids,
-            prompt_text: t.prompt_text.to_string(),
+            prompt_ids: t.prompt_ids.clone(),
+            output_ids: t.output_ids.clone(),
+            prompt_text: t.prompt_text.clone(),
             output_text: t.output_text.clone(),
         })
     }

@@ -8,7 +8,7 @@ fn turn(msgs: &[Value], reply: &str, ids: &[u32]) -> Turn {
         "t".into(),
         msgs.to_vec(),
         json!({"role": "assistant", "content": reply}),
-        ("P".into(), ids.to_vec()),
+        ("P".to_string(), ids.to_vec()),
         ("O".into(), vec![9], vec![-0.5], vec![json!("1")]),
         json!({"type": "stop"}),
         json!({}),
@@ -105,9 +105,9 @@ fn a_history_sent_again_byte_for_byte_is_known_without_reading_it() {
         .unwrap();
     let sent = br#"{"role":"user","content":"hi"}"#;
     // Kept only for the session's latest turn, by its id.
-    store.keep_sent(&id, "not-it", sent.to_vec());
+    store.keep_sent(&id, "not-it", bytes::Bytes::copy_from_slice(sent));
     assert!(store.known(&id, |_| Some(&sent[..])).is_none());
-    store.keep_sent(&id, "t", sent.to_vec());
+    store.keep_sent(&id, "t", bytes::Bytes::copy_from_slice(sent));
     let k = store
         .known(&id, |m| (m == 1).then_some(&sent[..]))
         .expect("the same bytes");

@@ -51,7 +51,7 @@ impl Turn {
         id: String,
         messages: impl Into<Shared<Value>>,
         reply: Value,
-        prompt: (String, Vec<u32>),
+        prompt: (impl Into<SharedText>, impl Into<Shared<u32>>),
         output: (String, Vec<u32>, Vec<f64>, Vec<Value>),
         finish_reason: Value,
         meta_info: Value,

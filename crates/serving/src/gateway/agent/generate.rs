@@ -70,7 +70,7 @@ pub(super) async fn generate(
     session: Option<&str>,
     client: &HeaderMap,
     rid: &str,
-    prompt: &[u32],
+    prompt: &troupe_agent::Shared<u32>,
     sampling: &Map<String, Value>,
 ) -> Result<Generated, TurnError> {
     let mut headers = HeaderMap::new();
@@ -129,7 +129,7 @@ pub(super) async fn generate(
         if ids_read {
             obj.insert(
                 "input_ids".into(),
-                Value::Array(kept.ids.iter().map(|&i| Value::from(i)).collect()),
+                Value::Array(kept.ids().map(Value::from).collect()),
             );
         }
         obj.insert("sampling_params".into(), Value::Object(sp));

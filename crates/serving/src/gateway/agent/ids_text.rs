@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 
 use parking_lot::Mutex;
+use troupe_agent::Shared;
 
 /// The kept ids and their text, by session.
 #[derive(Debug)]
@@ -17,26 +18,50 @@ pub(crate) struct IdsText {
     cap: usize,
 }
 
-/// Ids and the text `ids` writes them as (`1,2,3`).
+/// Ids and the text `ids` writes them as (`1,2,3`): a prompt's ids (shared with it), then the
+/// ids made since (the output so far).
 #[derive(Debug, Default)]
 pub(crate) struct Kept {
-    /// The ids.
-    pub ids: Vec<u32>,
+    /// The prompt's ids.
+    pub prompt: Shared<u32>,
+    /// The ids after them.
+    pub more: Vec<u32>,
     /// Their JSON list items.
     pub text: String,
 }
 
 impl Kept {
+    /// How many ids.
+    pub(crate) fn len(&self) -> usize {
+        self.prompt.len() + self.more.len()
+    }
+
+    /// The ids, in order.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.prompt.iter().chain(&self.more).copied()
+    }
+
     /// Appends `more` to the ids and their text.
     pub(crate) fn extend(&mut self, more: &[u32]) {
-        self.text.reserve(more.len() * 4);
-        for &id in more {
-            if !self.ids.is_empty() {
+        self.write(more);
+        self.more.extend_from_slice(more);
+    }
+
+    /// Appends `ids`' text.
+    fn write(&mut self, ids: &[u32]) {
+        self.text.reserve(ids.len() * 4);
+        for &id in ids {
+            if !self.text.is_empty() {
                 self.text.push(',');
             }
             push_u32(&mut self.text, id);
-            self.ids.push(id);
         }
+    }
+
+    /// Whether `prompt` begins with these ids: at once (no id compared but the ones made
+    /// since) when `prompt` continues the kept prompt, as a session's next turn does.
+    fn begins(&self, prompt: &Shared<u32>) -> bool {
+        prompt.starts_with(&self.prompt) && prompt.has_at(self.prompt.len(), &self.more)
     }
 }
 
@@ -49,15 +74,22 @@ impl IdsText {
         }
     }
 
-    /// `ids` and their text, reusing what `session` kept when `ids` begin with its kept ids
-    /// (the entry is taken: [`IdsText::keep`] puts the turn's back).
-    pub(crate) fn take(&self, session: Option<&str>, ids: &[u32]) -> Kept {
-        let mut k = session
+    /// `prompt`'s ids and their text, reusing what `session` kept when `prompt` begins with
+    /// its kept ids (the entry is taken: [`IdsText::keep`] puts the turn's back).
+    pub(crate) fn take(&self, session: Option<&str>, prompt: &Shared<u32>) -> Kept {
+        let kept = session
             .and_then(|s| self.kept.lock().remove(s))
-            .filter(|k| ids.starts_with(&k.ids))
-            .unwrap_or_default();
-        let from = k.ids.len();
-        k.extend(&ids[from..]);
+            .filter(|k| k.begins(prompt));
+        let (from, text) = kept.map_or((0, String::new()), |k| (k.len(), k.text));
+        let mut k = Kept {
+            prompt: prompt.clone(),
+            more: Vec::new(),
+            text,
+        };
+        match prompt.tail_slice(from) {
+            Some(new) => k.write(new),
+            None => k.write(&prompt.tail(from)),
+        }
         k
     }
 
@@ -98,22 +130,30 @@ mod tests {
     #[test]
     fn a_continued_sessions_ids_are_written_once() {
         let t = IdsText::new(8);
-        let k = t.take(Some("s"), &[1, 22, 0]);
+        let p1 = Shared::from(vec![1, 22, 0]);
+        let k = t.take(Some("s"), &p1);
         assert_eq!(k.text, "1,22,0");
         let mut k2 = k;
         k2.extend(&[4_000_000_000]);
         t.keep("s", k2);
-        let k = t.take(Some("s"), &[1, 22, 0, 4_000_000_000, 7]);
+        // The next prompt continues the first (shared, as a session's next turn's is).
+        let p2 = p1.with(vec![4_000_000_000, 7]);
+        let k = t.take(Some("s"), &p2);
         assert_eq!(k.text, "1,22,0,4000000000,7");
-        assert_eq!(k.ids, [1, 22, 0, 4_000_000_000, 7]);
+        assert_eq!(k.ids().collect::<Vec<_>>(), [1, 22, 0, 4_000_000_000, 7]);
+        t.keep("s", k);
+        // The same ids, not shared: compared, and reused.
+        let p3 = Shared::from(vec![1, 22, 0, 4_000_000_000, 7, 8]);
+        let k = t.take(Some("s"), &p3);
+        assert_eq!(k.text, "1,22,0,4000000000,7,8");
         t.keep("s", k);
         // An edited history: written whole, nothing reused.
-        let k = t.take(Some("s"), &[1, 23]);
+        let k = t.take(Some("s"), &Shared::from(vec![1, 23]));
         assert_eq!(k.text, "1,23");
-        assert_eq!(t.take(None, &[]).text, "");
+        assert_eq!(t.take(None, &Shared::default()).text, "");
+        let k = t.take(None, &Shared::from(vec![5, 0, 99]));
         assert_eq!(
-            serde_json::from_str::<Vec<u32>>(&format!("[{}]", t.take(None, &[5, 0, 99]).text))
-                .unwrap(),
+            serde_json::from_str::<Vec<u32>>(&format!("[{}]", k.text)).unwrap(),
             [5, 0, 99]
         );
     }

@@ -175,7 +175,7 @@ pub(super) async fn chat(
     let (id, rid) = (spec.id.clone(), spec.rid.clone());
     // The bytes of this request's messages, kept with its turn once recorded: the next turn
     // sends them again and is matched by them (`chat_body`).
-    let sent = spec.session.clone().zip(body.sent());
+    let sent = spec.session.clone().zip(body.sent(&raw));
     let keep = {
         let (a, id) = (agent.clone(), id.clone());
         move || {
