@@ -54,7 +54,8 @@ fn poll_window(value: Option<&str>) -> Result<Duration, String> {
 }
 
 /// The recent gaps between a connection's last reply and its next call: a moving average
-/// (weight 1/8) that starts long, so a connection polls only once calls have come quickly.
+/// (weight 1/8) that starts at [`FIRST_GAP`], so a connection polls only once calls have come
+/// quickly (a few dozen of them).
 #[derive(Debug)]
 pub struct IdleGaps {
     avg_ns: u64,
@@ -62,10 +63,13 @@ pub struct IdleGaps {
     since: Option<Instant>,
 }
 
+/// The gap a new connection is assumed to have: long, so that it does not poll at once.
+pub const FIRST_GAP: Duration = Duration::from_secs(1);
+
 impl Default for IdleGaps {
     fn default() -> Self {
         IdleGaps {
-            avg_ns: u64::MAX / 2,
+            avg_ns: FIRST_GAP.as_nanos() as u64,
             since: None,
         }
     }
@@ -74,14 +78,23 @@ impl Default for IdleGaps {
 impl IdleGaps {
     /// The connection has nothing in flight and nothing to write from now on.
     pub fn idle(&mut self) {
-        self.since.get_or_insert_with(Instant::now);
+        self.idle_at(Instant::now());
     }
 
     /// A call arrived: the gap since [`IdleGaps::idle`] (if it was idle) joins the average.
     pub fn busy(&mut self) {
+        self.busy_at(Instant::now());
+    }
+
+    fn idle_at(&mut self, now: Instant) {
+        self.since.get_or_insert(now);
+    }
+
+    fn busy_at(&mut self, now: Instant) {
         if let Some(t) = self.since.take() {
-            let gap = t.elapsed().as_nanos().min(u64::MAX as u128 / 4) as u64;
-            self.avg_ns = self.avg_ns - self.avg_ns / 8 + gap / 8;
+            let gap = now.saturating_duration_since(t).as_nanos();
+            let gap = u64::try_from(gap).unwrap_or(u64::MAX) / 8;
+            self.avg_ns = self.avg_ns - self.avg_ns / 8 + gap.min(u64::MAX / 8);
         }
     }
 
@@ -147,17 +160,22 @@ mod tests {
         let w = HOST_POLL_FOR;
         let mut g = IdleGaps::default();
         assert!(!g.worth_polling(w), "nothing measured yet: do not spin");
-        // Quick gaps (no time passes between idle and busy here).
-        for _ in 0..200 {
-            g.idle();
-            g.busy();
+        // Quick gaps: 5 µs from each reply to the next call.
+        let mut t = Instant::now();
+        let mut calls = 0;
+        while !g.worth_polling(w) {
+            g.idle_at(t);
+            t += Duration::from_micros(5);
+            g.busy_at(t);
+            calls += 1;
+            assert!(calls < 200, "quick calls never made it poll");
         }
-        assert!(g.worth_polling(w));
+        assert!(calls > 20, "a few quick calls are not enough ({calls})");
         assert!(!g.worth_polling(Duration::ZERO), "0 turns it off");
         // One slow gap is enough to stop.
-        g.idle();
-        std::thread::sleep(Duration::from_millis(2));
-        g.busy();
+        g.idle_at(t);
+        t += Duration::from_millis(2);
+        g.busy_at(t);
         assert!(!g.worth_polling(w));
         // A call that arrives while busy adds no gap.
         let before = g.avg_ns;

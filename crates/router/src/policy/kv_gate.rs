@@ -9,14 +9,17 @@
 //! slot on its engine until the session goes idle (no turn in flight for `idle_ms`) or is
 //! finished (`/finish_session`); a turn of an admitted session never waits, so its prefix is
 //! either in use or the most recently cached. A session waiting for its first slot has no KV
-//! to lose yet. A request without a session key is not gated.
+//! to lose yet. Sessions waiting on an engine are admitted in the order they came (a ticket
+//! each): a freed slot goes to the longest waiting, not to whichever waiter the wake-up
+//! happened to run first, so no session waits behind a stream of later ones (the turns' p99).
+//! A request without a session key is not gated.
 //!
 //! The slots come from the engine's `/server_info` at registration: `max_total_num_tokens`
 //! (the pool) times the configured share over `context_length` (the longest a session can
 //! grow), so admitted sessions fit even at full length; an engine that reports no pool is
 //! never gated.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,9 +81,42 @@ struct Engine {
     active: HashMap<String, Active>,
     /// Woken when a turn ends or a session is finished or dropped.
     changed: Arc<Notify>,
+    /// Tickets of the sessions waiting for a slot, oldest first.
+    waiting: VecDeque<u64>,
+    /// The next ticket.
+    next_ticket: u64,
 }
 
 impl Engine {
+    fn new(slots: usize) -> Self {
+        Engine {
+            slots: slots.max(1),
+            active: HashMap::new(),
+            changed: Arc::new(Notify::new()),
+            waiting: VecDeque::new(),
+            next_ticket: 0,
+        }
+    }
+
+    /// Whether a session not yet admitted, holding `ticket` (or none yet), may take a slot now:
+    /// there is a free slot that no session waiting longer is owed.
+    fn may_admit(&self, ticket: Option<u64>) -> bool {
+        let free = self.slots.saturating_sub(self.active.len());
+        let ahead = match ticket.and_then(|t| self.waiting.iter().position(|w| *w == t)) {
+            Some(p) => p,
+            None => self.waiting.len(),
+        };
+        ahead < free
+    }
+
+    /// Takes `ticket` out of the queue (admitted, or gave up); the others may move up.
+    fn leave(&mut self, ticket: u64) {
+        if let Some(p) = self.waiting.iter().position(|w| *w == ticket) {
+            self.waiting.remove(p);
+            self.changed.notify_waiters();
+        }
+    }
+
     /// Drops sessions idle for `idle`; the earliest time another one will be.
     fn expire(&mut self, now: Instant, idle: Duration) -> Option<Instant> {
         self.active
@@ -120,14 +156,10 @@ impl KvGates {
     pub fn learn(&self, worker_id: &str, pool_tokens: u64, context: u64) {
         let share = pool_tokens.saturating_mul(u64::from(self.cfg.pool_percent)) / 100;
         let slots = usize::try_from(share / context.max(1)).unwrap_or(usize::MAX);
-        let old = self.engines.lock().insert(
-            worker_id.to_string(),
-            Engine {
-                slots: slots.max(1),
-                active: HashMap::new(),
-                changed: Arc::new(Notify::new()),
-            },
-        );
+        let old = self
+            .engines
+            .lock()
+            .insert(worker_id.to_string(), Engine::new(slots));
         if let Some(e) = old {
             e.changed.notify_waiters();
         }
@@ -193,6 +225,13 @@ impl Admission {
     /// the permit marks the turn in flight until dropped. A gate dropped meanwhile lets it
     /// through.
     pub async fn wait(self) -> KvPermit {
+        // This session's place in the engine's queue once it has had to wait; given back when
+        // it is admitted or the wait is dropped (the turn given up).
+        let mut queued = Queued {
+            engines: &self.engines,
+            worker: &self.worker,
+            ticket: None,
+        };
         loop {
             let changed: Arc<Notify>;
             let mut woken;
@@ -203,10 +242,12 @@ impl Admission {
                 };
                 let now = Instant::now();
                 let next = e.expire(now, self.idle);
+                // A ticket the engine no longer knows (its gate learnt afresh) counts as none.
+                let ticket = queued.ticket.filter(|t| e.waiting.contains(t));
                 let admitted = if let Some(a) = e.active.get_mut(&self.session) {
                     a.inflight += 1;
                     true
-                } else if e.active.len() < e.slots {
+                } else if e.may_admit(ticket) {
                     let a = Active {
                         inflight: 1,
                         idle_since: now,
@@ -214,10 +255,19 @@ impl Admission {
                     e.active.insert(self.session.clone(), a);
                     true
                 } else {
+                    if ticket.is_none() {
+                        queued.ticket = Some(e.next_ticket);
+                        e.waiting.push_back(e.next_ticket);
+                        e.next_ticket += 1;
+                    }
                     false
                 };
                 if admitted {
+                    if let Some(t) = queued.ticket.take() {
+                        e.leave(t);
+                    }
                     drop(engines);
+                    drop(queued);
                     return self.permit();
                 }
                 // Listening before the lock is let go, so no change after this look is missed.
@@ -241,6 +291,23 @@ impl Admission {
             worker: self.worker,
             session: self.session,
         }))
+    }
+}
+
+/// A waiting session's ticket, taken out of its engine's queue when dropped.
+struct Queued<'a> {
+    engines: &'a Engines,
+    worker: &'a str,
+    ticket: Option<u64>,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take()
+            && let Some(e) = self.engines.lock().get_mut(self.worker)
+        {
+            e.leave(t);
+        }
     }
 }
 
@@ -313,6 +380,47 @@ mod tests {
         drop(b);
         g.finish("b");
         let _d = g.admission("w", Some("d")).expect("gated").wait().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_sessions_are_admitted_in_the_order_they_came() {
+        troupe_testkit::within(30, in_order()).await;
+    }
+
+    async fn in_order() {
+        let g = KvGates::new(KvAdmitConfig {
+            pool_percent: 100,
+            idle_ms: 1000,
+        });
+        g.learn("w", 4096, 4096);
+        let a = g.admission("w", Some("a")).expect("gated").wait().await;
+        // b, then c, then d wait for the one slot.
+        let mut b = Box::pin(g.admission("w", Some("b")).expect("gated").wait());
+        let mut c = Box::pin(g.admission("w", Some("c")).expect("gated").wait());
+        let mut d = Box::pin(g.admission("w", Some("d")).expect("gated").wait());
+        for w in [&mut b, &mut c, &mut d] {
+            assert!(w.as_mut().now_or_never().is_none());
+        }
+        // c gives up: its place is given back.
+        drop(c);
+        drop(a);
+        g.finish("a");
+        // The freed slot is b's, the longest waiting, even when d looks first.
+        assert!(d.as_mut().now_or_never().is_none(), "d came after b");
+        let b = b.await;
+        assert!(d.as_mut().now_or_never().is_none(), "b holds the slot");
+        // A new session does not overtake d.
+        let mut e = Box::pin(g.admission("w", Some("e")).expect("gated").wait());
+        drop(b);
+        g.finish("b");
+        assert!(e.as_mut().now_or_never().is_none(), "e came after d");
+        let _d = d.await;
+        assert_eq!(g.engines.lock()["w"].waiting.len(), 1, "only e waits");
+        drop(e);
+        assert!(
+            g.engines.lock()["w"].waiting.is_empty(),
+            "a dropped wait leaves the queue"
+        );
     }
 
     #[test]
