@@ -256,7 +256,7 @@ async fn run<P>(
                 if !gaps.worth_polling(window) {
                     continue;
                 }
-                match read_for(rd.as_ref(), &mut inbox, window) {
+                match read_for(rd.as_ref(), &mut inbox, window).await {
                     Polled::Nothing => continue,
                     Polled::Closed => return Ok(()),
                     Polled::Failed(e) => return Err(format!("reading calls: {e}")),
