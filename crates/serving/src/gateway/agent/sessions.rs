@@ -148,7 +148,7 @@ pub(super) async fn finish(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let run = || -> Result<Response, Detail> {
+    let run = || -> Result<troupe_agent::session::Session, Detail> {
         let a = agent(&state)?;
         may(&state, &a, &headers, &id)?;
         let s = a
@@ -156,9 +156,33 @@ pub(super) async fn finish(
             .take(&id)
             .ok_or_else(|| detail(404, &format!("session {id} is not open")))?;
         state.agent_ids.forget(&id);
-        Ok(axum::Json(export::trajectory(&s)).into_response())
+        Ok(s)
     };
-    answer(run())
+    let s = match run() {
+        Ok(s) => s,
+        Err(d) => return d.into_response(),
+    };
+    let written = state
+        .agent_work
+        .cpu(move || export::trajectory(&s).map_err(|e| e.to_string()))
+        .await;
+    answer(json_text(written))
+}
+
+/// A trajectory written on a blocking thread ([`super::Work::cpu`]: every turn carries its
+/// whole prompt, so it grows with the square of the turns), as the answer.
+fn json_text(
+    written: Result<Result<Vec<u8>, String>, super::turn::TurnError>,
+) -> Result<Response, Detail> {
+    match written {
+        Ok(Ok(bytes)) => Ok((
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            bytes,
+        )
+            .into_response()),
+        Ok(Err(why)) => Err(detail(500, &format!("writing the trajectory: {why}"))),
+        Err(e) => Err(detail(e.status, &e.message)),
+    }
 }
 
 /// `POST /grant_capacity` (AReaL).
@@ -284,10 +308,9 @@ async fn exported(state: &GatewayState, raw: &[u8]) -> Result<Response, Detail> 
         .take(&id)
         .ok_or_else(|| detail(404, &format!("Session {id} not found")))?;
     state.agent_ids.forget(&id);
-    let json = export::areal(&s, gamma, concat);
-    Ok((
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        json,
-    )
-        .into_response())
+    let written = state
+        .agent_work
+        .cpu(move || Ok(export::areal(&s, gamma, concat).into_bytes()))
+        .await;
+    json_text(written)
 }
