@@ -120,3 +120,19 @@ impl Drop for EngineProcess {
         }
     }
 }
+
+/// The address a `troupe host --listen 127.0.0.1:0` child listens on: its first stdout line
+/// (`host listening on ADDR`), read from `child`'s piped stdout.
+pub async fn host_address(child: &mut tokio::process::Child) -> String {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let out = child.stdout.take().expect("the host's stdout is piped");
+    let line = BufReader::new(out)
+        .lines()
+        .next_line()
+        .await
+        .expect("reading the host's stdout")
+        .expect("the host printed its address");
+    line.strip_prefix("host listening on ")
+        .expect("ready line")
+        .to_string()
+}

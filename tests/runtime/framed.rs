@@ -228,7 +228,6 @@ async fn half_sent_hellos_and_prefaces_are_closed_and_capped_while_callers_are_s
 async fn sequential_calls_are_answered_whole_while_the_host_polls_for_the_next() {
     within(90, async {
         use std::process::Stdio;
-        use tokio::io::{AsyncBufReadExt, BufReader};
         // The widest window, so the host polls for every next call even in a debug build
         // (the default, 50 µs, is shorter than a debug build's round trip).
         let mut child = tokio::process::Command::new(BIN)
@@ -239,12 +238,7 @@ async fn sequential_calls_are_answered_whole_while_the_host_polls_for_the_next()
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = lines.next_line().await.unwrap().unwrap();
-        let addr = line
-            .strip_prefix("host listening on ")
-            .expect("ready line")
-            .to_string();
+        let addr = crate::common::procs::host_address(&mut child).await;
         let c = Cluster::builder()
             .token(Some(TOKEN.into()))
             .calls(CallTransport::Framed)

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use common::procs::{alive, wait_dead};
 use common::*;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use troupe_actors::builtin::diag::{Diag, DiagArgs, Echo, Info, Sleep};
 use troupe_actors::builtin::process::{Pid, Process, ProcessArgs};
 use troupe_controller::{CallError, Cluster, ClusterEvent};
@@ -214,12 +213,7 @@ async fn host_cli_reports_ready_and_exits_cleanly_on_sigterm() {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = lines.next_line().await.unwrap().unwrap();
-        let addr = line
-            .strip_prefix("host listening on ")
-            .expect("ready line")
-            .to_string();
+        let addr = crate::common::procs::host_address(&mut child).await;
         let c = Cluster::connect(&[addr]).await.unwrap();
         assert_eq!(c.host(0).id(), "cli-test");
         assert_eq!(c.host(0).gpu_ids(), &[0, 1, 2]);

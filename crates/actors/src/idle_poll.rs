@@ -21,7 +21,7 @@ use bytes::BytesMut;
 /// it (0: never).
 pub const HOST_POLL_FOR: Duration = Duration::from_micros(50);
 
-/// Most microseconds `TROUPE_HOST_POLL_US` may ask for.
+/// Most microseconds a polling window's variable may ask for.
 const MAX_POLL_US: u64 = 10_000;
 
 /// The environment variable that sets [`host_poll_for`].
@@ -32,23 +32,40 @@ pub const HOST_POLL_ENV: &str = "TROUPE_HOST_POLL_US";
 pub fn host_poll_for() -> Duration {
     static WINDOW: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *WINDOW.get_or_init(|| {
-        poll_window(std::env::var(HOST_POLL_ENV).ok().as_deref()).unwrap_or_else(|why| {
-            tracing::warn!("{why}; polling for the next call for {HOST_POLL_FOR:?}");
-            HOST_POLL_FOR
-        })
+        window_from_env(
+            HOST_POLL_ENV,
+            HOST_POLL_FOR,
+            "a host's polling for the next call",
+        )
     })
 }
 
-/// [`host_poll_for`] given the variable's value.
-fn poll_window(value: Option<&str>) -> Result<Duration, String> {
+/// A polling window read from the environment variable `var` (microseconds, 0 to 10,000):
+/// `default` when it is unset, and when it is bad, with a warning naming it. `what`: what 0
+/// turns off. The one parser of the windows both ends of a framed call poll for
+/// (`TROUPE_HOST_POLL_US` here, the controller's `TROUPE_CALL_POLL_US`).
+pub fn window_from_env(var: &str, default: Duration, what: &str) -> Duration {
+    poll_window(var, std::env::var(var).ok().as_deref(), default, what).unwrap_or_else(|why| {
+        tracing::warn!("{why}; keeping {default:?}");
+        default
+    })
+}
+
+/// [`window_from_env`] given the variable's value.
+pub fn poll_window(
+    var: &str,
+    value: Option<&str>,
+    default: Duration,
+    what: &str,
+) -> Result<Duration, String> {
     let Some(v) = value else {
-        return Ok(HOST_POLL_FOR);
+        return Ok(default);
     };
     match v.trim().parse::<u64>() {
         Ok(us) if us <= MAX_POLL_US => Ok(Duration::from_micros(us)),
         _ => Err(format!(
-            "{HOST_POLL_ENV}={v:?} is not a number of microseconds from 0 to {MAX_POLL_US} (0 \
-             turns a host's polling for the next call off)"
+            "{var}={v:?} is not a number of microseconds from 0 to {MAX_POLL_US} (0 turns {what} \
+             off)"
         )),
     }
 }
@@ -94,7 +111,7 @@ impl IdleGaps {
         if let Some(t) = self.since.take() {
             let gap = now.saturating_duration_since(t).as_nanos();
             let gap = u64::try_from(gap).unwrap_or(u64::MAX) / 8;
-            self.avg_ns = self.avg_ns - self.avg_ns / 8 + gap.min(u64::MAX / 8);
+            self.avg_ns = self.avg_ns - self.avg_ns / 8 + gap;
         }
     }
 
@@ -206,11 +223,12 @@ mod tests {
 
     #[test]
     fn the_window_comes_from_the_environment_or_a_clear_error() {
-        assert_eq!(poll_window(None), Ok(HOST_POLL_FOR));
-        assert_eq!(poll_window(Some("0")), Ok(Duration::ZERO));
-        assert_eq!(poll_window(Some(" 80 ")), Ok(Duration::from_micros(80)));
-        for bad in ["-1", "fast", "", "10001"] {
-            let e = poll_window(Some(bad)).unwrap_err();
+        let w = |v| poll_window(HOST_POLL_ENV, v, HOST_POLL_FOR, "polling");
+        assert_eq!(w(None), Ok(HOST_POLL_FOR));
+        assert_eq!(w(Some("0")), Ok(Duration::ZERO));
+        assert_eq!(w(Some(" 80 ")), Ok(Duration::from_micros(80)));
+        for bad in ["-1", "1e3", "fast", "", "10001"] {
+            let e = w(Some(bad)).unwrap_err();
             assert!(
                 e.contains(HOST_POLL_ENV) && e.contains("0 to 10000"),
                 "{bad}: {e}"

@@ -24,6 +24,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use troupe_actors::CallError;
 use troupe_actors::framed::{self, encode_frame, take_frame};
+use troupe_actors::idle_poll::window_from_env;
 use troupe_wire::v1;
 
 /// An outbox larger than this is given back once it has drained (a large call's frame should
@@ -36,9 +37,6 @@ const KEEP_OUTBOX: usize = 1 << 20;
 /// poll, as on a machine whose cores are all needed by others).
 pub(crate) const POLL_FOR: Duration = Duration::from_micros(250);
 
-/// Most microseconds `TROUPE_CALL_POLL_US` may ask for.
-const MAX_POLL_US: u64 = 10_000;
-
 /// The environment variable that sets [`poll_for`].
 const POLL_ENV: &str = "TROUPE_CALL_POLL_US";
 
@@ -46,26 +44,7 @@ const POLL_ENV: &str = "TROUPE_CALL_POLL_US";
 /// in a warning and the default is kept.
 pub(crate) fn poll_for() -> Duration {
     static WINDOW: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *WINDOW.get_or_init(|| {
-        poll_window(std::env::var(POLL_ENV).ok().as_deref()).unwrap_or_else(|why| {
-            tracing::warn!("{why}; polling for replies for {POLL_FOR:?}");
-            POLL_FOR
-        })
-    })
-}
-
-/// [`poll_for`] given the variable's value.
-fn poll_window(value: Option<&str>) -> Result<Duration, String> {
-    let Some(v) = value else {
-        return Ok(POLL_FOR);
-    };
-    match v.trim().parse::<u64>() {
-        Ok(us) if us <= MAX_POLL_US => Ok(Duration::from_micros(us)),
-        _ => Err(format!(
-            "{POLL_ENV}={v:?} is not a number of microseconds from 0 to {MAX_POLL_US} (0 turns \
-             polling for call replies off)"
-        )),
-    }
+    *WINDOW.get_or_init(|| window_from_env(POLL_ENV, POLL_FOR, "polling for call replies"))
 }
 
 /// Bytes read per `recv` while polling.
@@ -363,6 +342,7 @@ mod tests {
     use super::*;
     use std::time::Instant;
     use tokio::net::TcpListener;
+    use troupe_actors::idle_poll::poll_window;
     use troupe_wire::v1::call_reply;
 
     fn ok(call_id: u64, payload: &[u8]) -> v1::CallReply {
@@ -458,11 +438,12 @@ mod tests {
 
     #[test]
     fn the_polling_window_comes_from_the_environment_or_a_clear_error() {
-        assert_eq!(poll_window(None), Ok(POLL_FOR));
-        assert_eq!(poll_window(Some("0")), Ok(Duration::ZERO));
-        assert_eq!(poll_window(Some(" 250 ")), Ok(Duration::from_micros(250)));
+        let w = |v| poll_window(POLL_ENV, v, POLL_FOR, "polling for call replies");
+        assert_eq!(w(None), Ok(POLL_FOR));
+        assert_eq!(w(Some("0")), Ok(Duration::ZERO));
+        assert_eq!(w(Some(" 250 ")), Ok(Duration::from_micros(250)));
         for bad in ["-1", "1e3", "fast", "", "10001"] {
-            let e = poll_window(Some(bad)).unwrap_err();
+            let e = w(Some(bad)).unwrap_err();
             assert!(
                 e.contains(POLL_ENV) && e.contains("0 to 10000"),
                 "{bad}: {e}"
