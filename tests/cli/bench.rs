@@ -176,9 +176,10 @@ fn troupe_within(args: &[&str], secs: u64) -> (bool, String, String) {
     (status.success(), out.join().unwrap(), err.join().unwrap())
 }
 
-const SCALE_FIGURES: [&str; 23] = [
+const SCALE_FIGURES: [&str; 24] = [
     "scale.hosts",
     "scale.servers",
+    "scale.time_wait_at_start",
     "scale.bringup_s",
     "scale.slowest_server_s",
     "scale.server_start_p50_s",

@@ -20,5 +20,6 @@ mod pd;
 mod pinned;
 mod plan_matches;
 mod python_examples;
+mod register;
 mod routes;
 mod side_by_side;

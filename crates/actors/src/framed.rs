@@ -253,7 +253,7 @@ async fn run<P>(
                 // Idle: a sequential caller's next call comes a few microseconds after it read
                 // this reply. Read for it a moment rather than park (see `idle_poll`).
                 gaps.idle();
-                if !gaps.worth_polling(window) {
+                if !gaps.poll_now(window) {
                     continue;
                 }
                 match read_for(rd.as_ref(), &mut inbox, window).await {
@@ -262,7 +262,7 @@ async fn run<P>(
                     Polled::Failed(e) => return Err(format!("reading calls: {e}")),
                     Polled::Bytes => {}
                 }
-                gaps.busy();
+                gaps.caught(window);
                 take_calls(&core, &mut inbox, limit, &mut inflight, &mut out)?;
                 if !out.is_empty() {
                     wr.write_all(&out).await.map_err(|e| format!("writing replies: {e}"))?;

@@ -8,8 +8,10 @@
 //! trip (`troupe bench rpc`: `rpc.remote.seq.p50_us` against `rpc.floor.seq.p50_us`, a raw
 //! ping-pong whose ends never sleep). The controller's side polls for replies the same way
 //! (`troupe_controller`'s `conn_framed.rs`). The wait is bounded by [`HOST_POLL_FOR`] and
-//! only tried while the moving average of recent gaps is under it, so a host whose callers
-//! pause between calls (every deployment's hosts, most of the time) never spins.
+//! only tried while the moving average of recent gaps is under it (and once in
+//! [`PROBE_EVERY`] idle periods, to find out whether it has become so), so a host whose
+//! callers pause between calls (every deployment's hosts, most of the time) spins at most one
+//! window per [`PROBE_EVERY`] calls.
 
 use std::io::{self, Read};
 use std::time::{Duration, Instant};
@@ -73,12 +75,25 @@ pub fn poll_window(
 /// The recent gaps between a connection's last reply and its next call: a moving average
 /// (weight 1/8) that starts at [`FIRST_GAP`], so a connection polls only once calls have come
 /// quickly (a few dozen of them).
+///
+/// A gap measured while the host was parked includes the host's own wake-up (tens of
+/// microseconds on a virtual machine), so a caller whose calls come 5 µs apart can look slower
+/// than the window for as long as the host parks, and the host would never poll again: `troupe
+/// bench rpc` had runs settle at 80 µs a call beside runs at 9. So every
+/// [`PROBE_EVERY`]th idle period is polled whatever the average says, and a call caught while
+/// polling (whose gap is exact) brings the average within the window at once.
 #[derive(Debug)]
 pub struct IdleGaps {
     avg_ns: u64,
     /// When the connection last went idle (every reply written, no call in flight).
     since: Option<Instant>,
+    /// Idle periods so far (for the probes).
+    idles: u32,
 }
+
+/// One idle period in this many is polled even when recent gaps look too long (a probe: at
+/// most one window of reading per this many calls of a slow caller).
+pub const PROBE_EVERY: u32 = 8;
 
 /// The gap a new connection is assumed to have: long, so that it does not poll at once.
 pub const FIRST_GAP: Duration = Duration::from_secs(1);
@@ -88,6 +103,7 @@ impl Default for IdleGaps {
         IdleGaps {
             avg_ns: FIRST_GAP.as_nanos() as u64,
             since: None,
+            idles: 0,
         }
     }
 }
@@ -118,6 +134,29 @@ impl IdleGaps {
     /// Whether reading the socket for up to `window` is likely to catch the next call.
     pub fn worth_polling(&self, window: Duration) -> bool {
         !window.is_zero() && self.avg_ns <= window.as_nanos() as u64
+    }
+
+    /// Whether to read the socket for up to `window` in the idle period that starts now:
+    /// when [`IdleGaps::worth_polling`], and on every [`PROBE_EVERY`]th idle period anyway
+    /// (never when `window` is zero).
+    pub fn poll_now(&mut self, window: Duration) -> bool {
+        if window.is_zero() {
+            return false;
+        }
+        self.idles = self.idles.wrapping_add(1);
+        self.worth_polling(window) || self.idles.is_multiple_of(PROBE_EVERY)
+    }
+
+    /// A call arrived while the socket was being read for up to `window`: its gap is exact
+    /// (no wake-up in it) and shorter than the window, so the average comes within the window
+    /// before the gap joins it.
+    pub fn caught(&mut self, window: Duration) {
+        self.caught_at(Instant::now(), window);
+    }
+
+    fn caught_at(&mut self, now: Instant, window: Duration) {
+        self.avg_ns = self.avg_ns.min(window.as_nanos() as u64);
+        self.busy_at(now);
     }
 }
 
@@ -219,6 +258,36 @@ mod tests {
         let before = g.avg_ns;
         g.busy();
         assert_eq!(g.avg_ns, before);
+    }
+
+    #[test]
+    fn a_probe_catches_a_quick_caller_that_parked_gaps_made_look_slow() {
+        let w = HOST_POLL_FOR;
+        let mut g = IdleGaps::default();
+        let mut t = Instant::now();
+        // Parked gaps of 75 µs (5 µs of caller, 70 of the host's own wake-up): too slow.
+        for _ in 0..100 {
+            g.idle_at(t);
+            t += Duration::from_micros(75);
+            g.busy_at(t);
+        }
+        assert!(!g.worth_polling(w));
+        // Within PROBE_EVERY idle periods one is polled anyway, and catches the call.
+        let probes = (0..PROBE_EVERY).filter(|_| g.poll_now(w)).count();
+        assert_eq!(probes, 1);
+        g.idle_at(t);
+        t += Duration::from_micros(5);
+        g.caught_at(t, w);
+        // From then on every idle period polls, while calls keep being caught.
+        for _ in 0..50 {
+            assert!(g.poll_now(w));
+            g.idle_at(t);
+            t += Duration::from_micros(5);
+            g.caught_at(t, w);
+        }
+        assert!(g.avg_ns < 10_000, "{}", g.avg_ns);
+        // A window of zero never polls, probes included.
+        assert!((0..2 * PROBE_EVERY).all(|_| !g.poll_now(Duration::ZERO)));
     }
 
     #[test]

@@ -35,7 +35,11 @@
 //!   and until every one of its servers has left the router;
 //! - `scale.bringup_servers_ready_s`: from the fork's start until its last server was ready
 //!   (the rest of bring-up is the data proxies, the gateway and the control connections);
-//! - `scale.teardown_s`.
+//! - `scale.teardown_s`;
+//! - `scale.time_wait_at_start`: TCP sockets in TIME_WAIT when the run began; a run of 512
+//!   servers or more that finds over 2,000 (an earlier run's, within the last minute) first
+//!   waits for them to drain, since a machine whose ephemeral ports are mostly held makes
+//!   every bind to port 0 slow.
 //!
 //! [`ServerInfo::ready_ms`]: troupe_serving::inference::ServerInfo::ready_ms
 
@@ -405,6 +409,7 @@ pub async fn run(a: &ScaleArgs) -> Result<Vec<(String, f64)>, String> {
     let mode = allocation(a)?;
     let plan = AllocationPlan::parse(&mode).map_err(|e| format!("{mode}: {e}"))?;
     let per_host = (a.servers / a.hosts) as u32;
+    let time_wait = super::scale_checks::quiet_ports(a.servers).await;
     let cluster = match a.engine {
         EngineKind::Reference => Cluster::in_process(a.hosts as usize, per_host).await,
         // Host processes, so the controller's own memory and sockets are what is measured
@@ -451,6 +456,7 @@ pub async fn run(a: &ScaleArgs) -> Result<Vec<(String, f64)>, String> {
     let mut out = vec![
         ("scale.hosts".to_string(), a.hosts as f64),
         ("scale.servers".to_string(), a.servers as f64),
+        ("scale.time_wait_at_start".to_string(), time_wait as f64),
     ];
     let bringup_cpu_s = proc_times("self").map_or(0.0, |t| t.0) - cpu0;
     if let Some(t) = *all_ready.lock().unwrap_or_else(|e| e.into_inner()) {

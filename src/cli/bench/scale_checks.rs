@@ -112,3 +112,40 @@ pub(super) async fn generate(svc: &Deployment, n: usize) -> Result<(f64, f64), S
     ms.sort_by(f64::total_cmp);
     Ok((pct(&ms, 0.5), pct(&ms, 0.99)))
 }
+
+/// TCP sockets of this machine in TIME_WAIT (`/proc/net/sockstat`'s `tw`; `None` where it
+/// cannot be read).
+fn time_wait_sockets() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/net/sockstat").ok()?;
+    let tcp = text.lines().find(|l| l.starts_with("TCP:"))?;
+    let mut words = tcp.split_whitespace();
+    words.find(|w| *w == "tw")?;
+    words.next()?.parse().ok()
+}
+
+/// Most TIME_WAIT sockets a run starts with; past it, the run waits for them to drain.
+const QUIET_TIME_WAIT: u64 = 2_000;
+
+/// With `servers` of 512 or more, waits (up to 90 s, TCP's TIME_WAIT lasts 60) until the
+/// machine holds at most [`QUIET_TIME_WAIT`] sockets in TIME_WAIT; returns how many it started
+/// with. A run at
+/// 4,096 servers opens tens of thousands of connections; the next run started within a
+/// minute finds most of the ephemeral ports still held, and every `bind` to port 0 (each
+/// proxy's) then searches the kernel's port table: bring-up took twice as long and some binds
+/// failed outright ("Address already in use").
+pub(super) async fn quiet_ports(servers: u64) -> u64 {
+    let at_start = time_wait_sockets().unwrap_or(0);
+    if servers < 512 {
+        return at_start;
+    }
+    if at_start > QUIET_TIME_WAIT {
+        eprintln!(
+            "{at_start} sockets in TIME_WAIT (an earlier run's): waiting up to 90 s for them to drain"
+        );
+    }
+    let deadline = Instant::now() + std::time::Duration::from_secs(90);
+    while time_wait_sockets().is_some_and(|n| n > QUIET_TIME_WAIT) && Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    at_start
+}

@@ -66,6 +66,11 @@ impl troupe_scheduler::launch::HostLauncher for StubHosts {
         Box::pin(async move {
             let mut req = req.clone();
             req.host_env.push((HOST_ENV.to_string(), "1".to_string()));
+            // One runtime worker per host process: hundreds of them share this machine's
+            // cores, and a second worker each only adds wake-ups (the hosts' CPU per fan-out
+            // was ~15% higher with two).
+            req.host_env
+                .push(("TOKIO_WORKER_THREADS".to_string(), "1".to_string()));
             self.0.launch(&req).await
         })
     }

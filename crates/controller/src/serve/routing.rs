@@ -7,7 +7,7 @@ use std::time::Duration;
 use troupe_serving::actors::{GatewayActor, GetUrl, ProxyActor, ProxyArgs};
 use troupe_serving::control_api::ControlServer;
 use troupe_serving::control_plane::{ControlPlane, WeightSync, WeightSyncOptions};
-use troupe_serving::gateway::GatewayConfig;
+use troupe_serving::gateway::{GatewayConfig, ServerFacts};
 use troupe_serving::inference::{ServerInfo, WorkerType};
 use troupe_serving::worker::WorkerSpec;
 
@@ -90,6 +90,30 @@ impl Deployment {
             opts.admin_key.clone(),
         );
         let (plane, control_server) = open_control(cluster, &control, opts).await?;
+        // Every server's info, read once: the plane's connection to every engine opens here
+        // (so the first fleet operation does not also pay one connect per server: at 512
+        // servers that made the first pause ~3x slower than the rest), the versions read are
+        // what the first resume expects, and the gateway registers its workers from these
+        // answers instead of asking each server again through its proxy (at 4,096 servers
+        // that was most of bring-up after the servers were ready). A server slow to answer
+        // delays bring-up by at most WARM_UP; the gateway asks those itself.
+        let infos = tokio::time::timeout(WARM_UP, plane.control().infos())
+            .await
+            .unwrap_or_default();
+        if let Some(v) = InferenceControl::versions_of(&infos).agreed() {
+            plane.fleet().expect_version(&v);
+        }
+        let mut by_server: std::collections::HashMap<String, ServerFacts> = infos
+            .into_iter()
+            .filter_map(|r| Some((r.url, ServerFacts::of(&r.result.ok()?))))
+            .collect();
+        let worker_infos = live
+            .iter()
+            .filter_map(|i| {
+                let w = i.worker.as_ref()?;
+                Some((w.url.clone(), by_server.remove(&i.engine().url)?))
+            })
+            .collect();
         let args = GatewayConfig {
             listen: if opts.gateway.listen.is_empty() {
                 host_port(&machine(cluster.host(0).address()), 0)
@@ -99,20 +123,14 @@ impl Deployment {
             pd,
             admin_key: opts.admin_key.clone(),
             workers,
+            worker_infos,
             control_upstream: Some(control_server.url()),
             ..opts.gateway.clone()
         };
-        // While the gateway starts, the plane opens its connection to every engine, so the
-        // first fleet operation does not also pay one connect per server: at 512 servers that
-        // made the first pause ~3x slower than the rest. The versions read are what the first
-        // resume expects. An engine slow to answer delays bring-up by at most WARM_UP.
-        let (gateway, warm) = tokio::join!(
-            cluster.host(0).spawn::<GatewayActor>("gateway", &args),
-            tokio::time::timeout(WARM_UP, plane.control().weight_versions())
-        );
-        if let Some(v) = warm.ok().and_then(|check| check.agreed()) {
-            plane.fleet().expect_version(&v);
-        }
+        let gateway = cluster
+            .host(0)
+            .spawn::<GatewayActor>("gateway", &args)
+            .await;
         let gateway = gateway.map_err(|e| serving(&format!("the gateway failed to start: {e}")))?;
         let gateway_url = match gateway.call(GetUrl).await {
             Ok(u) => u,

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use serde_json::Value;
+use troupe_wire::answers::ServerInfo;
 use troupe_wire::{PauseMode, WeightVersion};
 
 use super::catch_up::ControlHandle;
@@ -363,6 +364,34 @@ impl InferenceControl {
     pub async fn server_info(&self) -> Vec<ServerResult<Value>> {
         self.fan_out(|c, e| async move { c.engine_info(&e).await.map(Value::from) })
             .await
+    }
+
+    /// [`InferenceControl::server_info`], typed: what a bring-up reads once and hands to the
+    /// gateway (its registration then asks no server again) and to the fleet (the version the
+    /// first resume expects, [`InferenceControl::versions_of`]).
+    pub async fn infos(&self) -> Vec<ServerResult<ServerInfo>> {
+        self.fan_out(|c, e| async move { c.engine_info(&e).await })
+            .await
+    }
+
+    /// The weight versions `infos` report, as [`InferenceControl::weight_versions`] reads
+    /// them: an engine whose info names none counts as not answering.
+    pub fn versions_of(infos: &[ServerResult<ServerInfo>]) -> VersionCheck {
+        VersionCheck {
+            versions: infos
+                .iter()
+                .map(|r| ServerResult {
+                    url: r.url.clone(),
+                    result: match &r.result {
+                        Ok(i) => i
+                            .weight_version
+                            .clone()
+                            .ok_or_else(|| "its server info names no weight version".to_string()),
+                        Err(e) => Err(e.clone()),
+                    },
+                })
+                .collect(),
+        }
     }
 
     /// `/get_weight_version` of every server.

@@ -17,6 +17,7 @@ mod aborts;
 mod admin;
 mod agent;
 mod attempt;
+pub mod facts;
 mod forward;
 mod probes;
 mod register;
@@ -30,6 +31,7 @@ mod tokens;
 mod version_pin;
 mod vllm_generate;
 
+pub use facts::ServerFacts;
 pub use register::PROBE_TIMEOUT;
 
 use std::net::SocketAddr;
@@ -94,6 +96,12 @@ pub struct GatewayConfig {
     pub limits: ServeLimits,
     /// Workers registered at start.
     pub workers: Vec<WorkerSpec>,
+    /// What the controller that launched `workers` already read from their servers (`GET
+    /// /server_info`, as [`ServerFacts`]), by worker URL as given in `workers`: registration
+    /// takes such a worker's type check, dialect, weight version, context and KV pool from it
+    /// instead of asking the server again, so bringing up thousands of servers asks each once.
+    /// A worker not listed is asked, as is every worker registered later (`POST /workers`).
+    pub worker_infos: std::collections::BTreeMap<String, ServerFacts>,
     /// Who may call the fleet control endpoints: `key` (the admin key, when there is one) or
     /// `none` (open; refused unless the gateway listens on a loopback address), for clients
     /// such as SkyRL's that send no key.
@@ -165,6 +173,7 @@ impl Default for GatewayConfig {
             request_timeout: Duration::from_secs(600),
             limits: ServeLimits::default(),
             workers: Vec::new(),
+            worker_infos: Default::default(),
             control_auth: ControlAuthMode::Key,
             key_reads: false,
             control_upstream: None,

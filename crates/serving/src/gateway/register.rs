@@ -5,7 +5,9 @@
 //! credentials refused, `localhost` / `127.0.0.1` / trailing slashes one URL); the type must fit
 //! the gateway's mode; the URL must not be registered yet, nor reach a registered worker's
 //! address (host names resolved, as the OS would connect) or this gateway's own listener; then
-//! the server is asked what it is (a server that answers 508 leads back here: refused).
+//! the server is asked what it is (a server that answers 508 leads back here: refused), unless
+//! whoever launched it already asked and passed the answer on (`GatewayConfig::worker_infos`:
+//! the controller's bring-up, which reads every server once).
 //! A server whose `/server_info` reports a `disaggregation_mode` other than the registered type
 //! (a prefill registered as decode, ...) is refused: routed, it would answer every request
 //! wrongly or hang the PD handoff. A server whose info cannot be read (not up yet, no such
@@ -21,6 +23,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::facts::ServerFacts;
 use troupe_wire::EngineDialect;
 
 use super::GatewayState;
@@ -33,8 +36,14 @@ use troupe_router::worker::{HttpWorker, Worker, WorkerInfo, WorkerSpec, type_of_
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl GatewayState {
-    /// Validates `spec` and checks the server agrees with its type; the worker to add.
-    pub(crate) async fn vet(&self, spec: &WorkerSpec) -> Result<Arc<HttpWorker>, ServingError> {
+    /// Validates `spec` and checks the server agrees with its type; the worker to add. `known`:
+    /// what its server said it is, already read by whoever launched it
+    /// ([`super::GatewayConfig::worker_infos`]); otherwise the server is asked.
+    pub(crate) async fn vet(
+        &self,
+        spec: &WorkerSpec,
+        known: Option<&ServerFacts>,
+    ) -> Result<Arc<HttpWorker>, ServingError> {
         let worker = HttpWorker::new(spec, self.router.config().breaker)?;
         self.accepts(spec.worker_type)?;
         if let Some(dup) = self.router.get(worker.url()) {
@@ -69,12 +78,18 @@ impl GatewayState {
         }
         let engine = EngineClient::over(self.upstream.clone(), self.cfg.worker_api_key.clone())
             .with_timeout(PROBE_TIMEOUT);
-        let info = engine.any_server_info(worker.url()).await;
+        let facts = match known {
+            Some(f) => Ok(f.clone()),
+            None => engine
+                .any_server_info(worker.url())
+                .await
+                .map(|i| ServerFacts::of(&i)),
+        };
         // vLLM's `/server_info` (development mode, which Troupe's control needs) is its
         // config: the one sign, among the answers registration reads anyway, that the worker
         // speaks vLLM's dialect on the routes the two spell differently.
-        let vllm = match &info {
-            Ok(i) => i.vllm_config.is_some(),
+        let vllm = match &facts {
+            Ok(f) => f.vllm,
             // No info in time (vLLM's is slow to come): its `/version` says.
             Err(EngineCallError::Transport { .. }) => {
                 engine.vllm_version(worker.url()).await.is_some()
@@ -84,25 +99,22 @@ impl GatewayState {
         if vllm {
             worker.set_dialect(EngineDialect::Vllm);
         }
-        if let Ok(i) = &info {
+        if let Ok(f) = &facts {
             // The context agent turns are bounded by before they are tokenized.
-            self.agent_work.learn(i);
+            self.agent_work.learn(f.context);
             // What it serves, for requests that ask for a version (`troupe_router::pinned`); a vLLM
             // worker's info has none, so it stays unknown until the fleet says.
             // One that is not a version (empty, control characters) leaves it unknown.
-            if i.weight_version.is_some() {
-                worker.set_weight_version(i.weight_version.clone());
+            if f.weight_version.is_some() {
+                worker.set_weight_version(f.weight_version.clone());
             }
             // Its KV pool and context, for policies that admit sessions by KV pressure
             // (`kv_sticky`).
-            let num = |k: &str| i.extra.get(k).and_then(serde_json::Value::as_u64);
-            if let (Some(pool), Some(context)) =
-                (num("max_total_num_tokens"), num("context_length"))
-            {
+            if let (Some(pool), Some(context)) = (f.kv_pool, f.context) {
                 self.router.learn_kv_pool(worker.id(), pool, context);
             }
         }
-        let mode = info.map(|i| i.extra.get("disaggregation_mode").cloned());
+        let mode = facts.map(|f| f.mode);
         let unchecked = match mode {
             Ok(Some(mode)) => match type_of_mode(&mode) {
                 Some(t) if t == spec.worker_type => None,
@@ -170,7 +182,7 @@ impl GatewayState {
     /// its fleet's control plane and the fleet has a known weight version, until the worker is
     /// known to hold it (`control_plane::members`).
     pub(crate) async fn admit(&self, spec: &WorkerSpec) -> Result<WorkerInfo, ServingError> {
-        let worker = self.vet(spec).await?;
+        let worker = self.vet(spec, None).await?;
         let plane = self.plane.get().filter(|p| p.holds_new_workers());
         if plane.is_some() {
             worker.set_held(true);
@@ -183,9 +195,12 @@ impl GatewayState {
         Ok(info)
     }
 
-    /// Admits every worker of the config: all checked concurrently, registered in order.
+    /// Admits every worker of the config: all checked concurrently (with what the config
+    /// already knows of each server), registered in order.
     pub(crate) async fn admit_all(&self, specs: &[WorkerSpec]) -> Result<(), ServingError> {
-        let vetted = futures::future::join_all(specs.iter().map(|s| self.vet(s))).await;
+        let known = &self.cfg.worker_infos;
+        let vetted =
+            futures::future::join_all(specs.iter().map(|s| self.vet(s, known.get(&s.url)))).await;
         for v in vetted {
             let worker = v?;
             self.router.add(worker as Arc<dyn Worker>)?;

@@ -6,9 +6,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use serde_json::Value;
 use tokio::sync::Semaphore;
-use troupe_wire::answers::ServerInfo;
 
 use super::turn::TurnError;
 
@@ -37,11 +35,15 @@ impl Work {
         self.context.load(Ordering::Relaxed)
     }
 
-    /// Records a worker's context from its `/server_info` (SGLang's and the reference engine's
-    /// `context_length`, `max_model_len`, or vLLM's `vllm_config` text); a fleet's prompts must
-    /// fit its smallest worker.
-    pub(crate) fn learn(&self, info: &ServerInfo) {
-        let Some(n) = context_of(info).filter(|&n| n > 0) else {
+    /// Records a worker's context in tokens (what its `/server_info` says: [`ServerFacts`]); a
+    /// fleet's prompts must fit its smallest worker.
+    ///
+    /// [`ServerFacts`]: crate::gateway::facts::ServerFacts
+    pub(crate) fn learn(&self, context: Option<u64>) {
+        let Some(n) = context
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n > 0)
+        else {
             return;
         };
         let _ = self
@@ -69,36 +71,18 @@ impl Work {
 }
 
 /// A worker's context length from its `/server_info`.
-fn context_of(info: &ServerInfo) -> Option<usize> {
-    for k in ["context_length", "max_model_len", "max_context_length"] {
-        if let Some(n) = info.extra.get(k).and_then(Value::as_u64) {
-            return usize::try_from(n).ok();
-        }
-    }
-    // vLLM's development `/server_info`: `{"vllm_config": "model='…', …, max_seq_len=1024, …"}`.
-    let text = info.vllm_config.as_ref()?.as_str()?;
-    ["max_model_len=", "max_seq_len="].iter().find_map(|k| {
-        let rest = &text[text.find(k)? + k.len()..];
-        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        digits.parse().ok()
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn the_context_is_the_smallest_any_worker_reports() {
         let w = Work::default();
         assert_eq!(w.context(), 0);
-        let info = |v| serde_json::from_value::<ServerInfo>(v).unwrap();
-        w.learn(&info(json!({"context_length": 4096})));
-        w.learn(&info(
-            json!({"vllm_config": "model='m', max_seq_len=1024, seed=0"}),
-        ));
-        w.learn(&info(json!({"other": 1})));
+        w.learn(Some(4096));
+        w.learn(Some(1024));
+        w.learn(None);
+        w.learn(Some(0));
         assert_eq!(w.context(), 1024);
     }
 }
