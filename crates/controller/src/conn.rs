@@ -313,7 +313,7 @@ impl HostConn {
             let window = crate::conn_framed::poll_for();
             if let Some((c, sent)) = &lone
                 && c.round_trips.worth_polling(window)
-                && let Some(r) = me.poll_for_reply(c, &mut rx, *sent + window)
+                && let Some(r) = me.poll_for_reply(c, &mut rx, *sent + window).await
             {
                 c.round_trips.record(sent.elapsed());
                 return r.map_err(|_| died())?;
@@ -339,8 +339,9 @@ impl HostConn {
     }
 
     /// Reads `c` for replies until `rx`'s has come (then it, or `Err` if its session ended) or
-    /// `until` passes (`None`); every reply read goes to its own caller on the way.
-    fn poll_for_reply(
+    /// `until` passes (`None`), yielding to the runtime between reads; every reply read goes to
+    /// its own caller on the way.
+    async fn poll_for_reply(
         &self,
         c: &FramedConn,
         rx: &mut oneshot::Receiver<Reply>,
@@ -360,10 +361,9 @@ impl HostConn {
             if std::time::Instant::now() >= until {
                 return None;
             }
-            // Not a bare spin: the process that is to answer may be waiting for this very CPU
-            // (a Python actor's worker on a 2-core machine), and yielding lets it run while
-            // keeping the CPU from going idle.
-            std::thread::yield_now();
+            // Yield to the runtime between reads (as the host's side does, `idle_poll`), so
+            // the worker's other tasks run meanwhile.
+            tokio::task::yield_now().await;
         }
     }
 
