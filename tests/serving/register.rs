@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::json;
 use troupe_serving::WorkerSpec;
 use troupe_serving::gateway::{self, GatewayConfig, ServerFacts};
+use troupe_wire::Endpoint as _;
+use troupe_wire::endpoints as ep;
 
 use crate::common::within;
 
@@ -18,9 +20,9 @@ async fn counting_server() -> (String, Arc<AtomicUsize>) {
     let asked = Arc::new(AtomicUsize::new(0));
     let seen = asked.clone();
     let app = axum::Router::new()
-        .route("/health", axum::routing::get(|| async { "ok" }))
+        .route(ep::Health::PATH, axum::routing::get(|| async { "ok" }))
         .route(
-            "/server_info",
+            ep::ServerInfo::PATH,
             axum::routing::get(move || {
                 seen.fetch_add(1, Ordering::SeqCst);
                 async { axum::Json(json!({"disaggregation_mode": "null", "weight_version": "v1"})) }

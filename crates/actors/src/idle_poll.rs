@@ -54,7 +54,7 @@ pub fn window_from_env(var: &str, default: Duration, what: &str) -> Duration {
 }
 
 /// [`window_from_env`] given the variable's value.
-pub fn poll_window(
+fn poll_window(
     var: &str,
     value: Option<&str>,
     default: Duration,

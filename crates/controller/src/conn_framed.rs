@@ -344,7 +344,6 @@ mod tests {
     use super::*;
     use std::time::Instant;
     use tokio::net::TcpListener;
-    use troupe_actors::idle_poll::poll_window;
     use troupe_wire::v1::call_reply;
 
     fn ok(call_id: u64, payload: &[u8]) -> v1::CallReply {
@@ -436,21 +435,6 @@ mod tests {
         })
         .await
         .expect("test timed out");
-    }
-
-    #[test]
-    fn the_polling_window_comes_from_the_environment_or_a_clear_error() {
-        let w = |v| poll_window(POLL_ENV, v, POLL_FOR, "polling for call replies");
-        assert_eq!(w(None), Ok(POLL_FOR));
-        assert_eq!(w(Some("0")), Ok(Duration::ZERO));
-        assert_eq!(w(Some(" 250 ")), Ok(Duration::from_micros(250)));
-        for bad in ["-1", "1e3", "fast", "", "10001"] {
-            let e = w(Some(bad)).unwrap_err();
-            assert!(
-                e.contains(POLL_ENV) && e.contains("0 to 10000"),
-                "{bad}: {e}"
-            );
-        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -362,8 +362,14 @@ impl InferenceControl {
 
     /// `/server_info` of every server (with vLLM's weight version added: `engine_info`).
     pub async fn server_info(&self) -> Vec<ServerResult<Value>> {
-        self.fan_out(|c, e| async move { c.engine_info(&e).await.map(Value::from) })
+        self.infos()
             .await
+            .into_iter()
+            .map(|r| ServerResult {
+                url: r.url,
+                result: r.result.map(Value::from),
+            })
+            .collect()
     }
 
     /// [`InferenceControl::server_info`], typed: what a bring-up reads once and hands to the
