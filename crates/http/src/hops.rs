@@ -14,10 +14,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
 
@@ -84,42 +81,42 @@ fn chain(headers: &HeaderMap) -> Vec<&str> {
         .collect()
 }
 
-/// The gateway's layer: refuses a request that has looped, and runs the rest with the chain
-/// its upstream requests carry.
-pub async fn guard(State(hop): State<Arc<Hop>>, req: Request, next: Next) -> Response {
-    if !req.headers().contains_key(VIA_HEADER) {
-        return CHAIN.scope(hop.alone.clone(), next.run(req)).await;
+/// The chain a request to gateway `hop` is served with (its own chain, then this gateway's
+/// id), or the 508 that refuses it: it has looped back here, or passed [`MAX_HOPS`] gateways.
+/// Run the request's handler [`within`] the chain, so what it sends upstream carries it.
+pub fn enter(hop: &Hop, headers: &HeaderMap, path: &str) -> Result<HeaderValue, ApiError> {
+    if !headers.contains_key(VIA_HEADER) {
+        return Ok(hop.alone.clone());
     }
     let me = &*hop.id;
-    let seen = chain(req.headers());
+    let seen = chain(headers);
     if seen.contains(&me) {
-        return ApiError::new(
+        return Err(ApiError::new(
             StatusCode::LOOP_DETECTED,
             format!(
-                "{} came back to the gateway that forwarded it: a worker of this gateway is the gateway itself (or reaches it); remove that worker",
-                req.uri().path()
+                "{path} came back to the gateway that forwarded it: a worker of this gateway is the gateway itself (or reaches it); remove that worker"
             ),
-        )
-        .into_response();
+        ));
     }
     if seen.len() >= MAX_HOPS {
-        return ApiError::new(
+        return Err(ApiError::new(
             StatusCode::LOOP_DETECTED,
             format!(
-                "{} has passed {} gateways; at most {MAX_HOPS} are allowed (are gateways registered as each other's workers?)",
-                req.uri().path(),
+                "{path} has passed {} gateways; at most {MAX_HOPS} are allowed (are gateways registered as each other's workers?)",
                 seen.len()
             ),
-        )
-        .into_response();
+        ));
     }
     let mut ids: Vec<&str> = seen;
     ids.push(me);
-    let Ok(value) = HeaderValue::from_str(&ids.join(",")) else {
-        return ApiError::bad_request(format!("{VIA_HEADER} must be printable text"))
-            .into_response();
-    };
-    CHAIN.scope(value, next.run(req)).await
+    HeaderValue::from_str(&ids.join(","))
+        .map_err(|_| ApiError::bad_request(format!("{VIA_HEADER} must be printable text")))
+}
+
+/// Runs `f` (a request's handler) with `chain` ([`enter`]'s) as the chain what it sends
+/// upstream carries.
+pub async fn within<F: std::future::Future>(chain: HeaderValue, f: F) -> F::Output {
+    CHAIN.scope(chain, f).await
 }
 
 /// Runs `f` as gateway `hop` serving no request (its own start-up work, such as probing the

@@ -10,7 +10,8 @@
 //! - [`listen`]: serving inbound HTTP with header-read, body-read and idle timeouts.
 //! - [`keys`]: which routes need which bearer key, checked before a body is read.
 //! - [`hops`]: loop detection between gateways (the `x-troupe-via` chain).
-//! - [`upstream`]: the hyper client for workers and engines.
+//! - [`upstream`]: the client for workers and engines.
+//! - [`h1`]: its whole-body exchanges, on pooled connections driven by the caller's task.
 //! - [`client`]: `bind` for listeners, and the default body limit.
 //! - [`probe`]: health checks over the upstream client.
 //! - [`coalesce`]: relayed bodies whose bursts reach the client in one write.
@@ -23,6 +24,7 @@ pub mod client;
 pub mod coalesce;
 pub mod envelope;
 pub mod error;
+pub mod h1;
 pub mod held;
 pub mod hops;
 pub mod keys;

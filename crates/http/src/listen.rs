@@ -29,13 +29,14 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::envelope::Front;
 use crate::held::HeldBody;
+use crate::hops::Hop;
 use crate::keys::KeyedRoutes;
 
 /// Most headers hyper itself parses. Above [`crate::envelope::MAX_HEADERS`] so that a request
@@ -122,9 +123,10 @@ pub async fn serve(
     app: axum::Router,
     limits: ServeLimits,
     keys: KeyedRoutes,
+    hop: Option<Arc<Hop>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = crate::envelope::wrap(app, limits, keys);
+    let front = Arc::new(Front { limits, keys, hop });
     let (stop_tx, stop_rx) = watch::channel(false);
     let (open_tx, open_rx) = watch::channel(());
     tokio::pin!(shutdown);
@@ -147,7 +149,7 @@ pub async fn serve(
         tokio::spawn(connection(
             tcp,
             app.clone(),
-            limits,
+            front.clone(),
             stop_rx.clone(),
             open_rx.clone(),
         ));
@@ -177,6 +179,7 @@ pub fn serve_on_threads(
     app: axum::Router,
     limits: ServeLimits,
     keys: KeyedRoutes,
+    hop: Option<Arc<Hop>>,
     threads: usize,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
@@ -187,6 +190,7 @@ pub fn serve_on_threads(
         let l = listener.try_clone()?;
         let app = app.clone();
         let keys = keys.clone();
+        let hop = hop.clone();
         let mut stop = stop_rx.clone();
         let (tx, rx) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
@@ -206,7 +210,7 @@ pub fn serve_on_threads(
                         let stopped = async move {
                             let _ = stop.wait_for(|s| *s).await;
                         };
-                        serve(l, app, limits, keys, stopped).await
+                        serve(l, app, limits, keys, hop, stopped).await
                     })
                 };
                 let _ = tx.send(run());
@@ -233,21 +237,18 @@ pub fn serve_on_threads(
 async fn connection(
     tcp: tokio::net::TcpStream,
     app: axum::Router,
-    limits: ServeLimits,
+    front: Arc<Front>,
     mut stop: watch::Receiver<bool>,
     _open: watch::Receiver<()>,
 ) {
+    let limits = front.limits;
     let activity = Arc::new(Activity::new());
-    let inner = TowerToHyperService::new(app);
     let act = activity.clone();
     let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let busy = Busy::new(&act);
-        let fut = hyper::service::Service::call(&inner, req);
+        let (app, front) = (app.clone(), front.clone());
         async move {
-            let resp = match fut.await {
-                Ok(r) => r,
-                Err(never) => match never {},
-            };
+            let resp = crate::envelope::front(&front, app, req).await;
             Ok::<_, Infallible>(resp.map(|b| {
                 // The request counts as in flight until its body is sent.
                 HeldBody::new(b, busy).into_body()

@@ -12,6 +12,11 @@
 //! control calls ([`troupe_fleet::engine_client::EngineClient`]) go over it too: a fleet-wide pause
 //! is one call per engine, and at 512 engines its CPU is the controller's fan-out cost.
 //!
+//! Whole-body exchanges ([`UpstreamClient::full`], [`UpstreamClient::post_full`]: every
+//! non-streamed inference request and every engine control call) skip hyper's client and its
+//! connection tasks: the calling task writes and reads a pooled connection itself
+//! ([`crate::h1`]). Streams, and bodies over [`crate::h1::MAX_BODY`], go through hyper.
+//!
 //! Each thread running a single-threaded runtime gets a pool of its own (dropped with the
 //! thread, so a later thread never inherits connections of a runtime that is gone). hyper runs
 //! every pooled connection as a task on the runtime that opened it; a request that borrows a
@@ -28,7 +33,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::http::{HeaderValue, Method, Request, Response, Uri, header};
+use axum::http::{HeaderValue, Method, Request, Response, StatusCode, Uri, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -36,12 +41,21 @@ use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use troupe_wire::error_chain;
 
+use crate::h1::{Extra, H1Pool};
+
 type Pool = Client<HttpConnector, Full<Bytes>>;
+
+/// One client's pools on one thread: hyper's, and the whole-body exchanges' ([`H1Pool`]).
+struct ThreadPools {
+    owner: Weak<u8>,
+    hyper: Pool,
+    h1: Arc<H1Pool>,
+}
 
 thread_local! {
     /// This thread's pools for use on a single-threaded runtime: one per client (by its `id`),
     /// dropped with the thread, or once the client is gone.
-    static POOLS: RefCell<Vec<(Weak<u8>, Pool)>> = const { RefCell::new(Vec::new()) };
+    static POOLS: RefCell<Vec<ThreadPools>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A pooled HTTP/1 client for workers and engines: one pool for multi-threaded runtimes, and
@@ -49,6 +63,8 @@ thread_local! {
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
     shared: Pool,
+    /// Idle connections of whole-body exchanges on multi-threaded runtimes.
+    shared_h1: Arc<H1Pool>,
     /// Identifies this client (and its clones) among a thread's pools.
     id: Arc<u8>,
     /// Thread pools made for this client (tests).
@@ -67,6 +83,7 @@ impl UpstreamClient {
     pub fn new() -> Self {
         UpstreamClient {
             shared: new_pool(),
+            shared_h1: Arc::default(),
             id: Arc::new(0),
             #[cfg(test)]
             made: Arc::default(),
@@ -76,28 +93,88 @@ impl UpstreamClient {
     /// Sends `req` over the pool for the runtime this runs on: the thread's own on a
     /// single-threaded runtime, the shared one otherwise.
     pub(crate) fn send(&self, req: Request<Full<Bytes>>) -> ResponseFuture {
+        self.on_pools(|p| match p {
+            Some(p) => p.hyper.request(req),
+            None => self.shared.request(req),
+        })
+    }
+
+    /// The whole-body exchanges' pool for the runtime this runs on, chosen as [`Self::send`]'s.
+    fn h1(&self) -> Arc<H1Pool> {
+        self.on_pools(|p| p.map_or_else(|| self.shared_h1.clone(), |p| p.h1.clone()))
+    }
+
+    /// `f(this thread's pools)` on a single-threaded runtime (made on first use), else
+    /// `f(None)`: the shared ones.
+    fn on_pools<R>(&self, f: impl FnOnce(Option<&ThreadPools>) -> R) -> R {
         use tokio::runtime::{Handle, RuntimeFlavor};
         if !matches!(
             Handle::try_current().map(|h| h.runtime_flavor()),
             Ok(RuntimeFlavor::CurrentThread)
         ) {
-            return self.shared.request(req);
+            return f(None);
         }
         POOLS.with(|pools| {
             let mut pools = pools.borrow_mut();
             let me = Arc::as_ptr(&self.id);
-            if let Some((_, p)) = pools.iter().find(|(owner, _)| owner.as_ptr() == me) {
-                return p.request(req);
+            if let Some(p) = pools.iter().find(|p| p.owner.as_ptr() == me) {
+                return f(Some(p));
             }
             // A miss: drop the pools of clients that are gone, then add this one's.
-            pools.retain(|(owner, _)| owner.strong_count() > 0);
+            pools.retain(|p| p.owner.strong_count() > 0);
             #[cfg(test)]
             self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let p = new_pool();
-            let sent = p.request(req);
-            pools.push((Arc::downgrade(&self.id), p));
-            sent
+            let p = ThreadPools {
+                owner: Arc::downgrade(&self.id),
+                hyper: new_pool(),
+                h1: Arc::default(),
+            };
+            let out = f(Some(&p));
+            pools.push(p);
+            out
         })
+    }
+
+    /// The whole answer (status and body) to a request whose body is known up front: on a
+    /// pooled connection this task drives itself ([`crate::h1`]), or through hyper when the
+    /// body is over [`crate::h1::MAX_BODY`]. Headers as [`Self::request`]'s; the answer's
+    /// headers are not kept.
+    pub async fn full(
+        &self,
+        method: Method,
+        uri: Uri,
+        body: Bytes,
+        content_type: Option<&HeaderValue>,
+        auth: Option<&HeaderValue>,
+        if_match: Option<&HeaderValue>,
+    ) -> Result<(StatusCode, Bytes), String> {
+        if body.len() > crate::h1::MAX_BODY {
+            let r = self
+                .request(method, uri, body, content_type, auth, if_match)
+                .await?;
+            let status = r.status();
+            return read_body(r).await.map(|b| (status, b));
+        }
+        let via = crate::hops::current();
+        let extra = Extra {
+            content_type,
+            auth,
+            if_match,
+            via: via.as_ref(),
+        };
+        self.h1().exchange(&method, &uri, extra, &body).await
+    }
+
+    /// [`Self::full`] of a `POST` with a JSON `body`.
+    pub async fn post_full(
+        &self,
+        uri: Uri,
+        body: Bytes,
+        auth: Option<&HeaderValue>,
+    ) -> Result<(StatusCode, Bytes), String> {
+        let json = HeaderValue::from_static("application/json");
+        self.full(Method::POST, uri, body, Some(&json), auth, None)
+            .await
     }
 
     /// `POST uri` with a JSON `body` and `auth` (if any) as its `Authorization`; the response as

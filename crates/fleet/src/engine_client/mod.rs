@@ -27,8 +27,8 @@ use troupe_wire::{Endpoint, PauseMode, WeightVersion};
 
 use crate::engines::{Engine, EngineDialect};
 use axum::body::Bytes;
-use axum::http::{HeaderValue, Uri};
-use troupe_http::upstream::{UpstreamClient, bearer, read_body};
+use axum::http::{HeaderValue, Method, Uri};
+use troupe_http::upstream::{UpstreamClient, bearer};
 
 /// Longest a control call may take (a weight bucket waits for its whole transfer).
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(120);
@@ -460,13 +460,14 @@ impl EngineClient {
             })?)),
             None => None,
         };
-        let call = async {
-            let resp = match body {
-                Some(b) => self.http.post_if(uri, b, auth.as_ref(), if_match).await,
-                None => self.http.get(uri, auth.as_ref()).await,
-            }?;
-            let status = resp.status();
-            read_body(resp).await.map(|b| (status, b))
+        let json = HeaderValue::from_static("application/json");
+        let call = match body {
+            Some(b) => self
+                .http
+                .full(Method::POST, uri, b, Some(&json), auth.as_ref(), if_match),
+            None => self
+                .http
+                .full(Method::GET, uri, Bytes::new(), None, auth.as_ref(), None),
         };
         let (status, bytes) = tokio::time::timeout(self.timeout, call)
             .await

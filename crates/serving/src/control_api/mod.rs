@@ -261,6 +261,7 @@ pub async fn serve(
         app,
         limits,
         keys,
+        None,
         async {
             let _ = rx.await;
         },

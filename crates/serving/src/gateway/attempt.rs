@@ -84,25 +84,32 @@ pub(crate) async fn send(
         return Ok(resp);
     }
     let text = read_body(resp).await.unwrap_or_default();
+    Err(refused(state, w, status, &text))
+}
+
+/// What a worker's answer with an error `status` (and body `text`) makes of the attempt:
+/// retryable statuses ([`retryable`]) move the request on, the rest are the client's answer
+/// ([`upstream_error`]).
+fn refused(state: &GatewayState, w: &Arc<dyn Worker>, status: StatusCode, text: &[u8]) -> Fail {
     if retryable(status) {
         if status.is_server_error() {
             w.record_outcome(false);
         }
-        return Err(Fail::retry(
+        return Fail::retry(
             format!(
                 "{} {} answered {status}: {}",
                 w.worker_type(),
                 w.url(),
-                String::from_utf8_lossy(&text)
+                String::from_utf8_lossy(text)
             ),
             w,
-        ));
+        );
     }
     w.record_outcome(true);
     // A 508 says the worker leads into a loop of gateways: it is removed, and the client gets
     // the 508 that says why.
     state.drop_looping(w, status.as_u16());
-    Err(Fail::Final(Box::new(upstream_error(w, status, &text))))
+    Fail::Final(Box::new(upstream_error(w, status, text)))
 }
 
 /// A worker's final (non-retryable) error answer for the client: a JSON body passes through
@@ -132,18 +139,27 @@ pub(crate) fn upstream_error(w: &Arc<dyn Worker>, status: StatusCode, body: &[u8
     .into_response()
 }
 
-/// [`send`] and read the whole body.
+/// [`send`] and read the whole body, as one exchange on a connection this task drives
+/// ([`troupe_http::h1`]): no stream to hand on, so none of hyper's connection task.
 pub(crate) async fn send_full(
     state: &GatewayState,
     w: &Arc<dyn Worker>,
     path: &str,
     body: Bytes,
 ) -> Result<Bytes, Fail> {
-    let resp = send(state, w, path, body).await?;
-    read_body(resp).await.map_err(|e| {
-        w.record_outcome(false);
-        Fail::retry(format!("{} {}: body: {e}", w.worker_type(), w.url()), w)
-    })
+    let uri = endpoint(w, path)?;
+    let (status, text) = state
+        .upstream
+        .post_full(uri, body, state.worker_auth.as_ref())
+        .await
+        .map_err(|e| {
+            w.record_outcome(false);
+            Fail::retry(format!("{} {}: {e}", w.worker_type(), w.url()), w)
+        })?;
+    if status.is_success() {
+        return Ok(text);
+    }
+    Err(refused(state, w, status, &text))
 }
 
 /// What every PD attempt (stream or not) starts with: a fresh (prefill, decode) pair and room,

@@ -464,19 +464,16 @@ pub async fn start(cfg: GatewayConfig) -> Result<GatewayHandle, ServingError> {
         state.clone(),
         aborts::targeted,
     ));
-    let app = app(state.clone())
-        .merge(control_routes)
-        .layer(axum::middleware::from_fn_with_state(
-            state.hop.clone(),
-            troupe_http::hops::guard,
-        ));
+    // Loops are refused, and the via chain set, by the listener ahead of routing.
+    let app = app(state.clone()).merge(control_routes);
+    let hop = Some(state.hop.clone());
     let (tx, rx) = oneshot::channel::<()>();
     let stopped = async {
         let _ = rx.await;
     };
     let server = match state.cfg.io_threads {
-        0 => tokio::spawn(listen::serve(listener, app, limits, keys, stopped)),
-        n => listen::serve_on_threads(listener, app, limits, keys, n, stopped)?,
+        0 => tokio::spawn(listen::serve(listener, app, limits, keys, hop, stopped)),
+        n => listen::serve_on_threads(listener, app, limits, keys, hop, n, stopped)?,
     };
     let health = troupe_router::health::spawn(router, client);
     tracing::info!(%addr, pd = state.cfg.pd, "gateway started");

@@ -222,7 +222,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle, ServingError> {
     let (tx, rx) = oneshot::channel::<()>();
     // Open: the backend checks its own keys, and no body here may pass max_body_bytes.
     let keys = troupe_http::keys::KeyedRoutes::open();
-    let server = tokio::spawn(listen::serve(listener, app, limits, keys, async {
+    let server = tokio::spawn(listen::serve(listener, app, limits, keys, None, async {
         let _ = rx.await;
     }));
     tracing::info!(%addr, backends = ?state.backends, "data proxy started");
