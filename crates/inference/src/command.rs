@@ -268,6 +268,12 @@ pub fn build(
             // gateway's `/inference/v1/generate` only with `--enable-scale-out`.
             env.entry(VLLM_DEV_MODE.into())
                 .or_insert_with(|| "1".into());
+            // vLLM's engine-core sockets (`ipc://$VLLM_RPC_BASE_PATH/<uuid>`) go in the run
+            // directory, not loose in the temp dir: a killed server left them there, hundreds
+            // after a day of test runs.
+            if let Some(d) = rpc_base(run_dir) {
+                env.entry(VLLM_RPC_BASE.into()).or_insert(d);
+            }
             if spec.cpu {
                 cpu_server(spec, run_dir, &mut env, &mut files);
             }
@@ -325,6 +331,17 @@ fn cpu_server(
         path: site.join("sitecustomize.py"),
         contents: VLLM_SITECUSTOMIZE.to_string(),
     });
+}
+
+/// Where vLLM puts its engine-core IPC sockets (its default: the temp dir).
+pub const VLLM_RPC_BASE: &str = "VLLM_RPC_BASE_PATH";
+
+/// `run_dir` as vLLM's socket directory, when a socket path in it (the directory, `/`, a
+/// 36-character uuid) fits the 107 bytes a Unix socket path may have; else `None` (vLLM's
+/// default stands).
+fn rpc_base(run_dir: &Path) -> Option<String> {
+    let d = run_dir.to_str()?;
+    (d.len() + 1 + 36 <= 107).then(|| d.to_string())
 }
 
 /// vLLM's CPU backend: the cores a server's OpenMP threads are bound to (`0`, `0,1`, `0-3`).
@@ -466,6 +483,23 @@ mod tests {
         let c = build(&s, "troupe").unwrap();
         assert!(!c.has("--enable-scale-out"), "the user's choice stands");
         assert_eq!(c.env.get(VLLM_DEV_MODE).map(String::as_str), Some("0"));
+    }
+
+    #[test]
+    fn vllm_keeps_its_sockets_in_the_run_directory_when_their_paths_fit() {
+        let c = build(&spec(Backend::Vllm, WorkerType::Regular), "troupe").unwrap();
+        assert_eq!(
+            c.env.get(VLLM_RPC_BASE).map(String::as_str),
+            Some("/run/troupe-test")
+        );
+        let mut s = spec(Backend::Vllm, WorkerType::Regular);
+        s.env.insert(VLLM_RPC_BASE.into(), "/mine".into());
+        let c = build(&s, "troupe").unwrap();
+        assert_eq!(c.env.get(VLLM_RPC_BASE).map(String::as_str), Some("/mine"));
+        let long = Path::new("/").join("d".repeat(80));
+        assert_eq!(rpc_base(&long), None, "a socket path there would not fit");
+        let sglang = build(&spec(Backend::Sglang, WorkerType::Regular), "troupe").unwrap();
+        assert!(!sglang.env.contains_key(VLLM_RPC_BASE));
     }
 
     #[test]
