@@ -488,14 +488,10 @@ mod tests {
     #[test]
     fn vllm_keeps_its_sockets_in_the_run_directory_when_their_paths_fit() {
         let c = build(&spec(Backend::Vllm, WorkerType::Regular), "troupe").unwrap();
-        assert_eq!(
-            c.env.get(VLLM_RPC_BASE).map(String::as_str),
-            Some("/run/troupe-test")
-        );
+        assert_eq!(c.env[VLLM_RPC_BASE], "/run/troupe-test");
         let mut s = spec(Backend::Vllm, WorkerType::Regular);
         s.env.insert(VLLM_RPC_BASE.into(), "/mine".into());
-        let c = build(&s, "troupe").unwrap();
-        assert_eq!(c.env.get(VLLM_RPC_BASE).map(String::as_str), Some("/mine"));
+        assert_eq!(build(&s, "troupe").unwrap().env[VLLM_RPC_BASE], "/mine");
         let long = Path::new("/").join("d".repeat(80));
         assert_eq!(rpc_base(&long), None, "a socket path there would not fit");
         let sglang = build(&spec(Backend::Sglang, WorkerType::Regular), "troupe").unwrap();
